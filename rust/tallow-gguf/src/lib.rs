@@ -1,0 +1,271 @@
+//! A GGUF (v2 and v3) reader over a memory map.
+//!
+//! Opening a file parses the header (metadata and tensor table) and checks every offset, size,
+//! count and string length against the file before using it, so a damaged or hostile file gives
+//! a [`GgufError`] and never a panic or an out-of-bounds read. Tensor data is not copied: views
+//! borrow from the map.
+
+mod error;
+mod reader;
+mod value;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::Path;
+
+use memmap2::Mmap;
+pub use tallow_quant::GgmlType;
+
+pub use error::GgufError;
+use reader::Reader;
+pub use value::Value;
+
+const MAGIC: &[u8; 4] = b"GGUF";
+const DEFAULT_ALIGNMENT: u64 = 32;
+const MAX_DIMS: u32 = 4;
+
+/// One entry of the tensor table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Dimensions in GGML order: `dims[0]` is the contiguous (innermost) one.
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+    /// Offset of the data from the start of the tensor data section.
+    pub offset: u64,
+    /// Size of the data in bytes.
+    pub size: u64,
+}
+
+impl TensorInfo {
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+}
+
+enum Storage {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Storage {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Mapped(map) => map,
+            Storage::Owned(bytes) => bytes,
+        }
+    }
+}
+
+/// An open GGUF file: its metadata, its tensor table and views of its tensor data.
+pub struct GgufFile {
+    storage: Storage,
+    version: u32,
+    metadata: Vec<(String, Value)>,
+    metadata_index: HashMap<String, usize>,
+    tensors: Vec<TensorInfo>,
+    tensor_index: HashMap<String, usize>,
+    alignment: u64,
+    data_offset: usize,
+}
+
+impl GgufFile {
+    /// Maps and parses the file at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
+        let path = path.as_ref();
+        let io_error = |source: std::io::Error| {
+            if source.kind() == std::io::ErrorKind::NotFound {
+                GgufError::NotFound {
+                    path: path.to_path_buf(),
+                }
+            } else {
+                GgufError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            }
+        };
+        let file = File::open(path).map_err(io_error)?;
+        if file.metadata().map_err(io_error)?.is_dir() {
+            return Err(io_error(std::io::Error::other("it is a directory")));
+        }
+        // SAFETY: the map is read-only. Like every mmap-based model loader, this relies on the
+        // file not being truncated by another process while it is open.
+        let map = unsafe { Mmap::map(&file) }.map_err(io_error)?;
+        Self::parse(Storage::Mapped(map))
+    }
+
+    /// Parses a GGUF image held in memory.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, GgufError> {
+        Self::parse(Storage::Owned(bytes))
+    }
+
+    fn parse(storage: Storage) -> Result<Self, GgufError> {
+        let bytes = storage.bytes();
+        let mut r = Reader::new(bytes);
+        let magic = r.take(4, "magic")?;
+        if magic != MAGIC {
+            return Err(GgufError::BadMagic {
+                found: magic.to_vec(),
+            });
+        }
+        let version = r.u32("version")?;
+        if !(2..=3).contains(&version) {
+            return Err(GgufError::UnsupportedVersion(version));
+        }
+        // A tensor record takes at least 8 (name length) + 4 + 4 + 8 bytes, a key-value pair
+        // at least 8 (key length) + 4 + 1.
+        let n_tensors = r.count(24, "tensor count")?;
+        let n_kv = r.count(13, "metadata count")?;
+
+        let mut metadata = Vec::with_capacity(n_kv as usize);
+        let mut metadata_index = HashMap::with_capacity(n_kv as usize);
+        for _ in 0..n_kv {
+            let key = r.string("metadata key")?;
+            let type_id = r.u32(&format!("type of '{key}'"))?;
+            let value = r.value(&key, type_id)?;
+            if metadata_index.insert(key.clone(), metadata.len()).is_some() {
+                return Err(GgufError::DuplicateKey(key));
+            }
+            metadata.push((key, value));
+        }
+
+        let alignment = match metadata_index.get("general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(&i) => {
+                let value = &metadata[i].1;
+                let a = value.as_u64().ok_or(GgufError::WrongType {
+                    key: "general.alignment".into(),
+                    expected: "an unsigned integer",
+                    found: value.type_name(),
+                })?;
+                if a == 0 || !a.is_power_of_two() {
+                    return Err(GgufError::BadAlignment(a));
+                }
+                a
+            }
+        };
+
+        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensor_index = HashMap::with_capacity(n_tensors as usize);
+        for _ in 0..n_tensors {
+            let info = read_tensor_info(&mut r)?;
+            if tensor_index
+                .insert(info.name.clone(), tensors.len())
+                .is_some()
+            {
+                return Err(GgufError::DuplicateTensor(info.name));
+            }
+            tensors.push(info);
+        }
+
+        // The data section starts at the next multiple of the alignment; a file with no
+        // tensors may end before it.
+        let data_offset = (r.position() as u64).div_ceil(alignment) * alignment;
+        let available = (bytes.len() as u64).saturating_sub(data_offset);
+        for t in &tensors {
+            if t.offset % alignment != 0 {
+                return Err(GgufError::MisalignedTensor {
+                    name: t.name.clone(),
+                    offset: t.offset,
+                    alignment,
+                });
+            }
+            if t.offset
+                .checked_add(t.size)
+                .is_none_or(|end| end > available)
+            {
+                return Err(GgufError::TensorOutOfRange {
+                    name: t.name.clone(),
+                    offset: t.offset,
+                    size: t.size,
+                    available,
+                });
+            }
+        }
+        let data_offset = data_offset.min(bytes.len() as u64) as usize;
+
+        Ok(GgufFile {
+            storage,
+            version,
+            metadata,
+            metadata_index,
+            tensors,
+            tensor_index,
+            alignment,
+            data_offset,
+        })
+    }
+
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// Size of the whole file in bytes.
+    pub fn file_size(&self) -> u64 {
+        self.storage.bytes().len() as u64
+    }
+
+    /// All metadata in file order.
+    pub fn metadata(&self) -> &[(String, Value)] {
+        &self.metadata
+    }
+
+    /// The metadata value for `key`.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    /// All tensors in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The raw bytes of a tensor of this file (checked against the file when it was opened).
+    pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
+        let start = self.data_offset + info.offset as usize;
+        &self.storage.bytes()[start..start + info.size as usize]
+    }
+}
+
+fn read_tensor_info(r: &mut Reader<'_>) -> Result<TensorInfo, GgufError> {
+    let name = r.string("tensor name")?;
+    let n_dims = r.u32(&format!("dimension count of '{name}'"))?;
+    if n_dims > MAX_DIMS {
+        return Err(GgufError::TooManyDims { name, n_dims });
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    for _ in 0..n_dims {
+        dims.push(r.u64(&format!("dimensions of '{name}'"))?);
+    }
+    let type_id = r.u32(&format!("type of '{name}'"))?;
+    let offset = r.u64(&format!("offset of '{name}'"))?;
+    let Some(ty) = GgmlType::from_id(type_id) else {
+        return Err(GgufError::UnsupportedTensorType { name, type_id });
+    };
+    let n_elements = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .filter(|_| {
+            dims.first()
+                .is_none_or(|&d0| d0 % ty.block_len() as u64 == 0)
+        });
+    let Some(size) = n_elements.and_then(|n| ty.bytes_for(n)) else {
+        return Err(GgufError::InvalidShape { name, dims });
+    };
+    Ok(TensorInfo {
+        name,
+        dims,
+        ty,
+        offset,
+        size,
+    })
+}

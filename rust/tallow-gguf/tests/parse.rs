@@ -1,0 +1,327 @@
+//! Parsing well-formed and damaged GGUF images built in memory.
+
+use proptest::prelude::*;
+use tallow_gguf::{GgmlType, GgufError, GgufFile, Value};
+
+/// Writes GGUF images byte by byte, so tests can build exactly the file they need.
+struct Builder {
+    version: u32,
+    kv: Vec<u8>,
+    n_kv: u64,
+    tensors: Vec<u8>,
+    n_tensors: u64,
+    data: Vec<u8>,
+}
+
+impl Builder {
+    fn new() -> Self {
+        Builder {
+            version: 3,
+            kv: Vec::new(),
+            n_kv: 0,
+            tensors: Vec::new(),
+            n_tensors: 0,
+            data: Vec::new(),
+        }
+    }
+
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+
+    fn kv_raw(mut self, key: &str, type_id: u32, payload: &[u8]) -> Self {
+        Self::string(&mut self.kv, key);
+        self.kv.extend(type_id.to_le_bytes());
+        self.kv.extend(payload);
+        self.n_kv += 1;
+        self
+    }
+
+    fn kv_u32(self, key: &str, v: u32) -> Self {
+        self.kv_raw(key, 4, &v.to_le_bytes())
+    }
+
+    fn kv_str(self, key: &str, v: &str) -> Self {
+        let mut payload = Vec::new();
+        Self::string(&mut payload, v);
+        self.kv_raw(key, 8, &payload)
+    }
+
+    fn kv_str_array(self, key: &str, items: &[&str]) -> Self {
+        let mut payload = 8u32.to_le_bytes().to_vec();
+        payload.extend((items.len() as u64).to_le_bytes());
+        for s in items {
+            Self::string(&mut payload, s);
+        }
+        self.kv_raw(key, 9, &payload)
+    }
+
+    /// Adds an F32 tensor with the given values, placed after the previous one.
+    fn tensor_f32(mut self, name: &str, values: &[f32]) -> Self {
+        let offset = self.data.len() as u64;
+        self = self.tensor_raw(name, &[values.len() as u64], 0, offset);
+        self.data
+            .extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        while self.data.len() % 32 != 0 {
+            self.data.push(0);
+        }
+        self
+    }
+
+    fn tensor_raw(mut self, name: &str, dims: &[u64], type_id: u32, offset: u64) -> Self {
+        Self::string(&mut self.tensors, name);
+        self.tensors.extend((dims.len() as u32).to_le_bytes());
+        for d in dims {
+            self.tensors.extend(d.to_le_bytes());
+        }
+        self.tensors.extend(type_id.to_le_bytes());
+        self.tensors.extend(offset.to_le_bytes());
+        self.n_tensors += 1;
+        self
+    }
+
+    fn build(&self) -> Vec<u8> {
+        let mut out = b"GGUF".to_vec();
+        out.extend(self.version.to_le_bytes());
+        out.extend(self.n_tensors.to_le_bytes());
+        out.extend(self.n_kv.to_le_bytes());
+        out.extend(&self.kv);
+        out.extend(&self.tensors);
+        while out.len() % 32 != 0 {
+            out.push(0);
+        }
+        out.extend(&self.data);
+        out
+    }
+}
+
+fn sample() -> Builder {
+    Builder::new()
+        .kv_str("general.architecture", "llama")
+        .kv_u32("llama.block_count", 2)
+        .kv_str_array("tokenizer.ggml.tokens", &["a", "b", "ab"])
+        .tensor_f32("norm.weight", &[1.0, 2.0, 3.0, 4.0])
+        .tensor_f32("other", &[5.0; 8])
+}
+
+#[test]
+fn reads_metadata_and_tensors() {
+    let file = GgufFile::from_bytes(sample().build()).unwrap();
+    assert_eq!(file.version(), 3);
+    assert_eq!(
+        file.get("general.architecture").and_then(Value::as_str),
+        Some("llama")
+    );
+    assert_eq!(
+        file.get("llama.block_count").and_then(Value::as_u64),
+        Some(2)
+    );
+    let tokens = file
+        .get("tokenizer.ggml.tokens")
+        .and_then(Value::as_array)
+        .unwrap();
+    assert_eq!(
+        tokens.iter().filter_map(Value::as_str).collect::<Vec<_>>(),
+        ["a", "b", "ab"]
+    );
+    assert_eq!(file.tensors().len(), 2);
+    let norm = file.tensor("norm.weight").unwrap();
+    assert_eq!(
+        (norm.ty, norm.dims.as_slice(), norm.size),
+        (GgmlType::F32, &[4u64][..], 16)
+    );
+    let data = file.tensor_data(norm);
+    let values: Vec<f32> = data
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(values, [1.0, 2.0, 3.0, 4.0]);
+    let other = file.tensor("other").unwrap();
+    assert_eq!(other.offset, 32);
+    assert_eq!(file.tensor_data(other)[..4], 5.0f32.to_le_bytes());
+}
+
+#[test]
+fn version_2_is_accepted_and_1_is_not() {
+    let mut b = sample();
+    b.version = 2;
+    assert_eq!(GgufFile::from_bytes(b.build()).unwrap().version(), 2);
+    b.version = 1;
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::UnsupportedVersion(1))
+    ));
+}
+
+#[test]
+fn wrong_magic() {
+    let mut bytes = sample().build();
+    bytes[..4].copy_from_slice(b"GGML");
+    let err = GgufFile::from_bytes(bytes).err().unwrap();
+    assert!(matches!(err, GgufError::BadMagic { .. }));
+    assert!(err.to_string().contains("not a GGUF file"), "{err}");
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let bytes = sample().build();
+    for len in 0..bytes.len() {
+        let err = GgufFile::from_bytes(bytes[..len].to_vec()).err();
+        assert!(
+            matches!(
+                err,
+                Some(GgufError::Truncated { .. } | GgufError::TensorOutOfRange { .. })
+            ),
+            "truncated to {len} bytes: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn tensor_offset_out_of_range() {
+    let b = sample().tensor_raw("far", &[4], 0, 1 << 40);
+    let err = GgufFile::from_bytes(b.build()).err().unwrap();
+    assert!(
+        matches!(err, GgufError::TensorOutOfRange { ref name, .. } if name == "far"),
+        "{err}"
+    );
+    let b = sample().tensor_raw("wrap", &[4], 0, u64::MAX - 31);
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::TensorOutOfRange { .. })
+    ));
+}
+
+#[test]
+fn misaligned_tensor() {
+    let b = sample().tensor_raw("odd", &[1], 0, 4);
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::MisalignedTensor { .. })
+    ));
+}
+
+#[test]
+fn unsupported_tensor_type() {
+    let b = sample().tensor_raw("iq", &[256], 16, 0);
+    let err = GgufFile::from_bytes(b.build()).err().unwrap();
+    assert!(matches!(
+        err,
+        GgufError::UnsupportedTensorType { type_id: 16, .. }
+    ));
+    assert!(err.to_string().contains("'iq'"), "{err}");
+}
+
+#[test]
+fn bad_shapes() {
+    let b = sample().tensor_raw("partial_block", &[33], 2, 0);
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::InvalidShape { .. })
+    ));
+    let b = sample().tensor_raw("huge", &[u64::MAX, 4], 0, 0);
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::InvalidShape { .. })
+    ));
+    let b = sample().tensor_raw("5d", &[1, 1, 1, 1, 1], 0, 0);
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::TooManyDims { .. })
+    ));
+}
+
+#[test]
+fn duplicates_and_bad_values() {
+    let b = sample().kv_u32("llama.block_count", 3);
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::DuplicateKey(_))
+    ));
+    let b = sample().tensor_f32("other", &[0.0]);
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::DuplicateTensor(_))
+    ));
+    let b = sample().kv_raw("bad", 13, &[]);
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::InvalidValueType { .. })
+    ));
+    let b = sample().kv_raw("bad", 8, &[2, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xfe]);
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::InvalidUtf8 { .. })
+    ));
+    let b = sample().kv_u32("general.alignment", 24);
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::BadAlignment(24))
+    ));
+}
+
+#[test]
+fn huge_counts_fail_without_allocating() {
+    let mut payload = 4u32.to_le_bytes().to_vec();
+    payload.extend(u64::MAX.to_le_bytes());
+    let b = sample().kv_raw("arr", 9, &payload);
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::Truncated { .. })
+    ));
+    let mut bytes = sample().build();
+    bytes[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(matches!(
+        GgufFile::from_bytes(bytes),
+        Err(GgufError::Truncated { .. })
+    ));
+}
+
+#[test]
+fn deeply_nested_arrays_are_rejected() {
+    let mut payload = Vec::new();
+    for _ in 0..100 {
+        payload.extend(9u32.to_le_bytes());
+        payload.extend(1u64.to_le_bytes());
+    }
+    let b = sample().kv_raw("nest", 9, &payload[4..]);
+    assert!(GgufFile::from_bytes(b.build()).is_err());
+}
+
+#[test]
+fn missing_file() {
+    let err = GgufFile::open("/nonexistent/model.gguf").err().unwrap();
+    assert!(matches!(err, GgufError::NotFound { .. }));
+    assert!(err.to_string().contains("/nonexistent/model.gguf"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    /// Any file made by overwriting, inserting or deleting bytes of a valid one parses or
+    /// fails with an error; it never panics, and whatever parses has every tensor in bounds.
+    #[test]
+    fn mutated_files_never_panic(
+        edits in proptest::collection::vec((any::<u16>(), any::<u8>(), 0u8..3), 1..8),
+        cut in any::<u16>(),
+    ) {
+        let mut bytes = sample().build();
+        for (pos, byte, kind) in edits {
+            let pos = pos as usize % (bytes.len() + 1);
+            match kind {
+                0 if pos < bytes.len() => bytes[pos] = byte,
+                1 => bytes.insert(pos, byte),
+                _ if pos < bytes.len() => { bytes.remove(pos); }
+                _ => {}
+            }
+        }
+        let keep = bytes.len() - (cut as usize % 4).min(bytes.len());
+        bytes.truncate(keep);
+        if let Ok(file) = GgufFile::from_bytes(bytes) {
+            for t in file.tensors() {
+                prop_assert_eq!(file.tensor_data(t).len() as u64, t.size);
+            }
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Transformer forward pass.
