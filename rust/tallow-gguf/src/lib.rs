@@ -164,7 +164,7 @@ impl GgufFile {
         let data_offset = (r.position() as u64).div_ceil(alignment) * alignment;
         let available = (bytes.len() as u64).saturating_sub(data_offset);
         for t in &tensors {
-            if t.offset % alignment != 0 {
+            if !t.offset.is_multiple_of(alignment) {
                 return Err(GgufError::MisalignedTensor {
                     name: t.name.clone(),
                     offset: t.offset,
@@ -256,7 +256,7 @@ fn read_tensor_info(r: &mut Reader<'_>) -> Result<TensorInfo, GgufError> {
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
         .filter(|_| {
             dims.first()
-                .is_none_or(|&d0| d0 % ty.block_len() as u64 == 0)
+                .is_none_or(|&d0| d0.is_multiple_of(ty.block_len() as u64))
         });
     let Some(size) = n_elements.and_then(|n| ty.bytes_for(n)) else {
         return Err(GgufError::InvalidShape { name, dims });

@@ -1,1 +1,49 @@
+//! The extension module `tallow._core`: thin wrappers over the core crates. No model logic
+//! lives here; every call that computes releases the GIL.
 
+mod errors;
+mod model;
+
+use numpy::{IntoPyArray, PyArray1};
+use pyo3::prelude::*;
+use tallow_quant::GgmlType;
+
+/// Dequantizes whole blocks of a GGML format (named like `"Q4_K"`) to float32.
+#[pyfunction]
+fn dequantize<'py>(
+    py: Python<'py>,
+    type_name: &str,
+    data: &[u8],
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let ty = GgmlType::ALL
+        .into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(type_name))
+        .ok_or_else(|| errors::invalid_argument(format!("unknown GGML type '{type_name}'")))?;
+    let (block_len, block_bytes) = (ty.block_len(), ty.block_bytes());
+    if data.len() % block_bytes != 0 {
+        return Err(errors::invalid_argument(format!(
+            "{} bytes are not a whole number of {ty} blocks ({block_bytes} bytes each)",
+            data.len()
+        )));
+    }
+    let data = data.to_vec();
+    let out = py.detach(|| {
+        errors::guard(|| {
+            let mut out = vec![0.0f32; data.len() / block_bytes * block_len];
+            tallow_quant::dequantize(ty, &data, &mut out).map_err(errors::quant_error)?;
+            Ok(out)
+        })
+    })?;
+    Ok(out.into_pyarray(py))
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_function(wrap_pyfunction!(dequantize, m)?)?;
+    m.add_class::<model::Model>()?;
+    m.add_class::<model::Context>()?;
+    m.add_class::<model::StreamDecoder>()?;
+    m.add_class::<model::Sampler>()?;
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! Hyper-parameters of a model, read from GGUF metadata.
+
+use tallow_gguf::{GgufFile, Value};
+
+use crate::error::ModelError;
+
+/// Architectures (`general.architecture`) this crate can run.
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama"];
+
+/// The shape of a llama-family transformer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: String,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub rms_eps: f32,
+    pub rope_base: f32,
+    /// Number of leading dimensions of each head that RoPE rotates.
+    pub rope_dim: usize,
+}
+
+impl ModelConfig {
+    pub fn from_gguf(file: &GgufFile) -> Result<Self, ModelError> {
+        let architecture = file
+            .get("general.architecture")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ModelError::MissingMetadata("general.architecture".into()))?
+            .to_string();
+        if !SUPPORTED_ARCHITECTURES.contains(&architecture.as_str()) {
+            return Err(ModelError::UnknownArchitecture(architecture));
+        }
+        let md = Metadata {
+            file,
+            prefix: &architecture,
+        };
+        let n_embd = md.usize("embedding_length")?;
+        let n_head = md.usize("attention.head_count")?;
+        let n_head_kv = md.usize_or("attention.head_count_kv", n_head)?;
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(md.bad(
+                "attention.head_count_kv",
+                format!("{n_head} heads cannot be grouped over {n_head_kv} KV heads"),
+            ));
+        }
+        if n_embd % n_head != 0 {
+            return Err(md.bad(
+                "attention.head_count",
+                format!("{n_head} heads do not divide the embedding length {n_embd}"),
+            ));
+        }
+        let head_dim = md.usize_or("attention.key_length", n_embd / n_head)?;
+        let rope_dim = md.usize_or("rope.dimension_count", head_dim)?;
+        if rope_dim > head_dim || rope_dim % 2 != 0 {
+            return Err(md.bad(
+                "rope.dimension_count",
+                format!("{rope_dim} must be even and at most the head size {head_dim}"),
+            ));
+        }
+        let n_vocab = match md.get("vocab_size") {
+            Some(_) => md.usize("vocab_size")?,
+            None => file
+                .get("tokenizer.ggml.tokens")
+                .and_then(Value::as_array)
+                .map(<[Value]>::len)
+                .ok_or_else(|| ModelError::MissingMetadata(format!("{architecture}.vocab_size")))?,
+        };
+        let config = ModelConfig {
+            n_layer: md.usize("block_count")?,
+            n_embd,
+            n_ff: md.usize("feed_forward_length")?,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_vocab,
+            n_ctx_train: md.usize_or("context_length", 2048)?,
+            rms_eps: md.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?,
+            rope_base: md.f32_or("rope.freq_base", 10_000.0)?,
+            rope_dim,
+            architecture,
+        };
+        for (key, value) in [
+            ("block_count", config.n_layer),
+            ("feed_forward_length", config.n_ff),
+            ("vocab_size", config.n_vocab),
+            ("context_length", config.n_ctx_train),
+        ] {
+            if value == 0 {
+                return Err(md.bad(key, "must be positive".into()));
+            }
+        }
+        Ok(config)
+    }
+
+    /// Width of the K (and V) rows of one layer: all KV heads side by side.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Width of the Q rows of one layer.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+}
+
+/// Reads `<architecture>.<key>` values with type checks.
+struct Metadata<'a> {
+    file: &'a GgufFile,
+    prefix: &'a str,
+}
+
+impl Metadata<'_> {
+    fn key(&self, key: &str) -> String {
+        format!("{}.{key}", self.prefix)
+    }
+
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.file.get(&self.key(key))
+    }
+
+    fn bad(&self, key: &str, reason: String) -> ModelError {
+        ModelError::BadMetadata {
+            key: self.key(key),
+            reason,
+        }
+    }
+
+    fn usize(&self, key: &str) -> Result<usize, ModelError> {
+        let value = self
+            .get(key)
+            .ok_or_else(|| ModelError::MissingMetadata(self.key(key)))?;
+        value
+            .as_u64()
+            .and_then(|v| usize::try_from(v).ok())
+            .filter(|&v| v <= 1 << 24)
+            .ok_or_else(|| self.bad(key, format!("expected a count, found {value:?}")))
+    }
+
+    fn usize_or(&self, key: &str, default: usize) -> Result<usize, ModelError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(_) => self.usize(key),
+        }
+    }
+
+    fn f32_or(&self, key: &str, default: f32) -> Result<f32, ModelError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(value) => value
+                .as_f64()
+                .map(|v| v as f32)
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .ok_or_else(|| self.bad(key, format!("expected a positive number, found {value:?}"))),
+        }
+    }
+}

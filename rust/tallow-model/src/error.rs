@@ -1,0 +1,39 @@
+//! Errors of model loading and inference.
+
+use tallow_gguf::GgufError;
+use tallow_quant::QuantError;
+use tallow_tokenizer::TokenizerError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    #[error("unknown architecture '{0}' (supported: {supported})", supported = crate::config::SUPPORTED_ARCHITECTURES.join(", "))]
+    UnknownArchitecture(String),
+    #[error("metadata key '{0}' is missing")]
+    MissingMetadata(String),
+    #[error("metadata key '{key}' has an invalid value: {reason}")]
+    BadMetadata { key: String, reason: String },
+    #[error("tensor '{0}' is missing")]
+    MissingTensor(String),
+    #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+    #[error("{needed} positions do not fit the context of {n_ctx} ({used} already used)")]
+    ContextOverflow {
+        needed: usize,
+        used: usize,
+        n_ctx: usize,
+    },
+    #[error("token id {id} is out of range (vocabulary size {n_vocab})")]
+    TokenOutOfRange { id: u32, n_vocab: usize },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}

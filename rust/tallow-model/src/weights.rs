@@ -1,0 +1,120 @@
+//! The tensors of a llama-family model, located in the GGUF file and checked against the
+//! configuration when the model is loaded.
+
+use tallow_gguf::{GgmlType, GgufFile, TensorInfo};
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+
+/// A weight matrix of `rows` output features by `cols` input features, stored row-major in a
+/// GGML block format inside the model file.
+#[derive(Debug, Clone)]
+pub struct Matrix {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    tensor: TensorInfo,
+}
+
+impl Matrix {
+    pub fn bytes<'a>(&self, file: &'a GgufFile) -> &'a [u8] {
+        file.tensor_data(&self.tensor)
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.tensor.size as usize / self.rows
+    }
+}
+
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: Matrix,
+    pub wk: Matrix,
+    pub wv: Matrix,
+    pub wo: Matrix,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: Matrix,
+    pub w_up: Matrix,
+    pub w_down: Matrix,
+}
+
+pub struct Weights {
+    pub token_embd: Matrix,
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>,
+    /// The LM head; the token embedding itself when the model ties them.
+    pub output: Matrix,
+    /// Per-dimension RoPE frequency divisors (Llama 3.1 style long-context scaling).
+    pub rope_freqs: Option<Vec<f32>>,
+}
+
+impl Weights {
+    pub fn load(file: &GgufFile, config: &ModelConfig) -> Result<Self, ModelError> {
+        let (d, ff, vocab) = (config.n_embd, config.n_ff, config.n_vocab);
+        let token_embd = matrix(file, "token_embd.weight", vocab, d)?;
+        let output = match file.tensor("output.weight") {
+            Some(_) => matrix(file, "output.weight", vocab, d)?,
+            None => token_embd.clone(),
+        };
+        let layers = (0..config.n_layer)
+            .map(|i| {
+                let name = |t: &str| format!("blk.{i}.{t}.weight");
+                Ok(LayerWeights {
+                    attn_norm: vector(file, &name("attn_norm"), d)?,
+                    wq: matrix(file, &name("attn_q"), config.q_dim(), d)?,
+                    wk: matrix(file, &name("attn_k"), config.kv_dim(), d)?,
+                    wv: matrix(file, &name("attn_v"), config.kv_dim(), d)?,
+                    wo: matrix(file, &name("attn_output"), d, config.q_dim())?,
+                    ffn_norm: vector(file, &name("ffn_norm"), d)?,
+                    w_gate: matrix(file, &name("ffn_gate"), ff, d)?,
+                    w_up: matrix(file, &name("ffn_up"), ff, d)?,
+                    w_down: matrix(file, &name("ffn_down"), d, ff)?,
+                })
+            })
+            .collect::<Result<_, ModelError>>()?;
+        let rope_freqs = match file.tensor("rope_freqs.weight") {
+            Some(_) => Some(vector(file, "rope_freqs.weight", config.rope_dim / 2)?),
+            None => None,
+        };
+        Ok(Weights {
+            token_embd,
+            layers,
+            output_norm: vector(file, "output_norm.weight", d)?,
+            output,
+            rope_freqs,
+        })
+    }
+}
+
+fn tensor<'a>(file: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a TensorInfo, ModelError> {
+    let info = file
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+    if info.dims != dims {
+        return Err(ModelError::TensorShape {
+            name: name.to_string(),
+            expected: dims.to_vec(),
+            found: info.dims.clone(),
+        });
+    }
+    Ok(info)
+}
+
+fn matrix(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
+    let info = tensor(file, name, &[cols as u64, rows as u64])?;
+    Ok(Matrix {
+        ty: info.ty,
+        rows,
+        cols,
+        tensor: info.clone(),
+    })
+}
+
+/// A one-dimensional tensor, converted to f32 (norm weights are small and read every step).
+fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    let info = tensor(file, name, &[len as u64])?;
+    let mut out = vec![0.0; len];
+    tallow_quant::dequantize(info.ty, file.tensor_data(info), &mut out)?;
+    Ok(out)
+}

@@ -1,0 +1,272 @@
+//! Python classes over `tallow_model`: a loaded model, a sequence context, a streaming
+//! detokenizer and a sampler.
+
+use std::sync::Arc;
+
+use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArray1, PyUntypedArray};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use tallow_gguf::Value;
+use tallow_model::{KvCache, Logits, ModelConfig};
+
+use crate::errors::{guard, invalid_argument, model_error};
+
+/// A GGUF model loaded for inference: weights (memory-mapped), configuration and tokenizer.
+#[pyclass(module = "tallow._core", frozen)]
+pub struct Model {
+    inner: Arc<tallow_model::Model>,
+    path: String,
+}
+
+impl Model {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+}
+
+#[pymethods]
+impl Model {
+    #[new]
+    fn new(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Self> {
+        let display = path.display().to_string();
+        let inner = py.detach(|| {
+            guard(|| tallow_model::Model::load(&path).map_err(model_error))
+        })?;
+        Ok(Model {
+            inner: Arc::new(inner),
+            path: display,
+        })
+    }
+
+    #[getter]
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    #[getter]
+    fn architecture(&self) -> &str {
+        &self.config().architecture
+    }
+
+    #[getter]
+    fn n_vocab(&self) -> usize {
+        self.config().n_vocab
+    }
+
+    #[getter]
+    fn n_ctx_train(&self) -> usize {
+        self.config().n_ctx_train
+    }
+
+    #[getter]
+    fn bos_id(&self) -> Option<u32> {
+        self.inner.tokenizer().bos_id()
+    }
+
+    #[getter]
+    fn eos_id(&self) -> Option<u32> {
+        self.inner.tokenizer().eos_id()
+    }
+
+    #[getter]
+    fn add_bos(&self) -> bool {
+        self.inner.tokenizer().add_bos()
+    }
+
+    #[getter]
+    fn eog_ids(&self) -> Vec<u32> {
+        self.inner.tokenizer().end_of_generation_ids().to_vec()
+    }
+
+    /// Every GGUF metadata key with its value (arrays become lists).
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (key, value) in self.inner.gguf().metadata() {
+            dict.set_item(key, value_to_py(py, value)?)?;
+        }
+        Ok(dict)
+    }
+
+    /// `(name, type name, dims)` of every tensor, in file order.
+    fn tensors(&self) -> Vec<(String, &'static str, Vec<u64>)> {
+        self.inner
+            .gguf()
+            .tensors()
+            .iter()
+            .map(|t| (t.name.clone(), t.ty.name(), t.dims.clone()))
+            .collect()
+    }
+
+    #[pyo3(signature = (text, add_special, parse_special))]
+    fn tokenize(
+        &self,
+        py: Python<'_>,
+        text: String,
+        add_special: bool,
+        parse_special: bool,
+    ) -> PyResult<Vec<u32>> {
+        let model = &self.inner;
+        py.detach(|| guard(|| Ok(model.tokenizer().encode(&text, add_special, parse_special))))
+    }
+
+    fn detokenize(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<String> {
+        let model = &self.inner;
+        py.detach(|| {
+            guard(|| {
+                model
+                    .tokenizer()
+                    .decode(&ids)
+                    .map_err(|e| model_error(e.into()))
+            })
+        })
+    }
+
+    fn stream_decoder(&self) -> StreamDecoder {
+        StreamDecoder {
+            model: self.inner.clone(),
+            state: tallow_tokenizer::StreamDecoder::new(),
+        }
+    }
+
+    fn new_context(&self, n_ctx: usize) -> PyResult<Context> {
+        if n_ctx == 0 {
+            return Err(invalid_argument("n_ctx must be positive"));
+        }
+        Ok(Context {
+            cache: self.inner.new_cache(n_ctx),
+            model: self.inner.clone(),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Model(path={:?}, architecture={:?})", self.path, self.config().architecture)
+    }
+}
+
+fn value_to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Value::U8(v) => v.into_pyobject(py)?.into_any(),
+        Value::I8(v) => v.into_pyobject(py)?.into_any(),
+        Value::U16(v) => v.into_pyobject(py)?.into_any(),
+        Value::I16(v) => v.into_pyobject(py)?.into_any(),
+        Value::U32(v) => v.into_pyobject(py)?.into_any(),
+        Value::I32(v) => v.into_pyobject(py)?.into_any(),
+        Value::U64(v) => v.into_pyobject(py)?.into_any(),
+        Value::I64(v) => v.into_pyobject(py)?.into_any(),
+        Value::F32(v) => v.into_pyobject(py)?.into_any(),
+        Value::F64(v) => v.into_pyobject(py)?.into_any(),
+        Value::Bool(v) => v.into_pyobject(py)?.to_owned().into_any(),
+        Value::String(v) => v.into_pyobject(py)?.into_any(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(value_to_py(py, item)?)?;
+            }
+            list.into_any()
+        }
+    })
+}
+
+/// One sequence: its KV cache and the positions evaluated so far.
+#[pyclass(module = "tallow._core")]
+pub struct Context {
+    model: Arc<tallow_model::Model>,
+    cache: KvCache,
+}
+
+#[pymethods]
+impl Context {
+    #[getter]
+    fn n_ctx(&self) -> usize {
+        self.cache.n_ctx()
+    }
+
+    #[getter]
+    fn n_past(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Evaluates `tokens` at the next positions and returns float32 logits: shape `(n_vocab,)`
+    /// for the last token, or `(len(tokens), n_vocab)` with `all_logits`.
+    #[pyo3(signature = (tokens, all_logits = false))]
+    fn eval<'py>(
+        &mut self,
+        py: Python<'py>,
+        tokens: Vec<u32>,
+        all_logits: bool,
+    ) -> PyResult<Bound<'py, PyUntypedArray>> {
+        let mode = if all_logits { Logits::All } else { Logits::Last };
+        let (model, cache) = (&self.model, &mut self.cache);
+        let logits = py.detach(|| {
+            guard(|| model.forward(cache, &tokens, mode).map_err(model_error))
+        })?;
+        let array = logits.into_pyarray(py);
+        if all_logits {
+            let shape = [tokens.len(), self.model.config().n_vocab];
+            Ok(array.reshape(shape)?.as_untyped().clone())
+        } else {
+            Ok(array.as_untyped().clone())
+        }
+    }
+
+    /// Forgets every position.
+    fn reset(&mut self) {
+        self.cache.clear();
+    }
+
+    /// Keeps the first `n` positions.
+    fn truncate(&mut self, n: usize) {
+        self.cache.truncate(n);
+    }
+}
+
+/// Turns token ids into text one at a time, emitting only complete UTF-8 characters.
+#[pyclass(module = "tallow._core")]
+pub struct StreamDecoder {
+    model: Arc<tallow_model::Model>,
+    state: tallow_tokenizer::StreamDecoder,
+}
+
+#[pymethods]
+impl StreamDecoder {
+    fn push(&mut self, token_id: u32) -> PyResult<String> {
+        self.state
+            .push(self.model.tokenizer(), token_id)
+            .map_err(|e| model_error(e.into()))
+    }
+
+    fn finish(&mut self) -> String {
+        self.state.finish()
+    }
+}
+
+/// Chooses tokens from logits: greedy when temperature is 0, else seeded sampling with top-k
+/// and top-p.
+#[pyclass(module = "tallow._core")]
+pub struct Sampler {
+    inner: tallow_model::Sampler,
+}
+
+#[pymethods]
+impl Sampler {
+    #[new]
+    #[pyo3(signature = (temperature, top_k, top_p, seed = None))]
+    fn new(temperature: f32, top_k: usize, top_p: f32, seed: Option<u64>) -> PyResult<Self> {
+        let seed = seed.unwrap_or_else(random_seed);
+        let inner =
+            tallow_model::Sampler::new(temperature, top_k, top_p, seed).map_err(model_error)?;
+        Ok(Sampler { inner })
+    }
+
+    fn sample(&mut self, logits: PyReadonlyArray1<'_, f32>) -> PyResult<u32> {
+        let logits = logits.as_slice()?;
+        guard(|| self.inner.sample(logits).map_err(model_error))
+    }
+}
+
+/// A seed for requests that give none: different for every sampler.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
