@@ -129,7 +129,7 @@ fn min_value_bytes(type_id: u32) -> Option<u64> {
     Some(match type_id {
         0 | 1 | 7 => 1,
         2 | 3 => 2,
-        4 | 5 | 6 => 4,
+        4..=6 => 4,
         8 => 8,  // the length prefix
         9 => 12, // element type and count
         10..=12 => 8,

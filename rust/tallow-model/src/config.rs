@@ -35,9 +35,10 @@ impl ModelConfig {
         if !SUPPORTED_ARCHITECTURES.contains(&architecture.as_str()) {
             return Err(ModelError::UnknownArchitecture(architecture));
         }
+        let prefix = architecture.clone();
         let md = Metadata {
             file,
-            prefix: &architecture,
+            prefix: &prefix,
         };
         let n_embd = md.usize("embedding_length")?;
         let n_head = md.usize("attention.head_count")?;
@@ -155,7 +156,9 @@ impl Metadata<'_> {
                 .as_f64()
                 .map(|v| v as f32)
                 .filter(|v| v.is_finite() && *v > 0.0)
-                .ok_or_else(|| self.bad(key, format!("expected a positive number, found {value:?}"))),
+                .ok_or_else(|| {
+                    self.bad(key, format!("expected a positive number, found {value:?}"))
+                }),
         }
     }
 }

@@ -50,7 +50,7 @@ impl LinearInput {
     ) -> Result<(), ModelError> {
         let format = m.ty.vec_dot_type();
         if self.format != Some(format) {
-            self.acts.quantize(format, input, n, m.cols);
+            self.acts.quantize(format, input, n, m.cols)?;
             self.format = Some(format);
         }
         out.resize(n * m.rows, 0.0);
@@ -103,8 +103,10 @@ impl Forward<'_> {
             input.matmul(self.file, &layer.wk, &h, n, &mut k)?;
             input.matmul(self.file, &layer.wv, &h, n, &mut v)?;
             for i in 0..n {
-                self.rope.apply(&mut q[i * cfg.q_dim()..][..cfg.q_dim()], start + i);
-                self.rope.apply(&mut k[i * cfg.kv_dim()..][..cfg.kv_dim()], start + i);
+                self.rope
+                    .apply(&mut q[i * cfg.q_dim()..][..cfg.q_dim()], start + i);
+                self.rope
+                    .apply(&mut k[i * cfg.kv_dim()..][..cfg.kv_dim()], start + i);
             }
             cache.append(l, &k, &v);
             self.attention(cache.layer(l), &q, start, &mut attn);
@@ -157,7 +159,13 @@ impl Forward<'_> {
 
     /// Causal grouped-query attention of the new tokens (queries `q`, at positions
     /// `start..`) over every cached position up to their own.
-    fn attention(&self, (keys, values): (&[f32], &[f32]), q: &[f32], start: usize, out: &mut [f32]) {
+    fn attention(
+        &self,
+        (keys, values): (&[f32], &[f32]),
+        q: &[f32],
+        start: usize,
+        out: &mut [f32],
+    ) {
         let cfg = self.config;
         let (hd, group) = (cfg.head_dim, cfg.n_head / cfg.n_head_kv);
         out.par_chunks_mut(hd)
@@ -167,7 +175,16 @@ impl Forward<'_> {
                 let q_head = &q[i * hd..][..hd];
                 let offset = (head / group) * hd;
                 let n_pos = start + token + 1;
-                attend(q_head, keys, values, cfg.kv_dim(), offset, n_pos, scores, out_head);
+                attend(
+                    q_head,
+                    keys,
+                    values,
+                    cfg.kv_dim(),
+                    offset,
+                    n_pos,
+                    scores,
+                    out_head,
+                );
             });
     }
 }

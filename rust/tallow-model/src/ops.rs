@@ -25,7 +25,7 @@ impl Rope {
     pub fn new(base: f32, rope_dim: usize, head_dim: usize, freq_factors: Option<&[f32]>) -> Self {
         let inv_freq = (0..rope_dim / 2)
             .map(|i| {
-                let f = base.powf(-(2 * i) as f32 / rope_dim as f32);
+                let f = base.powf(-((2 * i) as f32) / rope_dim as f32);
                 f / freq_factors.map_or(1.0, |factors| factors[i])
             })
             .collect();
@@ -101,7 +101,11 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[i] += ca[i] * cb[i];
         }
     }
-    let tail: f32 = a[chunks..].iter().zip(&b[chunks..]).map(|(x, y)| x * y).sum();
+    let tail: f32 = a[chunks..]
+        .iter()
+        .zip(&b[chunks..])
+        .map(|(x, y)| x * y)
+        .sum();
     acc.iter().sum::<f32>() + tail
 }
 

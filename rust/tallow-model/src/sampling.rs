@@ -34,7 +34,9 @@ impl Sampler {
 
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, ModelError> {
         if logits.is_empty() {
-            return Err(ModelError::InvalidArgument("no logits to sample from".into()));
+            return Err(ModelError::InvalidArgument(
+                "no logits to sample from".into(),
+            ));
         }
         if self.temperature == 0.0 {
             return Ok(argmax(logits));
@@ -174,7 +176,10 @@ mod tests {
         for (i, &l) in logits.iter().enumerate() {
             let expected = l.exp() / total;
             let got = seen[i] as f32 / n as f32;
-            assert!((got - expected).abs() < 0.015, "token {i}: {got} vs {expected}");
+            assert!(
+                (got - expected).abs() < 0.015,
+                "token {i}: {got} vs {expected}"
+            );
         }
     }
 
@@ -183,7 +188,9 @@ mod tests {
         let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
             let mut s = Sampler::new(0.9, 40, 0.95, seed).unwrap();
-            (0..20).map(|_| s.sample(&logits).unwrap()).collect::<Vec<_>>()
+            (0..20)
+                .map(|_| s.sample(&logits).unwrap())
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(5), run(5));
         assert_ne!(run(5), run(6));
