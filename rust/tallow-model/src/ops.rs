@@ -57,25 +57,13 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// Causal attention of one query head over `n_pos` cached positions: `keys` and `values` hold
-/// `n_pos` rows of `stride` values, the head's slice starting at `offset` in each row.
-pub fn attend(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    offset: usize,
-    n_pos: usize,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
+/// Attention of one query head over `keys` and `values`: rows of `q.len()` values, one per
+/// visible position. Writes the softmax-weighted sum of the values to `out`.
+pub fn attend(q: &[f32], (keys, values): (&[f32], &[f32]), scores: &mut Vec<f32>, out: &mut [f32]) {
     let head_dim = q.len();
     let scale = 1.0 / (head_dim as f32).sqrt();
     scores.clear();
-    scores.extend((0..n_pos).map(|p| {
-        let k = &keys[p * stride + offset..][..head_dim];
-        dot(q, k) * scale
-    }));
+    scores.extend(keys.chunks_exact(head_dim).map(|k| dot(q, k) * scale));
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut total = 0.0;
     for s in scores.iter_mut() {
@@ -83,8 +71,7 @@ pub fn attend(
         total += *s;
     }
     out.fill(0.0);
-    for (p, &s) in scores.iter().enumerate() {
-        let v = &values[p * stride + offset..][..head_dim];
+    for (&s, v) in scores.iter().zip(values.chunks_exact(head_dim)) {
         let w = s / total;
         for (o, &vi) in out.iter_mut().zip(v) {
             *o += w * vi;
@@ -119,7 +106,7 @@ mod tests {
         let mut out = [0.0; 8];
         rms_norm(&x, &[1.0, 2.0, 1.0, 1.0], 0.0, &mut out);
         assert!((out[0] - 1.2).abs() < 1e-6 && (out[1] + 3.2).abs() < 1e-6);
-        assert_eq!(&out[4..], &[1.0; 4]);
+        assert_eq!(&out[4..], &[1.0, 2.0, 1.0, 1.0]);
     }
 
     #[test]
@@ -141,11 +128,11 @@ mod tests {
         let keys = [1.0, 0.0, 0.0, 1.0];
         let values = [1.0, 2.0, 3.0, 4.0];
         let mut out = [0.0; 2];
-        attend(&q, &keys, &values, 2, 0, 2, &mut Vec::new(), &mut out);
+        attend(&q, (&keys, &values), &mut Vec::new(), &mut out);
         let w0 = 1.0 / (1.0 + (-10.0 / 2f32.sqrt()).exp());
         assert!((out[0] - (w0 + 3.0 * (1.0 - w0))).abs() < 1e-5);
         // a single position returns its value exactly
-        attend(&q, &keys, &values, 2, 0, 1, &mut Vec::new(), &mut out);
+        attend(&q, (&keys[..2], &values[..2]), &mut Vec::new(), &mut out);
         assert_eq!(out, [1.0, 2.0]);
     }
 

@@ -27,12 +27,27 @@ static EXCEPTIONS: PyOnceLock<Exceptions> = PyOnceLock::new();
 /// (name, doc) of each class; the bases are set in [`create`].
 const DOCS: [(&str, &str); 7] = [
     ("TallowError", "Base class of every error raised by tallow."),
-    ("GgufError", "The GGUF file is malformed: bad magic, truncated, offsets out of range."),
+    (
+        "GgufError",
+        "The GGUF file is malformed: bad magic, truncated, offsets out of range.",
+    ),
     ("ModelNotFoundError", "The model file does not exist."),
-    ("UnsupportedError", "The model uses an architecture or tensor type tallow cannot run."),
-    ("TokenizerError", "The tokenizer metadata is invalid or a token id is unknown."),
-    ("ModelError", "The model is inconsistent, or a request does not fit it (context, ids)."),
-    ("InvalidArgumentError", "An argument is out of range or of the wrong kind."),
+    (
+        "UnsupportedError",
+        "The model uses an architecture or tensor type tallow cannot run.",
+    ),
+    (
+        "TokenizerError",
+        "The tokenizer metadata is invalid or a token id is unknown.",
+    ),
+    (
+        "ModelError",
+        "The model is inconsistent, or a request does not fit it (context, ids).",
+    ),
+    (
+        "InvalidArgumentError",
+        "An argument is out of range or of the wrong kind.",
+    ),
 ];
 
 fn new_class<'py>(
@@ -56,8 +71,12 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let child = |i: usize| new_class(py, i, std::slice::from_ref(&tallow));
     let exceptions = Exceptions {
         gguf: child(1)?.unbind(),
-        not_found: new_class(py, 2, &[tallow.clone(), py.get_type::<PyFileNotFoundError>()])?
-            .unbind(),
+        not_found: new_class(
+            py,
+            2,
+            &[tallow.clone(), py.get_type::<PyFileNotFoundError>()],
+        )?
+        .unbind(),
         unsupported: child(3)?.unbind(),
         tokenizer: child(4)?.unbind(),
         model: child(5)?.unbind(),
@@ -85,7 +104,9 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
 
 fn raise(class: impl Fn(&Exceptions) -> &Py<PyType>, message: String) -> PyErr {
     Python::attach(|py| {
-        let exceptions = EXCEPTIONS.get(py).expect("exceptions are registered at import");
+        let exceptions = EXCEPTIONS
+            .get(py)
+            .expect("exceptions are registered at import");
         PyErr::from_type(class(exceptions).bind(py).clone(), message)
     })
 }

@@ -29,9 +29,8 @@ impl Model {
     #[new]
     fn new(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Self> {
         let display = path.display().to_string();
-        let inner = py.detach(|| {
-            guard(|| tallow_model::Model::load(&path).map_err(model_error))
-        })?;
+        let inner =
+            py.detach(|| guard(|| tallow_model::Model::load(&path).map_err(model_error)))?;
         Ok(Model {
             inner: Arc::new(inner),
             path: display,
@@ -139,7 +138,11 @@ impl Model {
     }
 
     fn __repr__(&self) -> String {
-        format!("Model(path={:?}, architecture={:?})", self.path, self.config().architecture)
+        format!(
+            "Model(path={:?}, architecture={:?})",
+            self.path,
+            self.config().architecture
+        )
     }
 }
 
@@ -195,11 +198,14 @@ impl Context {
         tokens: Vec<u32>,
         all_logits: bool,
     ) -> PyResult<Bound<'py, PyUntypedArray>> {
-        let mode = if all_logits { Logits::All } else { Logits::Last };
+        let mode = if all_logits {
+            Logits::All
+        } else {
+            Logits::Last
+        };
         let (model, cache) = (&self.model, &mut self.cache);
-        let logits = py.detach(|| {
-            guard(|| model.forward(cache, &tokens, mode).map_err(model_error))
-        })?;
+        let logits =
+            py.detach(|| guard(|| model.forward(cache, &tokens, mode).map_err(model_error)))?;
         let array = logits.into_pyarray(py);
         if all_logits {
             let shape = [tokens.len(), self.model.config().n_vocab];
@@ -269,4 +275,3 @@ fn random_seed() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(std::time::SystemTime::now())
 }
-

@@ -109,7 +109,7 @@ impl GgmlType {
     }
 
     /// Number of elements in one block.
-    pub fn block_len(self) -> usize {
+    pub const fn block_len(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
@@ -118,7 +118,7 @@ impl GgmlType {
     }
 
     /// Number of bytes in one block.
-    pub fn block_bytes(self) -> usize {
+    pub const fn block_bytes(self) -> usize {
         match self {
             Self::F32 => 4,
             Self::F16 | Self::BF16 => 2,
@@ -137,11 +137,27 @@ impl GgmlType {
         }
     }
 
+    /// The format the activations must be quantized to before a dot product with weights of
+    /// this type, as in ggml: Q4_0, Q5_0 and Q8_0 pair with Q8_0; Q4_1 and Q5_1 with Q8_1 (whose
+    /// block sum carries the weights' offset term); K-quants with Q8_K. Float weights (F32, F16,
+    /// BF16) take F32 activations, so the only rounding is that of the weights themselves.
+    /// Q8_1 and Q8_K are activation formats and map to themselves.
+    pub const fn vec_dot_type(self) -> GgmlType {
+        match self {
+            Self::F32 | Self::F16 | Self::BF16 => Self::F32,
+            Self::Q4_0 | Self::Q5_0 | Self::Q8_0 => Self::Q8_0,
+            Self::Q4_1 | Self::Q5_1 | Self::Q8_1 => Self::Q8_1,
+            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => {
+                Self::Q8_K
+            }
+        }
+    }
+
     /// Bytes taken by `n_elements` elements, or `None` when `n_elements` is not a whole number
     /// of blocks or the size overflows.
     pub fn bytes_for(self, n_elements: u64) -> Option<u64> {
         let block = self.block_len() as u64;
-        if n_elements % block != 0 {
+        if !n_elements.is_multiple_of(block) {
             return None;
         }
         (n_elements / block).checked_mul(self.block_bytes() as u64)

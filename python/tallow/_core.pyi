@@ -1,0 +1,146 @@
+"""Type stubs of ``tallow._core``, the Rust extension module (built from rust/tallow-py).
+
+Everything that touches tensors lives here; the public API is :mod:`tallow` (``tallow.LLM``),
+which wraps these classes. Calls that compute release the GIL.
+"""
+
+import os
+from typing import final
+
+import numpy
+import numpy.typing
+from typing_extensions import Self
+
+__all__ = [
+    "Context",
+    "GgufError",
+    "InvalidArgumentError",
+    "Model",
+    "ModelError",
+    "ModelNotFoundError",
+    "Sampler",
+    "StreamDecoder",
+    "TallowError",
+    "TokenizerError",
+    "UnsupportedError",
+    "dequantize",
+]
+
+class TallowError(Exception):
+    """Base class of every error raised by tallow."""
+
+class GgufError(TallowError):
+    """A malformed GGUF file: bad magic, unsupported version, truncated data, an offset or size
+    out of range."""
+
+class ModelNotFoundError(TallowError, FileNotFoundError):
+    """The model file does not exist."""
+
+class UnsupportedError(TallowError):
+    """Something valid but not supported by this build: a tensor type, an architecture."""
+
+class TokenizerError(TallowError):
+    """The tokenizer metadata is unusable, or text / ids cannot be converted."""
+
+class ModelError(TallowError):
+    """The model cannot run: a missing tensor, bad hyper-parameters, a context overflow, a token
+    id out of range."""
+
+class InvalidArgumentError(TallowError, ValueError):
+    """An argument is out of range or of the wrong kind."""
+
+def dequantize(type_name: str, data: bytes) -> numpy.typing.NDArray[numpy.float32]:
+    """Dequantize ``data``, whole blocks of the GGML type ``type_name`` (e.g. ``"Q4_1"``), to a
+    1-D float32 array."""
+
+@final
+class Model:
+    """A GGUF model loaded from disk (memory-mapped): weights, hyper-parameters and tokenizer."""
+
+    def __new__(cls, path: str | os.PathLike[str]) -> Self:
+        """Open and check the GGUF file at ``path`` and prepare the model.
+
+        Raises ModelNotFoundError, GgufError, UnsupportedError, TokenizerError or ModelError.
+        """
+    @property
+    def path(self) -> str:
+        """The file the model was loaded from."""
+    @property
+    def architecture(self) -> str:
+        """The GGUF ``general.architecture`` (e.g. ``"llama"``)."""
+    @property
+    def n_vocab(self) -> int:
+        """Vocabulary size (length of a logits row)."""
+    @property
+    def n_ctx_train(self) -> int:
+        """The context length the model was trained with."""
+    @property
+    def bos_id(self) -> int | None:
+        """Beginning-of-sequence token id, if the vocabulary has one."""
+    @property
+    def eos_id(self) -> int | None:
+        """End-of-sequence token id, if the vocabulary has one."""
+    @property
+    def add_bos(self) -> bool:
+        """Whether a BOS token is put in front of a prompt (from GGUF metadata)."""
+    @property
+    def eog_ids(self) -> list[int]:
+        """End-of-generation token ids (EOS, end-of-turn, ...): sampling one ends generation."""
+    def metadata(self) -> dict[str, object]:
+        """Every GGUF metadata key with its value (lists for arrays)."""
+    def tensors(self) -> list[tuple[str, str, list[int]]]:
+        """The tensor table: ``(name, type name, dims)`` with dims in GGML order."""
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        """Token ids of ``text``.
+
+        ``add_special`` adds BOS/EOS as the model's metadata asks; ``parse_special`` matches
+        control tokens (e.g. ``<|im_start|>``) written in the text.
+        """
+    def detokenize(self, ids: list[int]) -> str:
+        """The text of ``ids`` (invalid UTF-8 is replaced by U+FFFD)."""
+    def stream_decoder(self) -> StreamDecoder:
+        """A decoder that turns token ids into text one at a time."""
+    def new_context(self, n_ctx: int) -> Context:
+        """A new sequence with its own KV cache of ``n_ctx`` positions."""
+
+@final
+class StreamDecoder:
+    """Incremental detokenizer: never returns half of a UTF-8 character."""
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text that is now complete (possibly ``""``)."""
+    def finish(self) -> str:
+        """Return whatever is still buffered (incomplete bytes become U+FFFD)."""
+
+@final
+class Context:
+    """One sequence being evaluated, with its KV cache."""
+
+    @property
+    def n_ctx(self) -> int:
+        """Capacity of the KV cache, in positions."""
+    @property
+    def n_past(self) -> int:
+        """Number of positions already evaluated."""
+    def eval(
+        self, tokens: list[int], all_logits: bool = False
+    ) -> numpy.typing.NDArray[numpy.float32]:
+        """Evaluate ``tokens`` at positions ``n_past..`` and return float32 logits.
+
+        The shape is ``(n_vocab,)`` for the last token, or ``(len(tokens), n_vocab)`` when
+        ``all_logits``. Raises ModelError when the tokens would not fit in ``n_ctx``.
+        """
+    def reset(self) -> None:
+        """Forget every position (``n_past`` becomes 0)."""
+    def truncate(self, n: int) -> None:
+        """Keep only the first ``n`` positions."""
+
+@final
+class Sampler:
+    """Picks the next token from a logits row."""
+
+    def __new__(cls, temperature: float, top_k: int, top_p: float, seed: int | None = None) -> Self:
+        """``temperature`` 0 means greedy (argmax); ``top_k`` 0 and ``top_p`` 1.0 are off;
+        ``seed`` None draws a random seed."""
+    def sample(self, logits: numpy.typing.NDArray[numpy.float32]) -> int:
+        """The sampled token id."""

@@ -1,0 +1,415 @@
+"""The ``tallow`` command line.
+
+Commands: ``pull``, ``list``, ``generate``, ``tokenize``, ``perplexity``, ``info``. Results go to
+stdout; status, progress and timings go to stderr. Every error prints one line
+``tallow: error: ...`` on stderr and exits with status 1 (130 when interrupted, 2 for bad usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from tallow import catalog
+from tallow._progress import format_bytes
+from tallow.errors import InvalidArgumentError, TallowError
+from tallow.llm import LLM, _check_params
+
+__all__ = ["build_parser", "main"]
+
+# (elements per block, bytes per block) of the GGML tensor types, for the size summary.
+_TYPE_BLOCKS: dict[str, tuple[int, int]] = {
+    "F32": (1, 4),
+    "F16": (1, 2),
+    "BF16": (1, 2),
+    "F64": (1, 8),
+    "I8": (1, 1),
+    "I16": (1, 2),
+    "I32": (1, 4),
+    "I64": (1, 8),
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q8_0": (32, 34),
+    "Q8_1": (32, 36),
+    "Q2_K": (256, 84),
+    "Q3_K": (256, 110),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+    "Q8_K": (256, 292),
+}
+
+# Hyper-parameters shown by `tallow info`, as suffixes of "<architecture>.".
+_HPARAMS = (
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.layer_norm_rms_epsilon",
+    "attention.sliding_window",
+    "rope.freq_base",
+    "rope.dimension_count",
+    "vocab_size",
+)
+
+
+def _status(message: str) -> None:
+    print(f"tallow: {message}", file=sys.stderr, flush=True)
+
+
+def _read_utf8(data: bytes, origin: str) -> str:
+    """Decode raw bytes as UTF-8 (strict: invalid bytes are an error, nothing is translated)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgumentError(
+            f"{origin} is not valid UTF-8 (invalid byte at offset {exc.start})"
+        ) from None
+
+
+def _read_file(path: str) -> str:
+    if path == "-":
+        return _read_utf8(sys.stdin.buffer.read(), "standard input")
+    return _read_utf8(Path(path).read_bytes(), path)
+
+
+def _check_arg_text(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError("the text argument is not valid UTF-8") from None
+    return text
+
+
+def _load(model: str, n_ctx: int | None = None) -> LLM:
+    if n_ctx is not None and n_ctx <= 0:
+        raise InvalidArgumentError(f"the context size must be positive, got {n_ctx}")
+    start = time.perf_counter()
+    llm = LLM(model, n_ctx=n_ctx)
+    _status(
+        f"loaded {model} ({llm.architecture}, {llm.n_vocab} tokens of vocabulary) "
+        f"in {time.perf_counter() - start:.2f} s"
+    )
+    return llm
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    path = catalog.pull(args.name, force=args.force)
+    print(path)
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    entries = catalog.load_catalog()
+    for name in sorted(entries):
+        entry = entries[name]
+        mark = "*" if name == catalog.DEFAULT_MODEL else " "
+        state = "pulled" if catalog.is_present(name) else "not pulled"
+        print(f"{mark} {name:<16} {format_bytes(entry.size):>10}  {state:<10}  {entry.description}")
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    prompt = _read_file("-") if args.prompt == "-" else _check_arg_text(args.prompt)
+    max_tokens = None if args.max_tokens == -1 else args.max_tokens
+    # Check the sampling arguments before spending time on loading the model.
+    _check_params(max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.stop, True)
+    llm = _load(args.model, args.ctx)
+    stream = llm.stream(
+        prompt,
+        max_tokens=max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=args.stop,
+    )
+    out = sys.stdout
+    for piece in stream:
+        out.write(piece)
+        out.flush()
+    result = stream.result
+    assert result is not None
+    if out.isatty():
+        out.write("\n")
+        out.flush()
+
+    def rate(n: int, seconds: float) -> str:
+        return f"{n / seconds:.1f} tokens/s" if seconds > 0 else "-"
+
+    _status(
+        f"prompt: {result.prompt_tokens} tokens in {result.prompt_seconds:.2f} s "
+        f"({rate(result.prompt_tokens, result.prompt_seconds)}); "
+        f"generated: {result.completion_tokens} tokens in {result.completion_seconds:.2f} s "
+        f"({rate(result.completion_tokens, result.completion_seconds)}); "
+        f"finish: {result.finish_reason}"
+    )
+    return 0
+
+
+def _cmd_tokenize(args: argparse.Namespace) -> int:
+    if args.file is not None and args.text is not None:
+        raise InvalidArgumentError("give either TEXT or -f FILE, not both")
+    if args.file is not None:
+        text = _read_file(args.file)
+    elif args.text is not None:
+        text = _check_arg_text(args.text)
+    else:
+        text = _read_file("-")
+    llm = _load(args.model)
+    ids = llm.tokenize(text, add_special=args.add_special, parse_special=args.parse_special)
+    if args.ids:
+        print(json.dumps(ids))
+    else:
+        for tid in ids:
+            print(f"{tid:>6} {json.dumps(llm.detokenize([tid]), ensure_ascii=False)}")
+    return 0
+
+
+def _cmd_perplexity(args: argparse.Namespace) -> int:
+    text = _read_file(args.file)
+    llm = _load(args.model)
+    start = time.perf_counter()
+    _status(f"perplexity of {args.file} with a context of {args.ctx} tokens")
+
+    def progress(i: int, n: int, ppl: float) -> None:
+        sep = "\n" if i == n else ","
+        if i == 1:
+            sys.stderr.write(f"tallow: {n} chunks: ")
+        sys.stderr.write(f"[{i}]{ppl:.4f}{sep}")
+        sys.stderr.flush()
+
+    ppl = llm.perplexity(text, ctx=args.ctx, progress=progress)
+    _status(f"done in {time.perf_counter() - start:.2f} s")
+    print(f"PPL = {ppl:.4f}")
+    return 0
+
+
+def _summarize(value: object, width: int = 60, items: int = 4) -> str:
+    if isinstance(value, str):
+        if len(value) > width:
+            return f"{value[:width]!r}... ({len(value)} characters)"
+        return repr(value)
+    if isinstance(value, list):
+        kinds = sorted({type(v).__name__ for v in value}) or ["empty"]
+        shown = ", ".join(_summarize(v, 24, 2) for v in value[:items])
+        more = ", ..." if len(value) > items else ""
+        return f"[{shown}{more}] ({len(value)} × {'/'.join(kinds)})"
+    return repr(value)
+
+
+def _write_info(llm: LLM, out: TextIO) -> None:
+    meta = llm.metadata()
+    arch = llm.architecture
+    path = llm.path
+    try:
+        file_size = format_bytes(os.path.getsize(path))
+    except OSError:
+        file_size = "?"
+    out.write(f"model: {path} ({file_size})\n")
+    if "general.name" in meta:
+        out.write(f"name: {meta['general.name']}\n")
+    out.write(f"architecture: {arch}\n")
+    out.write(
+        f"vocabulary: {llm.n_vocab} tokens; bos {llm.bos_id}, eos {llm.eos_id}, "
+        f"add_bos {str(llm.add_bos).lower()}, end of generation {llm.eog_ids}\n"
+    )
+    if "tokenizer.ggml.model" in meta:
+        pre = meta.get("tokenizer.ggml.pre", "default")
+        out.write(f"tokenizer: {meta['tokenizer.ggml.model']} (pre-tokenizer {pre})\n")
+    out.write("hyper-parameters:\n")
+    for key in _HPARAMS:
+        full = f"{arch}.{key}"
+        if full in meta:
+            out.write(f"  {full} = {meta[full]}\n")
+
+    out.write(f"metadata: {len(meta)} keys\n")
+    for key in sorted(meta):
+        out.write(f"  {key} = {_summarize(meta[key])}\n")
+
+    tensors = llm.tensors()
+    by_type: Counter[str] = Counter()
+    params_by_type: Counter[str] = Counter()
+    bytes_by_type: Counter[str] = Counter()
+    for _name, type_name, dims in tensors:
+        n = 1
+        for d in dims:
+            n *= d
+        by_type[type_name] += 1
+        params_by_type[type_name] += n
+        block = _TYPE_BLOCKS.get(type_name)
+        if block is not None:
+            bytes_by_type[type_name] += n // block[0] * block[1]
+    total_params = sum(params_by_type.values())
+    total_bytes = sum(bytes_by_type.values())
+    out.write(
+        f"tensors: {len(tensors)}, {total_params / 1e6:.1f}M parameters, "
+        f"{format_bytes(total_bytes)}\n"
+    )
+    for type_name in sorted(by_type, key=lambda t: (-by_type[t], t)):
+        size = format_bytes(bytes_by_type[type_name]) if type_name in _TYPE_BLOCKS else "? bytes"
+        out.write(
+            f"  {type_name:<5} {by_type[type_name]:>5} tensors "
+            f"{params_by_type[type_name] / 1e6:>9.2f}M parameters {size:>12}\n"
+        )
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    llm = _load(args.model)
+    _write_info(llm, sys.stdout)
+    return 0
+
+
+# -- parser -------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``tallow``."""
+    from tallow import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="tallow",
+        description="Run GGUF language models on the CPU.",
+        epilog=(
+            "MODEL is a path to a .gguf file or a catalog name (see `tallow list`); catalog "
+            "models are pulled into $TALLOW_HOME (default ~/.cache/tallow) on first use."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"tallow {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def model_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "-m",
+            "--model",
+            default=catalog.DEFAULT_MODEL,
+            help=f"model file or catalog name (default: {catalog.DEFAULT_MODEL})",
+        )
+
+    p = sub.add_parser("pull", help="download a catalog model into the cache")
+    p.add_argument("name", nargs="?", default=catalog.DEFAULT_MODEL, help="catalog name")
+    p.add_argument("--force", action="store_true", help="download even if already present")
+    p.set_defaults(func=_cmd_pull)
+
+    p = sub.add_parser("list", help="list the catalog models")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser(
+        "generate",
+        help="continue a prompt (the text goes to stdout as it is generated)",
+        description="Continue PROMPT ('-' reads it from stdin). Only the generated text goes "
+        "to stdout; status and timings go to stderr.",
+    )
+    p.add_argument("prompt", metavar="PROMPT")
+    model_arg(p)
+    p.add_argument(
+        "-n",
+        "--max-tokens",
+        type=int,
+        default=128,
+        help="tokens to generate (-1: until the context is full; default 128)",
+    )
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="0 = off (default 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="stop before this text (repeatable)",
+    )
+    p.add_argument("--ctx", type=int, default=None, help="context size (default 4096 or less)")
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser(
+        "tokenize",
+        help="print the token ids of a text",
+        description="Print the tokens of TEXT, of -f FILE, or of stdin. Files and stdin are "
+        "read as raw bytes and decoded as strict UTF-8 (no newline translation; invalid UTF-8 "
+        "is an error). No BOS/EOS is added unless --add-special.",
+    )
+    p.add_argument("text", nargs="?", metavar="TEXT")
+    p.add_argument("-f", "--file", help="read the text from FILE ('-': stdin)")
+    model_arg(p)
+    p.add_argument("--ids", action="store_true", help="print only a JSON list of ids")
+    p.add_argument("--add-special", action="store_true", help="add BOS/EOS as the model asks")
+    p.add_argument(
+        "--parse-special", action="store_true", help="match control tokens written in the text"
+    )
+    p.set_defaults(func=_cmd_tokenize)
+
+    p = sub.add_parser(
+        "perplexity",
+        help="perplexity of a model on a text file (llama.cpp's protocol)",
+        description="Perplexity as llama-perplexity computes it: chunks of CTX tokens, the "
+        "second half of each scored. Prints `PPL = x` on stdout, progress on stderr.",
+    )
+    model_arg(p)
+    p.add_argument("-f", "--file", required=True, help="UTF-8 text file ('-': stdin)")
+    p.add_argument("--ctx", type=int, default=512, help="chunk size in tokens (default 512)")
+    p.set_defaults(func=_cmd_perplexity)
+
+    p = sub.add_parser("info", help="show a model's metadata and tensor summary")
+    model_arg(p)
+    p.set_defaults(func=_cmd_info)
+    return parser
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split()) or "unknown error"
+
+
+def _error(message: str) -> None:
+    try:
+        sys.stderr.write(f"tallow: error: {_one_line(message)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.func(args)
+        return status
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, and keep Python from complaining
+        # again when it flushes stdout at exit.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
+    except TallowError as exc:
+        _error(str(exc))
+        return 1
+    except OSError as exc:
+        if exc.strerror and exc.filename:
+            _error(f"{exc.filename}: {exc.strerror}")
+        else:
+            _error(str(exc) or type(exc).__name__)
+        return 1

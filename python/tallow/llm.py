@@ -1,0 +1,515 @@
+"""The high-level API: :class:`LLM`."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from tallow import _core
+from tallow.catalog import DEFAULT_MODEL, resolve_model
+from tallow.errors import InvalidArgumentError, ModelError
+
+__all__ = ["LLM", "GenerationResult", "TextStream"]
+
+FinishReason = Literal["stop", "length"]
+
+DEFAULT_N_CTX = 4096
+"""Context size used when none is given, capped by the model's training context (llama.cpp's
+default is 4096 too)."""
+
+# Rows of logits converted to float64 at a time by perplexity(), to bound memory for large
+# vocabularies.
+_PPL_ROWS = 32
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """The outcome of :meth:`LLM.generate` (and of a finished :class:`TextStream`)."""
+
+    text: str
+    """The generated text, without the prompt and without the stop string (if one matched)."""
+    token_ids: list[int] = field(default_factory=list)
+    """Every sampled token, in order. An end-of-generation token is not included; when a stop
+    string matched, the tokens that spelled it are included although its text is not."""
+    finish_reason: FinishReason = "length"
+    """``"stop"``: an end-of-generation token was sampled or a stop string matched;
+    ``"length"``: ``max_tokens`` was reached or the context is full."""
+    prompt_tokens: int = 0
+    """Number of prompt tokens (including BOS when the model adds one)."""
+    completion_tokens: int = 0
+    """Number of generated tokens (``len(token_ids)``)."""
+    prompt_seconds: float = 0.0
+    """Wall time spent evaluating the prompt."""
+    completion_seconds: float = 0.0
+    """Wall time spent generating after the prompt."""
+
+
+@dataclass(frozen=True)
+class _Params:
+    max_tokens: int | None
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    parse_special: bool
+
+
+def _check_params(
+    max_tokens: int | None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    stop: str | Sequence[str] | None,
+    parse_special: bool,
+) -> _Params:
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
+    ):
+        raise InvalidArgumentError(
+            f"max_tokens must be a non-negative integer or None, got {max_tokens!r}"
+        )
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
+        raise InvalidArgumentError(
+            f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}"
+        )
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not (0.0 < top_p <= 1.0):
+        raise InvalidArgumentError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not (0 <= seed < 2**64)
+    ):
+        raise InvalidArgumentError(f"seed must be an integer in [0, 2**64) or None, got {seed!r}")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    else:
+        stops = tuple(stop)
+    for s in stops:
+        if not isinstance(s, str) or not s:
+            raise InvalidArgumentError(f"stop strings must be non-empty strings, got {s!r}")
+    return _Params(
+        max_tokens, float(temperature), top_k, float(top_p), seed, stops, bool(parse_special)
+    )
+
+
+class _StopMatcher:
+    """Finds stop strings in streamed text, holding back text that may be the start of one."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.pending = ""
+        self.stopped = False
+
+    def _held(self) -> int:
+        """Length of the longest suffix of ``pending`` that is a proper prefix of a stop."""
+        best = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.pending)), best, -1):
+                if self.pending.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+    def push(self, text: str) -> str:
+        """Add decoded text; return what can be emitted now. Sets ``stopped`` on a match."""
+        if self.stopped:
+            return ""
+        self.pending += text
+        if not self.stops:
+            out, self.pending = self.pending, ""
+            return out
+        first = -1
+        for s in self.stops:
+            i = self.pending.find(s)
+            if i >= 0 and (first < 0 or i < first):
+                first = i
+        if first >= 0:
+            out = self.pending[:first]
+            self.pending = ""
+            self.stopped = True
+            return out
+        keep = self._held()
+        cut = len(self.pending) - keep
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out
+
+    def flush(self) -> str:
+        """End of text: whatever was held back is not a stop string after all."""
+        out, self.pending = ("" if self.stopped else self.pending), ""
+        return out
+
+
+class TextStream(Iterator[str]):
+    """An iterator over the pieces of text of one generation (from :meth:`LLM.stream`).
+
+    Iterating yields non-empty strings; once it is exhausted, :attr:`result` holds the
+    :class:`GenerationResult`. ``close()`` (or leaving a ``with`` block) stops early.
+    """
+
+    def __init__(self, gen: Generator[str, None, GenerationResult]) -> None:
+        self._gen = gen
+        self._result: GenerationResult | None = None
+
+    def __iter__(self) -> TextStream:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._gen)
+        except StopIteration as stop:
+            self._result = stop.value
+            raise
+
+    @property
+    def result(self) -> GenerationResult | None:
+        """The result, once the stream is exhausted (``None`` before, or if closed early)."""
+        return self._result
+
+    def close(self) -> None:
+        """Stop the generation and release its context."""
+        self._gen.close()
+
+    def __enter__(self) -> TextStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LLM:
+    """A language model ready to generate text.
+
+    ``model`` is a path to a ``.gguf`` file or the name of a catalog model (pulled into the
+    cache on first use; see :mod:`tallow.catalog`). ``n_ctx`` is the number of positions of the
+    context used by :meth:`generate` and :meth:`stream` (prompt plus generated tokens); by
+    default the model's training context, capped at 4096.
+
+    An ``LLM`` is not meant to be shared between threads; each generation uses its own KV
+    cache, so nested or interleaved streams are fine.
+
+    >>> llm = tallow.LLM()  # doctest: +SKIP
+    >>> llm.generate("The capital of France is", max_tokens=8, temperature=0).text  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] = DEFAULT_MODEL,
+        n_ctx: int | None = None,
+        *,
+        progress: bool = True,
+    ) -> None:
+        if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int)):
+            raise InvalidArgumentError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+        if n_ctx is not None and n_ctx <= 0:
+            raise InvalidArgumentError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+        self.model_name = str(model) if isinstance(model, str) else os.fspath(model)
+        """The name or path given."""
+        path = resolve_model(model, progress=progress)
+        self._model = _core.Model(str(path))
+        if n_ctx is None:
+            n_ctx = min(self._model.n_ctx_train, DEFAULT_N_CTX) or DEFAULT_N_CTX
+        self.n_ctx = n_ctx
+        """Context size of generations (prompt plus completion)."""
+        self._free_ctx: _core.Context | None = None
+        self._lock = threading.Lock()
+
+    # -- model properties -------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        """The GGUF file."""
+        return Path(self._model.path)
+
+    @property
+    def architecture(self) -> str:
+        """The model architecture (``general.architecture``)."""
+        return self._model.architecture
+
+    @property
+    def n_vocab(self) -> int:
+        """Vocabulary size."""
+        return self._model.n_vocab
+
+    @property
+    def n_ctx_train(self) -> int:
+        """Context length the model was trained with."""
+        return self._model.n_ctx_train
+
+    @property
+    def bos_id(self) -> int | None:
+        """Beginning-of-sequence token id."""
+        return self._model.bos_id
+
+    @property
+    def eos_id(self) -> int | None:
+        """End-of-sequence token id."""
+        return self._model.eos_id
+
+    @property
+    def add_bos(self) -> bool:
+        """Whether prompts start with BOS."""
+        return self._model.add_bos
+
+    @property
+    def eog_ids(self) -> list[int]:
+        """Token ids that end a generation."""
+        return list(self._model.eog_ids)
+
+    def metadata(self) -> dict[str, object]:
+        """Every GGUF metadata key and its value."""
+        return self._model.metadata()
+
+    def tensors(self) -> list[tuple[str, str, list[int]]]:
+        """The tensor table: ``(name, type name, dims)``."""
+        return self._model.tensors()
+
+    def __repr__(self) -> str:
+        return f"LLM({self.model_name!r}, n_ctx={self.n_ctx})"
+
+    # -- tokenizer ------------------------------------------------------------------------------
+
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
+        """Token ids of ``text``.
+
+        ``add_special`` adds BOS (and EOS) where the model's metadata asks for them;
+        ``parse_special`` turns control-token text such as ``<|im_start|>`` into those tokens
+        instead of tokenizing it as plain text.
+        """
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"text must be a str, got {type(text).__name__}")
+        return self._model.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of token ids (the inverse of :meth:`tokenize` without special tokens)."""
+        return self._model.detokenize(list(ids))
+
+    def _prompt_ids(self, prompt: str, parse_special: bool) -> list[int]:
+        if not isinstance(prompt, str):
+            raise InvalidArgumentError(f"prompt must be a str, got {type(prompt).__name__}")
+        ids = self._model.tokenize(prompt, False, parse_special)
+        bos = self._model.bos_id
+        if bos is not None and (self._model.add_bos or not ids):
+            # BOS only when the model asks for it, or as the only possible start of an empty
+            # prompt.
+            ids = [bos, *ids]
+        if not ids:
+            raise InvalidArgumentError("the prompt is empty and the model has no BOS token")
+        return ids
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def _take_context(self) -> _core.Context:
+        with self._lock:
+            ctx, self._free_ctx = self._free_ctx, None
+        if ctx is None:
+            ctx = self._model.new_context(self.n_ctx)
+        return ctx
+
+    def _give_back(self, ctx: _core.Context) -> None:
+        with self._lock:
+            if self._free_ctx is None:
+                self._free_ctx = ctx
+
+    def _completion(self, prompt: str, p: _Params) -> Generator[str, None, GenerationResult]:
+        """Checks the prompt now; returns a generator that yields the text pieces of the
+        generation and returns its result."""
+        prompt_ids = self._prompt_ids(prompt, p.parse_special)
+        if len(prompt_ids) > self.n_ctx:
+            raise ModelError(
+                f"the prompt is {len(prompt_ids)} tokens long but the context holds only "
+                f"{self.n_ctx} (pass a larger n_ctx)"
+            )
+        return self._run(prompt_ids, p)
+
+    def _run(self, prompt_ids: list[int], p: _Params) -> Generator[str, None, GenerationResult]:
+        sampler = _core.Sampler(p.temperature, p.top_k, p.top_p, p.seed)
+        eog = set(self._model.eog_ids)
+        decoder = self._model.stream_decoder()
+        matcher = _StopMatcher(p.stop)
+        token_ids: list[int] = []
+        chunks: list[str] = []
+        finish: FinishReason = "length"
+        t0 = time.perf_counter()
+        t1 = t0
+        if p.max_tokens == 0:
+            return GenerationResult("", [], "length", len(prompt_ids), 0)
+        ctx = self._take_context()
+        try:
+            ctx.reset()
+            logits = ctx.eval(prompt_ids)
+            t1 = time.perf_counter()
+            while True:
+                token = sampler.sample(logits)
+                if token in eog:
+                    finish = "stop"
+                    break
+                token_ids.append(token)
+                out = matcher.push(decoder.push(token))
+                if out:
+                    chunks.append(out)
+                    yield out
+                if matcher.stopped:
+                    finish = "stop"
+                    break
+                if p.max_tokens is not None and len(token_ids) >= p.max_tokens:
+                    break
+                if ctx.n_past >= ctx.n_ctx:
+                    break
+                logits = ctx.eval([token])
+        finally:
+            self._give_back(ctx)
+        if not matcher.stopped:
+            out = matcher.push(decoder.finish())
+            if matcher.stopped:
+                finish = "stop"
+            out += matcher.flush()
+            if out:
+                chunks.append(out)
+                yield out
+        t2 = time.perf_counter()
+        return GenerationResult(
+            text="".join(chunks),
+            token_ids=token_ids,
+            finish_reason=finish,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(token_ids),
+            prompt_seconds=t1 - t0,
+            completion_seconds=t2 - t1,
+        )
+
+    def stream(
+        self,
+        prompt: str,
+        max_tokens: int | None = 128,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        *,
+        parse_special: bool = True,
+    ) -> TextStream:
+        """Like :meth:`generate`, but returns an iterator over pieces of text as they are
+        generated. Pieces are whole UTF-8 characters; text that could be the start of a stop
+        string is held back until it is known not to be one, and a stop string is never
+        emitted. The arguments are checked before this returns.
+        """
+        params = _check_params(max_tokens, temperature, top_k, top_p, seed, stop, parse_special)
+        return TextStream(self._completion(prompt, params))
+
+    def generate(
+        self,
+        prompt: str,
+        max_tokens: int | None = 128,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        *,
+        parse_special: bool = True,
+    ) -> GenerationResult:
+        """Continue ``prompt`` and return the generated text with its token ids.
+
+        The defaults are llama.cpp's: ``temperature`` 0.8 (0 means greedy: always the most
+        likely token), ``top_k`` 40 (0 = off), ``top_p`` 0.95 (1.0 = off). Generation ends at
+        an end-of-generation token or a stop string (``finish_reason="stop"``), or after
+        ``max_tokens`` tokens (``None``: no limit) or when the context of ``n_ctx`` positions is
+        full (``finish_reason="length"``). ``seed`` makes sampling reproducible (``None``:
+        random). ``stop`` is one string or several; the text ends just before the first match.
+        The prompt starts with BOS only when the model's metadata asks for it;
+        ``parse_special`` treats control-token text in the prompt (``<|im_start|>``) as those
+        tokens, as llama.cpp does.
+
+        Raises :class:`InvalidArgumentError` for arguments out of range and
+        :class:`ModelError` when the prompt does not fit in the context.
+        """
+        stream = self.stream(
+            prompt, max_tokens, temperature, top_k, top_p, seed, stop, parse_special=parse_special
+        )
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    # -- evaluation -----------------------------------------------------------------------------
+
+    def perplexity(
+        self,
+        text: str,
+        ctx: int = 512,
+        *,
+        progress: Callable[[int, int, float], None] | None = None,
+    ) -> float:
+        """Perplexity of the model on ``text``, with llama.cpp's ``llama-perplexity`` protocol.
+
+        The text is tokenized whole (BOS first when the model adds one) and cut into
+        ``n_tokens // ctx`` chunks of ``ctx`` tokens (at least two chunks are needed, as in
+        llama.cpp). Each chunk starts with BOS (when the model adds one) and is evaluated from
+        an empty KV cache; only its second half is scored: the logits at positions
+        ``ctx/2 .. ctx-2`` predict the tokens at ``ctx/2+1 .. ctx-1``. The result is
+        ``exp(mean negative log-likelihood)`` over every scored token; log-softmax is computed
+        in float64.
+
+        ``progress(chunk_index, n_chunks, ppl_so_far)`` is called after each chunk.
+        """
+        if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 4:
+            raise InvalidArgumentError(f"ctx must be an integer >= 4, got {ctx!r}")
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"text must be a str, got {type(text).__name__}")
+        ids = self._model.tokenize(text, True, False)
+        if len(ids) < 2 * ctx:
+            raise InvalidArgumentError(
+                f"the text is {len(ids)} tokens long: perplexity with a context of {ctx} needs "
+                f"at least {2 * ctx} tokens"
+            )
+        n_chunks = len(ids) // ctx
+        first = ctx // 2
+        bos = self._model.bos_id if self._model.add_bos else None
+        context = self._model.new_context(ctx)
+        nll = 0.0
+        count = 0
+        for i in range(n_chunks):
+            chunk = ids[i * ctx : (i + 1) * ctx]
+            if bos is not None:
+                chunk[0] = bos
+            context.reset()
+            logits = context.eval(chunk, all_logits=True)
+            targets = np.asarray(chunk[first + 1 :], dtype=np.int64)
+            nll += _nll_sum(logits[first : ctx - 1], targets)
+            count += len(targets)
+            if progress is not None:
+                progress(i + 1, n_chunks, math.exp(nll / count))
+        return math.exp(nll / count)
+
+
+def _nll_sum(logits: npt.NDArray[np.float32], targets: npt.NDArray[np.int64]) -> float:
+    """Sum over rows of -log softmax(logits[row])[targets[row]], in float64."""
+    total = 0.0
+    for start in range(0, len(targets), _PPL_ROWS):
+        rows = np.asarray(logits[start : start + _PPL_ROWS], dtype=np.float64)
+        tgt = targets[start : start + _PPL_ROWS]
+        peak = rows.max(axis=1)
+        lse = peak + np.log(np.exp(rows - peak[:, None]).sum(axis=1))
+        total += float((lse - rows[np.arange(len(tgt)), tgt]).sum())
+    return total

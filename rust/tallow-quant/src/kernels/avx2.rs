@@ -1,0 +1,446 @@
+//! AVX2 kernels (with FMA and F16C): x86-64 from Haswell and Zen 1 on.
+//!
+//! Integer products use `vpmaddubsw` (u8 x i8 -> pairs of i16), so one operand must be
+//! unsigned: formats with a zero point keep their quants unsigned and add the offset through
+//! block sums; signed pairs move the sign of one side onto the other (`vpsignb`). Q8
+//! activations stay within -127..=127, as quantization produces them, so the i16 pair sums
+//! cannot saturate.
+//!
+//! # Safety
+//! Every function here needs AVX2, FMA and F16C; `super::Isa` only hands them out when the
+//! CPU has them. Memory is only reached through references to whole blocks.
+
+use std::arch::x86_64::*;
+
+use super::RawVecDot;
+use crate::blocks::{
+    as_blocks, k4_scales_mins, q3k_scales, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
+    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
+use crate::reference::vec_dot as reference;
+use crate::GgmlType;
+
+pub(crate) fn vec_dot_kernel(ty: GgmlType) -> Option<RawVecDot> {
+    Some(match ty {
+        GgmlType::F32 => f32_f32,
+        GgmlType::F16 => f16_f32,
+        GgmlType::BF16 => bf16_f32,
+        GgmlType::Q4_0 => q4_0_q8_0,
+        GgmlType::Q4_1 => q4_1_q8_1,
+        GgmlType::Q5_0 => q5_0_q8_0,
+        GgmlType::Q5_1 => q5_1_q8_1,
+        GgmlType::Q8_0 => q8_0_q8_0,
+        GgmlType::Q2_K => q2_k_q8_k,
+        GgmlType::Q3_K => q3_k_q8_k,
+        GgmlType::Q4_K => q4_k_q8_k,
+        GgmlType::Q5_K => q5_k_q8_k,
+        GgmlType::Q6_K => q6_k_q8_k,
+        GgmlType::Q8_1 | GgmlType::Q8_K => return None,
+    })
+}
+
+// ---- helpers ----
+
+/// An f16 scale to f32 with F16C (exact, and no slow path for subnormals).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn fp16(bits: [u8; 2]) -> f32 {
+    let h = i32::from(u16::from_le_bytes(bits));
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load_u8(bytes: &[u8; 32]) -> __m256i {
+    _mm256_loadu_si256(bytes.as_ptr().cast())
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load_i8(bytes: &[i8; 32]) -> __m256i {
+    _mm256_loadu_si256(bytes.as_ptr().cast())
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load_u8x16(bytes: &[u8; 16]) -> __m128i {
+    _mm_loadu_si128(bytes.as_ptr().cast())
+}
+
+/// The 32 nibbles of a Q4_0/Q4_1-style `qs` in element order: low nibbles in the low lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+    let packed = load_u8x16(qs);
+    let both = _mm256_setr_m128i(packed, _mm_srli_epi16::<4>(packed));
+    _mm256_and_si256(both, _mm256_set1_epi8(0xf))
+}
+
+/// Byte i is 0xff when bit i of the little-endian word `bits` is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bits_to_bytes(bits: [u8; 4]) -> __m256i {
+    let word = _mm256_set1_epi32(i32::from_le_bytes(bits));
+    // Byte i takes source byte i / 8, then every bit but bit i % 8 is forced on.
+    let spread = _mm256_shuffle_epi8(
+        word,
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        ),
+    );
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1))
+}
+
+/// Sums of 4 adjacent products u8 x i8 as eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// Sums of 4 adjacent products i8 x i8 as eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
+    dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+/// An i16 vector with `lo` in the low 128-bit lane and `hi` in the high one: the scales of
+/// two groups of 16 bytes after `vpmaddubsw`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn i16_pair(lo: i16, hi: i16) -> __m256i {
+    _mm256_setr_m128i(_mm_set1_epi16(lo), _mm_set1_epi16(hi))
+}
+
+// ---- float weights ----
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f32_f32(w: &[u8], a: &[u8]) -> f32 {
+    let (w8, w_tail) = w.as_chunks::<32>();
+    let (a8, a_tail) = a.as_chunks::<32>();
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in w8.iter().zip(a8) {
+        let w = _mm256_loadu_ps(w.as_ptr().cast());
+        acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(a.as_ptr().cast()), acc);
+    }
+    hsum(acc) + reference::f32_f32(w_tail, a_tail)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_f32(w: &[u8], a: &[u8]) -> f32 {
+    let (w8, w_tail) = w.as_chunks::<16>();
+    let (a8, a_tail) = a.as_chunks::<32>();
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in w8.iter().zip(a8) {
+        let w = _mm256_cvtph_ps(load_u8x16(w));
+        acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(a.as_ptr().cast()), acc);
+    }
+    hsum(acc) + reference::f16_f32(w_tail, a_tail)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bf16_f32(w: &[u8], a: &[u8]) -> f32 {
+    let (w8, w_tail) = w.as_chunks::<16>();
+    let (a8, a_tail) = a.as_chunks::<32>();
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in w8.iter().zip(a8) {
+        let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(load_u8x16(w)));
+        let w = _mm256_castsi256_ps(w);
+        acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(a.as_ptr().cast()), acc);
+    }
+    hsum(acc) + reference::bf16_f32(w_tail, a_tail)
+}
+
+// ---- 32-element blocks ----
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in as_blocks::<BlockQ4_0>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8_0>(a))
+    {
+        let q = _mm256_sub_epi8(nibbles(&w.qs), _mm256_set1_epi8(8));
+        let sums = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8(&a.qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w.d) * fp16(a.d)), sums, acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut offsets = 0.0f32;
+    for (w, a) in as_blocks::<BlockQ4_1>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8_1>(a))
+    {
+        let sums = _mm256_cvtepi32_ps(dot_u8_i8(nibbles(&w.qs), load_i8(&a.qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w.d) * fp16(a.d)), sums, acc);
+        offsets += fp16(w.m) * fp16(a.s);
+    }
+    hsum(acc) + offsets
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in as_blocks::<BlockQ5_0>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8_0>(a))
+    {
+        // q - 16 as i8: quants without their fifth bit get 0xf0 or'ed in, i.e. minus 16.
+        let minus16 = _mm256_andnot_si256(bits_to_bytes(w.qh), _mm256_set1_epi8(0xf0u8 as i8));
+        let q = _mm256_or_si256(nibbles(&w.qs), minus16);
+        let sums = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8(&a.qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w.d) * fp16(a.d)), sums, acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut offsets = 0.0f32;
+    for (w, a) in as_blocks::<BlockQ5_1>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8_1>(a))
+    {
+        let fifth = _mm256_and_si256(bits_to_bytes(w.qh), _mm256_set1_epi8(0x10));
+        let q = _mm256_or_si256(nibbles(&w.qs), fifth);
+        let sums = _mm256_cvtepi32_ps(dot_u8_i8(q, load_i8(&a.qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w.d) * fp16(a.d)), sums, acc);
+        offsets += fp16(w.m) * fp16(a.s);
+    }
+    hsum(acc) + offsets
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in as_blocks::<BlockQ8_0>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8_0>(a))
+    {
+        let sums = _mm256_cvtepi32_ps(dot_i8_i8(load_i8(&w.qs), load_i8(&a.qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w.d) * fp16(a.d)), sums, acc);
+    }
+    hsum(acc)
+}
+
+// ---- K-quants: 256-element super-blocks against Q8_K ----
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    let mask2 = _mm256_set1_epi8(3);
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0.0f32;
+    for (w, a) in as_blocks::<BlockQ2K>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8K>(a))
+    {
+        let y = a.qs.as_chunks::<32>().0;
+        let mut sumi = _mm256_setzero_si256();
+        for (half, bits) in w.qs.as_chunks::<32>().0.iter().enumerate() {
+            let bits = load_u8(bits);
+            for shift in 0..4 {
+                let group = 8 * half + 2 * shift;
+                let q = _mm256_and_si256(_mm256_srl_epi16(bits, shift_count(2 * shift)), mask2);
+                let p = _mm256_maddubs_epi16(q, load_i8(&y[4 * half + shift]));
+                let sc = |g: usize| i16::from(w.scales[g] & 0xf);
+                let scales = i16_pair(sc(group), sc(group + 1));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scales, p));
+            }
+        }
+        let d = a.d() * fp16(w.d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        let summ = a.weighted_bsums(|g| i32::from(w.scales[g] >> 4));
+        mins += a.d() * fp16(w.dmin) * summ as f32;
+    }
+    hsum(acc) - mins
+}
+
+/// A shift count for the `_mm256_srl_epi16` family, for shifts chosen at run time.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn shift_count(bits: usize) -> __m128i {
+    _mm_cvtsi32_si128(bits as i32)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    let mask2 = _mm256_set1_epi8(3);
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in as_blocks::<BlockQ3K>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8K>(a))
+    {
+        let scales = q3k_scales(&w.scales);
+        let y = a.qs.as_chunks::<32>().0;
+        let hmask = load_u8(&w.hmask);
+        // Bit (4 * half + shift) of hmask byte l is the high bit of the chunk's element l.
+        let mut high_bit = _mm256_set1_epi8(1);
+        let mut sumi = _mm256_setzero_si256();
+        for (half, bits) in w.qs.as_chunks::<32>().0.iter().enumerate() {
+            let bits = load_u8(bits);
+            for shift in 0..4 {
+                let group = 8 * half + 2 * shift;
+                let low = _mm256_and_si256(_mm256_srl_epi16(bits, shift_count(2 * shift)), mask2);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(hmask, high_bit), high_bit);
+                // q = low - 4 where the high bit is clear: two unsigned products, subtracted.
+                let four_if_clear = _mm256_andnot_si256(set, _mm256_set1_epi8(4));
+                high_bit = _mm256_add_epi8(high_bit, high_bit);
+                let y = load_i8(&y[4 * half + shift]);
+                let p = _mm256_sub_epi16(
+                    _mm256_maddubs_epi16(low, y),
+                    _mm256_maddubs_epi16(four_if_clear, y),
+                );
+                let scales = i16_pair(scales[group].into(), scales[group + 1].into());
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scales, p));
+            }
+        }
+        let d = a.d() * fp16(w.d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0.0f32;
+    for (w, a) in as_blocks::<BlockQ4K>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8K>(a))
+    {
+        let (scales, group_mins) = k4_scales_mins(&w.scales);
+        let y = a.qs.as_chunks::<32>().0;
+        let mut sumi = _mm256_setzero_si256();
+        for (j, bits) in w.qs.as_chunks::<32>().0.iter().enumerate() {
+            let bits = load_u8(bits);
+            let lo = _mm256_and_si256(bits, _mm256_set1_epi8(0xf));
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), _mm256_set1_epi8(0xf));
+            sumi = k_group32(sumi, lo, load_i8(&y[2 * j]), scales[2 * j]);
+            sumi = k_group32(sumi, hi, load_i8(&y[2 * j + 1]), scales[2 * j + 1]);
+        }
+        let d = a.d() * fp16(w.d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        let summ = a.weighted_bsums(|g| i32::from(group_mins[g / 2]));
+        mins += a.d() * fp16(w.dmin) * summ as f32;
+    }
+    hsum(acc) - mins
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut mins = 0.0f32;
+    for (w, a) in as_blocks::<BlockQ5K>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8K>(a))
+    {
+        let (scales, group_mins) = k4_scales_mins(&w.scales);
+        let y = a.qs.as_chunks::<32>().0;
+        let qh = load_u8(&w.qh);
+        let mut sumi = _mm256_setzero_si256();
+        for (j, bits) in w.qs.as_chunks::<32>().0.iter().enumerate() {
+            let bits = load_u8(bits);
+            let lo = _mm256_and_si256(bits, _mm256_set1_epi8(0xf));
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), _mm256_set1_epi8(0xf));
+            let lo = _mm256_or_si256(lo, sixteen_if_bit(qh, 2 * j));
+            let hi = _mm256_or_si256(hi, sixteen_if_bit(qh, 2 * j + 1));
+            sumi = k_group32(sumi, lo, load_i8(&y[2 * j]), scales[2 * j]);
+            sumi = k_group32(sumi, hi, load_i8(&y[2 * j + 1]), scales[2 * j + 1]);
+        }
+        let d = a.d() * fp16(w.d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        let summ = a.weighted_bsums(|g| i32::from(group_mins[g / 2]));
+        mins += a.d() * fp16(w.dmin) * summ as f32;
+    }
+    hsum(acc) - mins
+}
+
+/// Byte l is 16 where bit `bit` of byte l of `qh` is set, else 0: the fifth bit of Q5_K.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sixteen_if_bit(qh: __m256i, bit: usize) -> __m256i {
+    let mask = _mm256_set1_epi8((1u8 << bit) as i8);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, mask), mask);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// Adds `scale * (q . y)` for one group of 32 unsigned quants to the i32 lanes of `sumi`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k_group32(sumi: __m256i, q: __m256i, y: __m256i, scale: u8) -> __m256i {
+    let p = _mm256_maddubs_epi16(q, y);
+    let scaled = _mm256_madd_epi16(_mm256_set1_epi16(scale.into()), p);
+    _mm256_add_epi32(sumi, scaled)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    let mask4 = _mm256_set1_epi8(0xf);
+    let top2 = _mm256_set1_epi8(0x30);
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in as_blocks::<BlockQ6K>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8K>(a))
+    {
+        let ql = w.ql.as_chunks::<32>().0;
+        let qh = w.qh.as_chunks::<32>().0;
+        let y = a.qs.as_chunks::<32>().0;
+        let mut sumi = _mm256_setzero_si256();
+        for half in 0..2 {
+            let first = load_u8(&ql[2 * half]);
+            let second = load_u8(&ql[2 * half + 1]);
+            let high = load_u8(&qh[half]);
+            // The four 32-element chunks of the half: low nibbles of the two ql rows, then
+            // their high nibbles; their top two bits are bits 0-1, 2-3, 4-5, 6-7 of qh,
+            // moved to bits 4-5.
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(first, mask4),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(high), top2),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(second, mask4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(high), top2),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(first), mask4),
+                    _mm256_and_si256(high, top2),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(second), mask4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(high), top2),
+                ),
+            ];
+            for (k, q) in q.into_iter().enumerate() {
+                let group = 8 * half + 2 * k;
+                let p = _mm256_maddubs_epi16(q, load_i8(&y[4 * half + k]));
+                let scales = i16_pair(w.scales[group].into(), w.scales[group + 1].into());
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scales, p));
+            }
+        }
+        // The quants above were unsigned (0..64); take away 32 * scale * sum(y) per group.
+        let offset = 32 * a.weighted_bsums(|g| i32::from(w.scales[g]));
+        let sumi = _mm256_sub_epi32(sumi, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
+        let d = a.d() * fp16(w.d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum(acc)
+}

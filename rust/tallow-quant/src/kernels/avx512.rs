@@ -1,0 +1,389 @@
+//! AVX-512 kernels: 64 quants per instruction. Every kernel is written once over
+//! [`DotBytes`] and compiled twice: with VNNI's `vpdpbusd` where the CPU has it (Ice Lake,
+//! Zen 4 and later), and with `vpmaddubsw` + `vpmaddwd` on AVX-512 without VNNI (Skylake-X).
+//!
+//! Formats with 32-element blocks take two blocks per step (an odd last block goes through
+//! the scalar reference). Q2_K and Q3_K have no AVX-512 kernel yet and use the AVX2 one.
+//!
+//! # Safety
+//! Every function here needs AVX-512 F and BW (plus VNNI for the `vnni` entry points);
+//! `super::Isa` only hands them out when the CPU has them. Memory is only reached through
+//! references to whole blocks.
+
+use std::arch::x86_64::*;
+
+use super::avx2::{fp16, load_i8, load_u8, load_u8x16};
+use super::RawVecDot;
+use crate::blocks::{
+    as_blocks, k4_scales_mins, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
+use crate::reference::vec_dot as reference;
+use crate::GgmlType;
+
+/// Products of unsigned and signed bytes, summed in fours into i32 lanes.
+trait DotBytes {
+    /// `acc` plus, in each i32 lane, the sum of the four products `u[i] * s[i]`.
+    unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i;
+}
+
+/// `vpmaddubsw` then `vpmaddwd`. The i16 pair sums cannot saturate for tallow's operands
+/// (quants below 128 against activations within -127..=127).
+struct Bw;
+
+impl DotBytes for Bw {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
+        let pairs = _mm512_maddubs_epi16(u, s);
+        _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))
+    }
+}
+
+/// One `vpdpbusd`.
+struct Vnni;
+
+impl DotBytes for Vnni {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
+        _mm512_dpbusd_epi32(acc, u, s)
+    }
+}
+
+/// Declares each generic kernel's two entry points, in modules `bw` and `vnni`, with the
+/// target features that let the compiler inline the matching [`DotBytes`].
+macro_rules! entry_points {
+    ($($kernel:ident),* $(,)?) => {
+        mod bw {
+            $(
+                #[target_feature(enable = "avx512f,avx512bw")]
+                pub(super) unsafe fn $kernel(w: &[u8], a: &[u8]) -> f32 {
+                    super::$kernel::<super::Bw>(w, a)
+                }
+            )*
+        }
+
+        mod vnni {
+            $(
+                #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+                pub(super) unsafe fn $kernel(w: &[u8], a: &[u8]) -> f32 {
+                    super::$kernel::<super::Vnni>(w, a)
+                }
+            )*
+        }
+    };
+}
+
+entry_points!(
+    q4_0_q8_0, q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, q8_0_q8_0, q4_k_q8_k, q5_k_q8_k, q6_k_q8_k,
+);
+
+pub(crate) fn vec_dot_kernel(ty: GgmlType, vnni: bool) -> Option<RawVecDot> {
+    macro_rules! pick {
+        ($kernel:ident) => {
+            if vnni {
+                vnni::$kernel as RawVecDot
+            } else {
+                bw::$kernel as RawVecDot
+            }
+        };
+    }
+    Some(match ty {
+        GgmlType::Q4_0 => pick!(q4_0_q8_0),
+        GgmlType::Q4_1 => pick!(q4_1_q8_1),
+        GgmlType::Q5_0 => pick!(q5_0_q8_0),
+        GgmlType::Q5_1 => pick!(q5_1_q8_1),
+        GgmlType::Q8_0 => pick!(q8_0_q8_0),
+        GgmlType::Q4_K => pick!(q4_k_q8_k),
+        GgmlType::Q5_K => pick!(q5_k_q8_k),
+        GgmlType::Q6_K => pick!(q6_k_q8_k),
+        _ => return None,
+    })
+}
+
+// ---- helpers ----
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn load64(bytes: &[u8; 64]) -> __m512i {
+    _mm512_loadu_si512(bytes.as_ptr().cast())
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn load64_i8(bytes: &[i8; 64]) -> __m512i {
+    _mm512_loadu_si512(bytes.as_ptr().cast())
+}
+
+/// `lo` in the low eight lanes, `hi` in the high eight: the scales of two 32-element blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn halves(lo: f32, hi: f32) -> __m512 {
+    _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(lo), _mm512_set1_ps(hi))
+}
+
+/// The nibbles of two Q4_0/Q4_1-style blocks in element order, one block per 256 bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn nibbles_x2(first: &[u8; 16], second: &[u8; 16]) -> __m512i {
+    let packed = _mm256_setr_m128i(load_u8x16(first), load_u8x16(second));
+    let mask4 = _mm256_set1_epi8(0xf);
+    let lo = _mm256_and_si256(packed, mask4);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask4);
+    // 128-bit lanes [lo0, lo1, hi0, hi1] -> [lo0, hi0, lo1, hi1].
+    let v = join(lo, hi);
+    _mm512_shuffle_i64x2::<0b11_01_10_00>(v, v)
+}
+
+/// Adds 16 to the bytes of two Q5-style blocks (as laid out by [`nibbles_x2`]) whose fifth
+/// bit is set.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn add_fifth_bits_x2(q: __m512i, first: [u8; 4], second: [u8; 4]) -> __m512i {
+    let bits = u64::from(u32::from_le_bytes(first)) | u64::from(u32::from_le_bytes(second)) << 32;
+    _mm512_mask_add_epi8(q, bits, q, _mm512_set1_epi8(16))
+}
+
+/// Index vector for `vpermd`: group `lo` in the low eight lanes, `hi` in the high eight.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn lane_groups(lo: i32, hi: i32) -> __m512i {
+    _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(lo), _mm512_set1_epi32(hi))
+}
+
+/// Sums `block_dot` over the blocks of the odd tail.
+fn tail_sum<W, A>(w: &[W], a: &[A], block_dot: fn(&W, &A) -> f32) -> f32 {
+    w.iter().zip(a).map(|(w, a)| block_dot(w, a)).sum()
+}
+
+// ---- 32-element blocks, two per step ----
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q4_0_q8_0<D: DotBytes>(w: &[u8], a: &[u8]) -> f32 {
+    let (w2, w_tail) = as_blocks::<BlockQ4_0>(w).as_chunks::<2>();
+    let (a2, a_tail) = as_blocks::<BlockQ8_0>(a).as_chunks::<2>();
+    let zero = _mm512_setzero_si512();
+    let mut acc = _mm512_setzero_ps();
+    for ([w0, w1], [a0, a1]) in w2.iter().zip(a2) {
+        let q = nibbles_x2(&w0.qs, &w1.qs);
+        let y = join(load_i8(&a0.qs), load_i8(&a1.qs));
+        // (q - 8) . y, with q kept unsigned for the byte products.
+        let sums = _mm512_sub_epi32(D::dot(zero, q, y), D::dot(zero, _mm512_set1_epi8(8), y));
+        let d = halves(fp16(w0.d) * fp16(a0.d), fp16(w1.d) * fp16(a1.d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc);
+    }
+    _mm512_reduce_add_ps(acc) + tail_sum(w_tail, a_tail, reference::block_q4_0_q8_0)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q4_1_q8_1<D: DotBytes>(w: &[u8], a: &[u8]) -> f32 {
+    let (w2, w_tail) = as_blocks::<BlockQ4_1>(w).as_chunks::<2>();
+    let (a2, a_tail) = as_blocks::<BlockQ8_1>(a).as_chunks::<2>();
+    let zero = _mm512_setzero_si512();
+    let mut acc = _mm512_setzero_ps();
+    let mut offsets = 0.0f32;
+    for ([w0, w1], [a0, a1]) in w2.iter().zip(a2) {
+        let q = nibbles_x2(&w0.qs, &w1.qs);
+        let y = join(load_i8(&a0.qs), load_i8(&a1.qs));
+        let d = halves(fp16(w0.d) * fp16(a0.d), fp16(w1.d) * fp16(a1.d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(D::dot(zero, q, y)), acc);
+        offsets += fp16(w0.m) * fp16(a0.s) + fp16(w1.m) * fp16(a1.s);
+    }
+    _mm512_reduce_add_ps(acc) + offsets + tail_sum(w_tail, a_tail, reference::block_q4_1_q8_1)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q5_0_q8_0<D: DotBytes>(w: &[u8], a: &[u8]) -> f32 {
+    let (w2, w_tail) = as_blocks::<BlockQ5_0>(w).as_chunks::<2>();
+    let (a2, a_tail) = as_blocks::<BlockQ8_0>(a).as_chunks::<2>();
+    let zero = _mm512_setzero_si512();
+    let mut acc = _mm512_setzero_ps();
+    for ([w0, w1], [a0, a1]) in w2.iter().zip(a2) {
+        let q = add_fifth_bits_x2(nibbles_x2(&w0.qs, &w1.qs), w0.qh, w1.qh);
+        let y = join(load_i8(&a0.qs), load_i8(&a1.qs));
+        let sums = _mm512_sub_epi32(D::dot(zero, q, y), D::dot(zero, _mm512_set1_epi8(16), y));
+        let d = halves(fp16(w0.d) * fp16(a0.d), fp16(w1.d) * fp16(a1.d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc);
+    }
+    _mm512_reduce_add_ps(acc) + tail_sum(w_tail, a_tail, reference::block_q5_0_q8_0)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q5_1_q8_1<D: DotBytes>(w: &[u8], a: &[u8]) -> f32 {
+    let (w2, w_tail) = as_blocks::<BlockQ5_1>(w).as_chunks::<2>();
+    let (a2, a_tail) = as_blocks::<BlockQ8_1>(a).as_chunks::<2>();
+    let zero = _mm512_setzero_si512();
+    let mut acc = _mm512_setzero_ps();
+    let mut offsets = 0.0f32;
+    for ([w0, w1], [a0, a1]) in w2.iter().zip(a2) {
+        let q = add_fifth_bits_x2(nibbles_x2(&w0.qs, &w1.qs), w0.qh, w1.qh);
+        let y = join(load_i8(&a0.qs), load_i8(&a1.qs));
+        let d = halves(fp16(w0.d) * fp16(a0.d), fp16(w1.d) * fp16(a1.d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(D::dot(zero, q, y)), acc);
+        offsets += fp16(w0.m) * fp16(a0.s) + fp16(w1.m) * fp16(a1.s);
+    }
+    _mm512_reduce_add_ps(acc) + offsets + tail_sum(w_tail, a_tail, reference::block_q5_1_q8_1)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q8_0_q8_0<D: DotBytes>(w: &[u8], a: &[u8]) -> f32 {
+    let (w2, w_tail) = as_blocks::<BlockQ8_0>(w).as_chunks::<2>();
+    let (a2, a_tail) = as_blocks::<BlockQ8_0>(a).as_chunks::<2>();
+    let zero = _mm512_setzero_si512();
+    let mut acc = _mm512_setzero_ps();
+    for ([w0, w1], [a0, a1]) in w2.iter().zip(a2) {
+        let x = join(load_i8(&w0.qs), load_i8(&w1.qs));
+        let y = join(load_i8(&a0.qs), load_i8(&a1.qs));
+        // x . y = |x| . (y with the sign of x); |-128| reads as 128 unsigned.
+        let negative = _mm512_movepi8_mask(x);
+        let signed_y = _mm512_mask_sub_epi8(y, negative, zero, y);
+        let sums = D::dot(zero, _mm512_abs_epi8(x), signed_y);
+        let d = halves(fp16(w0.d) * fp16(a0.d), fp16(w1.d) * fp16(a1.d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc);
+    }
+    _mm512_reduce_add_ps(acc) + tail_sum(w_tail, a_tail, reference::block_q8_0_q8_0)
+}
+
+// ---- K-quants ----
+
+/// Q4_K and Q5_K: each 64-byte chunk c of `qs` holds groups 4c and 4c+2 in its low nibbles
+/// and groups 4c+1 and 4c+3 in its high nibbles (one group per 256 bits). `fifth_bits` adds
+/// Q5_K's high bits to the quants of a group pair.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn k_quant_32<D: DotBytes>(
+    qs: &[u8; 128],
+    packed_scales: &[u8; 12],
+    a: &BlockQ8K,
+    fifth_bits: impl Fn(__m512i, usize, usize) -> __m512i,
+) -> (__m512i, i32) {
+    let zero = _mm512_setzero_si512();
+    let mask4 = _mm512_set1_epi8(0xf);
+    let (scales, mins) = k4_scales_mins(packed_scales);
+    let scales = _mm512_cvtepu8_epi32(_mm_loadl_epi64(scales.as_ptr().cast()));
+    let y = a.qs.as_chunks::<32>().0;
+    let mut sumi = zero;
+    for (c, bits) in qs.as_chunks::<64>().0.iter().enumerate() {
+        let bits = load64(bits);
+        for (nibble, q) in [
+            _mm512_and_si512(bits, mask4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(bits), mask4),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (g0, g1) = (4 * c + nibble, 4 * c + nibble + 2);
+            let q = fifth_bits(q, g0, g1);
+            let dots = D::dot(zero, q, join(load_i8(&y[g0]), load_i8(&y[g1])));
+            let group_scales = _mm512_permutexvar_epi32(lane_groups(g0 as i32, g1 as i32), scales);
+            sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(group_scales, dots));
+        }
+    }
+    let summ = a.weighted_bsums(|g| i32::from(mins[g / 2]));
+    (sumi, summ)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q4_k_q8_k<D: DotBytes>(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm512_setzero_ps();
+    let mut mins = 0.0f32;
+    for (w, a) in as_blocks::<BlockQ4K>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8K>(a))
+    {
+        let (sumi, summ) = k_quant_32::<D>(&w.qs, &w.scales, a, |q, _, _| q);
+        let d = _mm512_set1_ps(a.d() * fp16(w.d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+        mins += a.d() * fp16(w.dmin) * summ as f32;
+    }
+    _mm512_reduce_add_ps(acc) - mins
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q5_k_q8_k<D: DotBytes>(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm512_setzero_ps();
+    let mut mins = 0.0f32;
+    for (w, a) in as_blocks::<BlockQ5K>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8K>(a))
+    {
+        let qh = load_u8(&w.qh);
+        let qh = join(qh, qh);
+        // Bit g of qh byte l is the fifth bit of element l of group g.
+        let fifth_bits = |q: __m512i, g0: usize, g1: usize| {
+            let bit = |g: usize| _mm256_set1_epi8((1u8 << g) as i8);
+            let set = _mm512_test_epi8_mask(qh, join(bit(g0), bit(g1)));
+            _mm512_mask_add_epi8(q, set, q, _mm512_set1_epi8(16))
+        };
+        let (sumi, summ) = k_quant_32::<D>(&w.qs, &w.scales, a, fifth_bits);
+        let d = _mm512_set1_ps(a.d() * fp16(w.d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+        mins += a.d() * fp16(w.dmin) * summ as f32;
+    }
+    _mm512_reduce_add_ps(acc) - mins
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q6_k_q8_k<D: DotBytes>(w: &[u8], a: &[u8]) -> f32 {
+    let zero = _mm512_setzero_si512();
+    let mask4 = _mm512_set1_epi8(0xf);
+    let top2 = _mm512_set1_epi8(0x30);
+    // Per 256-bit half: where bits 0-1 / 2-3 (low nibbles) and 4-5 / 6-7 (high nibbles) of
+    // qh go to land on bits 4-5.
+    let shift_left_lo = join(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
+    let shift_right_hi = join(_mm256_set1_epi16(0), _mm256_set1_epi16(2));
+    // Each i32 lane of a dot covers 4 quants, so a group of 16 spans 4 lanes.
+    let quads = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    let mut acc = _mm512_setzero_ps();
+    for (w, a) in as_blocks::<BlockQ6K>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8K>(a))
+    {
+        let scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(w.scales.as_ptr().cast()));
+        let ql = w.ql.as_chunks::<64>().0;
+        let qh = w.qh.as_chunks::<32>().0;
+        let y = a.qs.as_chunks::<64>().0;
+        let mut sumi = zero;
+        for half in 0..2 {
+            let bits = load64(&ql[half]);
+            let high = load_u8(&qh[half]);
+            let high = join(high, high);
+            let lo = _mm512_or_si512(
+                _mm512_and_si512(bits, mask4),
+                _mm512_and_si512(_mm512_sllv_epi16(high, shift_left_lo), top2),
+            );
+            let hi = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(bits), mask4),
+                _mm512_and_si512(_mm512_srlv_epi16(high, shift_right_hi), top2),
+            );
+            for (part, q) in [lo, hi].into_iter().enumerate() {
+                let dots = D::dot(zero, q, load64_i8(&y[2 * half + part]));
+                let first_group = _mm512_set1_epi32((8 * half + 4 * part) as i32);
+                let groups = _mm512_add_epi32(first_group, quads);
+                let group_scales = _mm512_permutexvar_epi32(groups, scales);
+                sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(group_scales, dots));
+            }
+        }
+        // The quants above were unsigned (0..64); take away 32 * scale * sum(y) per group.
+        let offset = 32 * a.weighted_bsums(|g| i32::from(w.scales[g]));
+        let sumi = _mm512_mask_sub_epi32(sumi, 1, sumi, _mm512_set1_epi32(offset));
+        let d = _mm512_set1_ps(a.d() * fp16(w.d));
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+    }
+    _mm512_reduce_add_ps(acc)
+}

@@ -1,0 +1,140 @@
+//! Run-time selection of SIMD kernels.
+//!
+//! One binary runs on any CPU of its architecture: kernels are compiled with
+//! `#[target_feature]` per instruction set, and the best set the CPU has is picked once, on
+//! first use. Formats without a kernel for that set fall back to the next set down, and
+//! finally to the scalar reference.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon;
+
+use std::sync::OnceLock;
+
+use crate::reference::vec_dot as reference;
+use crate::GgmlType;
+
+/// A dot-product kernel: weight row bytes and activation row bytes, both whole blocks of the
+/// same count. It may rely on CPU features, so it is only handed out by [`Isa::vec_dot`]
+/// for an instruction set the running CPU has.
+pub(crate) type RawVecDot = unsafe fn(w: &[u8], a: &[u8]) -> f32;
+
+/// A dot-product kernel that is safe to call on this CPU.
+#[derive(Clone, Copy)]
+pub(crate) struct VecDot(RawVecDot);
+
+impl VecDot {
+    #[inline]
+    pub(crate) fn call(self, w: &[u8], a: &[u8]) -> f32 {
+        // SAFETY: only built by `Isa::vec_dot` after checking the CPU has the features.
+        unsafe { (self.0)(w, a) }
+    }
+}
+
+/// The instruction sets tallow has kernels for, best last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable scalar code.
+    Scalar,
+    /// AArch64 Advanced SIMD.
+    Neon,
+    /// x86-64 AVX2 with FMA and F16C.
+    Avx2,
+    /// x86-64 AVX-512 F and BW.
+    Avx512,
+    /// AVX-512 F and BW with VNNI (`vpdpbusd`).
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// Every instruction set, worst first.
+    pub const ALL: [Isa; 5] = [
+        Isa::Scalar,
+        Isa::Neon,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Avx512Vnni,
+    ];
+
+    /// The best instruction set of the running CPU (detected once, then cached).
+    pub fn detected() -> Isa {
+        static DETECTED: OnceLock<Isa> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            Isa::ALL
+                .into_iter()
+                .rev()
+                .find(|isa| isa.is_available())
+                .unwrap_or(Isa::Scalar)
+        })
+    }
+
+    /// Whether the running CPU can execute this set's kernels.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => Isa::Avx512.is_available() && is_x86_feature_detected!("avx512vnni"),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// The dot-product kernel of this set for weights of type `ty` against activations of
+    /// `ty.vec_dot_type()`, falling back to lesser sets where this one has none. `None` when
+    /// the CPU lacks this set, or when `ty` is not a weight format (Q8_1, Q8_K).
+    pub(crate) fn vec_dot(self, ty: GgmlType) -> Option<VecDot> {
+        if !self.is_available() {
+            return None;
+        }
+        let simd: Option<RawVecDot> = match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::vec_dot_kernel(ty),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::vec_dot_kernel(ty, false).or_else(|| avx2::vec_dot_kernel(ty)),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                avx512::vec_dot_kernel(ty, true).or_else(|| avx2::vec_dot_kernel(ty))
+            }
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => neon::vec_dot_kernel(ty),
+            _ => None,
+        };
+        simd.or_else(|| reference_kernel(ty)).map(VecDot)
+    }
+}
+
+pub(crate) fn reference_kernel(ty: GgmlType) -> Option<RawVecDot> {
+    Some(match ty {
+        GgmlType::F32 => reference::f32_f32,
+        GgmlType::F16 => reference::f16_f32,
+        GgmlType::BF16 => reference::bf16_f32,
+        GgmlType::Q4_0 => reference::q4_0_q8_0,
+        GgmlType::Q4_1 => reference::q4_1_q8_1,
+        GgmlType::Q5_0 => reference::q5_0_q8_0,
+        GgmlType::Q5_1 => reference::q5_1_q8_1,
+        GgmlType::Q8_0 => reference::q8_0_q8_0,
+        GgmlType::Q2_K => reference::q2_k_q8_k,
+        GgmlType::Q3_K => reference::q3_k_q8_k,
+        GgmlType::Q4_K => reference::q4_k_q8_k,
+        GgmlType::Q5_K => reference::q5_k_q8_k,
+        GgmlType::Q6_K => reference::q6_k_q8_k,
+        GgmlType::Q8_1 | GgmlType::Q8_K => return None,
+    })
+}

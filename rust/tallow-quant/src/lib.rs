@@ -1,0 +1,72 @@
+//! GGML block formats: dequantization, activation quantization and quantized dot products.
+//!
+//! Weights stay in their GGUF block format (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+//! Q2_K..Q6_K). Activations are quantized once per step to the weights'
+//! [`GgmlType::vec_dot_type`] (Q8_0, Q8_1 or Q8_K; F32 for float weights), and each output is
+//! an integer dot product inside every block with one float multiply-add per block, as in
+//! ggml. Every kernel has a scalar reference; SIMD versions (AVX2, AVX-512 with or without
+//! VNNI, NEON) are chosen at run time for the running CPU, see [`Isa`].
+
+mod blocks;
+mod error;
+mod fp16;
+mod kernels;
+mod matmul;
+mod reference;
+mod sizes;
+mod types;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::QuantError;
+pub use kernels::Isa;
+pub use matmul::{matmul, QuantizedActs};
+pub use types::GgmlType;
+
+/// Dequantizes `src` (whole blocks of `ty`) into `dst`, which must hold exactly the elements
+/// of `src`. Bit-identical to ggml's `dequantize_row_*` and to `gguf.quants.dequantize`.
+pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    let n = sizes::elements_in(ty, src.len(), "dequantize source")?;
+    sizes::expect_len("dequantize destination elements", n, dst.len())?;
+    reference::dequantize::dequantize(ty, src, dst);
+    Ok(())
+}
+
+/// Quantizes one row of f32 values (whole blocks of `ty`) into `dst` (exactly their bytes),
+/// rounding as ggml's `quantize_row_*_ref`. Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+/// Q5_1, Q8_0, Q8_1 and Q8_K; the K-quant weight formats are not (their quantizers search
+/// for scales and belong to an offline tool).
+pub fn quantize_row(ty: GgmlType, x: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    if !reference::quantize::supports(ty) {
+        return Err(QuantError::Unsupported {
+            op: "quantize_row",
+            ty,
+        });
+    }
+    let bytes = sizes::row_bytes(ty, x.len(), "quantize_row input")?;
+    sizes::expect_len("quantize_row destination bytes", bytes, dst.len())?;
+    reference::quantize::quantize_row(ty, x, dst);
+    Ok(())
+}
+
+/// Dot product of one weight row `w` of type `ty` with one activation row `act` already
+/// quantized to `ty.vec_dot_type()`; `n` is the number of elements of each. Uses the best
+/// kernel for the running CPU.
+pub fn vec_dot(ty: GgmlType, w: &[u8], act: &[u8], n: usize) -> Result<f32, QuantError> {
+    let kernel = vec_dot_kernel(ty)?;
+    sizes::expect_len(
+        "weight row bytes",
+        sizes::row_bytes(ty, n, "weight row")?,
+        w.len(),
+    )?;
+    let act_bytes = sizes::row_bytes(ty.vec_dot_type(), n, "activation row")?;
+    sizes::expect_len("activation row bytes", act_bytes, act.len())?;
+    Ok(kernel.call(w, act))
+}
+
+fn vec_dot_kernel(ty: GgmlType) -> Result<kernels::VecDot, QuantError> {
+    Isa::detected()
+        .vec_dot(ty)
+        .ok_or(QuantError::Unsupported { op: "vec_dot", ty })
+}

@@ -1,0 +1,224 @@
+//! Matrix products of weights in a block format with quantized activations, on all cores.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use crate::kernels::VecDot;
+use crate::{reference, sizes, GgmlType, QuantError};
+
+/// Below this many multiply-adds a product runs on the calling thread: waking the pool would
+/// cost more than it saves.
+const SERIAL_WORK: usize = 1 << 18;
+/// Row chunks per thread, so that threads that finish early can steal work.
+const CHUNKS_PER_THREAD: usize = 4;
+const MIN_CHUNK_ROWS: usize = 8;
+/// Tokens that reuse one weight row while it is in L1; their activations (a few KiB each)
+/// stay in L2 across the rows of a chunk.
+const TOKEN_BLOCK: usize = 16;
+/// Below this many elements, activations are quantized on the calling thread.
+const SERIAL_QUANTIZE: usize = 1 << 16;
+
+/// The activations of several tokens, quantized once and reused by every weight matrix that
+/// reads the same input (q/k/v, gate/up). The buffer is kept between calls.
+#[derive(Debug, Clone)]
+pub struct QuantizedActs {
+    ty: GgmlType,
+    n_tokens: usize,
+    cols: usize,
+    row_bytes: usize,
+    pub(crate) data: Vec<u8>,
+}
+
+impl Default for QuantizedActs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl QuantizedActs {
+    /// An empty set (no tokens) that allocates on first use.
+    pub fn new() -> Self {
+        Self {
+            ty: GgmlType::F32,
+            n_tokens: 0,
+            cols: 0,
+            row_bytes: 0,
+            data: Vec::new(),
+        }
+    }
+
+    /// Quantizes `n_tokens` rows of `cols` values (`x`, token-major) to `vec_dot_type`,
+    /// replacing the previous contents and reusing the buffer. On error the previous contents
+    /// are kept.
+    pub fn quantize(
+        &mut self,
+        vec_dot_type: GgmlType,
+        x: &[f32],
+        n_tokens: usize,
+        cols: usize,
+    ) -> Result<(), QuantError> {
+        if !reference::quantize::supports(vec_dot_type) {
+            return Err(QuantError::Unsupported {
+                op: "activation quantization",
+                ty: vec_dot_type,
+            });
+        }
+        let row_bytes = sizes::row_bytes(vec_dot_type, cols, "activation row")?;
+        let elements = sizes::product(n_tokens, cols, "activations")?;
+        sizes::expect_len("activation elements", elements, x.len())?;
+        let total = sizes::product(n_tokens, row_bytes, "quantized activations")?;
+
+        self.data.resize(total, 0);
+        self.ty = vec_dot_type;
+        self.n_tokens = n_tokens;
+        self.cols = cols;
+        self.row_bytes = row_bytes;
+        if total == 0 {
+            return Ok(());
+        }
+        let quantize = |(dst, x): (&mut [u8], &[f32])| {
+            reference::quantize::quantize_row(vec_dot_type, x, dst);
+        };
+        let rows = self.data.chunks_exact_mut(row_bytes);
+        if elements < SERIAL_QUANTIZE || n_tokens == 1 {
+            rows.zip(x.chunks_exact(cols)).for_each(quantize);
+        } else {
+            self.data
+                .par_chunks_exact_mut(row_bytes)
+                .zip(x.par_chunks_exact(cols))
+                .for_each(quantize);
+        }
+        Ok(())
+    }
+
+    /// The format the activations are in.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    pub fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The quantized row of token `t`, or `None` past the last token.
+    pub fn token(&self, t: usize) -> Option<&[u8]> {
+        if t < self.n_tokens {
+            Some(&self.data[t * self.row_bytes..(t + 1) * self.row_bytes])
+        } else {
+            None
+        }
+    }
+
+    fn row(&self, t: usize) -> &[u8] {
+        &self.data[t * self.row_bytes..(t + 1) * self.row_bytes]
+    }
+}
+
+/// `out[t * rows + r] = dot(weight row r, activations of token t)`, where `weight` is `rows`
+/// contiguous rows of `cols` elements of type `ty`, and `acts` holds `cols` columns in
+/// `ty.vec_dot_type()`. Runs on the current rayon pool, split by output rows; every length
+/// is checked first.
+pub fn matmul(
+    ty: GgmlType,
+    weight: &[u8],
+    rows: usize,
+    cols: usize,
+    acts: &QuantizedActs,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    if acts.ty != ty.vec_dot_type() {
+        return Err(QuantError::ActivationType {
+            weights: ty,
+            expected: ty.vec_dot_type(),
+            actual: acts.ty,
+        });
+    }
+    let kernel = crate::vec_dot_kernel(ty)?;
+    sizes::expect_len("activation columns", cols, acts.cols)?;
+    let row_bytes = sizes::row_bytes(ty, cols, "weight row")?;
+    let weight_bytes = sizes::product(rows, row_bytes, "weight")?;
+    sizes::expect_len("weight bytes", weight_bytes, weight.len())?;
+    let out_len = sizes::product(acts.n_tokens, rows, "output")?;
+    sizes::expect_len("output elements", out_len, out.len())?;
+
+    let product = Product {
+        kernel,
+        weight,
+        row_bytes,
+        rows,
+        acts,
+    };
+    if out_len == 0 {
+        return Ok(());
+    }
+    if cols == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+
+    let threads = rayon::current_num_threads();
+    let work = out_len.saturating_mul(cols);
+    if threads == 1 || work < SERIAL_WORK {
+        product.rows_into(0..rows, |i, v| out[i] = v);
+        return Ok(());
+    }
+    let chunk_rows = rows
+        .div_ceil(threads * CHUNKS_PER_THREAD)
+        .max(MIN_CHUNK_ROWS);
+    let shared = SharedOut(out.as_mut_ptr());
+    (0..rows.div_ceil(chunk_rows))
+        .into_par_iter()
+        .for_each(|chunk| {
+            let range = chunk * chunk_rows..rows.min((chunk + 1) * chunk_rows);
+            // SAFETY: `rows_into` only writes indices t * rows + r with t < n_tokens and r in
+            // `range` (below `out.len()`, checked above); the chunks' row ranges are disjoint,
+            // so no index is written twice, and `out` is borrowed mutably for the whole call.
+            product.rows_into(range, |i, v| unsafe { shared.write(i, v) });
+        });
+    Ok(())
+}
+
+/// The validated operands of one [`matmul`].
+struct Product<'a> {
+    kernel: VecDot,
+    weight: &'a [u8],
+    row_bytes: usize,
+    rows: usize,
+    acts: &'a QuantizedActs,
+}
+
+impl Product<'_> {
+    /// Computes the outputs of weight rows `range` for every token, handing each to `write`
+    /// with its index in `out`.
+    fn rows_into(&self, range: Range<usize>, mut write: impl FnMut(usize, f32)) {
+        let n_tokens = self.acts.n_tokens;
+        for first in (0..n_tokens).step_by(TOKEN_BLOCK) {
+            let tokens = first..n_tokens.min(first + TOKEN_BLOCK);
+            for r in range.clone() {
+                let w = &self.weight[r * self.row_bytes..(r + 1) * self.row_bytes];
+                for t in tokens.clone() {
+                    write(t * self.rows + r, self.kernel.call(w, self.acts.row(t)));
+                }
+            }
+        }
+    }
+}
+
+/// The output buffer of a parallel [`matmul`], written through by its row chunks.
+struct SharedOut(*mut f32);
+
+impl SharedOut {
+    /// # Safety
+    /// `i` is in bounds of the buffer and no other thread accesses index `i` meanwhile.
+    unsafe fn write(&self, i: usize, v: f32) {
+        self.0.add(i).write(v);
+    }
+}
+
+// SAFETY: the tasks write disjoint indices (see `matmul`).
+unsafe impl Sync for SharedOut {}

@@ -1,0 +1,186 @@
+//! f32 to block formats, rounding exactly as ggml's `quantize_row_*_ref`.
+
+use crate::blocks::{
+    as_blocks_mut, Block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8K, BlockQ8_0,
+    BlockQ8_1, QK_K,
+};
+use crate::fp16::{f32_to_bf16, f32_to_f16};
+use crate::GgmlType;
+
+/// Whether [`quantize_row`] handles `ty`.
+pub(crate) fn supports(ty: GgmlType) -> bool {
+    !matches!(
+        ty,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+    )
+}
+
+/// Quantizes `x` (whole blocks) into `dst` (exactly their bytes); both checked by the caller,
+/// as is [`supports`].
+pub(crate) fn quantize_row(ty: GgmlType, x: &[f32], dst: &mut [u8]) {
+    match ty {
+        GgmlType::F32 => {
+            for (bytes, v) in dst.as_chunks_mut::<4>().0.iter_mut().zip(x) {
+                *bytes = v.to_le_bytes();
+            }
+        }
+        GgmlType::F16 => {
+            for (bytes, &v) in dst.as_chunks_mut::<2>().0.iter_mut().zip(x) {
+                *bytes = f32_to_f16(v);
+            }
+        }
+        GgmlType::BF16 => {
+            for (bytes, &v) in dst.as_chunks_mut::<2>().0.iter_mut().zip(x) {
+                *bytes = f32_to_bf16(v);
+            }
+        }
+        GgmlType::Q4_0 => each_block(x, dst, q4_0),
+        GgmlType::Q4_1 => each_block(x, dst, q4_1),
+        GgmlType::Q5_0 => each_block(x, dst, q5_0),
+        GgmlType::Q5_1 => each_block(x, dst, q5_1),
+        GgmlType::Q8_0 => each_block(x, dst, q8_0),
+        GgmlType::Q8_1 => each_block(x, dst, q8_1),
+        GgmlType::Q8_K => each_block(x, dst, q8_k),
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            unreachable!("callers check `supports` first")
+        }
+    }
+}
+
+fn each_block<B: Block, const N: usize>(x: &[f32], dst: &mut [u8], f: fn(&[f32; N], &mut B)) {
+    for (xs, block) in x.as_chunks::<N>().0.iter().zip(as_blocks_mut::<B>(dst)) {
+        f(xs, block);
+    }
+}
+
+/// The value of largest magnitude (the first one on ties), as ggml's symmetric formats pick
+/// it: its sign decides the sign of the scale.
+fn signed_absmax(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+fn min_max(x: &[f32]) -> (f32, f32) {
+    let (mut min, mut max) = (f32::MAX, -f32::MAX);
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
+fn inverse(d: f32) -> f32 {
+    if d != 0.0 {
+        1.0 / d
+    } else {
+        0.0
+    }
+}
+
+/// Packs 32 quants (< 16) into 16 bytes, element j in the low nibble of byte j and element
+/// j + 16 in its high nibble.
+fn pack_nibbles(q: &[u8; 32]) -> [u8; 16] {
+    std::array::from_fn(|j| (q[j] & 0xf) | ((q[j + 16] & 0xf) << 4))
+}
+
+/// Bit 4 of each of 32 quants, as the little-endian `qh` word of Q5_0/Q5_1.
+fn pack_fifth_bits(q: &[u8; 32]) -> [u8; 4] {
+    let bits = q
+        .iter()
+        .enumerate()
+        .fold(0u32, |acc, (j, &v)| acc | (u32::from(v >> 4 & 1) << j));
+    bits.to_le_bytes()
+}
+
+// The weight formats truncate `x * id + offset` toward zero (the C `(int8_t)` cast), and
+// clamp the top: the element of largest magnitude lands just past the range.
+
+fn q4_0(x: &[f32; 32], b: &mut BlockQ4_0) {
+    let d = signed_absmax(x) / -8.0;
+    let id = inverse(d);
+    let q = x.map(|v| ((v * id + 8.5) as i8).min(15) as u8);
+    b.d = f32_to_f16(d);
+    b.qs = pack_nibbles(&q);
+}
+
+fn q4_1(x: &[f32; 32], b: &mut BlockQ4_1) {
+    let (min, max) = min_max(x);
+    let d = (max - min) / 15.0;
+    let id = inverse(d);
+    let q = x.map(|v| (((v - min) * id + 0.5) as i8).min(15) as u8);
+    b.d = f32_to_f16(d);
+    b.m = f32_to_f16(min);
+    b.qs = pack_nibbles(&q);
+}
+
+fn q5_0(x: &[f32; 32], b: &mut BlockQ5_0) {
+    let d = signed_absmax(x) / -16.0;
+    let id = inverse(d);
+    let q = x.map(|v| ((v * id + 16.5) as i8).min(31) as u8);
+    b.d = f32_to_f16(d);
+    b.qh = pack_fifth_bits(&q);
+    b.qs = pack_nibbles(&q);
+}
+
+fn q5_1(x: &[f32; 32], b: &mut BlockQ5_1) {
+    let (min, max) = min_max(x);
+    let d = (max - min) / 31.0;
+    let id = inverse(d);
+    let q = x.map(|v| (((v - min) * id + 0.5) as i8).min(31) as u8);
+    b.d = f32_to_f16(d);
+    b.m = f32_to_f16(min);
+    b.qh = pack_fifth_bits(&q);
+    b.qs = pack_nibbles(&q);
+}
+
+/// Symmetric 8-bit quants: `d = max|x| / 127`, `q = round(x / d)` half away from zero.
+fn q8_symmetric(x: &[f32; 32]) -> (f32, [i8; 32]) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = inverse(d);
+    (d, x.map(|v| (v * id).round() as i8))
+}
+
+fn q8_0(x: &[f32; 32], b: &mut BlockQ8_0) {
+    let (d, qs) = q8_symmetric(x);
+    b.d = f32_to_f16(d);
+    b.qs = qs;
+}
+
+fn q8_1(x: &[f32; 32], b: &mut BlockQ8_1) {
+    let (d, qs) = q8_symmetric(x);
+    let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
+    b.d = f32_to_f16(d);
+    b.s = f32_to_f16(sum as f32 * d);
+    b.qs = qs;
+}
+
+/// Q8_K scales by `-127 / max` (signed) and rounds half to even (ggml's `nearest_int`).
+fn q8_k(x: &[f32; QK_K], b: &mut BlockQ8K) {
+    let max = signed_absmax(x);
+    if max == 0.0 {
+        *b = BlockQ8K {
+            d: [0; 4],
+            qs: [0; QK_K],
+            bsums: [0; 32],
+        };
+        return;
+    }
+    let iscale = -127.0 / max;
+    b.qs = x.map(|v| ((iscale * v).round_ties_even() as i32).min(127) as i8);
+    for (group, qs) in b.qs.chunks_exact(16).enumerate() {
+        let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
+        b.bsums[2 * group..2 * group + 2].copy_from_slice(&(sum as i16).to_le_bytes());
+    }
+    b.d = (1.0 / iscale).to_le_bytes();
+}

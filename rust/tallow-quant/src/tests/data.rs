@@ -1,0 +1,105 @@
+//! Random rows in every format: weights as random bytes with sane scales, activations
+//! quantized from random floats.
+
+use super::rng::Rng;
+use crate::fp16::{f32_to_bf16, f32_to_f16};
+use crate::{dequantize, quantize_row, GgmlType};
+
+/// Every format that can be a weight (has a dot product).
+pub(crate) const WEIGHT_TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Byte offsets of the f16 scale fields inside one block.
+pub(crate) fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q8_1 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_K => &[],
+    }
+}
+
+/// `blocks` random blocks of `ty`: random bytes, then every scale (and every element of the
+/// float formats) replaced by a finite value of moderate size and random sign, so that
+/// products neither overflow nor vanish.
+pub(crate) fn random_blocks(rng: &mut Rng, ty: GgmlType, blocks: usize) -> Vec<u8> {
+    let mut bytes = rng.bytes(blocks * ty.block_bytes());
+    let scale = |rng: &mut Rng| {
+        let magnitude = 2f32.powf(rng.range(-10.0, -2.0));
+        if rng.next_u64().is_multiple_of(2) {
+            magnitude
+        } else {
+            -magnitude
+        }
+    };
+    match ty {
+        GgmlType::F32 => {
+            for chunk in bytes.chunks_exact_mut(4) {
+                chunk.copy_from_slice(&rng.range(-2.0, 2.0).to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for chunk in bytes.chunks_exact_mut(2) {
+                chunk.copy_from_slice(&f32_to_f16(rng.range(-2.0, 2.0)));
+            }
+        }
+        GgmlType::BF16 => {
+            for chunk in bytes.chunks_exact_mut(2) {
+                chunk.copy_from_slice(&f32_to_bf16(rng.range(-2.0, 2.0)));
+            }
+        }
+        _ => {
+            for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+                for &offset in f16_fields(ty) {
+                    block[offset..offset + 2].copy_from_slice(&f32_to_f16(scale(rng)));
+                }
+            }
+        }
+    }
+    bytes
+}
+
+/// Random activations for `n` elements, and their quantization to `ty`'s `vec_dot_type`.
+pub(crate) fn random_acts(rng: &mut Rng, ty: GgmlType, n: usize) -> (Vec<f32>, Vec<u8>) {
+    let x = rng.activations(n);
+    let act_ty = ty.vec_dot_type();
+    let mut q = vec![0u8; n / act_ty.block_len() * act_ty.block_bytes()];
+    quantize_row(act_ty, &x, &mut q).unwrap();
+    (x, q)
+}
+
+pub(crate) fn dequantized(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
+    let mut out = vec![0f32; bytes.len() / ty.block_bytes() * ty.block_len()];
+    dequantize(ty, bytes, &mut out).unwrap();
+    out
+}
+
+/// `sum(|w| * |a|)` in f64: the scale of the rounding error of any order of summation.
+pub(crate) fn magnitude(w: &[f32], a: &[f32]) -> f64 {
+    w.iter()
+        .zip(a)
+        .map(|(&w, &a)| (f64::from(w) * f64::from(a)).abs())
+        .sum()
+}
+
+pub(crate) fn exact_dot(w: &[f32], a: &[f32]) -> f64 {
+    w.iter()
+        .zip(a)
+        .map(|(&w, &a)| f64::from(w) * f64::from(a))
+        .sum()
+}

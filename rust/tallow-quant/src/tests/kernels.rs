@@ -1,0 +1,210 @@
+//! Every SIMD kernel against the scalar reference, on random blocks.
+
+use super::data::{dequantized, f16_fields, magnitude, random_acts, random_blocks, WEIGHT_TYPES};
+use super::rng::Rng;
+use crate::kernels::{reference_kernel, Isa, RawVecDot};
+use crate::GgmlType;
+
+/// Allowed |simd - reference| relative to `sum(|w| * |a|)`: the kernels differ from the
+/// reference only in the order of their f32 additions.
+const RELATIVE_TOLERANCE: f64 = 1e-5;
+
+/// The formats the default models use, which must have a SIMD kernel on every instruction
+/// set.
+const MANDATORY: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Element counts with odd and even block counts, so two-block loops meet their tail, and
+/// float rows that are not a multiple of the vector width.
+fn lengths(ty: GgmlType) -> Vec<usize> {
+    let blocks: &[usize] = match ty.block_len() {
+        1 => &[1, 7, 8, 31, 64, 257, 1000],
+        32 => &[1, 2, 3, 5, 8, 33],
+        _ => &[1, 2, 3, 5],
+    };
+    blocks.iter().map(|b| b * ty.block_len()).collect()
+}
+
+/// Checks `kernel` against the reference on random rows of `ty`.
+fn check_kernel(name: &str, ty: GgmlType, kernel: RawVecDot) {
+    let reference = reference_kernel(ty).unwrap();
+    let mut rng = Rng::new(0x5eed + u64::from(ty.id()));
+    for n in lengths(ty) {
+        for _ in 0..8 {
+            let w = random_blocks(&mut rng, ty, n / ty.block_len());
+            let (_, a) = random_acts(&mut rng, ty, n);
+            // SAFETY: the reference needs no CPU feature; `kernel` was handed out for this CPU.
+            let (expected, got) = unsafe { (reference(&w, &a), kernel(&w, &a)) };
+            let mag = magnitude(&dequantized(ty, &w), &dequantized(ty.vec_dot_type(), &a));
+            let tolerance = RELATIVE_TOLERANCE * mag;
+            assert!(
+                (f64::from(got) - f64::from(expected)).abs() <= tolerance,
+                "{name} {ty} n={n}: got {got}, reference {expected} (tolerance {tolerance:e})"
+            );
+        }
+    }
+}
+
+/// The SIMD kernels of every instruction set this CPU has, taken straight from their modules
+/// (not through the dispatch, so that AVX2 is tested on AVX-512 machines too).
+fn simd_kernels() -> Vec<(&'static str, GgmlType, RawVecDot)> {
+    #[allow(unused_mut)]
+    let mut kernels: Vec<(&'static str, GgmlType, RawVecDot)> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::kernels::{avx2, avx512};
+        for ty in WEIGHT_TYPES {
+            if Isa::Avx2.is_available() {
+                kernels.extend(avx2::vec_dot_kernel(ty).map(|k| ("avx2", ty, k)));
+            }
+            if Isa::Avx512.is_available() {
+                kernels.extend(avx512::vec_dot_kernel(ty, false).map(|k| ("avx512bw", ty, k)));
+            }
+            if Isa::Avx512Vnni.is_available() {
+                kernels.extend(avx512::vec_dot_kernel(ty, true).map(|k| ("avx512vnni", ty, k)));
+            }
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    for ty in WEIGHT_TYPES {
+        if Isa::Neon.is_available() {
+            kernels.extend(crate::kernels::neon::vec_dot_kernel(ty).map(|k| ("neon", ty, k)));
+        }
+    }
+    kernels
+}
+
+#[test]
+fn every_simd_kernel_matches_the_reference() {
+    let kernels = simd_kernels();
+    for &(name, ty, kernel) in &kernels {
+        check_kernel(name, ty, kernel);
+    }
+    let tested = |isa: &str| kernels.iter().filter(|k| k.0 == isa).count();
+    if Isa::Avx2.is_available() {
+        assert_eq!(
+            tested("avx2"),
+            13,
+            "AVX2 has a kernel for every weight format"
+        );
+    }
+    if Isa::Avx512Vnni.is_available() {
+        assert_eq!(tested("avx512bw"), MANDATORY.len());
+        assert_eq!(tested("avx512vnni"), MANDATORY.len());
+    }
+    eprintln!("tested {} SIMD kernels", kernels.len());
+}
+
+#[test]
+fn mandatory_formats_have_simd_kernels() {
+    #[cfg(target_arch = "x86_64")]
+    for ty in MANDATORY {
+        use crate::kernels::{avx2, avx512};
+        assert!(avx2::vec_dot_kernel(ty).is_some(), "avx2 {ty}");
+        assert!(avx512::vec_dot_kernel(ty, false).is_some(), "avx512bw {ty}");
+        assert!(
+            avx512::vec_dot_kernel(ty, true).is_some(),
+            "avx512vnni {ty}"
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    for ty in MANDATORY {
+        assert!(
+            crate::kernels::neon::vec_dot_kernel(ty).is_some(),
+            "neon {ty}"
+        );
+    }
+}
+
+/// Through the dispatch, every available set gives a kernel for every weight format
+/// (falling back where it has none) that agrees with the reference.
+#[test]
+fn dispatch_covers_every_format_on_every_available_isa() {
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
+        for ty in WEIGHT_TYPES {
+            let kernel = isa.vec_dot(ty).unwrap_or_else(|| panic!("{isa:?} {ty}"));
+            let mut rng = Rng::new(7);
+            let n = 2 * ty.block_len().max(32);
+            let w = random_blocks(&mut rng, ty, n / ty.block_len());
+            let (_, a) = random_acts(&mut rng, ty, n);
+            // SAFETY: the reference needs no CPU feature.
+            let expected = unsafe { reference_kernel(ty).unwrap()(&w, &a) };
+            let mag = magnitude(&dequantized(ty, &w), &dequantized(ty.vec_dot_type(), &a));
+            let diff = f64::from(kernel.call(&w, &a) - expected).abs();
+            assert!(diff <= RELATIVE_TOLERANCE * mag, "{isa:?} {ty}");
+        }
+        for ty in [GgmlType::Q8_1, GgmlType::Q8_K] {
+            assert!(isa.vec_dot(ty).is_none(), "{ty} is not a weight format");
+        }
+    }
+}
+
+#[test]
+fn detection_picks_the_best_available_isa() {
+    let detected = Isa::detected();
+    assert!(detected.is_available());
+    let best = Isa::ALL.into_iter().rev().find(|isa| isa.is_available());
+    assert_eq!(Some(detected), best);
+    #[cfg(target_arch = "x86_64")]
+    assert!(!Isa::Neon.is_available());
+}
+
+/// Extreme quants: every activation at +-127 and weights at the ends of their ranges, where
+/// 16-bit intermediate sums would saturate if a kernel got its operand ranges wrong.
+#[test]
+fn extreme_values_do_not_saturate() {
+    let mut rng = Rng::new(99);
+    for &(name, ty, kernel) in &simd_kernels() {
+        let n = 4 * ty.block_len().max(64);
+        let x: Vec<f32> = (0..n)
+            .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+            .collect();
+        let act_ty = ty.vec_dot_type();
+        let mut a = vec![0u8; n / act_ty.block_len() * act_ty.block_bytes()];
+        crate::quantize_row(act_ty, &x, &mut a).unwrap();
+        // All-ones bytes put every quant at its maximum (and every Q8_0 weight at -1; the
+        // 0x80 bytes below give -128).
+        for fill in [0xffu8, 0x80] {
+            let mut w = random_blocks(&mut rng, ty, n / ty.block_len());
+            let scales = random_blocks(&mut rng, ty, n / ty.block_len());
+            for (byte, scale_byte) in w.iter_mut().zip(&scales) {
+                *byte = if ty.block_len() == 1 {
+                    *scale_byte
+                } else {
+                    fill
+                };
+            }
+            // Restore finite scales: take them from a random row of the same type.
+            restore_scales(ty, &mut w, &scales);
+            // SAFETY: as in `check_kernel`.
+            let (expected, got) =
+                unsafe { (reference_kernel(ty).unwrap()(&w, &a), kernel(&w, &a)) };
+            let mag = magnitude(&dequantized(ty, &w), &dequantized(act_ty, &a));
+            let diff = (f64::from(got) - f64::from(expected)).abs();
+            assert!(
+                diff <= RELATIVE_TOLERANCE * mag,
+                "{name} {ty} fill {fill:#x}: {got} vs {expected}"
+            );
+        }
+    }
+}
+
+/// Copies the f16 scale fields of `from` into `to` (same type and length).
+fn restore_scales(ty: GgmlType, to: &mut [u8], from: &[u8]) {
+    for (to, from) in to
+        .chunks_exact_mut(ty.block_bytes())
+        .zip(from.chunks_exact(ty.block_bytes()))
+    {
+        for &f in f16_fields(ty) {
+            to[f..f + 2].copy_from_slice(&from[f..f + 2]);
+        }
+    }
+}

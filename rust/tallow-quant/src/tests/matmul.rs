@@ -1,0 +1,227 @@
+//! `matmul` and `QuantizedActs`: results equal per-row `vec_dot`, on the serial and the
+//! parallel path, and every bad size is an error, never a panic.
+
+use proptest::prelude::*;
+
+use super::data::random_blocks;
+use super::rng::Rng;
+use crate::{matmul, quantize_row, vec_dot, GgmlType, QuantError, QuantizedActs};
+
+fn acts_for(ty: GgmlType, x: &[f32], n_tokens: usize, cols: usize) -> QuantizedActs {
+    let mut acts = QuantizedActs::new();
+    acts.quantize(ty.vec_dot_type(), x, n_tokens, cols).unwrap();
+    acts
+}
+
+/// Checks `out` against one `vec_dot` per (token, row): the same kernel, so equal bits.
+fn assert_matches_vec_dot(
+    ty: GgmlType,
+    weight: &[u8],
+    rows: usize,
+    cols: usize,
+    acts: &QuantizedActs,
+    out: &[f32],
+) {
+    let row_bytes = weight.len() / rows.max(1);
+    for t in 0..acts.n_tokens() {
+        for r in 0..rows {
+            let w = &weight[r * row_bytes..(r + 1) * row_bytes];
+            let expected = vec_dot(ty, w, acts.token(t).unwrap(), cols).unwrap();
+            assert_eq!(
+                out[t * rows + r].to_bits(),
+                expected.to_bits(),
+                "{ty} token {t} row {r}"
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_equals_vec_dot_per_row_serial_and_parallel() {
+    let mut rng = Rng::new(11);
+    let types = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
+    // (rows, cols, tokens): small ones run serially; the last two pass the parallel
+    // threshold, one with more tokens than a token block.
+    for (rows, cols, n_tokens) in [(1, 256, 1), (37, 512, 3), (1000, 1024, 1), (300, 512, 17)] {
+        for ty in types {
+            let weight = random_blocks(&mut rng, ty, rows * cols / ty.block_len());
+            let x = rng.activations(n_tokens * cols);
+            let acts = acts_for(ty, &x, n_tokens, cols);
+            let mut out = vec![f32::NAN; n_tokens * rows];
+            matmul(ty, &weight, rows, cols, &acts, &mut out).unwrap();
+            assert_matches_vec_dot(ty, &weight, rows, cols, &acts, &out);
+        }
+    }
+}
+
+#[test]
+fn quantized_acts_match_quantize_row_and_reuse_their_buffer() {
+    let mut rng = Rng::new(12);
+    let mut acts = QuantizedActs::new();
+    // 40 tokens x 2048 columns takes the parallel path.
+    for (ty, n_tokens, cols) in [(GgmlType::Q8_K, 40, 2048), (GgmlType::Q8_0, 3, 64)] {
+        let x = rng.activations(n_tokens * cols);
+        let capacity = acts.data.capacity();
+        acts.quantize(ty, &x, n_tokens, cols).unwrap();
+        assert_eq!(
+            (acts.ty(), acts.n_tokens(), acts.cols()),
+            (ty, n_tokens, cols)
+        );
+        for t in 0..n_tokens {
+            let mut row = vec![0u8; cols / ty.block_len() * ty.block_bytes()];
+            quantize_row(ty, &x[t * cols..(t + 1) * cols], &mut row).unwrap();
+            assert_eq!(acts.token(t).unwrap(), &row[..], "{ty} token {t}");
+        }
+        assert_eq!(acts.token(n_tokens), None);
+        if capacity > 0 {
+            assert_eq!(
+                acts.data.capacity(),
+                capacity,
+                "a smaller batch reuses the buffer"
+            );
+        }
+    }
+}
+
+#[test]
+fn failed_quantize_keeps_the_previous_activations() {
+    let mut acts = QuantizedActs::new();
+    let x = vec![0.5f32; 64];
+    acts.quantize(GgmlType::Q8_0, &x, 2, 32).unwrap();
+    let before = acts.token(1).unwrap().to_vec();
+    assert!(matches!(
+        acts.quantize(GgmlType::Q8_0, &x, 3, 32),
+        Err(QuantError::SizeMismatch {
+            what: "activation elements",
+            ..
+        })
+    ));
+    assert_eq!(
+        acts.quantize(GgmlType::Q4_K, &x[..0], 0, 256),
+        Err(QuantError::Unsupported {
+            op: "activation quantization",
+            ty: GgmlType::Q4_K
+        })
+    );
+    assert_eq!((acts.n_tokens(), acts.token(1).unwrap()), (2, &before[..]));
+}
+
+#[test]
+fn matmul_rejects_bad_operands() {
+    let ty = GgmlType::Q4_0;
+    let (rows, cols) = (4, 64);
+    let weight = vec![0u8; rows * 2 * 18];
+    let acts = acts_for(ty, &[0.25; 128], 2, cols);
+    let mut out = vec![0f32; 2 * rows];
+
+    let err = |ty, weight: &[u8], rows, cols, acts: &QuantizedActs, out: &mut [f32]| {
+        matmul(ty, weight, rows, cols, acts, out).unwrap_err()
+    };
+    assert!(matches!(
+        err(ty, &weight[1..], rows, cols, &acts, &mut out),
+        QuantError::SizeMismatch {
+            what: "weight bytes",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(ty, &weight, rows, cols, &acts, &mut out[1..]),
+        QuantError::SizeMismatch {
+            what: "output elements",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(ty, &weight, rows, 32, &acts, &mut out),
+        QuantError::SizeMismatch {
+            what: "activation columns",
+            expected: 32,
+            actual: 64
+        }
+    ));
+    let odd = acts_for(GgmlType::F32, &[0.0; 66], 2, 33);
+    assert!(matches!(
+        err(GgmlType::F16, &weight, rows, 33, &odd, &mut out),
+        QuantError::SizeMismatch {
+            what: "weight bytes",
+            ..
+        }
+    ));
+    assert_eq!(
+        err(GgmlType::Q4_1, &weight, rows, cols, &acts, &mut out),
+        QuantError::ActivationType {
+            weights: GgmlType::Q4_1,
+            expected: GgmlType::Q8_1,
+            actual: GgmlType::Q8_0
+        }
+    );
+    let k_acts = acts_for(GgmlType::Q4_K, &[0.0; 256], 1, 256);
+    assert!(matches!(
+        err(GgmlType::Q8_K, &[0; 292], 1, 256, &k_acts, &mut [0.0]),
+        QuantError::Unsupported {
+            op: "vec_dot",
+            ty: GgmlType::Q8_K
+        }
+    ));
+    assert!(matches!(
+        err(ty, &[], usize::MAX, cols, &acts, &mut out),
+        QuantError::SizeOverflow { .. }
+    ));
+    // The right sizes work, and no tokens or no rows is an empty product.
+    matmul(ty, &weight, rows, cols, &acts, &mut out).unwrap();
+    matmul(ty, &[], 0, cols, &acts, &mut []).unwrap();
+}
+
+const PROP_TYPES: [GgmlType; 4] = [
+    GgmlType::F16,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q6_K,
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Arbitrary (often wrong) sizes: `matmul` returns an error or the right products, and
+    /// never panics.
+    #[test]
+    fn matmul_never_panics_and_is_right_when_it_succeeds(
+        type_index in 0..PROP_TYPES.len(),
+        rows in 0usize..24,
+        blocks in 0usize..4,
+        n_tokens in 0usize..4,
+        weight_delta in -1isize..=1,
+        out_delta in -1isize..=1,
+        cols_delta in -1isize..=1,
+        seed in any::<u64>(),
+    ) {
+        let ty = PROP_TYPES[type_index];
+        let cols = blocks * ty.block_len().max(32);
+        let mut rng = Rng::new(seed);
+        let x = rng.activations(n_tokens * cols);
+        let acts = acts_for(ty, &x, n_tokens, cols);
+        let mut weight = random_blocks(&mut rng, ty, rows * cols / ty.block_len());
+        weight.resize(weight.len().saturating_add_signed(weight_delta), 0);
+        let mut out = vec![0f32; (n_tokens * rows).saturating_add_signed(out_delta)];
+        let claimed_cols = cols.saturating_add_signed(cols_delta);
+
+        let sizes_right = claimed_cols == cols
+            && weight.len() == rows * (cols / ty.block_len()) * ty.block_bytes()
+            && out.len() == n_tokens * rows;
+        match matmul(ty, &weight, rows, claimed_cols, &acts, &mut out) {
+            Ok(()) => {
+                prop_assert!(sizes_right);
+                assert_matches_vec_dot(ty, &weight, rows, cols, &acts, &out);
+            }
+            Err(_) => prop_assert!(!sizes_right),
+        }
+    }
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run calls this script). Works on a fresh machine that
+# has only a Rust toolchain and CPython >= 3.10 with pip: it makes a virtual environment in .venv,
+# installs the test tools there, builds the extension in release mode (inference in a debug
+# build is far too slow to test), pulls the default model, then runs every check.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+PYTHON="${PYTHON:-python3}"
+if [[ ! -x .venv/bin/python ]]; then
+    step "creating .venv"
+    "$PYTHON" -m venv .venv
+fi
+# shellcheck disable=SC1091
+source .venv/bin/activate
+
+step "cargo fmt"
+cargo fmt --all -- --check
+
+step "installing the build and test tools"
+python -m pip install --quiet --disable-pip-version-check 'maturin>=1.5,<2'
+
+step "building tallow (release) with the test extra"
+maturin develop --release --extras test
+
+step "ruff"
+ruff check python tests
+ruff format --check python tests
+
+step "mypy (the package, strict) and stubtest (_core.pyi against the built extension)"
+mypy
+python -m mypy.stubtest tallow._core
+
+step "pulling the default model"
+tallow pull
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo test"
+cargo test --workspace
+
+step "pytest"
+python -m pytest "$@"

@@ -1,0 +1,144 @@
+"""The `tallow` command line: output on stdout, status on stderr, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from conftest import assert_one_line_error, run_cli
+
+import tallow
+
+
+def test_generate_streams_only_the_text_to_stdout(smollm2: tallow.LLM) -> None:
+    prompt = "The largest planet in the solar system is"
+    expected = smollm2.generate(prompt, max_tokens=12, temperature=0)
+    proc = run_cli("generate", prompt, "-n", "12", "--temperature", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode() == expected.text
+    stderr = proc.stderr.decode()
+    assert "12 tokens" in stderr and "finish: length" in stderr
+
+
+def test_generate_with_seed_and_stop(smollm2: tallow.LLM) -> None:
+    prompt = "Once upon a time"
+    args = ["--temperature", "0.9", "--seed", "42", "--top-k", "20", "--top-p", "0.9"]
+    expected = smollm2.generate(
+        prompt, max_tokens=20, temperature=0.9, seed=42, top_k=20, top_p=0.9
+    )
+    proc = run_cli("generate", prompt, "-n", "20", *args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode() == expected.text
+    # A stop string taken from the middle of that text cuts it there.
+    stop = expected.text[len(expected.text) // 2 :][:3]
+    cut = expected.text[: expected.text.index(stop)]
+    proc = run_cli("generate", prompt, "-n", "20", *args, "--stop", stop)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode() == cut
+    assert "finish: stop" in proc.stderr.decode()
+
+
+def test_generate_rejects_bad_arguments_before_loading() -> None:
+    proc = run_cli("generate", "Hi", "--top-p", "1.5", "-m", "/nonexistent/model.gguf")
+    assert proc.returncode == 1
+    assert_one_line_error(proc, "top_p")
+    proc = run_cli("generate", "Hi", "--temperature", "-1")
+    assert_one_line_error(proc, "temperature")
+    proc = run_cli("generate", "Hi", "-n", "-5")
+    assert_one_line_error(proc, "max_tokens")
+
+
+def test_tokenize_file_matches_llama_cpp(reference_dir: Path) -> None:
+    # -f reads raw bytes (no newline translation), as llama-tokenize -f does.
+    for name, file_name in (("unicode", "unicode.txt"), ("code", "code.py")):
+        text_file = reference_dir / "tokenizer" / file_name
+        expected = json.loads(
+            (reference_dir / "tokenizer" / f"{name}.smollm2.ids.json").read_text()
+        )
+        proc = run_cli("tokenize", "--ids", "-f", str(text_file))
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout) == expected
+
+
+def test_tokenize_text_and_stdin() -> None:
+    proc = run_cli("tokenize", "--ids", "Hello world")
+    assert json.loads(proc.stdout) == [19556, 905]
+    proc = run_cli("tokenize", "--ids", input=b"Hello world")
+    assert json.loads(proc.stdout) == [19556, 905]
+    proc = run_cli("tokenize", "Hello world\n")
+    assert proc.returncode == 0, proc.stderr
+    rows = proc.stdout.decode().splitlines()
+    assert [row.split(None, 1) for row in rows] == [
+        ["19556", '"Hello"'],
+        ["905", '" world"'],
+        [rows[2].split()[0], '"\\n"'],
+    ]
+
+
+def test_tokenize_special_tokens() -> None:
+    plain = json.loads(run_cli("tokenize", "--ids", "<|im_start|>hi").stdout)
+    parsed = json.loads(run_cli("tokenize", "--ids", "--parse-special", "<|im_start|>hi").stdout)
+    assert parsed[0] == 1 and len(parsed) == 2
+    assert len(plain) > len(parsed)
+    # smollm2 adds neither BOS nor EOS, so --add-special changes nothing for it.
+    assert json.loads(run_cli("tokenize", "--ids", "--add-special", "hi").stdout) == parsed[1:]
+
+
+def test_tokenize_rejects_invalid_utf8(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok \xff\xfe")
+    proc = run_cli("tokenize", "-f", str(bad))
+    assert proc.returncode == 1
+    assert_one_line_error(proc, "not valid UTF-8", "offset 3")
+    proc = run_cli("tokenize", "-f", str(tmp_path / "missing.txt"))
+    assert_one_line_error(proc, "missing.txt", "no such file")
+
+
+def test_info(smollm2_path: Path) -> None:
+    proc = run_cli("info")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.decode()
+    assert f"model: {smollm2_path}" in out
+    assert "architecture: llama" in out
+    assert "vocabulary: 49152 tokens" in out
+    for line in (
+        "llama.block_count = 30",
+        "llama.embedding_length = 576",
+        "llama.attention.head_count = 9",
+        "llama.attention.head_count_kv = 3",
+        "llama.feed_forward_length = 1536",
+        "llama.context_length = 8192",
+    ):
+        assert line in out
+    assert re.search(r"^tensors: 272, 134\.\dM parameters", out, re.M)
+    assert re.search(r"^  Q4_1\s+210 tensors", out, re.M)
+    assert re.search(r"^  F32\s+61 tensors", out, re.M)
+    assert re.search(r"^  Q8_0\s+1 tensors", out, re.M)
+    # Long arrays are abbreviated: the vocabulary is not printed whole.
+    tokens_line = next(line for line in out.splitlines() if "tokenizer.ggml.tokens" in line)
+    assert "49152 × str" in tokens_line and len(tokens_line) < 200
+    assert max(len(line) for line in out.splitlines()) < 300
+
+
+def test_usage_errors_and_version() -> None:
+    proc = run_cli()
+    assert proc.returncode == 2
+    assert b"usage: tallow" in proc.stderr
+    proc = run_cli("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.decode().strip() == f"tallow {tallow.__version__}"
+
+
+def test_unknown_model_name() -> None:
+    proc = run_cli("info", "-m", "no-such-model")
+    assert proc.returncode == 1
+    line = assert_one_line_error(proc, "no-such-model", "smollm2-135m", "gemma3-270m")
+    assert line.startswith("tallow: error: unknown model")
+
+
+def test_console_script_is_installed() -> None:
+    script = shutil.which("tallow", path=str(Path(sys.executable).parent))
+    assert script is not None
