@@ -63,7 +63,7 @@ impl Builder {
         self = self.tensor_raw(name, &[values.len() as u64], 0, offset);
         self.data
             .extend(values.iter().flat_map(|v| v.to_le_bytes()));
-        while self.data.len() % 32 != 0 {
+        while !self.data.len().is_multiple_of(32) {
             self.data.push(0);
         }
         self
@@ -88,7 +88,7 @@ impl Builder {
         out.extend(self.n_kv.to_le_bytes());
         out.extend(&self.kv);
         out.extend(&self.tensors);
-        while out.len() % 32 != 0 {
+        while !out.len().is_multiple_of(32) {
             out.push(0);
         }
         out.extend(&self.data);

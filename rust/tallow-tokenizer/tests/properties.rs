@@ -85,7 +85,7 @@ proptest! {
                 let mut stream = StreamDecoder::new();
                 let mut text = String::new();
                 for &id in &ids {
-                    text.push_str(&stream.push(&t, id).unwrap());
+                    text.push_str(&stream.push(t, id).unwrap());
                 }
                 text.push_str(&stream.finish());
                 prop_assert_eq!(text, t.decode(&ids).unwrap());
