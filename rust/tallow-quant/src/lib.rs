@@ -38,15 +38,13 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
 /// Q5_1, Q8_0, Q8_1 and Q8_K; the K-quant weight formats are not (their quantizers search
 /// for scales and belong to an offline tool).
 pub fn quantize_row(ty: GgmlType, x: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
-    if !reference::quantize::supports(ty) {
-        return Err(QuantError::Unsupported {
-            op: "quantize_row",
-            ty,
-        });
-    }
+    let quantize = reference::quantize::quantizer(ty).ok_or(QuantError::Unsupported {
+        op: "quantize_row",
+        ty,
+    })?;
     let bytes = sizes::row_bytes(ty, x.len(), "quantize_row input")?;
     sizes::expect_len("quantize_row destination bytes", bytes, dst.len())?;
-    reference::quantize::quantize_row(ty, x, dst);
+    quantize(x, dst);
     Ok(())
 }
 

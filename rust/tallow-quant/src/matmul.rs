@@ -58,12 +58,11 @@ impl QuantizedActs {
         n_tokens: usize,
         cols: usize,
     ) -> Result<(), QuantError> {
-        if !reference::quantize::supports(vec_dot_type) {
-            return Err(QuantError::Unsupported {
+        let quantize =
+            reference::quantize::quantizer(vec_dot_type).ok_or(QuantError::Unsupported {
                 op: "activation quantization",
                 ty: vec_dot_type,
-            });
-        }
+            })?;
         let row_bytes = sizes::row_bytes(vec_dot_type, cols, "activation row")?;
         let elements = sizes::product(n_tokens, cols, "activations")?;
         sizes::expect_len("activation elements", elements, x.len())?;
@@ -77,9 +76,7 @@ impl QuantizedActs {
         if total == 0 {
             return Ok(());
         }
-        let quantize = |(dst, x): (&mut [u8], &[f32])| {
-            reference::quantize::quantize_row(vec_dot_type, x, dst);
-        };
+        let quantize = |(dst, x): (&mut [u8], &[f32])| quantize(x, dst);
         let rows = self.data.chunks_exact_mut(row_bytes);
         if elements < SERIAL_QUANTIZE || n_tokens == 1 {
             rows.zip(x.chunks_exact(cols)).for_each(quantize);

@@ -160,7 +160,9 @@ unsafe fn lane_groups(lo: i32, hi: i32) -> __m512i {
 
 /// Sums `block_dot` over the blocks of the odd tail.
 fn tail_sum<W, A>(w: &[W], a: &[A], block_dot: fn(&W, &A) -> f32) -> f32 {
-    w.iter().zip(a).map(|(w, a)| block_dot(w, a)).sum()
+    w.iter()
+        .zip(a)
+        .fold(0.0, |sum, (w, a)| sum + block_dot(w, a))
 }
 
 // ---- 32-element blocks, two per step ----

@@ -7,44 +7,40 @@ use crate::blocks::{
 use crate::fp16::{f32_to_bf16, f32_to_f16};
 use crate::GgmlType;
 
-/// Whether [`quantize_row`] handles `ty`.
-pub(crate) fn supports(ty: GgmlType) -> bool {
-    !matches!(
-        ty,
-        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
-    )
-}
+/// Quantizes whole blocks of f32 values into exactly their bytes (both checked by the
+/// caller).
+pub(crate) type QuantizeFn = fn(x: &[f32], dst: &mut [u8]);
 
-/// Quantizes `x` (whole blocks) into `dst` (exactly their bytes); both checked by the caller,
-/// as is [`supports`].
-pub(crate) fn quantize_row(ty: GgmlType, x: &[f32], dst: &mut [u8]) {
-    match ty {
-        GgmlType::F32 => {
+/// The quantizer for `ty`, or `None` for the K-quant weight formats, whose quantizers search
+/// for scales and belong to an offline tool.
+pub(crate) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
+    Some(match ty {
+        GgmlType::F32 => |x, dst| {
             for (bytes, v) in dst.as_chunks_mut::<4>().0.iter_mut().zip(x) {
                 *bytes = v.to_le_bytes();
             }
-        }
-        GgmlType::F16 => {
+        },
+        GgmlType::F16 => |x, dst| {
             for (bytes, &v) in dst.as_chunks_mut::<2>().0.iter_mut().zip(x) {
                 *bytes = f32_to_f16(v);
             }
-        }
-        GgmlType::BF16 => {
+        },
+        GgmlType::BF16 => |x, dst| {
             for (bytes, &v) in dst.as_chunks_mut::<2>().0.iter_mut().zip(x) {
                 *bytes = f32_to_bf16(v);
             }
-        }
-        GgmlType::Q4_0 => each_block(x, dst, q4_0),
-        GgmlType::Q4_1 => each_block(x, dst, q4_1),
-        GgmlType::Q5_0 => each_block(x, dst, q5_0),
-        GgmlType::Q5_1 => each_block(x, dst, q5_1),
-        GgmlType::Q8_0 => each_block(x, dst, q8_0),
-        GgmlType::Q8_1 => each_block(x, dst, q8_1),
-        GgmlType::Q8_K => each_block(x, dst, q8_k),
+        },
+        GgmlType::Q4_0 => |x, dst| each_block(x, dst, q4_0),
+        GgmlType::Q4_1 => |x, dst| each_block(x, dst, q4_1),
+        GgmlType::Q5_0 => |x, dst| each_block(x, dst, q5_0),
+        GgmlType::Q5_1 => |x, dst| each_block(x, dst, q5_1),
+        GgmlType::Q8_0 => |x, dst| each_block(x, dst, q8_0),
+        GgmlType::Q8_1 => |x, dst| each_block(x, dst, q8_1),
+        GgmlType::Q8_K => |x, dst| each_block(x, dst, q8_k),
         GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-            unreachable!("callers check `supports` first")
+            return None
         }
-    }
+    })
 }
 
 fn each_block<B: Block, const N: usize>(x: &[f32], dst: &mut [u8], f: fn(&[f32; N], &mut B)) {
@@ -77,6 +73,30 @@ fn min_max(x: &[f32]) -> (f32, f32) {
         }
     }
     (min, max)
+}
+
+/// `roundf`: to the nearest integer, halves away from zero (for |v| < 2^31). Written out
+/// because `f32::round` is a libm call on baseline x86-64.
+#[inline]
+fn round_half_away(v: f32) -> i32 {
+    let a = v.abs();
+    let t = a as i32;
+    // a - t is exact: t is a's integer part.
+    let r = t + i32::from(a - t as f32 >= 0.5);
+    if v < 0.0 {
+        -r
+    } else {
+        r
+    }
+}
+
+/// ggml's `nearest_int`: to the nearest integer, halves to even, by letting the float adder
+/// round (for |v| <= 2^22): v + 1.5 * 2^23 has an ulp of 1 and holds round(v) in its low
+/// mantissa bits.
+#[inline]
+fn nearest_int(v: f32) -> i32 {
+    let bits = (v + 12_582_912.0).to_bits() as i32;
+    (bits & 0x007f_ffff) - 0x0040_0000
 }
 
 fn inverse(d: f32) -> f32 {
@@ -148,7 +168,7 @@ fn q8_symmetric(x: &[f32; 32]) -> (f32, [i8; 32]) {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = inverse(d);
-    (d, x.map(|v| (v * id).round() as i8))
+    (d, x.map(|v| round_half_away(v * id) as i8))
 }
 
 fn q8_0(x: &[f32; 32], b: &mut BlockQ8_0) {
@@ -177,10 +197,34 @@ fn q8_k(x: &[f32; QK_K], b: &mut BlockQ8K) {
         return;
     }
     let iscale = -127.0 / max;
-    b.qs = x.map(|v| ((iscale * v).round_ties_even() as i32).min(127) as i8);
+    b.qs = x.map(|v| nearest_int(iscale * v).min(127) as i8);
     for (group, qs) in b.qs.chunks_exact(16).enumerate() {
         let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
         b.bsums[2 * group..2 * group + 2].copy_from_slice(&(sum as i16).to_le_bytes());
     }
     b.d = (1.0 / iscale).to_le_bytes();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_rounding_matches_std() {
+        let mut values = vec![0.0f32, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 126.5, -127.5];
+        // Every multiple of 1/64 in [-130, 130], and values next to the halves.
+        values.extend((-130 * 64..=130 * 64).map(|i| i as f32 / 64.0));
+        for h in -260..=260 {
+            let half = h as f32 / 2.0;
+            values.extend([half.next_up(), half.next_down()]);
+        }
+        for v in values {
+            assert_eq!(round_half_away(v), v.round() as i32, "roundf({v})");
+            assert_eq!(
+                nearest_int(v),
+                v.round_ties_even() as i32,
+                "nearest_int({v})"
+            );
+        }
+    }
 }

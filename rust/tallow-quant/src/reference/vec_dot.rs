@@ -20,7 +20,10 @@ pub(crate) fn over_blocks<W: Block, A: Block>(
     block_dot: impl Fn(&W, &A) -> f32,
 ) -> f32 {
     let (w, a) = (as_blocks::<W>(w), as_blocks::<A>(a));
-    w.iter().zip(a).map(|(w, a)| block_dot(w, a)).sum()
+    // A fold from +0.0 rather than `sum()`, which starts at -0.0: an empty row is +0.0.
+    w.iter()
+        .zip(a)
+        .fold(0.0, |sum, (w, a)| sum + block_dot(w, a))
 }
 
 fn dot_i8<X: Copy + Into<i32>>(x: &[X], y: &[i8]) -> i32 {
@@ -46,11 +49,9 @@ pub(crate) fn bf16_f32(w: &[u8], a: &[u8]) -> f32 {
 
 fn float_dot<T>(w: &[T], a: &[u8], to_f32: impl Fn(&T) -> f32) -> f32 {
     let a = a.as_chunks::<4>().0;
-    let sum: f64 = w
-        .iter()
-        .zip(a)
-        .map(|(w, a)| f64::from(to_f32(w) * f32::from_le_bytes(*a)))
-        .sum();
+    let sum = w.iter().zip(a).fold(0.0f64, |sum, (w, a)| {
+        sum + f64::from(to_f32(w) * f32::from_le_bytes(*a))
+    });
     sum as f32
 }
 

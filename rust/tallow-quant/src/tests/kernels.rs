@@ -100,6 +100,13 @@ fn every_simd_kernel_matches_the_reference() {
         assert_eq!(tested("avx512bw"), MANDATORY.len());
         assert_eq!(tested("avx512vnni"), MANDATORY.len());
     }
+    if Isa::Neon.is_available() {
+        assert_eq!(
+            tested("neon"),
+            MANDATORY.len() + 1,
+            "NEON: the mandatory formats and F32"
+        );
+    }
     eprintln!("tested {} SIMD kernels", kernels.len());
 }
 
@@ -143,6 +150,17 @@ fn dispatch_covers_every_format_on_every_available_isa() {
         }
         for ty in [GgmlType::Q8_1, GgmlType::Q8_K] {
             assert!(isa.vec_dot(ty).is_none(), "{ty} is not a weight format");
+        }
+    }
+}
+
+/// Every kernel returns +0.0 for empty rows, as `matmul` does for zero columns.
+#[test]
+fn empty_rows_are_positive_zero() {
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
+        for ty in WEIGHT_TYPES {
+            let kernel = isa.vec_dot(ty).unwrap();
+            assert_eq!(kernel.call(&[], &[]).to_bits(), 0, "{isa:?} {ty}");
         }
     }
 }
