@@ -1,0 +1,650 @@
+//! Per-sequence page tables over the allocator: append, truncate, fork, copy-on-write, free.
+
+use std::collections::BTreeMap;
+
+use crate::allocator::PageAllocator;
+use crate::error::{KvError, Result};
+use crate::{PageId, SeqId, Slot};
+
+/// A page copy the owner of the K/V data must perform before writing the appended slots:
+/// copy-on-write of a shared, partly filled last page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyOp {
+    /// The shared page (still used by the other sequences).
+    pub src: PageId,
+    /// The new page that replaces it in the appending sequence.
+    pub dst: PageId,
+}
+
+/// The result of [`Sequences::append_slots`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    /// Position of the first appended token in its sequence.
+    pub first_pos: usize,
+    /// Where to write each appended token, in order.
+    pub slots: Vec<Slot>,
+    /// A page to copy before writing, if copy-on-write happened.
+    pub copy: Option<CopyOp>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct SeqEntry {
+    pages: Vec<PageId>,
+    len: usize,
+}
+
+/// Numbers about the pool and its sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvStats {
+    /// Pages in the pool.
+    pub pages_total: usize,
+    /// Pages with a non-zero reference count.
+    pub pages_used: usize,
+    /// Free pages.
+    pub pages_free: usize,
+    /// Pages referenced by more than one page table.
+    pub pages_shared: usize,
+    /// Token slots holding KV: for each page in use, the most slots any sequence using it
+    /// fills (a page shared by forks counts once).
+    pub tokens_stored: usize,
+    /// Sum of the sequences' lengths (shared tokens count once per sequence).
+    pub seq_tokens: usize,
+    /// Live sequences.
+    pub n_sequences: usize,
+    /// Tokens per page.
+    pub page_size: usize,
+}
+
+impl KvStats {
+    /// `tokens_stored / (pages_used * page_size)`; 1.0 when no page is in use.
+    pub fn utilization(&self) -> f64 {
+        let cap = self.pages_used * self.page_size;
+        if cap == 0 {
+            1.0
+        } else {
+            self.tokens_stored as f64 / cap as f64
+        }
+    }
+}
+
+/// Page tables of every live sequence, and the allocator their pages come from. This is pure
+/// bookkeeping (no K/V data), so it can drive a pool on the host or on a device: copies needed
+/// by copy-on-write are returned as [`CopyOp`]s.
+///
+/// Sequence ids are assigned `0, 1, 2, ...` by [`Sequences::create`] and
+/// [`Sequences::fork`] and never reused. Pages of a sequence are released from its last page
+/// to its first, so with the FIFO free list a sequence's tail pages are reused before its
+/// prefix pages.
+#[derive(Debug, Clone)]
+pub struct Sequences {
+    page_size: usize,
+    alloc: PageAllocator,
+    seqs: BTreeMap<SeqId, SeqEntry>,
+    next_id: u64,
+}
+
+impl Sequences {
+    /// Bookkeeping for a pool of `n_pages` pages of `page_size` tokens.
+    pub fn new(page_size: usize, n_pages: usize) -> Result<Self> {
+        if page_size == 0 {
+            return Err(KvError::InvalidLayout(
+                "page_size must be at least 1".into(),
+            ));
+        }
+        Ok(Sequences {
+            page_size,
+            alloc: PageAllocator::new(n_pages)?,
+            seqs: BTreeMap::new(),
+            next_id: 0,
+        })
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// The allocator (reference counts, free list).
+    pub fn allocator(&self) -> &PageAllocator {
+        &self.alloc
+    }
+
+    /// A new empty sequence.
+    pub fn create(&mut self) -> SeqId {
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        self.seqs.insert(id, SeqEntry::default());
+        id
+    }
+
+    fn entry(&self, seq: SeqId) -> Result<&SeqEntry> {
+        self.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq))
+    }
+
+    /// Whether `seq` is live.
+    pub fn contains(&self, seq: SeqId) -> bool {
+        self.seqs.contains_key(&seq)
+    }
+
+    /// Live sequences, in id order.
+    pub fn seq_ids(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.seqs.keys().copied()
+    }
+
+    /// Number of live sequences.
+    pub fn n_sequences(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Tokens in `seq`.
+    pub fn seq_len(&self, seq: SeqId) -> Result<usize> {
+        Ok(self.entry(seq)?.len)
+    }
+
+    /// The page table of `seq`: position `pos` lives in page `table[pos / page_size]`.
+    pub fn page_table(&self, seq: SeqId) -> Result<&[PageId]> {
+        Ok(&self.entry(seq)?.pages)
+    }
+
+    /// Where position `pos` of `seq` lives.
+    pub fn slot(&self, seq: SeqId, pos: usize) -> Result<Slot> {
+        let e = self.entry(seq)?;
+        if pos >= e.len {
+            return Err(KvError::OutOfRange {
+                what: "position",
+                index: pos,
+                len: e.len,
+            });
+        }
+        Ok(Slot {
+            page: e.pages[pos / self.page_size],
+            offset: pos % self.page_size,
+        })
+    }
+
+    /// Whether appending to `seq` must first copy its last page: it is partly filled and
+    /// shared with another sequence.
+    fn needs_cow(&self, e: &SeqEntry) -> Result<bool> {
+        let filled_in_last = e.len % self.page_size;
+        if filled_in_last == 0 {
+            return Ok(false);
+        }
+        let last = *e.pages.last().expect("a non-empty sequence has pages");
+        Ok(self.alloc.refcount(last)? > 1)
+    }
+
+    /// Pages [`Sequences::append_slots`] would allocate for `n` more tokens (including a
+    /// copy-on-write page).
+    pub fn pages_needed(&self, seq: SeqId, n: usize) -> Result<usize> {
+        let e = self.entry(seq)?;
+        if n == 0 {
+            return Ok(0);
+        }
+        let total = e.len.checked_add(n).ok_or(KvError::OutOfRange {
+            what: "token count",
+            index: n,
+            len: usize::MAX - e.len,
+        })?;
+        let new_pages = total.div_ceil(self.page_size) - e.pages.len();
+        Ok(new_pages + usize::from(self.needs_cow(e)?))
+    }
+
+    /// Reserves `n` more token positions at the end of `seq` and returns the slots to write
+    /// them to. All or nothing: when the pool cannot supply the pages,
+    /// [`KvError::OutOfPages`] is returned and nothing changes.
+    ///
+    /// Copy-on-write: if the last page is partly filled and shared (refcount > 1), a new page
+    /// is allocated first (before any page for new positions), takes the old one's place in
+    /// this sequence's table, and the old page loses one reference; [`Appended::copy`] says
+    /// which page to copy into which. Pages the slots point into are owned by `seq` alone.
+    pub fn append_slots(&mut self, seq: SeqId, n: usize) -> Result<Appended> {
+        let needed = self.pages_needed(seq, n)?;
+        let e = self.entry(seq)?;
+        let first_pos = e.len;
+        if n == 0 {
+            return Ok(Appended {
+                first_pos,
+                slots: Vec::new(),
+                copy: None,
+            });
+        }
+        let cow = self.needs_cow(e)?;
+        if needed > self.alloc.n_free() {
+            return Err(KvError::OutOfPages {
+                needed,
+                free: self.alloc.n_free(),
+            });
+        }
+        let mut fresh = self.alloc.allocate_n(needed)?.into_iter();
+        let e = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        let mut copy = None;
+        if cow {
+            let dst = fresh.next().expect("allocated");
+            let src = std::mem::replace(e.pages.last_mut().expect("non-empty"), dst);
+            // Still referenced by another sequence: cannot become free here.
+            self.alloc.release(src)?;
+            copy = Some(CopyOp { src, dst });
+        }
+        e.pages.extend(fresh);
+        e.len += n;
+        let ps = self.page_size;
+        let slots = (first_pos..e.len)
+            .map(|pos| Slot {
+                page: e.pages[pos / ps],
+                offset: pos % ps,
+            })
+            .collect();
+        Ok(Appended {
+            first_pos,
+            slots,
+            copy,
+        })
+    }
+
+    /// Keeps the first `keep` tokens of `seq`, dropping the rest (rejected speculative
+    /// tokens); returns the pages that became free, in the order they went to the free list
+    /// (last page first). Pages past the kept tokens lose this sequence's reference; a kept,
+    /// partly filled shared page stays shared until the next append copies it.
+    pub fn truncate(&mut self, seq: SeqId, keep: usize) -> Result<Vec<PageId>> {
+        let ps = self.page_size;
+        let e = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if keep > e.len {
+            return Err(KvError::TruncateBeyondLength {
+                seq,
+                keep,
+                len: e.len,
+            });
+        }
+        e.len = keep;
+        let dropped = e.pages.split_off(keep.div_ceil(ps));
+        Self::release_all(&mut self.alloc, &dropped)
+    }
+
+    /// Releases pages last to first; returns those that became free.
+    fn release_all(alloc: &mut PageAllocator, pages: &[PageId]) -> Result<Vec<PageId>> {
+        let mut freed = Vec::new();
+        for &p in pages.iter().rev() {
+            if alloc.release(p)? {
+                freed.push(p);
+            }
+        }
+        Ok(freed)
+    }
+
+    /// A new sequence with the same tokens as `seq`, sharing all its pages (each page's
+    /// reference count goes up by one). Allocates nothing.
+    pub fn fork(&mut self, seq: SeqId) -> Result<SeqId> {
+        let e = self.entry(seq)?.clone();
+        for &p in &e.pages {
+            if self.alloc.refcount(p)? == u32::MAX {
+                return Err(KvError::RefcountOverflow(p));
+            }
+        }
+        for &p in &e.pages {
+            self.alloc.retain(p)?;
+        }
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        self.seqs.insert(id, e);
+        Ok(id)
+    }
+
+    /// Ends `seq`: its pages lose one reference each (last page first); returns those that
+    /// became free.
+    pub fn free(&mut self, seq: SeqId) -> Result<Vec<PageId>> {
+        let e = self
+            .seqs
+            .remove(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        Self::release_all(&mut self.alloc, &e.pages)
+    }
+
+    /// Pool and sequence numbers. Walks every page table (O(pages + table entries)).
+    pub fn stats(&self) -> KvStats {
+        let ps = self.page_size;
+        let mut filled = vec![0usize; self.alloc.n_total()];
+        let mut refs = vec![0u32; self.alloc.n_total()];
+        let mut seq_tokens = 0;
+        for e in self.seqs.values() {
+            seq_tokens += e.len;
+            for (i, p) in e.pages.iter().enumerate() {
+                let f = &mut filled[p.index()];
+                *f = (*f).max((e.len - i * ps).min(ps));
+                refs[p.index()] += 1;
+            }
+        }
+        KvStats {
+            pages_total: self.alloc.n_total(),
+            pages_used: self.alloc.n_used(),
+            pages_free: self.alloc.n_free(),
+            pages_shared: refs.iter().filter(|&&r| r > 1).count(),
+            tokens_stored: filled.iter().sum(),
+            seq_tokens,
+            n_sequences: self.seqs.len(),
+            page_size: ps,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(v: &[u32]) -> Vec<PageId> {
+        v.iter().copied().map(PageId).collect()
+    }
+
+    fn rc(s: &Sequences, p: u32) -> u32 {
+        s.allocator().refcount(PageId(p)).unwrap()
+    }
+
+    #[test]
+    fn append_allocates_pages_in_order_and_returns_slots() {
+        let mut s = Sequences::new(4, 8).unwrap();
+        let a = s.create();
+        let b = s.create();
+        assert_eq!((a, b), (SeqId(0), SeqId(1)));
+        let r = s.append_slots(a, 6).unwrap();
+        assert_eq!(r.first_pos, 0);
+        assert_eq!(r.copy, None);
+        assert_eq!(
+            r.slots[0],
+            Slot {
+                page: PageId(0),
+                offset: 0
+            }
+        );
+        assert_eq!(
+            r.slots[5],
+            Slot {
+                page: PageId(1),
+                offset: 1
+            }
+        );
+        assert_eq!(
+            s.append_slots(b, 3).unwrap().slots[2],
+            Slot {
+                page: PageId(2),
+                offset: 2
+            }
+        );
+        let r = s.append_slots(a, 3).unwrap();
+        assert_eq!(r.first_pos, 6);
+        assert_eq!(
+            r.slots,
+            vec![
+                Slot {
+                    page: PageId(1),
+                    offset: 2
+                },
+                Slot {
+                    page: PageId(1),
+                    offset: 3
+                },
+                Slot {
+                    page: PageId(3),
+                    offset: 0
+                },
+            ]
+        );
+        assert_eq!(s.page_table(a).unwrap(), ids(&[0, 1, 3]));
+        assert_eq!(s.page_table(b).unwrap(), ids(&[2]));
+        assert_eq!((s.seq_len(a).unwrap(), s.seq_len(b).unwrap()), (9, 3));
+        assert_eq!(
+            s.slot(a, 8).unwrap(),
+            Slot {
+                page: PageId(3),
+                offset: 0
+            }
+        );
+        assert!(matches!(
+            s.slot(a, 9),
+            Err(KvError::OutOfRange {
+                what: "position",
+                ..
+            })
+        ));
+        assert_eq!(s.allocator().n_used(), 4);
+        let r = s.append_slots(b, 0).unwrap();
+        assert!(r.slots.is_empty());
+        assert_eq!(r.first_pos, 3);
+    }
+
+    #[test]
+    fn free_returns_pages_last_first_to_the_tail_of_the_free_list() {
+        let mut s = Sequences::new(2, 6).unwrap();
+        let a = s.create();
+        let b = s.create();
+        s.append_slots(a, 5).unwrap(); // pages 0 1 2
+        s.append_slots(b, 1).unwrap(); // page 3
+        assert_eq!(s.free(a).unwrap(), ids(&[2, 1, 0]));
+        assert_eq!(
+            s.allocator().free_pages().collect::<Vec<_>>(),
+            ids(&[4, 5, 2, 1, 0])
+        );
+        let c = s.create();
+        s.append_slots(c, 7).unwrap();
+        assert_eq!(s.page_table(c).unwrap(), ids(&[4, 5, 2, 1]));
+        assert_eq!(s.free(a).unwrap_err(), KvError::UnknownSequence(a));
+        assert_eq!(
+            KvError::UnknownSequence(a).to_string(),
+            "unknown sequence 0"
+        );
+    }
+
+    #[test]
+    fn append_is_all_or_nothing_when_pages_run_out() {
+        let mut s = Sequences::new(4, 3).unwrap();
+        let a = s.create();
+        s.append_slots(a, 5).unwrap(); // pages 0 1
+        assert_eq!(s.pages_needed(a, 8).unwrap(), 2);
+        let err = s.append_slots(a, 8).unwrap_err();
+        assert_eq!(err, KvError::OutOfPages { needed: 2, free: 1 });
+        assert_eq!(err.to_string(), "out of KV pages: need 2, only 1 free");
+        assert_eq!(s.seq_len(a).unwrap(), 5);
+        assert_eq!(s.page_table(a).unwrap(), ids(&[0, 1]));
+        assert_eq!(s.allocator().n_free(), 1);
+        // Fills page 1 and takes page 2: exactly enough.
+        assert_eq!(s.pages_needed(a, 7).unwrap(), 1);
+        s.append_slots(a, 7).unwrap();
+        assert_eq!(s.page_table(a).unwrap(), ids(&[0, 1, 2]));
+        assert_eq!(s.allocator().n_free(), 0);
+    }
+
+    #[test]
+    fn truncate_frees_exactly_the_pages_past_the_kept_tokens() {
+        let mut s = Sequences::new(4, 8).unwrap();
+        let a = s.create();
+        s.append_slots(a, 14).unwrap(); // pages 0 1 2 3
+        assert_eq!(s.truncate(a, 9).unwrap(), ids(&[3]));
+        assert_eq!(s.page_table(a).unwrap(), ids(&[0, 1, 2]));
+        assert_eq!(s.truncate(a, 8).unwrap(), ids(&[2]));
+        assert_eq!(s.truncate(a, 8).unwrap(), ids(&[]));
+        assert_eq!(s.seq_len(a).unwrap(), 8);
+        assert_eq!(
+            s.truncate(a, 9).unwrap_err(),
+            KvError::TruncateBeyondLength {
+                seq: a,
+                keep: 9,
+                len: 8
+            }
+        );
+        // Page 1 is full, so the next token takes a new page: 4, the head of the free list.
+        let r = s.append_slots(a, 1).unwrap();
+        assert_eq!(
+            r.slots,
+            vec![Slot {
+                page: PageId(4),
+                offset: 0
+            }]
+        );
+        assert_eq!(s.truncate(a, 0).unwrap(), ids(&[4, 1, 0]));
+        assert_eq!(s.allocator().n_free(), 8);
+        assert_eq!(
+            s.allocator().free_pages().collect::<Vec<_>>(),
+            ids(&[5, 6, 7, 3, 2, 4, 1, 0])
+        );
+    }
+
+    #[test]
+    fn fork_shares_pages_and_copy_on_write_takes_a_new_one() {
+        let mut s = Sequences::new(4, 8).unwrap();
+        let a = s.create();
+        s.append_slots(a, 6).unwrap(); // pages 0 1 (page 1 half full)
+        let b = s.fork(a).unwrap();
+        assert_eq!(b, SeqId(1));
+        assert_eq!(s.page_table(b).unwrap(), ids(&[0, 1]));
+        assert_eq!((rc(&s, 0), rc(&s, 1)), (2, 2));
+        assert_eq!(s.stats().pages_shared, 2);
+        assert_eq!(s.pages_needed(b, 1).unwrap(), 1);
+        // b appends into shared, partly filled page 1: copy to page 2 first.
+        let r = s.append_slots(b, 2).unwrap();
+        assert_eq!(
+            r.copy,
+            Some(CopyOp {
+                src: PageId(1),
+                dst: PageId(2)
+            })
+        );
+        assert_eq!(
+            r.slots[0],
+            Slot {
+                page: PageId(2),
+                offset: 2
+            }
+        );
+        assert_eq!(s.page_table(b).unwrap(), ids(&[0, 2]));
+        assert_eq!((rc(&s, 0), rc(&s, 1), rc(&s, 2)), (2, 1, 1));
+        // a now owns page 1 alone: no copy.
+        let r = s.append_slots(a, 1).unwrap();
+        assert_eq!(r.copy, None);
+        assert_eq!(
+            r.slots,
+            vec![Slot {
+                page: PageId(1),
+                offset: 2
+            }]
+        );
+        // Shared but full page 0: appending past it needs no copy.
+        let c = s.create();
+        s.append_slots(c, 4).unwrap(); // page 3
+        let d = s.fork(c).unwrap();
+        let r = s.append_slots(d, 1).unwrap();
+        assert_eq!(r.copy, None);
+        assert_eq!(s.page_table(d).unwrap(), ids(&[3, 4]));
+        assert_eq!(rc(&s, 3), 2);
+        // Freeing the fork leaves the original's pages in use.
+        assert_eq!(s.free(d).unwrap(), ids(&[4]));
+        assert_eq!(rc(&s, 3), 1);
+        assert_eq!(s.free(b).unwrap(), ids(&[2]));
+        assert_eq!(s.free(a).unwrap(), ids(&[1, 0]));
+        assert_eq!(s.free(c).unwrap(), ids(&[3]));
+        assert_eq!(s.allocator().n_free(), 8);
+    }
+
+    #[test]
+    fn copy_on_write_needs_a_page_and_is_all_or_nothing() {
+        let mut s = Sequences::new(4, 2).unwrap();
+        let a = s.create();
+        s.append_slots(a, 5).unwrap(); // pages 0 1
+        let b = s.fork(a).unwrap();
+        assert_eq!(
+            s.append_slots(b, 1).unwrap_err(),
+            KvError::OutOfPages { needed: 1, free: 0 }
+        );
+        assert_eq!(s.page_table(b).unwrap(), ids(&[0, 1]));
+        assert_eq!(rc(&s, 1), 2);
+        // Truncating into a shared page keeps it shared; the next append copies it.
+        s.free(a).unwrap();
+        let c = s.fork(b).unwrap();
+        s.truncate(c, 2).unwrap();
+        assert_eq!(s.page_table(c).unwrap(), ids(&[0]));
+        assert_eq!((rc(&s, 0), rc(&s, 1)), (2, 1));
+        s.free(b).unwrap();
+        assert_eq!(s.free_pages_for_test(), ids(&[1]));
+        let r = s.append_slots(c, 1).unwrap();
+        assert_eq!(r.copy, None); // page 0 is c's alone now
+        assert_eq!(
+            r.slots,
+            vec![Slot {
+                page: PageId(0),
+                offset: 2
+            }]
+        );
+    }
+
+    #[test]
+    fn stats_count_shared_pages_once() {
+        let mut s = Sequences::new(4, 8).unwrap();
+        let st = s.stats();
+        assert_eq!(
+            (
+                st.pages_total,
+                st.pages_used,
+                st.pages_free,
+                st.tokens_stored
+            ),
+            (8, 0, 8, 0)
+        );
+        assert_eq!(st.utilization(), 1.0);
+        let a = s.create();
+        s.append_slots(a, 6).unwrap();
+        let b = s.fork(a).unwrap();
+        s.append_slots(b, 1).unwrap(); // CoW: page 2 holds 7 slots' worth of b's second page
+        let st = s.stats();
+        assert_eq!(st.pages_used, 3);
+        assert_eq!(st.tokens_stored, 4 + 2 + 3);
+        assert_eq!(st.seq_tokens, 13);
+        assert_eq!(st.n_sequences, 2);
+        assert_eq!(st.pages_shared, 1);
+        assert!((st.utilization() - 9.0 / 12.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn absurd_appends_are_errors_not_panics() {
+        let mut s = Sequences::new(4, 2).unwrap();
+        let a = s.create();
+        s.append_slots(a, 1).unwrap();
+        assert!(matches!(
+            s.append_slots(a, usize::MAX),
+            Err(KvError::OutOfRange { .. })
+        ));
+        assert_eq!(
+            s.append_slots(a, usize::MAX - 1).unwrap_err(),
+            KvError::OutOfPages {
+                needed: usize::MAX / 4,
+                free: 1
+            }
+        );
+        assert_eq!(s.seq_len(a).unwrap(), 1);
+    }
+
+    #[test]
+    fn unknown_sequences_are_errors() {
+        let mut s = Sequences::new(4, 2).unwrap();
+        let ghost = SeqId(7);
+        for err in [
+            s.append_slots(ghost, 1).unwrap_err(),
+            s.truncate(ghost, 0).unwrap_err(),
+            s.fork(ghost).unwrap_err(),
+            s.free(ghost).unwrap_err(),
+            s.seq_len(ghost).unwrap_err(),
+            s.pages_needed(ghost, 1).unwrap_err(),
+        ] {
+            assert_eq!(err, KvError::UnknownSequence(ghost));
+        }
+        assert!(Sequences::new(0, 2).is_err());
+    }
+
+    impl Sequences {
+        fn free_pages_for_test(&self) -> Vec<PageId> {
+            self.alloc.free_pages().collect()
+        }
+    }
+}

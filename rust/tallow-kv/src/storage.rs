@@ -1,0 +1,500 @@
+//! The page pool: the K and V values themselves.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use half::vec::HalfBitsVecExt;
+
+use crate::error::{KvError, Result};
+use crate::layout::{KvDtype, KvKind, KvLayout};
+use crate::{PageId, Slot};
+
+#[derive(Debug, Clone)]
+enum Data {
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+}
+
+/// One (page, layer, K or V, KV head) block: `page_size` rows of `head_dim` values, slot `s`
+/// at `[s * head_dim..(s + 1) * head_dim]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvBlock<'a> {
+    /// The pool stores f16.
+    F16(&'a [f16]),
+    /// The pool stores f32.
+    F32(&'a [f32]),
+}
+
+/// Every page of the pool in one allocation, laid out as described on [`KvLayout`]:
+/// page `p` starts at `p * elems_per_page`, and within it the block of (layer, kind, head)
+/// starts at `((layer * 2 + kind) * n_head_kv + head) * page_size * head_dim`.
+///
+/// The storage knows nothing about sequences or refcounts; it is addressed by page id.
+#[derive(Debug, Clone)]
+pub struct KvStorage {
+    layout: KvLayout,
+    n_pages: usize,
+    page_elems: usize,
+    data: Data,
+}
+
+impl KvStorage {
+    /// A zeroed pool of `n_pages` pages (zero pages allocate no memory from the OS until
+    /// written).
+    pub fn new(layout: KvLayout, n_pages: usize) -> Result<Self> {
+        layout.validate()?;
+        let page_elems = layout.elems_per_page()?;
+        let max = isize::MAX as usize / layout.bytes_per_page()?;
+        if n_pages > max {
+            return Err(KvError::PoolTooLarge {
+                pages: n_pages,
+                max,
+            });
+        }
+        let n = n_pages * page_elems;
+        let data = match layout.dtype {
+            KvDtype::F16 => Data::F16(vec![0u16; n].reinterpret_into()),
+            KvDtype::F32 => Data::F32(vec![0f32; n]),
+        };
+        Ok(KvStorage {
+            layout,
+            n_pages,
+            page_elems,
+            data,
+        })
+    }
+
+    /// The geometry.
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    /// Pages in the pool.
+    pub fn n_pages(&self) -> usize {
+        self.n_pages
+    }
+
+    /// Bytes the pool holds.
+    pub fn n_bytes(&self) -> usize {
+        self.n_pages * self.page_elems * self.layout.dtype.size()
+    }
+
+    fn check_page(&self, page: PageId) -> Result<()> {
+        if page.index() < self.n_pages {
+            Ok(())
+        } else {
+            Err(KvError::PageOutOfRange {
+                page,
+                n_pages: self.n_pages,
+            })
+        }
+    }
+
+    fn check_index(what: &'static str, index: usize, len: usize) -> Result<()> {
+        if index < len {
+            Ok(())
+        } else {
+            Err(KvError::OutOfRange { what, index, len })
+        }
+    }
+
+    /// Start of a block, after checking every index.
+    fn block_start(&self, page: PageId, layer: usize, head: usize, kind: KvKind) -> Result<usize> {
+        self.check_page(page)?;
+        let l = &self.layout;
+        Self::check_index("layer", layer, l.n_layer)?;
+        Self::check_index("KV head", head, l.n_head_kv)?;
+        Ok(page.index() * self.page_elems
+            + ((layer * 2 + kind as usize) * l.n_head_kv + head) * l.block_len())
+    }
+
+    /// The K or V block of (page, layer, KV head), in the pool's dtype.
+    pub fn block(
+        &self,
+        page: PageId,
+        layer: usize,
+        head: usize,
+        kind: KvKind,
+    ) -> Result<KvBlock<'_>> {
+        let start = self.block_start(page, layer, head, kind)?;
+        let r = start..start + self.layout.block_len();
+        Ok(match &self.data {
+            Data::F16(d) => KvBlock::F16(&d[r]),
+            Data::F32(d) => KvBlock::F32(&d[r]),
+        })
+    }
+
+    /// [`KvStorage::block`] of an f16 pool; [`KvError::DtypeMismatch`] for an f32 one.
+    pub fn block_f16(
+        &self,
+        page: PageId,
+        layer: usize,
+        head: usize,
+        kind: KvKind,
+    ) -> Result<&[f16]> {
+        match self.block(page, layer, head, kind)? {
+            KvBlock::F16(b) => Ok(b),
+            KvBlock::F32(_) => Err(self.mismatch(KvDtype::F16)),
+        }
+    }
+
+    /// [`KvStorage::block`] of an f32 pool; [`KvError::DtypeMismatch`] for an f16 one.
+    pub fn block_f32(
+        &self,
+        page: PageId,
+        layer: usize,
+        head: usize,
+        kind: KvKind,
+    ) -> Result<&[f32]> {
+        match self.block(page, layer, head, kind)? {
+            KvBlock::F32(b) => Ok(b),
+            KvBlock::F16(_) => Err(self.mismatch(KvDtype::F32)),
+        }
+    }
+
+    fn mismatch(&self, requested: KvDtype) -> KvError {
+        KvError::DtypeMismatch {
+            requested,
+            actual: self.layout.dtype,
+        }
+    }
+
+    /// Writes the keys and values of one token of `layer` into `slot`: `keys` and `values`
+    /// are rows of `n_head_kv * head_dim` values (head after head), converted to the pool's
+    /// dtype. Checks everything before writing anything.
+    pub fn write_token(
+        &mut self,
+        slot: Slot,
+        layer: usize,
+        keys: &[f32],
+        values: &[f32],
+    ) -> Result<()> {
+        self.write_tokens(&[slot], layer, keys, values)
+    }
+
+    /// Writes the keys and values of `slots.len()` tokens of `layer`: row `i` of `keys` and
+    /// `values` (each `n_head_kv * head_dim` values) goes to `slots[i]`. All or nothing: every
+    /// slot and length is checked before the first write.
+    pub fn write_tokens(
+        &mut self,
+        slots: &[Slot],
+        layer: usize,
+        keys: &[f32],
+        values: &[f32],
+    ) -> Result<()> {
+        let l = self.layout;
+        let row = l.row_len();
+        for (what, got) in [("keys", keys.len()), ("values", values.len())] {
+            let expected = slots.len().saturating_mul(row);
+            if got != expected {
+                return Err(KvError::ShapeMismatch {
+                    what,
+                    expected,
+                    got,
+                });
+            }
+        }
+        Self::check_index("layer", layer, l.n_layer)?;
+        for s in slots {
+            self.check_page(s.page)?;
+            Self::check_index("slot", s.offset, l.page_size)?;
+        }
+        let hd = l.head_dim;
+        for ((s, k_row), v_row) in slots
+            .iter()
+            .zip(keys.chunks_exact(row))
+            .zip(values.chunks_exact(row))
+        {
+            for (kind, src_row) in [(KvKind::Key, k_row), (KvKind::Value, v_row)] {
+                for (head, src) in src_row.chunks_exact(hd).enumerate() {
+                    let start = self.block_start(s.page, layer, head, kind)? + s.offset * hd;
+                    match &mut self.data {
+                        Data::F16(d) => d[start..start + hd].convert_from_f32_slice(src),
+                        Data::F32(d) => d[start..start + hd].copy_from_slice(src),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the first `n_slots` rows of a block as f32 into `out` (`n_slots * head_dim`
+    /// values).
+    pub fn read_block_f32(
+        &self,
+        page: PageId,
+        layer: usize,
+        head: usize,
+        kind: KvKind,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let block = self.block(page, layer, head, kind)?;
+        let hd = self.layout.head_dim;
+        let partial_row = out.len() % hd;
+        if partial_row != 0 || out.len() > self.layout.block_len() {
+            return Err(KvError::ShapeMismatch {
+                what: "block output",
+                expected: self.layout.block_len(),
+                got: out.len(),
+            });
+        }
+        match block {
+            KvBlock::F16(b) => b[..out.len()].convert_to_f32_slice(out),
+            KvBlock::F32(b) => out.copy_from_slice(&b[..out.len()]),
+        }
+        Ok(())
+    }
+
+    /// Gathers the K or V history of one (layer, KV head) through a page table: the first
+    /// `n_tokens` positions, `pages[pos / page_size]` slot `pos % page_size`, as f32 into
+    /// `out`, resized to `n_tokens * head_dim`.
+    pub fn gather_f32(
+        &self,
+        pages: &[PageId],
+        n_tokens: usize,
+        layer: usize,
+        head: usize,
+        kind: KvKind,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let l = &self.layout;
+        let need = l.pages_for_tokens(n_tokens);
+        if need > pages.len() {
+            return Err(KvError::OutOfRange {
+                what: "token count",
+                index: n_tokens,
+                len: pages.len() * l.page_size + 1,
+            });
+        }
+        out.resize(n_tokens * l.head_dim, 0.0);
+        for (page, chunk) in pages.iter().zip(out.chunks_mut(l.block_len())) {
+            self.read_block_f32(*page, layer, head, kind, chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Copies every value of page `src` to page `dst` (copy-on-write).
+    pub fn copy_page(&mut self, src: PageId, dst: PageId) -> Result<()> {
+        self.check_page(src)?;
+        self.check_page(dst)?;
+        let n = self.page_elems;
+        let (s, d) = (src.index() * n, dst.index() * n);
+        match &mut self.data {
+            Data::F16(v) => v.copy_within(s..s + n, d),
+            Data::F32(v) => v.copy_within(s..s + n, d),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(dtype: KvDtype) -> KvLayout {
+        KvLayout::new(2, 3, 4).with_page_size(4).with_dtype(dtype)
+    }
+
+    fn row(seed: f32, n: usize) -> Vec<f32> {
+        (0..n).map(|i| seed + i as f32 * 0.37 - 1.1).collect()
+    }
+
+    #[test]
+    fn one_head_of_a_page_is_one_contiguous_block() {
+        let mut s = KvStorage::new(layout(KvDtype::F32), 3).unwrap();
+        assert_eq!(s.n_bytes(), 3 * 2 * 2 * 3 * 4 * 4 * 4);
+        let k: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let v: Vec<f32> = (0..12).map(|i| 100.0 + i as f32).collect();
+        s.write_token(
+            Slot {
+                page: PageId(1),
+                offset: 2,
+            },
+            1,
+            &k,
+            &v,
+        )
+        .unwrap();
+        let kb = s.block_f32(PageId(1), 1, 2, KvKind::Key).unwrap();
+        assert_eq!(kb.len(), 16);
+        assert_eq!(&kb[8..12], &[8.0, 9.0, 10.0, 11.0]);
+        assert!(kb[..8].iter().chain(&kb[12..]).all(|&x| x == 0.0));
+        let vb = s.block_f32(PageId(1), 1, 0, KvKind::Value).unwrap();
+        assert_eq!(&vb[8..12], &[100.0, 101.0, 102.0, 103.0]);
+        // Nothing else changed: other layer, other page.
+        assert!(s
+            .block_f32(PageId(1), 0, 2, KvKind::Key)
+            .unwrap()
+            .iter()
+            .all(|&x| x == 0.0));
+        assert!(s
+            .block_f32(PageId(0), 1, 2, KvKind::Key)
+            .unwrap()
+            .iter()
+            .all(|&x| x == 0.0));
+        assert!(s
+            .block_f32(PageId(2), 1, 2, KvKind::Key)
+            .unwrap()
+            .iter()
+            .all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn f16_round_trip_is_within_half_precision() {
+        let mut s = KvStorage::new(layout(KvDtype::F16), 2).unwrap();
+        let slots: Vec<Slot> = (0..4)
+            .map(|o| Slot {
+                page: PageId(1),
+                offset: o,
+            })
+            .collect();
+        let k = row(0.3, 4 * 12);
+        let v = row(-7.0, 4 * 12);
+        s.write_tokens(&slots, 0, &k, &v).unwrap();
+        for head in 0..3 {
+            let mut out = vec![0.0; 16];
+            s.read_block_f32(PageId(1), 0, head, KvKind::Key, &mut out)
+                .unwrap();
+            let raw = s.block_f16(PageId(1), 0, head, KvKind::Key).unwrap();
+            for slot in 0..4 {
+                for d in 0..4 {
+                    let want = k[slot * 12 + head * 4 + d];
+                    let got = out[slot * 4 + d];
+                    assert!(
+                        (got - want).abs() <= want.abs() * 1e-3 + 1e-4,
+                        "{got} vs {want}"
+                    );
+                    assert_eq!(raw[slot * 4 + d], f16::from_f32(want));
+                }
+            }
+        }
+        assert!(matches!(
+            s.block_f32(PageId(0), 0, 0, KvKind::Key),
+            Err(KvError::DtypeMismatch {
+                requested: KvDtype::F32,
+                actual: KvDtype::F16
+            })
+        ));
+    }
+
+    #[test]
+    fn bad_indices_are_errors_and_write_nothing() {
+        let mut s = KvStorage::new(layout(KvDtype::F32), 2).unwrap();
+        let k = row(1.0, 24);
+        let good = Slot {
+            page: PageId(0),
+            offset: 0,
+        };
+        let slots = [
+            good,
+            Slot {
+                page: PageId(2),
+                offset: 0,
+            },
+        ];
+        assert_eq!(
+            s.write_tokens(&slots, 0, &k, &k).unwrap_err(),
+            KvError::PageOutOfRange {
+                page: PageId(2),
+                n_pages: 2
+            }
+        );
+        let slots = [
+            good,
+            Slot {
+                page: PageId(1),
+                offset: 4,
+            },
+        ];
+        assert!(matches!(
+            s.write_tokens(&slots, 0, &k, &k),
+            Err(KvError::OutOfRange { what: "slot", .. })
+        ));
+        assert!(s
+            .block_f32(PageId(0), 0, 0, KvKind::Key)
+            .unwrap()
+            .iter()
+            .all(|&x| x == 0.0));
+        assert!(matches!(
+            s.write_token(good, 2, &k[..12], &k[..12]),
+            Err(KvError::OutOfRange { what: "layer", .. })
+        ));
+        assert_eq!(
+            s.write_token(good, 0, &k[..11], &k[..12]).unwrap_err(),
+            KvError::ShapeMismatch {
+                what: "keys",
+                expected: 12,
+                got: 11
+            }
+        );
+        assert!(matches!(
+            s.block(PageId(0), 0, 3, KvKind::Value),
+            Err(KvError::OutOfRange {
+                what: "KV head",
+                ..
+            })
+        ));
+        assert!(s.copy_page(PageId(0), PageId(5)).is_err());
+        let mut out = Vec::new();
+        assert!(s
+            .gather_f32(&[PageId(0)], 5, 0, 0, KvKind::Key, &mut out)
+            .is_err());
+    }
+
+    #[test]
+    fn copy_page_copies_every_layer_and_head() {
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            let mut s = KvStorage::new(layout(dtype), 3).unwrap();
+            for layer in 0..2 {
+                for o in 0..4 {
+                    let k = row(layer as f32 + o as f32, 12);
+                    let v = row(-(layer as f32) - o as f32, 12);
+                    s.write_token(
+                        Slot {
+                            page: PageId(0),
+                            offset: o,
+                        },
+                        layer,
+                        &k,
+                        &v,
+                    )
+                    .unwrap();
+                }
+            }
+            s.copy_page(PageId(0), PageId(2)).unwrap();
+            for layer in 0..2 {
+                for head in 0..3 {
+                    for kind in [KvKind::Key, KvKind::Value] {
+                        assert_eq!(
+                            s.block(PageId(0), layer, head, kind).unwrap(),
+                            s.block(PageId(2), layer, head, kind).unwrap()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gather_reads_through_a_page_table() {
+        let mut s = KvStorage::new(layout(KvDtype::F32), 4).unwrap();
+        let table = [PageId(3), PageId(1)];
+        for pos in 0..6 {
+            let slot = Slot {
+                page: table[pos / 4],
+                offset: pos % 4,
+            };
+            let k = row(pos as f32 * 10.0, 12);
+            s.write_token(slot, 1, &k, &k).unwrap();
+        }
+        let mut out = Vec::new();
+        s.gather_f32(&table, 6, 1, 2, KvKind::Value, &mut out)
+            .unwrap();
+        assert_eq!(out.len(), 24);
+        for pos in 0..6 {
+            assert_eq!(
+                &out[pos * 4..pos * 4 + 4],
+                &row(pos as f32 * 10.0, 12)[8..12]
+            );
+        }
+    }
+}
