@@ -1,6 +1,7 @@
 //! Errors of model loading and inference.
 
 use tallow_gguf::GgufError;
+use tallow_kv::KvError;
 use tallow_quant::QuantError;
 use tallow_tokenizer::TokenizerError;
 
@@ -12,6 +13,8 @@ pub enum ModelError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Quant(#[from] QuantError),
+    #[error(transparent)]
+    Kv(#[from] KvError),
     #[error("unknown architecture '{0}' (supported: {supported})", supported = crate::config::SUPPORTED_ARCHITECTURES.join(", "))]
     UnknownArchitecture(String),
     #[error("metadata key '{0}' is missing")]

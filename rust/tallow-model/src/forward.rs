@@ -1,23 +1,17 @@
-//! The llama-family forward pass over the new tokens of one sequence.
+//! The llama-family forward pass over a ragged batch of sequences.
+
+use std::collections::HashSet;
 
 use rayon::prelude::*;
 use tallow_gguf::{GgmlType, GgufFile};
+use tallow_kv::{PagedKvCache, Slot};
 use tallow_quant::QuantizedActs;
 
+use crate::batch::{Batch, Logits, SeqChunk};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::kv_cache::KvCache;
 use crate::ops::{add_in_place, attend, rms_norm, swiglu, Rope};
 use crate::weights::{Matrix, Weights};
-
-/// Which positions of a forward call produce logits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Logits {
-    /// Only the last token (generation).
-    Last,
-    /// Every token (perplexity, verification of proposed tokens).
-    All,
-}
 
 /// Activations of the quantized input of a linear layer, remembered so that several matrices
 /// reading the same input (q/k/v, gate/up) quantize it once.
@@ -66,30 +60,63 @@ pub(crate) struct Forward<'a> {
     pub rope: &'a Rope,
 }
 
+/// Where the tokens of one chunk sit in their sequence.
+struct Placed<'a> {
+    chunk: &'a SeqChunk,
+    /// Position of the chunk's first token.
+    first_pos: usize,
+}
+
 impl Forward<'_> {
-    /// Runs `tokens` at the next positions of `cache` and returns their logits, `n_vocab` per
-    /// requested position.
-    pub fn run(
+    /// Runs every chunk of `batch` at the next positions of its sequence in `cache` and returns
+    /// the requested logits (`n_vocab` floats per row, chunk by chunk). On error the cache is
+    /// left as it was.
+    pub fn run(&self, cache: &mut PagedKvCache, batch: &Batch) -> Result<Vec<f32>, ModelError> {
+        check_batch(batch)?;
+        let n_vocab = self.weights.token_embd.rows;
+        if let Some(&id) = batch.tokens.iter().find(|&&id| id as usize >= n_vocab) {
+            return Err(ModelError::TokenOutOfRange { id, n_vocab });
+        }
+        let mut placed = Vec::with_capacity(batch.chunks.len());
+        let mut slots = Vec::with_capacity(batch.tokens.len());
+        for chunk in &batch.chunks {
+            let reserved = cache.seq_len(chunk.seq).and_then(|first_pos| {
+                let new = cache.append_slots(chunk.seq, chunk.len)?;
+                Ok((first_pos, new))
+            });
+            match reserved {
+                Ok((first_pos, new)) => {
+                    placed.push(Placed { chunk, first_pos });
+                    slots.extend(new);
+                }
+                Err(err) => {
+                    rewind(cache, &placed);
+                    return Err(err.into());
+                }
+            }
+        }
+        let result = self.layers(cache, batch, &placed, &slots);
+        if result.is_err() {
+            rewind(cache, &placed);
+        }
+        result
+    }
+
+    fn layers(
         &self,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        logits: Logits,
+        cache: &mut PagedKvCache,
+        batch: &Batch,
+        placed: &[Placed<'_>],
+        slots: &[Slot],
     ) -> Result<Vec<f32>, ModelError> {
         let cfg = self.config;
-        let n = tokens.len();
-        let start = cache.len();
-        if n == 0 {
-            return Err(ModelError::InvalidArgument("no tokens to evaluate".into()));
-        }
-        if start + n > cache.n_ctx() {
-            return Err(ModelError::ContextOverflow {
-                needed: n,
-                used: start,
-                n_ctx: cache.n_ctx(),
-            });
-        }
+        let n = batch.tokens.len();
+        let positions: Vec<usize> = placed
+            .iter()
+            .flat_map(|p| p.first_pos..p.first_pos + p.chunk.len)
+            .collect();
         let d = cfg.n_embd;
-        let mut x = self.embed(tokens)?;
+        let mut x = self.embed(&batch.tokens)?;
         let mut h = vec![0.0; n * d];
         let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
         let (mut attn, mut proj) = (vec![0.0; n * cfg.q_dim()], Vec::new());
@@ -102,14 +129,14 @@ impl Forward<'_> {
             input.matmul(self.file, &layer.wq, &h, n, &mut q)?;
             input.matmul(self.file, &layer.wk, &h, n, &mut k)?;
             input.matmul(self.file, &layer.wv, &h, n, &mut v)?;
-            for i in 0..n {
+            for (i, &pos) in positions.iter().enumerate() {
                 self.rope
-                    .apply(&mut q[i * cfg.q_dim()..][..cfg.q_dim()], start + i);
+                    .apply(&mut q[i * cfg.q_dim()..][..cfg.q_dim()], pos);
                 self.rope
-                    .apply(&mut k[i * cfg.kv_dim()..][..cfg.kv_dim()], start + i);
+                    .apply(&mut k[i * cfg.kv_dim()..][..cfg.kv_dim()], pos);
             }
-            cache.append(l, &k, &v);
-            self.attention(cache, l, &q, start, &mut attn);
+            cache.write(slots, l, &k, &v)?;
+            self.attention(cache, l, placed, &q, &mut attn)?;
 
             input.invalidate();
             input.matmul(self.file, &layer.wo, &attn, n, &mut proj)?;
@@ -124,18 +151,25 @@ impl Forward<'_> {
             input.matmul(self.file, &layer.w_down, &gate, n, &mut proj)?;
             add_in_place(&mut x, &proj);
         }
-        cache.commit(n);
 
-        let rows = match logits {
-            Logits::Last => &x[(n - 1) * d..],
-            Logits::All => &x[..],
-        };
+        // Only the rows that produce logits go through the output norm and the LM head.
+        let mut rows = Vec::with_capacity(batch.n_logits() * d);
+        for chunk in &batch.chunks {
+            let wanted = match chunk.logits {
+                Logits::None => 0..0,
+                Logits::Last => chunk.start + chunk.len - 1..chunk.start + chunk.len,
+                Logits::All => chunk.start..chunk.start + chunk.len,
+            };
+            rows.extend_from_slice(&x[wanted.start * d..wanted.end * d]);
+        }
         let n_out = rows.len() / d;
-        let mut normed = vec![0.0; rows.len()];
-        rms_norm(rows, &self.weights.output_norm, cfg.rms_eps, &mut normed);
         let mut out = Vec::new();
-        input.invalidate();
-        input.matmul(self.file, &self.weights.output, &normed, n_out, &mut out)?;
+        if n_out > 0 {
+            let mut normed = vec![0.0; rows.len()];
+            rms_norm(&rows, &self.weights.output_norm, cfg.rms_eps, &mut normed);
+            input.invalidate();
+            input.matmul(self.file, &self.weights.output, &normed, n_out, &mut out)?;
+        }
         Ok(out)
     }
 
@@ -145,52 +179,55 @@ impl Forward<'_> {
         let bytes = table.bytes(self.file);
         let mut x = vec![0.0; tokens.len() * d];
         for (&id, row) in tokens.iter().zip(x.chunks_exact_mut(d)) {
-            if id as usize >= table.rows {
-                return Err(ModelError::TokenOutOfRange {
-                    id,
-                    n_vocab: table.rows,
-                });
-            }
             let src = &bytes[id as usize * row_bytes..][..row_bytes];
             tallow_quant::dequantize(table.ty, src, row)?;
         }
         Ok(x)
     }
 
-    /// Causal grouped-query attention of the `n` new tokens of `layer` (queries `q`, at
-    /// positions `start..`) over every cached position up to their own. Heads run in
-    /// parallel; each converts its KV head's history from f16 once for all its tokens.
-    fn attention(&self, cache: &KvCache, layer: usize, q: &[f32], start: usize, out: &mut [f32]) {
+    /// Causal grouped-query attention of every chunk's new tokens over their sequence's
+    /// cached positions up to their own. (chunk, head) pairs run in parallel; each reads its
+    /// KV head's history through the page table once for all the chunk's tokens.
+    fn attention(
+        &self,
+        cache: &PagedKvCache,
+        layer: usize,
+        placed: &[Placed<'_>],
+        q: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
         let cfg = self.config;
         let (hd, q_dim) = (cfg.head_dim, cfg.q_dim());
-        let n = q.len() / q_dim;
         let group = cfg.n_head / cfg.n_head_kv;
-        let mut per_head = vec![0.0f32; n * q_dim];
-        per_head.par_chunks_mut(n * hd).enumerate().for_each_init(
-            AttentionScratch::default,
-            |scratch, (head, head_out)| {
-                let n_pos = start + n;
-                cache.read_head(
-                    layer,
-                    head / group,
-                    n_pos,
-                    &mut scratch.keys,
-                    &mut scratch.values,
-                );
-                for (token, token_out) in head_out.chunks_exact_mut(hd).enumerate() {
-                    let q_head = &q[token * q_dim + head * hd..][..hd];
-                    let visible = (start + token + 1) * hd;
+        let tasks: Vec<(usize, usize)> = (0..placed.len())
+            .flat_map(|c| (0..cfg.n_head).map(move |head| (c, head)))
+            .collect();
+        let results: Vec<Vec<f32>> = tasks
+            .par_iter()
+            .map_init(AttentionScratch::default, |scratch, &(c, head)| {
+                let Placed { chunk, first_pos } = placed[c];
+                let n_pos = first_pos + chunk.len;
+                let (keys, values) = (&mut scratch.keys, &mut scratch.values);
+                cache.read_head_f32(chunk.seq, layer, head / group, n_pos, keys, values)?;
+                let mut head_out = vec![0.0; chunk.len * hd];
+                for (i, token_out) in head_out.chunks_exact_mut(hd).enumerate() {
+                    let q_head = &q[(chunk.start + i) * q_dim + head * hd..][..hd];
+                    let visible = (first_pos + i + 1) * hd;
                     let kv = (&scratch.keys[..visible], &scratch.values[..visible]);
                     attend(q_head, kv, &mut scratch.scores, token_out);
                 }
-            },
-        );
-        // per_head is [head][token][hd]; the output projection wants [token][head][hd].
-        for (head, head_rows) in per_head.chunks_exact(n * hd).enumerate() {
-            for (token, row) in head_rows.chunks_exact(hd).enumerate() {
-                out[token * q_dim + head * hd..][..hd].copy_from_slice(row);
+                Ok(head_out)
+            })
+            .collect::<Result<_, tallow_kv::KvError>>()?;
+        // Each result is [token][hd] for one (chunk, head); the output projection wants
+        // [token][head][hd].
+        for (&(c, head), head_out) in tasks.iter().zip(&results) {
+            let start = placed[c].chunk.start;
+            for (i, row) in head_out.chunks_exact(hd).enumerate() {
+                out[(start + i) * q_dim + head * hd..][..hd].copy_from_slice(row);
             }
         }
+        Ok(())
     }
 }
 
@@ -200,4 +237,39 @@ struct AttentionScratch {
     keys: Vec<f32>,
     values: Vec<f32>,
     scores: Vec<f32>,
+}
+
+/// Checks the batch's shape: chunks tile `tokens` in order, none is empty, and no sequence
+/// appears twice.
+fn check_batch(batch: &Batch) -> Result<(), ModelError> {
+    let bad = |reason: String| Err(ModelError::InvalidArgument(reason));
+    if batch.is_empty() {
+        return bad("no tokens to evaluate".into());
+    }
+    let mut next = 0;
+    let mut seen = HashSet::with_capacity(batch.chunks.len());
+    for chunk in &batch.chunks {
+        if chunk.len == 0 || chunk.start != next {
+            return bad(format!(
+                "chunk of sequence {} is empty or out of order",
+                chunk.seq
+            ));
+        }
+        if !seen.insert(chunk.seq) {
+            return bad(format!("sequence {} appears twice in one batch", chunk.seq));
+        }
+        next += chunk.len;
+    }
+    if next != batch.tokens.len() {
+        return bad("the chunks do not cover every token of the batch".into());
+    }
+    Ok(())
+}
+
+/// Takes back the positions a failed call reserved.
+fn rewind(cache: &mut PagedKvCache, placed: &[Placed<'_>]) {
+    for p in placed {
+        // The sequence exists and holds at least `first_pos` tokens, so this cannot fail.
+        let _ = cache.truncate(p.chunk.seq, p.first_pos);
+    }
 }

@@ -1,12 +1,13 @@
 //! Transformer architectures over GGUF weights: loading, the forward pass, its KV cache and
 //! sampling. Knows nothing of Python.
 
+mod batch;
 mod config;
 mod error;
 mod forward;
-mod kv_cache;
 mod ops;
 mod sampling;
+mod sequence;
 mod weights;
 
 use std::path::Path;
@@ -14,11 +15,12 @@ use std::path::Path;
 use tallow_gguf::GgufFile;
 use tallow_tokenizer::Tokenizer;
 
+pub use batch::{Batch, Logits, SeqChunk};
 pub use config::{ModelConfig, SUPPORTED_ARCHITECTURES};
 pub use error::ModelError;
-pub use forward::Logits;
-pub use kv_cache::KvCache;
 pub use sampling::{argmax, Sampler};
+pub use sequence::SingleSequence;
+pub use tallow_kv::{KvBudget, KvDtype, KvLayout, KvStats, PagedKvCache, SeqId};
 
 use forward::Forward;
 use ops::Rope;
@@ -70,30 +72,42 @@ impl Model {
         &self.file
     }
 
-    /// An empty KV cache for a sequence of at most `n_ctx` positions.
-    pub fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(&self.config, n_ctx)
+    /// The shape of this model's KV cache: f16 pages of 16 positions.
+    pub fn kv_layout(&self) -> KvLayout {
+        let c = &self.config;
+        KvLayout::new(c.n_layer, c.n_head_kv, c.head_dim)
     }
 
-    /// Evaluates `tokens` at the next positions of `cache`, appending them to it, and returns
-    /// the logits (`n_vocab` floats per requested position).
-    pub fn forward(
+    /// An empty paged KV cache of `layout` (from [`Model::kv_layout`], maybe with another page
+    /// size or dtype) holding as many pages as `budget` allows.
+    pub fn new_kv_cache(
         &self,
-        cache: &mut KvCache,
-        tokens: &[u32],
-        logits: Logits,
-    ) -> Result<Vec<f32>, ModelError> {
+        layout: KvLayout,
+        budget: KvBudget,
+    ) -> Result<PagedKvCache, ModelError> {
+        let own = self.kv_layout();
+        if (layout.n_layer, layout.n_head_kv, layout.head_dim)
+            != (own.n_layer, own.n_head_kv, own.head_dim)
+        {
+            return Err(ModelError::InvalidArgument(format!(
+                "a KV layout of {} layers x {} heads x {} does not fit this model",
+                layout.n_layer, layout.n_head_kv, layout.head_dim
+            )));
+        }
+        Ok(PagedKvCache::new(layout, budget)?)
+    }
+
+    /// Runs one ragged batch: every chunk's tokens at the next positions of its sequence in
+    /// `cache` (one matrix product per linear layer for all tokens of the batch). Returns the
+    /// logits the chunks ask for, `n_vocab` floats per row, chunk by chunk. On error the cache
+    /// is unchanged.
+    pub fn forward(&self, cache: &mut PagedKvCache, batch: &Batch) -> Result<Vec<f32>, ModelError> {
         let forward = Forward {
             file: &self.file,
             config: &self.config,
             weights: &self.weights,
             rope: &self.rope,
         };
-        let result = forward.run(cache, tokens, logits);
-        if result.is_err() {
-            // A failed call may have appended some layers; keep the cache consistent.
-            cache.truncate(cache.len());
-        }
-        result
+        forward.run(cache, batch)
     }
 }

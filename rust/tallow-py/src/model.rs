@@ -7,9 +7,9 @@ use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArray1, PyUntypedArray};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use tallow_gguf::Value;
-use tallow_model::{KvCache, Logits, ModelConfig};
+use tallow_model::{Logits, ModelConfig, SingleSequence};
 
-use crate::errors::{guard, invalid_argument, model_error};
+use crate::errors::{guard, model_error};
 
 /// A GGUF model loaded for inference: weights (memory-mapped), configuration and tokenizer.
 #[pyclass(module = "tallow._core", frozen)]
@@ -128,11 +128,8 @@ impl Model {
     }
 
     fn new_context(&self, n_ctx: usize) -> PyResult<Context> {
-        if n_ctx == 0 {
-            return Err(invalid_argument("n_ctx must be positive"));
-        }
         Ok(Context {
-            cache: self.inner.new_cache(n_ctx),
+            sequence: SingleSequence::new(&self.inner, n_ctx).map_err(model_error)?,
             model: self.inner.clone(),
         })
     }
@@ -174,19 +171,19 @@ fn value_to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny
 #[pyclass(module = "tallow._core")]
 pub struct Context {
     model: Arc<tallow_model::Model>,
-    cache: KvCache,
+    sequence: SingleSequence,
 }
 
 #[pymethods]
 impl Context {
     #[getter]
     fn n_ctx(&self) -> usize {
-        self.cache.n_ctx()
+        self.sequence.n_ctx()
     }
 
     #[getter]
     fn n_past(&self) -> usize {
-        self.cache.len()
+        self.sequence.len()
     }
 
     /// Evaluates `tokens` at the next positions and returns float32 logits: shape `(n_vocab,)`
@@ -203,9 +200,9 @@ impl Context {
         } else {
             Logits::Last
         };
-        let (model, cache) = (&self.model, &mut self.cache);
+        let (model, sequence) = (&self.model, &mut self.sequence);
         let logits =
-            py.detach(|| guard(|| model.forward(cache, &tokens, mode).map_err(model_error)))?;
+            py.detach(|| guard(|| sequence.eval(model, &tokens, mode).map_err(model_error)))?;
         let array = logits.into_pyarray(py);
         if all_logits {
             let shape = [tokens.len(), self.model.config().n_vocab];
@@ -217,12 +214,12 @@ impl Context {
 
     /// Forgets every position.
     fn reset(&mut self) {
-        self.cache.clear();
+        self.sequence.reset();
     }
 
     /// Keeps the first `n` positions.
     fn truncate(&mut self, n: usize) {
-        self.cache.truncate(n);
+        self.sequence.truncate(n);
     }
 }
 

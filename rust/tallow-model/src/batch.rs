@@ -1,0 +1,70 @@
+//! A ragged batch: the new tokens of several sequences, flattened into one forward call.
+
+use tallow_kv::SeqId;
+
+/// Which positions of a sequence's chunk produce logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// None (a prompt chunk that is not the last one).
+    None,
+    /// Only the chunk's last token (generation).
+    Last,
+    /// Every token of the chunk (perplexity, verification of proposed tokens).
+    All,
+}
+
+/// The tokens one sequence adds in a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqChunk {
+    pub seq: SeqId,
+    /// Offset of the chunk's first token in [`Batch::tokens`].
+    pub start: usize,
+    pub len: usize,
+    pub logits: Logits,
+}
+
+impl SeqChunk {
+    /// Rows of logits this chunk produces.
+    pub fn n_logits(&self) -> usize {
+        match self.logits {
+            Logits::None => 0,
+            Logits::Last => 1,
+            Logits::All => self.len,
+        }
+    }
+}
+
+/// The flattened tokens of several sequences (each at most once), with per-sequence chunks.
+/// Prompt chunks and single decode tokens mix freely.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub tokens: Vec<u32>,
+    pub chunks: Vec<SeqChunk>,
+}
+
+impl Batch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `tokens` as the next positions of `seq`.
+    pub fn push(&mut self, seq: SeqId, tokens: &[u32], logits: Logits) -> &mut Self {
+        self.chunks.push(SeqChunk {
+            seq,
+            start: self.tokens.len(),
+            len: tokens.len(),
+            logits,
+        });
+        self.tokens.extend_from_slice(tokens);
+        self
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Rows of logits the batch produces, in chunk order.
+    pub fn n_logits(&self) -> usize {
+        self.chunks.iter().map(SeqChunk::n_logits).sum()
+    }
+}

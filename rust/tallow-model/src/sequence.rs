@@ -1,0 +1,74 @@
+//! One sequence with a KV cache of its own: the simplest way to run a model (perplexity,
+//! one-request generation), built on the same batched forward and paged cache as the engine.
+
+use tallow_kv::{KvBudget, PagedKvCache, SeqId};
+
+use crate::batch::{Batch, Logits};
+use crate::error::ModelError;
+use crate::Model;
+
+pub struct SingleSequence {
+    cache: PagedKvCache,
+    seq: SeqId,
+    n_ctx: usize,
+}
+
+impl SingleSequence {
+    /// A sequence of at most `n_ctx` positions, with exactly the pages that many need.
+    pub fn new(model: &Model, n_ctx: usize) -> Result<Self, ModelError> {
+        if n_ctx == 0 {
+            return Err(ModelError::InvalidArgument("n_ctx must be positive".into()));
+        }
+        let layout = model.kv_layout();
+        let pages = layout.pages_for_tokens(n_ctx);
+        let mut cache = model.new_kv_cache(layout, KvBudget::Pages(pages))?;
+        let seq = cache.create();
+        Ok(SingleSequence { cache, seq, n_ctx })
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Positions evaluated so far.
+    pub fn len(&self) -> usize {
+        // The sequence is created with the cache and never freed.
+        self.cache.seq_len(self.seq).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Evaluates `tokens` at the next positions; returns the logits `logits` asks for.
+    pub fn eval(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let used = self.len();
+        if used + tokens.len() > self.n_ctx {
+            return Err(ModelError::ContextOverflow {
+                needed: tokens.len(),
+                used,
+                n_ctx: self.n_ctx,
+            });
+        }
+        let mut batch = Batch::new();
+        batch.push(self.seq, tokens, logits);
+        model.forward(&mut self.cache, &batch)
+    }
+
+    /// Keeps the first `n` positions.
+    pub fn truncate(&mut self, n: usize) {
+        let keep = n.min(self.len());
+        // `keep` is within the sequence, so truncation cannot fail.
+        let _ = self.cache.truncate(self.seq, keep);
+    }
+
+    /// Forgets every position.
+    pub fn reset(&mut self) {
+        self.truncate(0);
+    }
+}

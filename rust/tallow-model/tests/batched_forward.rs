@@ -1,0 +1,140 @@
+//! The batched forward over the paged KV cache, on the default model: a ragged batch gives
+//! every sequence the logits it gets alone, and failures leave the cache as it was.
+//!
+//! Needs the default model in the cache (`tallow pull`, which the test script runs first).
+
+use std::path::PathBuf;
+
+use tallow_model::{Batch, KvBudget, Logits, Model, ModelError, SingleSequence};
+
+fn model() -> Model {
+    let home = std::env::var_os("TALLOW_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/tallow"));
+    let path = home.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
+    Model::load(&path).unwrap_or_else(|e| panic!("{e} (run `tallow pull` first)"))
+}
+
+fn encode(model: &Model, text: &str) -> Vec<u32> {
+    model.tokenizer().encode(text, false, false)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn ragged_batch_matches_sequences_alone() {
+    let model = model();
+    let n_vocab = model.config().n_vocab;
+    let prompts = [
+        encode(&model, "The capital of France is"),
+        encode(&model, "def add(a, b):\n    return"),
+        encode(&model, "1, 2, 3, 4,"),
+    ];
+    // Alone: each prompt, then one more token, in its own single-sequence cache.
+    let mut alone = Vec::new();
+    for p in &prompts {
+        let mut s = SingleSequence::new(&model, 64).unwrap();
+        let prompt_logits = s.eval(&model, p, Logits::All).unwrap();
+        let next = s.eval(&model, &[42], Logits::Last).unwrap();
+        alone.push((prompt_logits, next));
+    }
+
+    let mut cache = model
+        .new_kv_cache(model.kv_layout().with_page_size(4), KvBudget::Pages(64))
+        .unwrap();
+    let seqs: Vec<_> = prompts.iter().map(|_| cache.create()).collect();
+    // Step 1: the first prompt whole, the second in two chunks (its first chunk now), the
+    // third not yet.
+    let split = prompts[1].len() / 2;
+    let mut batch = Batch::new();
+    batch.push(seqs[0], &prompts[0], Logits::All);
+    batch.push(seqs[1], &prompts[1][..split], Logits::None);
+    let out = model.forward(&mut cache, &batch).unwrap();
+    assert_eq!(out.len(), prompts[0].len() * n_vocab);
+    assert!(max_abs_diff(&out, &alone[0].0) < 1e-3);
+
+    // Step 2: a decode token for the first, the rest of the second prompt, the whole third.
+    let mut batch = Batch::new();
+    batch.push(seqs[0], &[42], Logits::Last);
+    batch.push(seqs[1], &prompts[1][split..], Logits::All);
+    batch.push(seqs[2], &prompts[2], Logits::Last);
+    let out = model.forward(&mut cache, &batch).unwrap();
+    let rows: Vec<&[f32]> = out.chunks_exact(n_vocab).collect();
+    assert_eq!(rows.len(), 1 + (prompts[1].len() - split) + 1);
+    assert!(max_abs_diff(rows[0], &alone[0].1) < 1e-3);
+    let second = &alone[1].0[split * n_vocab..];
+    assert!(max_abs_diff(&out[n_vocab..n_vocab + second.len()], second) < 1e-3);
+    let third_last = &alone[2].0[(prompts[2].len() - 1) * n_vocab..];
+    assert!(max_abs_diff(rows[rows.len() - 1], third_last) < 1e-3);
+    assert_eq!(cache.seq_len(seqs[1]).unwrap(), prompts[1].len());
+}
+
+#[test]
+fn failed_batches_leave_the_cache_unchanged() {
+    let model = model();
+    let mut cache = model
+        .new_kv_cache(model.kv_layout(), KvBudget::Pages(2))
+        .unwrap();
+    let (a, b) = (cache.create(), cache.create());
+    let mut batch = Batch::new();
+    batch.push(a, &[1, 2, 3], Logits::Last);
+    model.forward(&mut cache, &batch).unwrap();
+
+    // b needs more pages than are left: a's reservation in the same batch is undone.
+    let mut batch = Batch::new();
+    batch.push(a, &[4], Logits::Last);
+    batch.push(b, &[5; 40], Logits::Last);
+    let err = model.forward(&mut cache, &batch).unwrap_err();
+    assert!(matches!(err, ModelError::Kv(_)), "{err}");
+    assert_eq!(cache.seq_len(a).unwrap(), 3);
+    assert_eq!(cache.seq_len(b).unwrap(), 0);
+    assert_eq!(cache.stats().pages_used, 1);
+
+    // A bad token id is refused before anything is reserved.
+    let mut batch = Batch::new();
+    batch.push(a, &[u32::MAX], Logits::Last);
+    let err = model.forward(&mut cache, &batch).unwrap_err();
+    assert!(matches!(err, ModelError::TokenOutOfRange { .. }), "{err}");
+    assert_eq!(cache.seq_len(a).unwrap(), 3);
+
+    // Malformed batches: a sequence twice, an empty batch.
+    let mut batch = Batch::new();
+    batch
+        .push(a, &[1], Logits::Last)
+        .push(a, &[2], Logits::Last);
+    assert!(matches!(
+        model.forward(&mut cache, &batch),
+        Err(ModelError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        model.forward(&mut cache, &Batch::new()),
+        Err(ModelError::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn single_sequence_respects_its_context() {
+    let model = model();
+    let mut s = SingleSequence::new(&model, 8).unwrap();
+    s.eval(&model, &[1; 6], Logits::Last).unwrap();
+    let err = s.eval(&model, &[1; 3], Logits::Last).unwrap_err();
+    assert!(matches!(
+        err,
+        ModelError::ContextOverflow {
+            needed: 3,
+            used: 6,
+            n_ctx: 8
+        }
+    ));
+    s.truncate(2);
+    assert_eq!(s.len(), 2);
+    s.eval(&model, &[1; 6], Logits::Last).unwrap();
+    s.reset();
+    assert!(s.is_empty());
+}
