@@ -15,6 +15,7 @@ __all__ = [
     "Context",
     "GgufError",
     "InvalidArgumentError",
+    "KvCache",
     "Model",
     "ModelError",
     "ModelNotFoundError",
@@ -102,6 +103,71 @@ class Model:
         """A decoder that turns token ids into text one at a time."""
     def new_context(self, n_ctx: int) -> Context:
         """A new sequence with its own KV cache of ``n_ctx`` positions."""
+    def new_kv_cache(
+        self,
+        *,
+        page_size: int = 16,
+        dtype: str = "f16",
+        max_pages: int | None = None,
+        max_bytes: int | None = None,
+    ) -> KvCache:
+        """A paged KV pool shaped for this model (see :class:`KvCache`)."""
+    def forward(
+        self, cache: KvCache, batch: list[tuple[int, list[int], str]]
+    ) -> numpy.typing.NDArray[numpy.float32]:
+        """Run one ragged batch of ``(seq, tokens, logits)`` chunks.
+
+        Each chunk's ``tokens`` take the last ``len(tokens)`` positions reserved for ``seq``
+        (:meth:`KvCache.reserve`); ``logits`` is ``"none"``, ``"last"`` or ``"all"``. Returns
+        float32 logits of shape ``(rows, n_vocab)``, chunk by chunk.
+        """
+
+@final
+class KvCache:
+    """A pool of fixed-size KV pages shared by many sequences, with per-sequence page tables,
+    reference counts and copy-on-write. Pages are handed out in a deterministic (FIFO) order."""
+
+    def __new__(
+        cls,
+        n_layer: int,
+        n_head_kv: int,
+        head_dim: int,
+        *,
+        page_size: int = 16,
+        dtype: str = "f16",
+        max_pages: int | None = None,
+        max_bytes: int | None = None,
+    ) -> Self:
+        """A pool of ``max_pages`` pages, or as many as ``max_bytes`` holds (give one)."""
+    @property
+    def page_size(self) -> int:
+        """Tokens per page."""
+    @property
+    def n_pages(self) -> int:
+        """Pages in the pool."""
+    def create(self) -> int:
+        """A new, empty sequence (ids are never reused)."""
+    def fork(self, seq: int) -> int:
+        """A new sequence sharing every page of ``seq``."""
+    def free(self, seq: int) -> list[int]:
+        """End ``seq``; return the pages that became free."""
+    def truncate(self, seq: int, keep: int) -> list[int]:
+        """Keep the first ``keep`` positions of ``seq``; return the pages that became free."""
+    def pages_needed(self, seq: int, n: int) -> int:
+        """Pages that reserving ``n`` more positions of ``seq`` would take."""
+    def reserve(self, seq: int, n: int) -> None:
+        """Reserve the next ``n`` positions of ``seq`` (all or nothing; ModelError when the
+        pool runs out of pages)."""
+    def seq_len(self, seq: int) -> int:
+        """Positions reserved for ``seq``."""
+    def page_table(self, seq: int) -> list[int]:
+        """The pages of ``seq`` in position order."""
+    def free_pages(self) -> list[int]:
+        """The free pages, in the order they will be handed out."""
+    def stats(self) -> dict[str, float]:
+        """``pages_total``, ``pages_used``, ``pages_free``, ``pages_shared``,
+        ``tokens_stored``, ``seq_tokens``, ``n_sequences``, ``page_size`` and
+        ``utilization`` (tokens stored / slots of the pages in use)."""
 
 @final
 class StreamDecoder:

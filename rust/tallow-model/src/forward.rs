@@ -68,9 +68,10 @@ struct Placed<'a> {
 }
 
 impl Forward<'_> {
-    /// Runs every chunk of `batch` at the next positions of its sequence in `cache` and returns
-    /// the requested logits (`n_vocab` floats per row, chunk by chunk). On error the cache is
-    /// left as it was.
+    /// Runs every chunk of `batch` at the positions reserved for it: the last `len`
+    /// positions of its sequence in `cache` (see [`PagedKvCache::append_slots`]). Writes their
+    /// keys and values there and returns the requested logits (`n_vocab` floats per row, chunk
+    /// by chunk).
     pub fn run(&self, cache: &mut PagedKvCache, batch: &Batch) -> Result<Vec<f32>, ModelError> {
         check_batch(batch)?;
         let n_vocab = self.weights.token_embd.rows;
@@ -80,26 +81,19 @@ impl Forward<'_> {
         let mut placed = Vec::with_capacity(batch.chunks.len());
         let mut slots = Vec::with_capacity(batch.tokens.len());
         for chunk in &batch.chunks {
-            let reserved = cache.seq_len(chunk.seq).and_then(|first_pos| {
-                let new = cache.append_slots(chunk.seq, chunk.len)?;
-                Ok((first_pos, new))
-            });
-            match reserved {
-                Ok((first_pos, new)) => {
-                    placed.push(Placed { chunk, first_pos });
-                    slots.extend(new);
-                }
-                Err(err) => {
-                    rewind(cache, &placed);
-                    return Err(err.into());
-                }
+            let reserved = cache.seq_len(chunk.seq)?;
+            let Some(first_pos) = reserved.checked_sub(chunk.len) else {
+                return Err(ModelError::InvalidArgument(format!(
+                    "sequence {} has {reserved} positions reserved, fewer than its {} new tokens",
+                    chunk.seq, chunk.len
+                )));
+            };
+            for pos in first_pos..reserved {
+                slots.push(cache.sequences().slot(chunk.seq, pos)?);
             }
+            placed.push(Placed { chunk, first_pos });
         }
-        let result = self.layers(cache, batch, &placed, &slots);
-        if result.is_err() {
-            rewind(cache, &placed);
-        }
-        result
+        self.layers(cache, batch, &placed, &slots)
     }
 
     fn layers(
@@ -264,12 +258,4 @@ fn check_batch(batch: &Batch) -> Result<(), ModelError> {
         return bad("the chunks do not cover every token of the batch".into());
     }
     Ok(())
-}
-
-/// Takes back the positions a failed call reserved.
-fn rewind(cache: &mut PagedKvCache, placed: &[Placed<'_>]) {
-    for p in placed {
-        // The sequence exists and holds at least `first_pos` tokens, so this cannot fail.
-        let _ = cache.truncate(p.chunk.seq, p.first_pos);
-    }
 }

@@ -85,23 +85,34 @@ impl Model {
         layout: KvLayout,
         budget: KvBudget,
     ) -> Result<PagedKvCache, ModelError> {
+        self.check_kv_layout(&layout)?;
+        Ok(PagedKvCache::new(layout, budget)?)
+    }
+
+    fn check_kv_layout(&self, layout: &KvLayout) -> Result<(), ModelError> {
         let own = self.kv_layout();
         if (layout.n_layer, layout.n_head_kv, layout.head_dim)
             != (own.n_layer, own.n_head_kv, own.head_dim)
         {
             return Err(ModelError::InvalidArgument(format!(
-                "a KV layout of {} layers x {} heads x {} does not fit this model",
-                layout.n_layer, layout.n_head_kv, layout.head_dim
+                "a KV cache of {} layers x {} heads x {} does not fit this model ({} x {} x {})",
+                layout.n_layer,
+                layout.n_head_kv,
+                layout.head_dim,
+                own.n_layer,
+                own.n_head_kv,
+                own.head_dim
             )));
         }
-        Ok(PagedKvCache::new(layout, budget)?)
+        Ok(())
     }
 
-    /// Runs one ragged batch: every chunk's tokens at the next positions of its sequence in
-    /// `cache` (one matrix product per linear layer for all tokens of the batch). Returns the
-    /// logits the chunks ask for, `n_vocab` floats per row, chunk by chunk. On error the cache
-    /// is unchanged.
+    /// Runs one ragged batch (one matrix product per linear layer for all its tokens). Each
+    /// chunk's tokens take the last `len` positions reserved for its sequence in `cache`
+    /// ([`PagedKvCache::append_slots`]): the caller (the scheduler) decides which pages a step
+    /// writes. Returns the logits the chunks ask for, `n_vocab` floats per row, chunk by chunk.
     pub fn forward(&self, cache: &mut PagedKvCache, batch: &Batch) -> Result<Vec<f32>, ModelError> {
+        self.check_kv_layout(cache.layout())?;
         let forward = Forward {
             file: &self.file,
             config: &self.config,

@@ -57,7 +57,12 @@ impl SingleSequence {
         }
         let mut batch = Batch::new();
         batch.push(self.seq, tokens, logits);
-        model.forward(&mut self.cache, &batch)
+        self.cache.append_slots(self.seq, tokens.len())?;
+        let result = model.forward(&mut self.cache, &batch);
+        if result.is_err() {
+            self.truncate(used);
+        }
+        result
     }
 
     /// Keeps the first `n` positions.

@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 use tallow_gguf::GgufError;
+use tallow_kv::KvError;
 use tallow_model::ModelError;
 use tallow_quant::QuantError;
 
@@ -132,11 +133,21 @@ pub fn quant_error(err: QuantError) -> PyErr {
     }
 }
 
+/// Running out of pages is a state of the model's cache (`ModelError`); every other KV error
+/// is a caller's bad argument.
+pub fn kv_error(err: KvError) -> PyErr {
+    match err {
+        KvError::OutOfPages { .. } => raise(|e| &e.model, err.to_string()),
+        _ => raise(|e| &e.invalid_argument, err.to_string()),
+    }
+}
+
 pub fn model_error(err: ModelError) -> PyErr {
     let message = err.to_string();
     match err {
         ModelError::Gguf(err) => gguf_error(err),
         ModelError::Quant(err) => quant_error(err),
+        ModelError::Kv(err) => kv_error(err),
         ModelError::Tokenizer(_) => raise(|e| &e.tokenizer, message),
         ModelError::UnknownArchitecture(_) => raise(|e| &e.unsupported, message),
         ModelError::InvalidArgument(_) => raise(|e| &e.invalid_argument, message),

@@ -2,6 +2,7 @@
 //! lives here; every call that computes releases the GIL.
 
 mod errors;
+mod kv;
 mod model;
 
 use numpy::{IntoPyArray, PyArray1};
@@ -36,6 +37,7 @@ fn dequantize<'py>(
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_function(wrap_pyfunction!(dequantize, m)?)?;
+    m.add_class::<kv::KvCache>()?;
     m.add_class::<model::Model>()?;
     m.add_class::<model::Context>()?;
     m.add_class::<model::StreamDecoder>()?;

@@ -7,7 +7,9 @@ use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArray1, PyUntypedArray};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use tallow_gguf::Value;
-use tallow_model::{Logits, ModelConfig, SingleSequence};
+use tallow_model::{Batch, Logits, ModelConfig, SeqId, SingleSequence};
+
+use crate::kv::KvCache;
 
 use crate::errors::{guard, model_error};
 
@@ -132,6 +134,58 @@ impl Model {
             sequence: SingleSequence::new(&self.inner, n_ctx).map_err(model_error)?,
             model: self.inner.clone(),
         })
+    }
+
+    /// A KV pool shaped for this model (see `KvCache`).
+    #[pyo3(signature = (*, page_size = 16, dtype = "f16", max_pages = None, max_bytes = None))]
+    fn new_kv_cache(
+        &self,
+        page_size: usize,
+        dtype: &str,
+        max_pages: Option<usize>,
+        max_bytes: Option<u64>,
+    ) -> PyResult<KvCache> {
+        let c = self.config();
+        KvCache::create_pool(
+            (c.n_layer, c.n_head_kv, c.head_dim),
+            page_size,
+            dtype,
+            max_pages,
+            max_bytes,
+        )
+    }
+
+    /// Runs one ragged batch: `(seq, tokens, logits)` per sequence, where `tokens` take the last
+    /// `len(tokens)` positions reserved for `seq` in `cache` and `logits` is `"none"`, `"last"`
+    /// or `"all"`. Returns float32 logits of shape `(rows, n_vocab)`, chunk by chunk.
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        mut cache: PyRefMut<'_, KvCache>,
+        batch: Vec<(u64, Vec<u32>, String)>,
+    ) -> PyResult<Bound<'py, PyUntypedArray>> {
+        let mut flat = Batch::new();
+        for (seq, tokens, logits) in &batch {
+            let logits = match logits.as_str() {
+                "none" => Logits::None,
+                "last" => Logits::Last,
+                "all" => Logits::All,
+                other => {
+                    return Err(crate::errors::invalid_argument(format!(
+                        "logits must be 'none', 'last' or 'all', got {other:?}"
+                    )))
+                }
+            };
+            flat.push(SeqId(*seq), tokens, logits);
+        }
+        let (model, pool) = (&self.inner, &mut cache.inner);
+        let logits = py.detach(|| guard(|| model.forward(pool, &flat).map_err(model_error)))?;
+        let rows = flat.n_logits();
+        let array = logits.into_pyarray(py);
+        Ok(array
+            .reshape([rows, self.config().n_vocab])?
+            .as_untyped()
+            .clone())
     }
 
     fn __repr__(&self) -> String {

@@ -1,0 +1,162 @@
+//! `KvCache`: the paged KV pool, shared by every sequence an engine runs. The scheduler
+//! (Python) reserves positions in it; `Model.forward` writes and reads them.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tallow_kv::{KvBudget, KvDtype, KvLayout, PagedKvCache, SeqId};
+
+use crate::errors::{invalid_argument, kv_error};
+
+#[pyclass(module = "tallow._core")]
+pub struct KvCache {
+    pub(crate) inner: PagedKvCache,
+}
+
+fn page_ids(pages: Vec<tallow_kv::PageId>) -> Vec<u32> {
+    pages.into_iter().map(|p| p.0).collect()
+}
+
+impl KvCache {
+    /// The pool for `(n_layer, n_head_kv, head_dim)`; shared by the constructor and
+    /// `Model.new_kv_cache`.
+    pub(crate) fn create_pool(
+        (n_layer, n_head_kv, head_dim): (usize, usize, usize),
+        page_size: usize,
+        dtype: &str,
+        max_pages: Option<usize>,
+        max_bytes: Option<u64>,
+    ) -> PyResult<Self> {
+        let dtype = match dtype {
+            "f16" => KvDtype::F16,
+            "f32" => KvDtype::F32,
+            other => {
+                return Err(invalid_argument(format!(
+                    "dtype must be 'f16' or 'f32', got {other:?}"
+                )))
+            }
+        };
+        let budget = match (max_pages, max_bytes) {
+            (Some(pages), None) => KvBudget::Pages(pages),
+            (None, Some(bytes)) => KvBudget::Bytes(bytes),
+            _ => {
+                return Err(invalid_argument(
+                    "give exactly one of max_pages and max_bytes",
+                ))
+            }
+        };
+        let layout = KvLayout::new(n_layer, n_head_kv, head_dim)
+            .with_page_size(page_size)
+            .with_dtype(dtype);
+        let inner = PagedKvCache::new(layout, budget).map_err(kv_error)?;
+        Ok(KvCache { inner })
+    }
+}
+
+#[pymethods]
+impl KvCache {
+    /// A pool for a model of `n_layer` layers with `n_head_kv` KV heads of `head_dim`, holding
+    /// `max_pages` pages or as many as `max_bytes` allows (exactly one of the two).
+    #[new]
+    #[pyo3(signature = (n_layer, n_head_kv, head_dim, *, page_size = 16, dtype = "f16", max_pages = None, max_bytes = None))]
+    fn new(
+        n_layer: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        page_size: usize,
+        dtype: &str,
+        max_pages: Option<usize>,
+        max_bytes: Option<u64>,
+    ) -> PyResult<Self> {
+        Self::create_pool(
+            (n_layer, n_head_kv, head_dim),
+            page_size,
+            dtype,
+            max_pages,
+            max_bytes,
+        )
+    }
+
+    /// Tokens per page.
+    #[getter]
+    fn page_size(&self) -> usize {
+        self.inner.layout().page_size
+    }
+
+    /// Pages in the pool.
+    #[getter]
+    fn n_pages(&self) -> usize {
+        self.inner.stats().pages_total
+    }
+
+    /// A new, empty sequence.
+    fn create(&mut self) -> u64 {
+        self.inner.create().0
+    }
+
+    /// A new sequence sharing every page of `seq`.
+    fn fork(&mut self, seq: u64) -> PyResult<u64> {
+        Ok(self.inner.fork(SeqId(seq)).map_err(kv_error)?.0)
+    }
+
+    /// Ends `seq`; returns the pages that became free.
+    fn free(&mut self, seq: u64) -> PyResult<Vec<u32>> {
+        Ok(page_ids(self.inner.free(SeqId(seq)).map_err(kv_error)?))
+    }
+
+    /// Keeps the first `keep` positions of `seq`; returns the pages that became free.
+    fn truncate(&mut self, seq: u64, keep: usize) -> PyResult<Vec<u32>> {
+        Ok(page_ids(
+            self.inner.truncate(SeqId(seq), keep).map_err(kv_error)?,
+        ))
+    }
+
+    /// Pages that reserving `n` more positions of `seq` would take (copy-on-write included).
+    fn pages_needed(&self, seq: u64, n: usize) -> PyResult<usize> {
+        self.inner.pages_needed(SeqId(seq), n).map_err(kv_error)
+    }
+
+    /// Reserves the next `n` positions of `seq` (all or nothing).
+    fn reserve(&mut self, seq: u64, n: usize) -> PyResult<()> {
+        self.inner
+            .append_slots(SeqId(seq), n)
+            .map(drop)
+            .map_err(kv_error)
+    }
+
+    /// Positions reserved for `seq`.
+    fn seq_len(&self, seq: u64) -> PyResult<usize> {
+        self.inner.seq_len(SeqId(seq)).map_err(kv_error)
+    }
+
+    /// The pages of `seq`, in position order.
+    fn page_table(&self, seq: u64) -> PyResult<Vec<u32>> {
+        let pages = self.inner.page_table(SeqId(seq)).map_err(kv_error)?;
+        Ok(pages.iter().map(|p| p.0).collect())
+    }
+
+    /// The free pages, in the order they will be handed out.
+    fn free_pages(&self) -> Vec<u32> {
+        let allocator = self.inner.sequences().allocator();
+        allocator.free_pages().map(|p| p.0).collect()
+    }
+
+    /// Pages total / used / free / shared, tokens stored, sequences and slot utilization.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let dict = PyDict::new(py);
+        for (key, value) in [
+            ("pages_total", s.pages_total),
+            ("pages_used", s.pages_used),
+            ("pages_free", s.pages_free),
+            ("pages_shared", s.pages_shared),
+            ("tokens_stored", s.tokens_stored),
+            ("seq_tokens", s.seq_tokens),
+            ("n_sequences", s.n_sequences),
+            ("page_size", s.page_size),
+        ] {
+            dict.set_item(key, value)?;
+        }
+        dict.set_item("utilization", s.utilization())?;
+        Ok(dict)
+    }
+}

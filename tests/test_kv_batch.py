@@ -1,0 +1,62 @@
+"""The paged KV pool and the batched forward through the extension module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tallow
+from tallow import _core
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path: Path) -> _core.Model:
+    return _core.Model(str(smollm2_path))
+
+
+def test_pool_hands_out_pages_in_order() -> None:
+    kv = _core.KvCache(1, 1, 8, page_size=4, max_pages=5)
+    assert (kv.page_size, kv.n_pages) == (4, 5)
+    a, b = kv.create(), kv.create()
+    kv.reserve(a, 6)
+    kv.reserve(b, 1)
+    assert kv.page_table(a) == [0, 1]
+    assert kv.page_table(b) == [2]
+    assert kv.free_pages() == [3, 4]
+    assert kv.pages_needed(b, 8) == 2
+    with pytest.raises(tallow.ModelError, match="pages"):
+        kv.reserve(b, 12)
+    assert kv.seq_len(b) == 1
+    assert kv.free(a) == [1, 0]
+    assert kv.free_pages() == [3, 4, 1, 0]
+    stats = kv.stats()
+    assert (stats["pages_used"], stats["tokens_stored"], stats["n_sequences"]) == (1, 1, 1)
+    assert stats["utilization"] == pytest.approx(0.25)
+    with pytest.raises(tallow.InvalidArgumentError):
+        kv.seq_len(a)
+    with pytest.raises(tallow.InvalidArgumentError):
+        _core.KvCache(1, 1, 8, max_pages=4, max_bytes=10**6)
+
+
+def test_batched_forward_matches_one_sequence_at_a_time(model: _core.Model) -> None:
+    prompts = [
+        model.tokenize("Hello, my name is", False, False),
+        model.tokenize("for i in range(10):", False, False),
+    ]
+    alone = [model.new_context(32).eval(p) for p in prompts]
+    kv = model.new_kv_cache(max_pages=8)
+    seqs = [kv.create() for _ in prompts]
+    for seq, p in zip(seqs, prompts, strict=True):
+        kv.reserve(seq, len(p))
+    logits = model.forward(kv, [(s, p, "last") for s, p in zip(seqs, prompts, strict=True)])
+    assert logits.shape == (2, model.n_vocab)
+    for row, expected in zip(logits, alone, strict=True):
+        np.testing.assert_allclose(row, expected, rtol=0, atol=1e-3)
+    with pytest.raises(tallow.InvalidArgumentError, match="reserved"):
+        model.forward(kv, [(seqs[0], [1] * 20, "last")])
+    with pytest.raises(tallow.InvalidArgumentError, match="logits"):
+        model.forward(kv, [(seqs[0], [1], "first")])
+    with pytest.raises(tallow.InvalidArgumentError, match="does not fit"):
+        model.forward(_core.KvCache(2, 1, 8, max_pages=4), [(0, [1], "last")])
