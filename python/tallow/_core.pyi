@@ -25,6 +25,7 @@ __all__ = [
     "TokenizerError",
     "UnsupportedError",
     "dequantize",
+    "sample_batch",
 ]
 
 class TallowError(Exception):
@@ -203,10 +204,34 @@ class Context:
 
 @final
 class Sampler:
-    """Picks the next token from a logits row."""
+    """Picks the next token from a logits row for one request."""
 
-    def __new__(cls, temperature: float, top_k: int, top_p: float, seed: int | None = None) -> Self:
-        """``temperature`` 0 means greedy (argmax); ``top_k`` 0 and ``top_p`` 1.0 are off;
-        ``seed`` None draws a random seed."""
+    def __new__(
+        cls,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        seed: int | None = None,
+        *,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        logit_bias: dict[int, float] | None = None,
+        top_logprobs: int = 0,
+    ) -> Self:
+        """``temperature`` 0 means greedy (argmax); ``top_k`` 0, ``top_p`` 1.0 and ``min_p``
+        0 are off; ``seed`` None draws a random seed. Penalties apply to tokens this sampler
+        has produced or been given with :meth:`accept`; ``logit_bias`` is added to the logits
+        of its tokens (``-inf`` bans one)."""
     def sample(self, logits: numpy.typing.NDArray[numpy.float32]) -> int:
-        """The sampled token id."""
+        """The sampled token id (remembered for the penalties)."""
+    def accept(self, tokens: list[int]) -> None:
+        """Remember tokens for the penalties without sampling (e.g. the prompt)."""
+
+def sample_batch(
+    samplers: list[Sampler], logits: numpy.typing.NDArray[numpy.float32]
+) -> list[tuple[int, float, list[tuple[int, float]]]]:
+    """Sample row ``i`` of ``logits`` (shape ``(len(samplers), n_vocab)``) with
+    ``samplers[i]``, all rows in parallel. Returns ``(token, logprob, top_logprobs)`` per row:
+    log probabilities of the raw logits, the most likely tokens first."""

@@ -18,7 +18,7 @@ use tallow_tokenizer::Tokenizer;
 pub use batch::{Batch, Logits, SeqChunk};
 pub use config::{ModelConfig, SUPPORTED_ARCHITECTURES};
 pub use error::ModelError;
-pub use sampling::{argmax, Sampler};
+pub use sampling::{argmax, sample_batch, Sampled, Sampler, SamplingParams};
 pub use sequence::SingleSequence;
 pub use tallow_kv::{KvBudget, KvDtype, KvLayout, KvStats, PagedKvCache, SeqId};
 

@@ -1,87 +1,248 @@
-//! Choosing the next token from logits: greedy, or sampling with temperature, top-k and top-p.
+//! Choosing the next token from logits, per request: penalties and logit bias, then greedy
+//! or seeded sampling with temperature, top-k, top-p and min-p; optionally the log
+//! probabilities of the chosen and the most likely tokens. A batch of rows is sampled in
+//! parallel, each row with its own request's parameters and random state, so a request's
+//! output does not depend on what else is in the batch.
+
+use std::collections::HashMap;
+
+use rayon::prelude::*;
 
 use crate::error::ModelError;
 
-/// Sampling parameters and the random state of one request.
+/// How one request picks its tokens. The defaults change nothing: greedy, no filters, no
+/// penalties.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 is greedy (argmax).
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p`; 1 keeps
+    /// all.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; 0 keeps all.
+    pub min_p: f32,
+    /// Divides positive (multiplies negative) logits of tokens seen before; 1 is off.
+    pub repetition_penalty: f32,
+    /// Subtracted from a logit once per earlier occurrence of its token.
+    pub frequency_penalty: f32,
+    /// Subtracted from the logit of every token that occurred before.
+    pub presence_penalty: f32,
+    /// Added to the logits of the given tokens (-inf bans a token).
+    pub logit_bias: Vec<(u32, f32)>,
+    pub seed: u64,
+    /// How many of the most likely tokens to report with their log probabilities.
+    pub top_logprobs: usize,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
+            seed: 0,
+            top_logprobs: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    fn validate(&self) -> Result<(), ModelError> {
+        let bad = |what: String| Err(ModelError::InvalidArgument(what));
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(format!(
+                "temperature must be a finite number >= 0, got {}",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad(format!(
+                "repetition_penalty must be a finite number > 0, got {}",
+                self.repetition_penalty
+            ));
+        }
+        for (name, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !v.is_finite() {
+                return bad(format!("{name} must be finite, got {v}"));
+            }
+        }
+        if let Some((id, b)) = self.logit_bias.iter().find(|(_, b)| b.is_nan()) {
+            return bad(format!("logit_bias for token {id} is NaN ({b})"));
+        }
+        Ok(())
+    }
+}
+
+/// The outcome of sampling one row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    /// Log probability of `token` under the model (log-softmax of the raw logits).
+    pub logprob: f32,
+    /// The `top_logprobs` most likely tokens and their log probabilities, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Sampling parameters, random state and token history of one request.
 #[derive(Debug, Clone)]
 pub struct Sampler {
-    temperature: f32,
-    top_k: usize,
-    top_p: f32,
+    params: SamplingParams,
     rng: Xoshiro256,
+    /// Occurrences of each token so far (for the penalties).
+    counts: HashMap<u32, u32>,
 }
 
 impl Sampler {
-    /// `temperature` 0 means greedy (argmax); `top_k` 0 and `top_p` 1 switch those filters off.
-    pub fn new(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> Result<Self, ModelError> {
-        if !(temperature >= 0.0 && temperature.is_finite()) {
-            return Err(ModelError::InvalidArgument(format!(
-                "temperature must be a finite number >= 0, got {temperature}"
-            )));
-        }
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ModelError::InvalidArgument(format!(
-                "top_p must be in (0, 1], got {top_p}"
-            )));
-        }
+    pub fn new(params: SamplingParams) -> Result<Self, ModelError> {
+        params.validate()?;
         Ok(Sampler {
-            temperature,
-            top_k,
-            top_p,
-            rng: Xoshiro256::seeded(seed),
+            rng: Xoshiro256::seeded(params.seed),
+            params,
+            counts: HashMap::new(),
         })
     }
 
-    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, ModelError> {
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Records tokens for the penalties (the generated ones; prompt tokens too if wanted).
+    pub fn accept(&mut self, tokens: &[u32]) {
+        for &t in tokens {
+            *self.counts.entry(t).or_insert(0) += 1;
+        }
+    }
+
+    /// Picks a token from one row of logits and records it.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<Sampled, ModelError> {
         if logits.is_empty() {
             return Err(ModelError::InvalidArgument(
                 "no logits to sample from".into(),
             ));
         }
-        if self.temperature == 0.0 {
-            return Ok(argmax(logits));
+        let p = &self.params;
+        let mut adjusted = logits.to_vec();
+        for (&token, &count) in &self.counts {
+            let Some(l) = adjusted.get_mut(token as usize) else {
+                continue;
+            };
+            if p.repetition_penalty != 1.0 {
+                *l = if *l > 0.0 {
+                    *l / p.repetition_penalty
+                } else {
+                    *l * p.repetition_penalty
+                };
+            }
+            *l -= count as f32 * p.frequency_penalty + p.presence_penalty;
         }
+        for &(token, bias) in &p.logit_bias {
+            if let Some(l) = adjusted.get_mut(token as usize) {
+                *l += bias;
+            }
+        }
+        let token = if p.temperature == 0.0 {
+            argmax(&adjusted)
+        } else {
+            self.draw(&adjusted)?
+        };
+        self.accept(&[token]);
+        let (logprob, top) = logprobs(logits, token, self.params.top_logprobs);
+        Ok(Sampled {
+            token,
+            logprob,
+            top,
+        })
+    }
+
+    /// Seeded draw after temperature, top-k, min-p and top-p.
+    fn draw(&mut self, logits: &[f32]) -> Result<u32, ModelError> {
+        let p = &self.params;
         let mut candidates: Vec<(f32, u32)> = logits
             .iter()
             .enumerate()
-            .filter(|(_, l)| !l.is_nan())
-            .map(|(i, &l)| (l / self.temperature, i as u32))
+            .filter(|(_, l)| !l.is_nan() && **l != f32::NEG_INFINITY)
+            .map(|(i, &l)| (l / p.temperature, i as u32))
             .collect();
         if candidates.is_empty() {
-            return Err(ModelError::InvalidArgument("every logit is NaN".into()));
+            return Err(ModelError::InvalidArgument(
+                "every token is banned or NaN".into(),
+            ));
         }
         let by_logit_desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0);
-        if self.top_k > 0 && self.top_k < candidates.len() {
-            candidates.select_nth_unstable_by(self.top_k - 1, by_logit_desc);
-            candidates.truncate(self.top_k);
+        if p.top_k > 0 && p.top_k < candidates.len() {
+            candidates.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
+            candidates.truncate(p.top_k);
         }
         candidates.sort_unstable_by(by_logit_desc);
 
         let max = candidates[0].0;
         let mut probs: Vec<f32> = candidates.iter().map(|c| (c.0 - max).exp()).collect();
         let total: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= total);
-        if self.top_p < 1.0 {
+        probs.iter_mut().for_each(|q| *q /= total);
+        if p.min_p > 0.0 {
+            // probs[0] is the most likely token's probability.
+            let floor = p.min_p * probs[0];
+            let keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
+            probs.truncate(keep);
+        }
+        if p.top_p < 1.0 {
             let mut cumulative = 0.0;
             let keep = probs
                 .iter()
-                .position(|p| {
-                    cumulative += p;
-                    cumulative >= self.top_p
+                .position(|q| {
+                    cumulative += q;
+                    cumulative >= p.top_p
                 })
                 .map_or(probs.len(), |i| i + 1);
             probs.truncate(keep);
         }
         let total: f32 = probs.iter().sum();
         let mut target = self.rng.next_f32() * total;
-        for (p, c) in probs.iter().zip(&candidates) {
-            if target < *p {
+        for (q, c) in probs.iter().zip(&candidates) {
+            if target < *q {
                 return Ok(c.1);
             }
-            target -= p;
+            target -= q;
         }
         Ok(candidates[probs.len() - 1].1)
     }
+}
+
+/// Samples every row of `logits` (`samplers.len()` rows of `n_vocab`) with its own sampler,
+/// in parallel.
+pub fn sample_batch(
+    samplers: &mut [&mut Sampler],
+    logits: &[f32],
+    n_vocab: usize,
+) -> Result<Vec<Sampled>, ModelError> {
+    if n_vocab == 0 || logits.len() != samplers.len() * n_vocab {
+        return Err(ModelError::InvalidArgument(format!(
+            "{} logits are not {} rows of {n_vocab}",
+            logits.len(),
+            samplers.len()
+        )));
+    }
+    samplers
+        .par_iter_mut()
+        .zip(logits.par_chunks_exact(n_vocab))
+        .map(|(sampler, row)| sampler.sample(row))
+        .collect()
 }
 
 /// Index of the largest logit (the first one on ties), ignoring NaN.
@@ -93,6 +254,32 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// The log probability of `token` and the `n` most likely tokens with theirs, from raw logits.
+fn logprobs(logits: &[f32], token: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_total = max
+        + logits
+            .iter()
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
+    let mut top: Vec<(u32, f32)> = Vec::new();
+    if n > 0 {
+        let mut indexed: Vec<(f32, u32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (l, i as u32))
+            .collect();
+        let n = n.min(indexed.len());
+        let by_desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        indexed.select_nth_unstable_by(n - 1, by_desc);
+        indexed.truncate(n);
+        indexed.sort_unstable_by(by_desc);
+        top = indexed.iter().map(|&(l, i)| (i, l - log_total)).collect();
+    }
+    (logits[token as usize] - log_total, top)
 }
 
 /// xoshiro256** seeded through splitmix64: small, fast and reproducible across platforms.
@@ -135,31 +322,60 @@ impl Xoshiro256 {
 mod tests {
     use super::*;
 
+    fn sampler(params: SamplingParams) -> Sampler {
+        Sampler::new(params).unwrap()
+    }
+
+    fn sampling(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> Sampler {
+        sampler(SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            ..SamplingParams::default()
+        })
+    }
+
+    fn counts(s: &mut Sampler, logits: &[f32], n: usize) -> Vec<usize> {
+        let mut seen = vec![0; logits.len()];
+        for _ in 0..n {
+            seen[s.sample(logits).unwrap().token as usize] += 1;
+        }
+        seen
+    }
+
     #[test]
     fn greedy_takes_the_first_maximum() {
-        let mut s = Sampler::new(0.0, 0, 1.0, 1).unwrap();
-        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 3.0]).unwrap(), 1);
+        let mut s = sampling(0.0, 0, 1.0, 1);
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 3.0]).unwrap().token, 1);
         assert_eq!(argmax(&[f32::NAN, 1.0, 0.5]), 1);
     }
 
     #[test]
     fn top_k_one_is_greedy() {
-        let mut s = Sampler::new(1.5, 1, 1.0, 7).unwrap();
-        for _ in 0..50 {
-            assert_eq!(s.sample(&[0.0, 0.2, 5.0, 4.9]).unwrap(), 2);
-        }
+        let mut s = sampling(1.5, 1, 1.0, 7);
+        assert_eq!(counts(&mut s, &[0.0, 0.2, 5.0, 4.9], 50), [0, 0, 50, 0]);
     }
 
     #[test]
     fn top_p_drops_the_tail() {
         // probabilities ~[0.64, 0.24, 0.09, 0.03]: top_p 0.8 keeps the first two
-        let logits = [3.0, 2.0, 1.0, 0.0];
-        let mut s = Sampler::new(1.0, 0, 0.8, 3).unwrap();
-        let mut seen = [0usize; 4];
-        for _ in 0..2000 {
-            seen[s.sample(&logits).unwrap() as usize] += 1;
-        }
+        let seen = counts(&mut sampling(1.0, 0, 0.8, 3), &[3.0, 2.0, 1.0, 0.0], 2000);
         assert!(seen[0] > 1300 && seen[1] > 300, "{seen:?}");
+        assert_eq!(seen[2] + seen[3], 0, "{seen:?}");
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens() {
+        // relative probabilities 1, e^-1 = 0.37, e^-2 = 0.14, e^-3 = 0.05: min_p 0.2 keeps two
+        let mut s = sampler(SamplingParams {
+            temperature: 1.0,
+            min_p: 0.2,
+            seed: 9,
+            ..SamplingParams::default()
+        });
+        let seen = counts(&mut s, &[3.0, 2.0, 1.0, 0.0], 2000);
+        assert!(seen[0] > 0 && seen[1] > 0, "{seen:?}");
         assert_eq!(seen[2] + seen[3], 0, "{seen:?}");
     }
 
@@ -167,12 +383,8 @@ mod tests {
     fn frequencies_follow_the_softmax() {
         let logits = [1.0f32, 0.0, 2.0];
         let total: f32 = logits.iter().map(|l| l.exp()).sum();
-        let mut s = Sampler::new(1.0, 0, 1.0, 11).unwrap();
         let n = 20_000;
-        let mut seen = [0usize; 3];
-        for _ in 0..n {
-            seen[s.sample(&logits).unwrap() as usize] += 1;
-        }
+        let seen = counts(&mut sampling(1.0, 0, 1.0, 11), &logits, n);
         for (i, &l) in logits.iter().enumerate() {
             let expected = l.exp() / total;
             let got = seen[i] as f32 / n as f32;
@@ -184,12 +396,105 @@ mod tests {
     }
 
     #[test]
+    fn penalties_and_bias_change_greedy_choices() {
+        let logits = [2.0, 1.5, -1.0];
+        let mut s = sampler(SamplingParams {
+            presence_penalty: 1.0,
+            ..SamplingParams::default()
+        });
+        // 0 wins, then is penalised below 1, then 1 is penalised too and 0 wins again.
+        let picks: Vec<u32> = (0..3).map(|_| s.sample(&logits).unwrap().token).collect();
+        assert_eq!(picks, [0, 1, 0]);
+
+        let mut s = sampler(SamplingParams {
+            frequency_penalty: 0.3,
+            ..SamplingParams::default()
+        });
+        let picks: Vec<u32> = (0..3).map(|_| s.sample(&logits).unwrap().token).collect();
+        assert_eq!(picks, [0, 0, 1]); // 2.0 -> 1.7 -> 1.4 < 1.5
+
+        let mut s = sampler(SamplingParams {
+            repetition_penalty: 2.0,
+            ..SamplingParams::default()
+        });
+        s.accept(&[0]);
+        assert_eq!(s.sample(&logits).unwrap().token, 1); // 2.0 / 2 = 1.0 < 1.5
+
+        let mut s = sampler(SamplingParams {
+            logit_bias: vec![(2, 5.0), (0, f32::NEG_INFINITY)],
+            ..SamplingParams::default()
+        });
+        assert_eq!(s.sample(&logits).unwrap().token, 2);
+    }
+
+    #[test]
+    fn banned_tokens_are_never_sampled() {
+        let mut s = sampler(SamplingParams {
+            temperature: 1.0,
+            logit_bias: vec![(0, f32::NEG_INFINITY)],
+            seed: 4,
+            ..SamplingParams::default()
+        });
+        assert_eq!(counts(&mut s, &[5.0, 0.0, 0.0], 500)[0], 0);
+    }
+
+    #[test]
+    fn logprobs_are_log_softmax_of_the_raw_logits() {
+        let logits = [1.0f32, 3.0, 2.0];
+        let lse = logits.iter().map(|l| l.exp()).sum::<f32>().ln();
+        let mut s = sampler(SamplingParams {
+            top_logprobs: 2,
+            ..SamplingParams::default()
+        });
+        let out = s.sample(&logits).unwrap();
+        assert_eq!(out.token, 1);
+        assert!((out.logprob - (3.0 - lse)).abs() < 1e-6);
+        assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 2]);
+        assert!((out.top[1].1 - (2.0 - lse)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_request_samples_the_same_whatever_else_is_in_the_batch() {
+        let n_vocab = 50;
+        let row = |k: usize| -> Vec<f32> {
+            (0..n_vocab)
+                .map(|i| ((i * 7 + k * 3) as f32 * 0.13).sin())
+                .collect()
+        };
+        let params = |seed| SamplingParams {
+            temperature: 0.9,
+            top_k: 20,
+            seed,
+            ..SamplingParams::default()
+        };
+        let mut alone = Sampler::new(params(42)).unwrap();
+        let solo: Vec<u32> = (0..10)
+            .map(|_| alone.sample(&row(0)).unwrap().token)
+            .collect();
+
+        let mut a = Sampler::new(params(42)).unwrap();
+        let mut others: Vec<Sampler> = (0..5).map(|s| Sampler::new(params(s)).unwrap()).collect();
+        let mut batched = Vec::new();
+        for _ in 0..10 {
+            let mut rows = row(0);
+            for k in 1..=others.len() {
+                rows.extend(row(k));
+            }
+            let mut all: Vec<&mut Sampler> = std::iter::once(&mut a).collect();
+            all.extend(others.iter_mut());
+            batched.push(sample_batch(&mut all, &rows, n_vocab).unwrap()[0].token);
+        }
+        assert_eq!(solo, batched);
+        assert!(sample_batch(&mut [&mut a], &row(0)[..10], n_vocab).is_err());
+    }
+
+    #[test]
     fn same_seed_same_choices() {
         let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
-            let mut s = Sampler::new(0.9, 40, 0.95, seed).unwrap();
+            let mut s = sampling(0.9, 40, 0.95, seed);
             (0..20)
-                .map(|_| s.sample(&logits).unwrap())
+                .map(|_| s.sample(&logits).unwrap().token)
                 .collect::<Vec<_>>()
         };
         assert_eq!(run(5), run(5));
@@ -198,9 +503,19 @@ mod tests {
 
     #[test]
     fn bad_parameters_are_rejected() {
-        assert!(Sampler::new(-1.0, 0, 1.0, 0).is_err());
-        assert!(Sampler::new(f32::NAN, 0, 1.0, 0).is_err());
-        assert!(Sampler::new(1.0, 0, 0.0, 0).is_err());
-        assert!(Sampler::new(1.0, 0, 1.5, 0).is_err());
+        let with = |f: fn(&mut SamplingParams)| {
+            let mut p = SamplingParams::default();
+            f(&mut p);
+            Sampler::new(p).is_err()
+        };
+        assert!(with(|p| p.temperature = -1.0));
+        assert!(with(|p| p.temperature = f32::NAN));
+        assert!(with(|p| p.top_p = 0.0));
+        assert!(with(|p| p.top_p = 1.5));
+        assert!(with(|p| p.min_p = 2.0));
+        assert!(with(|p| p.repetition_penalty = 0.0));
+        assert!(with(|p| p.frequency_penalty = f32::INFINITY));
+        assert!(with(|p| p.logit_bias = vec![(1, f32::NAN)]));
+        assert!(!with(|p| p.logit_bias = vec![(1, f32::NEG_INFINITY)]));
     }
 }

@@ -37,6 +37,7 @@ fn dequantize<'py>(
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_function(wrap_pyfunction!(dequantize, m)?)?;
+    m.add_function(wrap_pyfunction!(model::sample_batch, m)?)?;
     m.add_class::<kv::KvCache>()?;
     m.add_class::<model::Model>()?;
     m.add_class::<model::Context>()?;

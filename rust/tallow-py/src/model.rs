@@ -1,13 +1,17 @@
 //! Python classes over `tallow_model`: a loaded model, a sequence context, a streaming
 //! detokenizer and a sampler.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArray1, PyUntypedArray};
+use numpy::{
+    IntoPyArray, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use tallow_gguf::Value;
-use tallow_model::{Batch, Logits, ModelConfig, SeqId, SingleSequence};
+use tallow_model::{Batch, Logits, ModelConfig, SamplingParams, SeqId, SingleSequence};
 
 use crate::kv::KvCache;
 
@@ -297,8 +301,8 @@ impl StreamDecoder {
     }
 }
 
-/// Chooses tokens from logits: greedy when temperature is 0, else seeded sampling with top-k
-/// and top-p.
+/// Chooses tokens from logits for one request: penalties and logit bias, then greedy
+/// (temperature 0) or seeded sampling with top-k, top-p and min-p.
 #[pyclass(module = "tallow._core")]
 pub struct Sampler {
     inner: tallow_model::Sampler,
@@ -307,18 +311,76 @@ pub struct Sampler {
 #[pymethods]
 impl Sampler {
     #[new]
-    #[pyo3(signature = (temperature, top_k, top_p, seed = None))]
-    fn new(temperature: f32, top_k: usize, top_p: f32, seed: Option<u64>) -> PyResult<Self> {
-        let seed = seed.unwrap_or_else(random_seed);
-        let inner =
-            tallow_model::Sampler::new(temperature, top_k, top_p, seed).map_err(model_error)?;
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        temperature, top_k, top_p, seed = None, *, min_p = 0.0, repetition_penalty = 1.0,
+        frequency_penalty = 0.0, presence_penalty = 0.0, logit_bias = None, top_logprobs = 0
+    ))]
+    fn new(
+        temperature: f32,
+        top_k: usize,
+        top_p: f32,
+        seed: Option<u64>,
+        min_p: f32,
+        repetition_penalty: f32,
+        frequency_penalty: f32,
+        presence_penalty: f32,
+        logit_bias: Option<HashMap<u32, f32>>,
+        top_logprobs: usize,
+    ) -> PyResult<Self> {
+        let mut logit_bias: Vec<(u32, f32)> = logit_bias.unwrap_or_default().into_iter().collect();
+        logit_bias.sort_by_key(|&(token, _)| token);
+        let params = SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repetition_penalty,
+            frequency_penalty,
+            presence_penalty,
+            logit_bias,
+            seed: seed.unwrap_or_else(random_seed),
+            top_logprobs,
+        };
+        let inner = tallow_model::Sampler::new(params).map_err(model_error)?;
         Ok(Sampler { inner })
     }
 
+    /// Picks a token from one row of logits (and remembers it for the penalties).
     fn sample(&mut self, logits: PyReadonlyArray1<'_, f32>) -> PyResult<u32> {
         let logits = logits.as_slice()?;
-        guard(|| self.inner.sample(logits).map_err(model_error))
+        guard(|| Ok(self.inner.sample(logits).map_err(model_error)?.token))
     }
+
+    /// Remembers tokens for the penalties without sampling (e.g. the prompt).
+    fn accept(&mut self, tokens: Vec<u32>) {
+        self.inner.accept(&tokens);
+    }
+}
+
+/// `(token, logprob, [(token, logprob) of the most likely tokens])`.
+type SampledRow = (u32, f32, Vec<(u32, f32)>);
+
+/// Samples row `i` of `logits` with `samplers[i]`, all rows in parallel. Returns
+/// `(token, logprob, top_logprobs)` per row.
+#[pyfunction]
+pub fn sample_batch(
+    py: Python<'_>,
+    samplers: Vec<PyRefMut<'_, Sampler>>,
+    logits: PyReadonlyArray2<'_, f32>,
+) -> PyResult<Vec<SampledRow>> {
+    let n_vocab = logits.shape()[1];
+    let logits = logits.as_slice()?;
+    let mut samplers = samplers;
+    let mut inner: Vec<&mut tallow_model::Sampler> =
+        samplers.iter_mut().map(|s| &mut s.inner).collect();
+    let sampled = py.detach(|| {
+        guard(|| tallow_model::sample_batch(&mut inner, logits, n_vocab).map_err(model_error))
+    })?;
+    Ok(sampled
+        .into_iter()
+        .map(|s| (s.token, s.logprob, s.top))
+        .collect())
 }
 
 /// A seed for requests that give none: different for every sampler.
