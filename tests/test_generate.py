@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tallow
-from tallow.llm import _StopMatcher
+from tallow.stopping import StopMatcher as _StopMatcher
 
 # llama.cpp (reference/greedy) and tallow both compute with quantized weights, 8-bit quantized
 # activations and an f16 KV cache, but not with identical kernels: summation order and rounding

@@ -4,7 +4,8 @@
 >>> llm = tallow.LLM()                     # the default model, smollm2-135m, pulled on first use
 >>> llm.generate("Once upon a time", max_tokens=32).text
 
-See :class:`LLM` for generation, streaming, tokenization and perplexity, :mod:`tallow.catalog`
+See :class:`LLM` for generation, streaming, tokenization and perplexity, :class:`AsyncLLM`
+for many concurrent requests with continuous batching, :mod:`tallow.catalog`
 for the model catalog and cache, and ``tallow --help`` for the command line.
 """
 
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 from importlib import metadata as _metadata
 
+from tallow.async_llm import AsyncLLM, Completion
 from tallow.catalog import DEFAULT_MODEL, pull, resolve_model
+from tallow.engine import SamplingParams
 from tallow.errors import (
     CatalogError,
     GgufError,
@@ -33,12 +36,15 @@ except _metadata.PackageNotFoundError:  # running from a source tree without ins
 __all__ = [
     "DEFAULT_MODEL",
     "LLM",
+    "AsyncLLM",
     "CatalogError",
+    "Completion",
     "GenerationResult",
     "GgufError",
     "InvalidArgumentError",
     "ModelError",
     "ModelNotFoundError",
+    "SamplingParams",
     "TallowError",
     "TextStream",
     "TokenizerError",

@@ -17,6 +17,7 @@ import numpy.typing as npt
 from tallow import _core
 from tallow.catalog import DEFAULT_MODEL, resolve_model
 from tallow.errors import InvalidArgumentError, ModelError
+from tallow.stopping import StopMatcher as _StopMatcher
 
 __all__ = ["LLM", "GenerationResult", "TextStream"]
 
@@ -108,53 +109,6 @@ def _check_params(
     return _Params(
         max_tokens, float(temperature), top_k, float(top_p), seed, stops, bool(parse_special)
     )
-
-
-class _StopMatcher:
-    """Finds stop strings in streamed text, holding back text that may be the start of one."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.pending = ""
-        self.stopped = False
-
-    def _held(self) -> int:
-        """Length of the longest suffix of ``pending`` that is a proper prefix of a stop."""
-        best = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(self.pending)), best, -1):
-                if self.pending.endswith(s[:n]):
-                    best = n
-                    break
-        return best
-
-    def push(self, text: str) -> str:
-        """Add decoded text; return what can be emitted now. Sets ``stopped`` on a match."""
-        if self.stopped:
-            return ""
-        self.pending += text
-        if not self.stops:
-            out, self.pending = self.pending, ""
-            return out
-        first = -1
-        for s in self.stops:
-            i = self.pending.find(s)
-            if i >= 0 and (first < 0 or i < first):
-                first = i
-        if first >= 0:
-            out = self.pending[:first]
-            self.pending = ""
-            self.stopped = True
-            return out
-        keep = self._held()
-        cut = len(self.pending) - keep
-        out, self.pending = self.pending[:cut], self.pending[cut:]
-        return out
-
-    def flush(self) -> str:
-        """End of text: whatever was held back is not a stop string after all."""
-        out, self.pending = ("" if self.stopped else self.pending), ""
-        return out
 
 
 class TextStream(Iterator[str]):

@@ -1,0 +1,157 @@
+"""The engine: a model, its paged KV pool and the continuous batcher, advanced one step at a
+time. Synchronous and single-threaded; :class:`tallow.AsyncLLM` runs it in a thread of its own.
+
+One step is: the scheduler picks the tokens (``Scheduler.schedule``), the model runs them as one
+ragged batch (``Model.forward``, GIL released), every request that needs a token samples it with
+its own sampler (``sample_batch``, parallel, per-request seeds), and the scheduler appends the
+tokens, checks stop conditions and frees the pages of finished requests (``Scheduler.update``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tallow import _core
+from tallow.errors import InvalidArgumentError
+from tallow.scheduler import Request, RequestOutput, Scheduler
+
+__all__ = ["Engine", "EngineConfig", "SamplingParams"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request generates: sampling (see :class:`tallow._core.Sampler`) and when it
+    stops (the fields the scheduler reads)."""
+
+    max_tokens: int | None = 128
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+
+    def new_sampler(self) -> _core.Sampler:
+        """A sampler with these settings (raises InvalidArgumentError when one is invalid)."""
+        return _core.Sampler(
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.seed,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            logit_bias=dict(self.logit_bias),
+        )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Sizes of an engine.
+
+    ``kv_pages`` pages of ``page_size`` tokens hold the KV of every running request (``None``:
+    enough for ``max_num_seqs`` full contexts, capped at 8192 pages). ``n_ctx`` is the most
+    positions per request (``None``: the model's training context, capped at 4096).
+    """
+
+    max_num_seqs: int = 64
+    max_tokens_per_step: int = 512
+    page_size: int = 16
+    kv_pages: int | None = None
+    n_ctx: int | None = None
+
+
+class Engine:
+    """A model with its KV pool and scheduler. Not thread-safe: one thread drives it."""
+
+    def __init__(self, model: _core.Model, config: EngineConfig | None = None) -> None:
+        config = config or EngineConfig()
+        n_ctx = config.n_ctx or min(model.n_ctx_train, 4096)
+        pages = config.kv_pages
+        if pages is None:
+            per_request = -(-n_ctx // config.page_size)
+            pages = min(per_request * config.max_num_seqs, 8192)
+        self.model = model
+        self.n_ctx = n_ctx
+        self.kv = model.new_kv_cache(page_size=config.page_size, max_pages=pages)
+        self.scheduler = Scheduler(
+            self.kv,
+            max_num_seqs=config.max_num_seqs,
+            max_tokens_per_step=config.max_tokens_per_step,
+            eog_ids=model.eog_ids,
+            max_model_len=n_ctx,
+            decoder_factory=model.stream_decoder,
+        )
+        self._samplers: dict[str, _core.Sampler] = {}
+        # (time, tokens computed) of recent steps, for the throughput in stats().
+        self._recent: deque[tuple[float, int]] = deque(maxlen=64)
+        self.tokens_computed = 0
+        # stats() may come from another thread while a step holds the KV pool.
+        self._lock = threading.Lock()
+
+    def add(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sampler: _core.Sampler | None = None,
+    ) -> None:
+        """Queue a request, with ``sampler`` or a new one from ``params`` (so bad parameters
+        raise here)."""
+        if request_id in self._samplers:
+            raise InvalidArgumentError(f"request {request_id!r} is already in the engine")
+        sampler = sampler or params.new_sampler()
+        self.scheduler.add(Request(request_id, list(prompt_token_ids), params))
+        self._samplers[request_id] = sampler
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a request; its pages are freed at the latest by the next step."""
+        return self.scheduler.abort(request_id)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return what each request produced in it."""
+        with self._lock:
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
+        step = self.scheduler.schedule()
+        sampled: list[int] = []
+        if step:
+            logits = self.model.forward(self.kv, step.batch())
+            samplers = [self._samplers[r] for r in step.sample_ids]
+            sampled = [token for token, _, _ in _core.sample_batch(samplers, logits)]
+            self.tokens_computed += step.num_tokens
+            self._recent.append((time.perf_counter(), step.num_tokens))
+        outputs = self.scheduler.update(step, sampled)
+        for out in outputs:
+            if out.finished:
+                self._samplers.pop(out.request_id, None)
+        return outputs
+
+    def stats(self) -> dict[str, float]:
+        """KV pages total / used / free, tokens cached, slot utilization, running and waiting
+        requests, preemptions, and tokens computed per second over the last steps."""
+        with self._lock:
+            out = self.scheduler.stats()
+        out["tokens_cached"] = out["tokens_stored"]
+        rate = 0.0
+        if len(self._recent) >= 2:
+            elapsed = self._recent[-1][0] - self._recent[0][0]
+            tokens = sum(n for _, n in list(self._recent)[1:])
+            rate = tokens / elapsed if elapsed > 0 else 0.0
+        out["tokens_per_second"] = rate
+        return out

@@ -1,0 +1,596 @@
+"""The continuous batcher: which requests run in the next forward, and with which tokens.
+
+Plain synchronous Python with explicit inputs and outputs and no I/O (the shape of vLLM's v1
+``SchedulerInterface``), so it is tested without a model::
+
+    sched = Scheduler(kv, max_num_seqs=16, max_tokens_per_step=512, eog_ids=model.eog_ids,
+                      decoder_factory=model.stream_decoder)
+    sched.add(Request("a", prompt_ids, params))
+    while sched.has_work():
+        step = sched.schedule()                 # reserves the step's KV positions
+        logits = model.forward(kv, step.batch())  # one row per step.sample_ids entry
+        outputs = sched.update(step, sample(logits))  # appends tokens, checks stops, frees pages
+
+**One step** (iteration-level scheduling, as in vLLM v1). A request's tokens are its prompt
+followed by what it generated; ``num_computed`` of them have KV in the cache. Each step gives a
+request the next tokens without KV: one token (the last sampled) when it is decoding, or a
+chunk of its prompt (chunked prefill). Within ``max_tokens_per_step`` tokens:
+
+1. running requests that need one token (decodes), oldest first;
+2. running requests in the middle of their prompt, oldest first, a chunk each (shortened to the
+   pages that are free);
+3. waiting requests, strictly first come first served: the head of the queue is admitted while
+   ``max_num_seqs`` allows and the pages for its whole first chunk are free; the first that
+   cannot be admitted stops admission (so nothing overtakes it). Nothing is admitted in a step
+   that preempted.
+
+A chunk's logits are needed only when it reaches the end of the request's tokens.
+
+**Pages.** ``schedule()`` reserves every scheduled position with ``kv.reserve``. When a
+running request cannot get a page, the *youngest* running request (latest arrival; possibly
+itself) is preempted: its pages are freed, its tokens are kept, and it goes back to the front
+of the waiting queue; when it is admitted again, its prompt and generated tokens are its new
+prompt (recomputation), and the last chunk's logits give its next token. Requests keep arrival
+order in the running list, so the oldest request always makes progress. A request that cannot
+get a page while it is the only one running holds the whole pool: it finishes with
+``"length"`` (the same as a full context in :meth:`tallow.LLM.generate`), and an ``error``
+saying so. A prompt that needs more pages than the pool has (or more positions than
+``max_model_len``) finishes at once the same way, with no tokens. Pages of a request are freed
+the moment it finishes or is aborted.
+
+**Stops** (checked in ``update``): a stop token id, or an end-of-generation id unless
+``ignore_eos``, ends with ``"stop"`` and is not part of the output; a stop string ends with
+``"stop"``, its tokens are part of the output but its text is not, and text that may be the
+start of a stop string is held back until it is known not to be one; ``max_tokens`` or
+``max_model_len`` end with ``"length"``. An aborted request ends with ``"abort"``.
+
+The scheduler assumes it alone creates, grows and frees the sequences of ``kv``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from tallow.errors import InvalidArgumentError
+from tallow.stopping import StopMatcher, StopParams, TokenDecoder
+
+__all__ = [
+    "FinishReason",
+    "PagePool",
+    "Request",
+    "RequestOutput",
+    "RequestStatus",
+    "ScheduledChunk",
+    "Scheduler",
+    "Step",
+]
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class PagePool(Protocol):
+    """What the scheduler needs of a paged KV pool (``tallow._core.KvCache``)."""
+
+    @property
+    def page_size(self) -> int:
+        """Token positions per page."""
+        ...
+
+    @property
+    def n_pages(self) -> int:
+        """Pages in the pool."""
+        ...
+
+    def create(self) -> int:
+        """A new, empty sequence."""
+        ...
+
+    def free(self, seq: int) -> list[int]:
+        """End ``seq``; return the pages that became free."""
+        ...
+
+    def pages_needed(self, seq: int, n: int) -> int:
+        """Pages that reserving ``n`` more positions of ``seq`` would take."""
+        ...
+
+    def reserve(self, seq: int, n: int) -> None:
+        """Reserve the next ``n`` positions of ``seq``."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Pool numbers, ``pages_free`` among them."""
+        ...
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is."""
+
+    WAITING = "waiting"
+    """Queued, never run (or added and not yet admitted)."""
+    RUNNING = "running"
+    """Admitted: it has a KV sequence and is scheduled in steps."""
+    PREEMPTED = "preempted"
+    """Its pages were taken back; queued (at the front) to be recomputed."""
+    FINISHED = "finished"
+    """Done; see :attr:`Request.finish_reason`."""
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request.
+
+    ``params`` is opaque to the scheduler except for the fields of
+    :class:`~tallow.stopping.StopParams` (``max_tokens``, ``stop``, ``stop_token_ids``,
+    ``ignore_eos``); the engine keeps its sampling settings there. The other fields are set
+    by the scheduler.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: StopParams
+    output_token_ids: list[int] = field(default_factory=list)
+    """Generated tokens (stop and end-of-generation token ids are not included)."""
+    status: RequestStatus = RequestStatus.WAITING
+    arrival: int = -1
+    """Order of :meth:`Scheduler.add` calls (0, 1, 2, ...)."""
+    seq: int | None = None
+    """The KV sequence while running."""
+    num_computed: int = 0
+    """Tokens (prompt, then generated) whose KV positions are reserved in ``seq``."""
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    """The stop string or stop token id that ended the request."""
+    error: str | None = None
+    """Why the request could not run to a normal end (the pool or context is too small)."""
+    abort_pending: bool = field(default=False, repr=False)
+    decoder: TokenDecoder | None = field(default=None, repr=False)
+    matcher: StopMatcher | None = field(default=None, repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """Tokens ``start:stop`` of prompt + generated."""
+        p = len(self.prompt_token_ids)
+        if stop <= p:
+            return self.prompt_token_ids[start:stop]
+        if start >= p:
+            return self.output_token_ids[start - p : stop - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: stop - p]
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether the request is done."""
+        return self.status is RequestStatus.FINISHED
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """One request's part of a step: what ``Model.forward`` takes for it."""
+
+    request_id: str
+    seq: int
+    """The KV sequence; ``token_ids`` occupy its last ``len(token_ids)`` reserved positions."""
+    token_ids: list[int]
+    start_pos: int
+    """Position of ``token_ids[0]`` in the sequence."""
+    logits: bool
+    """Whether the chunk ends the request's tokens, so its last row of logits is sampled."""
+
+
+@dataclass
+class Step:
+    """The output of :meth:`Scheduler.schedule`: one batched forward."""
+
+    index: int
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    """Decodes first, then prompt chunks of running requests, then of admitted ones."""
+    preempted: list[str] = field(default_factory=list)
+    """Requests preempted while building this step, in order."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the step (at most the scheduler's ``max_tokens_per_step``)."""
+        return sum(len(c.token_ids) for c in self.chunks)
+
+    @property
+    def sample_ids(self) -> list[str]:
+        """Requests to sample a token for, in the order of the forward's rows of logits."""
+        return [c.request_id for c in self.chunks if c.logits]
+
+    def batch(self) -> list[tuple[int, list[int], str]]:
+        """The step as ``Model.forward``'s ``batch`` argument."""
+        return [(c.seq, c.token_ids, "last" if c.logits else "none") for c in self.chunks]
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one :meth:`Scheduler.update` produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    """Tokens generated in this step (0 or 1)."""
+    text: str
+    """New text (empty without a ``decoder_factory``); held-back text comes out later."""
+    finished: bool
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Planned:
+    req: Request
+    n: int
+    start_pos: int
+
+
+class Scheduler:
+    """Continuous batching over a paged KV pool (see the module docstring for the policy).
+
+    - ``kv``: the pool; the scheduler creates one sequence per admitted request.
+    - ``max_num_seqs``: most running requests.
+    - ``max_tokens_per_step``: the token budget of one step (decodes plus prompt chunks).
+    - ``eog_ids``: the model's end-of-generation token ids (EOS, end of turn).
+    - ``max_model_len``: most positions per request (the model's context); ``None``: no limit.
+    - ``decoder_factory``: a new incremental detokenizer per request (``model.stream_decoder``
+      or ``lambda: DetokenizeDecoder(detokenize)``); needed for stop strings and text output.
+    """
+
+    def __init__(
+        self,
+        kv: PagePool,
+        *,
+        max_num_seqs: int = 64,
+        max_tokens_per_step: int = 512,
+        eog_ids: Iterable[int] = (),
+        max_model_len: int | None = None,
+        decoder_factory: Callable[[], TokenDecoder] | None = None,
+    ) -> None:
+        for name, value in (
+            ("max_num_seqs", max_num_seqs),
+            ("max_tokens_per_step", max_tokens_per_step),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+        if max_model_len is not None and (
+            isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
+        ):
+            raise InvalidArgumentError(f"max_model_len must be an integer, got {max_model_len!r}")
+        if max_model_len is not None and max_model_len < 1:
+            raise InvalidArgumentError(f"max_model_len must be positive, got {max_model_len}")
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_tokens_per_step = max_tokens_per_step
+        self.eog_ids = frozenset(eog_ids)
+        self.max_model_len = max_model_len
+        self.decoder_factory = decoder_factory
+        self.num_preemptions = 0
+        """Preemptions so far."""
+        self.num_finished = 0
+        """Requests finished so far (any reason)."""
+        self._page_size = kv.page_size
+        self._requests: dict[str, Request] = {}
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._pending: list[RequestOutput] = []
+        self._inflight: Step | None = None
+        self._arrivals = 0
+        self._steps = 0
+
+    # -- queries ------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> list[str]:
+        """Running requests, oldest first."""
+        return [r.request_id for r in self._running]
+
+    @property
+    def waiting(self) -> list[str]:
+        """Waiting (and preempted) requests, in the order they will be admitted."""
+        return [r.request_id for r in self._waiting]
+
+    def get(self, request_id: str) -> Request | None:
+        """The unfinished request with this id."""
+        return self._requests.get(request_id)
+
+    def has_work(self) -> bool:
+        """Whether there are unfinished requests or outputs not yet returned by update()."""
+        return bool(self._requests) or bool(self._pending)
+
+    def stats(self) -> dict[str, float]:
+        """The pool's stats (``pages_total``, ``pages_used``, ...) with ``running``,
+        ``waiting``, ``preemptions``, ``finished`` and ``steps``."""
+        out = dict(self.kv.stats())
+        out.update(
+            running=len(self._running),
+            waiting=len(self._waiting),
+            preemptions=self.num_preemptions,
+            finished=self.num_finished,
+            steps=self._steps,
+        )
+        return out
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        """Queue ``request`` (at the back). A request that can never run (``max_tokens`` 0, a
+        prompt larger than the pool or ``max_model_len``) is finished at once; its output
+        comes with the next :meth:`update`."""
+        if request.request_id in self._requests:
+            raise InvalidArgumentError(f"request {request.request_id!r} is already queued")
+        if request.arrival >= 0 or request.status is not RequestStatus.WAITING:
+            raise InvalidArgumentError(f"request {request.request_id!r} was added before")
+        if not request.prompt_token_ids:
+            raise InvalidArgumentError("the prompt has no tokens")
+        params = request.params
+        if params.max_tokens is not None and params.max_tokens < 0:
+            raise InvalidArgumentError(f"max_tokens must be >= 0, got {params.max_tokens}")
+        stops = tuple(params.stop)
+        if stops and self.decoder_factory is None:
+            raise InvalidArgumentError("stop strings need a scheduler with a decoder_factory")
+        request.prompt_token_ids = list(request.prompt_token_ids)
+        request.arrival = self._arrivals
+        self._arrivals += 1
+        if self.decoder_factory is not None:
+            request.decoder = self.decoder_factory()
+            request.matcher = StopMatcher(stops)
+        self._requests[request.request_id] = request
+        if params.max_tokens == 0:
+            self._pending.append(self._finish(request, "length"))
+            return
+        error = self._never_fits(request)
+        if error is not None:
+            self._pending.append(self._finish(request, "length", error=error))
+            return
+        self._waiting.append(request)
+
+    def abort(self, request_id: str) -> bool:
+        """Abort an unfinished request; ``False`` if there is none with this id.
+
+        Its pages are freed at once, unless it is part of the step returned by the last
+        :meth:`schedule` whose :meth:`update` has not come yet: then they are freed in that
+        update (its sampled token is dropped). Either way its output (``"abort"``) comes with
+        the next :meth:`update`.
+        """
+        req = self._requests.get(request_id)
+        if req is None or req.abort_pending:
+            return False
+        if self._inflight is not None and any(
+            c.request_id == request_id for c in self._inflight.chunks
+        ):
+            req.abort_pending = True
+            return True
+        self._pending.append(self._finish(req, "abort"))
+        return True
+
+    # -- scheduling ---------------------------------------------------------------------------
+
+    def schedule(self) -> Step:
+        """The next step; reserves its KV positions. Call :meth:`update` with its result
+        (also for an empty step) before the next schedule()."""
+        if self._inflight is not None:
+            raise RuntimeError("update() must be called with the previous step first")
+        step = Step(index=self._steps)
+        self._steps += 1
+        planned: dict[str, _Planned] = {}
+        budget = self.max_tokens_per_step
+        free = int(self.kv.stats()["pages_free"])
+
+        for decode_pass in (True, False):
+            i = 0
+            while i < len(self._running) and budget > 0:
+                req = self._running[i]
+                remaining = req.num_tokens - req.num_computed
+                if req.request_id in planned or (remaining == 1) != decode_pass:
+                    i += 1
+                    continue
+                want = min(remaining, budget)
+                n = self._fit(req, want, free)
+                while n == 0:
+                    victim = self._running[-1]
+                    if victim is req and len(self._running) == 1:
+                        full = (
+                            f"the KV pool ({self.kv.n_pages} pages of {self._page_size} tokens) "
+                            f"is full with this request alone"
+                        )
+                        self._pending.append(self._finish(req, "length", error=full))
+                        break
+                    refund, freed = self._preempt(victim, planned, step)
+                    budget += refund
+                    free += freed
+                    if victim is req:
+                        break
+                    n = self._fit(req, want, free)
+                if req.status is not RequestStatus.RUNNING:
+                    continue  # it was the last of the running list
+                assert req.seq is not None
+                free -= self.kv.pages_needed(req.seq, n)
+                self.kv.reserve(req.seq, n)
+                planned[req.request_id] = _Planned(req, n, req.num_computed)
+                req.num_computed += n
+                budget -= n
+                i += 1
+
+        while (
+            self._waiting
+            and budget > 0
+            and not step.preempted
+            and len(self._running) < self.max_num_seqs
+        ):
+            req = self._waiting[0]
+            error = self._never_fits(req)
+            if error is not None:
+                self._waiting.popleft()
+                self._pending.append(self._finish(req, "length", error=error))
+                continue
+            n = min(req.num_tokens, budget)
+            need = math.ceil(n / self._page_size)
+            if need > free:
+                break
+            self._waiting.popleft()
+            req.seq = self.kv.create()
+            self.kv.reserve(req.seq, n)
+            free -= need
+            req.status = RequestStatus.RUNNING
+            self._running.append(req)
+            planned[req.request_id] = _Planned(req, n, 0)
+            req.num_computed = n
+            budget -= n
+
+        for p in planned.values():
+            assert p.req.seq is not None
+            end = p.start_pos + p.n
+            step.chunks.append(
+                ScheduledChunk(
+                    request_id=p.req.request_id,
+                    seq=p.req.seq,
+                    token_ids=p.req.token_slice(p.start_pos, end),
+                    start_pos=p.start_pos,
+                    logits=end == p.req.num_tokens,
+                )
+            )
+        self._inflight = step
+        return step
+
+    def update(self, step: Step, sampled: Mapping[str, int] | Sequence[int]) -> list[RequestOutput]:
+        """Take the tokens sampled for ``step`` (by request id, or aligned with
+        ``step.sample_ids``); return the outputs: first those of requests finished outside a
+        step (aborted, rejected, out of pages), then one per sampled request, in step order.
+        """
+        if step is not self._inflight:
+            raise RuntimeError("update() takes the step returned by the last schedule()")
+        ids = step.sample_ids
+        if isinstance(sampled, Mapping):
+            missing = [r for r in ids if r not in sampled]
+            if missing:
+                raise InvalidArgumentError(f"no sampled token for {missing}")
+            tokens = {r: int(sampled[r]) for r in ids}
+        else:
+            if len(sampled) != len(ids):
+                raise InvalidArgumentError(
+                    f"{len(sampled)} sampled tokens for {len(ids)} rows of logits"
+                )
+            tokens = {r: int(t) for r, t in zip(ids, sampled, strict=True)}
+        self._inflight = None
+        outputs, self._pending = self._pending, []
+        for chunk in step.chunks:
+            req = self._requests[chunk.request_id]
+            if req.abort_pending:
+                outputs.append(self._finish(req, "abort"))
+            elif chunk.logits:
+                outputs.append(self._append(req, tokens[chunk.request_id]))
+        return outputs
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _never_fits(self, req: Request) -> str | None:
+        n = req.num_tokens
+        if self.max_model_len is not None and n > self.max_model_len:
+            return f"{n} tokens do not fit in max_model_len={self.max_model_len}"
+        if math.ceil(n / self._page_size) > self.kv.n_pages:
+            return (
+                f"{n} tokens do not fit in the KV pool ({self.kv.n_pages} pages of "
+                f"{self._page_size} tokens)"
+            )
+        return None
+
+    def _fit(self, req: Request, want: int, free: int) -> int:
+        """Most tokens, up to ``want``, that ``req`` can reserve with ``free`` pages."""
+        assert req.seq is not None
+        ps = self._page_size
+        room = -req.num_computed % ps
+        n = min(want, room + free * ps)
+        if n > 0 and self.kv.pages_needed(req.seq, n) > free:
+            # Copy-on-write of a shared, partly filled last page takes one of the pages.
+            n = min(want, room + (free - 1) * ps) if free > 0 else 0
+        return n
+
+    def _preempt(self, req: Request, planned: dict[str, _Planned], step: Step) -> tuple[int, int]:
+        """Free ``req``'s pages and requeue it at the front; return (budget refunded, pages
+        freed)."""
+        # Defensive: with first-come-first-served admission, the victim (the youngest) is
+        # not yet planned in this step; if it were, its chunk is dropped and refunded.
+        p = planned.pop(req.request_id, None)
+        assert req.seq is not None
+        freed = self.kv.free(req.seq)
+        self._running.remove(req)
+        req.seq = None
+        req.num_computed = 0
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self._waiting.appendleft(req)
+        self.num_preemptions += 1
+        step.preempted.append(req.request_id)
+        return (p.n if p is not None else 0), len(freed)
+
+    def _finish(
+        self,
+        req: Request,
+        reason: FinishReason,
+        *,
+        new: Sequence[int] = (),
+        text: str = "",
+        stop_reason: str | int | None = None,
+        error: str | None = None,
+    ) -> RequestOutput:
+        """End ``req`` now: free its pages, drop it from the queues; return its output."""
+        if req.seq is not None:
+            self.kv.free(req.seq)
+            req.seq = None
+        if req.status is RequestStatus.RUNNING:
+            self._running.remove(req)
+        elif req in self._waiting:
+            self._waiting.remove(req)
+        if reason in ("stop", "length") and stop_reason is None:
+            tail, stopped = self._flush(req)
+            text += tail
+            if stopped and req.matcher is not None:
+                reason, stop_reason = "stop", req.matcher.matched
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.stop_reason = stop_reason
+        req.error = error
+        req.abort_pending = False
+        del self._requests[req.request_id]
+        self.num_finished += 1
+        return RequestOutput(req.request_id, list(new), text, True, reason, stop_reason, error)
+
+    @staticmethod
+    def _flush(req: Request) -> tuple[str, bool]:
+        """The held-back text at the end of a request, and whether it completed a stop."""
+        if req.decoder is None or req.matcher is None or req.matcher.stopped:
+            return "", False
+        out = req.matcher.push(req.decoder.finish())
+        return out + req.matcher.flush(), req.matcher.stopped
+
+    def _append(self, req: Request, token: int) -> RequestOutput:
+        """Add a sampled token to ``req`` and check its stop conditions."""
+        params = req.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eog_ids):
+            tail, _ = self._flush(req)
+            return self._finish(req, "stop", text=tail, stop_reason=token)
+        req.output_token_ids.append(token)
+        text = ""
+        if req.decoder is not None and req.matcher is not None:
+            text = req.matcher.push(req.decoder.push(token))
+            if req.matcher.stopped:
+                return self._finish(
+                    req, "stop", new=[token], text=text, stop_reason=req.matcher.matched
+                )
+        if (params.max_tokens is not None and len(req.output_token_ids) >= params.max_tokens) or (
+            self.max_model_len is not None and req.num_computed >= self.max_model_len
+        ):
+            return self._finish(req, "length", new=[token], text=text)
+        return RequestOutput(req.request_id, [token], text, False)

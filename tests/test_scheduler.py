@@ -1,0 +1,575 @@
+"""The continuous batcher, tested with a real paged KV pool and no model.
+
+A fake "model" stands in for ``Model.forward``: it records the tokens each step writes into each
+KV sequence (checking they land at the reserved positions) and "samples" a token that is a hash
+of everything in that sequence, like greedy decoding. So a request whose KV was recomputed
+after a preemption gets the same tokens only if the scheduler fed it exactly the right tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from tallow import _core
+from tallow.errors import InvalidArgumentError
+from tallow.scheduler import Request, RequestOutput, RequestStatus, Scheduler, Step
+from tallow.stopping import DetokenizeDecoder, StopConditions
+
+KvCache: Any = getattr(_core, "KvCache", None)
+pytestmark = pytest.mark.skipif(KvCache is None, reason="tallow._core has no KvCache yet")
+
+PS = 4  # tokens per page in every test
+EOS = 0
+VOCAB = 50
+
+
+def make_kv(n_pages: int) -> Any:
+    return KvCache(1, 1, 8, page_size=PS, dtype="f16", max_pages=n_pages)
+
+
+def make(
+    n_pages: int = 8, *, budget: int = 64, max_num_seqs: int = 8, **kw: Any
+) -> tuple[Any, Scheduler]:
+    kv = make_kv(n_pages)
+    s = Scheduler(kv, max_num_seqs=max_num_seqs, max_tokens_per_step=budget, eog_ids=[EOS], **kw)
+    return kv, s
+
+
+def req(
+    rid: str,
+    n_prompt: int,
+    max_tokens: int | None = 16,
+    *,
+    start: int = 100,
+    **kw: Any,
+) -> Request:
+    prompt = [start + i for i in range(n_prompt)]
+    return Request(rid, prompt, StopConditions(max_tokens=max_tokens, **kw))
+
+
+def tables(kv: Any, s: Scheduler) -> dict[str, list[int]]:
+    """Page table of every running request."""
+    out = {}
+    for rid in s.running:
+        r = s.get(rid)
+        assert r is not None and r.seq is not None
+        out[rid] = kv.page_table(r.seq)
+    return out
+
+
+def chunks(step: Step) -> list[tuple[str, int, list[int], bool]]:
+    return [(c.request_id, c.start_pos, c.token_ids, c.logits) for c in step.chunks]
+
+
+class FakeModel:
+    """Records the tokens written to each KV sequence; samples hash(sequence) % VOCAB."""
+
+    def __init__(self, kv: Any, avoid: Sequence[int] = (EOS,)) -> None:
+        self.kv = kv
+        self.avoid = set(avoid)
+        self.store: dict[int, list[int]] = {}
+
+    def next_token(self, tokens: Sequence[int]) -> int:
+        t = hash(tuple(tokens)) % VOCAB
+        while t in self.avoid:
+            t = (t + 1) % VOCAB
+        return t
+
+    def forward(self, step: Step) -> dict[str, int]:
+        out = {}
+        for c in step.chunks:
+            assert self.kv.seq_len(c.seq) == c.start_pos + len(c.token_ids)
+            seen = self.store.setdefault(c.seq, [])
+            assert len(seen) == c.start_pos
+            seen.extend(c.token_ids)
+            if c.logits:
+                out[c.request_id] = self.next_token(seen)
+        return out
+
+
+def run(
+    s: Scheduler, model: FakeModel, max_steps: int = 1000, check: Callable[[], None] | None = None
+) -> dict[str, list[RequestOutput]]:
+    """Run until every request is done; outputs per request."""
+    outs: dict[str, list[RequestOutput]] = {}
+    for _ in range(max_steps):
+        if not s.has_work():
+            return outs
+        step = s.schedule()
+        for o in s.update(step, model.forward(step)):
+            outs.setdefault(o.request_id, []).append(o)
+        if check is not None:
+            check()
+    raise AssertionError("did not finish")
+
+
+def tokens_of(outs: list[RequestOutput]) -> list[int]:
+    return [t for o in outs for t in o.new_token_ids]
+
+
+# -- admission and pages --------------------------------------------------------------------------
+
+
+def test_admission_order_and_exact_page_tables() -> None:
+    kv, s = make(8)
+    s.add(req("a", 5))
+    s.add(req("b", 3, start=200))
+    s.add(req("c", 6, start=300))
+    assert s.waiting == ["a", "b", "c"]
+    step = s.schedule()
+    assert chunks(step) == [
+        ("a", 0, [100, 101, 102, 103, 104], True),
+        ("b", 0, [200, 201, 202], True),
+        ("c", 0, [300, 301, 302, 303, 304, 305], True),
+    ]
+    assert step.batch() == [
+        (0, [100, 101, 102, 103, 104], "last"),
+        (1, [200, 201, 202], "last"),
+        (2, [300, 301, 302, 303, 304, 305], "last"),
+    ]
+    assert step.sample_ids == ["a", "b", "c"]
+    assert s.running == ["a", "b", "c"] and s.waiting == []
+    assert tables(kv, s) == {"a": [0, 1], "b": [2], "c": [3, 4]}
+    assert kv.free_pages() == [5, 6, 7]
+    outs = s.update(step, [11, 12, 13])
+    assert [(o.request_id, o.new_token_ids, o.finished) for o in outs] == [
+        ("a", [11], False),
+        ("b", [12], False),
+        ("c", [13], False),
+    ]
+    step = s.schedule()
+    assert chunks(step) == [("a", 5, [11], True), ("b", 3, [12], True), ("c", 6, [13], True)]
+    assert tables(kv, s) == {"a": [0, 1], "b": [2], "c": [3, 4]}
+    s.update(step, {"a": 21, "b": 22, "c": 23})
+    step = s.schedule()
+    # b's position 4 opens a new page; the others still have room.
+    assert chunks(step) == [("a", 6, [21], True), ("b", 4, [22], True), ("c", 7, [23], True)]
+    assert tables(kv, s) == {"a": [0, 1], "b": [2, 5], "c": [3, 4]}
+    assert kv.free_pages() == [6, 7]
+
+
+def test_max_num_seqs_admits_the_next_in_fifo_order_when_one_finishes() -> None:
+    kv, s = make(8, max_num_seqs=2)
+    s.add(req("a", 2, max_tokens=2))
+    s.add(req("b", 2, max_tokens=5))
+    s.add(req("c", 2, max_tokens=1))
+    s.add(req("d", 2, max_tokens=1))
+    step = s.schedule()
+    assert [c.request_id for c in step.chunks] == ["a", "b"]
+    assert s.waiting == ["c", "d"]
+    s.update(step, [5, 6])
+    step = s.schedule()
+    assert [c.request_id for c in step.chunks] == ["a", "b"]
+    outs = s.update(step, [7, 8])
+    assert (outs[0].request_id, outs[0].finished, outs[0].finish_reason) == ("a", True, "length")
+    # a's page is back on the free list at once.
+    assert kv.free_pages() == [2, 3, 4, 5, 6, 7, 0]
+    step = s.schedule()
+    assert chunks(step) == [("b", 3, [8], True), ("c", 0, [100, 101], True)]
+    assert s.running == ["b", "c"] and s.waiting == ["d"]
+    assert tables(kv, s) == {"b": [1], "c": [2]}
+
+
+def test_chunked_prefill_mixes_decodes_within_the_token_budget() -> None:
+    kv, s = make(16, budget=4)
+    s.add(req("a", 3))
+    s.add(req("b", 10, start=200))
+    step = s.schedule()
+    assert chunks(step) == [("a", 0, [100, 101, 102], True), ("b", 0, [200], False)]
+    assert step.sample_ids == ["a"]
+    assert s.update(step, {"a": 50})[0].new_token_ids == [50]
+    step = s.schedule()
+    # The decode comes first, then the prompt chunk fills the budget.
+    assert chunks(step) == [("a", 3, [50], True), ("b", 1, [201, 202, 203], False)]
+    assert tables(kv, s) == {"a": [0], "b": [1]}
+    s.update(step, [51])
+    step = s.schedule()
+    assert chunks(step) == [("a", 4, [51], True), ("b", 4, [204, 205, 206], False)]
+    assert tables(kv, s) == {"a": [0, 2], "b": [1, 3]}
+    s.update(step, [52])
+    step = s.schedule()
+    assert chunks(step) == [("a", 5, [52], True), ("b", 7, [207, 208, 209], True)]
+    assert tables(kv, s) == {"a": [0, 2], "b": [1, 3, 4]}
+    outs = s.update(step, [53, 60])
+    assert [(o.request_id, o.new_token_ids) for o in outs] == [("a", [53]), ("b", [60])]
+    step = s.schedule()
+    assert chunks(step) == [("a", 6, [53], True), ("b", 10, [60], True)]
+    assert step.num_tokens == 2
+
+
+def test_budget_smaller_than_the_running_set_serves_the_oldest_first() -> None:
+    _, s = make(8, budget=2)
+    for rid in "abc":
+        s.add(req(rid, 1))
+    step = s.schedule()
+    assert [c.request_id for c in step.chunks] == ["a", "b"]
+    s.update(step, [1, 2])
+    step = s.schedule()
+    assert [c.request_id for c in step.chunks] == ["a", "b"]
+    assert step.num_tokens == 2 and s.waiting == ["c"]
+
+
+def test_waiting_head_blocks_admission_when_its_chunk_does_not_fit() -> None:
+    kv, s = make(4)
+    s.add(req("a", 9))  # 3 pages
+    s.add(req("b", 5))  # 2 pages: does not fit
+    s.add(req("c", 1))  # would fit, but does not overtake b
+    step = s.schedule()
+    assert [c.request_id for c in step.chunks] == ["a"]
+    assert s.waiting == ["b", "c"] and kv.free_pages() == [3]
+
+
+# -- finishing and freeing ------------------------------------------------------------------------
+
+
+def test_pages_are_freed_the_moment_a_request_finishes() -> None:
+    kv, s = make(8)
+    s.add(req("a", 6, max_tokens=3))
+    s.add(req("b", 2, max_tokens=10))
+    step = s.schedule()
+    assert tables(kv, s) == {"a": [0, 1], "b": [2]}
+    s.update(step, [1, 2])
+    step = s.schedule()
+    s.update(step, [3, 4])
+    step = s.schedule()
+    assert tables(kv, s) == {"a": [0, 1], "b": [2]}
+    outs = s.update(step, [5, 6])
+    assert outs[0] == RequestOutput("a", [5], "", True, "length")
+    assert s.running == ["b"]
+    # Released last page first, to the tail of the FIFO free list.
+    assert kv.free_pages() == [3, 4, 5, 6, 7, 1, 0]
+    assert kv.stats()["pages_used"] == 1
+
+
+def test_eos_stop_token_ids_and_ignore_eos() -> None:
+    _, s = make(8)
+    s.add(req("eos", 1))
+    s.add(req("ignore", 1, ignore_eos=True))
+    s.add(req("stopid", 1, ignore_eos=True, stop_token_ids=[7]))
+    step = s.schedule()
+    outs = s.update(step, [EOS, EOS, 7])
+    assert outs == [
+        RequestOutput("eos", [], "", True, "stop", EOS),
+        RequestOutput("ignore", [EOS], "", False),
+        RequestOutput("stopid", [], "", True, "stop", 7),
+    ]
+    assert s.running == ["ignore"]
+
+
+def test_max_tokens_zero_and_prompts_that_can_never_fit() -> None:
+    kv, s = make(2, max_model_len=20)
+    s.add(req("zero", 1, max_tokens=0))
+    s.add(req("huge", 9))  # 3 pages > 2 in the pool
+    s.add(req("ok", 8))
+    assert s.waiting == ["ok"]
+    step = s.schedule()
+    outs = s.update(step, [5])
+    assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [
+        ("zero", True, "length"),
+        ("huge", True, "length"),
+        ("ok", False, None),
+    ]
+    assert outs[0].error is None
+    assert outs[1].error is not None and "KV pool" in outs[1].error
+    _, s2 = make(8, max_model_len=4)
+    s2.add(req("long", 5))
+    out = s2.update(s2.schedule(), [])
+    assert out[0].finish_reason == "length" and "max_model_len" in (out[0].error or "")
+    assert kv.stats()["pages_used"] == 2
+
+
+def test_a_request_alone_filling_the_pool_ends_with_length() -> None:
+    kv, s = make(2)  # 8 positions
+    s.add(req("a", 6, max_tokens=None))
+    model = FakeModel(kv)
+    outs = run(s, model)["a"]
+    # Positions 6 and 7 take the first two sampled tokens; the third has no room.
+    assert tokens_of(outs) == [
+        model.next_token(list(range(100, 106))),
+        *tokens_of(outs)[1:],
+    ]
+    assert len(tokens_of(outs)) == 3
+    assert outs[-1].finished and outs[-1].finish_reason == "length"
+    assert outs[-1].error is not None and s.num_preemptions == 0
+    assert kv.free_pages() == [1, 0]
+
+
+def test_max_model_len_ends_with_length() -> None:
+    kv, s = make(8, max_model_len=8)
+    s.add(req("a", 6, max_tokens=None))
+    outs = run(s, FakeModel(kv))["a"]
+    assert len(tokens_of(outs)) == 3
+    assert outs[-1].finish_reason == "length" and outs[-1].error is None
+
+
+# -- preemption -----------------------------------------------------------------------------------
+
+
+def test_preempts_the_youngest_and_recomputes_it_to_the_same_state() -> None:
+    kv, s = make(4)
+    model = FakeModel(kv)
+    s.add(req("a", 6, max_tokens=3))
+    s.add(req("b", 4, max_tokens=3, start=200))
+    s.add(req("c", 4, max_tokens=3, start=300))
+    step = s.schedule()
+    assert tables(kv, s) == {"a": [0, 1], "b": [2], "c": [3]}
+    assert kv.free_pages() == []
+    s.update(step, model.forward(step))
+    c_first = s.get("c")
+    assert c_first is not None
+    c_tokens = list(c_first.output_token_ids)
+    step = s.schedule()
+    # b needs a page for position 4: the youngest (c) is preempted and its page goes to b.
+    assert step.preempted == ["c"]
+    assert [c.request_id for c in step.chunks] == ["a", "b"]
+    assert tables(kv, s) == {"a": [0, 1], "b": [2, 3]}
+    assert kv.free_pages() == []
+    c_req = s.get("c")
+    assert c_req is not None
+    assert (c_req.status, c_req.seq, c_req.num_computed) == (RequestStatus.PREEMPTED, None, 0)
+    assert c_req.output_token_ids == c_tokens
+    assert s.waiting == ["c"] and s.stats()["preemptions"] == 1
+    outs: dict[str, list[RequestOutput]] = {}
+    for o in s.update(step, model.forward(step)):
+        outs.setdefault(o.request_id, []).append(o)
+    step = s.schedule()
+    s.update(step, model.forward(step))  # a and b finish: max_tokens=3
+    assert kv.free_pages() == [1, 0, 3, 2]
+    step = s.schedule()
+    # c's prompt and its generated token are its new prompt.
+    assert chunks(step) == [("c", 0, [300, 301, 302, 303, *c_tokens], True)]
+    assert tables(kv, s) == {"c": [1, 0]}
+    c_second = s.update(step, model.forward(step))
+    rest = run(s, model)
+    c_all = c_tokens + tokens_of(c_second) + tokens_of(rest["c"])
+    assert len(c_all) == 3 and rest["c"][-1].finish_reason == "length"
+    # Alone in a big pool, c generates the same tokens.
+    kv2, alone = make(16)
+    alone.add(req("c", 4, max_tokens=3, start=300))
+    assert tokens_of(run(alone, FakeModel(kv2))["c"]) == c_all
+    assert kv.stats()["pages_free"] == 4
+
+
+def test_a_decode_preempts_the_youngest_after_a_chunked_prompt() -> None:
+    kv, s = make(4, budget=5)
+    s.add(req("a", 12, max_tokens=2))
+    s.add(req("b", 3, max_tokens=8, start=200))
+    step = s.schedule()
+    # a takes 5 tokens (2 pages) of its prompt; b does not fit in the budget.
+    assert chunks(step) == [("a", 0, [100, 101, 102, 103, 104], False)]
+    s.update(step, {})
+    step = s.schedule()
+    assert chunks(step) == [("a", 5, [105, 106, 107, 108, 109], False)]
+    assert tables(kv, s) == {"a": [0, 1, 2]}
+    s.update(step, {})
+    step = s.schedule()
+    assert chunks(step) == [("a", 10, [110, 111], True), ("b", 0, [200, 201, 202], True)]
+    assert tables(kv, s) == {"a": [0, 1, 2], "b": [3]}
+    s.update(step, [1, 2])
+    step = s.schedule()
+    # a's decode at position 12 needs a page: b (younger) is preempted, though it was
+    # about to decode.
+    assert step.preempted == ["b"]
+    assert chunks(step) == [("a", 12, [1], True)]
+    assert tables(kv, s) == {"a": [0, 1, 2, 3]}
+    outs = s.update(step, [3])
+    assert outs == [RequestOutput("a", [3], "", True, "length")]
+    assert kv.free_pages() == [3, 2, 1, 0]
+    step = s.schedule()
+    assert chunks(step) == [("b", 0, [200, 201, 202, 2], True)]
+
+
+# -- abort ----------------------------------------------------------------------------------------
+
+
+def test_abort_waiting_running_and_in_flight() -> None:
+    kv, s = make(8, max_num_seqs=2)
+    s.add(req("a", 5))
+    s.add(req("b", 2))
+    s.add(req("w", 2))
+    step = s.schedule()
+    s.update(step, [1, 2])
+    assert s.abort("w") and s.waiting == []
+    assert not s.abort("w") and not s.abort("nope")
+    # Not in flight: b's page is freed at once.
+    assert s.abort("b")
+    assert kv.free_pages() == [3, 4, 5, 6, 7, 2]
+    step = s.schedule()
+    assert [c.request_id for c in step.chunks] == ["a"]
+    # In flight: a keeps its pages until the update, which drops its sampled token.
+    assert s.abort("a")
+    assert tables(kv, s) == {"a": [0, 1]}
+    outs = s.update(step, [9])
+    assert [(o.request_id, o.new_token_ids, o.finish_reason) for o in outs] == [
+        ("w", [], "abort"),
+        ("b", [], "abort"),
+        ("a", [], "abort"),
+    ]
+    assert kv.free_pages() == [3, 4, 5, 6, 7, 2, 1, 0]
+    assert not s.has_work()
+    assert s.stats()["running"] == 0 and s.stats()["finished"] == 3
+
+
+# -- stop strings ---------------------------------------------------------------------------------
+
+PIECES = {1: "Hel", 2: "lo", 3: " wo", 4: "rld", 5: "!", 6: "\xe2", 7: "\x82\xac"}
+
+
+def detok(ids: list[int]) -> str:
+    raw = "".join(PIECES[i] for i in ids).encode("latin-1")
+    return raw.decode("utf-8", errors="replace")
+
+
+def text_sched(**kw: Any) -> Scheduler:
+    _, s = make(8, decoder_factory=lambda: DetokenizeDecoder(detok), **kw)
+    return s
+
+
+def feed(s: Scheduler, rid: str, tokens: list[int]) -> list[RequestOutput]:
+    outs = []
+    for t in tokens:
+        step = s.schedule()
+        assert step.sample_ids == [rid]
+        outs += s.update(step, [t])
+        if outs[-1].finished:
+            break
+    return outs
+
+
+def test_stop_string_across_token_boundaries_is_held_back_and_not_emitted() -> None:
+    s = text_sched()
+    s.add(req("a", 1, stop=["o wor"]))
+    outs = feed(s, "a", [1, 2, 3, 4, 5])
+    assert [o.text for o in outs] == ["Hel", "l", "", ""]
+    last = outs[-1]
+    assert (last.finished, last.finish_reason, last.stop_reason) == (True, "stop", "o wor")
+    assert tokens_of(outs) == [1, 2, 3, 4]
+
+
+def test_held_back_text_is_released_when_the_stop_does_not_complete() -> None:
+    s = text_sched()
+    s.add(req("a", 1, max_tokens=4, stop=["lo!", "rld?"]))
+    outs = feed(s, "a", [1, 2, 3, 4])
+    # "l", "lo" and "rld" are held back while they may start a stop string; max_tokens flushes.
+    assert [o.text for o in outs] == ["He", "l", "lo wo", "rld"]
+    assert outs[-1].finish_reason == "length"
+    assert "".join(o.text for o in outs) == "Hello world"
+
+
+def test_eos_flushes_held_back_text_and_utf8_is_never_split() -> None:
+    s = text_sched()
+    s.add(req("a", 1, stop=["€!"]))
+    outs = feed(s, "a", [1, 2, 6, 7, EOS])
+    # "\xe2" alone is half of "€": held back by the decoder until "\x82\xac" completes it;
+    # then "€" is held back as the start of "€!" until the end of generation releases it.
+    assert [o.text for o in outs] == ["Hel", "lo", "", "", "€"]
+    assert (outs[-1].finish_reason, outs[-1].stop_reason, outs[-1].new_token_ids) == (
+        "stop",
+        EOS,
+        [],
+    )
+
+
+def test_stop_strings_need_a_decoder() -> None:
+    _, s = make(8)
+    with pytest.raises(InvalidArgumentError):
+        s.add(req("a", 1, stop=["x"]))
+
+
+# -- protocol errors ------------------------------------------------------------------------------
+
+
+def test_protocol_misuse_is_an_error() -> None:
+    _, s = make(8)
+    s.add(req("a", 2))
+    with pytest.raises(InvalidArgumentError):
+        s.add(req("a", 2))
+    with pytest.raises(InvalidArgumentError):
+        s.add(Request("e", [], StopConditions()))
+    step = s.schedule()
+    with pytest.raises(RuntimeError):
+        s.schedule()
+    with pytest.raises(InvalidArgumentError):
+        s.update(step, [])
+    with pytest.raises(RuntimeError):
+        s.update(Step(index=99), [])
+    assert s.update(step, [4])[0].new_token_ids == [4]
+    with pytest.raises(InvalidArgumentError):
+        Scheduler(make_kv(2), max_tokens_per_step=0)
+
+
+# -- properties -----------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n_pages=st.integers(min_value=2, max_value=12),
+    budget=st.integers(min_value=1, max_value=16),
+    max_num_seqs=st.integers(min_value=1, max_value=5),
+    reqs=st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=8),  # arrival step
+            st.integers(min_value=1, max_value=20),  # prompt length
+            st.integers(min_value=0, max_value=10),  # max_tokens
+            st.one_of(st.none(), st.integers(min_value=0, max_value=30)),  # abort at step
+        ),
+        min_size=1,
+        max_size=10,
+    ),
+)
+def test_random_workloads_never_leak_pages_or_exceed_the_budget(
+    n_pages: int,
+    budget: int,
+    max_num_seqs: int,
+    reqs: list[tuple[int, int, int, int | None]],
+) -> None:
+    kv, s = make(n_pages, budget=budget, max_num_seqs=max_num_seqs)
+    model = FakeModel(kv)
+    outs: dict[str, list[RequestOutput]] = {}
+    aborted: set[str] = set()
+    for t in range(3000):
+        for i, (arrive, n, max_tokens, _) in enumerate(reqs):
+            if arrive == t:
+                s.add(req(f"r{i}", n, max_tokens, start=10 * i))
+        for i, (_, _, _, abort_at) in enumerate(reqs):
+            if abort_at == t and s.abort(f"r{i}"):
+                aborted.add(f"r{i}")
+        if t > max(r[0] for r in reqs) and not s.has_work():
+            break
+        step = s.schedule()
+        assert step.num_tokens <= budget
+        assert len(s.running) <= max_num_seqs
+        assert len({c.request_id for c in step.chunks}) == len(step.chunks)
+        # Every page in use belongs to exactly one running request.
+        pages = [p for table in tables(kv, s).values() for p in table]
+        assert len(pages) == len(set(pages)) == kv.stats()["pages_used"]
+        for rid in s.running:
+            r = s.get(rid)
+            assert r is not None and r.seq is not None
+            assert kv.seq_len(r.seq) == r.num_computed <= r.num_tokens
+        for o in s.update(step, model.forward(step)):
+            outs.setdefault(o.request_id, []).append(o)
+    else:
+        raise AssertionError("did not finish")
+    event(f"preempted: {s.num_preemptions > 0}")
+    stats = kv.stats()
+    assert stats["pages_free"] == stats["pages_total"] == n_pages
+    assert stats["n_sequences"] == 0
+    assert set(outs) == {f"r{i}" for i in range(len(reqs))}
+    for rid, got in outs.items():
+        assert got[-1].finished and sum(x.finished for x in got) == 1
+        if rid in aborted:
+            assert got[-1].finish_reason == "abort"
+            continue
+        i = int(rid[1:])
+        _, n, max_tokens, _ = reqs[i]
+        if got[-1].error is None:
+            # Preemptions and batching change nothing: the same tokens as alone.
+            kv2, alone = make(64)
+            alone.add(req(rid, n, max_tokens, start=10 * i))
+            assert tokens_of(got) == tokens_of(run(alone, FakeModel(kv2))[rid])
