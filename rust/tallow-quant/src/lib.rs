@@ -21,7 +21,7 @@ mod tests;
 
 pub use error::QuantError;
 pub use kernels::Isa;
-pub use matmul::{matmul, QuantizedActs};
+pub use matmul::{matmul, matmul_with, QuantizedActs};
 pub use types::GgmlType;
 
 /// Dequantizes `src` (whole blocks of `ty`) into `dst`, which must hold exactly the elements

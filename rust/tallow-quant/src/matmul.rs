@@ -5,7 +5,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::kernels::VecDot;
-use crate::{reference, sizes, GgmlType, QuantError};
+use crate::{reference, sizes, GgmlType, Isa, QuantError};
 
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool would
 /// cost more than it saves.
@@ -119,8 +119,25 @@ impl QuantizedActs {
 /// `out[t * rows + r] = dot(weight row r, activations of token t)`, where `weight` is `rows`
 /// contiguous rows of `cols` elements of type `ty`, and `acts` holds `cols` columns in
 /// `ty.vec_dot_type()`. Runs on the current rayon pool, split by output rows; every length
-/// is checked first.
+/// is checked first. Uses the best kernels of the running CPU ([`Isa::detected`]).
 pub fn matmul(
+    ty: GgmlType,
+    weight: &[u8],
+    rows: usize,
+    cols: usize,
+    acts: &QuantizedActs,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    matmul_with(Isa::detected(), ty, weight, rows, cols, acts, out)
+}
+
+/// [`matmul`] with the dot-product kernels of instruction set `isa` (falling back to lesser
+/// sets, then to the scalar reference, where `isa` has no kernel for `ty`), on the same
+/// threads and in the same order. `Isa::Scalar` gives the scalar reference product, which
+/// the benches set beside the SIMD one. Fails with [`QuantError::Unsupported`] when the
+/// running CPU lacks `isa`.
+pub fn matmul_with(
+    isa: Isa,
     ty: GgmlType,
     weight: &[u8],
     rows: usize,
@@ -135,7 +152,15 @@ pub fn matmul(
             actual: acts.ty,
         });
     }
-    let kernel = crate::vec_dot_kernel(ty)?;
+    if !isa.is_available() {
+        return Err(QuantError::Unsupported {
+            op: "matmul on an instruction set this CPU lacks",
+            ty,
+        });
+    }
+    let kernel = isa
+        .vec_dot(ty)
+        .ok_or(QuantError::Unsupported { op: "vec_dot", ty })?;
     sizes::expect_len("activation columns", cols, acts.cols)?;
     let row_bytes = sizes::row_bytes(ty, cols, "weight row")?;
     let weight_bytes = sizes::product(rows, row_bytes, "weight")?;

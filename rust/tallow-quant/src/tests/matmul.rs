@@ -3,9 +3,10 @@
 
 use proptest::prelude::*;
 
-use super::data::random_blocks;
+use super::data::{dequantized, magnitude, random_blocks};
 use super::rng::Rng;
-use crate::{matmul, quantize_row, vec_dot, GgmlType, QuantError, QuantizedActs};
+use crate::kernels::reference_kernel;
+use crate::{matmul, matmul_with, quantize_row, vec_dot, GgmlType, Isa, QuantError, QuantizedActs};
 
 fn acts_for(ty: GgmlType, x: &[f32], n_tokens: usize, cols: usize) -> QuantizedActs {
     let mut acts = QuantizedActs::new();
@@ -224,4 +225,82 @@ proptest! {
             Err(_) => prop_assert!(!sizes_right),
         }
     }
+}
+
+/// `matmul_with`: the detected set is `matmul` itself, `Isa::Scalar` is the scalar reference
+/// row by row (bit for bit, on the serial and the parallel path), every available set agrees
+/// with it within rounding, and a set the CPU lacks is an error.
+#[test]
+fn matmul_with_picks_the_kernels_of_the_given_isa() {
+    let mut rng = Rng::new(13);
+    for (rows, cols, n_tokens) in [(9, 256, 2), (600, 512, 3)] {
+        for ty in [
+            GgmlType::F16,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q5_K,
+        ] {
+            let weight = random_blocks(&mut rng, ty, rows * cols / ty.block_len());
+            let x = rng.activations(n_tokens * cols);
+            let acts = acts_for(ty, &x, n_tokens, cols);
+            let run = |isa: Isa| {
+                let mut out = vec![f32::NAN; n_tokens * rows];
+                matmul_with(isa, ty, &weight, rows, cols, &acts, &mut out).map(|()| out)
+            };
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let mut best = vec![f32::NAN; n_tokens * rows];
+            matmul(ty, &weight, rows, cols, &acts, &mut best).unwrap();
+            assert_eq!(bits(&run(Isa::detected()).unwrap()), bits(&best), "{ty}");
+
+            let scalar = run(Isa::Scalar).unwrap();
+            let reference = reference_kernel(ty).unwrap();
+            let row_bytes = weight.len() / rows;
+            for t in 0..n_tokens {
+                for r in 0..rows {
+                    let w = &weight[r * row_bytes..(r + 1) * row_bytes];
+                    // SAFETY: the scalar reference needs no CPU feature.
+                    let expected = unsafe { reference(w, acts.token(t).unwrap()) };
+                    assert_eq!(scalar[t * rows + r].to_bits(), expected.to_bits(), "{ty}");
+                }
+            }
+            for isa in Isa::ALL {
+                if !isa.is_available() {
+                    assert!(matches!(
+                        run(isa),
+                        Err(QuantError::Unsupported { ty: got, .. }) if got == ty
+                    ));
+                    continue;
+                }
+                // The kernels differ from the reference only in the order of their f32
+                // additions: the tolerance of the kernel tests, relative to sum(|w| * |a|).
+                let out = run(isa).unwrap();
+                for t in 0..n_tokens {
+                    let a = dequantized(ty.vec_dot_type(), acts.token(t).unwrap());
+                    for r in 0..rows {
+                        let w = dequantized(ty, &weight[r * row_bytes..(r + 1) * row_bytes]);
+                        let tolerance = 1e-5 * magnitude(&w, &a);
+                        let (got, want) = (out[t * rows + r], scalar[t * rows + r]);
+                        assert!(
+                            (f64::from(got) - f64::from(want)).abs() <= tolerance,
+                            "{isa:?} {ty} token {t} row {r}: {got} vs scalar {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Scalar and SIMD reject the same bad operands.
+    let acts = acts_for(GgmlType::Q4_0, &[0.0; 32], 1, 32);
+    assert!(matches!(
+        matmul_with(
+            Isa::Scalar,
+            GgmlType::Q4_1,
+            &[0; 20],
+            1,
+            32,
+            &acts,
+            &mut [0.0]
+        ),
+        Err(QuantError::ActivationType { .. })
+    ));
 }

@@ -1,0 +1,345 @@
+//! Criterion benches of the tallow-quant kernels: matvec (one token) and matmul (16 and 128
+//! tokens) for every weight format, each beside its scalar reference (`Isa::Scalar`), plus
+//! activation quantization and dequantization. Throughput is reported to criterion in bytes
+//! (weight bytes for products and dequantize, f32 input bytes for activation quantization);
+//! after the run a summary table adds GFLOP/s (2 * rows * cols * tokens / time) and the
+//! speedup over the scalar reference. See `benches/README.md`.
+//!
+//! `cargo bench -p tallow-quant --bench kernels` runs everything in a few minutes; pass a
+//! criterion filter (`-- matvec_1536`) or `--quick` for less.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
+use half::f16;
+use tallow_quant::{dequantize, matmul_with, quantize_row, GgmlType, Isa, QuantizedActs};
+
+/// Every format that can be a weight (has a dot product).
+const WEIGHT_TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// (rows, cols): SmolLM2-135M's FFN down projection (1536 -> 576; its inputs must be whole
+/// 256-element K-quant blocks, which the 576-wide hidden state is not), and a 7B-sized
+/// square matrix whose weights do not fit in any cache.
+const SMALL: (usize, usize) = (576, 1536);
+const LARGE: (usize, usize) = (4096, 4096);
+/// Token counts of the matmul groups (batched decode and a prefill chunk), at `SMALL`.
+const MATMUL_TOKENS: [usize; 2] = [16, 128];
+
+/// SplitMix64: reproducible data without extra crates.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn signed_unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    fn floats(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.signed_unit()).collect()
+    }
+}
+
+fn row_bytes(ty: GgmlType, cols: usize) -> usize {
+    cols / ty.block_len() * ty.block_bytes()
+}
+
+/// Byte offsets and values of the f16 scale fields (d, then dmin) of a K-quant block.
+fn k_quant_scales(ty: GgmlType) -> &'static [(usize, f32)] {
+    match ty {
+        GgmlType::Q2_K => &[(80, 0.01), (82, 0.005)],
+        GgmlType::Q3_K => &[(108, 0.01)],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[(0, 0.01), (2, 0.005)],
+        GgmlType::Q6_K => &[(208, 0.01)],
+        _ => unreachable!("{ty} is not a K-quant"),
+    }
+}
+
+/// A `rows` x `cols` weight matrix of `ty`: random floats in [-1, 1) through the crate's own
+/// `quantize_row` where it has one, otherwise (K-quants) random bytes with fixed finite
+/// f16 scales.
+fn weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let rb = row_bytes(ty, cols);
+    let mut out = vec![0u8; rows * rb];
+    let mut x = vec![0f32; cols];
+    if quantize_row(ty, &[0.0; 256], &mut vec![0; row_bytes(ty, 256)]).is_ok() {
+        for row in out.chunks_exact_mut(rb) {
+            x.iter_mut().for_each(|v| *v = rng.signed_unit());
+            quantize_row(ty, &x, row).unwrap();
+        }
+    } else {
+        for chunk in out.chunks_exact_mut(8) {
+            chunk.copy_from_slice(&rng.next_u64().to_le_bytes());
+        }
+        for block in out.chunks_exact_mut(ty.block_bytes()) {
+            for &(offset, scale) in k_quant_scales(ty) {
+                block[offset..offset + 2].copy_from_slice(&f16::from_f32(scale).to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+fn acts(ty: GgmlType, n_tokens: usize, cols: usize, rng: &mut Rng) -> QuantizedActs {
+    let mut acts = QuantizedActs::new();
+    acts.quantize(
+        ty.vec_dot_type(),
+        &rng.floats(n_tokens * cols),
+        n_tokens,
+        cols,
+    )
+    .unwrap();
+    acts
+}
+
+/// One benchmark's line in the summary: what it moves and computes per iteration, and the
+/// per-iteration time of every batch criterion timed.
+struct Record {
+    group: String,
+    format: &'static str,
+    variant: String,
+    bytes: u64,
+    /// Floating-point operations (2 per multiply-add) of a product.
+    flops: Option<f64>,
+    /// Elements converted, for quantize and dequantize.
+    elements: Option<u64>,
+    per_iter: Vec<f64>,
+}
+
+impl Record {
+    /// The median per-iteration time in seconds; robust to criterion's warm-up batches.
+    fn seconds(&self) -> Option<f64> {
+        let mut t = self.per_iter.clone();
+        t.sort_by(f64::total_cmp);
+        t.get(t.len() / 2).copied()
+    }
+}
+
+#[derive(Default)]
+struct Summary(Vec<Record>);
+
+impl Summary {
+    /// Benchmarks `f` in `g` as `format/variant`, with `bytes` of throughput, recording
+    /// its times for the summary.
+    #[allow(clippy::too_many_arguments)]
+    fn bench(
+        &mut self,
+        g: &mut BenchmarkGroup<'_, WallTime>,
+        group: &str,
+        format: &'static str,
+        variant: &str,
+        bytes: u64,
+        flops: Option<f64>,
+        elements: Option<u64>,
+        mut f: impl FnMut(),
+    ) {
+        let mut per_iter = Vec::new();
+        g.throughput(Throughput::Bytes(bytes));
+        g.bench_function(BenchmarkId::new(format, variant), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    f();
+                }
+                let elapsed = start.elapsed();
+                per_iter.push(elapsed.as_secs_f64() / iters.max(1) as f64);
+                elapsed
+            })
+        });
+        self.0.push(Record {
+            group: group.to_owned(),
+            format,
+            variant: variant.to_owned(),
+            bytes,
+            flops,
+            elements,
+            per_iter,
+        });
+    }
+
+    /// Prints one Markdown table: time, GB/s, GFLOP/s or Gelem/s, and the speedup of each
+    /// SIMD line over the scalar line of the same group and format.
+    fn print(&self) {
+        println!("\n## tallow-quant kernels (median time per iteration)\n");
+        println!("| group | format | kernels | time | GB/s | GFLOP/s | Gelem/s | vs scalar |");
+        println!("|---|---|---|--:|--:|--:|--:|--:|");
+        for r in &self.0 {
+            let Some(s) = r.seconds() else { continue };
+            let scalar = self
+                .0
+                .iter()
+                .find(|o| o.group == r.group && o.format == r.format && o.variant == "Scalar")
+                .filter(|_| r.variant != "Scalar")
+                .and_then(Record::seconds);
+            let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.2}"));
+            println!(
+                "| {} | {} | {} | {} | {:.2} | {} | {} | {} |",
+                r.group,
+                r.format,
+                r.variant,
+                human_time(s),
+                r.bytes as f64 / s / 1e9,
+                opt(r.flops.map(|f| f / s / 1e9)),
+                opt(r.elements.map(|e| e as f64 / s / 1e9)),
+                scalar.map_or(String::new(), |t| format!("{:.1}x", t / s)),
+            );
+        }
+    }
+}
+
+fn human_time(s: f64) -> String {
+    if s >= 1e-3 {
+        format!("{:.2} ms", s * 1e3)
+    } else {
+        format!("{:.1} µs", s * 1e6)
+    }
+}
+
+/// The best instruction set of this CPU and the scalar reference (once, on a CPU without
+/// SIMD kernels).
+fn isas() -> Vec<Isa> {
+    let mut isas = vec![Isa::detected(), Isa::Scalar];
+    isas.dedup();
+    isas
+}
+
+/// `tokens` x (`rows` x `cols`) products for every weight format, SIMD beside scalar.
+fn products(
+    c: &mut Criterion,
+    summary: &mut Summary,
+    name: &str,
+    (rows, cols): (usize, usize),
+    tokens: usize,
+) {
+    let group = format!("{name}_{rows}x{cols}");
+    let group = if name == "matmul" {
+        format!("{group}_t{tokens}")
+    } else {
+        group
+    };
+    let mut g = c.benchmark_group(&group);
+    if tokens > 1 || rows * cols > 1 << 20 {
+        // The scalar products take up to a tenth of a second: time a fixed count per sample,
+        // and fewer samples, so that they fit in the measurement time.
+        g.sampling_mode(SamplingMode::Flat).sample_size(10);
+    }
+    let mut rng = Rng(0x7a11 ^ (rows * cols * tokens) as u64);
+    let mut out = vec![0f32; rows * tokens];
+    for ty in WEIGHT_TYPES {
+        let w = weights(ty, rows, cols, &mut rng);
+        let a = acts(ty, tokens, cols, &mut rng);
+        let flops = 2.0 * (rows * cols * tokens) as f64;
+        for isa in isas() {
+            summary.bench(
+                &mut g,
+                &group,
+                ty.name(),
+                &format!("{isa:?}"),
+                w.len() as u64,
+                Some(flops),
+                None,
+                || {
+                    matmul_with(isa, ty, black_box(&w), rows, cols, &a, &mut out).unwrap();
+                    black_box(&mut out);
+                },
+            );
+        }
+    }
+    g.finish();
+}
+
+/// Activation quantization: one 4096-element row (decode, on the calling thread) and 128
+/// tokens of 1536 (a prefill chunk of SmolLM2's FFN width, split over the pool).
+fn quantize_acts(c: &mut Criterion, summary: &mut Summary) {
+    let group = "quantize_acts";
+    let mut g = c.benchmark_group(group);
+    let mut rng = Rng(0xac75);
+    for ty in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K] {
+        for (tokens, cols) in [(1, 4096), (128, SMALL.1)] {
+            let x = rng.floats(tokens * cols);
+            let mut acts = QuantizedActs::new();
+            let n = (tokens * cols) as u64;
+            summary.bench(
+                &mut g,
+                group,
+                ty.name(),
+                &format!("{tokens}x{cols}"),
+                4 * n,
+                None,
+                Some(n),
+                || acts.quantize(ty, black_box(&x), tokens, cols).unwrap(),
+            );
+        }
+    }
+    g.finish();
+}
+
+/// Dequantization of a whole `SMALL` matrix of every weight format to f32.
+fn dequantize_all(c: &mut Criterion, summary: &mut Summary) {
+    let (rows, cols) = SMALL;
+    let group = format!("dequantize_{rows}x{cols}");
+    let mut g = c.benchmark_group(&group);
+    let mut rng = Rng(0xde9);
+    let mut out = vec![0f32; rows * cols];
+    for ty in WEIGHT_TYPES {
+        let w = weights(ty, rows, cols, &mut rng);
+        summary.bench(
+            &mut g,
+            &group,
+            ty.name(),
+            "Scalar",
+            w.len() as u64,
+            None,
+            Some((rows * cols) as u64),
+            || {
+                dequantize(ty, black_box(&w), &mut out).unwrap();
+                black_box(&mut out);
+            },
+        );
+    }
+    g.finish();
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_millis(1500))
+        .sample_size(20)
+        .configure_from_args();
+    let mut summary = Summary::default();
+    products(&mut c, &mut summary, "matvec", SMALL, 1);
+    products(&mut c, &mut summary, "matvec", LARGE, 1);
+    for tokens in MATMUL_TOKENS {
+        products(&mut c, &mut summary, "matmul", SMALL, tokens);
+    }
+    quantize_acts(&mut c, &mut summary);
+    dequantize_all(&mut c, &mut summary);
+    c.final_summary();
+    // Only when benchmarking: in test mode (`cargo test --benches`) every bench runs once.
+    if std::env::args().any(|a| a == "--bench") {
+        summary.print();
+    }
+}
