@@ -16,23 +16,6 @@ use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput
 use half::f16;
 use tallow_quant::{dequantize, matmul_with, quantize_row, GgmlType, Isa, QuantizedActs};
 
-/// Every format that can be a weight (has a dot product).
-const WEIGHT_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
-
 /// (rows, cols): SmolLM2-135M's FFN down projection (1536 -> 576; its inputs must be whole
 /// 256-element K-quant blocks, which the 576-wide hidden state is not), and a 7B-sized
 /// square matrix whose weights do not fit in any cache.
@@ -248,7 +231,7 @@ fn products(
     }
     let mut rng = Rng(0x7a11 ^ (rows * cols * tokens) as u64);
     let mut out = vec![0f32; rows * tokens];
-    for ty in WEIGHT_TYPES {
+    for ty in GgmlType::WEIGHTS {
         let w = weights(ty, rows, cols, &mut rng);
         let a = acts(ty, tokens, cols, &mut rng);
         let flops = 2.0 * (rows * cols * tokens) as f64;
@@ -304,7 +287,7 @@ fn dequantize_all(c: &mut Criterion, summary: &mut Summary) {
     let mut g = c.benchmark_group(&group);
     let mut rng = Rng(0xde9);
     let mut out = vec![0f32; rows * cols];
-    for ty in WEIGHT_TYPES {
+    for ty in GgmlType::WEIGHTS {
         let w = weights(ty, rows, cols, &mut rng);
         summary.bench(
             &mut g,

@@ -25,6 +25,23 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
+    /// Every type that can hold weights (has a dot product with activations).
+    pub const WEIGHTS: [GgmlType; 13] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+
     /// Every supported type, in GGML id order.
     pub const ALL: [GgmlType; 15] = [
         GgmlType::F32,

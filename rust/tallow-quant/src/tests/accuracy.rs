@@ -1,7 +1,7 @@
 //! The formats against their error bounds: integer dot products against float dot products
 //! of the dequantized values, and quantize/dequantize round trips.
 
-use super::data::{dequantized, exact_dot, magnitude, random_acts, random_blocks, WEIGHT_TYPES};
+use super::data::{dequantized, exact_dot, magnitude, random_acts, random_blocks};
 use super::rng::Rng;
 use crate::blocks::{as_blocks, BlockQ4_1, BlockQ5_1, BlockQ8_1};
 use crate::fp16::f16_to_f32;
@@ -36,7 +36,7 @@ fn offset_rounding(ty: GgmlType, w: &[u8], a: &[u8]) -> f64 {
 #[test]
 fn integer_dot_matches_dot_of_dequantized_values() {
     let mut rng = Rng::new(1);
-    for ty in WEIGHT_TYPES {
+    for ty in GgmlType::WEIGHTS {
         for blocks in [1, 4, 9] {
             let n = blocks * ty.block_len().max(32);
             let w = random_blocks(&mut rng, ty, n / ty.block_len());
@@ -64,7 +64,7 @@ fn block_amax(x: &[f32], block_len: usize) -> Vec<f32> {
 #[test]
 fn vec_dot_is_within_activation_quantization_error() {
     let mut rng = Rng::new(2);
-    for ty in WEIGHT_TYPES {
+    for ty in GgmlType::WEIGHTS {
         let act_ty = ty.vec_dot_type();
         let per_amax = match act_ty {
             GgmlType::Q8_0 | GgmlType::Q8_1 => 0.5 / 127.0 + 2f64.powi(-11),

@@ -5,23 +5,6 @@ use super::rng::Rng;
 use crate::fp16::{f32_to_bf16, f32_to_f16};
 use crate::{dequantize, quantize_row, GgmlType};
 
-/// Every format that can be a weight (has a dot product).
-pub(crate) const WEIGHT_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
-
 /// Byte offsets of the f16 scale fields inside one block.
 pub(crate) fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {

@@ -1,6 +1,6 @@
 //! Every SIMD kernel against the scalar reference, on random blocks.
 
-use super::data::{dequantized, f16_fields, magnitude, random_acts, random_blocks, WEIGHT_TYPES};
+use super::data::{dequantized, f16_fields, magnitude, random_acts, random_blocks};
 use super::rng::Rng;
 use crate::kernels::{reference_kernel, Isa, RawVecDot};
 use crate::GgmlType;
@@ -61,7 +61,7 @@ fn simd_kernels() -> Vec<(&'static str, GgmlType, RawVecDot)> {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::kernels::{avx2, avx512};
-        for ty in WEIGHT_TYPES {
+        for ty in GgmlType::WEIGHTS {
             if Isa::Avx2.is_available() {
                 kernels.extend(avx2::vec_dot_kernel(ty).map(|k| ("avx2", ty, k)));
             }
@@ -74,7 +74,7 @@ fn simd_kernels() -> Vec<(&'static str, GgmlType, RawVecDot)> {
         }
     }
     #[cfg(target_arch = "aarch64")]
-    for ty in WEIGHT_TYPES {
+    for ty in GgmlType::WEIGHTS {
         if Isa::Neon.is_available() {
             kernels.extend(crate::kernels::neon::vec_dot_kernel(ty).map(|k| ("neon", ty, k)));
         }
@@ -136,7 +136,7 @@ fn mandatory_formats_have_simd_kernels() {
 #[test]
 fn dispatch_covers_every_format_on_every_available_isa() {
     for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
-        for ty in WEIGHT_TYPES {
+        for ty in GgmlType::WEIGHTS {
             let kernel = isa.vec_dot(ty).unwrap_or_else(|| panic!("{isa:?} {ty}"));
             let mut rng = Rng::new(7);
             let n = 2 * ty.block_len().max(32);
@@ -158,7 +158,7 @@ fn dispatch_covers_every_format_on_every_available_isa() {
 #[test]
 fn empty_rows_are_positive_zero() {
     for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
-        for ty in WEIGHT_TYPES {
+        for ty in GgmlType::WEIGHTS {
             let kernel = isa.vec_dot(ty).unwrap();
             assert_eq!(kernel.call(&[], &[]).to_bits(), 0, "{isa:?} {ty}");
         }
