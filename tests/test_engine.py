@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+import tallow
 from tallow import _core
 from tallow.engine import Engine, EngineConfig, SamplingParams
 
@@ -33,3 +34,24 @@ def test_slot_utilization_in_steady_decode(smollm2_path: Path) -> None:
     assert len(samples) >= 20
     assert min(samples) > 0.96, samples
     assert engine.stats()["pages_used"] == 0
+
+
+def test_interleaved_llm_streams_share_the_engine(smollm2: tallow.LLM) -> None:
+    """Two open streams of one LLM advance in the same engine steps and give what each gives
+    alone; closing one early aborts it and frees its pages."""
+    alone = [
+        smollm2.generate(p, max_tokens=10, temperature=0).text
+        for p in ("The largest planet", "Paris is a city in")
+    ]
+    a = smollm2.stream("The largest planet", max_tokens=10, temperature=0)
+    b = smollm2.stream("Paris is a city in", max_tokens=10, temperature=0)
+    first = next(a) + next(b)
+    assert first
+    rest_a, rest_b = "".join(a), "".join(b)
+    assert a.result is not None and b.result is not None
+    assert [a.result.text, b.result.text] == alone
+    c = smollm2.stream("Hello, my name is", max_tokens=50, temperature=0)
+    next(c)
+    c.close()
+    assert smollm2.stats()["pages_used"] == 0
+    assert rest_a and rest_b

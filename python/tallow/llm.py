@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
-import threading
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +17,9 @@ import numpy.typing as npt
 
 from tallow import _core
 from tallow.catalog import DEFAULT_MODEL, resolve_model
+from tallow.engine import Engine, EngineConfig, SamplingParams
 from tallow.errors import InvalidArgumentError, ModelError
-from tallow.stopping import StopMatcher as _StopMatcher
+from tallow.scheduler import RequestOutput
 
 __all__ = ["LLM", "GenerationResult", "TextStream"]
 
@@ -26,6 +28,10 @@ FinishReason = Literal["stop", "length"]
 DEFAULT_N_CTX = 4096
 """Context size used when none is given, capped by the model's training context (llama.cpp's
 default is 4096 too)."""
+
+# Streams of one LLM that may be open at once (interleaved generators share engine steps).
+_MAX_STREAMS = 4
+_PAGE_SIZE = 16
 
 # Rows of logits converted to float64 at a time by perplexity(), to bound memory for large
 # vocabularies.
@@ -156,8 +162,9 @@ class LLM:
     context used by :meth:`generate` and :meth:`stream` (prompt plus generated tokens); by
     default the model's training context, capped at 4096.
 
-    An ``LLM`` is not meant to be shared between threads; each generation uses its own KV
-    cache, so nested or interleaved streams are fine.
+    Generations run on the engine :class:`AsyncLLM` uses (continuous batching over a paged KV
+    pool). An ``LLM`` is not meant to be shared between threads; nested or interleaved streams
+    are fine: they advance together in the engine's steps.
 
     >>> llm = tallow.LLM()  # doctest: +SKIP
     >>> llm.generate("The capital of France is", max_tokens=8, temperature=0).text  # doctest: +SKIP
@@ -182,8 +189,19 @@ class LLM:
             n_ctx = min(self._model.n_ctx_train, DEFAULT_N_CTX) or DEFAULT_N_CTX
         self.n_ctx = n_ctx
         """Context size of generations (prompt plus completion)."""
-        self._free_ctx: _core.Context | None = None
-        self._lock = threading.Lock()
+        # Generations run on the same engine as AsyncLLM: the scheduler and the batched
+        # forward over a paged KV pool. Interleaved streams share its steps.
+        self._engine = Engine(
+            self._model,
+            EngineConfig(
+                max_num_seqs=_MAX_STREAMS,
+                n_ctx=n_ctx,
+                kv_pages=_MAX_STREAMS * -(-n_ctx // _PAGE_SIZE),
+                page_size=_PAGE_SIZE,
+            ),
+        )
+        self._outputs: dict[str, deque[RequestOutput]] = {}
+        self._ids = itertools.count()
 
     # -- model properties -------------------------------------------------------------------
 
@@ -235,6 +253,11 @@ class LLM:
         """The tensor table: ``(name, type name, dims)``."""
         return self._model.tensors()
 
+    def stats(self) -> dict[str, float]:
+        """The engine's KV pages total / used / free, tokens cached, running and waiting
+        requests, preemptions and recent tokens per second."""
+        return self._engine.stats()
+
     def __repr__(self) -> str:
         return f"LLM({self.model_name!r}, n_ctx={self.n_ctx})"
 
@@ -272,18 +295,6 @@ class LLM:
 
     # -- generation -----------------------------------------------------------------------------
 
-    def _take_context(self) -> _core.Context:
-        with self._lock:
-            ctx, self._free_ctx = self._free_ctx, None
-        if ctx is None:
-            ctx = self._model.new_context(self.n_ctx)
-        return ctx
-
-    def _give_back(self, ctx: _core.Context) -> None:
-        with self._lock:
-            if self._free_ctx is None:
-                self._free_ctx = ctx
-
     def _completion(self, prompt: str, p: _Params) -> Generator[str, None, GenerationResult]:
         """Checks the prompt now; returns a generator that yields the text pieces of the
         generation and returns its result."""
@@ -295,52 +306,53 @@ class LLM:
             )
         return self._run(prompt_ids, p)
 
+    def _next_output(self, request_id: str) -> RequestOutput:
+        """Step the engine until ``request_id`` has an output; keep the others' outputs for
+        their own streams."""
+        waiting = self._outputs[request_id]
+        while not waiting:
+            for out in self._engine.step():
+                if out.request_id in self._outputs:
+                    self._outputs[out.request_id].append(out)
+        return waiting.popleft()
+
     def _run(self, prompt_ids: list[int], p: _Params) -> Generator[str, None, GenerationResult]:
-        sampler = _core.Sampler(p.temperature, p.top_k, p.top_p, p.seed)
-        eog = set(self._model.eog_ids)
-        decoder = self._model.stream_decoder()
-        matcher = _StopMatcher(p.stop)
+        params = SamplingParams(
+            max_tokens=p.max_tokens,
+            temperature=p.temperature,
+            top_k=p.top_k,
+            top_p=p.top_p,
+            seed=p.seed,
+            stop=p.stop,
+        )
+        request_id = f"llm-{next(self._ids)}"
         token_ids: list[int] = []
         chunks: list[str] = []
         finish: FinishReason = "length"
         t0 = time.perf_counter()
-        t1 = t0
-        if p.max_tokens == 0:
-            return GenerationResult("", [], "length", len(prompt_ids), 0)
-        ctx = self._take_context()
+        t1: float | None = None
+        self._outputs[request_id] = deque()
+        self._engine.add(request_id, prompt_ids, params)
+        finished = False
         try:
-            ctx.reset()
-            logits = ctx.eval(prompt_ids)
-            t1 = time.perf_counter()
-            while True:
-                token = sampler.sample(logits)
-                if token in eog:
-                    finish = "stop"
-                    break
-                token_ids.append(token)
-                out = matcher.push(decoder.push(token))
-                if out:
-                    chunks.append(out)
-                    yield out
-                if matcher.stopped:
-                    finish = "stop"
-                    break
-                if p.max_tokens is not None and len(token_ids) >= p.max_tokens:
-                    break
-                if ctx.n_past >= ctx.n_ctx:
-                    break
-                logits = ctx.eval([token])
+            while not finished:
+                out = self._next_output(request_id)
+                t1 = t1 or time.perf_counter()
+                token_ids.extend(out.new_token_ids)
+                finished = out.finished
+                if finished:
+                    if out.error is not None and not token_ids and p.max_tokens != 0:
+                        raise ModelError(out.error)
+                    finish = "stop" if out.finish_reason == "stop" else "length"
+                if out.text:
+                    chunks.append(out.text)
+                    yield out.text
         finally:
-            self._give_back(ctx)
-        if not matcher.stopped:
-            out = matcher.push(decoder.finish())
-            if matcher.stopped:
-                finish = "stop"
-            out += matcher.flush()
-            if out:
-                chunks.append(out)
-                yield out
+            del self._outputs[request_id]
+            if not finished:
+                self._engine.abort(request_id)
         t2 = time.perf_counter()
+        t1 = t1 or t2
         return GenerationResult(
             text="".join(chunks),
             token_ids=token_ids,
