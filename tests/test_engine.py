@@ -16,10 +16,10 @@ def test_slot_utilization_in_steady_decode(smollm2_path: Path) -> None:
     only the last page of each sequence is partly filled."""
     model = _core.Model(str(smollm2_path))
     engine = Engine(
-        model, EngineConfig(max_num_seqs=16, max_tokens_per_step=4096, page_size=8, n_ctx=512)
+        model, EngineConfig(max_num_seqs=16, max_tokens_per_step=8192, page_size=16, n_ctx=512)
     )
     rng = np.random.default_rng(1)
-    lengths = rng.integers(120, 200, size=16)
+    lengths = rng.integers(240, 400, size=16)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     for i, n in enumerate(lengths):
         engine.add(f"r{i}", [int(t) for t in rng.integers(100, 40000, size=n)], params)
