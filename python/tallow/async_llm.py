@@ -148,7 +148,7 @@ class AsyncLLM:
                 outputs = engine.step()
             except TallowError as e:
                 self._failure = e
-                anyio.from_thread.run_sync(self._fail_all, e)
+                anyio.from_thread.run_sync(self._close_all)
                 return
             if outputs:
                 anyio.from_thread.run_sync(self._deliver, outputs)
@@ -166,7 +166,9 @@ class AsyncLLM:
                 stream.close()
                 del self._streams[out.request_id]
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _close_all(self) -> None:
+        """In the event loop, after the engine failed: end every stream (their callers raise
+        ModelError with the failure)."""
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
