@@ -4,7 +4,9 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::kernels::VecDot;
+use crate::blocks::{as_blocks, BlockQ8_0, BlockQ8_1};
+use crate::fp16::f16_to_f32;
+use crate::kernels::{Tile, TileScales, VecDot, TILE_LANES};
 use crate::{reference, sizes, GgmlType, Isa, QuantError};
 
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool would
@@ -168,13 +170,6 @@ pub fn matmul_with(
     let out_len = sizes::product(acts.n_tokens, rows, "output")?;
     sizes::expect_len("output elements", out_len, out.len())?;
 
-    let product = Product {
-        kernel,
-        weight,
-        row_bytes,
-        rows,
-        acts,
-    };
     if out_len == 0 {
         return Ok(());
     }
@@ -182,6 +177,20 @@ pub fn matmul_with(
         out.fill(0.0);
         return Ok(());
     }
+    // Several tokens: a tile kernel, where this set has one for `ty`, reuses each unpacked
+    // weight block across up to eight tokens, with the same bits as `kernel`.
+    let tile = match isa.tile(ty) {
+        Some(tile) if acts.n_tokens >= 2 => Some(TilePlan::new(tile, acts, cols / ty.block_len())),
+        _ => None,
+    };
+    let product = Product {
+        kernel,
+        tile,
+        weight,
+        row_bytes,
+        rows,
+        acts,
+    };
 
     let threads = rayon::current_num_threads();
     let work = out_len.saturating_mul(cols);
@@ -205,9 +214,61 @@ pub fn matmul_with(
     Ok(())
 }
 
+/// A tile kernel with the f32 activation scales it reads, per group of [`TILE_LANES`] tokens
+/// (see [`TileScales`]).
+struct TilePlan {
+    tile: Tile,
+    blocks: usize,
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+impl TilePlan {
+    /// `acts` in Q8_0 or Q8_1, `blocks` blocks per token.
+    fn new(tile: Tile, acts: &QuantizedActs, blocks: usize) -> Self {
+        let group_len = blocks * TILE_LANES;
+        let len = acts.n_tokens.div_ceil(TILE_LANES) * group_len;
+        let mut d = vec![0.0; len];
+        let mut s = Vec::new();
+        if acts.ty == GgmlType::Q8_1 {
+            s.resize(len, 0.0);
+        }
+        for t in 0..acts.n_tokens {
+            let first = t / TILE_LANES * group_len + t % TILE_LANES;
+            let lanes = (first..).step_by(TILE_LANES);
+            if acts.ty == GgmlType::Q8_1 {
+                for (i, block) in lanes.zip(as_blocks::<BlockQ8_1>(acts.row(t))) {
+                    d[i] = f16_to_f32(block.d);
+                    s[i] = f16_to_f32(block.s);
+                }
+            } else {
+                for (i, block) in lanes.zip(as_blocks::<BlockQ8_0>(acts.row(t))) {
+                    d[i] = f16_to_f32(block.d);
+                }
+            }
+        }
+        Self { tile, blocks, d, s }
+    }
+
+    /// The scales of token group `g`, for the tile that starts at lane `lane0`.
+    fn scales(&self, g: usize, lane0: usize) -> TileScales<'_> {
+        let group = g * self.blocks * TILE_LANES..(g + 1) * self.blocks * TILE_LANES;
+        TileScales {
+            d: &self.d[group.clone()],
+            s: if self.s.is_empty() {
+                &[]
+            } else {
+                &self.s[group]
+            },
+            lane0,
+        }
+    }
+}
+
 /// The validated operands of one [`matmul`].
 struct Product<'a> {
     kernel: VecDot,
+    tile: Option<TilePlan>,
     weight: &'a [u8],
     row_bytes: usize,
     rows: usize,
@@ -219,12 +280,53 @@ impl Product<'_> {
     /// with its index in `out`.
     fn rows_into(&self, range: Range<usize>, mut write: impl FnMut(usize, f32)) {
         let n_tokens = self.acts.n_tokens;
+        if let Some(plan) = &self.tile {
+            return self.tiles_into(plan, range, write);
+        }
         for first in (0..n_tokens).step_by(TOKEN_BLOCK) {
             let tokens = first..n_tokens.min(first + TOKEN_BLOCK);
             for r in range.clone() {
                 let w = &self.weight[r * self.row_bytes..(r + 1) * self.row_bytes];
                 for t in tokens.clone() {
                     write(t * self.rows + r, self.kernel.call(w, self.acts.row(t)));
+                }
+            }
+        }
+    }
+}
+
+impl Product<'_> {
+    /// [`Product::rows_into`] with tile kernels: per group of [`TILE_LANES`] tokens, each
+    /// weight row against the group as tiles of 8, or of 4, 2 and 1 tokens for a last, short
+    /// group.
+    fn tiles_into(&self, plan: &TilePlan, range: Range<usize>, mut write: impl FnMut(usize, f32)) {
+        let n_tokens = self.acts.n_tokens;
+        let mut out = [0f32; TILE_LANES];
+        for g in 0..n_tokens.div_ceil(TILE_LANES) {
+            let first = g * TILE_LANES;
+            let n = TILE_LANES.min(n_tokens - first);
+            let a: [&[u8]; TILE_LANES] =
+                std::array::from_fn(|i| self.acts.row((first + i).min(n_tokens - 1)));
+            // (first lane, tokens) of each tile: n in binary when the group is short.
+            let tiles = [TILE_LANES, 4, 2, 1].into_iter().filter(move |&size| {
+                if n == TILE_LANES {
+                    size == TILE_LANES
+                } else {
+                    size < TILE_LANES && n & size != 0
+                }
+            });
+            for r in range.clone() {
+                let w = &self.weight[r * self.row_bytes..(r + 1) * self.row_bytes];
+                let mut lane0 = 0;
+                for size in tiles.clone() {
+                    let lanes = lane0..lane0 + size;
+                    let out = &mut out[..size];
+                    plan.tile
+                        .call(w, &a[lanes.clone()], &plan.scales(g, lane0), out);
+                    for (lane, &v) in lanes.zip(out.iter()) {
+                        write((first + lane) * self.rows + r, v);
+                    }
+                    lane0 += size;
                 }
             }
         }

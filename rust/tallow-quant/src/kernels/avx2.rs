@@ -444,3 +444,155 @@ unsafe fn q6_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
     }
     hsum(acc)
 }
+
+// ---- tiles: one weight row against up to eight tokens ----
+//
+// As in `avx512`: each weight block is unpacked once for every token of the tile, and per
+// token the arithmetic and its order are those of the `vec_dot` kernel above, so the outputs
+// are equal bit for bit.
+
+/// Checks the operands of a tile and views them as blocks.
+#[inline]
+fn tile_operands<'a, W: crate::blocks::Block, A: crate::blocks::Block, const T: usize>(
+    w: &'a [u8],
+    a: &[&'a [u8]],
+    scales: &super::TileScales,
+    out: &[f32],
+) -> (&'a [W], [&'a [A]; T]) {
+    let w = as_blocks::<W>(w);
+    let a: [&[A]; T] = std::array::from_fn(|t| as_blocks::<A>(a[t]));
+    assert!(a.iter().all(|a| a.len() == w.len()) && out.len() == T);
+    scales.check(w.len(), T);
+    // Slices of one known length, so that the loops index them without checks.
+    (w, a.map(|a| &a[..w.len()]))
+}
+
+/// The f32 scales of a token group per block: eight lanes.
+#[inline]
+fn block_scales(scales: &[f32], blocks: usize) -> &[[f32; 8]] {
+    &scales.as_chunks::<8>().0[..blocks]
+}
+
+/// Eight f32 scales.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load8(v: &[f32; 8]) -> __m256 {
+    _mm256_loadu_ps(v.as_ptr())
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q4_0_q8_0<const T: usize>(
+    w: &[u8],
+    a: &[&[u8]],
+    scales: &super::TileScales,
+    out: &mut [f32],
+) {
+    let (w, a) = tile_operands::<BlockQ4_0, BlockQ8_0, T>(w, a, scales, out);
+    let ad = block_scales(scales.d, w.len());
+    let lane0 = scales.lane0.min(8 - T);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for (b, w) in w.iter().enumerate() {
+        let q = _mm256_sub_epi8(nibbles(&w.qs), _mm256_set1_epi8(8));
+        let abs_q = _mm256_sign_epi8(q, q);
+        let wd = fp16(w.d);
+        for t in 0..T {
+            let y = _mm256_sign_epi8(load_i8(&a[t][b].qs), q);
+            let sums = _mm256_cvtepi32_ps(dot_u8_i8(abs_q, y));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * ad[b][lane0 + t]), sums, acc[t]);
+        }
+    }
+    for t in 0..T {
+        out[t] = hsum(acc[t]);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q4_1_q8_1<const T: usize>(
+    w: &[u8],
+    a: &[&[u8]],
+    scales: &super::TileScales,
+    out: &mut [f32],
+) {
+    let (w, a) = tile_operands::<BlockQ4_1, BlockQ8_1, T>(w, a, scales, out);
+    let ad = block_scales(scales.d, w.len());
+    let lane0 = scales.lane0.min(8 - T);
+    let mut acc = [_mm256_setzero_ps(); T];
+    let s8 = block_scales(scales.s, w.len());
+    let mut offsets = _mm256_setzero_ps();
+    for (b, w) in w.iter().enumerate() {
+        let q = nibbles(&w.qs);
+        let wd = fp16(w.d);
+        let mins = _mm256_mul_ps(_mm256_set1_ps(fp16(w.m)), load8(&s8[b]));
+        offsets = _mm256_add_ps(offsets, mins);
+        for t in 0..T {
+            let sums = _mm256_cvtepi32_ps(dot_u8_i8(q, load_i8(&a[t][b].qs)));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * ad[b][lane0 + t]), sums, acc[t]);
+        }
+    }
+    let mut offs = [0f32; 8];
+    _mm256_storeu_ps(offs.as_mut_ptr(), offsets);
+    for t in 0..T {
+        out[t] = hsum(acc[t]) + offs[lane0 + t];
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q8_0_q8_0<const T: usize>(
+    w: &[u8],
+    a: &[&[u8]],
+    scales: &super::TileScales,
+    out: &mut [f32],
+) {
+    let (w, a) = tile_operands::<BlockQ8_0, BlockQ8_0, T>(w, a, scales, out);
+    let ad = block_scales(scales.d, w.len());
+    let lane0 = scales.lane0.min(8 - T);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for (b, w) in w.iter().enumerate() {
+        let x = load_i8(&w.qs);
+        let abs_x = _mm256_sign_epi8(x, x);
+        let wd = fp16(w.d);
+        for t in 0..T {
+            let y = _mm256_sign_epi8(load_i8(&a[t][b].qs), x);
+            let sums = _mm256_cvtepi32_ps(dot_u8_i8(abs_x, y));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * ad[b][lane0 + t]), sums, acc[t]);
+        }
+    }
+    for t in 0..T {
+        out[t] = hsum(acc[t]);
+    }
+}
+
+macro_rules! tile_entry_points {
+    ($($kernel:ident => $entry:ident),* $(,)?) => {
+        $(
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $entry(w: &[u8], a: &[&[u8]], scales: &super::TileScales, out: &mut [f32]) {
+                match a.len() {
+                    8 => $kernel::<8>(w, a, scales, out),
+                    4 => $kernel::<4>(w, a, scales, out),
+                    2 => $kernel::<2>(w, a, scales, out),
+                    1 => $kernel::<1>(w, a, scales, out),
+                    n => panic!("no tile of {n} tokens"),
+                }
+            }
+        )*
+    };
+}
+
+tile_entry_points!(
+    tile_q4_0_q8_0 => tile_q4_0,
+    tile_q4_1_q8_1 => tile_q4_1,
+    tile_q8_0_q8_0 => tile_q8_0,
+);
+
+pub(crate) fn tile_kernel(ty: GgmlType) -> Option<super::RawTile> {
+    Some(match ty {
+        GgmlType::Q4_0 => tile_q4_0,
+        GgmlType::Q4_1 => tile_q4_1,
+        GgmlType::Q8_0 => tile_q8_0,
+        _ => return None,
+    })
+}

@@ -389,3 +389,232 @@ unsafe fn q6_k_q8_k<D: DotBytes>(w: &[u8], a: &[u8]) -> f32 {
     }
     _mm512_reduce_add_ps(acc)
 }
+
+// ---- tiles: one weight row against up to eight tokens ----
+//
+// Each kernel unpacks a pair of weight blocks once and takes it through every token of the
+// tile. Per token it does exactly what the matching `vec_dot` kernel above does, in the same
+// order (the same i32 lanes, the same f32 scales, one accumulator per token, the same
+// reduction), so its outputs equal that kernel's bit for bit. The activation scales come
+// converted to f32 ([`super::TileScales`]): the products `wd * ad` are the same f32 products
+// the scalar code forms, taken eight tokens at a time.
+
+/// The scale of two blocks for the token in lane `lane` of `prod` (`wd * ad` of blocks 2p and
+/// 2p+1 for the eight lanes of a token group): as [`halves`] of the two products.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn lane_halves(prod: __m512, index: __m512i) -> __m512 {
+    _mm512_permutexvar_ps(index, prod)
+}
+
+/// Sixteen f32 scales.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn load16(v: &[f32; 16]) -> __m512 {
+    _mm512_loadu_ps(v.as_ptr())
+}
+
+/// The low and high eight lanes of `v` added: per token, the offsets of a block pair.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn add_halves(v: __m512) -> __m256 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    _mm256_add_ps(_mm512_castps512_ps256(v), hi)
+}
+
+/// Checks the operands of a tile and views them as blocks.
+#[inline]
+fn tile_operands<'a, W: crate::blocks::Block, A: crate::blocks::Block, const T: usize>(
+    w: &'a [u8],
+    a: &[&'a [u8]],
+    scales: &super::TileScales,
+    out: &[f32],
+) -> (&'a [W], [&'a [A]; T]) {
+    let w = as_blocks::<W>(w);
+    let a: [&[A]; T] = std::array::from_fn(|t| as_blocks::<A>(a[t]));
+    assert!(a.iter().all(|a| a.len() == w.len()) && out.len() == T);
+    scales.check(w.len(), T);
+    (w, a)
+}
+
+/// The block pairs of a tile's weight row and activation rows, all of the same length (so
+/// that indexing them needs no checks in the loop), and the odd last blocks.
+#[allow(clippy::type_complexity)]
+#[inline]
+fn tile_pairs<'a, W, A, const T: usize>(
+    w: &'a [W],
+    a: [&'a [A]; T],
+) -> (&'a [[W; 2]], [&'a [[A; 2]]; T], &'a [W], [&'a [A]; T]) {
+    let (w2, w_tail) = w.as_chunks::<2>();
+    let pairs = w2.len();
+    let a2 = a.map(|a| &a.as_chunks::<2>().0[..pairs]);
+    let a_tail = a.map(|a| &a[2 * pairs..]);
+    (w2, a2, w_tail, a_tail)
+}
+
+/// The f32 scales of a token group per block pair: 16 lanes, blocks 2p and 2p+1.
+#[inline]
+fn pair_scales(scales: &[f32], pairs: usize) -> &[[f32; 16]] {
+    &scales.as_chunks::<16>().0[..pairs]
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn tile_q4_0_q8_0<D: DotBytes, const T: usize>(
+    w: &[u8],
+    a: &[&[u8]],
+    scales: &super::TileScales,
+    out: &mut [f32],
+) {
+    let (w, a) = tile_operands::<BlockQ4_0, BlockQ8_0, T>(w, a, scales, out);
+    let lane0 = scales.lane0;
+    let index: [__m512i; T] =
+        std::array::from_fn(|t| lane_groups((lane0 + t) as i32, (8 + lane0 + t) as i32));
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm512_setzero_ps(); T];
+    let (w2, a2, w_tail, a_tail) = tile_pairs(w, a);
+    let d16 = pair_scales(scales.d, w2.len());
+    for (p, [w0, w1]) in w2.iter().enumerate() {
+        // The same i32 lanes as `(q . y) - (8 . y)` in `q4_0_q8_0`, with one byte product
+        // per token: |q - 8| . (y with the sign of q - 8).
+        let x = _mm512_sub_epi8(nibbles_x2(&w0.qs, &w1.qs), _mm512_set1_epi8(8));
+        let negative = _mm512_movepi8_mask(x);
+        let abs_x = _mm512_abs_epi8(x);
+        let prod = _mm512_mul_ps(halves(fp16(w0.d), fp16(w1.d)), load16(&d16[p]));
+        for t in 0..T {
+            let [a0, a1] = &a2[t][p];
+            let y = join(load_i8(&a0.qs), load_i8(&a1.qs));
+            let sums = D::dot(zero, abs_x, _mm512_mask_sub_epi8(y, negative, zero, y));
+            let d = lane_halves(prod, index[t]);
+            acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc[t]);
+        }
+    }
+    for t in 0..T {
+        let tail = tail_sum(w_tail, a_tail[t], reference::block_q4_0_q8_0);
+        out[t] = _mm512_reduce_add_ps(acc[t]) + tail;
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn tile_q4_1_q8_1<D: DotBytes, const T: usize>(
+    w: &[u8],
+    a: &[&[u8]],
+    scales: &super::TileScales,
+    out: &mut [f32],
+) {
+    let (w, a) = tile_operands::<BlockQ4_1, BlockQ8_1, T>(w, a, scales, out);
+    let lane0 = scales.lane0;
+    let index: [__m512i; T] =
+        std::array::from_fn(|t| lane_groups((lane0 + t) as i32, (8 + lane0 + t) as i32));
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm512_setzero_ps(); T];
+    let mut offsets = _mm256_setzero_ps();
+    let (w2, a2, w_tail, a_tail) = tile_pairs(w, a);
+    let d16 = pair_scales(scales.d, w2.len());
+    let s16 = pair_scales(scales.s, w2.len());
+    for (p, [w0, w1]) in w2.iter().enumerate() {
+        let q = nibbles_x2(&w0.qs, &w1.qs);
+        let prod = _mm512_mul_ps(halves(fp16(w0.d), fp16(w1.d)), load16(&d16[p]));
+        let mins = _mm512_mul_ps(halves(fp16(w0.m), fp16(w1.m)), load16(&s16[p]));
+        offsets = _mm256_add_ps(offsets, add_halves(mins));
+        for t in 0..T {
+            let [a0, a1] = &a2[t][p];
+            let y = join(load_i8(&a0.qs), load_i8(&a1.qs));
+            let d = lane_halves(prod, index[t]);
+            acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(D::dot(zero, q, y)), acc[t]);
+        }
+    }
+    let mut offs = [0f32; 8];
+    _mm256_storeu_ps(offs.as_mut_ptr(), offsets);
+    for t in 0..T {
+        let tail = tail_sum(w_tail, a_tail[t], reference::block_q4_1_q8_1);
+        out[t] = _mm512_reduce_add_ps(acc[t]) + offs[lane0 + t] + tail;
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn tile_q8_0_q8_0<D: DotBytes, const T: usize>(
+    w: &[u8],
+    a: &[&[u8]],
+    scales: &super::TileScales,
+    out: &mut [f32],
+) {
+    let (w, a) = tile_operands::<BlockQ8_0, BlockQ8_0, T>(w, a, scales, out);
+    let lane0 = scales.lane0;
+    let index: [__m512i; T] =
+        std::array::from_fn(|t| lane_groups((lane0 + t) as i32, (8 + lane0 + t) as i32));
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm512_setzero_ps(); T];
+    let (w2, a2, w_tail, a_tail) = tile_pairs(w, a);
+    let d16 = pair_scales(scales.d, w2.len());
+    for (p, [w0, w1]) in w2.iter().enumerate() {
+        let x = join(load_i8(&w0.qs), load_i8(&w1.qs));
+        let negative = _mm512_movepi8_mask(x);
+        let abs_x = _mm512_abs_epi8(x);
+        let prod = _mm512_mul_ps(halves(fp16(w0.d), fp16(w1.d)), load16(&d16[p]));
+        for t in 0..T {
+            let [a0, a1] = &a2[t][p];
+            let y = join(load_i8(&a0.qs), load_i8(&a1.qs));
+            let signed_y = _mm512_mask_sub_epi8(y, negative, zero, y);
+            let sums = D::dot(zero, abs_x, signed_y);
+            let d = lane_halves(prod, index[t]);
+            acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc[t]);
+        }
+    }
+    for t in 0..T {
+        let tail = tail_sum(w_tail, a_tail[t], reference::block_q8_0_q8_0);
+        out[t] = _mm512_reduce_add_ps(acc[t]) + tail;
+    }
+}
+
+/// Declares each generic tile's entry points in modules `tile_bw` and `tile_vnni`, one per
+/// tile width (1, 2, 4 or 8 tokens, picked by `a.len()`).
+macro_rules! tile_entry_points {
+    ($($kernel:ident),* $(,)?) => {
+        tile_entry_points!(@module tile_bw, Bw, "avx512f,avx512bw", $($kernel),*);
+        tile_entry_points!(@module tile_vnni, Vnni, "avx512f,avx512bw,avx512vnni", $($kernel),*);
+    };
+    (@module $module:ident, $dot:ident, $features:literal, $($kernel:ident),*) => {
+        mod $module {
+            $(
+                #[target_feature(enable = $features)]
+                pub(super) unsafe fn $kernel(
+                    w: &[u8],
+                    a: &[&[u8]],
+                    scales: &super::super::TileScales,
+                    out: &mut [f32],
+                ) {
+                    match a.len() {
+                        8 => super::$kernel::<super::$dot, 8>(w, a, scales, out),
+                        4 => super::$kernel::<super::$dot, 4>(w, a, scales, out),
+                        2 => super::$kernel::<super::$dot, 2>(w, a, scales, out),
+                        1 => super::$kernel::<super::$dot, 1>(w, a, scales, out),
+                        n => panic!("no tile of {n} tokens"),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+tile_entry_points!(tile_q4_0_q8_0, tile_q4_1_q8_1, tile_q8_0_q8_0);
+
+pub(crate) fn tile_kernel(ty: GgmlType, vnni: bool) -> Option<super::RawTile> {
+    macro_rules! pick {
+        ($kernel:ident) => {
+            if vnni {
+                tile_vnni::$kernel as super::RawTile
+            } else {
+                tile_bw::$kernel as super::RawTile
+            }
+        };
+    }
+    Some(match ty {
+        GgmlType::Q4_0 => pick!(tile_q4_0_q8_0),
+        GgmlType::Q4_1 => pick!(tile_q4_1_q8_1),
+        GgmlType::Q8_0 => pick!(tile_q8_0_q8_0),
+        _ => return None,
+    })
+}

@@ -34,6 +34,52 @@ impl VecDot {
     }
 }
 
+/// A tile kernel: one weight row (`w`) against the activation rows `a` of 1, 2, 4 or 8 tokens
+/// of one token group, writing one output per token to `out`. Equal bit for bit to the
+/// [`VecDot`] kernel of the same instruction set and format, token by token. Handed out by
+/// [`Isa::tile`] only, for an instruction set the running CPU has.
+pub(crate) type RawTile = unsafe fn(w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]);
+
+/// Tokens in a group of [`TileScales`].
+pub(crate) const TILE_LANES: usize = 8;
+
+/// The activation block scales of a group of [`TILE_LANES`] tokens, converted to f32 once per
+/// product: `d[TILE_LANES * b + lane]` is `d` of block `b` of the group's token `lane` (and
+/// `s` likewise the Q8_1 block sums; empty for Q8_0), 0 for lanes past the last token. A
+/// tile covers the tokens `lane0..lane0 + a.len()` of the group.
+pub(crate) struct TileScales<'a> {
+    pub(crate) d: &'a [f32],
+    pub(crate) s: &'a [f32],
+    pub(crate) lane0: usize,
+}
+
+impl TileScales<'_> {
+    /// Panics unless the scales cover `blocks` blocks and the tile's `tokens` lanes.
+    #[inline]
+    pub(crate) fn check(&self, blocks: usize, tokens: usize) {
+        let len = blocks * TILE_LANES;
+        assert!(
+            self.d.len() == len
+                && (self.s.is_empty() || self.s.len() == len)
+                && self.lane0 + tokens <= TILE_LANES,
+            "tile scales do not fit the operands"
+        );
+    }
+}
+
+/// A tile kernel that is safe to call on this CPU.
+#[derive(Clone, Copy)]
+pub(crate) struct Tile(RawTile);
+
+impl Tile {
+    #[inline]
+    pub(crate) fn call(self, w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
+        // SAFETY: only built by `Isa::tile` after checking the CPU has the features; the
+        // kernels check their operands' lengths.
+        unsafe { (self.0)(w, a, scales, out) }
+    }
+}
+
 /// The instruction sets tallow has kernels for, best last.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
@@ -117,6 +163,26 @@ impl Isa {
             _ => None,
         };
         simd.or_else(|| reference_kernel(ty)).map(VecDot)
+    }
+}
+
+impl Isa {
+    /// The tile kernel of this set for weights of type `ty`, where it has one: only where it
+    /// gives the same bits as [`Isa::vec_dot`] of this set (no fallback to another set).
+    pub(crate) fn tile(self, ty: GgmlType) -> Option<Tile> {
+        if !self.is_available() {
+            return None;
+        }
+        let raw: Option<RawTile> = match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::tile_kernel(ty),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::tile_kernel(ty, false),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => avx512::tile_kernel(ty, true),
+            _ => None,
+        };
+        raw.map(Tile)
     }
 }
 

@@ -304,3 +304,55 @@ fn matmul_with_picks_the_kernels_of_the_given_isa() {
         Err(QuantError::ActivationType { .. })
     ));
 }
+
+/// The tile kernels (several tokens per weight row) against per-token products of the same
+/// instruction set, bit for bit, and against the scalar reference within rounding: random
+/// shapes with rows not a multiple of anything, odd block counts (the AVX-512 tail) and
+/// 2..=37 tokens (full and short token groups), on every set this CPU has, AVX2 included.
+#[test]
+fn tiled_matmul_equals_per_token_matmul_and_scalar() {
+    let mut rng = Rng::new(21);
+    let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni]
+        .into_iter()
+        .filter(|isa| isa.is_available())
+        .collect();
+    for case in 0..24 {
+        let rows = 1 + (rng.next_u64() % 45) as usize;
+        let cols = 32 * (1 + (rng.next_u64() % 13) as usize);
+        let n_tokens = 2 + case % 36;
+        let n_tokens = if case == 23 { 37 } else { n_tokens };
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            let weight = random_blocks(&mut rng, ty, rows * cols / ty.block_len());
+            let x = rng.activations(n_tokens * cols);
+            let acts = acts_for(ty, &x, n_tokens, cols);
+            let mut scalar = vec![f32::NAN; n_tokens * rows];
+            matmul_with(Isa::Scalar, ty, &weight, rows, cols, &acts, &mut scalar).unwrap();
+            for &isa in &isas {
+                assert!(isa.tile(ty).is_some(), "{isa:?} has a {ty} tile");
+                let mut out = vec![f32::NAN; n_tokens * rows];
+                matmul_with(isa, ty, &weight, rows, cols, &acts, &mut out).unwrap();
+                let row_bytes = weight.len() / rows;
+                for t in 0..n_tokens {
+                    let one = acts_for(ty, &x[t * cols..(t + 1) * cols], 1, cols);
+                    let mut single = vec![f32::NAN; rows];
+                    matmul_with(isa, ty, &weight, rows, cols, &one, &mut single).unwrap();
+                    let a = dequantized(ty.vec_dot_type(), acts.token(t).unwrap());
+                    for r in 0..rows {
+                        let got = out[t * rows + r];
+                        assert_eq!(
+                            got.to_bits(),
+                            single[r].to_bits(),
+                            "{isa:?} {ty} {rows}x{cols} token {t}/{n_tokens} row {r}"
+                        );
+                        let w = dequantized(ty, &weight[r * row_bytes..(r + 1) * row_bytes]);
+                        let want = scalar[t * rows + r];
+                        assert!(
+                            (f64::from(got) - f64::from(want)).abs() <= 1e-5 * magnitude(&w, &a),
+                            "{isa:?} {ty} token {t} row {r}: {got} vs scalar {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
