@@ -147,3 +147,20 @@ async def test_bad_requests(smollm2_path: Path) -> None:
         assert (await llm.generate("hi", max_tokens=2, temperature=0)).completion_tokens == 2
     with pytest.raises(tallow.InvalidArgumentError):
         await AsyncLLM(smollm2_path).generate("hi")
+
+
+@pytest.mark.anyio
+async def test_logprobs(smollm2_path: Path) -> None:
+    async with AsyncLLM(smollm2_path) as llm:
+        plain = await llm.generate("The largest planet", max_tokens=5, temperature=0)
+        done = await llm.generate(
+            "The largest planet", max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+        )
+    assert plain.logprobs is None
+    assert done.logprobs is not None and len(done.logprobs) == 5
+    assert [lp.token_id for lp in done.logprobs] == done.token_ids == plain.token_ids
+    for lp in done.logprobs:
+        # Greedy: the chosen token is the most likely one, and log probabilities are <= 0.
+        assert lp.top[0][0] == lp.token_id
+        assert lp.top[0][1] == pytest.approx(lp.logprob)
+        assert 0 >= lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]

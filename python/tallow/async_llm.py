@@ -27,7 +27,7 @@ from tallow import _core
 from tallow.catalog import DEFAULT_MODEL, resolve_model
 from tallow.engine import Engine, EngineConfig, SamplingParams
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
-from tallow.scheduler import RequestOutput
+from tallow.scheduler import RequestOutput, TokenLogprob
 
 __all__ = ["AsyncLLM", "Completion"]
 
@@ -42,6 +42,8 @@ class Completion:
     """``"stop"``, ``"length"`` or ``"abort"``."""
     prompt_tokens: int
     completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+    """Per generated token, when asked for with ``logprobs=True`` (and ``top_logprobs=k``)."""
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,8 @@ class AsyncLLM:
     ) -> AsyncIterator[str]:
         """Yield the generated text piece by piece (whole characters; a stop string is never
         emitted). ``options`` are further :class:`~tallow.engine.SamplingParams` fields
-        (``min_p``, penalties, ``logit_bias``, ``stop_token_ids``, ``ignore_eos``)."""
+        (``min_p``, penalties, ``logit_bias``, ``stop_token_ids``, ``ignore_eos``,
+        ``logprobs``, ``top_logprobs``)."""
         params = _params(max_tokens, temperature, top_k, top_p, seed, stop, options)
         async for out, _ in self._outputs(prompt, params):
             if out.text:
@@ -261,14 +264,17 @@ class AsyncLLM:
         params = _params(max_tokens, temperature, top_k, top_p, seed, stop, options)
         text: list[str] = []
         tokens: list[int] = []
+        logprobs: list[TokenLogprob] | None = [] if params.logprobs else None
         reason, n_prompt = "abort", 0
         async for out, count in self._outputs(prompt, params):
             n_prompt = count
             text.append(out.text)
             tokens.extend(out.new_token_ids)
+            if logprobs is not None and out.logprobs:
+                logprobs.extend(out.logprobs)
             if out.finished:
                 reason = out.finish_reason or "stop"
-        return Completion("".join(text), tokens, reason, n_prompt, len(tokens))
+        return Completion("".join(text), tokens, reason, n_prompt, len(tokens), logprobs)
 
     def stats(self) -> dict[str, float]:
         """KV pages total / used / free, tokens cached, slot utilization, running and waiting

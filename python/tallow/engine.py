@@ -13,11 +13,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tallow import _core
 from tallow.errors import InvalidArgumentError
-from tallow.scheduler import Request, RequestOutput, Scheduler
+from tallow.scheduler import Request, RequestOutput, Scheduler, TokenLogprob
 
 __all__ = ["Engine", "EngineConfig", "SamplingParams"]
 
@@ -40,6 +40,10 @@ class SamplingParams:
     stop: Sequence[str] = ()
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
+    logprobs: bool = False
+    """Report each generated token's log probability (raw model distribution)."""
+    top_logprobs: int = 0
+    """With ``logprobs``, also the log probabilities of this many most likely tokens."""
 
     def new_sampler(self) -> _core.Sampler:
         """A sampler with these settings (raises InvalidArgumentError when one is invalid)."""
@@ -53,6 +57,7 @@ class SamplingParams:
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
             logit_bias=dict(self.logit_bias),
+            top_logprobs=self.top_logprobs,
         )
 
 
@@ -94,6 +99,7 @@ class Engine:
             decoder_factory=model.stream_decoder,
         )
         self._samplers: dict[str, _core.Sampler] = {}
+        self._logprobs: set[str] = set()
         # (time, tokens computed) of recent steps, for the throughput in stats().
         self._recent: deque[tuple[float, int]] = deque(maxlen=64)
         self.tokens_computed = 0
@@ -114,6 +120,8 @@ class Engine:
         sampler = sampler or params.new_sampler()
         self.scheduler.add(Request(request_id, list(prompt_token_ids), params))
         self._samplers[request_id] = sampler
+        if params.logprobs:
+            self._logprobs.add(request_id)
 
     def abort(self, request_id: str) -> bool:
         """Abort a request; its pages are freed at the latest by the next step."""
@@ -129,17 +137,22 @@ class Engine:
 
     def _step(self) -> list[RequestOutput]:
         step = self.scheduler.schedule()
-        sampled: list[int] = []
+        sampled: dict[str, tuple[int, float, list[tuple[int, float]]]] = {}
         if step:
             logits = self.model.forward(self.kv, step.batch())
             samplers = [self._samplers[r] for r in step.sample_ids]
-            sampled = [token for token, _, _ in _core.sample_batch(samplers, logits)]
+            rows = _core.sample_batch(samplers, logits)
+            sampled = dict(zip(step.sample_ids, rows, strict=True))
             self.tokens_computed += step.num_tokens
             self._recent.append((time.perf_counter(), step.num_tokens))
-        outputs = self.scheduler.update(step, sampled)
-        for out in outputs:
+        outputs = self.scheduler.update(step, {r: row[0] for r, row in sampled.items()})
+        for i, out in enumerate(outputs):
+            if out.new_token_ids and out.request_id in self._logprobs:
+                token, logprob, top = sampled[out.request_id]
+                outputs[i] = replace(out, logprobs=[TokenLogprob(token, logprob, top)])
             if out.finished:
                 self._samplers.pop(out.request_id, None)
+                self._logprobs.discard(out.request_id)
         return outputs
 
     def stats(self) -> dict[str, float]:

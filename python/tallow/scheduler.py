@@ -68,6 +68,7 @@ __all__ = [
     "ScheduledChunk",
     "Scheduler",
     "Step",
+    "TokenLogprob",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -227,6 +228,19 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    """For each new token: its log probability and the most likely alternatives (filled in
+    by the engine when the request asks for log probabilities)."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The log probability of a generated token, and the ``top_logprobs`` most likely tokens
+    at its position with theirs (most likely first)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 @dataclass
