@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use crate::blocks::{as_blocks, BlockQ8_0, BlockQ8_1};
 use crate::fp16::f16_to_f32;
-use crate::kernels::{Tile, TileScales, VecDot, TILE_LANES};
+use crate::kernels::{Rows, Tile, TileScales, VecDot, TILE_LANES};
 use crate::{reference, sizes, GgmlType, Isa, QuantError};
 
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool would
@@ -18,6 +18,8 @@ const MIN_CHUNK_ROWS: usize = 8;
 /// Tokens that reuse one weight row while it is in L1; their activations (a few KiB each)
 /// stay in L2 across the rows of a chunk.
 const TOKEN_BLOCK: usize = 16;
+/// Rows per call of a row kernel (one token), written out through a buffer on the stack.
+const ROW_BLOCK: usize = 64;
 /// Below this many elements, activations are quantized on the calling thread.
 const SERIAL_QUANTIZE: usize = 1 << 16;
 
@@ -183,9 +185,13 @@ pub fn matmul_with(
         Some(tile) if acts.n_tokens >= 2 => Some(TilePlan::new(tile, acts, cols / ty.block_len())),
         _ => None,
     };
+    // One token: a row kernel, where this set has one for `ty`, takes each activation block
+    // through several weight rows at once, with the same bits as `kernel`.
+    let row_kernel = isa.rows(ty).filter(|_| acts.n_tokens == 1);
     let product = Product {
         kernel,
         tile,
+        row_kernel,
         weight,
         row_bytes,
         rows,
@@ -269,6 +275,7 @@ impl TilePlan {
 struct Product<'a> {
     kernel: VecDot,
     tile: Option<TilePlan>,
+    row_kernel: Option<Rows>,
     weight: &'a [u8],
     row_bytes: usize,
     rows: usize,
@@ -282,6 +289,19 @@ impl Product<'_> {
         let n_tokens = self.acts.n_tokens;
         if let Some(plan) = &self.tile {
             return self.tiles_into(plan, range, write);
+        }
+        if let Some(rows) = self.row_kernel {
+            // One token: outputs are indexed by row.
+            let mut out = [0f32; ROW_BLOCK];
+            for first in range.clone().step_by(ROW_BLOCK) {
+                let n = ROW_BLOCK.min(range.end - first);
+                let w = &self.weight[first * self.row_bytes..(first + n) * self.row_bytes];
+                rows.call(w, self.acts.row(0), &mut out[..n]);
+                for (i, &v) in out[..n].iter().enumerate() {
+                    write(first + i, v);
+                }
+            }
+            return;
         }
         for first in (0..n_tokens).step_by(TOKEN_BLOCK) {
             let tokens = first..n_tokens.min(first + TOKEN_BLOCK);

@@ -618,3 +618,133 @@ pub(crate) fn tile_kernel(ty: GgmlType, vnni: bool) -> Option<super::RawTile> {
         _ => return None,
     })
 }
+
+// ---- rows: several weight rows against one token ----
+//
+// Each kernel loads a pair of activation blocks (and converts their scales) once and takes
+// it through `R` weight rows, with one accumulator per row, so that the rows' chains of
+// dependent additions overlap, prefetching each row a few pairs ahead. Only Q4_1 has one:
+// the same scheme for Q4_0 and Q8_0 (written and measured 2026-11-22) gained nothing at
+// 576x1536 and lost up to 40% for Q8_0 at 4096x4096 (benches/README.md). Per row it does exactly what the matching `vec_dot`
+// kernel above does, in the same order (the same i32 lanes, the same f32 products and
+// additions, the same reduction), so its outputs equal that kernel's bit for bit.
+
+/// Checks the operands of `R` rows and views them as blocks: the whole pairs of each row and
+/// of the activations (all of the same length), and the odd last blocks.
+#[allow(clippy::type_complexity)]
+#[inline]
+fn row_pairs<'a, W: crate::blocks::Block, A: crate::blocks::Block, const R: usize>(
+    w: &'a [u8],
+    a: &'a [u8],
+    out: &[f32],
+) -> ([&'a [[W; 2]]; R], &'a [[A; 2]], [&'a [W]; R], &'a [A]) {
+    assert!(out.len() == R && w.len().is_multiple_of(R));
+    let row_bytes = w.len() / R;
+    let w: [&[W]; R] =
+        std::array::from_fn(|r| as_blocks::<W>(&w[r * row_bytes..(r + 1) * row_bytes]));
+    let a = as_blocks::<A>(a);
+    assert!(w.iter().all(|w| w.len() == a.len()));
+    let (a2, a_tail) = a.as_chunks::<2>();
+    let pairs = a2.len();
+    let w2 = w.map(|w| &w.as_chunks::<2>().0[..pairs]);
+    let w_tail = w.map(|w| &w[2 * pairs..]);
+    (w2, a2, w_tail, a_tail)
+}
+
+/// Block pairs a row kernel prefetches ahead of the one it reads, in each row.
+const PREFETCH_PAIRS: usize = 8;
+
+/// Prefetches pair `p + PREFETCH_PAIRS` of a weight row (a hint: past the row's end it reads
+/// whatever follows, or nothing).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn prefetch_ahead<W>(row: &[W], p: usize) {
+    let ahead = row.as_ptr().wrapping_add(p + PREFETCH_PAIRS);
+    _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn rows_q4_1_q8_1<D: DotBytes, const R: usize>(w: &[u8], a: &[u8], out: &mut [f32]) {
+    let (w2, a2, w_tail, a_tail) = row_pairs::<BlockQ4_1, BlockQ8_1, R>(w, a, out);
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut offsets = [0f32; R];
+    for (p, [a0, a1]) in a2.iter().enumerate() {
+        let y = join(load_i8(&a0.qs), load_i8(&a1.qs));
+        let (ad0, ad1) = (fp16(a0.d), fp16(a1.d));
+        let (as0, as1) = (fp16(a0.s), fp16(a1.s));
+        for r in 0..R {
+            prefetch_ahead(w2[r], p);
+            let [w0, w1] = &w2[r][p];
+            let q = nibbles_x2(&w0.qs, &w1.qs);
+            let d = halves(fp16(w0.d) * ad0, fp16(w1.d) * ad1);
+            acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(D::dot(zero, q, y)), acc[r]);
+            offsets[r] += fp16(w0.m) * as0 + fp16(w1.m) * as1;
+        }
+    }
+    for r in 0..R {
+        let tail = tail_sum(w_tail[r], a_tail, reference::block_q4_1_q8_1);
+        out[r] = _mm512_reduce_add_ps(acc[r]) + offsets[r] + tail;
+    }
+}
+
+/// Declares each generic row kernel's entry points in modules `rows_bw` and `rows_vnni`:
+/// `out.len()` contiguous weight rows (`w`) against one activation row, in groups of
+/// [`super::ROW_TILE`] rows, then 2 and 1.
+macro_rules! rows_entry_points {
+    ($($kernel:ident),* $(,)?) => {
+        rows_entry_points!(@module rows_bw, Bw, "avx512f,avx512bw", $($kernel),*);
+        rows_entry_points!(@module rows_vnni, Vnni, "avx512f,avx512bw,avx512vnni", $($kernel),*);
+    };
+    (@module $module:ident, $dot:ident, $features:literal, $($kernel:ident),*) => {
+        mod $module {
+            $(
+                #[target_feature(enable = $features)]
+                pub(super) unsafe fn $kernel(w: &[u8], a: &[u8], out: &mut [f32]) {
+                    const TILE: usize = super::super::ROW_TILE;
+                    let n = out.len();
+                    if n == 0 {
+                        return;
+                    }
+                    assert!(w.len().is_multiple_of(n), "weight rows do not fit the outputs");
+                    let row_bytes = w.len() / n;
+                    let mut r = 0;
+                    while n - r >= TILE {
+                        let rows = r..r + TILE;
+                        let w = &w[rows.start * row_bytes..rows.end * row_bytes];
+                        super::$kernel::<super::$dot, TILE>(w, a, &mut out[rows]);
+                        r += TILE;
+                    }
+                    while n - r >= 2 {
+                        let rows = r..r + 2;
+                        let w = &w[rows.start * row_bytes..rows.end * row_bytes];
+                        super::$kernel::<super::$dot, 2>(w, a, &mut out[rows]);
+                        r += 2;
+                    }
+                    if n - r == 1 {
+                        super::$kernel::<super::$dot, 1>(&w[r * row_bytes..], a, &mut out[r..]);
+                    }
+                }
+            )*
+        }
+    };
+}
+
+rows_entry_points!(rows_q4_1_q8_1);
+
+pub(crate) fn rows_kernel(ty: GgmlType, vnni: bool) -> Option<super::RawRows> {
+    macro_rules! pick {
+        ($kernel:ident) => {
+            if vnni {
+                rows_vnni::$kernel as super::RawRows
+            } else {
+                rows_bw::$kernel as super::RawRows
+            }
+        };
+    }
+    Some(match ty {
+        GgmlType::Q4_1 => pick!(rows_q4_1_q8_1),
+        _ => return None,
+    })
+}

@@ -80,6 +80,28 @@ impl Tile {
     }
 }
 
+/// A row kernel: `out.len()` contiguous weight rows of equal length (`w`) against the
+/// activation row `a` of one token, one output per row. Equal bit for bit to the [`VecDot`]
+/// kernel of the same instruction set and format, row by row. Handed out by [`Isa::rows`]
+/// only, for an instruction set the running CPU has.
+pub(crate) type RawRows = unsafe fn(w: &[u8], a: &[u8], out: &mut [f32]);
+
+/// Weight rows a row kernel takes through each activation block at once.
+pub(crate) const ROW_TILE: usize = 4;
+
+/// A row kernel that is safe to call on this CPU.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows(RawRows);
+
+impl Rows {
+    #[inline]
+    pub(crate) fn call(self, w: &[u8], a: &[u8], out: &mut [f32]) {
+        // SAFETY: only built by `Isa::rows` after checking the CPU has the features; the
+        // kernels check their operands' lengths.
+        unsafe { (self.0)(w, a, out) }
+    }
+}
+
 /// The instruction sets tallow has kernels for, best last.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
@@ -183,6 +205,24 @@ impl Isa {
             _ => None,
         };
         raw.map(Tile)
+    }
+}
+
+impl Isa {
+    /// The row kernel of this set for weights of type `ty`, where it has one: only where it
+    /// gives the same bits as [`Isa::vec_dot`] of this set (no fallback to another set).
+    pub(crate) fn rows(self, ty: GgmlType) -> Option<Rows> {
+        if !self.is_available() {
+            return None;
+        }
+        let raw: Option<RawRows> = match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::rows_kernel(ty, false),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => avx512::rows_kernel(ty, true),
+            _ => None,
+        };
+        raw.map(Rows)
     }
 }
 

@@ -356,3 +356,59 @@ fn tiled_matmul_equals_per_token_matmul_and_scalar() {
         }
     }
 }
+
+/// The row kernels (one token, several weight rows per activation block) against that
+/// instruction set's `vec_dot`, row by row, bit for bit: through `matmul_with` (serial and
+/// parallel, rows past a row block) and called directly, with row counts that are not
+/// multiples of the row tile and odd block counts (the AVX-512 tail).
+#[test]
+fn row_kernels_equal_vec_dot_per_row() {
+    let mut rng = Rng::new(23);
+    let isas: Vec<Isa> = [Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni]
+        .into_iter()
+        .filter(|isa| isa.is_available())
+        .collect();
+    for case in 0..20 {
+        let rows = match case {
+            0 => 1,
+            1 => 131,
+            2 => 1003,
+            _ => 1 + (rng.next_u64() % 23) as usize,
+        };
+        let blocks = if case == 2 {
+            33
+        } else {
+            1 + (rng.next_u64() % 13) as usize
+        };
+        let cols = 32 * blocks;
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            let weight = random_blocks(&mut rng, ty, rows * blocks);
+            let x = rng.activations(cols);
+            let acts = acts_for(ty, &x, 1, cols);
+            let a = acts.token(0).unwrap();
+            let row_bytes = weight.len() / rows;
+            for &isa in &isas {
+                let kernel = isa.vec_dot(ty).unwrap();
+                let expected: Vec<u32> = weight
+                    .chunks_exact(row_bytes)
+                    .map(|w| kernel.call(w, a).to_bits())
+                    .collect();
+                let mut out = vec![f32::NAN; rows];
+                matmul_with(isa, ty, &weight, rows, cols, &acts, &mut out).unwrap();
+                let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, expected, "{isa:?} {ty} {rows}x{cols} through matmul");
+                if let Some(row_kernel) = isa.rows(ty) {
+                    let mut out = vec![f32::NAN; rows];
+                    row_kernel.call(&weight, a, &mut out);
+                    let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, expected, "{isa:?} {ty} {rows}x{cols} row kernel");
+                } else {
+                    assert!(
+                        isa == Isa::Avx2 || ty != GgmlType::Q4_1,
+                        "{isa:?} has a {ty} row kernel"
+                    );
+                }
+            }
+        }
+    }
+}
