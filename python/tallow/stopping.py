@@ -44,6 +44,22 @@ class StopMatcher:
                     break
         return best
 
+    def _earliest_match(self) -> int:
+        """Start of the earliest complete stop string in ``pending`` (-1: none); sets
+        ``matched``."""
+        first = -1
+        for s in self.stops:
+            i = self.pending.find(s)
+            if i >= 0 and (first < 0 or i < first):
+                first = i
+                self.matched = s
+        return first
+
+    def _stop_at(self, first: int) -> str:
+        out, self.pending = self.pending[:first], ""
+        self.stopped = True
+        return out
+
     def push(self, text: str) -> str:
         """Add decoded text; return what can be emitted now. Sets ``stopped`` on a match."""
         if self.stopped:
@@ -52,25 +68,23 @@ class StopMatcher:
         if not self.stops:
             out, self.pending = self.pending, ""
             return out
-        first = -1
-        for s in self.stops:
-            i = self.pending.find(s)
-            if i >= 0 and (first < 0 or i < first):
-                first = i
-                self.matched = s
-        if first >= 0:
-            out = self.pending[:first]
-            self.pending = ""
-            self.stopped = True
-            return out
-        keep = self._held()
-        cut = len(self.pending) - keep
-        out, self.pending = self.pending[:cut], self.pending[cut:]
+        first = self._earliest_match()
+        # Text from `held` on may still become a stop string that starts before `first`.
+        held = len(self.pending) - self._held()
+        if first >= 0 and first <= held:
+            return self._stop_at(first)
+        out, self.pending = self.pending[:held], self.pending[held:]
         return out
 
     def flush(self) -> str:
-        """End of text: whatever was held back is not a stop string after all."""
-        out, self.pending = ("" if self.stopped else self.pending), ""
+        """End of text: a complete stop string still held back ends the text; the rest of what
+        was held back is not a stop string after all."""
+        if self.stopped:
+            return ""
+        first = self._earliest_match() if self.stops else -1
+        if first >= 0:
+            return self._stop_at(first)
+        out, self.pending = self.pending, ""
         return out
 
 
