@@ -129,7 +129,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt = _read_file("-") if args.prompt == "-" else _check_arg_text(args.prompt)
     max_tokens = None if args.max_tokens == -1 else args.max_tokens
     # Check the sampling arguments before spending time on loading the model.
-    _check_params(max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.stop, True)
+    _check_params(max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.stop)
     llm = _load(args.model, args.ctx)
     stream = llm.stream(
         prompt,

@@ -60,17 +60,6 @@ class GenerationResult:
     """Wall time spent generating after the prompt."""
 
 
-@dataclass(frozen=True)
-class _Params:
-    max_tokens: int | None
-    temperature: float
-    top_k: int
-    top_p: float
-    seed: int | None
-    stop: tuple[str, ...]
-    parse_special: bool
-
-
 def _check_params(
     max_tokens: int | None,
     temperature: float,
@@ -78,8 +67,8 @@ def _check_params(
     top_p: float,
     seed: int | None,
     stop: str | Sequence[str] | None,
-    parse_special: bool,
-) -> _Params:
+) -> SamplingParams:
+    """The engine's parameters of a generation, after checking each argument."""
     if max_tokens is not None and (
         isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
     ):
@@ -112,8 +101,13 @@ def _check_params(
     for s in stops:
         if not isinstance(s, str) or not s:
             raise InvalidArgumentError(f"stop strings must be non-empty strings, got {s!r}")
-    return _Params(
-        max_tokens, float(temperature), top_k, float(top_p), seed, stops, bool(parse_special)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=float(temperature),
+        top_k=top_k,
+        top_p=float(top_p),
+        seed=seed,
+        stop=stops,
     )
 
 
@@ -295,16 +289,18 @@ class LLM:
 
     # -- generation -----------------------------------------------------------------------------
 
-    def _completion(self, prompt: str, p: _Params) -> Generator[str, None, GenerationResult]:
+    def _completion(
+        self, prompt: str, params: SamplingParams, parse_special: bool
+    ) -> Generator[str, None, GenerationResult]:
         """Checks the prompt now; returns a generator that yields the text pieces of the
         generation and returns its result."""
-        prompt_ids = self._prompt_ids(prompt, p.parse_special)
+        prompt_ids = self._prompt_ids(prompt, parse_special)
         if len(prompt_ids) > self.n_ctx:
             raise ModelError(
                 f"the prompt is {len(prompt_ids)} tokens long but the context holds only "
                 f"{self.n_ctx} (pass a larger n_ctx)"
             )
-        return self._run(prompt_ids, p)
+        return self._run(prompt_ids, params)
 
     def _next_output(self, request_id: str) -> RequestOutput:
         """Step the engine until ``request_id`` has an output; keep the others' outputs for
@@ -316,15 +312,9 @@ class LLM:
                     self._outputs[out.request_id].append(out)
         return waiting.popleft()
 
-    def _run(self, prompt_ids: list[int], p: _Params) -> Generator[str, None, GenerationResult]:
-        params = SamplingParams(
-            max_tokens=p.max_tokens,
-            temperature=p.temperature,
-            top_k=p.top_k,
-            top_p=p.top_p,
-            seed=p.seed,
-            stop=p.stop,
-        )
+    def _run(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> Generator[str, None, GenerationResult]:
         request_id = f"llm-{next(self._ids)}"
         token_ids: list[int] = []
         chunks: list[str] = []
@@ -341,7 +331,7 @@ class LLM:
                 token_ids.extend(out.new_token_ids)
                 finished = out.finished
                 if finished:
-                    if out.error is not None and not token_ids and p.max_tokens != 0:
+                    if out.error is not None and not token_ids and params.max_tokens != 0:
                         raise ModelError(out.error)
                     finish = "stop" if out.finish_reason == "stop" else "length"
                 if out.text:
@@ -380,8 +370,8 @@ class LLM:
         string is held back until it is known not to be one, and a stop string is never
         emitted. The arguments are checked before this returns.
         """
-        params = _check_params(max_tokens, temperature, top_k, top_p, seed, stop, parse_special)
-        return TextStream(self._completion(prompt, params))
+        params = _check_params(max_tokens, temperature, top_k, top_p, seed, stop)
+        return TextStream(self._completion(prompt, params, bool(parse_special)))
 
     def generate(
         self,
