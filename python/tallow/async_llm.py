@@ -25,7 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from tallow import _core
 from tallow.catalog import DEFAULT_MODEL, resolve_model
-from tallow.engine import Engine, EngineConfig, SamplingParams
+from tallow.engine import Engine, EngineConfig, SamplingParams, sampling_params
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
 from tallow.scheduler import RequestOutput, TokenLogprob
 
@@ -244,7 +244,7 @@ class AsyncLLM:
         emitted). ``options`` are further :class:`~tallow.engine.SamplingParams` fields
         (``min_p``, penalties, ``logit_bias``, ``stop_token_ids``, ``ignore_eos``,
         ``logprobs``, ``top_logprobs``)."""
-        params = _params(max_tokens, temperature, top_k, top_p, seed, stop, options)
+        params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
         async for out, _ in self._outputs(prompt, params):
             if out.text:
                 yield out.text
@@ -261,7 +261,7 @@ class AsyncLLM:
         **options: object,
     ) -> Completion:
         """Generate a whole completion (see :meth:`stream` for the arguments)."""
-        params = _params(max_tokens, temperature, top_k, top_p, seed, stop, options)
+        params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
         text: list[str] = []
         tokens: list[int] = []
         logprobs: list[TokenLogprob] | None = [] if params.logprobs else None
@@ -280,33 +280,3 @@ class AsyncLLM:
         """KV pages total / used / free, tokens cached, slot utilization, running and waiting
         requests, preemptions and recent tokens per second."""
         return self._engine.stats()
-
-
-def _params(
-    max_tokens: int | None,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    seed: int | None,
-    stop: str | Sequence[str] | None,
-    options: dict[str, object],
-) -> SamplingParams:
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
-    ):
-        raise InvalidArgumentError(
-            f"max_tokens must be an integer >= 0 or None, got {max_tokens!r}"
-        )
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            stop=stops,
-            **options,  # type: ignore[arg-type]
-        )
-    except TypeError as e:
-        raise InvalidArgumentError(str(e)) from None

@@ -19,8 +19,9 @@ from typing import TextIO
 
 from tallow import catalog
 from tallow._progress import format_bytes
+from tallow.engine import sampling_params
 from tallow.errors import InvalidArgumentError, TallowError
-from tallow.llm import LLM, _check_params
+from tallow.llm import LLM
 
 __all__ = ["build_parser", "main"]
 
@@ -129,7 +130,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt = _read_file("-") if args.prompt == "-" else _check_arg_text(args.prompt)
     max_tokens = None if args.max_tokens == -1 else args.max_tokens
     # Check the sampling arguments before spending time on loading the model.
-    _check_params(max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.stop)
+    sampling_params(max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.stop)
     llm = _load(args.model, args.ctx)
     stream = llm.stream(
         prompt,

@@ -9,6 +9,7 @@ tokens, checks stop conditions and frees the pages of finished requests (``Sched
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -19,7 +20,7 @@ from tallow import _core
 from tallow.errors import InvalidArgumentError
 from tallow.scheduler import Request, RequestOutput, Scheduler, TokenLogprob
 
-__all__ = ["Engine", "EngineConfig", "SamplingParams"]
+__all__ = ["Engine", "EngineConfig", "SamplingParams", "sampling_params"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,63 @@ class SamplingParams:
             logit_bias=dict(self.logit_bias),
             top_logprobs=self.top_logprobs,
         )
+
+
+def sampling_params(
+    max_tokens: int | None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    stop: str | Sequence[str] | None,
+    **options: object,
+) -> SamplingParams:
+    """The engine's parameters of a generation, after checking each argument. ``options``
+    are further :class:`SamplingParams` fields (checked by the sampler when it is made)."""
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
+    ):
+        raise InvalidArgumentError(
+            f"max_tokens must be a non-negative integer or None, got {max_tokens!r}"
+        )
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
+        raise InvalidArgumentError(
+            f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}"
+        )
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not (0.0 < top_p <= 1.0):
+        raise InvalidArgumentError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not (0 <= seed < 2**64)
+    ):
+        raise InvalidArgumentError(f"seed must be an integer in [0, 2**64) or None, got {seed!r}")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    else:
+        stops = tuple(stop)
+    for s in stops:
+        if not isinstance(s, str) or not s:
+            raise InvalidArgumentError(f"stop strings must be non-empty strings, got {s!r}")
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=float(temperature),
+            top_k=top_k,
+            top_p=float(top_p),
+            seed=seed,
+            stop=stops,
+            **options,  # type: ignore[arg-type]
+        )
+    except TypeError as e:
+        raise InvalidArgumentError(str(e)) from None
 
 
 @dataclass(frozen=True)

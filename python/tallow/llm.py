@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from tallow import _core
 from tallow.catalog import DEFAULT_MODEL, resolve_model
-from tallow.engine import Engine, EngineConfig, SamplingParams
+from tallow.engine import Engine, EngineConfig, SamplingParams, sampling_params
 from tallow.errors import InvalidArgumentError, ModelError
 from tallow.scheduler import RequestOutput
 
@@ -58,57 +58,6 @@ class GenerationResult:
     """Wall time spent evaluating the prompt."""
     completion_seconds: float = 0.0
     """Wall time spent generating after the prompt."""
-
-
-def _check_params(
-    max_tokens: int | None,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    seed: int | None,
-    stop: str | Sequence[str] | None,
-) -> SamplingParams:
-    """The engine's parameters of a generation, after checking each argument."""
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
-    ):
-        raise InvalidArgumentError(
-            f"max_tokens must be a non-negative integer or None, got {max_tokens!r}"
-        )
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature)
-        or temperature < 0
-    ):
-        raise InvalidArgumentError(
-            f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}"
-        )
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not (0.0 < top_p <= 1.0):
-        raise InvalidArgumentError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, int) or not (0 <= seed < 2**64)
-    ):
-        raise InvalidArgumentError(f"seed must be an integer in [0, 2**64) or None, got {seed!r}")
-    if stop is None:
-        stops: tuple[str, ...] = ()
-    elif isinstance(stop, str):
-        stops = (stop,)
-    else:
-        stops = tuple(stop)
-    for s in stops:
-        if not isinstance(s, str) or not s:
-            raise InvalidArgumentError(f"stop strings must be non-empty strings, got {s!r}")
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=float(temperature),
-        top_k=top_k,
-        top_p=float(top_p),
-        seed=seed,
-        stop=stops,
-    )
 
 
 class TextStream(Iterator[str]):
@@ -370,7 +319,7 @@ class LLM:
         string is held back until it is known not to be one, and a stop string is never
         emitted. The arguments are checked before this returns.
         """
-        params = _check_params(max_tokens, temperature, top_k, top_p, seed, stop)
+        params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop)
         return TextStream(self._completion(prompt, params, bool(parse_special)))
 
     def generate(
