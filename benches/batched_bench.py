@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--llama-bin", default=os.environ.get("LLAMA_CPP_BIN"))
     args = parser.parse_args()
+    # Read by the engine's thread pool when the first forward pass starts it.
+    os.environ["TALLOW_NUM_THREADS"] = str(args.threads)
 
     path = resolve_model(args.model)
     model = _core.Model(str(path))

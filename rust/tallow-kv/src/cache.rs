@@ -131,15 +131,16 @@ impl PagedKvCache {
     }
 
     /// The keys and values of the first `n_tokens` positions of `seq` for one (layer, KV
-    /// head), gathered through its page table as f32 (`n_tokens * head_dim` each).
+    /// head), gathered through its page table as f32 into `keys` and `values`, which hold
+    /// exactly `n_tokens * head_dim` values each.
     pub fn read_head_f32(
         &self,
         seq: SeqId,
         layer: usize,
         head: usize,
         n_tokens: usize,
-        keys: &mut Vec<f32>,
-        values: &mut Vec<f32>,
+        keys: &mut [f32],
+        values: &mut [f32],
     ) -> Result<()> {
         let len = self.seqs.seq_len(seq)?;
         if n_tokens > len {
@@ -190,7 +191,8 @@ mod tests {
     /// Checks positions `0..len` of `seq` read back as written with `tags[pos]`.
     fn check(c: &PagedKvCache, seq: SeqId, tags: &[u32], tol: f32) {
         let l = *c.layout();
-        let (mut k, mut v) = (Vec::new(), Vec::new());
+        let n = tags.len() * l.head_dim;
+        let (mut k, mut v) = (vec![0.0; n], vec![0.0; n]);
         for layer in 0..l.n_layer {
             for head in 0..l.n_head_kv {
                 c.read_head_f32(seq, layer, head, tags.len(), &mut k, &mut v)
@@ -281,9 +283,10 @@ mod tests {
             c.write_pos(a, 2, 0, &row, &row),
             Err(KvError::OutOfRange { .. })
         ));
-        let (mut k, mut v) = (Vec::new(), Vec::new());
+        let (mut k, mut v) = (vec![0.0; 3 * 8], vec![0.0; 3 * 8]);
         assert!(c.read_head_f32(a, 0, 0, 3, &mut k, &mut v).is_err());
-        assert!(c.read_head_f32(a, 0, 2, 2, &mut k, &mut v).is_err());
+        let (k2, v2) = (&mut k[..16], &mut v[..16]);
+        assert!(c.read_head_f32(a, 0, 2, 2, k2, v2).is_err());
     }
 
     #[test]

@@ -246,7 +246,7 @@ impl KvStorage {
 
     /// Gathers the K or V history of one (layer, KV head) through a page table: the first
     /// `n_tokens` positions, `pages[pos / page_size]` slot `pos % page_size`, as f32 into
-    /// `out`, resized to `n_tokens * head_dim`.
+    /// `out`, which holds exactly `n_tokens * head_dim` values.
     pub fn gather_f32(
         &self,
         pages: &[PageId],
@@ -254,7 +254,7 @@ impl KvStorage {
         layer: usize,
         head: usize,
         kind: KvKind,
-        out: &mut Vec<f32>,
+        out: &mut [f32],
     ) -> Result<()> {
         let l = &self.layout;
         let need = l.pages_for_tokens(n_tokens);
@@ -265,7 +265,13 @@ impl KvStorage {
                 len: pages.len() * l.page_size + 1,
             });
         }
-        out.resize(n_tokens * l.head_dim, 0.0);
+        if out.len() != n_tokens * l.head_dim {
+            return Err(KvError::ShapeMismatch {
+                what: "gathered head",
+                got: out.len(),
+                expected: n_tokens * l.head_dim,
+            });
+        }
         for (page, chunk) in pages.iter().zip(out.chunks_mut(l.block_len())) {
             self.read_block_f32(*page, layer, head, kind, chunk)?;
         }
@@ -434,10 +440,14 @@ mod tests {
             })
         ));
         assert!(s.copy_page(PageId(0), PageId(5)).is_err());
-        let mut out = Vec::new();
+        let mut out = vec![0.0; 5 * 4];
         assert!(s
             .gather_f32(&[PageId(0)], 5, 0, 0, KvKind::Key, &mut out)
             .is_err());
+        assert!(matches!(
+            s.gather_f32(&[PageId(0)], 2, 0, 0, KvKind::Key, &mut out),
+            Err(KvError::ShapeMismatch { .. })
+        ));
     }
 
     #[test]
@@ -486,7 +496,7 @@ mod tests {
             let k = row(pos as f32 * 10.0, 12);
             s.write_token(slot, 1, &k, &k).unwrap();
         }
-        let mut out = Vec::new();
+        let mut out = vec![0.0; 24];
         s.gather_f32(&table, 6, 1, 2, KvKind::Value, &mut out)
             .unwrap();
         assert_eq!(out.len(), 24);

@@ -84,7 +84,6 @@ fn check_invariants(c: &PagedKvCache, m: &Model) -> Result<(), TestCaseError> {
     let mut to_model: HashMap<PageId, u64> = HashMap::new();
     let mut table_refs: HashMap<PageId, u32> = HashMap::new();
     let mut filled: HashMap<PageId, usize> = HashMap::new();
-    let (mut k, mut v) = (Vec::new(), Vec::new());
     for (&seq, (pages, vals)) in &m.seqs {
         prop_assert_eq!(c.seq_len(seq)?, vals.len());
         let table = c.page_table(seq)?;
@@ -98,6 +97,7 @@ fn check_invariants(c: &PagedKvCache, m: &Model) -> Result<(), TestCaseError> {
             *f = (*f).max((vals.len() - i * PAGE_SIZE).min(PAGE_SIZE));
         }
         // The data each sequence wrote is what it reads back through its page table.
+        let (mut k, mut v) = (vec![0.0; vals.len() * 2], vec![0.0; vals.len() * 2]);
         c.read_head_f32(seq, 0, 0, vals.len(), &mut k, &mut v)?;
         for (pos, &want) in vals.iter().enumerate() {
             prop_assert_eq!(&k[pos * 2..pos * 2 + 2], &[want, want + 0.5][..]);

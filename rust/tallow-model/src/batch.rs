@@ -63,6 +63,12 @@ impl Batch {
         self.tokens.is_empty()
     }
 
+    /// Removes every chunk, keeping the buffers' capacity for the next step.
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.chunks.clear();
+    }
+
     /// Rows of logits the batch produces, in chunk order.
     pub fn n_logits(&self) -> usize {
         self.chunks.iter().map(SeqChunk::n_logits).sum()

@@ -1,57 +1,17 @@
 //! The llama-family forward pass over a ragged batch of sequences.
 
-use std::collections::HashSet;
-
-use rayon::prelude::*;
-use tallow_gguf::{GgmlType, GgufFile};
-use tallow_kv::{PagedKvCache, Slot};
+use tallow_arena::Arena;
+use tallow_gguf::GgufFile;
+use tallow_kv::PagedKvCache;
 use tallow_quant::QuantizedActs;
+use tallow_threads::DisjointSlice;
 
-use crate::batch::{Batch, Logits, SeqChunk};
+use crate::batch::{Batch, Logits};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::ops::{add_in_place, attend, rms_norm, swiglu, Rope};
+use crate::scratch::{take, Failure, Scratch, Which};
 use crate::weights::{Matrix, Weights};
-
-/// Activations of the quantized input of a linear layer, remembered so that several matrices
-/// reading the same input (q/k/v, gate/up) quantize it once.
-struct LinearInput {
-    acts: QuantizedActs,
-    format: Option<GgmlType>,
-}
-
-impl LinearInput {
-    fn new() -> Self {
-        LinearInput {
-            acts: QuantizedActs::new(),
-            format: None,
-        }
-    }
-
-    /// Marks the input as changed.
-    fn invalidate(&mut self) {
-        self.format = None;
-    }
-
-    /// `out = input · mᵀ` for `n` rows of input.
-    fn matmul(
-        &mut self,
-        file: &GgufFile,
-        m: &Matrix,
-        input: &[f32],
-        n: usize,
-        out: &mut Vec<f32>,
-    ) -> Result<(), ModelError> {
-        let format = m.ty.vec_dot_type();
-        if self.format != Some(format) {
-            self.acts.quantize(format, input, n, m.cols)?;
-            self.format = Some(format);
-        }
-        out.resize(n * m.rows, 0.0);
-        tallow_quant::matmul(m.ty, m.bytes(file), m.rows, m.cols, &self.acts, out)?;
-        Ok(())
-    }
-}
 
 pub(crate) struct Forward<'a> {
     pub file: &'a GgufFile,
@@ -60,188 +20,333 @@ pub(crate) struct Forward<'a> {
     pub rope: &'a Rope,
 }
 
-/// Where the tokens of one chunk sit in their sequence.
-struct Placed<'a> {
-    chunk: &'a SeqChunk,
-    /// Position of the chunk's first token.
-    first_pos: usize,
+/// The activations of one step, all from the step arena.
+struct Buffers<'s> {
+    /// Position of each chunk's first token.
+    first_pos: &'s mut [usize],
+    x: &'s mut [f32],
+    h: &'s mut [f32],
+    q: &'s mut [f32],
+    k: &'s mut [f32],
+    v: &'s mut [f32],
+    attn: &'s mut [f32],
+    proj: &'s mut [f32],
+    gate: &'s mut [f32],
+    up: &'s mut [f32],
+    /// Per thread of the pool: keys, values and scores of one attention head.
+    attention: &'s mut [f32],
+    /// The residual rows that produce logits, and the same after the output norm.
+    rows: &'s mut [f32],
+    normed: &'s mut [f32],
 }
 
 impl Forward<'_> {
     /// Runs every chunk of `batch` at the positions reserved for it: the last `len`
     /// positions of its sequence in `cache` (see [`PagedKvCache::append_slots`]). Writes their
-    /// keys and values there and returns the requested logits (`n_vocab` floats per row, chunk
-    /// by chunk).
-    pub fn run(&self, cache: &mut PagedKvCache, batch: &Batch) -> Result<Vec<f32>, ModelError> {
-        check_batch(batch)?;
+    /// keys and values there and the requested logits (`n_vocab` floats per row, chunk by
+    /// chunk) to `logits`, which must hold exactly that many. Takes all its memory from
+    /// `scratch`, growing it first if this batch needs more than it has.
+    pub fn run(
+        &self,
+        cache: &mut PagedKvCache,
+        batch: &Batch,
+        scratch: &mut Scratch,
+        logits: &mut [f32],
+    ) -> Result<(), ModelError> {
         let n_vocab = self.weights.token_embd.rows;
         if let Some(&id) = batch.tokens.iter().find(|&&id| id as usize >= n_vocab) {
             return Err(ModelError::TokenOutOfRange { id, n_vocab });
         }
-        let mut placed = Vec::with_capacity(batch.chunks.len());
-        let mut slots = Vec::with_capacity(batch.tokens.len());
-        for chunk in &batch.chunks {
-            let reserved = cache.seq_len(chunk.seq)?;
-            let Some(first_pos) = reserved.checked_sub(chunk.len) else {
-                return Err(ModelError::InvalidArgument(format!(
-                    "sequence {} has {reserved} positions reserved, fewer than its {} new tokens",
-                    chunk.seq, chunk.len
-                )));
-            };
-            for pos in first_pos..reserved {
-                slots.push(cache.sequences().slot(chunk.seq, pos)?);
-            }
-            placed.push(Placed { chunk, first_pos });
+        let expected = batch.n_logits() * n_vocab;
+        if logits.len() != expected {
+            return Err(ModelError::InvalidArgument(format!(
+                "the logits buffer holds {} values; this batch produces {expected}",
+                logits.len()
+            )));
         }
-        self.layers(cache, batch, &placed, &slots)
+        loop {
+            match self.attempt(cache, batch, scratch, logits) {
+                Ok(()) => return Ok(()),
+                Err(Failure::Model(e)) => return Err(e),
+                // Rerunning is safe: an attempt only writes the KV rows of its own tokens,
+                // which the next attempt writes again with the same values.
+                Err(Failure::Exhausted { which, needed }) => scratch.grow(which, needed)?,
+            }
+        }
     }
 
-    fn layers(
+    fn attempt(
         &self,
         cache: &mut PagedKvCache,
         batch: &Batch,
-        placed: &[Placed<'_>],
-        slots: &[Slot],
-    ) -> Result<Vec<f32>, ModelError> {
+        scratch: &mut Scratch,
+        logits: &mut [f32],
+    ) -> Result<(), Failure> {
+        let Scratch {
+            step,
+            layer: layer_arena,
+        } = scratch;
+        step.reset();
+        let step: &Arena = step;
+        check_batch(step, batch)?;
+        let buf = self.buffers(step, cache, batch)?;
+        let Buffers {
+            first_pos,
+            x,
+            h,
+            q,
+            k,
+            v,
+            attn,
+            proj,
+            gate,
+            up,
+            attention,
+            rows,
+            normed,
+        } = buf;
         let cfg = self.config;
         let n = batch.tokens.len();
-        let positions: Vec<usize> = placed
-            .iter()
-            .flat_map(|p| p.first_pos..p.first_pos + p.chunk.len)
-            .collect();
-        let d = cfg.n_embd;
-        let mut x = self.embed(&batch.tokens)?;
-        let mut h = vec![0.0; n * d];
-        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut attn, mut proj) = (vec![0.0; n * cfg.q_dim()], Vec::new());
-        let (mut gate, mut up) = (Vec::new(), Vec::new());
-        let mut input = LinearInput::new();
+        self.embed(&batch.tokens, x)?;
 
         for (l, layer) in self.weights.layers.iter().enumerate() {
-            rms_norm(&x, &layer.attn_norm, cfg.rms_eps, &mut h);
-            input.invalidate();
-            input.matmul(self.file, &layer.wq, &h, n, &mut q)?;
-            input.matmul(self.file, &layer.wk, &h, n, &mut k)?;
-            input.matmul(self.file, &layer.wv, &h, n, &mut v)?;
-            for (i, &pos) in positions.iter().enumerate() {
-                self.rope
-                    .apply(&mut q[i * cfg.q_dim()..][..cfg.q_dim()], pos);
-                self.rope
-                    .apply(&mut k[i * cfg.kv_dim()..][..cfg.kv_dim()], pos);
+            layer_arena.reset();
+            let arena: &Arena = layer_arena;
+            let mut acts = Activations::new(arena);
+
+            rms_norm(x, &layer.attn_norm, cfg.rms_eps, h);
+            self.project(&mut acts, &layer.wq, h, n, q)?;
+            self.project(&mut acts, &layer.wk, h, n, k)?;
+            self.project(&mut acts, &layer.wv, h, n, v)?;
+            for (c, chunk) in batch.chunks.iter().enumerate() {
+                for i in 0..chunk.len {
+                    let (token, pos) = (chunk.start + i, first_pos[c] + i);
+                    self.rope
+                        .apply(&mut q[token * cfg.q_dim()..][..cfg.q_dim()], pos);
+                    let k_row = &mut k[token * cfg.kv_dim()..][..cfg.kv_dim()];
+                    self.rope.apply(k_row, pos);
+                    let v_row = &v[token * cfg.kv_dim()..][..cfg.kv_dim()];
+                    cache.write_pos(chunk.seq, pos, l, k_row, v_row)?;
+                }
             }
-            cache.write(slots, l, &k, &v)?;
-            self.attention(cache, l, placed, &q, &mut attn)?;
+            self.attention(cache, l, batch, first_pos, q, attention, attn)?;
 
-            input.invalidate();
-            input.matmul(self.file, &layer.wo, &attn, n, &mut proj)?;
-            add_in_place(&mut x, &proj);
+            acts.clear();
+            self.project(&mut acts, &layer.wo, attn, n, proj)?;
+            add_in_place(x, proj);
 
-            rms_norm(&x, &layer.ffn_norm, cfg.rms_eps, &mut h);
-            input.invalidate();
-            input.matmul(self.file, &layer.w_gate, &h, n, &mut gate)?;
-            input.matmul(self.file, &layer.w_up, &h, n, &mut up)?;
-            swiglu(&mut gate, &up);
-            input.invalidate();
-            input.matmul(self.file, &layer.w_down, &gate, n, &mut proj)?;
-            add_in_place(&mut x, &proj);
+            rms_norm(x, &layer.ffn_norm, cfg.rms_eps, h);
+            acts.clear();
+            self.project(&mut acts, &layer.w_gate, h, n, gate)?;
+            self.project(&mut acts, &layer.w_up, h, n, up)?;
+            swiglu(gate, up);
+            acts.clear();
+            self.project(&mut acts, &layer.w_down, gate, n, proj)?;
+            add_in_place(x, proj);
         }
 
         // Only the rows that produce logits go through the output norm and the LM head.
-        let mut rows = Vec::with_capacity(batch.n_logits() * d);
+        let d = cfg.n_embd;
+        let mut row = 0;
         for chunk in &batch.chunks {
             let wanted = match chunk.logits {
                 Logits::None => 0..0,
                 Logits::Last => chunk.start + chunk.len - 1..chunk.start + chunk.len,
                 Logits::All => chunk.start..chunk.start + chunk.len,
             };
-            rows.extend_from_slice(&x[wanted.start * d..wanted.end * d]);
+            rows[row * d..(row + wanted.len()) * d]
+                .copy_from_slice(&x[wanted.start * d..wanted.end * d]);
+            row += wanted.len();
         }
-        let n_out = rows.len() / d;
-        let mut out = Vec::new();
-        if n_out > 0 {
-            let mut normed = vec![0.0; rows.len()];
-            rms_norm(&rows, &self.weights.output_norm, cfg.rms_eps, &mut normed);
-            input.invalidate();
-            input.matmul(self.file, &self.weights.output, &normed, n_out, &mut out)?;
+        if row > 0 {
+            layer_arena.reset();
+            let mut acts = Activations::new(layer_arena);
+            rms_norm(rows, &self.weights.output_norm, cfg.rms_eps, normed);
+            self.project(&mut acts, &self.weights.output, normed, row, logits)?;
         }
-        Ok(out)
+        Ok(())
     }
 
-    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+    /// Takes every buffer of the step from `arena`.
+    fn buffers<'s>(
+        &self,
+        arena: &'s Arena,
+        cache: &PagedKvCache,
+        batch: &Batch,
+    ) -> Result<Buffers<'s>, Failure> {
+        let cfg = self.config;
+        let n = batch.tokens.len();
+        let f32s = |len: usize| take::<f32>(arena, Which::Step, len);
+        let first_pos = take::<usize>(arena, Which::Step, batch.chunks.len())?;
+        let mut longest = 0;
+        for (slot, chunk) in first_pos.iter_mut().zip(&batch.chunks) {
+            let reserved = cache.seq_len(chunk.seq)?;
+            let Some(first) = reserved.checked_sub(chunk.len) else {
+                return Err(Failure::Model(ModelError::InvalidArgument(format!(
+                    "sequence {} has {reserved} positions reserved, fewer than its {} new tokens",
+                    chunk.seq, chunk.len
+                ))));
+            };
+            *slot = first;
+            longest = longest.max(reserved);
+        }
+        let threads = tallow_threads::global().threads();
+        let n_logits = batch.n_logits();
+        Ok(Buffers {
+            first_pos,
+            x: f32s(n * cfg.n_embd)?,
+            h: f32s(n * cfg.n_embd)?,
+            q: f32s(n * cfg.q_dim())?,
+            k: f32s(n * cfg.kv_dim())?,
+            v: f32s(n * cfg.kv_dim())?,
+            attn: f32s(n * cfg.q_dim())?,
+            proj: f32s(n * cfg.n_embd)?,
+            gate: f32s(n * cfg.n_ff)?,
+            up: f32s(n * cfg.n_ff)?,
+            attention: f32s(threads * attention_scratch_len(longest, cfg.head_dim))?,
+            rows: f32s(n_logits * cfg.n_embd)?,
+            normed: f32s(n_logits * cfg.n_embd)?,
+        })
+    }
+
+    /// `out = input · mᵀ` for `n` rows of input, quantizing the input for `m` unless `acts`
+    /// already holds it in the right format.
+    fn project<'s>(
+        &self,
+        acts: &mut Activations<'s>,
+        m: &Matrix,
+        input: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), Failure> {
+        let quantized = acts.for_matrix(m, input, n)?;
+        tallow_quant::matmul(m.ty, m.bytes(self.file), m.rows, m.cols, &quantized, out)?;
+        Ok(())
+    }
+
+    fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<(), ModelError> {
         let table = &self.weights.token_embd;
         let (d, row_bytes) = (self.config.n_embd, table.row_bytes());
         let bytes = table.bytes(self.file);
-        let mut x = vec![0.0; tokens.len() * d];
         for (&id, row) in tokens.iter().zip(x.chunks_exact_mut(d)) {
             let src = &bytes[id as usize * row_bytes..][..row_bytes];
             tallow_quant::dequantize(table.ty, src, row)?;
         }
-        Ok(x)
+        Ok(())
     }
 
     /// Causal grouped-query attention of every chunk's new tokens over their sequence's
-    /// cached positions up to their own. (chunk, head) pairs run in parallel; each reads its
-    /// KV head's history through the page table once for all the chunk's tokens.
+    /// cached positions up to their own. (chunk, head) pairs run in parallel on the thread
+    /// pool; each reads its KV head's history through the page table once for all the chunk's
+    /// tokens, into the scratch of the thread that runs it, and writes its own columns of
+    /// `out` (`[token][head][head_dim]`).
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         cache: &PagedKvCache,
         layer: usize,
-        placed: &[Placed<'_>],
+        batch: &Batch,
+        first_pos: &[usize],
         q: &[f32],
+        scratch: &mut [f32],
         out: &mut [f32],
     ) -> Result<(), ModelError> {
         let cfg = self.config;
-        let (hd, q_dim) = (cfg.head_dim, cfg.q_dim());
-        let group = cfg.n_head / cfg.n_head_kv;
-        let tasks: Vec<(usize, usize)> = (0..placed.len())
-            .flat_map(|c| (0..cfg.n_head).map(move |head| (c, head)))
-            .collect();
-        let results: Vec<Vec<f32>> = tasks
-            .par_iter()
-            .map_init(AttentionScratch::default, |scratch, &(c, head)| {
-                let Placed { chunk, first_pos } = placed[c];
-                let n_pos = first_pos + chunk.len;
-                let (keys, values) = (&mut scratch.keys, &mut scratch.values);
-                cache.read_head_f32(chunk.seq, layer, head / group, n_pos, keys, values)?;
-                let mut head_out = vec![0.0; chunk.len * hd];
-                for (i, token_out) in head_out.chunks_exact_mut(hd).enumerate() {
-                    let q_head = &q[(chunk.start + i) * q_dim + head * hd..][..hd];
-                    let visible = (first_pos + i + 1) * hd;
-                    let kv = (&scratch.keys[..visible], &scratch.values[..visible]);
-                    attend(q_head, kv, &mut scratch.scores, token_out);
-                }
-                Ok(head_out)
-            })
-            .collect::<Result<_, tallow_kv::KvError>>()?;
-        // Each result is [token][hd] for one (chunk, head); the output projection wants
-        // [token][head][hd].
-        for (&(c, head), head_out) in tasks.iter().zip(&results) {
-            let start = placed[c].chunk.start;
-            for (i, row) in head_out.chunks_exact(hd).enumerate() {
-                out[(start + i) * q_dim + head * hd..][..hd].copy_from_slice(row);
+        let (hd, q_dim, n_head) = (cfg.head_dim, cfg.q_dim(), cfg.n_head);
+        let group = n_head / cfg.n_head_kv;
+        let pool = tallow_threads::global();
+        let per_thread = scratch.len() / pool.threads();
+        let scratch = DisjointSlice::new(scratch);
+        let out = DisjointSlice::new(out);
+        // The first error of any task; the others are dropped.
+        let error = std::sync::Mutex::new(None);
+        pool.run(batch.chunks.len() * n_head, &|task, worker| {
+            let (c, head) = (task / n_head, task % n_head);
+            let chunk = &batch.chunks[c];
+            let n_pos = first_pos[c] + chunk.len;
+            // SAFETY: no two tasks running at once have the same worker index.
+            let mine = unsafe { scratch.range_mut(worker * per_thread..(worker + 1) * per_thread) };
+            let (keys, rest) = mine.split_at_mut(n_pos * hd);
+            let (values, rest) = rest.split_at_mut(n_pos * hd);
+            let scores = &mut rest[..n_pos];
+            if let Err(e) = cache.read_head_f32(chunk.seq, layer, head / group, n_pos, keys, values)
+            {
+                error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
+                return;
             }
+            for i in 0..chunk.len {
+                let token = chunk.start + i;
+                let q_head = &q[token * q_dim + head * hd..][..hd];
+                let visible = first_pos[c] + i + 1;
+                let kv = (&keys[..visible * hd], &values[..visible * hd]);
+                let at = token * q_dim + head * hd;
+                // SAFETY: (token, head) columns belong to this task alone.
+                let token_out = unsafe { out.range_mut(at..at + hd) };
+                attend(q_head, kv, &mut scores[..visible], token_out);
+            }
+        });
+        match error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
-/// Per-thread buffers of the attention.
-#[derive(Default)]
-struct AttentionScratch {
-    keys: Vec<f32>,
-    values: Vec<f32>,
-    scores: Vec<f32>,
+/// Floats of one thread's attention scratch for sequences of up to `n_pos` positions.
+fn attention_scratch_len(n_pos: usize, head_dim: usize) -> usize {
+    n_pos * (2 * head_dim + 1)
+}
+
+/// The quantized form of one layer input, made on first use by each weight format that reads
+/// it, from the layer arena.
+struct Activations<'s> {
+    arena: &'s Arena,
+    quantized: Option<QuantizedActs<'s>>,
+}
+
+impl<'s> Activations<'s> {
+    fn new(arena: &'s Arena) -> Self {
+        Activations {
+            arena,
+            quantized: None,
+        }
+    }
+
+    /// Marks the input as changed.
+    fn clear(&mut self) {
+        self.quantized = None;
+    }
+
+    fn for_matrix(
+        &mut self,
+        m: &Matrix,
+        input: &[f32],
+        n: usize,
+    ) -> Result<QuantizedActs<'s>, Failure> {
+        let ty = m.ty.vec_dot_type();
+        if let Some(acts) = self.quantized.filter(|a| a.ty() == ty) {
+            return Ok(acts);
+        }
+        let len = QuantizedActs::buffer_len(ty, n, m.cols)?;
+        let bytes = take::<u8>(self.arena, Which::Layer, len.bytes)?;
+        let scales = take::<f32>(self.arena, Which::Layer, len.scales)?;
+        let acts = QuantizedActs::quantize(ty, input, n, m.cols, bytes, scales)?;
+        self.quantized = Some(acts);
+        Ok(acts)
+    }
 }
 
 /// Checks the batch's shape: chunks tile `tokens` in order, none is empty, and no sequence
 /// appears twice.
-fn check_batch(batch: &Batch) -> Result<(), ModelError> {
-    let bad = |reason: String| Err(ModelError::InvalidArgument(reason));
+fn check_batch(arena: &Arena, batch: &Batch) -> Result<(), Failure> {
+    let bad = |reason: String| Err(Failure::Model(ModelError::InvalidArgument(reason)));
     if batch.is_empty() {
         return bad("no tokens to evaluate".into());
     }
     let mut next = 0;
-    let mut seen = HashSet::with_capacity(batch.chunks.len());
     for chunk in &batch.chunks {
         if chunk.len == 0 || chunk.start != next {
             return bad(format!(
@@ -249,13 +354,18 @@ fn check_batch(batch: &Batch) -> Result<(), ModelError> {
                 chunk.seq
             ));
         }
-        if !seen.insert(chunk.seq) {
-            return bad(format!("sequence {} appears twice in one batch", chunk.seq));
-        }
         next += chunk.len;
     }
     if next != batch.tokens.len() {
         return bad("the chunks do not cover every token of the batch".into());
+    }
+    let seqs = take::<u64>(arena, Which::Step, batch.chunks.len())?;
+    for (id, chunk) in seqs.iter_mut().zip(&batch.chunks) {
+        *id = chunk.seq.0;
+    }
+    seqs.sort_unstable();
+    if let Some(pair) = seqs.windows(2).find(|pair| pair[0] == pair[1]) {
+        return bad(format!("sequence {} appears twice in one batch", pair[0]));
     }
     Ok(())
 }

@@ -7,6 +7,7 @@ mod error;
 mod forward;
 mod ops;
 mod sampling;
+mod scratch;
 mod sequence;
 mod weights;
 
@@ -19,6 +20,7 @@ pub use batch::{Batch, Logits, SeqChunk};
 pub use config::{ModelConfig, SUPPORTED_ARCHITECTURES};
 pub use error::ModelError;
 pub use sampling::{argmax, sample_batch, Sampled, Sampler, SamplingParams};
+pub use scratch::Scratch;
 pub use sequence::SingleSequence;
 pub use tallow_kv::{KvBudget, KvDtype, KvLayout, KvStats, PagedKvCache, SeqId};
 
@@ -111,7 +113,26 @@ impl Model {
     /// chunk's tokens take the last `len` positions reserved for its sequence in `cache`
     /// ([`PagedKvCache::append_slots`]): the caller (the scheduler) decides which pages a step
     /// writes. Returns the logits the chunks ask for, `n_vocab` floats per row, chunk by chunk.
+    ///
+    /// Uses fresh scratch memory; an engine that steps repeatedly keeps a [`Scratch`] and calls
+    /// [`Model::forward_into`] instead.
     pub fn forward(&self, cache: &mut PagedKvCache, batch: &Batch) -> Result<Vec<f32>, ModelError> {
+        let mut logits = vec![0.0; batch.n_logits() * self.weights.token_embd.rows];
+        self.forward_into(cache, batch, &mut Scratch::new(), &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`Model::forward`] writing the logits to `logits` (exactly `batch.n_logits() * n_vocab`
+    /// floats) and taking every intermediate buffer from `scratch`. Once `scratch` has served a
+    /// batch of this shape (tokens per chunk, sequence lengths no longer than before), the call
+    /// makes no heap allocation.
+    pub fn forward_into(
+        &self,
+        cache: &mut PagedKvCache,
+        batch: &Batch,
+        scratch: &mut Scratch,
+        logits: &mut [f32],
+    ) -> Result<(), ModelError> {
         self.check_kv_layout(cache.layout())?;
         let forward = Forward {
             file: &self.file,
@@ -119,6 +140,6 @@ impl Model {
             weights: &self.weights,
             rope: &self.rope,
         };
-        forward.run(cache, batch)
+        forward.run(cache, batch, scratch, logits)
     }
 }

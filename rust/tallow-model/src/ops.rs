@@ -58,12 +58,14 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
 }
 
 /// Attention of one query head over `keys` and `values`: rows of `q.len()` values, one per
-/// visible position. Writes the softmax-weighted sum of the values to `out`.
-pub fn attend(q: &[f32], (keys, values): (&[f32], &[f32]), scores: &mut Vec<f32>, out: &mut [f32]) {
+/// visible position. Writes the softmax-weighted sum of the values to `out`; `scores` (one per
+/// visible position) is scratch.
+pub fn attend(q: &[f32], (keys, values): (&[f32], &[f32]), scores: &mut [f32], out: &mut [f32]) {
     let head_dim = q.len();
     let scale = 1.0 / (head_dim as f32).sqrt();
-    scores.clear();
-    scores.extend(keys.chunks_exact(head_dim).map(|k| dot(q, k) * scale));
+    for (s, k) in scores.iter_mut().zip(keys.chunks_exact(head_dim)) {
+        *s = dot(q, k) * scale;
+    }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut total = 0.0;
     for s in scores.iter_mut() {
@@ -128,11 +130,11 @@ mod tests {
         let keys = [1.0, 0.0, 0.0, 1.0];
         let values = [1.0, 2.0, 3.0, 4.0];
         let mut out = [0.0; 2];
-        attend(&q, (&keys, &values), &mut Vec::new(), &mut out);
+        attend(&q, (&keys, &values), &mut [0.0; 2], &mut out);
         let w0 = 1.0 / (1.0 + (-10.0 / 2f32.sqrt()).exp());
         assert!((out[0] - (w0 + 3.0 * (1.0 - w0))).abs() < 1e-5);
         // a single position returns its value exactly
-        attend(&q, (&keys[..2], &values[..2]), &mut Vec::new(), &mut out);
+        attend(&q, (&keys[..2], &values[..2]), &mut [0.0; 1], &mut out);
         assert_eq!(out, [1.0, 2.0]);
     }
 

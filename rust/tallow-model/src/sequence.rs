@@ -5,12 +5,14 @@ use tallow_kv::{KvBudget, PagedKvCache, SeqId};
 
 use crate::batch::{Batch, Logits};
 use crate::error::ModelError;
+use crate::scratch::Scratch;
 use crate::Model;
 
 pub struct SingleSequence {
     cache: PagedKvCache,
     seq: SeqId,
     n_ctx: usize,
+    scratch: Scratch,
 }
 
 impl SingleSequence {
@@ -23,7 +25,12 @@ impl SingleSequence {
         let pages = layout.pages_for_tokens(n_ctx);
         let mut cache = model.new_kv_cache(layout, KvBudget::Pages(pages))?;
         let seq = cache.create();
-        Ok(SingleSequence { cache, seq, n_ctx })
+        Ok(SingleSequence {
+            cache,
+            seq,
+            n_ctx,
+            scratch: Scratch::new(),
+        })
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -58,7 +65,10 @@ impl SingleSequence {
         let mut batch = Batch::new();
         batch.push(self.seq, tokens, logits);
         self.cache.append_slots(self.seq, tokens.len())?;
-        let result = model.forward(&mut self.cache, &batch);
+        let mut logits = vec![0.0; batch.n_logits() * model.config().n_vocab];
+        let result = model
+            .forward_into(&mut self.cache, &batch, &mut self.scratch, &mut logits)
+            .map(|()| logits);
         if result.is_err() {
             self.truncate(used);
         }

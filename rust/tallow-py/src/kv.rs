@@ -4,12 +4,15 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tallow_kv::{KvBudget, KvDtype, KvLayout, PagedKvCache, SeqId};
+use tallow_model::Scratch;
 
 use crate::errors::{invalid_argument, kv_error};
 
 #[pyclass(module = "tallow._core")]
 pub struct KvCache {
     pub(crate) inner: PagedKvCache,
+    /// The forward pass's scratch memory for steps over this pool, kept between steps.
+    pub(crate) scratch: Scratch,
 }
 
 fn page_ids(pages: Vec<tallow_kv::PageId>) -> Vec<u32> {
@@ -48,7 +51,10 @@ impl KvCache {
             .with_page_size(page_size)
             .with_dtype(dtype);
         let inner = PagedKvCache::new(layout, budget).map_err(kv_error)?;
-        Ok(KvCache { inner })
+        Ok(KvCache {
+            inner,
+            scratch: Scratch::new(),
+        })
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use numpy::{
-    IntoPyArray, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray,
+    IntoPyArray, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray,
     PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
@@ -182,14 +182,24 @@ impl Model {
             };
             flat.push(SeqId(*seq), tokens, logits);
         }
-        let (model, pool) = (&self.inner, &mut cache.inner);
-        let logits = py.detach(|| guard(|| model.forward(pool, &flat).map_err(model_error)))?;
-        let rows = flat.n_logits();
-        let array = logits.into_pyarray(py);
-        Ok(array
-            .reshape([rows, self.config().n_vocab])?
-            .as_untyped()
-            .clone())
+        let (rows, n_vocab) = (flat.n_logits(), self.config().n_vocab);
+        let array = PyArray2::<f32>::zeros(py, [rows, n_vocab], false);
+        // SAFETY: the array was just created here and no Python code has seen it yet, so this
+        // is the only reference to its (contiguous) data.
+        let out = unsafe { array.as_slice_mut()? };
+        let model = &self.inner;
+        let KvCache {
+            inner: pool,
+            scratch,
+        } = &mut *cache;
+        py.detach(|| {
+            guard(|| {
+                model
+                    .forward_into(pool, &flat, scratch, out)
+                    .map_err(model_error)
+            })
+        })?;
+        Ok(array.as_untyped().clone())
     }
 
     fn __repr__(&self) -> String {

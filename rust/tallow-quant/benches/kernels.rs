@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
 use half::f16;
-use tallow_quant::{dequantize, matmul_with, quantize_row, GgmlType, Isa, QuantizedActs};
+use tallow_quant::{
+    dequantize, matmul_with, quantize_row, ActsBuffer, GgmlType, Isa, QuantizedActs,
+};
 
 /// (rows, cols): SmolLM2-135M's FFN down projection (1536 -> 576; its inputs must be whole
 /// 256-element K-quant blocks, which the 576-wide hidden state is not), and a 7B-sized
@@ -86,16 +88,13 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     out
 }
 
-fn acts(ty: GgmlType, n_tokens: usize, cols: usize, rng: &mut Rng) -> QuantizedActs {
-    let mut acts = QuantizedActs::new();
-    acts.quantize(
-        ty.vec_dot_type(),
-        &rng.floats(n_tokens * cols),
-        n_tokens,
-        cols,
-    )
-    .unwrap();
-    acts
+/// Activations for weights of type `ty`, in buffers kept for the whole run.
+fn acts(ty: GgmlType, n_tokens: usize, cols: usize, rng: &mut Rng) -> QuantizedActs<'static> {
+    let buffer = Box::leak(Box::new(ActsBuffer::new()));
+    let x = rng.floats(n_tokens * cols);
+    buffer
+        .quantize(ty.vec_dot_type(), &x, n_tokens, cols)
+        .unwrap()
 }
 
 /// One benchmark's line in the summary: what it moves and computes per iteration, and the
@@ -263,7 +262,7 @@ fn quantize_acts(c: &mut Criterion, summary: &mut Summary) {
     for ty in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K] {
         for (tokens, cols) in [(1, 4096), (128, SMALL.1)] {
             let x = rng.floats(tokens * cols);
-            let mut acts = QuantizedActs::new();
+            let mut acts = ActsBuffer::new();
             let n = (tokens * cols) as u64;
             summary.bench(
                 &mut g,
@@ -273,7 +272,9 @@ fn quantize_acts(c: &mut Criterion, summary: &mut Summary) {
                 4 * n,
                 None,
                 Some(n),
-                || acts.quantize(ty, black_box(&x), tokens, cols).unwrap(),
+                || {
+                    black_box(acts.quantize(ty, black_box(&x), tokens, cols).unwrap());
+                },
             );
         }
     }

@@ -26,6 +26,12 @@ pub enum QuantError {
         expected: usize,
         actual: usize,
     },
+    #[error("{what}: needs {needed}, got {actual}")]
+    BufferTooSmall {
+        what: &'static str,
+        needed: usize,
+        actual: usize,
+    },
     #[error("{what}: size overflows usize")]
     SizeOverflow { what: &'static str },
     #[error("{op} is not supported for {ty}")]

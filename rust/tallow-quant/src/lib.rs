@@ -7,6 +7,7 @@
 //! ggml. Every kernel has a scalar reference; SIMD versions (AVX2, AVX-512 with or without
 //! VNNI, NEON) are chosen at run time for the running CPU, see [`Isa`].
 
+mod acts;
 mod blocks;
 mod error;
 mod fp16;
@@ -19,9 +20,10 @@ mod types;
 #[cfg(test)]
 mod tests;
 
+pub use acts::{ActsBuffer, ActsLen, QuantizedActs};
 pub use error::QuantError;
 pub use kernels::Isa;
-pub use matmul::{matmul, matmul_with, QuantizedActs};
+pub use matmul::{matmul, matmul_with};
 pub use types::GgmlType;
 
 /// Dequantizes `src` (whole blocks of `ty`) into `dst`, which must hold exactly the elements

@@ -6,12 +6,17 @@ use proptest::prelude::*;
 use super::data::{dequantized, magnitude, random_blocks};
 use super::rng::Rng;
 use crate::kernels::reference_kernel;
-use crate::{matmul, matmul_with, quantize_row, vec_dot, GgmlType, Isa, QuantError, QuantizedActs};
+use crate::{
+    matmul, matmul_with, quantize_row, vec_dot, ActsBuffer, GgmlType, Isa, QuantError,
+    QuantizedActs,
+};
 
-fn acts_for(ty: GgmlType, x: &[f32], n_tokens: usize, cols: usize) -> QuantizedActs {
-    let mut acts = QuantizedActs::new();
-    acts.quantize(ty.vec_dot_type(), x, n_tokens, cols).unwrap();
-    acts
+/// Activations for weights of type `ty`, in buffers that live as long as the test process.
+fn acts_for(ty: GgmlType, x: &[f32], n_tokens: usize, cols: usize) -> QuantizedActs<'static> {
+    let buffer = Box::leak(Box::new(ActsBuffer::new()));
+    buffer
+        .quantize(ty.vec_dot_type(), x, n_tokens, cols)
+        .unwrap()
 }
 
 /// Checks `out` against one `vec_dot` per (token, row): the same kernel, so equal bits.
@@ -20,7 +25,7 @@ fn assert_matches_vec_dot(
     weight: &[u8],
     rows: usize,
     cols: usize,
-    acts: &QuantizedActs,
+    acts: &QuantizedActs<'_>,
     out: &[f32],
 ) {
     let row_bytes = weight.len() / rows.max(1);
@@ -64,14 +69,13 @@ fn matmul_equals_vec_dot_per_row_serial_and_parallel() {
 }
 
 #[test]
-fn quantized_acts_match_quantize_row_and_reuse_their_buffer() {
+fn quantized_acts_match_quantize_row() {
     let mut rng = Rng::new(12);
-    let mut acts = QuantizedActs::new();
+    let mut buffer = ActsBuffer::new();
     // 40 tokens x 2048 columns takes the parallel path.
     for (ty, n_tokens, cols) in [(GgmlType::Q8_K, 40, 2048), (GgmlType::Q8_0, 3, 64)] {
         let x = rng.activations(n_tokens * cols);
-        let capacity = acts.data.capacity();
-        acts.quantize(ty, &x, n_tokens, cols).unwrap();
+        let acts = buffer.quantize(ty, &x, n_tokens, cols).unwrap();
         assert_eq!(
             (acts.ty(), acts.n_tokens(), acts.cols()),
             (ty, n_tokens, cols)
@@ -82,37 +86,64 @@ fn quantized_acts_match_quantize_row_and_reuse_their_buffer() {
             assert_eq!(acts.token(t).unwrap(), &row[..], "{ty} token {t}");
         }
         assert_eq!(acts.token(n_tokens), None);
-        if capacity > 0 {
-            assert_eq!(
-                acts.data.capacity(),
-                capacity,
-                "a smaller batch reuses the buffer"
-            );
-        }
     }
 }
 
 #[test]
-fn failed_quantize_keeps_the_previous_activations() {
-    let mut acts = QuantizedActs::new();
-    let x = vec![0.5f32; 64];
-    acts.quantize(GgmlType::Q8_0, &x, 2, 32).unwrap();
-    let before = acts.token(1).unwrap().to_vec();
+fn quantize_into_caller_buffers_checks_their_lengths() {
+    let x = vec![0.5f32; 96];
+    let len = QuantizedActs::buffer_len(GgmlType::Q8_1, 3, 32).unwrap();
+    // 3 rows of one 36-byte block; d and s for one group of 8 lanes.
+    assert_eq!((len.bytes, len.scales), (3 * 36, 2 * 8));
+    assert_eq!(
+        QuantizedActs::buffer_len(GgmlType::Q8_1, 1, 32)
+            .unwrap()
+            .scales,
+        0
+    );
+    assert_eq!(
+        QuantizedActs::buffer_len(GgmlType::Q8_K, 3, 256)
+            .unwrap()
+            .scales,
+        0
+    );
+
+    let (mut bytes, mut scales) = (vec![0u8; len.bytes + 5], vec![0f32; len.scales]);
+    let acts = QuantizedActs::quantize(GgmlType::Q8_1, &x, 3, 32, &mut bytes, &mut scales).unwrap();
+    assert_eq!(acts.n_tokens(), 3);
+    let mut short = vec![0u8; len.bytes - 1];
+    assert_eq!(
+        QuantizedActs::quantize(GgmlType::Q8_1, &x, 3, 32, &mut short, &mut scales).unwrap_err(),
+        QuantError::BufferTooSmall {
+            what: "activation bytes",
+            needed: len.bytes,
+            actual: len.bytes - 1
+        }
+    );
+    assert_eq!(
+        QuantizedActs::quantize(GgmlType::Q8_1, &x, 3, 32, &mut bytes, &mut []).unwrap_err(),
+        QuantError::BufferTooSmall {
+            what: "activation scales",
+            needed: len.scales,
+            actual: 0
+        }
+    );
     assert!(matches!(
-        acts.quantize(GgmlType::Q8_0, &x, 3, 32),
+        QuantizedActs::quantize(GgmlType::Q8_0, &x, 4, 32, &mut bytes, &mut scales),
         Err(QuantError::SizeMismatch {
             what: "activation elements",
             ..
         })
     ));
     assert_eq!(
-        acts.quantize(GgmlType::Q4_K, &x[..0], 0, 256),
-        Err(QuantError::Unsupported {
+        ActsBuffer::new()
+            .quantize(GgmlType::Q4_K, &x[..0], 0, 256)
+            .unwrap_err(),
+        QuantError::Unsupported {
             op: "activation quantization",
             ty: GgmlType::Q4_K
-        })
+        }
     );
-    assert_eq!((acts.n_tokens(), acts.token(1).unwrap()), (2, &before[..]));
 }
 
 #[test]
@@ -123,7 +154,7 @@ fn matmul_rejects_bad_operands() {
     let acts = acts_for(ty, &[0.25; 128], 2, cols);
     let mut out = vec![0f32; 2 * rows];
 
-    let err = |ty, weight: &[u8], rows, cols, acts: &QuantizedActs, out: &mut [f32]| {
+    let err = |ty, weight: &[u8], rows, cols, acts: &QuantizedActs<'_>, out: &mut [f32]| {
         matmul(ty, weight, rows, cols, acts, out).unwrap_err()
     };
     assert!(matches!(

@@ -1,0 +1,258 @@
+//! Activations quantized once per layer input and read by every matrix that takes that input.
+
+use tallow_threads::DisjointSlice;
+
+use crate::blocks::{as_blocks, BlockQ8_0, BlockQ8_1};
+use crate::fp16::f16_to_f32;
+use crate::kernels::{TileScales, TILE_LANES};
+use crate::{reference, sizes, GgmlType, QuantError};
+
+/// Below this many elements, activations are quantized on the calling thread.
+const SERIAL_QUANTIZE: usize = 1 << 16;
+/// Tokens per task when quantizing on the thread pool.
+const TOKENS_PER_TASK: usize = 4;
+
+/// The activations of several tokens quantized to a weight format's
+/// [`GgmlType::vec_dot_type`], reused by every weight matrix that reads the same input
+/// (q/k/v, gate/up). Borrows buffers its caller owns (an arena, or an [`ActsBuffer`]), so
+/// quantizing allocates nothing.
+///
+/// Besides the quantized rows it holds, for two tokens or more in Q8_0 or Q8_1, the block
+/// scales as f32 laid out for the tile kernels (see [`TileScales`]).
+#[derive(Debug, Clone, Copy)]
+pub struct QuantizedActs<'a> {
+    ty: GgmlType,
+    n_tokens: usize,
+    cols: usize,
+    row_bytes: usize,
+    data: &'a [u8],
+    /// Per group of [`TILE_LANES`] tokens, `blocks * TILE_LANES` block scales (`d`), then as
+    /// many block sums (`s`, Q8_1 only). Empty when there are no tile scales.
+    d: &'a [f32],
+    s: &'a [f32],
+}
+
+/// Buffer lengths that [`QuantizedActs::quantize`] needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActsLen {
+    /// Bytes of quantized rows.
+    pub bytes: usize,
+    /// f32 tile scales.
+    pub scales: usize,
+}
+
+impl<'a> QuantizedActs<'a> {
+    /// The buffer lengths for `n_tokens` rows of `cols` values in `vec_dot_type`.
+    pub fn buffer_len(
+        vec_dot_type: GgmlType,
+        n_tokens: usize,
+        cols: usize,
+    ) -> Result<ActsLen, QuantError> {
+        let row_bytes = sizes::row_bytes(vec_dot_type, cols, "activation row")?;
+        let bytes = sizes::product(n_tokens, row_bytes, "quantized activations")?;
+        let scales = if has_tile_scales(vec_dot_type, n_tokens) {
+            let per_group = sizes::product(cols / vec_dot_type.block_len(), TILE_LANES, "scales")?;
+            let sets = if vec_dot_type == GgmlType::Q8_1 { 2 } else { 1 };
+            sizes::product(n_tokens.div_ceil(TILE_LANES) * sets, per_group, "scales")?
+        } else {
+            0
+        };
+        Ok(ActsLen { bytes, scales })
+    }
+
+    /// Quantizes `n_tokens` rows of `cols` values (`x`, token-major) to `vec_dot_type` into
+    /// the front of `bytes` and `scales`, which must be at least [`QuantizedActs::buffer_len`]
+    /// long. Large inputs are quantized on the global thread pool.
+    pub fn quantize(
+        vec_dot_type: GgmlType,
+        x: &[f32],
+        n_tokens: usize,
+        cols: usize,
+        bytes: &'a mut [u8],
+        scales: &'a mut [f32],
+    ) -> Result<Self, QuantError> {
+        let quantize =
+            reference::quantize::quantizer(vec_dot_type).ok_or(QuantError::Unsupported {
+                op: "activation quantization",
+                ty: vec_dot_type,
+            })?;
+        let len = Self::buffer_len(vec_dot_type, n_tokens, cols)?;
+        let elements = sizes::product(n_tokens, cols, "activations")?;
+        sizes::expect_len("activation elements", elements, x.len())?;
+        let too_small = |what, needed, actual| QuantError::BufferTooSmall {
+            what,
+            needed,
+            actual,
+        };
+        let (bytes_len, scales_len) = (bytes.len(), scales.len());
+        let data = (bytes.get_mut(..len.bytes)).ok_or(too_small(
+            "activation bytes",
+            len.bytes,
+            bytes_len,
+        ))?;
+        let scales = (scales.get_mut(..len.scales)).ok_or(too_small(
+            "activation scales",
+            len.scales,
+            scales_len,
+        ))?;
+        let row_bytes = sizes::row_bytes(vec_dot_type, cols, "activation row")?;
+        if len.bytes > 0 {
+            if elements < SERIAL_QUANTIZE || n_tokens == 1 {
+                for (dst, x) in data.chunks_exact_mut(row_bytes).zip(x.chunks_exact(cols)) {
+                    quantize(x, dst);
+                }
+            } else {
+                let out = DisjointSlice::new(&mut *data);
+                let pool = tallow_threads::global();
+                pool.run(n_tokens.div_ceil(TOKENS_PER_TASK), &|task, _| {
+                    let first = task * TOKENS_PER_TASK;
+                    let tokens = first..n_tokens.min(first + TOKENS_PER_TASK);
+                    // SAFETY: each task writes the rows of its own tokens.
+                    let dst =
+                        unsafe { out.range_mut(tokens.start * row_bytes..tokens.end * row_bytes) };
+                    let src = &x[tokens.start * cols..tokens.end * cols];
+                    for (dst, x) in dst.chunks_exact_mut(row_bytes).zip(src.chunks_exact(cols)) {
+                        quantize(x, dst);
+                    }
+                });
+            }
+        }
+        let data: &'a [u8] = data;
+        let (d, s) = scales.split_at_mut(if vec_dot_type == GgmlType::Q8_1 {
+            len.scales / 2
+        } else {
+            len.scales
+        });
+        if len.scales > 0 {
+            fill_tile_scales(vec_dot_type, data, row_bytes, n_tokens, cols, d, s);
+        }
+        Ok(QuantizedActs {
+            ty: vec_dot_type,
+            n_tokens,
+            cols,
+            row_bytes,
+            data,
+            d,
+            s,
+        })
+    }
+
+    /// The format the activations are in.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Number of tokens (rows).
+    pub fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
+    /// Values per token.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The quantized row of token `t`, or `None` past the last token.
+    pub fn token(&self, t: usize) -> Option<&'a [u8]> {
+        (t < self.n_tokens).then(|| self.row(t))
+    }
+
+    pub(crate) fn row(&self, t: usize) -> &'a [u8] {
+        &self.data[t * self.row_bytes..(t + 1) * self.row_bytes]
+    }
+
+    /// Whether tile kernels can read these activations.
+    pub(crate) fn has_tile_scales(&self) -> bool {
+        !self.d.is_empty()
+    }
+
+    /// The tile scales of token group `g`, for the tile that starts at lane `lane0`.
+    pub(crate) fn tile_scales(&self, g: usize, lane0: usize) -> TileScales<'a> {
+        let group_len = self.d.len() / self.n_tokens.div_ceil(TILE_LANES);
+        let group = g * group_len..(g + 1) * group_len;
+        TileScales {
+            d: &self.d[group.clone()],
+            s: if self.s.is_empty() {
+                &[]
+            } else {
+                &self.s[group]
+            },
+            lane0,
+        }
+    }
+}
+
+fn has_tile_scales(ty: GgmlType, n_tokens: usize) -> bool {
+    n_tokens >= 2 && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1)
+}
+
+/// Writes the f32 block scales (and Q8_1 sums) of every token, lane-interleaved per group of
+/// [`TILE_LANES`] tokens; lanes past the last token stay 0.
+fn fill_tile_scales(
+    ty: GgmlType,
+    data: &[u8],
+    row_bytes: usize,
+    n_tokens: usize,
+    cols: usize,
+    d: &mut [f32],
+    s: &mut [f32],
+) {
+    let group_len = cols / ty.block_len() * TILE_LANES;
+    d.fill(0.0);
+    s.fill(0.0);
+    for t in 0..n_tokens {
+        let row = &data[t * row_bytes..(t + 1) * row_bytes];
+        let first = t / TILE_LANES * group_len + t % TILE_LANES;
+        let lanes = (first..).step_by(TILE_LANES);
+        if ty == GgmlType::Q8_1 {
+            for (i, block) in lanes.zip(as_blocks::<BlockQ8_1>(row)) {
+                d[i] = f16_to_f32(block.d);
+                s[i] = f16_to_f32(block.s);
+            }
+        } else {
+            for (i, block) in lanes.zip(as_blocks::<BlockQ8_0>(row)) {
+                d[i] = f16_to_f32(block.d);
+            }
+        }
+    }
+}
+
+/// Owned, growable buffers for [`QuantizedActs`]: the simple way to quantize activations when
+/// no arena is at hand. Grows to the largest input seen and keeps that capacity.
+#[derive(Debug, Default)]
+pub struct ActsBuffer {
+    bytes: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+impl ActsBuffer {
+    /// Empty buffers; they allocate on first use.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// [`QuantizedActs::quantize`] into these buffers, grown as needed.
+    pub fn quantize(
+        &mut self,
+        vec_dot_type: GgmlType,
+        x: &[f32],
+        n_tokens: usize,
+        cols: usize,
+    ) -> Result<QuantizedActs<'_>, QuantError> {
+        let len = QuantizedActs::buffer_len(vec_dot_type, n_tokens, cols)?;
+        if self.bytes.len() < len.bytes {
+            self.bytes.resize(len.bytes, 0);
+        }
+        if self.scales.len() < len.scales {
+            self.scales.resize(len.scales, 0.0);
+        }
+        QuantizedActs::quantize(
+            vec_dot_type,
+            x,
+            n_tokens,
+            cols,
+            &mut self.bytes,
+            &mut self.scales,
+        )
+    }
+}
