@@ -143,6 +143,10 @@ async def test_bad_requests(smollm2_path: Path) -> None:
             await llm.generate("hi", no_such_option=1)
         with pytest.raises(tallow.ModelError, match="context"):
             await llm.generate("word " * 100)
+        with pytest.raises(tallow.InvalidArgumentError, match="token id 49152 is out of range"):
+            await llm.generate([1, 2, 49152])
+        with pytest.raises(tallow.InvalidArgumentError, match="token id -1"):
+            await llm.generate([-1])
         # The engine still serves after bad requests.
         assert (await llm.generate("hi", max_tokens=2, temperature=0)).completion_tokens == 2
     with pytest.raises(tallow.InvalidArgumentError):

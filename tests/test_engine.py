@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 import tallow
 from tallow import _core
 from tallow.engine import Engine, EngineConfig, SamplingParams
+from tallow.errors import InvalidArgumentError, ModelError
 
 
 def test_slot_utilization_in_steady_decode(smollm2_path: Path) -> None:
@@ -55,3 +58,76 @@ def test_interleaved_llm_streams_share_the_engine(smollm2: tallow.LLM) -> None:
     c.close()
     assert smollm2.stats()["pages_used"] == 0
     assert rest_a and rest_b
+
+
+class FailingForward:
+    """The real model, except that the forward passes numbered in ``fail_at`` (from 1) raise:
+    the engine's failure path, which a correct model never takes on valid input."""
+
+    def __init__(self, model: _core.Model, fail_at: set[int]) -> None:
+        self._model = model
+        self._fail_at = fail_at
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def forward(self, kv: Any, batch: Any) -> Any:
+        self.calls += 1
+        if self.calls in self._fail_at:
+            raise ModelError("injected failure")
+        return self._model.forward(kv, batch)
+
+
+def run_to_end(engine: Engine) -> dict[str, tuple[list[int], str | None, str | None]]:
+    """Tokens, finish reason and error of every request, stepping until the engine is idle."""
+    out: dict[str, tuple[list[int], str | None, str | None]] = {}
+    while engine.has_work():
+        for o in engine.step():
+            tokens, _, _ = out.get(o.request_id, ([], None, None))
+            out[o.request_id] = (tokens + o.new_token_ids, o.finish_reason, o.error)
+    return out
+
+
+def test_a_failed_step_ends_only_its_requests(smollm2_path: Path) -> None:
+    """When a forward pass fails, the requests of that step end with the error and give back
+    every page (the positions reserved for the step included); the engine goes on serving."""
+    model = _core.Model(str(smollm2_path))
+    config = EngineConfig(max_num_seqs=4, n_ctx=128, kv_pages=32)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompts = {p: model.tokenize(p, False, True) for p in ("The sky is", "One, two,", "Hello")}
+
+    clean = Engine(model, config)
+    for p, ids in prompts.items():
+        clean.add(p, ids, params)
+    expected = run_to_end(clean)
+
+    failing = FailingForward(model, fail_at={2})
+    engine = Engine(failing, config)  # type: ignore[arg-type]
+    engine.add("The sky is", prompts["The sky is"], params)
+    engine.add("One, two,", prompts["One, two,"], params)
+    first = engine.step()  # both prompts
+    assert [o.request_id for o in first] == ["The sky is", "One, two,"]
+    failed = engine.step()  # their first decode step fails
+    assert [(o.request_id, o.finish_reason, o.error) for o in failed] == [
+        ("The sky is", "abort", "injected failure"),
+        ("One, two,", "abort", "injected failure"),
+    ]
+    stats = engine.stats()
+    assert (stats["pages_used"], stats["running"], stats["waiting"]) == (0, 0, 0)
+    # A request added after the failure is served as if nothing had happened.
+    engine.add("Hello", prompts["Hello"], params)
+    assert run_to_end(engine) == {"Hello": expected["Hello"]}
+    assert expected["Hello"][1] == "length" and len(expected["Hello"][0]) == 6
+    assert engine.stats()["pages_used"] == 0
+
+
+def test_prompt_token_ids_are_checked_against_the_vocabulary(smollm2_path: Path) -> None:
+    model = _core.Model(str(smollm2_path))
+    engine = Engine(model, EngineConfig(n_ctx=64, kv_pages=8))
+    params = SamplingParams(max_tokens=2)
+    with pytest.raises(InvalidArgumentError, match="49152 is out of range"):
+        engine.add("r", [1, model.n_vocab], params)
+    with pytest.raises(InvalidArgumentError, match="-3 is out of range"):
+        engine.add("r", [-3], params)
+    assert not engine.has_work()

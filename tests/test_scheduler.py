@@ -415,6 +415,38 @@ def test_abort_waiting_running_and_in_flight() -> None:
     assert s.stats()["running"] == 0 and s.stats()["finished"] == 3
 
 
+def test_a_failed_step_ends_its_requests_and_frees_their_reserved_pages() -> None:
+    kv, s = make(8, budget=8, max_num_seqs=3)
+    s.add(req("a", 3))
+    s.add(req("b", 2))
+    s.update(s.schedule(), [5, 6])
+    s.add(req("c", 6))
+    step = s.schedule()
+    # a and b decode; c's prompt gets the rest of the budget (6 tokens, two new pages).
+    assert chunks(step) == [
+        ("a", 3, [5], True),
+        ("b", 2, [6], True),
+        ("c", 0, [100, 101, 102, 103, 104, 105], True),
+    ]
+    assert tables(kv, s) == {"a": [0], "b": [1], "c": [2, 3]}
+    s.add(req("w", 2))  # waiting, not in the step
+    outs = s.fail(step, "the forward pass failed")
+    assert [(o.request_id, o.finish_reason, o.error) for o in outs] == [
+        ("a", "abort", "the forward pass failed"),
+        ("b", "abort", "the forward pass failed"),
+        ("c", "abort", "the forward pass failed"),
+    ]
+    assert all(o.finished and o.new_token_ids == [] for o in outs)
+    assert kv.stats()["pages_used"] == 0
+    assert s.running == [] and s.waiting == ["w"]
+    with pytest.raises(RuntimeError):
+        s.fail(step, "twice")
+    # The scheduler goes on with the request that was waiting.
+    outs = run(s, FakeModel(kv))
+    assert tokens_of(outs["w"]) and outs["w"][-1].finish_reason == "length"
+    assert kv.stats()["pages_used"] == 0
+
+
 # -- stop strings ---------------------------------------------------------------------------------
 
 PIECES = {1: "Hel", 2: "lo", 3: " wo", 4: "rld", 5: "!", 6: "\xe2", 7: "\x82\xac"}

@@ -25,7 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from tallow import _core
 from tallow.catalog import DEFAULT_MODEL, resolve_model
-from tallow.engine import Engine, EngineConfig, SamplingParams, sampling_params
+from tallow.engine import Engine, EngineConfig, SamplingParams, check_token_ids, sampling_params
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
 from tallow.scheduler import RequestOutput, TokenLogprob
 
@@ -193,6 +193,7 @@ class AsyncLLM:
                 ids = [self._model.bos_id, *ids]
         else:
             ids = [int(t) for t in prompt]
+            check_token_ids(ids, self._model.n_vocab)
         if not ids:
             raise InvalidArgumentError("the prompt has no tokens")
         if len(ids) > self._engine.n_ctx:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from tallow import _core
-from tallow.errors import InvalidArgumentError
+from tallow.errors import InvalidArgumentError, TallowError
 from tallow.scheduler import Request, RequestOutput, Scheduler, TokenLogprob
 
 __all__ = ["Engine", "EngineConfig", "SamplingParams", "sampling_params"]
@@ -135,6 +135,13 @@ class EngineConfig:
     n_ctx: int | None = None
 
 
+def check_token_ids(token_ids: Sequence[int], n_vocab: int) -> None:
+    """Raise :class:`InvalidArgumentError` unless every id is a token of the vocabulary."""
+    bad = next((t for t in token_ids if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise InvalidArgumentError(f"token id {bad} is out of range (vocabulary size {n_vocab})")
+
+
 class Engine:
     """A model with its KV pool and scheduler. Not thread-safe: one thread drives it."""
 
@@ -175,6 +182,7 @@ class Engine:
         raise here)."""
         if request_id in self._samplers:
             raise InvalidArgumentError(f"request {request_id!r} is already in the engine")
+        check_token_ids(prompt_token_ids, self.model.n_vocab)
         sampler = sampler or params.new_sampler()
         self.scheduler.add(Request(request_id, list(prompt_token_ids), params))
         self._samplers[request_id] = sampler
@@ -189,7 +197,9 @@ class Engine:
         return self.scheduler.has_work()
 
     def step(self) -> list[RequestOutput]:
-        """Run one step; return what each request produced in it."""
+        """Run one step; return what each request produced in it. If the step cannot be
+        computed, its requests end with ``finish_reason="abort"`` and the error in
+        ``RequestOutput.error``; the others go on."""
         with self._lock:
             return self._step()
 
@@ -197,9 +207,12 @@ class Engine:
         step = self.scheduler.schedule()
         sampled: dict[str, tuple[int, float, list[tuple[int, float]]]] = {}
         if step:
-            logits = self.model.forward(self.kv, step.batch())
-            samplers = [self._samplers[r] for r in step.sample_ids]
-            rows = _core.sample_batch(samplers, logits)
+            try:
+                logits = self.model.forward(self.kv, step.batch())
+                samplers = [self._samplers[r] for r in step.sample_ids]
+                rows = _core.sample_batch(samplers, logits)
+            except TallowError as e:
+                return self._forget(self.scheduler.fail(step, str(e)))
             sampled = dict(zip(step.sample_ids, rows, strict=True))
             self.tokens_computed += step.num_tokens
             self._recent.append((time.perf_counter(), step.num_tokens))
@@ -208,6 +221,11 @@ class Engine:
             if out.new_token_ids and out.request_id in self._logprobs:
                 token, logprob, top = sampled[out.request_id]
                 outputs[i] = replace(out, logprobs=[TokenLogprob(token, logprob, top)])
+        return self._forget(outputs)
+
+    def _forget(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Drop the samplers of the requests that finished in ``outputs``."""
+        for out in outputs:
             if out.finished:
                 self._samplers.pop(out.request_id, None)
                 self._logprobs.discard(out.request_id)

@@ -507,6 +507,21 @@ class Scheduler:
                 outputs.append(self._append(req, tokens[chunk.request_id]))
         return outputs
 
+    def fail(self, step: Step, error: str) -> list[RequestOutput]:
+        """Instead of :meth:`update`, when ``step`` could not be computed: end every request in
+        it with reason ``"abort"`` and ``error``, freeing its pages (the positions the step
+        reserved included). Requests outside the step are untouched. Returns the outputs, with
+        those pending from outside a step first."""
+        if step is not self._inflight:
+            raise RuntimeError("fail() takes the step returned by the last schedule()")
+        self._inflight = None
+        outputs, self._pending = self._pending, []
+        for chunk in step.chunks:
+            req = self._requests.get(chunk.request_id)
+            if req is not None:
+                outputs.append(self._finish(req, "abort", error=error))
+        return outputs
+
     # -- internals ----------------------------------------------------------------------------
 
     def _never_fits(self, req: Request) -> str | None:
