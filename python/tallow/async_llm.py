@@ -13,7 +13,7 @@ import itertools
 import math
 import os
 import queue
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -21,10 +21,11 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectSendStream
 
 from tallow import _core
 from tallow.catalog import DEFAULT_MODEL, resolve_model
+from tallow.chat_template import ChatTemplate
 from tallow.engine import Engine, EngineConfig, SamplingParams, check_token_ids, sampling_params
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
 from tallow.scheduler import RequestOutput, TokenLogprob
@@ -79,6 +80,7 @@ class AsyncLLM:
         max_num_seqs: int = 64,
         max_tokens_per_step: int = 512,
         kv_pages: int | None = None,
+        kv_bytes: int | None = None,
         page_size: int = 16,
         n_ctx: int | None = None,
     ) -> None:
@@ -90,6 +92,7 @@ class AsyncLLM:
                 max_tokens_per_step=max_tokens_per_step,
                 page_size=page_size,
                 kv_pages=kv_pages,
+                kv_bytes=kv_bytes,
                 n_ctx=n_ctx,
             ),
         )
@@ -98,6 +101,8 @@ class AsyncLLM:
         self._ids = itertools.count()
         self._task_group: TaskGroup | None = None
         self._failure: BaseException | None = None
+        self.chat_template = ChatTemplate.for_model(self._model)
+        """The model's chat template, used by :meth:`chat` (see :mod:`tallow.chat_template`)."""
 
     async def __aenter__(self) -> AsyncLLM:
         self._task_group = anyio.create_task_group()
@@ -183,10 +188,21 @@ class AsyncLLM:
         if self._failure is not None:
             raise ModelError(f"the engine stopped: {self._failure}")
 
-    def _submit(
-        self, prompt: str | Sequence[int], params: SamplingParams
-    ) -> tuple[str, int, MemoryObjectReceiveStream[RequestOutput]]:
-        self._check_open()
+    @property
+    def n_ctx(self) -> int:
+        """Positions of one request's context (prompt plus completion)."""
+        return self._engine.n_ctx
+
+    @property
+    def model(self) -> _core.Model:
+        """The loaded model (its tokenizer and metadata)."""
+        return self._model
+
+    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """The token ids ``prompt`` runs as: text is tokenized with control-token text parsed
+        and BOS added where the model asks for it; ids are checked against the vocabulary.
+        Raises :class:`InvalidArgumentError` for an empty or invalid prompt and
+        :class:`ModelError` for one that does not fit in the context."""
         if isinstance(prompt, str):
             ids = self._model.tokenize(prompt, False, True)
             if self._model.add_bos and self._model.bos_id is not None:
@@ -194,23 +210,38 @@ class AsyncLLM:
         else:
             ids = [int(t) for t in prompt]
             check_token_ids(ids, self._model.n_vocab)
+        return self._check_fits(ids)
+
+    def chat_ids(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
+        """The token ids of a conversation rendered with :attr:`chat_template`, ending with the
+        opening of the assistant's turn (checked as :meth:`prompt_ids` does)."""
+        text = self.chat_template.render(messages, add_generation_prompt=True)
+        # As Hugging Face's apply_chat_template: the template writes any BOS itself.
+        return self._check_fits(self._model.tokenize(text, False, True))
+
+    def _check_fits(self, ids: list[int]) -> list[int]:
         if not ids:
             raise InvalidArgumentError("the prompt has no tokens")
         if len(ids) > self._engine.n_ctx:
             raise ModelError(
                 f"the prompt is {len(ids)} tokens long but the context holds {self._engine.n_ctx}"
             )
+        return ids
+
+    async def outputs(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs for one request (from :meth:`prompt_ids` or :meth:`chat_ids`),
+        as its steps produce them; the last has ``finished`` set. Leaving the loop early, or
+        being cancelled, aborts the request. Raises :class:`ModelError` if the request fails.
+        """
+        self._check_open()
+        ids = list(prompt_ids)
         sampler = params.new_sampler()
         request_id = f"req-{next(self._ids)}"
         send, receive = anyio.create_memory_object_stream[RequestOutput](math.inf)
         self._streams[request_id] = send
         self._inbox.put(_Add(request_id, ids, params, sampler))
-        return request_id, len(ids), receive
-
-    async def _outputs(
-        self, prompt: str | Sequence[int], params: SamplingParams
-    ) -> AsyncIterator[tuple[RequestOutput, int]]:
-        request_id, n_prompt, receive = self._submit(prompt, params)
         finished = False
         try:
             async with receive:
@@ -222,13 +253,32 @@ class AsyncLLM:
                         and out.finish_reason == "abort"
                     ):
                         raise ModelError(out.error)
-                    yield out, n_prompt
+                    yield out
             if not finished and self._failure is not None:
                 raise ModelError(f"the engine stopped: {self._failure}")
         finally:
             if not finished:
                 self._streams.pop(request_id, None)
                 self._inbox.put(request_id)
+
+    async def _text(self, ids: list[int], params: SamplingParams) -> AsyncIterator[str]:
+        async for out in self.outputs(ids, params):
+            if out.text:
+                yield out.text
+
+    async def _complete(self, ids: list[int], params: SamplingParams) -> Completion:
+        text: list[str] = []
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob] | None = [] if params.logprobs else None
+        reason = "abort"
+        async for out in self.outputs(ids, params):
+            text.append(out.text)
+            tokens.extend(out.new_token_ids)
+            if logprobs is not None and out.logprobs:
+                logprobs.extend(out.logprobs)
+            if out.finished:
+                reason = out.finish_reason or "stop"
+        return Completion("".join(text), tokens, reason, len(ids), len(tokens), logprobs)
 
     async def stream(
         self,
@@ -245,10 +295,10 @@ class AsyncLLM:
         emitted). ``options`` are further :class:`~tallow.engine.SamplingParams` fields
         (``min_p``, penalties, ``logit_bias``, ``stop_token_ids``, ``ignore_eos``,
         ``logprobs``, ``top_logprobs``)."""
+        self._check_open()
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
-        async for out, _ in self._outputs(prompt, params):
-            if out.text:
-                yield out.text
+        async for piece in self._text(self.prompt_ids(prompt), params):
+            yield piece
 
     async def generate(
         self,
@@ -262,20 +312,44 @@ class AsyncLLM:
         **options: object,
     ) -> Completion:
         """Generate a whole completion (see :meth:`stream` for the arguments)."""
+        self._check_open()
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
-        text: list[str] = []
-        tokens: list[int] = []
-        logprobs: list[TokenLogprob] | None = [] if params.logprobs else None
-        reason, n_prompt = "abort", 0
-        async for out, count in self._outputs(prompt, params):
-            n_prompt = count
-            text.append(out.text)
-            tokens.extend(out.new_token_ids)
-            if logprobs is not None and out.logprobs:
-                logprobs.extend(out.logprobs)
-            if out.finished:
-                reason = out.finish_reason or "stop"
-        return Completion("".join(text), tokens, reason, n_prompt, len(tokens), logprobs)
+        return await self._complete(self.prompt_ids(prompt), params)
+
+    async def chat_stream(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        max_tokens: int | None = None,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        **options: object,
+    ) -> AsyncIterator[str]:
+        """Like :meth:`chat`, yielding the reply piece by piece."""
+        self._check_open()
+        params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
+        async for piece in self._text(self.chat_ids(messages), params):
+            yield piece
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        max_tokens: int | None = None,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        **options: object,
+    ) -> Completion:
+        """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts), rendered with
+        the model's chat template; the reply ends at its end-of-turn token. The other arguments
+        are those of :meth:`stream`."""
+        self._check_open()
+        params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
+        return await self._complete(self.chat_ids(messages), params)
 
     def stats(self) -> dict[str, float]:
         """KV pages total / used / free, tokens cached, slot utilization, running and waiting

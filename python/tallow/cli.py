@@ -1,19 +1,24 @@
 """The ``tallow`` command line.
 
-Commands: ``pull``, ``list``, ``generate``, ``tokenize``, ``perplexity``, ``info``. Results go to
-stdout; status, progress and timings go to stderr. Every error prints one line
-``tallow: error: ...`` on stderr and exits with status 1 (130 when interrupted, 2 for bad usage).
+Commands: ``pull``, ``list``, ``generate``, ``chat``, ``serve``, ``tokenize``, ``perplexity``,
+``info``. Results go to stdout; status, progress and timings go to stderr. Every error prints one
+line ``tallow: error: ...`` on stderr and exits with status 1 (130 when interrupted, 2 for bad
+usage).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -160,6 +165,113 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         f"generated: {result.completion_tokens} tokens in {result.completion_seconds:.2f} s "
         f"({rate(result.completion_tokens, result.completion_seconds)}); "
         f"finish: {result.finish_reason}"
+    )
+    return 0
+
+
+_CHAT_HELP = "/reset clears the conversation, /exit (or Ctrl-D) quits, Ctrl-C stops an answer"
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    max_tokens = None if args.max_tokens == -1 else args.max_tokens
+    sampling_params(max_tokens, args.temperature, args.top_k, args.top_p, args.seed, None)
+    llm = _load(args.model, args.ctx)
+    with contextlib.suppress(ImportError):
+        import readline  # noqa: F401  (line editing and history for input())
+    start: list[dict[str, str]] = []
+    if args.system:
+        start.append({"role": "system", "content": args.system})
+    history = list(start)
+    _status(_CHAT_HELP)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:
+            print()
+            continue
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return 0
+        if text == "/reset":
+            history = list(start)
+            print("(conversation cleared)", flush=True)
+            continue
+        if text.startswith("/"):
+            print(f"(unknown command {text.split()[0]}; {_CHAT_HELP})", flush=True)
+            continue
+        history.append({"role": "user", "content": line})
+        reply = _answer(
+            functools.partial(
+                llm.chat_stream,
+                history,
+                max_tokens,
+                args.temperature,
+                args.top_k,
+                args.top_p,
+                args.seed,
+            )
+        )
+        if reply is None:
+            history.pop()
+        else:
+            history.append({"role": "assistant", "content": reply})
+
+
+def _answer(start: Callable[[], Iterator[str]]) -> str | None:
+    """Print the pieces of an answer as they come, until it ends or Ctrl-C stops it; return
+    the text printed, or None when the answer could not start (the error is printed)."""
+    stopped = threading.Event()
+    # From here on Ctrl-C only sets a flag: the engine is never interrupted in a step.
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: stopped.set())
+    pieces: list[str] = []
+    try:
+        try:
+            stream = start()
+        except TallowError as e:
+            print(f"({_one_line(str(e))}; /reset starts over)", flush=True)
+            return None
+        try:
+            for piece in stream:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+                pieces.append(piece)
+                if stopped.is_set():
+                    break
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    print(" [stopped]" if stopped.is_set() else "", flush=True)
+    return "".join(pieces)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from tallow.server import parse_size, serve
+
+    try:
+        kv_memory = None if args.kv_memory is None else parse_size(args.kv_memory)
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from None
+    if args.max_batch <= 0:
+        raise InvalidArgumentError(f"--max-batch must be positive, got {args.max_batch}")
+    if args.ctx is not None and args.ctx <= 0:
+        raise InvalidArgumentError(f"the context size must be positive, got {args.ctx}")
+    _status(f"serving {args.model} on http://{args.host}:{args.port}/v1")
+    serve(
+        args.model,
+        host=args.host,
+        port=args.port,
+        max_batch=args.max_batch,
+        kv_memory=kv_memory,
+        n_ctx=args.ctx,
+        log_level=args.log_level,
     )
     return 0
 
@@ -339,6 +451,57 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ctx", type=int, default=None, help="context size (default 4096 or less)")
     p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser(
+        "chat",
+        help="chat with a model in the terminal",
+        description="An interactive chat using the model's chat template, the answer streamed "
+        "as it is generated. " + _CHAT_HELP + ".",
+    )
+    model_arg(p)
+    p.add_argument("--system", default=None, help="a system message to start with")
+    p.add_argument(
+        "-n",
+        "--max-tokens",
+        type=int,
+        default=-1,
+        help="most tokens per answer (-1: until the end of turn or context; default)",
+    )
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="0 = off (default 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    p.add_argument("--ctx", type=int, default=None, help="context size (default 4096 or less)")
+    p.set_defaults(func=_cmd_chat)
+
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve MODEL at http://HOST:PORT/v1 (completions, chat completions, "
+        "models), with /health and Prometheus /metrics.",
+    )
+    model_arg(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument(
+        "--max-batch", type=int, default=64, help="most requests generated at once (default 64)"
+    )
+    p.add_argument(
+        "--kv-memory",
+        default=None,
+        metavar="SIZE",
+        help="memory of the KV cache, e.g. 512MiB or 2GB (default: max-batch full contexts)",
+    )
+    p.add_argument(
+        "--ctx", type=int, default=None, help="context per request (default 4096 or less)"
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="server log level (default info)",
+    )
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser(
         "tokenize",

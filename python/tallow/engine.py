@@ -123,15 +123,17 @@ def sampling_params(
 class EngineConfig:
     """Sizes of an engine.
 
-    ``kv_pages`` pages of ``page_size`` tokens hold the KV of every running request (``None``:
-    enough for ``max_num_seqs`` full contexts, capped at 8192 pages). ``n_ctx`` is the most
-    positions per request (``None``: the model's training context, capped at 4096).
+    ``kv_pages`` pages of ``page_size`` tokens hold the KV of every running request; or give
+    ``kv_bytes``, the memory of that pool (``None`` for both: enough for ``max_num_seqs`` full
+    contexts, capped at 8192 pages). ``n_ctx`` is the most positions per request (``None``: the
+    model's training context, capped at 4096), and never more than the pool holds.
     """
 
     max_num_seqs: int = 64
     max_tokens_per_step: int = 512
     page_size: int = 16
     kv_pages: int | None = None
+    kv_bytes: int | None = None
     n_ctx: int | None = None
 
 
@@ -148,19 +150,24 @@ class Engine:
     def __init__(self, model: _core.Model, config: EngineConfig | None = None) -> None:
         config = config or EngineConfig()
         n_ctx = config.n_ctx or min(model.n_ctx_train, 4096)
-        pages = config.kv_pages
-        if pages is None:
-            per_request = -(-n_ctx // config.page_size)
-            pages = min(per_request * config.max_num_seqs, 8192)
+        if config.kv_pages is not None and config.kv_bytes is not None:
+            raise InvalidArgumentError("give kv_pages or kv_bytes, not both")
+        if config.kv_bytes is not None:
+            self.kv = model.new_kv_cache(page_size=config.page_size, max_bytes=config.kv_bytes)
+        else:
+            pages = config.kv_pages
+            if pages is None:
+                per_request = -(-n_ctx // config.page_size)
+                pages = min(per_request * config.max_num_seqs, 8192)
+            self.kv = model.new_kv_cache(page_size=config.page_size, max_pages=pages)
         self.model = model
-        self.n_ctx = n_ctx
-        self.kv = model.new_kv_cache(page_size=config.page_size, max_pages=pages)
+        self.n_ctx = min(n_ctx, self.kv.n_pages * config.page_size)
         self.scheduler = Scheduler(
             self.kv,
             max_num_seqs=config.max_num_seqs,
             max_tokens_per_step=config.max_tokens_per_step,
             eog_ids=model.eog_ids,
-            max_model_len=n_ctx,
+            max_model_len=self.n_ctx,
             decoder_factory=model.stream_decoder,
         )
         self._samplers: dict[str, _core.Sampler] = {}

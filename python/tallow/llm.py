@@ -7,7 +7,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from tallow import _core
 from tallow.catalog import DEFAULT_MODEL, resolve_model
+from tallow.chat_template import ChatTemplate
 from tallow.engine import Engine, EngineConfig, SamplingParams, sampling_params
 from tallow.errors import InvalidArgumentError, ModelError
 from tallow.scheduler import RequestOutput
@@ -145,6 +146,7 @@ class LLM:
         )
         self._outputs: dict[str, deque[RequestOutput]] = {}
         self._ids = itertools.count()
+        self._chat_template: ChatTemplate | None = None
 
     # -- model properties -------------------------------------------------------------------
 
@@ -238,12 +240,24 @@ class LLM:
 
     # -- generation -----------------------------------------------------------------------------
 
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The model's chat template (see :mod:`tallow.chat_template`)."""
+        if self._chat_template is None:
+            self._chat_template = ChatTemplate.for_model(self._model)
+        return self._chat_template
+
+    def _chat_ids(self, messages: object) -> list[int]:
+        # As Hugging Face's apply_chat_template: the template writes any BOS itself.
+        text = self.chat_template.render(messages, add_generation_prompt=True)
+        return self._model.tokenize(text, False, True)
+
     def _completion(
-        self, prompt: str, params: SamplingParams, parse_special: bool
+        self, prompt: str | list[int], params: SamplingParams, parse_special: bool
     ) -> Generator[str, None, GenerationResult]:
-        """Checks the prompt now; returns a generator that yields the text pieces of the
-        generation and returns its result."""
-        prompt_ids = self._prompt_ids(prompt, parse_special)
+        """Checks the prompt (text, or token ids already made) now; returns a generator that
+        yields the text pieces of the generation and returns its result."""
+        prompt_ids = prompt if isinstance(prompt, list) else self._prompt_ids(prompt, parse_special)
         if len(prompt_ids) > self.n_ctx:
             raise ModelError(
                 f"the prompt is {len(prompt_ids)} tokens long but the context holds only "
@@ -352,6 +366,43 @@ class LLM:
         stream = self.stream(
             prompt, max_tokens, temperature, top_k, top_p, seed, stop, parse_special=parse_special
         )
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def chat_stream(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        max_tokens: int | None = None,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+    ) -> TextStream:
+        """Like :meth:`chat`, but returns an iterator over pieces of the reply as they are
+        generated (see :meth:`stream`)."""
+        params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop)
+        return TextStream(self._completion(self._chat_ids(messages), params, True))
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        max_tokens: int | None = None,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+    ) -> GenerationResult:
+        """The assistant's reply to a conversation: ``messages`` is a list of
+        ``{"role": "system" | "user" | "assistant", "content": text}``, rendered with the
+        model's chat template (:attr:`chat_template`). The reply ends at the model's
+        end-of-turn token; ``max_tokens`` ``None`` lets it run to the end of the context. The
+        other arguments are those of :meth:`generate`.
+        """
+        stream = self.chat_stream(messages, max_tokens, temperature, top_k, top_p, seed, stop)
         for _ in stream:
             pass
         assert stream.result is not None

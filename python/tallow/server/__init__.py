@@ -1,0 +1,55 @@
+"""An OpenAI-compatible HTTP server over :class:`~tallow.AsyncLLM` (``tallow serve``).
+
+Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streaming with
+server-sent events, or whole), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``
+(Prometheus text). Errors come in OpenAI's shape, ``{"error": {"message", "type", "param",
+"code"}}``, with a 4xx status for every problem with a request.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from tallow.server.app import create_app
+from tallow.server.protocol import APIError
+
+__all__ = ["APIError", "create_app", "parse_size", "serve"]
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size such as ``512MiB``, ``2G``, ``1.5GB`` or ``1000000``: ``KiB``/``MiB``/...
+    are powers of 1024, ``K``/``KB``/``M``/``MB``/... powers of 1000."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i)?)?b?\s*", text, re.IGNORECASE)
+    if m is None:
+        raise ValueError(f"not a size: {text!r} (try 512MiB or 2GB)")
+    number, unit, binary = m.groups()
+    scale = 1 if unit is None else (1024 if binary else 1000) ** ("kmgt".index(unit.lower()) + 1)
+    return int(float(number) * scale)
+
+
+def serve(
+    model: str | os.PathLike[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_batch: int = 64,
+    kv_memory: int | None = None,
+    n_ctx: int | None = None,
+    log_level: str = "info",
+) -> None:
+    """Serve ``model`` (a path or catalog name) on ``host:port`` until interrupted.
+
+    ``max_batch`` is the most requests generated at once (more wait in a queue); ``kv_memory``
+    the bytes of the KV cache pool (by default enough for ``max_batch`` full contexts, up to
+    8192 pages); ``n_ctx`` the context of each request (default: the model's, up to 4096).
+    """
+    import uvicorn
+
+    from tallow.async_llm import AsyncLLM
+
+    llm = AsyncLLM(model, max_num_seqs=max_batch, kv_bytes=kv_memory, n_ctx=n_ctx)
+    name = os.fspath(model)
+    aliases = [os.path.basename(llm.model.path), llm.model.path]
+    app = create_app(llm, name, aliases=[a for a in aliases if a != name])
+    uvicorn.run(app, host=host, port=port, log_level=log_level, lifespan="on")

@@ -1,0 +1,457 @@
+"""The ASGI app: OpenAI's completions and chat endpoints over an :class:`~tallow.AsyncLLM`.
+
+Every request becomes one engine request per choice; their outputs are turned into OpenAI's
+response objects, or into server-sent events when ``stream`` is set. A client that goes away
+(mid-stream or while waiting for a whole answer) has its requests aborted, which frees their
+KV pages at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from tallow.async_llm import AsyncLLM
+from tallow.engine import SamplingParams
+from tallow.errors import InvalidArgumentError, ModelError, TallowError
+from tallow.scheduler import RequestOutput, TokenLogprob
+from tallow.server.metrics import CONTENT_TYPE, Metrics
+from tallow.server.protocol import (
+    APIError,
+    GenerationRequest,
+    check_model,
+    choice_params,
+    invalid,
+    parse_chat,
+    parse_completion,
+    usage,
+)
+
+__all__ = ["create_app"]
+
+Emit = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+@dataclass
+class _Choice:
+    """One engine request of an API request, and what it produced so far."""
+
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    offset: int = 0
+    """Characters of the token texts reported so far (``text_offset`` of completions)."""
+
+
+class _EventStream(Response):
+    """A ``text/event-stream`` response whose events a producer writes while it runs, cancelled
+    (and so its engine requests aborted) when the client disconnects."""
+
+    def __init__(self, produce: Callable[[Emit], Awaitable[None]]) -> None:
+        # No Content-Length: the body is written as the events come.
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+        self._produce = produce
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        lock = anyio.Lock()
+        async with anyio.create_task_group() as tg:
+
+            async def emit(event: dict[str, Any]) -> None:
+                data = b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
+                async with lock:
+                    try:
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                    except OSError:  # the connection broke: stop producing
+                        tg.cancel_scope.cancel()
+
+            async def watch_disconnect() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_disconnect)
+            await self._produce(emit)
+            end = {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False}
+            with contextlib.suppress(OSError):
+                await send(end)
+            tg.cancel_scope.cancel()
+
+
+class _Server:
+    def __init__(self, llm: AsyncLLM, model_name: str, aliases: Sequence[str]) -> None:
+        self.llm = llm
+        self.names = [model_name, *aliases]
+        self.created = int(time.time())
+        self.metrics = Metrics(llm.stats)
+        self._ids = itertools.count()
+        self._token_text: dict[int, str] = {}
+
+    # -- plain endpoints ----------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            check_model(name, self.names)
+        except APIError as e:
+            return error_response(e)
+        return JSONResponse(self._model_card())
+
+    def _model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.names[0],
+            "object": "model",
+            "created": self.created,
+            "owned_by": "tallow",
+            "max_model_len": self.llm.n_ctx,
+        }
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    # -- generation ---------------------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, "completions")
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, "chat")
+
+    async def _generate(self, request: Request, kind: str) -> Response:
+        endpoint = f"/v1/{'chat/' if kind == 'chat' else ''}completions"
+        arrival = time.perf_counter()
+        try:
+            body = await _json_body(request)
+            model = self.llm.model
+            parse = parse_chat if kind == "chat" else parse_completion
+            req = parse(body, model.n_vocab, self.llm.n_ctx)
+            check_model(req.model, self.names)
+            prompts = self._prompt_ids(req)
+        except APIError as e:
+            self.metrics.requests.labels(endpoint, str(e.status)).inc()
+            return error_response(e)
+        choices = [
+            _Choice(p * req.n + j, ids, choice_params(req.params, j))
+            for p, ids in enumerate(prompts)
+            for j in range(req.n)
+        ]
+        self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompts))
+        response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{next(self._ids)}"
+        self.metrics.requests.labels(endpoint, "200").inc()
+        if req.stream:
+            return _EventStream(
+                lambda emit: self._stream(emit, kind, req, response_id, choices, prompts, arrival)
+            )
+        completed = await _unless_disconnected(request, lambda: self._run(choices, arrival, None))
+        if not completed:
+            return Response(status_code=499)
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        completion_tokens = sum(c.tokens for c in choices)
+        return JSONResponse(
+            {
+                "id": response_id,
+                "object": "chat.completion" if kind == "chat" else "text_completion",
+                "created": int(time.time()),
+                "model": req.model,
+                "choices": [self._final_choice(kind, req, c, prompts) for c in choices],
+                "usage": usage(prompt_tokens, completion_tokens),
+            }
+        )
+
+    def _prompt_ids(self, req: GenerationRequest) -> list[list[int]]:
+        """Token ids of every prompt, each checked to leave room for ``max_tokens``."""
+        param = "messages" if req.messages is not None else "prompt"
+        try:
+            if req.messages is not None:
+                prompts = [self.llm.chat_ids(req.messages)]
+            else:
+                prompts = [self.llm.prompt_ids(p) for p in req.prompts]
+        except InvalidArgumentError as e:
+            raise invalid(param, str(e)) from None
+        except ModelError as e:
+            raise invalid(param, str(e), "context_length_exceeded") from None
+        n_ctx = self.llm.n_ctx
+        for ids in prompts:
+            wanted = req.params.max_tokens or 0
+            if len(ids) + wanted > n_ctx:
+                raise invalid(
+                    "max_tokens",
+                    f"this model's context holds {n_ctx} tokens, but {len(ids) + wanted} were "
+                    f"asked for ({len(ids)} in the prompt, {wanted} to generate)",
+                    "context_length_exceeded",
+                )
+        return prompts
+
+    async def _run(
+        self,
+        choices: list[_Choice],
+        arrival: float,
+        on_output: Callable[[_Choice, RequestOutput], Awaitable[None]] | None,
+    ) -> None:
+        """Run every choice to its end, concurrently, recording what each produced."""
+        failures: list[TallowError] = []
+
+        async def one(choice: _Choice) -> None:
+            last: float | None = None
+            try:
+                async for out in self.llm.outputs(choice.prompt_ids, choice.params):
+                    now = time.perf_counter()
+                    if out.new_token_ids:
+                        n = len(out.new_token_ids)
+                        if last is None:
+                            self.metrics.time_to_first_token.observe(now - arrival)
+                        else:
+                            for _ in range(n):
+                                self.metrics.inter_token_latency.observe((now - last) / n)
+                        last = now
+                        choice.tokens += n
+                        self.metrics.generation_tokens.inc(n)
+                    choice.text.append(out.text)
+                    if out.logprobs:
+                        choice.logprobs.extend(out.logprobs)
+                    if out.finished:
+                        choice.finish_reason = "stop" if out.finish_reason == "stop" else "length"
+                        self.metrics.request_duration.observe(now - arrival)
+                    if on_output is not None:
+                        await on_output(choice, out)
+            except TallowError as e:
+                failures.append(e)
+
+        async with anyio.create_task_group() as tg:
+            for choice in choices:
+                tg.start_soon(one, choice)
+        if failures:
+            raise failures[0]
+
+    async def _stream(
+        self,
+        emit: Emit,
+        kind: str,
+        req: GenerationRequest,
+        response_id: str,
+        choices: list[_Choice],
+        prompts: list[list[int]],
+        arrival: float,
+    ) -> None:
+        created = int(time.time())
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+
+        def chunk(choice_objects: list[dict[str, Any]]) -> dict[str, Any]:
+            return {
+                "id": response_id,
+                "object": obj,
+                "created": created,
+                "model": req.model,
+                "choices": choice_objects,
+            }
+
+        if kind == "chat":
+            for c in choices:
+                role = {"role": "assistant", "content": ""}
+                await emit(
+                    chunk(
+                        [{"index": c.index, "delta": role, "logprobs": None, "finish_reason": None}]
+                    )
+                )
+        elif req.echo:
+            for c in choices:
+                text = self.llm.model.detokenize(prompts[c.index // req.n])
+                c.offset = len(text)
+                await emit(
+                    chunk(
+                        [{"index": c.index, "text": text, "logprobs": None, "finish_reason": None}]
+                    )
+                )
+
+        async def on_output(c: _Choice, out: RequestOutput) -> None:
+            finish = ("stop" if out.finish_reason == "stop" else "length") if out.finished else None
+            if not out.text and not out.logprobs and finish is None:
+                return
+            logprobs = (
+                self._logprobs(kind, c, out.logprobs or []) if req.logprobs is not None else None
+            )
+            if kind == "chat":
+                delta = {"content": out.text} if out.text else {}
+                body = {
+                    "index": c.index,
+                    "delta": delta,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                }
+            else:
+                body = {
+                    "index": c.index,
+                    "text": out.text,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                }
+            await emit(chunk([body]))
+
+        try:
+            await self._run(choices, arrival, on_output)
+        except TallowError as e:
+            await emit(APIError(500, str(e), type="server_error").body())
+            return
+        if req.include_usage:
+            tokens = sum(c.tokens for c in choices)
+            final = chunk([])
+            final["usage"] = usage(sum(len(ids) for ids in prompts), tokens)
+            await emit(final)
+
+    def _final_choice(
+        self, kind: str, req: GenerationRequest, c: _Choice, prompts: list[list[int]]
+    ) -> dict[str, Any]:
+        text = "".join(c.text)
+        echoed = self.llm.model.detokenize(prompts[c.index // req.n]) if req.echo else ""
+        c.offset = len(echoed)
+        logprobs = self._logprobs(kind, c, c.logprobs) if req.logprobs is not None else None
+        if kind == "chat":
+            return {
+                "index": c.index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": c.finish_reason,
+            }
+        return {
+            "index": c.index,
+            "text": echoed + text,
+            "logprobs": logprobs,
+            "finish_reason": c.finish_reason,
+        }
+
+    def _text_of(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.llm.model.detokenize([token_id])
+            self._token_text[token_id] = text
+        return text
+
+    def _logprobs(self, kind: str, c: _Choice, entries: list[TokenLogprob]) -> dict[str, Any]:
+        """OpenAI's log probability object: per token for chat, columns for completions."""
+        if kind == "chat":
+            return {
+                "content": [
+                    {
+                        "token": self._text_of(e.token_id),
+                        "logprob": e.logprob,
+                        "bytes": list(self._text_of(e.token_id).encode()),
+                        "top_logprobs": [
+                            {
+                                "token": self._text_of(t),
+                                "logprob": lp,
+                                "bytes": list(self._text_of(t).encode()),
+                            }
+                            for t, lp in e.top
+                        ],
+                    }
+                    for e in entries
+                ]
+            }
+        tokens = [self._text_of(e.token_id) for e in entries]
+        offsets = []
+        for t in tokens:
+            offsets.append(c.offset)
+            c.offset += len(t)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{self._text_of(t): lp for t, lp in e.top} for e in entries],
+            "text_offset": offsets,
+        }
+
+
+async def _json_body(request: Request) -> object:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(
+            400, f"the request body is not valid JSON: {e}", code="invalid_json"
+        ) from None
+
+
+async def _unless_disconnected(request: Request, work: Callable[[], Awaitable[None]]) -> bool:
+    """Run ``work``; cancel it if the client disconnects first. Whether it completed."""
+    completed = False
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            tg.cancel_scope.cancel()
+
+        async def run() -> None:
+            nonlocal completed
+            await work()
+            completed = True
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        tg.start_soon(run)
+    return completed
+
+
+def create_app(llm: AsyncLLM, model_name: str, aliases: Sequence[str] = ()) -> Starlette:
+    """The OpenAI-compatible app serving ``llm`` as ``model_name`` (requests may also name the
+    model by one of ``aliases``). The app opens and closes ``llm`` with its lifespan."""
+    server = _Server(llm, model_name, aliases)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with llm:
+            yield
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(APIError(exc.status_code, str(exc.detail), type=kind))
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return error_response(APIError(500, f"internal error: {exc}", type="server_error"))
+
+    return Starlette(
+        routes=[
+            Route("/health", server.health, methods=["GET"]),
+            Route("/metrics", server.metrics_endpoint, methods=["GET"]),
+            Route("/v1/models", server.models, methods=["GET"]),
+            Route("/v1/models/{name:path}", server.model, methods=["GET"]),
+            Route("/v1/completions", server.completions, methods=["POST"]),
+            Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
+        ],
+        exception_handlers={HTTPException: http_error, Exception: internal_error},
+        lifespan=lifespan,
+    )

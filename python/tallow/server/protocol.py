@@ -1,0 +1,340 @@
+"""Request bodies of the OpenAI-compatible API, checked field by field.
+
+Every problem becomes an :class:`APIError` naming the offending field, which the app turns into
+a 4xx response in OpenAI's error shape. Unknown fields are ignored, as OpenAI's clients send
+fields a server may not know.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tallow.engine import SamplingParams
+
+MAX_N = 16
+"""Most choices one request may ask for."""
+MAX_TOP_LOGPROBS = 20
+MAX_STOPS = 4
+
+
+class APIError(Exception):
+    """An error to answer with: HTTP ``status`` and OpenAI's error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclass
+class GenerationRequest:
+    """What a completions or chat request asks for, in the engine's terms."""
+
+    model: str
+    params: SamplingParams
+    """Sampling and stopping; ``max_tokens`` None means up to the end of the context."""
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: int | None = None
+    """None: no log probabilities; k >= 0: the chosen token's and the k most likely ones."""
+    echo: bool = False
+    prompts: list[str | list[int]] = field(default_factory=list)
+    """Completions: one or more prompts (text or token ids)."""
+    messages: list[Mapping[str, Any]] | None = None
+    """Chat: the conversation."""
+
+
+class _Fields:
+    """Typed access to the fields of a JSON object, each failure an :class:`APIError`."""
+
+    def __init__(self, body: object) -> None:
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object", code="invalid_body")
+        self.body: dict[str, Any] = body
+
+    def present(self, name: str) -> bool:
+        return self.body.get(name) is not None
+
+    def string(self, name: str, *, required: bool = False) -> str | None:
+        value = self.body.get(name)
+        if value is None:
+            if required:
+                raise invalid(name, f"'{name}' is required", "missing_required_parameter")
+            return None
+        if not isinstance(value, str):
+            raise invalid(name, f"'{name}' must be a string", "invalid_type")
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise invalid(name, f"'{name}' must be a boolean", "invalid_type")
+        return value
+
+    def integer(self, name: str, default: int | None, low: int, high: int) -> int | None:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise invalid(name, f"'{name}' must be an integer", "invalid_type")
+        if not low <= value <= high:
+            raise invalid(name, f"'{name}' must be between {low} and {high}, got {value}")
+        return value
+
+    def number(self, name: str, default: float, low: float, high: float) -> float:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise invalid(name, f"'{name}' must be a number", "invalid_type")
+        if not math.isfinite(value) or not low <= value <= high:
+            raise invalid(name, f"'{name}' must be between {low} and {high}, got {value}")
+        return float(value)
+
+    def stop(self) -> tuple[str, ...]:
+        value = self.body.get("stop")
+        if value is None:
+            return ()
+        stops = [value] if isinstance(value, str) else value
+        if (
+            not isinstance(stops, list)
+            or not all(isinstance(s, str) and s for s in stops)
+            or len(stops) > MAX_STOPS
+        ):
+            raise invalid(
+                "stop",
+                f"'stop' must be a non-empty string or a list of up to {MAX_STOPS} of them",
+                "invalid_type",
+            )
+        return tuple(stops)
+
+    def logit_bias(self, n_vocab: int) -> dict[int, float]:
+        value = self.body.get("logit_bias")
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise invalid(
+                "logit_bias", "'logit_bias' must map token ids to numbers", "invalid_type"
+            )
+        out = {}
+        for key, bias in value.items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise invalid("logit_bias", f"'logit_bias' key {key!r} is not a token id") from None
+            if not 0 <= token < n_vocab:
+                raise invalid("logit_bias", f"token id {token} is out of range (0..{n_vocab - 1})")
+            if (
+                isinstance(bias, bool)
+                or not isinstance(bias, (int, float))
+                or not -100 <= bias <= 100
+            ):
+                raise invalid("logit_bias", f"the bias of token {token} must be in [-100, 100]")
+            out[token] = float(bias)
+        return out
+
+
+def _sampling(
+    f: _Fields, n_vocab: int, max_tokens: int | None, top_logprobs: int
+) -> SamplingParams:
+    temperature = f.number("temperature", 1.0, 0.0, 2.0)
+    top_p = f.number("top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:
+        # The smallest nucleus holds only the most likely token.
+        temperature, top_p = 0.0, 1.0
+    seed = f.integer("seed", None, -(2**63), 2**64 - 1)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        # Extensions that vLLM accepts too.
+        top_k=f.integer("top_k", 0, 0, n_vocab) or 0,
+        min_p=f.number("min_p", 0.0, 0.0, 1.0),
+        repetition_penalty=f.number("repetition_penalty", 1.0, 0.01, 10.0),
+        seed=None if seed is None else seed % 2**64,
+        presence_penalty=f.number("presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=f.number("frequency_penalty", 0.0, -2.0, 2.0),
+        logit_bias=f.logit_bias(n_vocab),
+        stop=f.stop(),
+        ignore_eos=f.boolean("ignore_eos", False),
+        logprobs=top_logprobs >= 0,
+        top_logprobs=max(top_logprobs, 0),
+    )
+
+
+def _common(
+    f: _Fields, max_tokens_default: int | None, n_ctx: int
+) -> tuple[str, int | None, int, bool, bool]:
+    model = f.string("model", required=True)
+    assert model is not None
+    # max_completion_tokens is the newer name; either may be given.
+    max_tokens = f.integer("max_completion_tokens", None, 1, n_ctx)
+    if max_tokens is None:
+        max_tokens = f.integer("max_tokens", max_tokens_default, 1, n_ctx)
+    n = f.integer("n", 1, 1, MAX_N)
+    assert n is not None
+    stream = f.boolean("stream", False)
+    options = f.body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise invalid("stream_options", "'stream_options' must be an object", "invalid_type")
+        if not stream:
+            raise invalid("stream_options", "'stream_options' is only allowed with 'stream'")
+        usage = options.get("include_usage", False)
+        if not isinstance(usage, bool):
+            raise invalid("stream_options", "'include_usage' must be a boolean", "invalid_type")
+        include_usage = usage
+    f.string("user")
+    return model, max_tokens, n, stream, include_usage
+
+
+def parse_completion(body: object, n_vocab: int, n_ctx: int) -> GenerationRequest:
+    """A ``POST /v1/completions`` body."""
+    f = _Fields(body)
+    model, max_tokens, n, stream, include_usage = _common(f, 16, n_ctx)
+    logprobs = f.integer("logprobs", None, 0, MAX_TOP_LOGPROBS)
+    echo = f.boolean("echo", False)
+    best_of = f.integer("best_of", None, 1, MAX_N)
+    if best_of is not None and best_of != n:
+        raise invalid("best_of", "'best_of' other than 'n' is not supported")
+    if f.present("suffix"):
+        raise invalid("suffix", "'suffix' is not supported")
+    return GenerationRequest(
+        model=model,
+        params=_sampling(f, n_vocab, max_tokens, -1 if logprobs is None else logprobs),
+        n=n,
+        stream=stream,
+        include_usage=include_usage,
+        logprobs=logprobs,
+        echo=echo,
+        prompts=_prompts(f.body.get("prompt"), n_vocab),
+    )
+
+
+def _prompts(value: object, n_vocab: int) -> list[str | list[int]]:
+    """A prompt: a string, a list of token ids, or a non-empty list of either."""
+
+    def tokens(v: object) -> list[int] | None:
+        if (
+            isinstance(v, list)
+            and v
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+        ):
+            bad = next((t for t in v if not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise invalid("prompt", f"token id {bad} is out of range (0..{n_vocab - 1})")
+            return list(v)
+        return None
+
+    if value is None:
+        raise invalid("prompt", "'prompt' is required", "missing_required_parameter")
+    if isinstance(value, str):
+        return [value]
+    single = tokens(value)
+    if single is not None:
+        return [single]
+    if isinstance(value, list) and value:
+        out: list[str | list[int]] = []
+        for item in value:
+            ids = tokens(item)
+            if isinstance(item, str):
+                out.append(item)
+            elif ids is not None:
+                out.append(ids)
+            else:
+                break
+        else:
+            if len(out) <= MAX_N:
+                return out
+    raise invalid(
+        "prompt",
+        f"'prompt' must be a string, a list of token ids, or a list of up to {MAX_N} of either",
+        "invalid_type",
+    )
+
+
+def parse_chat(body: object, n_vocab: int, n_ctx: int) -> GenerationRequest:
+    """A ``POST /v1/chat/completions`` body."""
+    f = _Fields(body)
+    model, max_tokens, n, stream, include_usage = _common(f, None, n_ctx)
+    want_logprobs = f.boolean("logprobs", False)
+    top = f.integer("top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not want_logprobs:
+        raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+    logprobs = (top or 0) if want_logprobs else None
+    messages = f.body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", "'messages' must be a non-empty list", "invalid_type")
+    for key in ("tools", "functions"):
+        if f.body.get(key):
+            raise invalid(key, f"'{key}' is not supported")
+    fmt = f.body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise invalid("response_format", "only the 'text' response format is supported")
+    return GenerationRequest(
+        model=model,
+        params=_sampling(f, n_vocab, max_tokens, -1 if logprobs is None else logprobs),
+        n=n,
+        stream=stream,
+        include_usage=include_usage,
+        logprobs=logprobs,
+        messages=messages,
+    )
+
+
+def choice_params(params: SamplingParams, choice: int) -> SamplingParams:
+    """The parameters of choice ``choice`` of a request: with a seed, each choice gets its own
+    (seed + choice), so choices differ but a request is reproducible."""
+    if params.seed is None or choice == 0:
+        return params
+    return replace(params, seed=(params.seed + choice) % 2**64)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def check_model(requested: str, served: Sequence[str]) -> None:
+    if requested not in served:
+        raise APIError(
+            404,
+            f"the model '{requested}' does not exist; this server serves '{served[0]}'",
+            param="model",
+            code="model_not_found",
+        )

@@ -1,0 +1,507 @@
+"""``tallow serve`` driven over HTTP by the official ``openai`` client (sync and async) and by
+raw requests for the error cases.
+
+One server process runs for the module, on a free port of 127.0.0.1, with a context of 512
+positions. Greedy answers are compared with :class:`tallow.LLM` on the same model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tallow
+
+N_CTX = 512
+MODEL = "smollm2-135m"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path: Path) -> Iterator[str]:
+    """The base URL of a running ``tallow serve``."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tallow", "serve", "-m", MODEL, "--port", str(port)]
+        + ["--ctx", str(N_CTX), "--max-batch", "32", "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ),
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                raise AssertionError(f"the server did not start:\n{out}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+
+
+def metric(server: str, name: str) -> float:
+    text = httpx.get(f"{server}/metrics").text
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    assert match is not None, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+# -- completions and chat -------------------------------------------------------------------------
+
+
+def test_models_and_health(server: str, client: openai.OpenAI) -> None:
+    assert httpx.get(f"{server}/health").json() == {"status": "ok"}
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+
+
+def test_completion_matches_the_python_api(client: openai.OpenAI, smollm2: tallow.LLM) -> None:
+    prompt = "The capital of France is"
+    expected = smollm2.generate(prompt, max_tokens=12, temperature=0)
+    done = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    assert done.choices[0].text == expected.text
+    assert done.choices[0].finish_reason == expected.finish_reason == "length"
+    assert done.usage is not None
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (
+        expected.prompt_tokens,
+        12,
+    )
+    assert done.usage.total_tokens == expected.prompt_tokens + 12
+
+    pieces = []
+    finish = None
+    usage = None
+    for chunk in client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            pieces.append(c.text)
+            finish = c.finish_reason or finish
+    assert "".join(pieces) == expected.text
+    assert finish == "length"
+    assert usage is not None and usage.completion_tokens == 12
+
+
+def test_chat_matches_the_python_api(client: openai.OpenAI, smollm2: tallow.LLM) -> None:
+    messages: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
+    expected = smollm2.chat(messages, max_tokens=24, temperature=0)
+    done = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=24, temperature=0
+    )
+    choice = done.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == expected.text
+    assert choice.finish_reason == expected.finish_reason
+    assert done.usage is not None and done.usage.prompt_tokens == expected.prompt_tokens
+
+    roles, pieces, finish = [], [], None
+    for chunk in client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=24, temperature=0, stream=True
+    ):
+        for c in chunk.choices:
+            roles.append(c.delta.role)
+            pieces.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    assert roles[0] == "assistant"
+    assert "".join(pieces) == expected.text
+    assert finish == expected.finish_reason
+
+
+def test_stop_sequences_and_max_tokens(client: openai.OpenAI) -> None:
+    prompt = "1, 2, 3, 4, 5,"
+    full = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
+    text = full.choices[0].text
+    assert full.choices[0].finish_reason == "length"
+    assert full.usage is not None and full.usage.completion_tokens == 16
+    # Stop at the second comma of the continuation.
+    stop = ","
+    cut = text.index(stop, text.index(stop) + 1)
+    for stream in (False, True):
+        if stream:
+            pieces = []
+            finish = None
+            for chunk in client.completions.create(
+                model=MODEL,
+                prompt=prompt,
+                max_tokens=16,
+                temperature=0,
+                stop=["%%", stop],
+                stream=True,
+            ):
+                for c in chunk.choices:
+                    pieces.append(c.text)
+                    finish = c.finish_reason or finish
+            got = "".join(pieces)
+        else:
+            done = client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=16, temperature=0, stop=["%%", stop]
+            )
+            got, finish = done.choices[0].text, done.choices[0].finish_reason
+        assert got == text[: text.index(stop)]
+        assert finish == "stop"
+    assert cut > 0
+    short = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0)
+    assert short.usage is not None and short.usage.completion_tokens == 3
+    assert text.startswith(short.choices[0].text)
+
+
+def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
+    def sample(seed: int) -> list[str]:
+        done = client.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=1.0, seed=seed, n=2
+        )
+        return [c.text for c in sorted(done.choices, key=lambda c: c.index)]
+
+    first = sample(1234)
+    assert len(first) == 2 and first == sample(1234)
+    # The two choices of a request have seeds of their own.
+    assert first[0] != first[1]
+    assert any(sample(seed) != first for seed in (1, 2, 3))
+
+
+def test_logprobs(client: openai.OpenAI) -> None:
+    done = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = done.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 5
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+        assert entry.logprob <= 0
+    assert "".join(e.token for e in content) == done.choices[0].message.content
+
+
+def test_32_concurrent_streaming_clients(server: str, client: openai.OpenAI) -> None:
+    prompts = [f"Item {i}: the {w} is" for i, w in enumerate(["sun", "sea", "moon", "road"] * 8)]
+    alone = [
+        client.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0)
+        .choices[0]
+        .text
+        for p in prompts
+    ]
+    aclient = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    results: dict[int, str] = {}
+
+    async def one(i: int) -> None:
+        pieces = []
+        stream = await aclient.completions.create(
+            model=MODEL, prompt=prompts[i], max_tokens=10, temperature=0, stream=True
+        )
+        async for chunk in stream:
+            pieces.extend(c.text for c in chunk.choices)
+        results[i] = "".join(pieces)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for i in range(len(prompts)):
+                tg.start_soon(one, i)
+        await aclient.close()
+
+    anyio.run(main)
+    assert [results[i] for i in range(len(prompts))] == alone
+
+
+# -- disconnects ----------------------------------------------------------------------------------
+
+
+def test_a_disconnected_stream_frees_its_pages(server: str) -> None:
+    body = {
+        "model": MODEL,
+        "prompt": "Once upon a time",
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        events = 0
+        while events < 3:
+            events += next(lines).startswith("data: ")
+        # Still reading: the request holds pages. Leaving the block closes the connection.
+        assert metric(server, "tallow_kv_pages_used") > 0
+        assert metric(server, "tallow_requests_running") == 1
+    deadline = time.monotonic() + 30
+    while metric(server, "tallow_kv_pages_used") > 0 or metric(server, "tallow_requests_running"):
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.1)
+    assert metric(server, "tallow_requests_waiting") == 0
+
+
+def test_a_client_gone_before_a_whole_answer_frees_its_pages(server: str) -> None:
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/completions", json=body, timeout=1.0)
+    deadline = time.monotonic() + 30
+    while metric(server, "tallow_kv_pages_used") > 0 or metric(server, "tallow_requests_running"):
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.1)
+
+
+def test_metrics_count_requests_and_tokens(server: str, client: openai.OpenAI) -> None:
+    before = metric(server, "tallow_generation_tokens_total")
+    client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0)
+    assert metric(server, "tallow_generation_tokens_total") == before + 4
+    text = httpx.get(f"{server}/metrics").text
+    for name in (
+        "tallow_time_to_first_token_seconds_bucket",
+        "tallow_inter_token_latency_seconds_bucket",
+        'tallow_requests_total{endpoint="/v1/completions",status="200"}',
+        "tallow_kv_pages_total",
+        "tallow_requests_waiting",
+    ):
+        assert name in text
+
+
+# -- bad requests ---------------------------------------------------------------------------------
+
+
+def post(server: str, path: str, body: object) -> httpx.Response:
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(f"{server}{path}", content=content, timeout=60)
+
+
+def assert_error(
+    response: httpx.Response, status: int, param: str | None, code: str | None
+) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    assert (error["param"], error["code"]) == (param, code)
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+COMPLETION = {"model": MODEL, "prompt": "Hi"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "code"),
+    [
+        ("/v1/completions", b"{not json", 400, None, "invalid_json"),
+        ("/v1/chat/completions", b"\xff\xfe", 400, None, "invalid_json"),
+        ("/v1/completions", [1, 2], 400, None, "invalid_body"),
+        ("/v1/completions", {"prompt": "Hi"}, 400, "model", "missing_required_parameter"),
+        ("/v1/completions", {"model": MODEL}, 400, "prompt", "missing_required_parameter"),
+        ("/v1/chat/completions", {"model": MODEL}, 400, "messages", "invalid_type"),
+        ("/v1/completions", {**COMPLETION, "model": 7}, 400, "model", "invalid_type"),
+        ("/v1/completions", {**COMPLETION, "max_tokens": "ten"}, 400, "max_tokens", "invalid_type"),
+        (
+            "/v1/completions",
+            {**COMPLETION, "temperature": "hot"},
+            400,
+            "temperature",
+            "invalid_type",
+        ),
+        ("/v1/completions", {**COMPLETION, "stream": "yes"}, 400, "stream", "invalid_type"),
+        ("/v1/completions", {**COMPLETION, "stop": [1]}, 400, "stop", "invalid_type"),
+        ("/v1/completions", {**COMPLETION, "prompt": {"a": 1}}, 400, "prompt", "invalid_type"),
+        ("/v1/completions", {**COMPLETION, "prompt": [1, 10**9]}, 400, "prompt", "invalid_value"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "robot", "content": "x"}]},
+            400,
+            "messages",
+            "invalid_value",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "user", "content": 5}]},
+            400,
+            "messages",
+            "invalid_value",
+        ),
+        ("/v1/completions", {**COMPLETION, "model": "gpt-4"}, 404, "model", "model_not_found"),
+        ("/v1/chat/completions", {**CHAT, "model": "nope"}, 404, "model", "model_not_found"),
+        (
+            "/v1/completions",
+            {**COMPLETION, "prompt": "word " * 600},
+            400,
+            "prompt",
+            "context_length_exceeded",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "user", "content": "word " * 600}]},
+            400,
+            "messages",
+            "context_length_exceeded",
+        ),
+        ("/v1/completions", {**COMPLETION, "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
+        ("/v1/completions", {**COMPLETION, "max_tokens": -5}, 400, "max_tokens", "invalid_value"),
+        (
+            "/v1/completions",
+            {**COMPLETION, "max_tokens": N_CTX + 1},
+            400,
+            "max_tokens",
+            "invalid_value",
+        ),
+        (
+            "/v1/completions",
+            {**COMPLETION, "max_tokens": N_CTX},
+            400,
+            "max_tokens",
+            "context_length_exceeded",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "max_completion_tokens": 10**6},
+            400,
+            "max_completion_tokens",
+            "invalid_value",
+        ),
+        ("/v1/completions", {**COMPLETION, "temperature": 3}, 400, "temperature", "invalid_value"),
+        ("/v1/completions", {**COMPLETION, "top_p": 1.5}, 400, "top_p", "invalid_value"),
+        ("/v1/completions", {**COMPLETION, "n": 0}, 400, "n", "invalid_value"),
+        (
+            "/v1/completions",
+            {**COMPLETION, "presence_penalty": 9},
+            400,
+            "presence_penalty",
+            "invalid_value",
+        ),
+        (
+            "/v1/completions",
+            {**COMPLETION, "logit_bias": {"abc": 1}},
+            400,
+            "logit_bias",
+            "invalid_value",
+        ),
+        (
+            "/v1/completions",
+            {**COMPLETION, "logit_bias": {"5": 500}},
+            400,
+            "logit_bias",
+            "invalid_value",
+        ),
+        ("/v1/completions", {**COMPLETION, "logprobs": 99}, 400, "logprobs", "invalid_value"),
+        ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),
+        (
+            "/v1/completions",
+            {**COMPLETION, "stream_options": {"include_usage": True}},
+            400,
+            "stream_options",
+            "invalid_value",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "tools": [{"type": "function"}]},
+            400,
+            "tools",
+            "invalid_value",
+        ),
+    ],
+)
+def test_bad_requests_get_an_openai_error(
+    server: str, path: str, body: object, status: int, param: str | None, code: str | None
+) -> None:
+    assert_error(post(server, path, body), status, param, code)
+
+
+def test_unknown_routes_and_methods(server: str) -> None:
+    assert httpx.get(f"{server}/v1/nothing").status_code == 404
+    assert httpx.get(f"{server}/v1/nothing").json()["error"]["message"]
+    response = httpx.get(f"{server}/v1/completions")
+    assert response.status_code == 405
+    assert response.json()["error"]["message"]
+    assert_error(httpx.get(f"{server}/v1/models/gpt-4"), 404, "model", "model_not_found")
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
+    max_leaves=6,
+)
+_FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "stream",
+    "stream_options",
+    "presence_penalty",
+]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+    changes=st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=3),
+)
+def test_no_request_body_gets_a_server_error(
+    server: str, path: str, changes: dict[str, Any]
+) -> None:
+    """Random values in the fields of a valid request: a 4xx with an error body, or an answer."""
+    body = {**(CHAT if "chat" in path else COMPLETION), "max_tokens": 2, **changes}
+    # Keep the answers short and whole.
+    if body.get("stream") is True:
+        body["stream"] = False
+    if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 4:
+        body["max_tokens"] = 4
+    response = post(server, path, body)
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
