@@ -8,6 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import assert_one_line_error, run_cli
 
 import tallow
@@ -142,3 +143,29 @@ def test_unknown_model_name() -> None:
 def test_console_script_is_installed() -> None:
     script = shutil.which("tallow", path=str(Path(sys.executable).parent))
     assert script is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kv-memory", "lots"], "not a size: 'lots'"),
+        (["--max-batch", "0"], "--max-batch must be positive"),
+        (["--ctx", "-4"], "the context size must be positive"),
+    ],
+)
+def test_serve_rejects_bad_arguments(args: list[str], message: str) -> None:
+    proc = run_cli("serve", *args)
+    assert proc.returncode == 1
+    assert_one_line_error(proc, message)
+
+
+def test_sizes() -> None:
+    from tallow.server import parse_size
+
+    assert parse_size("512MiB") == 512 * 2**20
+    assert parse_size("2G") == parse_size("2gb") == 2 * 10**9
+    assert parse_size("1.5 KiB") == 1536
+    assert parse_size("1000000") == 10**6
+    for bad in ("", "MiB", "12 parsecs", "-3M", "1iB"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
