@@ -86,6 +86,18 @@ impl PageAllocator {
         })
     }
 
+    /// Takes `page` out of the free list wherever it is, with reference count 1 (a cached
+    /// page found again before it was reused).
+    pub fn revive(&mut self, page: PageId) -> Result<()> {
+        self.check(page)?;
+        if self.refcount[page.index()] != 0 {
+            return Err(KvError::PageInUse(page));
+        }
+        self.unlink(page);
+        self.refcount[page.index()] = 1;
+        Ok(())
+    }
+
     /// Takes the page at the head of the free list, with reference count 1.
     pub fn allocate(&mut self) -> Result<PageId> {
         if self.head == NIL {

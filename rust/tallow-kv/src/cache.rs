@@ -2,7 +2,7 @@
 
 use crate::error::{KvError, Result};
 use crate::layout::{pages_for_budget, KvBudget, KvKind, KvLayout};
-use crate::sequences::{KvStats, Sequences};
+use crate::sequences::{KvStats, PrefixMatch, Sequences};
 use crate::storage::KvStorage;
 use crate::{PageId, SeqId, Slot};
 
@@ -49,6 +49,33 @@ impl PagedKvCache {
     /// A new empty sequence.
     pub fn create(&mut self) -> SeqId {
         self.seqs.create()
+    }
+
+    /// A new empty sequence with a prefix-cache salt (see [`Sequences::create_salted`]).
+    pub fn create_salted(&mut self, salt: u64) -> SeqId {
+        self.seqs.create_salted(salt)
+    }
+
+    /// The longest cached prefix of `tokens` (see [`Sequences::match_prefix`]).
+    pub fn match_prefix(&self, salt: u64, tokens: &[u32], max_tokens: usize) -> PrefixMatch {
+        self.seqs.match_prefix(salt, tokens, max_tokens)
+    }
+
+    /// Gives the empty `seq` the cached pages of a prefix of `tokens`; returns the tokens
+    /// attached (see [`Sequences::attach_prefix`]).
+    pub fn attach_prefix(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        max_tokens: usize,
+    ) -> Result<usize> {
+        self.seqs.attach_prefix(seq, tokens, max_tokens)
+    }
+
+    /// Records the tokens whose KV was written at the next positions of `seq`, caching the
+    /// pages they complete (see [`Sequences::commit`]).
+    pub fn commit(&mut self, seq: SeqId, tokens: &[u32]) -> Result<()> {
+        self.seqs.commit(seq, tokens)
     }
 
     /// A new sequence sharing every page of `seq` (see [`Sequences::fork`]).

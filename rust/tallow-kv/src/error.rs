@@ -101,6 +101,22 @@ pub enum KvError {
         /// Its reference count.
         refcount: u32,
     },
+    /// The page is in use where a free one was expected.
+    #[error("page {0} is in use")]
+    PageInUse(PageId),
+    /// A cached prefix can only be attached to a sequence that holds no tokens yet.
+    #[error("sequence {0} already holds tokens; a cached prefix goes only into an empty one")]
+    NotEmpty(SeqId),
+    /// More token ids were committed than the sequence has positions.
+    #[error("sequence {seq} has {len} positions; {tokens} token ids were committed to it")]
+    TooManyTokens {
+        /// The sequence.
+        seq: SeqId,
+        /// Its length in positions.
+        len: usize,
+        /// Token ids it would hold.
+        tokens: usize,
+    },
 }
 
 /// Result with [`KvError`].

@@ -4,7 +4,9 @@
 //! ([`KvLayout::page_size`] token positions each, 16 by default). Each sequence has a page
 //! table; pages are reference counted so forks share a prefix, and appending into a shared,
 //! partly filled page copies it first (copy-on-write). Truncation drops rejected speculative
-//! tokens. The pool's size comes from a memory budget ([`pages_for_budget`]).
+//! tokens. The pool's size comes from a memory budget ([`pages_for_budget`]). Full pages stay
+//! findable by their content after their sequences end (prefix caching, see
+//! [`Sequences::attach_prefix`] and [`Sequences::commit`]) until the pool reuses them.
 //!
 //! - [`KvLayout`], [`KvBudget`]: geometry and pool size.
 //! - [`PageAllocator`]: refcounts and the (FIFO, deterministic) free list.
@@ -18,6 +20,7 @@ mod allocator;
 mod cache;
 mod error;
 mod layout;
+mod prefix;
 mod sequences;
 mod storage;
 
@@ -27,7 +30,8 @@ pub use allocator::PageAllocator;
 pub use cache::PagedKvCache;
 pub use error::{KvError, Result};
 pub use layout::{pages_for_budget, KvBudget, KvDtype, KvKind, KvLayout, MAX_PAGES};
-pub use sequences::{Appended, CopyOp, KvStats, Sequences};
+pub use prefix::PrefixStats;
+pub use sequences::{Appended, CopyOp, KvStats, PrefixMatch, Sequences};
 pub use storage::{KvBlock, KvStorage};
 
 /// A page of the pool: `0..n_pages`.

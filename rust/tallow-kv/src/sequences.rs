@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use crate::allocator::PageAllocator;
 use crate::error::{KvError, Result};
+use crate::prefix::{PrefixCache, PrefixStats};
 use crate::{PageId, SeqId, Slot};
 
 /// A page copy the owner of the K/V data must perform before writing the appended slots:
@@ -31,6 +32,29 @@ pub struct Appended {
 struct SeqEntry {
     pages: Vec<PageId>,
     len: usize,
+    /// Token ids committed to the sequence (those whose KV is written), at most `len`.
+    tokens: Vec<u32>,
+    /// Prefix-cache keys of its first `keys.len()` pages, all full and committed.
+    keys: Vec<u64>,
+    /// Keys the first page's: sequences with different salts share nothing.
+    salt: u64,
+}
+
+impl SeqEntry {
+    /// The key the next full page chains from.
+    fn last_key(&self) -> u64 {
+        self.keys.last().copied().unwrap_or(self.salt)
+    }
+}
+
+/// What [`Sequences::match_prefix`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixMatch {
+    /// Leading tokens whose KV is cached (whole pages).
+    pub tokens: usize,
+    /// Of the pages holding them, those waiting in the free list: attaching takes them out of
+    /// it, as allocation would.
+    pub free_pages: usize,
 }
 
 /// Numbers about the pool and its sequences.
@@ -53,6 +77,8 @@ pub struct KvStats {
     pub n_sequences: usize,
     /// Tokens per page.
     pub page_size: usize,
+    /// The prefix cache's counters.
+    pub prefix: PrefixStats,
 }
 
 impl KvStats {
@@ -81,6 +107,7 @@ pub struct Sequences {
     alloc: PageAllocator,
     seqs: BTreeMap<SeqId, SeqEntry>,
     next_id: u64,
+    prefix: PrefixCache,
 }
 
 impl Sequences {
@@ -96,6 +123,7 @@ impl Sequences {
             alloc: PageAllocator::new(n_pages)?,
             seqs: BTreeMap::new(),
             next_id: 0,
+            prefix: PrefixCache::new(page_size, n_pages),
         })
     }
 
@@ -111,9 +139,20 @@ impl Sequences {
 
     /// A new empty sequence.
     pub fn create(&mut self) -> SeqId {
+        self.create_salted(0)
+    }
+
+    /// A new empty sequence whose cached prefixes are those of sequences with the same
+    /// `salt`: give sequences whose KV differs for the same tokens (another adapter) another
+    /// salt.
+    pub fn create_salted(&mut self, salt: u64) -> SeqId {
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        self.seqs.insert(id, SeqEntry::default());
+        let entry = SeqEntry {
+            salt,
+            ..SeqEntry::default()
+        };
+        self.seqs.insert(id, entry);
         id
     }
 
@@ -215,7 +254,11 @@ impl Sequences {
                 free: self.alloc.n_free(),
             });
         }
-        let mut fresh = self.alloc.allocate_n(needed)?.into_iter();
+        let mut fresh = Vec::with_capacity(needed);
+        for _ in 0..needed {
+            fresh.push(self.take_free_page()?);
+        }
+        let mut fresh = fresh.into_iter();
         let e = self
             .seqs
             .get_mut(&seq)
@@ -262,7 +305,18 @@ impl Sequences {
             });
         }
         e.len = keep;
+        e.tokens.truncate(keep);
+        e.keys.truncate(keep / ps);
         let dropped = e.pages.split_off(keep.div_ceil(ps));
+        if keep % ps != 0 {
+            // The kept last page is no longer full: it will be written again, so its key no
+            // longer describes it, unless other sequences still use it whole (then the next
+            // append copies it).
+            let last = *e.pages.last().expect("a partly kept page");
+            if self.alloc.refcount(last)? == 1 {
+                self.prefix.forget(last, false);
+            }
+        }
         Self::release_all(&mut self.alloc, &dropped)
     }
 
@@ -305,6 +359,106 @@ impl Sequences {
         Self::release_all(&mut self.alloc, &e.pages)
     }
 
+    /// Takes a page from the head of the free list; a cached page taken so is evicted.
+    fn take_free_page(&mut self) -> Result<PageId> {
+        let page = self.alloc.allocate()?;
+        self.prefix.forget(page, true);
+        Ok(page)
+    }
+
+    /// The longest cached prefix of `tokens`, in whole pages and at most `max_tokens` tokens,
+    /// for a sequence created with `salt`. Changes nothing.
+    pub fn match_prefix(&self, salt: u64, tokens: &[u32], max_tokens: usize) -> PrefixMatch {
+        let mut found = PrefixMatch::default();
+        let mut parent = salt;
+        for page_tokens in tokens[..max_tokens.min(tokens.len())].chunks_exact(self.page_size) {
+            let Some((key, page)) = self.prefix.find(parent, page_tokens) else {
+                break;
+            };
+            found.tokens += self.page_size;
+            // A page can appear once in a chain (its key includes its parent's).
+            found.free_pages += usize::from(self.alloc.refcount(page).unwrap_or(1) == 0);
+            parent = key;
+        }
+        found
+    }
+
+    /// Gives the empty sequence `seq` the cached pages of the longest cached prefix of
+    /// `tokens` (whole pages, at most `max_tokens` tokens; see [`Sequences::match_prefix`]):
+    /// they join its page table, shared, and their tokens count as committed. Returns the
+    /// tokens attached. Counts `tokens.len()` looked-up tokens in the prefix statistics.
+    pub fn attach_prefix(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        max_tokens: usize,
+    ) -> Result<usize> {
+        let e = self.entry(seq)?;
+        if e.len > 0 {
+            return Err(KvError::NotEmpty(seq));
+        }
+        let mut parent = e.salt;
+        let (mut pages, mut keys) = (Vec::new(), Vec::new());
+        for page_tokens in tokens[..max_tokens.min(tokens.len())].chunks_exact(self.page_size) {
+            let Some((key, page)) = self.prefix.find(parent, page_tokens) else {
+                break;
+            };
+            pages.push(page);
+            keys.push(key);
+            parent = key;
+        }
+        for &page in &pages {
+            if self.alloc.refcount(page)? == 0 {
+                self.alloc.revive(page)?;
+            } else {
+                self.alloc.retain(page)?;
+            }
+        }
+        let n = pages.len() * self.page_size;
+        self.prefix.count_lookup(tokens.len(), n);
+        let e = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        e.pages = pages;
+        e.keys = keys;
+        e.len = n;
+        e.tokens.extend_from_slice(&tokens[..n]);
+        Ok(n)
+    }
+
+    /// Records the token ids of the next positions of `seq` whose KV has been written, and
+    /// registers every page they complete in the prefix cache. The committed tokens never
+    /// outnumber the sequence's positions.
+    pub fn commit(&mut self, seq: SeqId, tokens: &[u32]) -> Result<()> {
+        let ps = self.page_size;
+        let e = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if e.tokens.len() + tokens.len() > e.len {
+            return Err(KvError::TooManyTokens {
+                seq,
+                len: e.len,
+                tokens: e.tokens.len() + tokens.len(),
+            });
+        }
+        e.tokens.extend_from_slice(tokens);
+        while e.keys.len() < e.tokens.len() / ps {
+            let i = e.keys.len();
+            let (parent, page_tokens) = (e.last_key(), &e.tokens[i * ps..(i + 1) * ps]);
+            let key = self.prefix.key(parent, page_tokens);
+            self.prefix.register(e.pages[i], parent, key, page_tokens);
+            e.keys.push(key);
+        }
+        Ok(())
+    }
+
+    /// Whether `page` is in the prefix cache.
+    pub fn is_cached(&self, page: PageId) -> bool {
+        self.prefix.is_cached(page)
+    }
+
     /// Pool and sequence numbers. Walks every page table (O(pages + table entries)).
     pub fn stats(&self) -> KvStats {
         let ps = self.page_size;
@@ -328,6 +482,7 @@ impl Sequences {
             seq_tokens,
             n_sequences: self.seqs.len(),
             page_size: ps,
+            prefix: self.prefix.stats(),
         }
     }
 }

@@ -1,0 +1,120 @@
+//! Prefix caching: full pages stay findable by their content after their sequences end.
+//!
+//! A full page is registered under a key that hashes its parent page's key (or, for a first
+//! page, the sequence's salt: whatever else changes the KV, such as an adapter) and the token
+//! ids it holds, so a key stands for the whole prefix up to the end of the page. A page whose
+//! last reference goes away keeps its key while it waits in the free list; allocation takes
+//! pages from the head of that list, so cached pages are evicted least recently freed first,
+//! and only when the pool needs a page. A page in use is never evicted.
+//!
+//! Keys are SipHash with random keys (no crafted collisions), and a hit is checked against the
+//! page's stored token ids and parent key before it is used.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+
+use crate::PageId;
+
+/// Counters of the prefix cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixStats {
+    /// Pages registered under a key (in use or waiting in the free list).
+    pub cached_pages: usize,
+    /// Prompt tokens looked up when attaching a prefix.
+    pub queried_tokens: u64,
+    /// Of those, tokens found in the cache.
+    pub hit_tokens: u64,
+    /// Cached pages reused for other content.
+    pub evicted_pages: u64,
+}
+
+/// What a registered page holds.
+#[derive(Debug, Clone)]
+struct Entry {
+    key: u64,
+    parent: u64,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct PrefixCache {
+    page_size: usize,
+    hasher: RandomState,
+    /// The entry of each page, if registered.
+    entries: Vec<Option<Entry>>,
+    /// Token ids of every page (`page_size` per page), valid where `entries` is set.
+    tokens: Vec<u32>,
+    by_key: HashMap<u64, PageId>,
+    stats: PrefixStats,
+}
+
+impl PrefixCache {
+    pub(crate) fn new(page_size: usize, n_pages: usize) -> Self {
+        PrefixCache {
+            page_size,
+            hasher: RandomState::new(),
+            entries: vec![None; n_pages],
+            tokens: vec![0; n_pages * page_size],
+            by_key: HashMap::new(),
+            stats: PrefixStats::default(),
+        }
+    }
+
+    /// The key of a full page holding `tokens` after a page keyed `parent`.
+    pub(crate) fn key(&self, parent: u64, tokens: &[u32]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        parent.hash(&mut h);
+        tokens.hash(&mut h);
+        h.finish()
+    }
+
+    /// The registered page holding `tokens` after `parent`, with its key.
+    pub(crate) fn find(&self, parent: u64, tokens: &[u32]) -> Option<(u64, PageId)> {
+        let key = self.key(parent, tokens);
+        let &page = self.by_key.get(&key)?;
+        let entry = self.entries[page.index()].as_ref()?;
+        (entry.parent == parent && self.page_tokens(page) == tokens).then_some((key, page))
+    }
+
+    fn page_tokens(&self, page: PageId) -> &[u32] {
+        &self.tokens[page.index() * self.page_size..][..self.page_size]
+    }
+
+    /// Registers full `page` (holding `tokens` after `parent`) under `key`, unless the key is
+    /// taken already (the same prefix computed twice) or the page has a key.
+    pub(crate) fn register(&mut self, page: PageId, parent: u64, key: u64, tokens: &[u32]) {
+        if self.by_key.contains_key(&key) || self.entries[page.index()].is_some() {
+            return;
+        }
+        self.by_key.insert(key, page);
+        self.entries[page.index()] = Some(Entry { key, parent });
+        let ps = self.page_size;
+        self.tokens[page.index() * ps..][..ps].copy_from_slice(tokens);
+        self.stats.cached_pages += 1;
+    }
+
+    /// Whether `page` is registered.
+    pub(crate) fn is_cached(&self, page: PageId) -> bool {
+        self.entries[page.index()].is_some()
+    }
+
+    /// Drops `page`'s key, if it has one; `evicted` counts it as an eviction.
+    pub(crate) fn forget(&mut self, page: PageId, evicted: bool) {
+        if let Some(entry) = self.entries[page.index()].take() {
+            self.by_key.remove(&entry.key);
+            self.stats.cached_pages -= 1;
+            if evicted {
+                self.stats.evicted_pages += 1;
+            }
+        }
+    }
+
+    /// Counts one lookup of `queried` prompt tokens that found `hit` of them.
+    pub(crate) fn count_lookup(&mut self, queried: usize, hit: usize) {
+        self.stats.queried_tokens += queried as u64;
+        self.stats.hit_tokens += hit as u64;
+    }
+
+    pub(crate) fn stats(&self) -> PrefixStats {
+        self.stats
+    }
+}
