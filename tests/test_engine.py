@@ -131,3 +131,40 @@ def test_prompt_token_ids_are_checked_against_the_vocabulary(smollm2_path: Path)
     with pytest.raises(InvalidArgumentError, match="-3 is out of range"):
         engine.add("r", [-3], params)
     assert not engine.has_work()
+
+
+def test_prefix_cache_gives_the_same_tokens_and_skips_the_shared_prefix(
+    smollm2_path: Path,
+) -> None:
+    """Requests sharing a long system prompt: with the prefix cache, later ones compute only
+    what follows the cached pages, and every output equals the one computed from scratch."""
+    model = _core.Model(str(smollm2_path))
+    system = model.tokenize(
+        "You are a careful assistant. Answer in one short sentence, and never use lists. " * 6,
+        False,
+        True,
+    )
+    questions = ["What is the sun?", "Name a river.", "Why is the sky blue?", "Count to three."]
+    prompts = [system + model.tokenize(q, False, True) for q in questions]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    def run(prefix_caching: bool) -> tuple[list[list[int]], dict[str, float]]:
+        engine = Engine(model, EngineConfig(n_ctx=256, kv_pages=64, prefix_caching=prefix_caching))
+        # The first request alone, then the others together.
+        engine.add("q0", prompts[0], params)
+        out = run_to_end(engine)
+        for i, p in enumerate(prompts[1:], start=1):
+            engine.add(f"q{i}", p, params)
+        out.update(run_to_end(engine))
+        return [out[f"q{i}"][0] for i in range(len(prompts))], engine.stats()
+
+    cached, stats = run(True)
+    plain, plain_stats = run(False)
+    assert cached == plain
+    cached_pages = len(system) // 16
+    assert cached_pages >= 5
+    # Each later request found the system prompt's full pages (and q0 found nothing).
+    assert stats["prefix_hit_tokens"] == 3 * cached_pages * 16
+    assert stats["prefix_queried_tokens"] == sum(len(p) for p in prompts)
+    assert plain_stats["prefix_hit_tokens"] == 0 and plain_stats["cached_pages"] == 0
+    assert stats["pages_used"] == 0 and stats["cached_pages"] > cached_pages

@@ -67,12 +67,15 @@ def chunks(step: Step) -> list[tuple[str, int, list[int], bool]]:
 
 
 class FakeModel:
-    """Records the tokens written to each KV sequence; samples hash(sequence) % VOCAB."""
+    """Writes each scheduled token into the KV slot its sequence's page table gives, and
+    samples hash(the tokens read back through the page table) % VOCAB, like greedy decoding.
+    Reading a position nobody wrote fails, and a page holding other tokens than the request's
+    (a wrong prefix-cache hit, a page reused too early) changes the sampled tokens."""
 
     def __init__(self, kv: Any, avoid: Sequence[int] = (EOS,)) -> None:
         self.kv = kv
         self.avoid = set(avoid)
-        self.store: dict[int, list[int]] = {}
+        self.slots: dict[tuple[int, int], int] = {}
 
     def next_token(self, tokens: Sequence[int]) -> int:
         t = hash(tuple(tokens)) % VOCAB
@@ -80,15 +83,20 @@ class FakeModel:
             t = (t + 1) % VOCAB
         return t
 
+    def read(self, seq: int, n: int) -> list[int]:
+        table = self.kv.page_table(seq)
+        return [self.slots[(table[pos // PS], pos % PS)] for pos in range(n)]
+
     def forward(self, step: Step) -> dict[str, int]:
         out = {}
         for c in step.chunks:
-            assert self.kv.seq_len(c.seq) == c.start_pos + len(c.token_ids)
-            seen = self.store.setdefault(c.seq, [])
-            assert len(seen) == c.start_pos
-            seen.extend(c.token_ids)
+            end = c.start_pos + len(c.token_ids)
+            assert self.kv.seq_len(c.seq) == end
+            table = self.kv.page_table(c.seq)
+            for pos, token in enumerate(c.token_ids, start=c.start_pos):
+                self.slots[(table[pos // PS], pos % PS)] = token
             if c.logits:
-                out[c.request_id] = self.next_token(seen)
+                out[c.request_id] = self.next_token(self.read(c.seq, end))
         return out
 
 
@@ -447,6 +455,101 @@ def test_a_failed_step_ends_its_requests_and_frees_their_reserved_pages() -> Non
     assert kv.stats()["pages_used"] == 0
 
 
+# -- prefix caching -------------------------------------------------------------------------------
+
+
+def run_one(s: Scheduler, model: FakeModel, r: Request) -> list[RequestOutput]:
+    s.add(r)
+    return run(s, model)[r.request_id]
+
+
+def test_a_cached_prefix_is_reused_page_for_page() -> None:
+    kv, s = make(8)
+    model = FakeModel(kv)
+    first = req("a", 10, max_tokens=1)
+    run_one(s, model, first)
+    # a's two full pages are cached; all its pages are free again, last page first.
+    assert [kv.is_cached(p) for p in range(3)] == [True, True, False]
+    assert kv.free_pages() == [3, 4, 5, 6, 7, 2, 1, 0]
+
+    b = Request("b", [*first.prompt_token_ids[:9], 7, 7], StopConditions(max_tokens=2))
+    s.add(b)
+    step = s.schedule()
+    # Only what follows the cached pages is computed.
+    assert chunks(step) == [("b", 8, [108, 7, 7], True)]
+    assert tables(kv, s) == {"b": [0, 1, 3]}
+    assert kv.free_pages() == [4, 5, 6, 7, 2]
+    stats = s.stats()
+    assert (stats["prefix_queried_tokens"], stats["prefix_hit_tokens"]) == (10 + 11, 8)
+    outs = s.update(step, model.forward(step))
+    outs += run(s, model)["b"]
+    # The same tokens as computing everything.
+    kv2, alone = make(8, prefix_caching=False)
+    expected = run_one(alone, FakeModel(kv2), Request("b", b.prompt_token_ids, b.params))
+    assert tokens_of(outs) == tokens_of(expected)
+
+
+def test_running_requests_share_cached_pages_and_the_last_token_is_computed() -> None:
+    kv, s = make(8, budget=16)
+    model = FakeModel(kv)
+    s.add(req("a", 8, max_tokens=4))
+    step = s.schedule()
+    s.update(step, model.forward(step))
+    # A prompt equal to a's (two full pages): the first page is reused, the second computed
+    # again so that its last token gives logits.
+    s.add(req("b", 8, max_tokens=4))
+    step = s.schedule()
+    assert chunks(step) == [
+        ("a", 8, step.chunks[0].token_ids, True),
+        ("b", 4, [104, 105, 106, 107], True),
+    ]
+    assert tables(kv, s) == {"a": [0, 1, 2], "b": [0, 3]}
+    assert kv.stats()["pages_shared"] == 1
+    s.update(step, model.forward(step))
+    outs = run(s, model)
+    assert tokens_of(outs["a"]) and tokens_of(outs["b"])
+    assert kv.stats()["pages_used"] == 0
+
+
+def test_cached_pages_are_evicted_least_recently_freed_first() -> None:
+    kv, s = make(6, budget=16)
+    model = FakeModel(kv)
+    run_one(s, model, req("a", 8, max_tokens=1, start=100))  # pages 0, 1
+    run_one(s, model, req("b", 8, max_tokens=1, start=200))  # pages 2, 3
+    assert kv.free_pages() == [4, 5, 1, 0, 3, 2]
+    assert [kv.is_cached(p) for p in range(6)] == [True, True, True, True, False, False]
+    # 16 new tokens take the two never-used pages, then a's (freed before b's).
+    run_one(s, model, req("c", 16, max_tokens=1, start=300))
+    assert kv.free_pages() == [3, 2, 0, 1, 5, 4]
+    stats = kv.stats()
+    assert stats["evicted_pages"] == 2
+    assert s.kv.match_prefix(list(range(100, 108)), 8) == (0, 0)
+    assert s.kv.match_prefix(list(range(200, 208)), 8) == (8, 2)
+
+
+def test_a_preempted_request_finds_its_own_pages_again() -> None:
+    kv, s = make(4, budget=8)
+    model = FakeModel(kv)
+    s.add(req("a", 4, max_tokens=6, start=100))
+    s.add(req("b", 4, max_tokens=6, start=200))
+    outs = run(s, model)
+    assert s.num_preemptions > 0
+    assert s.stats()["prefix_hit_tokens"] > 0
+    for rid, start in (("a", 100), ("b", 200)):
+        kv2, alone = make(8, prefix_caching=False)
+        expected = run_one(alone, FakeModel(kv2), req(rid, 4, max_tokens=6, start=start))
+        assert tokens_of(outs[rid]) == tokens_of(expected)
+
+
+def test_without_prefix_caching_nothing_is_cached() -> None:
+    kv, s = make(8, prefix_caching=False)
+    model = FakeModel(kv)
+    run_one(s, model, req("a", 10, max_tokens=1))
+    s.add(req("b", 10, max_tokens=1))
+    assert chunks(s.schedule())[0][1] == 0
+    assert kv.stats()["cached_pages"] == 0
+
+
 # -- stop strings ---------------------------------------------------------------------------------
 
 PIECES = {1: "Hel", 2: "lo", 3: " wo", 4: "rld", 5: "!", 6: "\xe2", 7: "\x82\xac"}
@@ -567,7 +670,7 @@ def test_random_workloads_never_leak_pages_or_exceed_the_budget(
     for t in range(3000):
         for i, (arrive, n, max_tokens, _) in enumerate(reqs):
             if arrive == t:
-                s.add(req(f"r{i}", n, max_tokens, start=10 * i))
+                s.add(req(f"r{i}", n, max_tokens, start=10 * (i % 3)))
         for i, (_, _, _, abort_at) in enumerate(reqs):
             if abort_at == t and s.abort(f"r{i}"):
                 aborted.add(f"r{i}")
@@ -577,9 +680,11 @@ def test_random_workloads_never_leak_pages_or_exceed_the_budget(
         assert step.num_tokens <= budget
         assert len(s.running) <= max_num_seqs
         assert len({c.request_id for c in step.chunks}) == len(step.chunks)
-        # Every page in use belongs to exactly one running request.
+        # Every page in use belongs to running requests; shared ones are cached prefixes.
         pages = [p for table in tables(kv, s).values() for p in table]
-        assert len(pages) == len(set(pages)) == kv.stats()["pages_used"]
+        stats = kv.stats()
+        assert len(set(pages)) == stats["pages_used"]
+        assert len({p for p in pages if pages.count(p) > 1}) == stats["pages_shared"]
         for rid in s.running:
             r = s.get(rid)
             assert r is not None and r.seq is not None
@@ -589,6 +694,7 @@ def test_random_workloads_never_leak_pages_or_exceed_the_budget(
     else:
         raise AssertionError("did not finish")
     event(f"preempted: {s.num_preemptions > 0}")
+    event(f"prefix hits: {kv.stats()['prefix_hit_tokens'] > 0}")
     stats = kv.stats()
     assert stats["pages_free"] == stats["pages_total"] == n_pages
     assert stats["n_sequences"] == 0
@@ -603,5 +709,5 @@ def test_random_workloads_never_leak_pages_or_exceed_the_budget(
         if got[-1].error is None:
             # Preemptions and batching change nothing: the same tokens as alone.
             kv2, alone = make(64)
-            alone.add(req(rid, n, max_tokens, start=10 * i))
+            alone.add(req(rid, n, max_tokens, start=10 * (i % 3)))
             assert tokens_of(got) == tokens_of(run(alone, FakeModel(kv2))[rid])

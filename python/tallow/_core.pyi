@@ -146,8 +146,23 @@ class KvCache:
     @property
     def n_pages(self) -> int:
         """Pages in the pool."""
-    def create(self) -> int:
-        """A new, empty sequence (ids are never reused)."""
+    @property
+    def n_free(self) -> int:
+        """Free pages (cached ones waiting for reuse included)."""
+    def create(self, salt: int = 0) -> int:
+        """A new, empty sequence (ids are never reused); ``salt`` separates the cached
+        prefixes of sequences whose KV differs for the same tokens."""
+    def match_prefix(self, tokens: list[int], max_tokens: int, salt: int = 0) -> tuple[int, int]:
+        """``(tokens, free_pages)``: the leading tokens of ``tokens`` (whole pages, at most
+        ``max_tokens``) whose KV is cached, and how many of their pages are free."""
+    def attach_prefix(self, seq: int, tokens: list[int], max_tokens: int) -> int:
+        """Give the empty ``seq`` the cached pages of the longest cached prefix of ``tokens``
+        (at most ``max_tokens`` tokens); return the tokens attached."""
+    def commit(self, seq: int, tokens: list[int]) -> None:
+        """Record the token ids whose KV was written at the next positions of ``seq``,
+        caching the pages they complete."""
+    def is_cached(self, page: int) -> bool:
+        """Whether ``page`` is in the prefix cache."""
     def fork(self, seq: int) -> int:
         """A new sequence sharing every page of ``seq``."""
     def free(self, seq: int) -> list[int]:
@@ -167,8 +182,9 @@ class KvCache:
         """The free pages, in the order they will be handed out."""
     def stats(self) -> dict[str, float]:
         """``pages_total``, ``pages_used``, ``pages_free``, ``pages_shared``,
-        ``tokens_stored``, ``seq_tokens``, ``n_sequences``, ``page_size`` and
-        ``utilization`` (tokens stored / slots of the pages in use)."""
+        ``tokens_stored``, ``seq_tokens``, ``n_sequences``, ``page_size``, ``utilization``
+        (tokens stored / slots of the pages in use), and the prefix cache's ``cached_pages``,
+        ``prefix_queried_tokens``, ``prefix_hit_tokens`` and ``evicted_pages``."""
 
 @final
 class StreamDecoder:

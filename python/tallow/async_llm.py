@@ -83,6 +83,7 @@ class AsyncLLM:
         kv_bytes: int | None = None,
         page_size: int = 16,
         n_ctx: int | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         self._model = _core.Model(str(resolve_model(model)))
         self._engine = Engine(
@@ -94,6 +95,7 @@ class AsyncLLM:
                 kv_pages=kv_pages,
                 kv_bytes=kv_bytes,
                 n_ctx=n_ctx,
+                prefix_caching=prefix_caching,
             ),
         )
         self._inbox: queue.SimpleQueue[_Add | str | None] = queue.SimpleQueue()

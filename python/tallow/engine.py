@@ -127,6 +127,8 @@ class EngineConfig:
     ``kv_bytes``, the memory of that pool (``None`` for both: enough for ``max_num_seqs`` full
     contexts, capped at 8192 pages). ``n_ctx`` is the most positions per request (``None``: the
     model's training context, capped at 4096), and never more than the pool holds.
+    ``prefix_caching`` reuses the KV of prompt prefixes already computed (see
+    :mod:`tallow.scheduler`).
     """
 
     max_num_seqs: int = 64
@@ -135,6 +137,7 @@ class EngineConfig:
     kv_pages: int | None = None
     kv_bytes: int | None = None
     n_ctx: int | None = None
+    prefix_caching: bool = True
 
 
 def check_token_ids(token_ids: Sequence[int], n_vocab: int) -> None:
@@ -169,6 +172,7 @@ class Engine:
             eog_ids=model.eog_ids,
             max_model_len=self.n_ctx,
             decoder_factory=model.stream_decoder,
+            prefix_caching=config.prefix_caching,
         )
         self._samplers: dict[str, _core.Sampler] = {}
         self._logprobs: set[str] = set()
@@ -240,7 +244,9 @@ class Engine:
 
     def stats(self) -> dict[str, float]:
         """KV pages total / used / free, tokens cached, slot utilization, running and waiting
-        requests, preemptions, and tokens computed per second over the last steps."""
+        requests, preemptions, tokens computed per second over the last steps, and the prefix
+        cache's ``cached_pages``, ``prefix_queried_tokens``, ``prefix_hit_tokens`` and
+        ``evicted_pages``."""
         with self._lock:
             out = self.scheduler.stats()
         out["tokens_cached"] = out["tokens_stored"]

@@ -24,6 +24,13 @@ chunk of its prompt (chunked prefill). Within ``max_tokens_per_step`` tokens:
    cannot be admitted stops admission (so nothing overtakes it). Nothing is admitted in a step
    that preempted.
 
+**Prefix caching** (on by default). A request is admitted with the KV of the longest prefix of
+its tokens that the pool has cached, in whole pages and short of its last token; its first chunk
+starts after it. After each step, the tokens it computed are committed, so every page they fill
+is cached, keyed by its content and everything before it. Cached pages outlive their requests
+until the pool needs them (least recently freed first). A preempted request finds its own pages
+again if they were not reused meanwhile.
+
 A chunk's logits are needed only when it reaches the end of the request's tokens.
 
 **Pages.** ``schedule()`` reserves every scheduled position with ``kv.reserve``. When a
@@ -103,8 +110,26 @@ class PagePool(Protocol):
         """Reserve the next ``n`` positions of ``seq``."""
         ...
 
+    @property
+    def n_free(self) -> int:
+        """Free pages (cached ones waiting for reuse included)."""
+        ...
+
+    def match_prefix(self, tokens: list[int], max_tokens: int) -> tuple[int, int]:
+        """Cached leading tokens of ``tokens`` (at most ``max_tokens``) and how many of their
+        pages are free."""
+        ...
+
+    def attach_prefix(self, seq: int, tokens: list[int], max_tokens: int) -> int:
+        """Give the empty ``seq`` the cached pages of a prefix of ``tokens``."""
+        ...
+
+    def commit(self, seq: int, tokens: list[int]) -> None:
+        """Record the tokens whose KV was written at the next positions of ``seq``."""
+        ...
+
     def stats(self) -> dict[str, float]:
-        """Pool numbers, ``pages_free`` among them."""
+        """Pool numbers."""
         ...
 
 
@@ -260,6 +285,9 @@ class Scheduler:
     - ``max_model_len``: most positions per request (the model's context); ``None``: no limit.
     - ``decoder_factory``: a new incremental detokenizer per request (``model.stream_decoder``
       or ``lambda: DetokenizeDecoder(detokenize)``); needed for stop strings and text output.
+    - ``prefix_caching``: admit a request with the KV of the longest cached prefix of its
+      tokens (whole pages, the last token always computed), and commit the tokens of every
+      step so the pages they fill are cached (see :mod:`tallow._core`'s ``KvCache``).
     """
 
     def __init__(
@@ -271,6 +299,7 @@ class Scheduler:
         eog_ids: Iterable[int] = (),
         max_model_len: int | None = None,
         decoder_factory: Callable[[], TokenDecoder] | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         for name, value in (
             ("max_num_seqs", max_num_seqs),
@@ -290,6 +319,7 @@ class Scheduler:
         self.eog_ids = frozenset(eog_ids)
         self.max_model_len = max_model_len
         self.decoder_factory = decoder_factory
+        self.prefix_caching = prefix_caching
         self.num_preemptions = 0
         """Preemptions so far."""
         self.num_finished = 0
@@ -400,7 +430,7 @@ class Scheduler:
         self._steps += 1
         planned: dict[str, _Planned] = {}
         budget = self.max_tokens_per_step
-        free = int(self.kv.stats()["pages_free"])
+        free = self.kv.n_free
 
         for decode_pass in (True, False):
             i = 0
@@ -449,18 +479,25 @@ class Scheduler:
                 self._waiting.popleft()
                 self._pending.append(self._finish(req, "length", error=error))
                 continue
-            n = min(req.num_tokens, budget)
-            need = math.ceil(n / self._page_size)
+            tokens = req.token_slice(0, req.num_tokens)
+            # The last token is always computed: its logits give the next token.
+            hit, revived = (
+                self.kv.match_prefix(tokens, req.num_tokens - 1) if self.prefix_caching else (0, 0)
+            )
+            n = min(req.num_tokens - hit, budget)
+            need = revived + math.ceil((hit + n) / self._page_size) - hit // self._page_size
             if need > free:
                 break
             self._waiting.popleft()
             req.seq = self.kv.create()
+            if self.prefix_caching:  # also when nothing is cached: it counts the lookup
+                self.kv.attach_prefix(req.seq, tokens, req.num_tokens - 1)
             self.kv.reserve(req.seq, n)
             free -= need
             req.status = RequestStatus.RUNNING
             self._running.append(req)
-            planned[req.request_id] = _Planned(req, n, 0)
-            req.num_computed = n
+            planned[req.request_id] = _Planned(req, n, hit)
+            req.num_computed = hit + n
             budget -= n
 
         for p in planned.values():
@@ -498,6 +535,10 @@ class Scheduler:
                 )
             tokens = {r: int(t) for r, t in zip(ids, sampled, strict=True)}
         self._inflight = None
+        if self.prefix_caching:
+            # The step wrote these tokens' KV: the pages they fill become findable.
+            for chunk in step.chunks:
+                self.kv.commit(chunk.seq, chunk.token_ids)
         outputs, self._pending = self._pending, []
         for chunk in step.chunks:
             req = self._requests[chunk.request_id]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -35,7 +35,7 @@ _ENGINE_GAUGES = (
     ("tallow_kv_utilization", "Tokens stored over the slots of the pages in use", "utilization"),
     ("tallow_requests_running", "Requests being generated", "running"),
     ("tallow_requests_waiting", "Requests queued for the engine", "waiting"),
-    ("tallow_preemptions", "Requests preempted so far (their KV recomputed later)", "preemptions"),
+    ("tallow_prefix_cache_pages", "KV pages in the prefix cache (in use or free)", "cached_pages"),
     (
         "tallow_tokens_per_second",
         "Tokens computed per second over the last steps",
@@ -44,14 +44,37 @@ _ENGINE_GAUGES = (
 )
 
 
+# Counters: (metric name without _total, help, key in the engine's stats()).
+_ENGINE_COUNTERS = (
+    ("tallow_preemptions", "Requests preempted (their KV recomputed later)", "preemptions"),
+    (
+        "tallow_prefix_cache_queried_tokens",
+        "Prompt tokens looked up in the prefix cache",
+        "prefix_queried_tokens",
+    ),
+    (
+        "tallow_prefix_cache_hit_tokens",
+        "Prompt tokens found in the prefix cache",
+        "prefix_hit_tokens",
+    ),
+    (
+        "tallow_prefix_cache_evicted_pages",
+        "Cached KV pages reused for other content",
+        "evicted_pages",
+    ),
+)
+
+
 class _EngineCollector(Collector):
     def __init__(self, stats: Callable[[], dict[str, float]]) -> None:
         self._stats = stats
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         stats = self._stats()
         for name, doc, key in _ENGINE_GAUGES:
             yield GaugeMetricFamily(name, doc, value=float(stats.get(key, 0.0)))
+        for name, doc, key in _ENGINE_COUNTERS:
+            yield CounterMetricFamily(name, doc, value=float(stats.get(key, 0.0)))
 
 
 class Metrics:

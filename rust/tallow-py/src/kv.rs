@@ -94,9 +94,45 @@ impl KvCache {
         self.inner.stats().pages_total
     }
 
-    /// A new, empty sequence.
-    fn create(&mut self) -> u64 {
-        self.inner.create().0
+    /// Free pages (cached ones waiting for reuse included).
+    #[getter]
+    fn n_free(&self) -> usize {
+        self.inner.sequences().allocator().n_free()
+    }
+
+    /// A new, empty sequence; `salt` separates the cached prefixes of sequences whose KV
+    /// differs for the same tokens.
+    #[pyo3(signature = (salt = 0))]
+    fn create(&mut self, salt: u64) -> u64 {
+        self.inner.create_salted(salt).0
+    }
+
+    /// `(tokens, free_pages)`: the leading tokens of `tokens` (whole pages, at most
+    /// `max_tokens`) whose KV is cached, and how many of their pages wait in the free list.
+    #[pyo3(signature = (tokens, max_tokens, salt = 0))]
+    fn match_prefix(&self, tokens: Vec<u32>, max_tokens: usize, salt: u64) -> (usize, usize) {
+        let found = self.inner.match_prefix(salt, &tokens, max_tokens);
+        (found.tokens, found.free_pages)
+    }
+
+    /// Gives the empty `seq` the cached pages of the longest cached prefix of `tokens` (at
+    /// most `max_tokens` tokens); returns the tokens attached.
+    fn attach_prefix(&mut self, seq: u64, tokens: Vec<u32>, max_tokens: usize) -> PyResult<usize> {
+        self.inner
+            .attach_prefix(SeqId(seq), &tokens, max_tokens)
+            .map_err(kv_error)
+    }
+
+    /// Records the token ids whose KV was written at the next positions of `seq`, caching the
+    /// pages they complete.
+    fn commit(&mut self, seq: u64, tokens: Vec<u32>) -> PyResult<()> {
+        self.inner.commit(SeqId(seq), &tokens).map_err(kv_error)
+    }
+
+    /// Whether `page` is in the prefix cache.
+    fn is_cached(&self, page: u32) -> bool {
+        let n = self.inner.stats().pages_total;
+        (page as usize) < n && self.inner.sequences().is_cached(tallow_kv::PageId(page))
     }
 
     /// A new sequence sharing every page of `seq`.
@@ -146,7 +182,8 @@ impl KvCache {
         allocator.free_pages().map(|p| p.0).collect()
     }
 
-    /// Pages total / used / free / shared, tokens stored, sequences and slot utilization.
+    /// Pages total / used / free / shared, tokens stored, sequences, slot utilization and the
+    /// prefix cache's counters.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();
         let dict = PyDict::new(py);
@@ -163,6 +200,10 @@ impl KvCache {
             dict.set_item(key, value)?;
         }
         dict.set_item("utilization", s.utilization())?;
+        dict.set_item("cached_pages", s.prefix.cached_pages)?;
+        dict.set_item("prefix_queried_tokens", s.prefix.queried_tokens)?;
+        dict.set_item("prefix_hit_tokens", s.prefix.hit_tokens)?;
+        dict.set_item("evicted_pages", s.prefix.evicted_pages)?;
         Ok(dict)
     }
 }
