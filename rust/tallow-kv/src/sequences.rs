@@ -308,7 +308,7 @@ impl Sequences {
         e.tokens.truncate(keep);
         e.keys.truncate(keep / ps);
         let dropped = e.pages.split_off(keep.div_ceil(ps));
-        if keep % ps != 0 {
+        if !keep.is_multiple_of(ps) {
             // The kept last page is no longer full: it will be written again, so its key no
             // longer describes it, unless other sequences still use it whole (then the next
             // append copies it).
