@@ -300,6 +300,10 @@ def test_metrics_count_requests_and_tokens(server: str, client: openai.OpenAI) -
         'tallow_requests_total{endpoint="/v1/completions",status="200"}',
         "tallow_kv_pages_total",
         "tallow_requests_waiting",
+        "tallow_prefix_cache_hit_tokens_total",
+        "tallow_prefix_cache_queried_tokens_total",
+        "tallow_prefix_cache_evicted_pages_total",
+        "tallow_prefix_cache_pages",
     ):
         assert name in text
 
