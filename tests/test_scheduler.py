@@ -87,16 +87,26 @@ class FakeModel:
         table = self.kv.page_table(seq)
         return [self.slots[(table[pos // PS], pos % PS)] for pos in range(n)]
 
-    def forward(self, step: Step) -> dict[str, int]:
-        out = {}
+    def forward(self, step: Step) -> dict[str, int | list[int]]:
+        """The sampled token of each request; for a chunk with a draft, greedy verification:
+        the draft tokens equal to the model's choice, then the model's next choice."""
+        out: dict[str, int | list[int]] = {}
         for c in step.chunks:
             end = c.start_pos + len(c.token_ids)
             assert self.kv.seq_len(c.seq) == end
             table = self.kv.page_table(c.seq)
             for pos, token in enumerate(c.token_ids, start=c.start_pos):
                 self.slots[(table[pos // PS], pos % PS)] = token
-            if c.logits:
-                out[c.request_id] = self.next_token(self.read(c.seq, end))
+            if not c.logits:
+                continue
+            known = end - len(c.draft)
+            kept: list[int] = []
+            for i in range(len(c.draft) + 1):
+                choice = self.next_token(self.read(c.seq, known + i))
+                kept.append(choice)
+                if i == len(c.draft) or choice != c.draft[i]:
+                    break
+            out[c.request_id] = kept if c.draft else kept[0]
         return out
 
 
@@ -548,6 +558,105 @@ def test_without_prefix_caching_nothing_is_cached() -> None:
     s.add(req("b", 10, max_tokens=1))
     assert chunks(s.schedule())[0][1] == 0
     assert kv.stats()["cached_pages"] == 0
+
+
+# -- speculative decoding -------------------------------------------------------------------------
+
+
+def run_with_drafts(
+    s: Scheduler, model: FakeModel, propose: Callable[[Request], list[int]]
+) -> dict[str, list[RequestOutput]]:
+    outs: dict[str, list[RequestOutput]] = {}
+    while s.has_work():
+        step = s.schedule({r.request_id: propose(r) for r in s.decoding()})
+        for o in s.update(step, model.forward(step)):
+            outs.setdefault(o.request_id, []).append(o)
+        for rid in s.running:
+            r = s.get(rid)
+            assert r is not None and r.seq is not None
+            # Rejected draft tokens left no KV behind.
+            assert model.kv.seq_len(r.seq) == r.num_computed
+    return outs
+
+
+@pytest.mark.parametrize("draft", ["perfect", "wrong", "half", "too long"])
+def test_drafts_keep_what_the_model_agrees_with_and_drop_the_rest(draft: str) -> None:
+    kv0, alone = make(16)
+    expected = tokens_of(run_one(alone, FakeModel(kv0), req("a", 6, max_tokens=12)))
+    assert len(expected) == 12
+
+    def propose(r: Request) -> list[int]:
+        # Tokens after the last sampled one.
+        right = expected[len(r.output_token_ids) : len(r.output_token_ids) + 3]
+        if draft == "perfect":
+            return right
+        if draft == "wrong":
+            return [(t + 1) % VOCAB or 1 for t in right]
+        if draft == "half":
+            return right[:1] + [(t + 1) % VOCAB or 1 for t in right[1:]]
+        # The whole rest then more: cut to what max_tokens leaves.
+        return expected[len(r.output_token_ids) :] + [1] * 40
+
+    kv, s = make(16, max_model_len=64)
+    s.add(req("a", 6, max_tokens=12))
+    outs = run_with_drafts(s, FakeModel(kv), propose)
+    assert tokens_of(outs["a"]) == expected
+    assert outs["a"][-1].finish_reason == "length"
+    stats = s.stats()
+    assert stats["pages_used"] == 0
+    rate = stats["spec_acceptance_rate"]
+    if draft == "perfect":
+        assert rate == 1.0 and stats["spec_tokens_per_step"] > 3
+        assert stats["steps"] <= 1 + 12 // 4 + 1
+    elif draft == "wrong":
+        assert rate == 0.0 and stats["spec_tokens_per_step"] == 1.0
+    elif draft == "half":
+        assert 0.3 < rate < 0.4
+    else:
+        # Drafts never reach past max_tokens: every drafted token was a real continuation.
+        assert rate == 1.0
+
+
+def test_drafts_mix_with_plain_requests_and_prompts_in_one_step() -> None:
+    kv0, alone = make(32)
+    expected = {
+        rid: tokens_of(run_one(alone, FakeModel(kv0), req(rid, n, max_tokens=10, start=start)))
+        for rid, n, start in (("a", 5, 100), ("b", 7, 200), ("c", 9, 300))
+    }
+    kv, s = make(32, budget=12)
+    model = FakeModel(kv)
+    s.add(req("a", 5, max_tokens=10, start=100))
+    s.add(req("b", 7, max_tokens=10, start=200))
+    s.add(req("c", 9, max_tokens=10, start=300))
+
+    def propose(r: Request) -> list[int]:
+        if r.request_id == "b":
+            return []  # a plain request
+        n = len(r.output_token_ids)
+        return expected[r.request_id][n : n + 2]
+
+    outs = run_with_drafts(s, model, propose)
+    assert {rid: tokens_of(o) for rid, o in outs.items()} == expected
+    assert s.stats()["spec_acceptance_rate"] == 1.0
+
+
+def test_a_draft_is_cut_to_the_free_pages() -> None:
+    kv, s = make(2)  # 8 positions
+    s.add(req("a", 3, max_tokens=None))
+    step = s.schedule()
+    s.update(step, [5])
+    # One page holds a's 3 prompt tokens and the next; a draft of 6 gets what fits in two.
+    step = s.schedule({"a": [1, 2, 3, 4, 5, 6]})
+    assert chunks(step) == [("a", 3, [5, 1, 2, 3, 4], True)]
+    assert step.chunks[0].draft == [1, 2, 3, 4]
+    assert step.batch() == [(step.chunks[0].seq, [5, 1, 2, 3, 4], "all")]
+    with pytest.raises(InvalidArgumentError, match="not an accepted prefix"):
+        s.update(step, {"a": [9, 9]})
+    outs = s.update(step, {"a": [1, 2, 7]})
+    assert outs[0].new_token_ids == [1, 2, 7]
+    r = s.get("a")
+    assert r is not None and r.seq is not None
+    assert kv.seq_len(r.seq) == r.num_computed == 6
 
 
 # -- stop strings ---------------------------------------------------------------------------------

@@ -244,6 +244,22 @@ class Sampler:
         """The sampled token id (remembered for the penalties)."""
     def accept(self, tokens: list[int]) -> None:
         """Remember tokens for the penalties without sampling (e.g. the prompt)."""
+    def verify(
+        self,
+        logits: numpy.typing.NDArray[numpy.float32],
+        draft: list[int],
+        draft_probs: numpy.typing.NDArray[numpy.float32] | None = None,
+    ) -> list[tuple[int, float, list[tuple[int, float]]]]:
+        """Speculative verification: ``logits`` has ``len(draft) + 1`` rows (row ``i``
+        predicts the token after the first ``i`` draft tokens), ``draft_probs`` the
+        distribution each draft token was drawn from (None: proposed with certainty). Returns
+        ``(token, logprob, top_logprobs)`` for the accepted draft tokens and one more, with the
+        distribution :meth:`sample` gives."""
+    def draft(
+        self, logits: numpy.typing.NDArray[numpy.float32]
+    ) -> tuple[int, numpy.typing.NDArray[numpy.float32]]:
+        """Draw a token to propose from a draft model's logits row (not remembered); return
+        it with the distribution it was drawn from."""
 
 def sample_batch(
     samplers: list[Sampler], logits: numpy.typing.NDArray[numpy.float32]

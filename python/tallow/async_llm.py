@@ -71,6 +71,13 @@ class AsyncLLM:
     Every task may call :meth:`generate` and :meth:`stream` at once. Cancelling a caller (a
     cancel scope, a cancelled task, a stream closed early) aborts its request, and its KV pages
     are freed at the next step.
+
+    ``max_num_seqs`` requests run at once (more wait); the KV pool holds ``kv_pages`` pages of
+    ``page_size`` tokens, or ``kv_bytes`` of memory; ``n_ctx`` bounds each request's context.
+    ``prefix_caching`` reuses the KV of prompt prefixes already computed; ``speculative`` turns
+    on speculative decoding (``True`` or ``"ngram"`` for prompt lookup, or
+    ``{"method": "draft", "draft_model": "...", "num_tokens": 4}``; see
+    :mod:`tallow.speculative`), which a request may override with its ``speculative`` option.
     """
 
     def __init__(
@@ -84,6 +91,7 @@ class AsyncLLM:
         page_size: int = 16,
         n_ctx: int | None = None,
         prefix_caching: bool = True,
+        speculative: object = None,
     ) -> None:
         self._model = _core.Model(str(resolve_model(model)))
         self._engine = Engine(
@@ -96,6 +104,7 @@ class AsyncLLM:
                 kv_bytes=kv_bytes,
                 n_ctx=n_ctx,
                 prefix_caching=prefix_caching,
+                speculative=speculative,
             ),
         )
         self._inbox: queue.SimpleQueue[_Add | str | None] = queue.SimpleQueue()

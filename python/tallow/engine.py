@@ -13,12 +13,25 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+import numpy.typing as npt
+
 from tallow import _core
+from tallow.catalog import resolve_model
 from tallow.errors import InvalidArgumentError, TallowError
-from tallow.scheduler import Request, RequestOutput, Scheduler, TokenLogprob
+from tallow.scheduler import Request, RequestOutput, Scheduler, Step, TokenLogprob
+from tallow.speculative import (
+    DraftModelProposer,
+    DraftRequest,
+    NgramProposer,
+    Proposal,
+    Proposer,
+    SpeculativeConfig,
+    speculative_config,
+)
 
 __all__ = ["Engine", "EngineConfig", "SamplingParams", "sampling_params"]
 
@@ -45,6 +58,10 @@ class SamplingParams:
     """Report each generated token's log probability (raw model distribution)."""
     top_logprobs: int = 0
     """With ``logprobs``, also the log probabilities of this many most likely tokens."""
+    speculative: object = None
+    """Speculative decoding for this request: None follows the engine's setting; False or 0
+    turns it off; otherwise what :func:`tallow.speculative.speculative_config` takes (a token
+    count, a method name, a dict or a :class:`~tallow.speculative.SpeculativeConfig`)."""
 
     def new_sampler(self) -> _core.Sampler:
         """A sampler with these settings (raises InvalidArgumentError when one is invalid)."""
@@ -128,7 +145,8 @@ class EngineConfig:
     contexts, capped at 8192 pages). ``n_ctx`` is the most positions per request (``None``: the
     model's training context, capped at 4096), and never more than the pool holds.
     ``prefix_caching`` reuses the KV of prompt prefixes already computed (see
-    :mod:`tallow.scheduler`).
+    :mod:`tallow.scheduler`). ``speculative`` turns on speculative decoding for every request
+    that does not say otherwise (see :mod:`tallow.speculative`).
     """
 
     max_num_seqs: int = 64
@@ -138,6 +156,7 @@ class EngineConfig:
     kv_bytes: int | None = None
     n_ctx: int | None = None
     prefix_caching: bool = True
+    speculative: object = None
 
 
 def check_token_ids(token_ids: Sequence[int], n_vocab: int) -> None:
@@ -174,6 +193,21 @@ class Engine:
             decoder_factory=model.stream_decoder,
             prefix_caching=config.prefix_caching,
         )
+        self.speculative = speculative_config(config.speculative)
+        self._proposers: dict[str, Proposer] = {}
+        spec = self.speculative
+        if spec is not None:
+            self._proposers["ngram"] = NgramProposer(spec.ngram_max, spec.ngram_min)
+            if spec.draft_model is not None:
+                draft = _core.Model(str(resolve_model(spec.draft_model)))
+                self._proposers["draft"] = DraftModelProposer(
+                    draft,
+                    n_vocab=model.n_vocab,
+                    kv_pages=self.kv.n_pages,
+                    page_size=config.page_size,
+                )
+        self._speculate: dict[str, tuple[str, int]] = {}
+        """(method, tokens) of the requests that speculate."""
         self._samplers: dict[str, _core.Sampler] = {}
         self._logprobs: set[str] = set()
         # (time, tokens computed) of recent steps, for the throughput in stats().
@@ -195,10 +229,49 @@ class Engine:
             raise InvalidArgumentError(f"request {request_id!r} is already in the engine")
         check_token_ids(prompt_token_ids, self.model.n_vocab)
         sampler = sampler or params.new_sampler()
+        speculate = self._speculation(params)
         self.scheduler.add(Request(request_id, list(prompt_token_ids), params))
         self._samplers[request_id] = sampler
         if params.logprobs:
             self._logprobs.add(request_id)
+        if speculate is not None:
+            self._speculate[request_id] = speculate
+
+    def _speculation(self, params: SamplingParams) -> tuple[str, int] | None:
+        """(method, tokens) of a request's speculation, or None. What the request leaves out
+        comes from the engine's setting."""
+        value = params.speculative
+        if value is None:
+            spec = self.speculative
+        elif value is False or isinstance(value, SpeculativeConfig):
+            spec = speculative_config(value)
+        else:
+            if isinstance(value, bool):
+                value = {}
+            elif isinstance(value, int):
+                value = {"num_tokens": value}
+            elif isinstance(value, str):
+                value = {"method": value}
+            if not isinstance(value, Mapping):
+                raise InvalidArgumentError(f"speculative: unexpected value {value!r}")
+            base = self.speculative or SpeculativeConfig()
+            if value.get("method", base.method) == "draft":
+                self._need_draft_model()
+            spec = speculative_config({**base.__dict__, **value})
+        if spec is None or spec.num_tokens == 0:
+            return None
+        if spec.method == "draft":
+            self._need_draft_model()
+        elif "ngram" not in self._proposers:
+            self._proposers["ngram"] = NgramProposer(spec.ngram_max, spec.ngram_min)
+        return spec.method, spec.num_tokens
+
+    def _need_draft_model(self) -> None:
+        if "draft" not in self._proposers:
+            raise InvalidArgumentError(
+                "speculative method 'draft' needs an engine with a draft model "
+                "(speculative={'method': 'draft', 'draft_model': ...})"
+            )
 
     def abort(self, request_id: str) -> bool:
         """Abort a request; its pages are freed at the latest by the next step."""
@@ -215,24 +288,83 @@ class Engine:
             return self._step()
 
     def _step(self) -> list[RequestOutput]:
-        step = self.scheduler.schedule()
-        sampled: dict[str, tuple[int, float, list[tuple[int, float]]]] = {}
+        proposals = self._propose()
+        step = self.scheduler.schedule({r: p.tokens for r, p in proposals.items()})
+        sampled: dict[str, list[tuple[int, float, list[tuple[int, float]]]]] = {}
         if step:
             try:
                 logits = self.model.forward(self.kv, step.batch())
-                samplers = [self._samplers[r] for r in step.sample_ids]
-                rows = _core.sample_batch(samplers, logits)
+                sampled = self._sample(step, logits, proposals)
             except TallowError as e:
                 return self._forget(self.scheduler.fail(step, str(e)))
-            sampled = dict(zip(step.sample_ids, rows, strict=True))
             self.tokens_computed += step.num_tokens
             self._recent.append((time.perf_counter(), step.num_tokens))
-        outputs = self.scheduler.update(step, {r: row[0] for r, row in sampled.items()})
+        outputs = self.scheduler.update(
+            step, {r: [t[0] for t in rows] for r, rows in sampled.items()}
+        )
         for i, out in enumerate(outputs):
             if out.new_token_ids and out.request_id in self._logprobs:
-                token, logprob, top = sampled[out.request_id]
-                outputs[i] = replace(out, logprobs=[TokenLogprob(token, logprob, top)])
+                rows = sampled[out.request_id][: len(out.new_token_ids)]
+                outputs[i] = replace(out, logprobs=[TokenLogprob(*row) for row in rows])
         return self._forget(outputs)
+
+    def _propose(self) -> dict[str, Proposal]:
+        """Draft tokens for the decoding requests that speculate, by method."""
+        if not self._speculate:
+            return {}
+        wanted: dict[str, list[DraftRequest]] = {}
+        for req in self.scheduler.decoding():
+            speculate = self._speculate.get(req.request_id)
+            if speculate is None or req.abort_pending:
+                continue
+            method, k = speculate
+            p = req.params
+            assert isinstance(p, SamplingParams)
+            wanted.setdefault(method, []).append(
+                DraftRequest(
+                    req.request_id,
+                    req.token_slice(0, req.num_tokens),
+                    k,
+                    temperature=p.temperature,
+                    top_k=p.top_k,
+                    top_p=p.top_p,
+                    min_p=p.min_p,
+                    seed=p.seed,
+                )
+            )
+        proposals: dict[str, Proposal] = {}
+        for method, requests in wanted.items():
+            proposals.update(self._proposers[method].propose(requests))
+        return {r: p for r, p in proposals.items() if p.tokens}
+
+    def _sample(
+        self, step: Step, logits: npt.NDArray[np.float32], proposals: dict[str, Proposal]
+    ) -> dict[str, list[tuple[int, float, list[tuple[int, float]]]]]:
+        """The tokens of every request in ``step``: verification for chunks with a draft, one
+        batched draw for the others."""
+        sampled = {}
+        plain_ids: list[str] = []
+        plain_rows: list[int] = []
+        row = 0
+        for chunk in step.chunks:
+            if not chunk.logits:
+                continue
+            if chunk.draft:
+                probs = proposals[chunk.request_id].probs
+                q = None if probs is None else np.ascontiguousarray(probs[: len(chunk.draft)])
+                block = logits[row : row + chunk.n_rows]
+                sampled[chunk.request_id] = self._samplers[chunk.request_id].verify(
+                    block, chunk.draft, q
+                )
+            else:
+                plain_ids.append(chunk.request_id)
+                plain_rows.append(row)
+            row += chunk.n_rows
+        if plain_ids:
+            rows = logits if len(plain_rows) == row else logits[plain_rows]
+            drawn = _core.sample_batch([self._samplers[r] for r in plain_ids], rows)
+            sampled.update({r: [one] for r, one in zip(plain_ids, drawn, strict=True)})
+        return sampled
 
     def _forget(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """Drop the samplers of the requests that finished in ``outputs``."""
@@ -240,6 +372,9 @@ class Engine:
             if out.finished:
                 self._samplers.pop(out.request_id, None)
                 self._logprobs.discard(out.request_id)
+                speculate = self._speculate.pop(out.request_id, None)
+                if speculate is not None:
+                    self._proposers[speculate[0]].finish(out.request_id)
         return outputs
 
     def stats(self) -> dict[str, float]:

@@ -104,7 +104,9 @@ class LLM:
     ``model`` is a path to a ``.gguf`` file or the name of a catalog model (pulled into the
     cache on first use; see :mod:`tallow.catalog`). ``n_ctx`` is the number of positions of the
     context used by :meth:`generate` and :meth:`stream` (prompt plus generated tokens); by
-    default the model's training context, capped at 4096.
+    default the model's training context, capped at 4096. ``speculative`` turns on speculative
+    decoding (see :mod:`tallow.speculative`): the same tokens (greedy) or the same distribution
+    (sampling), in fewer steps.
 
     Generations run on the engine :class:`AsyncLLM` uses (continuous batching over a paged KV
     pool). An ``LLM`` is not meant to be shared between threads; nested or interleaved streams
@@ -120,6 +122,7 @@ class LLM:
         n_ctx: int | None = None,
         *,
         progress: bool = True,
+        speculative: object = None,
     ) -> None:
         if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int)):
             raise InvalidArgumentError(f"n_ctx must be a positive integer, got {n_ctx!r}")
@@ -142,6 +145,7 @@ class LLM:
                 n_ctx=n_ctx,
                 kv_pages=_MAX_STREAMS * -(-n_ctx // _PAGE_SIZE),
                 page_size=_PAGE_SIZE,
+                speculative=speculative,
             ),
         )
         self._outputs: dict[str, deque[RequestOutput]] = {}

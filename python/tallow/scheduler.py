@@ -60,7 +60,7 @@ import enum
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from tallow.errors import InvalidArgumentError
@@ -79,6 +79,10 @@ __all__ = [
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
+
+
+Sampled = int | Sequence[int]
+"""What :meth:`Scheduler.update` takes per request: a token, or the tokens verification kept."""
 
 
 class PagePool(Protocol):
@@ -108,6 +112,10 @@ class PagePool(Protocol):
 
     def reserve(self, seq: int, n: int) -> None:
         """Reserve the next ``n`` positions of ``seq``."""
+        ...
+
+    def truncate(self, seq: int, keep: int) -> list[int]:
+        """Keep the first ``keep`` positions of ``seq``; return the pages that became free."""
         ...
 
     @property
@@ -210,6 +218,15 @@ class ScheduledChunk:
     """Position of ``token_ids[0]`` in the sequence."""
     logits: bool
     """Whether the chunk ends the request's tokens, so its last row of logits is sampled."""
+    draft: list[int] = field(default_factory=list)
+    """Proposed tokens (speculative decoding): ``token_ids`` is the last sampled token then
+    these; the chunk has one row of logits per token, and the tokens the model agrees with
+    are kept."""
+
+    @property
+    def n_rows(self) -> int:
+        """Rows of logits the chunk produces."""
+        return len(self.draft) + 1 if self.logits else 0
 
 
 @dataclass
@@ -229,12 +246,14 @@ class Step:
 
     @property
     def sample_ids(self) -> list[str]:
-        """Requests to sample a token for, in the order of the forward's rows of logits."""
+        """Requests to sample for, in the order of their rows of logits (a speculative chunk
+        has several rows, see :attr:`ScheduledChunk.n_rows`)."""
         return [c.request_id for c in self.chunks if c.logits]
 
     def batch(self) -> list[tuple[int, list[int], str]]:
         """The step as ``Model.forward``'s ``batch`` argument."""
-        return [(c.seq, c.token_ids, "last" if c.logits else "none") for c in self.chunks]
+        kind = {0: "none", 1: "last"}
+        return [(c.seq, c.token_ids, kind.get(c.n_rows, "all")) for c in self.chunks]
 
     def __bool__(self) -> bool:
         return bool(self.chunks)
@@ -273,6 +292,7 @@ class _Planned:
     req: Request
     n: int
     start_pos: int
+    draft: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -324,6 +344,12 @@ class Scheduler:
         """Preemptions so far."""
         self.num_finished = 0
         """Requests finished so far (any reason)."""
+        self.num_drafted = 0
+        """Draft tokens scheduled (speculative decoding)."""
+        self.num_accepted = 0
+        """Of those, tokens the model agreed with."""
+        self.num_draft_steps = 0
+        """Request steps that carried a draft."""
         self._page_size = kv.page_size
         self._requests: dict[str, Request] = {}
         self._waiting: deque[Request] = deque()
@@ -355,7 +381,9 @@ class Scheduler:
 
     def stats(self) -> dict[str, float]:
         """The pool's stats (``pages_total``, ``pages_used``, ...) with ``running``,
-        ``waiting``, ``preemptions``, ``finished`` and ``steps``."""
+        ``waiting``, ``preemptions``, ``finished``, ``steps``, and for speculative decoding
+        ``spec_drafted_tokens``, ``spec_accepted_tokens``, ``spec_acceptance_rate`` and
+        ``spec_tokens_per_step`` (tokens a request gains per step that carries a draft)."""
         out = dict(self.kv.stats())
         out.update(
             running=len(self._running),
@@ -363,6 +391,14 @@ class Scheduler:
             preemptions=self.num_preemptions,
             finished=self.num_finished,
             steps=self._steps,
+            spec_drafted_tokens=self.num_drafted,
+            spec_accepted_tokens=self.num_accepted,
+            spec_acceptance_rate=self.num_accepted / self.num_drafted if self.num_drafted else 0.0,
+            spec_tokens_per_step=(
+                (self.num_accepted + self.num_draft_steps) / self.num_draft_steps
+                if self.num_draft_steps
+                else 0.0
+            ),
         )
         return out
 
@@ -421,9 +457,19 @@ class Scheduler:
 
     # -- scheduling ---------------------------------------------------------------------------
 
-    def schedule(self) -> Step:
+    def decoding(self) -> list[Request]:
+        """Running requests whose next chunk is one decode token (those that can take a draft
+        of proposed tokens in the next :meth:`schedule`)."""
+        return [r for r in self._running if r.num_tokens - r.num_computed == 1]
+
+    def schedule(self, drafts: Mapping[str, Sequence[int]] | None = None) -> Step:
         """The next step; reserves its KV positions. Call :meth:`update` with its result
-        (also for an empty step) before the next schedule()."""
+        (also for an empty step) before the next schedule().
+
+        ``drafts`` gives decoding requests tokens proposed after their last one (speculative
+        decoding): a draft rides in the request's decode chunk, shortened to the pages, the
+        token budget, ``max_tokens`` and ``max_model_len``."""
+        drafts = drafts or {}
         if self._inflight is not None:
             raise RuntimeError("update() must be called with the previous step first")
         step = Step(index=self._steps)
@@ -440,7 +486,8 @@ class Scheduler:
                 if req.request_id in planned or (remaining == 1) != decode_pass:
                     i += 1
                     continue
-                want = min(remaining, budget)
+                draft = self._draft_room(req, drafts.get(req.request_id, ())) if decode_pass else []
+                want = min(remaining + len(draft), budget)
                 n = self._fit(req, want, free)
                 while n == 0:
                     victim = self._running[-1]
@@ -462,7 +509,7 @@ class Scheduler:
                 assert req.seq is not None
                 free -= self.kv.pages_needed(req.seq, n)
                 self.kv.reserve(req.seq, n)
-                planned[req.request_id] = _Planned(req, n, req.num_computed)
+                planned[req.request_id] = _Planned(req, n, req.num_computed, draft[: n - 1])
                 req.num_computed += n
                 budget -= n
                 i += 1
@@ -503,22 +550,28 @@ class Scheduler:
         for p in planned.values():
             assert p.req.seq is not None
             end = p.start_pos + p.n
+            known = end - len(p.draft)
             step.chunks.append(
                 ScheduledChunk(
                     request_id=p.req.request_id,
                     seq=p.req.seq,
-                    token_ids=p.req.token_slice(p.start_pos, end),
+                    token_ids=p.req.token_slice(p.start_pos, known) + p.draft,
                     start_pos=p.start_pos,
-                    logits=end == p.req.num_tokens,
+                    logits=known == p.req.num_tokens,
+                    draft=p.draft,
                 )
             )
         self._inflight = step
         return step
 
-    def update(self, step: Step, sampled: Mapping[str, int] | Sequence[int]) -> list[RequestOutput]:
+    def update(
+        self, step: Step, sampled: Mapping[str, Sampled] | Sequence[Sampled]
+    ) -> list[RequestOutput]:
         """Take the tokens sampled for ``step`` (by request id, or aligned with
-        ``step.sample_ids``); return the outputs: first those of requests finished outside a
-        step (aborted, rejected, out of pages), then one per sampled request, in step order.
+        ``step.sample_ids``): one token per request, or for a chunk with a draft the accepted
+        draft tokens then one more. Return the outputs: first those of requests finished
+        outside a step (aborted, rejected, out of pages), then one per sampled request, in step
+        order. The KV of rejected draft tokens is dropped.
         """
         if step is not self._inflight:
             raise RuntimeError("update() takes the step returned by the last schedule()")
@@ -527,26 +580,65 @@ class Scheduler:
             missing = [r for r in ids if r not in sampled]
             if missing:
                 raise InvalidArgumentError(f"no sampled token for {missing}")
-            tokens = {r: int(sampled[r]) for r in ids}
+            given = [sampled[r] for r in ids]
         else:
             if len(sampled) != len(ids):
                 raise InvalidArgumentError(
                     f"{len(sampled)} sampled tokens for {len(ids)} rows of logits"
                 )
-            tokens = {r: int(t) for r, t in zip(ids, sampled, strict=True)}
+            given = list(sampled)
+        tokens = {
+            r: [int(t)] if isinstance(t, int) else [int(x) for x in t]
+            for r, t in zip(ids, given, strict=True)
+        }
+        for chunk in step.chunks:
+            got = tokens.get(chunk.request_id)
+            if got is not None and not (
+                1 <= len(got) <= len(chunk.draft) + 1 and got[:-1] == chunk.draft[: len(got) - 1]
+            ):
+                raise InvalidArgumentError(
+                    f"{got} for {chunk.request_id!r} is not an accepted prefix of its draft "
+                    f"{chunk.draft} and one more token"
+                )
         self._inflight = None
-        if self.prefix_caching:
-            # The step wrote these tokens' KV: the pages they fill become findable.
-            for chunk in step.chunks:
-                self.kv.commit(chunk.seq, chunk.token_ids)
+        for chunk in step.chunks:
+            kept = len(chunk.token_ids)
+            if chunk.draft:
+                accepted = len(tokens[chunk.request_id]) - 1
+                kept -= len(chunk.draft) - accepted
+                # The KV of rejected draft tokens goes.
+                self.kv.truncate(chunk.seq, chunk.start_pos + kept)
+                self._requests[chunk.request_id].num_computed = chunk.start_pos + kept
+                self.num_drafted += len(chunk.draft)
+                self.num_accepted += accepted
+                self.num_draft_steps += 1
+            if self.prefix_caching:
+                # The step wrote these tokens' KV: the pages they fill become findable.
+                self.kv.commit(chunk.seq, chunk.token_ids[:kept])
         outputs, self._pending = self._pending, []
         for chunk in step.chunks:
             req = self._requests[chunk.request_id]
             if req.abort_pending:
                 outputs.append(self._finish(req, "abort"))
             elif chunk.logits:
-                outputs.append(self._append(req, tokens[chunk.request_id]))
+                outputs.append(self._append_all(req, chunk, tokens[chunk.request_id]))
         return outputs
+
+    def _append_all(self, req: Request, chunk: ScheduledChunk, tokens: list[int]) -> RequestOutput:
+        """Append the tokens sampled for ``chunk`` one by one, stopping where one ends the
+        request; one output for them all."""
+        known = chunk.start_pos + len(chunk.token_ids) - len(chunk.draft)
+        new: list[int] = []
+        text: list[str] = []
+        for j, token in enumerate(tokens):
+            # Positions with KV before this token: the known ones and the accepted draft.
+            req.num_computed = known + j
+            out = self._append(req, token)
+            new += out.new_token_ids
+            text.append(out.text)
+            if out.finished:
+                return replace(out, new_token_ids=new, text="".join(text))
+        return RequestOutput(req.request_id, new, "".join(text), False)
 
     def fail(self, step: Step, error: str) -> list[RequestOutput]:
         """Instead of :meth:`update`, when ``step`` could not be computed: end every request in
@@ -564,6 +656,16 @@ class Scheduler:
         return outputs
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _draft_room(self, req: Request, draft: Sequence[int]) -> list[int]:
+        """The part of ``draft`` that fits ``max_model_len`` and ``max_tokens``: the step may
+        add every draft token and one more."""
+        k = len(draft)
+        if self.max_model_len is not None:
+            k = min(k, self.max_model_len - req.num_tokens)
+        if req.params.max_tokens is not None:
+            k = min(k, req.params.max_tokens - len(req.output_token_ids) - 1)
+        return [int(t) for t in draft[: max(k, 0)]]
 
     def _never_fits(self, req: Request) -> str | None:
         n = req.num_tokens

@@ -131,11 +131,114 @@ impl Sampler {
 
     /// Picks a token from one row of logits and records it.
     pub fn sample(&mut self, logits: &[f32]) -> Result<Sampled, ModelError> {
-        if logits.is_empty() {
-            return Err(ModelError::InvalidArgument(
-                "no logits to sample from".into(),
-            ));
+        check_row(logits)?;
+        let adjusted = self.adjusted(logits);
+        let token = if self.params.temperature == 0.0 {
+            argmax(&adjusted)
+        } else {
+            let (candidates, total) = self.candidates(&adjusted)?;
+            self.pick(&candidates, total)
+        };
+        Ok(self.record(logits, token))
+    }
+
+    /// Verifies tokens a proposer guessed after the last token (speculative decoding, the
+    /// rule of Leviathan et al. and Chen et al., 2023), so that the tokens returned follow
+    /// exactly the distribution [`Sampler::sample`] would give, one by one.
+    ///
+    /// `rows` holds `draft.len() + 1` rows of `n_vocab` logits: row `i` is the model's
+    /// prediction after the draft's first `i` tokens. `draft_probs`, when given, holds for
+    /// each draft token the distribution it was drawn from (`draft.len()` rows); without it
+    /// every draft token counts as proposed with certainty (a lookup). Draft token `i` is
+    /// accepted with probability `min(1, p(d) / q(d))`; at the first rejection a token is
+    /// drawn from the residual `max(0, p - q)` (normalized) instead and verification stops;
+    /// when all are accepted, a last token is drawn from the final row. Greedy requests keep
+    /// draft tokens while they equal the argmax. Returns the accepted tokens then that last
+    /// one, each recorded as [`Sampler::sample`] records its token.
+    pub fn verify(
+        &mut self,
+        rows: &[f32],
+        n_vocab: usize,
+        draft: &[u32],
+        draft_probs: Option<&[f32]>,
+    ) -> Result<Vec<Sampled>, ModelError> {
+        let k = draft.len();
+        if n_vocab == 0 || rows.len() != (k + 1) * n_vocab {
+            return Err(ModelError::InvalidArgument(format!(
+                "{} logits are not {} rows of {n_vocab}",
+                rows.len(),
+                k + 1
+            )));
         }
+        if let Some(q) = draft_probs {
+            if q.len() != k * n_vocab {
+                return Err(ModelError::InvalidArgument(format!(
+                    "{} draft probabilities are not {k} rows of {n_vocab}",
+                    q.len()
+                )));
+            }
+        }
+        if let Some(&bad) = draft.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ModelError::TokenOutOfRange { id: bad, n_vocab });
+        }
+        let mut out = Vec::with_capacity(k + 1);
+        for (i, row) in rows.chunks_exact(n_vocab).enumerate() {
+            check_row(row)?;
+            let adjusted = self.adjusted(row);
+            let proposed = draft.get(i).copied();
+            let token = if self.params.temperature == 0.0 {
+                argmax(&adjusted)
+            } else {
+                let (candidates, total) = self.candidates(&adjusted)?;
+                match proposed {
+                    None => self.pick(&candidates, total),
+                    Some(d) => {
+                        let q = draft_probs.map(|q| &q[i * n_vocab..(i + 1) * n_vocab]);
+                        let p_d = candidates
+                            .iter()
+                            .find(|c| c.0 == d)
+                            .map_or(0.0, |c| c.1 / total);
+                        let q_d = q.map_or(1.0, |q| q[d as usize]);
+                        // Accept with probability min(1, p/q): u * q < p, u uniform in [0, 1).
+                        if self.rng.next_f32() * q_d < p_d {
+                            d
+                        } else {
+                            self.pick_residual(&candidates, total, d, q)
+                        }
+                    }
+                }
+            };
+            out.push(self.record(row, token));
+            if proposed != Some(token) {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Draws a token to propose from one row of logits (a draft model's), with this
+    /// sampler's parameters and random state but without recording it; returns it with the
+    /// distribution it was drawn from (`logits.len()` probabilities; one-hot when greedy).
+    pub fn draft(&mut self, logits: &[f32]) -> Result<(u32, Vec<f32>), ModelError> {
+        check_row(logits)?;
+        let adjusted = self.adjusted(logits);
+        let mut q = vec![0.0; logits.len()];
+        let token = if self.params.temperature == 0.0 {
+            let token = argmax(&adjusted);
+            q[token as usize] = 1.0;
+            token
+        } else {
+            let (candidates, total) = self.candidates(&adjusted)?;
+            for &(t, w) in &candidates {
+                q[t as usize] = w / total;
+            }
+            self.pick(&candidates, total)
+        };
+        Ok((token, q))
+    }
+
+    /// The logits after the penalties for the tokens seen so far and the logit bias.
+    fn adjusted(&self, logits: &[f32]) -> Vec<f32> {
         let p = &self.params;
         let mut adjusted = logits.to_vec();
         for (&token, &count) in &self.counts {
@@ -156,22 +259,23 @@ impl Sampler {
                 *l += bias;
             }
         }
-        let token = if p.temperature == 0.0 {
-            argmax(&adjusted)
-        } else {
-            self.draw(&adjusted)?
-        };
+        adjusted
+    }
+
+    /// Records `token` and its log probabilities under the raw `logits`.
+    fn record(&mut self, logits: &[f32], token: u32) -> Sampled {
         self.accept(&[token]);
         let (logprob, top) = logprobs(logits, token, self.params.top_logprobs);
-        Ok(Sampled {
+        Sampled {
             token,
             logprob,
             top,
-        })
+        }
     }
 
-    /// Seeded draw after temperature, top-k, min-p and top-p.
-    fn draw(&mut self, logits: &[f32]) -> Result<u32, ModelError> {
+    /// The tokens a draw can pick after temperature, top-k, min-p and top-p, most likely
+    /// first, with weights summing to the returned total.
+    fn candidates(&self, logits: &[f32]) -> Result<(Vec<(u32, f32)>, f32), ModelError> {
         let p = &self.params;
         let mut candidates: Vec<(f32, u32)> = logits
             .iter()
@@ -213,15 +317,62 @@ impl Sampler {
             probs.truncate(keep);
         }
         let total: f32 = probs.iter().sum();
+        let weighted = probs
+            .iter()
+            .zip(&candidates)
+            .map(|(&q, c)| (c.1, q))
+            .collect();
+        Ok((weighted, total))
+    }
+
+    /// A seeded draw among `candidates` (weights summing to `total`).
+    fn pick(&mut self, candidates: &[(u32, f32)], total: f32) -> u32 {
         let mut target = self.rng.next_f32() * total;
-        for (q, c) in probs.iter().zip(&candidates) {
-            if target < *q {
-                return Ok(c.1);
+        for &(token, q) in candidates {
+            if target < q {
+                return token;
             }
             target -= q;
         }
-        Ok(candidates[probs.len() - 1].1)
+        candidates[candidates.len() - 1].0
     }
+
+    /// A draw from `max(0, p - q)`, `p` the candidates' distribution and `q` the draft's
+    /// (`None`: all of it on `drafted`).
+    fn pick_residual(
+        &mut self,
+        candidates: &[(u32, f32)],
+        total: f32,
+        drafted: u32,
+        q: Option<&[f32]>,
+    ) -> u32 {
+        let residual: Vec<(u32, f32)> = candidates
+            .iter()
+            .map(|&(t, w)| {
+                let q_t = match q {
+                    Some(q) => q[t as usize],
+                    None => f32::from(u8::from(t == drafted)),
+                };
+                (t, (w / total - q_t).max(0.0))
+            })
+            .collect();
+        let mass: f32 = residual.iter().map(|r| r.1).sum();
+        if mass > 0.0 {
+            self.pick(&residual, mass)
+        } else {
+            // p <= q everywhere only when they are equal up to rounding: then p itself.
+            self.pick(candidates, total)
+        }
+    }
+}
+
+fn check_row(logits: &[f32]) -> Result<(), ModelError> {
+    if logits.is_empty() {
+        return Err(ModelError::InvalidArgument(
+            "no logits to sample from".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Samples every row of `logits` (`samplers.len()` rows of `n_vocab`) with its own sampler,
@@ -499,6 +650,102 @@ mod tests {
         };
         assert_eq!(run(5), run(5));
         assert_ne!(run(5), run(6));
+    }
+
+    #[test]
+    fn greedy_verification_keeps_draft_tokens_while_they_are_the_argmax() {
+        let n = 8;
+        let one_hot =
+            |t: usize| -> Vec<f32> { (0..n).map(|i| if i == t { 2.0 } else { 0.0 }).collect() };
+        let rows: Vec<f32> = [5, 3, 7].iter().flat_map(|&t| one_hot(t)).collect();
+        let tokens = |draft: &[u32]| -> Vec<u32> {
+            let mut s = sampling(0.0, 0, 1.0, 1);
+            let rows = &rows[..(draft.len() + 1) * n];
+            s.verify(rows, n, draft, None)
+                .unwrap()
+                .iter()
+                .map(|x| x.token)
+                .collect()
+        };
+        assert_eq!(tokens(&[5, 3]), [5, 3, 7]); // all accepted, then the bonus token
+        assert_eq!(tokens(&[5, 1]), [5, 3]); // the second is corrected
+        assert_eq!(tokens(&[4, 3]), [5]);
+        assert_eq!(tokens(&[]), [5]);
+        let mut s = sampling(0.0, 0, 1.0, 1);
+        assert!(s.verify(&rows[..2 * n], n, &[5, 3], None).is_err());
+        assert!(s.verify(&rows[..2 * n], n, &[9], None).is_err());
+        assert!(s.verify(&rows[..2 * n], n, &[5], Some(&[0.5; 3])).is_err());
+    }
+
+    /// Draws the first two tokens of a "model" whose logits at position i are `target[i]`
+    /// whatever came before, the way the engine does: propose, verify, repeat.
+    fn speculate_two(
+        seed: u64,
+        target: &[Vec<f32>],
+        draft: &[Vec<f32>],
+        with_probs: bool,
+    ) -> (u32, u32) {
+        let n = target[0].len();
+        let params = |seed| SamplingParams {
+            temperature: 1.0,
+            seed,
+            ..SamplingParams::default()
+        };
+        let mut sampler = Sampler::new(params(seed)).unwrap();
+        let mut proposer = Sampler::new(params(seed ^ 0xdead_beef)).unwrap();
+        let mut out = Vec::new();
+        while out.len() < 2 {
+            let pos = out.len();
+            let k = 2 - pos;
+            let (mut proposed, mut q) = (Vec::new(), Vec::new());
+            for row in &draft[pos..pos + k] {
+                let (t, probs) = proposer.draft(row).unwrap();
+                proposed.push(t);
+                q.extend(probs);
+            }
+            let rows: Vec<f32> = target[pos..=pos + k].concat();
+            let q = with_probs.then_some(&q[..]);
+            let got = sampler.verify(&rows, n, &proposed, q).unwrap();
+            out.extend(got.iter().map(|s| s.token));
+        }
+        (out[0], out[1])
+    }
+
+    #[test]
+    fn speculative_sampling_follows_the_target_distribution() {
+        let target = vec![
+            vec![1.0f32, 0.2, -0.5, 0.8],
+            vec![-1.0, 0.5, 0.0, 1.5],
+            vec![0.3, 0.0, 0.0, 0.1],
+        ];
+        // A draft that disagrees with the target: rejections and residual draws happen often.
+        let draft = vec![vec![-1.0f32, 2.0, 1.0, -2.0], vec![1.0, 0.0, 0.0, -1.0]];
+        let softmax = |l: &[f32]| -> Vec<f64> {
+            let total: f64 = l.iter().map(|&x| (x as f64).exp()).sum();
+            l.iter().map(|&x| (x as f64).exp() / total).collect()
+        };
+        let (p0, p1) = (softmax(&target[0]), softmax(&target[1]));
+        let trials = 40_000;
+        for with_probs in [true, false] {
+            let mut seen = [[0usize; 4]; 4];
+            for seed in 0..trials {
+                let (a, b) = speculate_two(seed, &target, &draft, with_probs);
+                seen[a as usize][b as usize] += 1;
+            }
+            // Pearson's chi-square against p0 x p1 over 16 cells (15 degrees of freedom):
+            // 37.7 is the 0.1% critical value.
+            let mut chi2 = 0.0;
+            for (a, row) in seen.iter().enumerate() {
+                for (b, &count) in row.iter().enumerate() {
+                    let expected = trials as f64 * p0[a] * p1[b];
+                    chi2 += (count as f64 - expected).powi(2) / expected;
+                }
+            }
+            assert!(
+                chi2 < 37.7,
+                "chi-square {chi2} (draft probabilities: {with_probs}) {seen:?}"
+            );
+        }
     }
 
     #[test]

@@ -366,6 +366,46 @@ impl Sampler {
     fn accept(&mut self, tokens: Vec<u32>) {
         self.inner.accept(&tokens);
     }
+
+    /// Speculative verification: `logits` has `len(draft) + 1` rows (row `i` predicts the
+    /// token after the first `i` draft tokens); `draft_probs` the distribution each draft
+    /// token was drawn from (`len(draft)` rows), or None for proposals made with certainty.
+    /// Returns `(token, logprob, top_logprobs)` for the accepted draft tokens and one more.
+    #[pyo3(signature = (logits, draft, draft_probs = None))]
+    fn verify(
+        &mut self,
+        py: Python<'_>,
+        logits: PyReadonlyArray2<'_, f32>,
+        draft: Vec<u32>,
+        draft_probs: Option<PyReadonlyArray2<'_, f32>>,
+    ) -> PyResult<Vec<SampledRow>> {
+        let n_vocab = logits.shape()[1];
+        let rows = logits.as_slice()?;
+        let q = match &draft_probs {
+            Some(q) => Some(q.as_slice()?),
+            None => None,
+        };
+        let inner = &mut self.inner;
+        let sampled = py.detach(|| {
+            guard(|| inner.verify(rows, n_vocab, &draft, q).map_err(model_error))
+        })?;
+        Ok(sampled
+            .into_iter()
+            .map(|s| (s.token, s.logprob, s.top))
+            .collect())
+    }
+
+    /// Draws a token to propose from a draft model's logits row, without remembering it;
+    /// returns it with the distribution it was drawn from.
+    fn draft<'py>(
+        &mut self,
+        py: Python<'py>,
+        logits: PyReadonlyArray1<'_, f32>,
+    ) -> PyResult<(u32, Bound<'py, PyUntypedArray>)> {
+        let logits = logits.as_slice()?;
+        let (token, q) = guard(|| self.inner.draft(logits).map_err(model_error))?;
+        Ok((token, q.into_pyarray(py).as_untyped().clone()))
+    }
 }
 
 /// `(token, logprob, [(token, logprob) of the most likely tokens])`.

@@ -1,0 +1,276 @@
+"""Speculative decoding: cheap guesses of the next tokens, checked by the model many at once.
+
+Before each step the engine asks a proposer for up to ``num_tokens`` tokens to follow each
+decoding request's last token. The scheduler puts them into that request's decode chunk, one
+forward pass gives the model's logits at every proposed position, and the request's sampler
+keeps the longest run the model agrees with plus one token of its own
+(:meth:`tallow._core.Sampler.verify`: greedy requests keep draft tokens equal to the argmax;
+sampled ones follow the rejection rule of Leviathan et al. and Chen et al. 2023, so the output
+distribution is exactly the model's). The KV of rejected tokens is dropped by truncating the
+sequence's page table. Speculative and plain requests share the engine's steps.
+
+Proposers:
+
+- :class:`NgramProposer` (``method="ngram"``, prompt lookup decoding): finds the latest earlier
+  occurrence of the request's last few tokens in its own prompt and output, and proposes what
+  followed it there. Free to compute; strong when the output repeats the input (editing code,
+  extracting, summarizing with quotes).
+- :class:`DraftModelProposer` (``method="draft"``): a smaller model with the same vocabulary
+  (``draft_model=`` a GGUF path or catalog name) generates the guesses, with a KV cache of its
+  own kept in step with each request.
+
+Both implement :class:`Proposer`, so more can be added.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from tallow import _core
+from tallow.errors import InvalidArgumentError
+
+__all__ = [
+    "DraftModelProposer",
+    "DraftRequest",
+    "NgramProposer",
+    "Proposal",
+    "Proposer",
+    "SpeculativeConfig",
+    "speculative_config",
+]
+
+METHODS = ("ngram", "draft")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How to speculate: ``method`` ``"ngram"`` or ``"draft"``, proposing ``num_tokens``
+    tokens per step. ``ngram_max`` / ``ngram_min`` bound the length of the suffix that prompt
+    lookup matches; ``draft_model`` is the draft model of ``method="draft"`` (an engine-wide
+    setting)."""
+
+    method: str = "ngram"
+    num_tokens: int = 4
+    ngram_max: int = 3
+    ngram_min: int = 1
+    draft_model: str | os.PathLike[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InvalidArgumentError(
+                f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}"
+            )
+        for name in ("num_tokens", "ngram_max", "ngram_min"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise InvalidArgumentError("need 1 <= ngram_min <= ngram_max")
+        if self.method == "draft" and self.draft_model is None:
+            raise InvalidArgumentError("method 'draft' needs a draft_model")
+
+
+def speculative_config(value: object) -> SpeculativeConfig | None:
+    """A :class:`SpeculativeConfig` from what a user may pass as ``speculative=``: None or
+    False (off), True (prompt lookup with the defaults), a method name, a number of tokens
+    (prompt lookup), a dict of fields, or a config."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return SpeculativeConfig()
+    if isinstance(value, SpeculativeConfig):
+        return value
+    if isinstance(value, str):
+        return SpeculativeConfig(method=value)
+    if isinstance(value, int):
+        return SpeculativeConfig(num_tokens=value)
+    if isinstance(value, Mapping):
+        try:
+            return SpeculativeConfig(**value)
+        except TypeError as e:
+            raise InvalidArgumentError(f"speculative: {e}") from None
+    raise InvalidArgumentError(
+        f"speculative must be None, a bool, a method name, a token count, a dict or a "
+        f"SpeculativeConfig, got {value!r}"
+    )
+
+
+@dataclass
+class DraftRequest:
+    """What a proposer gets for one request."""
+
+    request_id: str
+    tokens: list[int]
+    """The request's prompt and generated tokens, the last sampled one included."""
+    num_tokens: int
+    """Most tokens to propose."""
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+
+
+@dataclass
+class Proposal:
+    """Tokens proposed to follow a request's last token."""
+
+    tokens: list[int]
+    probs: npt.NDArray[np.float32] | None = None
+    """The distribution each token was drawn from (one row of ``n_vocab`` per token), or None
+    when they were chosen with certainty (lookup, greedy drafting)."""
+
+
+class Proposer(Protocol):
+    """Something that guesses the next tokens of requests."""
+
+    def propose(self, requests: Sequence[DraftRequest]) -> dict[str, Proposal]:
+        """Proposals for some of ``requests`` (none is a valid answer)."""
+        ...
+
+    def finish(self, request_id: str) -> None:
+        """Forget a request that ended."""
+        ...
+
+
+@dataclass
+class _NgramIndex:
+    """For each n, the latest start of every n-gram of a request's tokens that has a token
+    after it."""
+
+    by_n: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
+    indexed: int = 0
+    """Tokens whose n-grams (ending before the last token) are in the index."""
+
+
+class NgramProposer:
+    """Prompt lookup decoding: the tokens that followed the latest earlier occurrence of the
+    request's last ``n`` tokens (the longest ``n`` from ``ngram_max`` down to ``ngram_min``
+    that occurs), in its prompt and output. An index per request is updated with the new
+    tokens of each step."""
+
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 1) -> None:
+        self.ngram_max = ngram_max
+        self.ngram_min = ngram_min
+        self._index: dict[str, _NgramIndex] = {}
+
+    def propose(self, requests: Sequence[DraftRequest]) -> dict[str, Proposal]:
+        out = {}
+        for r in requests:
+            found = self._lookup(r)
+            if found:
+                out[r.request_id] = Proposal(found)
+        return out
+
+    def _lookup(self, r: DraftRequest) -> list[int]:
+        tokens = r.tokens
+        index = self._index.setdefault(r.request_id, _NgramIndex())
+        # Index the n-grams that now have a following token: those ending before the end.
+        for end in range(max(index.indexed, 1), len(tokens)):
+            for n in range(self.ngram_min, self.ngram_max + 1):
+                if end >= n:
+                    index.by_n.setdefault(n, {})[tuple(tokens[end - n : end])] = end - n
+        index.indexed = len(tokens)
+        for n in range(self.ngram_max, self.ngram_min - 1, -1):
+            if len(tokens) < n:
+                continue
+            start = index.by_n.get(n, {}).get(tuple(tokens[-n:]))
+            if start is not None:
+                follow = start + n
+                return tokens[follow : follow + r.num_tokens]
+        return []
+
+    def finish(self, request_id: str) -> None:
+        self._index.pop(request_id, None)
+
+
+@dataclass
+class _DraftState:
+    seq: int
+    sampler: _core.Sampler
+    synced: int = 0
+    """Leading tokens of the request whose KV the draft sequence holds."""
+    fed: list[int] = field(default_factory=list)
+    """Proposed tokens written after those (kept next time if the request accepted them)."""
+
+
+class DraftModelProposer:
+    """Guesses from a draft model with the target's vocabulary: each step, every request's
+    draft sequence catches up with the tokens the request now has (dropping proposals it
+    rejected), then the draft model generates ``num_tokens`` tokens for all requests in
+    batched forwards. Greedy requests draft greedily; sampled ones draw from the draft's
+    distribution with their temperature, top-k, top-p and min-p, and that distribution goes
+    with the proposal for verification."""
+
+    def __init__(
+        self, model: _core.Model, *, n_vocab: int, kv_pages: int, page_size: int = 16
+    ) -> None:
+        if model.n_vocab != n_vocab:
+            raise InvalidArgumentError(
+                f"the draft model has {model.n_vocab} tokens of vocabulary, the model "
+                f"{n_vocab}: they must share one"
+            )
+        self.model = model
+        self.kv = model.new_kv_cache(page_size=page_size, max_pages=kv_pages)
+        self._states: dict[str, _DraftState] = {}
+
+    def _state(self, r: DraftRequest) -> _DraftState:
+        state = self._states.get(r.request_id)
+        if state is None:
+            seed = None if r.seed is None else (r.seed * 0x9E3779B97F4A7C15 + 1) % 2**64
+            sampler = _core.Sampler(r.temperature, r.top_k, r.top_p, seed, min_p=r.min_p)
+            state = _DraftState(self.kv.create(), sampler)
+            self._states[r.request_id] = state
+        return state
+
+    def propose(self, requests: Sequence[DraftRequest]) -> dict[str, Proposal]:
+        # (request, its draft state, the tokens to feed next)
+        active: list[tuple[DraftRequest, _DraftState, list[int]]] = []
+        for r in requests:
+            state = self._state(r)
+            keep = state.synced
+            for fed, actual in zip(state.fed, r.tokens[state.synced :], strict=False):
+                if fed != actual:
+                    break
+                keep += 1
+            self.kv.truncate(state.seq, keep)
+            new = r.tokens[keep:]
+            if not new or not self._reserve(state, len(new)):
+                continue  # no room in the draft's pool: this request goes without a draft
+            state.synced, state.fed = len(r.tokens), []
+            active.append((r, state, new))
+        drafted: dict[str, list[tuple[int, npt.NDArray[np.float32]]]] = {}
+        while active:
+            logits = self.model.forward(self.kv, [(s.seq, feed, "last") for _, s, feed in active])
+            going_on = []
+            for (r, state, _), row in zip(active, logits, strict=True):
+                token, q = state.sampler.draft(row)
+                mine = drafted.setdefault(r.request_id, [])
+                mine.append((token, q))
+                if len(mine) < r.num_tokens and self._reserve(state, 1):
+                    state.fed.append(token)
+                    going_on.append((r, state, [token]))
+            active = going_on
+        out = {}
+        for rid, got in drafted.items():
+            temperature = next(r.temperature for r in requests if r.request_id == rid)
+            probs = None if temperature == 0.0 else np.stack([q for _, q in got])
+            out[rid] = Proposal([t for t, _ in got], probs)
+        return out
+
+    def _reserve(self, state: _DraftState, n: int) -> bool:
+        if self.kv.pages_needed(state.seq, n) > self.kv.n_free:
+            return False
+        self.kv.reserve(state.seq, n)
+        return True
+
+    def finish(self, request_id: str) -> None:
+        state = self._states.pop(request_id, None)
+        if state is not None:
+            self.kv.free(state.seq)
