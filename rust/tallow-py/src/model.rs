@@ -386,9 +386,8 @@ impl Sampler {
             None => None,
         };
         let inner = &mut self.inner;
-        let sampled = py.detach(|| {
-            guard(|| inner.verify(rows, n_vocab, &draft, q).map_err(model_error))
-        })?;
+        let sampled =
+            py.detach(|| guard(|| inner.verify(rows, n_vocab, &draft, q).map_err(model_error)))?;
         Ok(sampled
             .into_iter()
             .map(|s| (s.token, s.logprob, s.top))
