@@ -3,17 +3,10 @@
 //!
 //! Needs the default model in the cache (`tallow pull`, which the test script runs first).
 
-use std::path::PathBuf;
+mod common;
 
+use common::model;
 use tallow_model::{Batch, KvBudget, Logits, Model, ModelError, PagedKvCache, SingleSequence};
-
-fn model() -> Model {
-    let home = std::env::var_os("TALLOW_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/tallow"));
-    let path = home.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
-    Model::load(&path).unwrap_or_else(|e| panic!("{e} (run `tallow pull` first)"))
-}
 
 fn encode(model: &Model, text: &str) -> Vec<u32> {
     model.tokenizer().encode(text, false, false)

@@ -4,12 +4,14 @@
 //!
 //! Needs the default model in the cache (`tallow pull`, which the test script runs first).
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use tallow_model::{Batch, KvBudget, Logits, Model, Scratch};
+use common::model;
+use tallow_model::{Batch, KvBudget, Logits, Scratch};
 
 struct Counting;
 
@@ -39,14 +41,6 @@ static GLOBAL: Counting = Counting;
 
 /// The count covers every thread, so the tests of this file run one at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn model() -> Model {
-    let home = std::env::var_os("TALLOW_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/tallow"));
-    let path = home.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
-    Model::load(&path).unwrap_or_else(|e| panic!("{e} (run `tallow pull` first)"))
-}
 
 #[test]
 fn decode_steps_allocate_nothing_once_warm() {
