@@ -236,10 +236,10 @@ impl Forward<'_> {
     }
 
     /// Causal grouped-query attention of every chunk's new tokens over their sequence's
-    /// cached positions up to their own. (chunk, head) pairs run in parallel on the thread
-    /// pool; each reads its KV head's history through the page table once for all the chunk's
-    /// tokens, into the scratch of the thread that runs it, and writes its own columns of
-    /// `out` (`[token][head][head_dim]`).
+    /// cached positions up to their own. (chunk, KV head) pairs run in parallel on the thread
+    /// pool; each reads its KV head's history through the page table once, into the scratch
+    /// of the thread that runs it, for all the query heads that share it and all the chunk's
+    /// tokens, and writes those heads' columns of `out` (`[token][head][head_dim]`).
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -252,16 +252,16 @@ impl Forward<'_> {
         out: &mut [f32],
     ) -> Result<(), ModelError> {
         let cfg = self.config;
-        let (hd, q_dim, n_head) = (cfg.head_dim, cfg.q_dim(), cfg.n_head);
-        let group = n_head / cfg.n_head_kv;
+        let (hd, q_dim, n_head_kv) = (cfg.head_dim, cfg.q_dim(), cfg.n_head_kv);
+        let group = cfg.n_head / n_head_kv;
         let pool = tallow_threads::global();
         let per_thread = scratch.len() / pool.threads();
         let scratch = DisjointSlice::new(scratch);
         let out = DisjointSlice::new(out);
         // The first error of any task; the others are dropped.
         let error = std::sync::Mutex::new(None);
-        pool.run(batch.chunks.len() * n_head, &|task, worker| {
-            let (c, head) = (task / n_head, task % n_head);
+        pool.run(batch.chunks.len() * n_head_kv, &|task, worker| {
+            let (c, kv_head) = (task / n_head_kv, task % n_head_kv);
             let chunk = &batch.chunks[c];
             let n_pos = first_pos[c] + chunk.len;
             // SAFETY: no two tasks running at once have the same worker index.
@@ -269,23 +269,24 @@ impl Forward<'_> {
             let (keys, rest) = mine.split_at_mut(n_pos * hd);
             let (values, rest) = rest.split_at_mut(n_pos * hd);
             let scores = &mut rest[..n_pos];
-            if let Err(e) = cache.read_head_f32(chunk.seq, layer, head / group, n_pos, keys, values)
-            {
+            if let Err(e) = cache.read_head_f32(chunk.seq, layer, kv_head, n_pos, keys, values) {
                 error
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .get_or_insert(e);
                 return;
             }
-            for i in 0..chunk.len {
-                let token = chunk.start + i;
-                let q_head = &q[token * q_dim + head * hd..][..hd];
-                let visible = first_pos[c] + i + 1;
-                let kv = (&keys[..visible * hd], &values[..visible * hd]);
-                let at = token * q_dim + head * hd;
-                // SAFETY: (token, head) columns belong to this task alone.
-                let token_out = unsafe { out.range_mut(at..at + hd) };
-                attend(q_head, kv, &mut scores[..visible], token_out);
+            for head in kv_head * group..(kv_head + 1) * group {
+                for i in 0..chunk.len {
+                    let token = chunk.start + i;
+                    let q_head = &q[token * q_dim + head * hd..][..hd];
+                    let visible = first_pos[c] + i + 1;
+                    let kv = (&keys[..visible * hd], &values[..visible * hd]);
+                    let at = token * q_dim + head * hd;
+                    // SAFETY: the columns of this KV head's query heads belong to this task.
+                    let token_out = unsafe { out.range_mut(at..at + hd) };
+                    attend(q_head, kv, &mut scores[..visible], token_out);
+                }
             }
         });
         match error.into_inner().unwrap_or_else(|p| p.into_inner()) {
