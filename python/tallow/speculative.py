@@ -52,13 +52,13 @@ METHODS = ("ngram", "draft")
 class SpeculativeConfig:
     """How to speculate: ``method`` ``"ngram"`` or ``"draft"``, proposing ``num_tokens``
     tokens per step. ``ngram_max`` / ``ngram_min`` bound the length of the suffix that prompt
-    lookup matches; ``draft_model`` is the draft model of ``method="draft"`` (an engine-wide
+    lookup matches (a single matching token proposes too often wrongly to pay off); ``draft_model`` is the draft model of ``method="draft"`` (an engine-wide
     setting)."""
 
     method: str = "ngram"
     num_tokens: int = 4
     ngram_max: int = 3
-    ngram_min: int = 1
+    ngram_min: int = 2
     draft_model: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
@@ -155,7 +155,7 @@ class NgramProposer:
     that occurs), in its prompt and output. An index per request is updated with the new
     tokens of each step."""
 
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 1) -> None:
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 2) -> None:
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
         self._index: dict[str, _NgramIndex] = {}
