@@ -54,3 +54,13 @@ def test_bad_parameters() -> None:
             _core.Sampler(1.0, 0, 1.0, **kwargs)  # type: ignore[arg-type]
     with pytest.raises(tallow.InvalidArgumentError):
         _core.sample_batch([_core.Sampler(1.0, 0, 1.0)], rows(2))
+
+
+def test_logprobs_only_when_asked() -> None:
+    logits = rows(1)
+    ((token, logprob, top),) = _core.sample_batch([_core.Sampler(0.0, 0, 1.0)], logits)
+    assert np.isnan(logprob) and top == []
+    ((token2, logprob2, top2),) = _core.sample_batch(
+        [_core.Sampler(0.0, 0, 1.0, logprobs=True)], logits
+    )
+    assert token2 == token and logprob2 <= 0 and top2 == []

@@ -235,11 +235,13 @@ class Sampler:
         presence_penalty: float = 0.0,
         logit_bias: dict[int, float] | None = None,
         top_logprobs: int = 0,
+        logprobs: bool = False,
     ) -> Self:
         """``temperature`` 0 means greedy (argmax); ``top_k`` 0, ``top_p`` 1.0 and ``min_p``
         0 are off; ``seed`` None draws a random seed. Penalties apply to tokens this sampler
         has produced or been given with :meth:`accept`; ``logit_bias`` is added to the logits
-        of its tokens (``-inf`` bans one)."""
+        of its tokens (``-inf`` bans one). Log probabilities of the chosen tokens are computed
+        only with ``logprobs`` or ``top_logprobs`` > 0 (NaN otherwise)."""
     def sample(self, logits: numpy.typing.NDArray[numpy.float32]) -> int:
         """The sampled token id (remembered for the penalties)."""
     def accept(self, tokens: list[int]) -> None:

@@ -76,6 +76,7 @@ class SamplingParams:
             presence_penalty=self.presence_penalty,
             logit_bias=dict(self.logit_bias),
             top_logprobs=self.top_logprobs,
+            logprobs=self.logprobs,
         )
 
 

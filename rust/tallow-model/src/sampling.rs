@@ -32,7 +32,11 @@ pub struct SamplingParams {
     /// Added to the logits of the given tokens (-inf bans a token).
     pub logit_bias: Vec<(u32, f32)>,
     pub seed: u64,
-    /// How many of the most likely tokens to report with their log probabilities.
+    /// Report the log probability of each chosen token (a log-sum-exp over the vocabulary per
+    /// token, so only when asked).
+    pub logprobs: bool,
+    /// How many of the most likely tokens to report with their log probabilities (implies
+    /// `logprobs`).
     pub top_logprobs: usize,
 }
 
@@ -48,6 +52,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             logit_bias: Vec::new(),
             seed: 0,
+            logprobs: false,
             top_logprobs: 0,
         }
     }
@@ -93,7 +98,8 @@ impl SamplingParams {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub token: u32,
-    /// Log probability of `token` under the model (log-softmax of the raw logits).
+    /// Log probability of `token` under the model (log-softmax of the raw logits); NaN unless
+    /// the parameters ask for log probabilities.
     pub logprob: f32,
     /// The `top_logprobs` most likely tokens and their log probabilities, most likely first.
     pub top: Vec<(u32, f32)>,
@@ -262,10 +268,15 @@ impl Sampler {
         adjusted
     }
 
-    /// Records `token` and its log probabilities under the raw `logits`.
+    /// Records `token` and, if asked for, its log probabilities under the raw `logits`.
     fn record(&mut self, logits: &[f32], token: u32) -> Sampled {
         self.accept(&[token]);
-        let (logprob, top) = logprobs(logits, token, self.params.top_logprobs);
+        let p = &self.params;
+        let (logprob, top) = if p.logprobs || p.top_logprobs > 0 {
+            logprobs(logits, token, p.top_logprobs)
+        } else {
+            (f32::NAN, Vec::new())
+        };
         Sampled {
             token,
             logprob,

@@ -324,7 +324,8 @@ impl Sampler {
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (
         temperature, top_k, top_p, seed = None, *, min_p = 0.0, repetition_penalty = 1.0,
-        frequency_penalty = 0.0, presence_penalty = 0.0, logit_bias = None, top_logprobs = 0
+        frequency_penalty = 0.0, presence_penalty = 0.0, logit_bias = None, top_logprobs = 0,
+        logprobs = false
     ))]
     fn new(
         temperature: f32,
@@ -337,6 +338,7 @@ impl Sampler {
         presence_penalty: f32,
         logit_bias: Option<HashMap<u32, f32>>,
         top_logprobs: usize,
+        logprobs: bool,
     ) -> PyResult<Self> {
         let mut logit_bias: Vec<(u32, f32)> = logit_bias.unwrap_or_default().into_iter().collect();
         logit_bias.sort_by_key(|&(token, _)| token);
@@ -350,6 +352,7 @@ impl Sampler {
             presence_penalty,
             logit_bias,
             seed: seed.unwrap_or_else(random_seed),
+            logprobs,
             top_logprobs,
         };
         let inner = tallow_model::Sampler::new(params).map_err(model_error)?;
