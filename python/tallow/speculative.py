@@ -52,8 +52,8 @@ METHODS = ("ngram", "draft")
 class SpeculativeConfig:
     """How to speculate: ``method`` ``"ngram"`` or ``"draft"``, proposing ``num_tokens``
     tokens per step. ``ngram_max`` / ``ngram_min`` bound the length of the suffix that prompt
-    lookup matches (a single matching token proposes too often wrongly to pay off); ``draft_model`` is the draft model of ``method="draft"`` (an engine-wide
-    setting)."""
+    lookup matches (a single matching token too often proposes wrongly to pay off);
+    ``draft_model`` is the draft model of ``method="draft"`` (an engine-wide setting)."""
 
     method: str = "ngram"
     num_tokens: int = 4
