@@ -159,9 +159,8 @@ impl Product<'_> {
 }
 
 impl Product<'_> {
-    /// [`Product::rows_into`] with tile kernels: per group of [`TILE_LANES`] tokens, each
-    /// weight row against the group as tiles of 8, or of 4, 2 and 1 tokens for a last, short
-    /// group.
+    /// [`Product::rows_into`] with tile kernels: per group of [`TILE_LANES`] tokens (the last
+    /// one possibly shorter), each weight row against the whole group in one tile.
     fn tiles_into(&self, tile: Tile, range: Range<usize>, mut write: impl FnMut(usize, f32)) {
         let n_tokens = self.acts.n_tokens();
         let mut out = [0f32; TILE_LANES];
@@ -170,25 +169,12 @@ impl Product<'_> {
             let n = TILE_LANES.min(n_tokens - first);
             let a: [&[u8]; TILE_LANES] =
                 std::array::from_fn(|i| self.acts.row((first + i).min(n_tokens - 1)));
-            // (first lane, tokens) of each tile: n in binary when the group is short.
-            let tiles = [TILE_LANES, 4, 2, 1].into_iter().filter(move |&size| {
-                if n == TILE_LANES {
-                    size == TILE_LANES
-                } else {
-                    size < TILE_LANES && n & size != 0
-                }
-            });
+            let scales = self.acts.tile_scales(g, 0);
             for r in range.clone() {
                 let w = &self.weight[r * self.row_bytes..(r + 1) * self.row_bytes];
-                let mut lane0 = 0;
-                for size in tiles.clone() {
-                    let lanes = lane0..lane0 + size;
-                    let out = &mut out[..size];
-                    tile.call(w, &a[lanes.clone()], &self.acts.tile_scales(g, lane0), out);
-                    for (lane, &v) in lanes.zip(out.iter()) {
-                        write((first + lane) * self.rows + r, v);
-                    }
-                    lane0 += size;
+                tile.call(w, &a[..n], &scales, &mut out[..n]);
+                for (lane, &v) in out[..n].iter().enumerate() {
+                    write((first + lane) * self.rows + r, v);
                 }
             }
         }

@@ -572,7 +572,11 @@ macro_rules! tile_entry_points {
             unsafe fn $entry(w: &[u8], a: &[&[u8]], scales: &super::TileScales, out: &mut [f32]) {
                 match a.len() {
                     8 => $kernel::<8>(w, a, scales, out),
+                    7 => $kernel::<7>(w, a, scales, out),
+                    6 => $kernel::<6>(w, a, scales, out),
+                    5 => $kernel::<5>(w, a, scales, out),
                     4 => $kernel::<4>(w, a, scales, out),
+                    3 => $kernel::<3>(w, a, scales, out),
                     2 => $kernel::<2>(w, a, scales, out),
                     1 => $kernel::<1>(w, a, scales, out),
                     n => panic!("no tile of {n} tokens"),

@@ -588,7 +588,11 @@ macro_rules! tile_entry_points {
                 ) {
                     match a.len() {
                         8 => super::$kernel::<super::$dot, 8>(w, a, scales, out),
+                        7 => super::$kernel::<super::$dot, 7>(w, a, scales, out),
+                        6 => super::$kernel::<super::$dot, 6>(w, a, scales, out),
+                        5 => super::$kernel::<super::$dot, 5>(w, a, scales, out),
                         4 => super::$kernel::<super::$dot, 4>(w, a, scales, out),
+                        3 => super::$kernel::<super::$dot, 3>(w, a, scales, out),
                         2 => super::$kernel::<super::$dot, 2>(w, a, scales, out),
                         1 => super::$kernel::<super::$dot, 1>(w, a, scales, out),
                         n => panic!("no tile of {n} tokens"),
