@@ -570,7 +570,7 @@ unsafe fn tile_q8_0_q8_0<D: DotBytes, const T: usize>(
 }
 
 /// Declares each generic tile's entry points in modules `tile_bw` and `tile_vnni`, one per
-/// tile width (1, 2, 4 or 8 tokens, picked by `a.len()`).
+/// tile width (1 to 8 tokens, picked by `a.len()`).
 macro_rules! tile_entry_points {
     ($($kernel:ident),* $(,)?) => {
         tile_entry_points!(@module tile_bw, Bw, "avx512f,avx512bw", $($kernel),*);

@@ -34,8 +34,8 @@ impl VecDot {
     }
 }
 
-/// A tile kernel: one weight row (`w`) against the activation rows `a` of 1, 2, 4 or 8 tokens
-/// of one token group, writing one output per token to `out`. Equal bit for bit to the
+/// A tile kernel: one weight row (`w`) against the activation rows `a` of 1 to 8 tokens of
+/// one token group, writing one output per token to `out`. Equal bit for bit to the
 /// [`VecDot`] kernel of the same instruction set and format, token by token. Handed out by
 /// [`Isa::tile`] only, for an instruction set the running CPU has.
 pub(crate) type RawTile = unsafe fn(w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]);
