@@ -19,38 +19,10 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
-import numpy as np
-
-from tallow import _core
+from tallow import _core, bench
 from tallow.catalog import resolve_model
-from tallow.engine import Engine, EngineConfig, SamplingParams
-
-
-def run_tallow(model: _core.Model, npp: int, ntg: int, npl: int) -> tuple[float, float, float]:
-    """(prompt tokens/s, generated tokens/s, total tokens/s) of one run."""
-    engine = Engine(
-        model,
-        EngineConfig(max_num_seqs=npl, max_tokens_per_step=max(512, npp * npl), n_ctx=npp + ntg),
-    )
-    rng = np.random.default_rng(0)
-    params = SamplingParams(max_tokens=ntg, temperature=0.0, ignore_eos=True)
-    for i in range(npl):
-        prompt = [int(t) for t in rng.integers(100, model.n_vocab - 100, size=npp)]
-        engine.add(f"seq-{i}", prompt, params)
-    start = time.perf_counter()
-    prefill_done = None
-    while engine.has_work():
-        outputs = engine.step()
-        if prefill_done is None and outputs:
-            # The first tokens come out of the step that finishes the prompts.
-            prefill_done = time.perf_counter()
-    end = time.perf_counter()
-    assert prefill_done is not None
-    t_pp, t_tg = prefill_done - start, end - prefill_done
-    return npp * npl / t_pp, (ntg - 1) * npl / t_tg, (npp + ntg) * npl / (end - start)
 
 
 def run_llama_cpp(
@@ -118,7 +90,8 @@ def main() -> None:
         header += f" | {'llama.cpp S_PP':>14} {'S_TG':>8} {'S':>8} | {'S ratio':>7}"
     print(header)
     for npl in counts:
-        pp, tg, total = run_tallow(model, args.npp, args.ntg, npl)
+        run = bench.batched(model, args.npp, args.ntg, npl)
+        pp, tg, total = run.prompt_tps, run.generate_tps, run.total_tps
         line = f"{npl:>3} | {pp:>11.1f} {tg:>8.1f} {total:>8.1f}"
         if npl in theirs:
             lpp, ltg, ltotal = theirs[npl]

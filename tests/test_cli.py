@@ -169,3 +169,37 @@ def test_sizes() -> None:
     for bad in ("", "MiB", "12 parsecs", "-3M", "1iB"):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+def test_bench_prints_a_row_per_test(smollm2_path: Path) -> None:
+    proc = run_cli(
+        "bench",
+        "-m",
+        str(smollm2_path),
+        "-p",
+        "32",
+        "-n",
+        "8",
+        "--npp",
+        "16",
+        "--ntg",
+        "4",
+        "--npl",
+        "2",
+        "-r",
+        "2",
+        "-t",
+        "2",
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    lines = proc.stdout.decode().splitlines()
+    assert lines[0] == "| model | size | params | threads | test | t/s |"
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert [r[4] for r in rows] == ["pp32", "tg8", "pp16+tg4 x2"]
+    for r in rows:
+        assert r[0] == smollm2_path.name and r[3] == "2"
+        assert r[2] == "134.52 M"
+        mean, spread = (float(x) for x in r[5].split(" ± "))
+        assert mean > 0 and spread >= 0
+    proc = run_cli("bench", "-r", "0")
+    assert_one_line_error(proc, "--reps must be positive")

@@ -1,9 +1,9 @@
 """The ``tallow`` command line.
 
-Commands: ``pull``, ``list``, ``generate``, ``chat``, ``serve``, ``tokenize``, ``perplexity``,
-``info``. Results go to stdout; status, progress and timings go to stderr. Every error prints one
-line ``tallow: error: ...`` on stderr and exits with status 1 (130 when interrupted, 2 for bad
-usage).
+Commands: ``pull``, ``list``, ``generate``, ``chat``, ``serve``, ``bench``, ``tokenize``,
+``perplexity``, ``info``. Results go to stdout; status, progress and timings go to stderr.
+Every error prints one line ``tallow: error: ...`` on stderr and exits with status 1 (130 when
+interrupted, 2 for bad usage).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
+
+import numpy as np
 
 from tallow import catalog
 from tallow._progress import format_bytes
@@ -276,6 +278,47 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    for name in ("prompt", "gen", "npp", "ntg", "npl", "reps", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < (1 if name in ("reps", "threads", "npl") else 0):
+            raise InvalidArgumentError(f"--{name} must be positive, got {value}")
+    if args.threads is not None:
+        # Read when the first forward pass starts the thread pool.
+        os.environ["TALLOW_NUM_THREADS"] = str(args.threads)
+    threads = int(os.environ.get("TALLOW_NUM_THREADS") or os.cpu_count() or 1)
+    from tallow import _core, bench
+
+    path = catalog.resolve_model(args.model)
+    model = _core.Model(str(path))
+    params = sum(int(np.prod(dims)) for _, _, dims in model.tensors())
+    size = Path(model.path).stat().st_size
+    # Warm-up: threads, page tables and kernels' first touches.
+    bench.prefill(model, 16)
+    bench.decode(model, 2)
+    tests: list[tuple[str, Callable[[int], float]]] = []
+    if args.prompt:
+        tests.append((f"pp{args.prompt}", lambda seed: bench.prefill(model, args.prompt, seed)))
+    if args.gen:
+        tests.append((f"tg{args.gen}", lambda seed: bench.decode(model, args.gen, seed)))
+    if args.npp or args.ntg:
+        name = f"pp{args.npp}+tg{args.ntg} x{args.npl}"
+        tests.append(
+            (name, lambda seed: bench.batched(model, args.npp, args.ntg, args.npl, seed).total_tps)
+        )
+    print("| model | size | params | threads | test | t/s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, run in tests:
+        rates = [run(seed) for seed in range(args.reps)]
+        spread = float(np.std(rates, ddof=1)) if len(rates) > 1 else 0.0
+        print(
+            f"| {path.name} | {size / 2**20:.2f} MiB | {params / 1e6:.2f} M | {threads} | "
+            f"{name} | {float(np.mean(rates)):.2f} ± {spread:.2f} |",
+            flush=True,
+        )
+    return 0
+
+
 def _cmd_tokenize(args: argparse.Namespace) -> int:
     if args.file is not None and args.text is not None:
         raise InvalidArgumentError("give either TEXT or -f FILE, not both")
@@ -502,6 +545,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="server log level (default info)",
     )
     p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser(
+        "bench",
+        help="prefill, decode and batched tokens/s (llama-bench's shape)",
+        description="Measure prompt processing (ppN: one forward over N tokens), generation "
+        "(tgN: N tokens one at a time) and batched serving (ppA+tgB xC: C requests of A prompt "
+        "tokens generating B each, through the engine; all tokens over the wall time), each "
+        "repeated -r times; prints mean ± standard deviation. 0 skips a test.",
+    )
+    model_arg(p)
+    p.add_argument("-p", "--prompt", type=int, default=512, help="prompt tokens (default 512)")
+    p.add_argument("-n", "--gen", type=int, default=128, help="generated tokens (default 128)")
+    p.add_argument("--npp", type=int, default=128, help="batched: prompt tokens (default 128)")
+    p.add_argument("--ntg", type=int, default=128, help="batched: generated tokens (default 128)")
+    p.add_argument("--npl", type=int, default=16, help="batched: requests (default 16)")
+    p.add_argument("-r", "--reps", type=int, default=3, help="repetitions (default 3)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
         "tokenize",

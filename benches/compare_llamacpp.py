@@ -1,0 +1,105 @@
+"""tallow beside llama.cpp on the same machine, in the same run: prefill (pp512), decode
+(tg128), batched serving (128 prompt + 128 generated tokens x 16 requests, total tokens/s) and
+the peak resident memory of generating 128 tokens from a short prompt (with GNU time,
+``/usr/bin/time``).
+
+The two engines take turns, one repetition each, so that a change of load on a shared machine
+hits both. llama.cpp's tools (``llama-bench``, ``llama-batched-bench``, ``llama-simple``) come
+from ``--llama-bin`` (built by ``../shared/tools/build-llama-cpp.sh``).
+
+    python benches/compare_llamacpp.py --llama-bin <llama.cpp>/build/bin [-m MODEL] [-r 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from batched_bench import run_llama_cpp
+
+from tallow import _core, bench
+from tallow.catalog import resolve_model
+
+
+def llama_bench(binary: Path, model: Path, threads: int) -> dict[str, float]:
+    """llama-bench's pp512 and tg128 tokens/s, one repetition."""
+    out = subprocess.run(
+        [str(binary), "-m", str(model), "-p", "512", "-n", "128", "-r", "1"]
+        + ["-t", str(threads), "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rates = {}
+    for row in json.loads(out):
+        name = f"pp{row['n_prompt']}" if row["n_gen"] == 0 else f"tg{row['n_gen']}"
+        rates[name] = float(row["avg_ts"])
+    return rates
+
+
+def peak_rss_mib(command: list[str]) -> float:
+    """Peak resident memory of a command, in MiB, as GNU time reports it (a parent's own
+    rusage would count its memory too: Linux charges the pre-exec image to the child)."""
+    with tempfile.NamedTemporaryFile("r") as report:
+        subprocess.run(
+            ["/usr/bin/time", "-f", "%M", "-o", report.name, *command],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+        )
+        return int(report.read().split()[-1]) / 1024  # KiB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--llama-bin", required=True, type=Path)
+    parser.add_argument("-m", "--model", default="smollm2-135m")
+    parser.add_argument("-r", "--reps", type=int, default=3)
+    parser.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    os.environ["TALLOW_NUM_THREADS"] = str(args.threads)
+    path = resolve_model(args.model)
+    model = _core.Model(str(path))
+    bench.prefill(model, 16)  # warm-up
+    ours: dict[str, list[float]] = defaultdict(list)
+    theirs: dict[str, list[float]] = defaultdict(list)
+    batched_name = "pp128+tg128 x16"
+    for rep in range(args.reps):
+        for name, rate in llama_bench(args.llama_bin / "llama-bench", path, args.threads).items():
+            theirs[name].append(rate)
+        ours["pp512"].append(bench.prefill(model, 512, seed=rep))
+        ours["tg128"].append(bench.decode(model, 128, seed=rep))
+        rows = run_llama_cpp(
+            args.llama_bin / "llama-batched-bench", path, 128, 128, "16", args.threads
+        )
+        theirs[batched_name].append(rows[16][2])
+        ours[batched_name].append(bench.batched(model, 128, 128, 16, seed=rep).total_tps)
+        print(f"round {rep + 1} of {args.reps} done", file=sys.stderr, flush=True)
+
+    generate = [sys.executable, "-m", "tallow", "generate", "Hello, my name is", "-m", str(path)]
+    ours_rss = peak_rss_mib([*generate, "-n", "128", "--temperature", "0"])
+    simple = [str(args.llama_bin / "llama-simple"), "-m", str(path), "-n", "128"]
+    theirs_rss = peak_rss_mib([*simple, "Hello, my name is"])
+    file_mib = path.stat().st_size / 2**20
+
+    print(f"model {path.name} ({file_mib:.1f} MiB), {args.threads} threads, {args.reps} rounds")
+    print("| test | tallow t/s | llama.cpp t/s | ratio |")
+    print("|---|--:|--:|--:|")
+    for name in ("pp512", "tg128", batched_name):
+        a, b = statistics.mean(ours[name]), statistics.mean(theirs[name])
+        print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
+    print(
+        f"| peak RSS, 128 tokens (MiB) | {ours_rss:.0f} ({ours_rss / file_mib:.2f}x file) | "
+        f"{theirs_rss:.0f} ({theirs_rss / file_mib:.2f}x file) | {ours_rss / theirs_rss:.2f} |"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Throughput measurements in llama.cpp's shapes (``tallow bench``).
+
+- :func:`prefill`: one forward pass over ``n`` prompt tokens from an empty cache (llama-bench
+  ``pp``).
+- :func:`decode`: ``n`` tokens generated one by one from an empty cache, the next token the
+  argmax of the last (llama-bench ``tg``).
+- :func:`batched`: ``npl`` requests of ``npp`` prompt tokens each generating ``ntg`` tokens
+  through the engine, as ``llama-batched-bench -npp -ntg -npl`` runs them.
+
+Prompt tokens are random ids from the vocabulary, as in llama-bench; generation ignores
+end-of-generation tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from tallow import _core
+from tallow.engine import Engine, EngineConfig, SamplingParams
+
+__all__ = ["Batched", "batched", "decode", "prefill"]
+
+
+def _random_tokens(model: _core.Model, n: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(100, model.n_vocab - 100, size=n)]
+
+
+def prefill(model: _core.Model, n_tokens: int, seed: int = 0) -> float:
+    """Prompt tokens per second of one forward pass over ``n_tokens`` tokens."""
+    kv = model.new_kv_cache(max_pages=-(-n_tokens // 16))
+    seq = kv.create()
+    kv.reserve(seq, n_tokens)
+    tokens = _random_tokens(model, n_tokens, seed)
+    start = time.perf_counter()
+    model.forward(kv, [(seq, tokens, "last")])
+    return n_tokens / (time.perf_counter() - start)
+
+
+def decode(model: _core.Model, n_tokens: int, seed: int = 0) -> float:
+    """Tokens per second of generating ``n_tokens`` tokens one at a time, greedily, from an
+    empty cache."""
+    kv = model.new_kv_cache(max_pages=-(-n_tokens // 16))
+    seq = kv.create()
+    token = _random_tokens(model, 1, seed)[0]
+    start = time.perf_counter()
+    for _ in range(n_tokens):
+        kv.reserve(seq, 1)
+        logits = model.forward(kv, [(seq, [token], "last")])
+        token = int(np.argmax(logits[0]))
+    return n_tokens / (time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class Batched:
+    """One batched run, in llama-batched-bench's columns."""
+
+    prompt_tps: float
+    """Prompt tokens of all requests over the time until the first tokens come out (S_PP)."""
+    generate_tps: float
+    """Generated tokens after the first over the rest of the run (S_TG)."""
+    total_tps: float
+    """All prompt and generated tokens over the whole run (S)."""
+
+
+def batched(model: _core.Model, npp: int, ntg: int, npl: int, seed: int = 0) -> Batched:
+    """``npl`` requests of ``npp`` prompt tokens each generating ``ntg`` tokens (greedy),
+    through the engine that :class:`tallow.AsyncLLM` runs."""
+    engine = Engine(
+        model,
+        EngineConfig(max_num_seqs=npl, max_tokens_per_step=max(512, npp * npl), n_ctx=npp + ntg),
+    )
+    params = SamplingParams(max_tokens=ntg, temperature=0.0, ignore_eos=True)
+    for i in range(npl):
+        engine.add(f"seq-{i}", _random_tokens(model, npp, seed + i), params)
+    start = time.perf_counter()
+    prefill_done = None
+    while engine.has_work():
+        outputs = engine.step()
+        if prefill_done is None and outputs:
+            # The first tokens come out of the step that finishes the prompts.
+            prefill_done = time.perf_counter()
+    end = time.perf_counter()
+    assert prefill_done is not None
+    t_pp, t_tg = prefill_done - start, end - prefill_done
+    generated = (ntg - 1) * npl
+    return Batched(
+        npp * npl / t_pp,
+        generated / t_tg if t_tg > 0 else 0.0,
+        (npp + ntg) * npl / (end - start),
+    )
