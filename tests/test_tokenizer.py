@@ -13,9 +13,9 @@ import random
 import sysconfig
 from pathlib import Path
 
-import gguf
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from hf_reference import build_hf_tokenizer
+from tokenizers import Tokenizer
 
 import tallow
 
@@ -36,27 +36,10 @@ STDLIB_PACKAGES = (
 )
 
 
-def _gguf_strings(reader: gguf.GGUFReader, key: str) -> list[str]:
-    field = reader.fields[key]
-    return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-
-
 @pytest.fixture(scope="module")
 def hf_tokenizer(smollm2_path: Path) -> Tokenizer:
     """HF's byte-level BPE over SmolLM2's GGUF vocabulary and merges."""
-    reader = gguf.GGUFReader(smollm2_path)
-    assert bytes(reader.fields["tokenizer.ggml.pre"].parts[-1]).decode() == "smollm"
-    tokens = _gguf_strings(reader, "tokenizer.ggml.tokens")
-    merges = [tuple(m.split(" ", 1)) for m in _gguf_strings(reader, "tokenizer.ggml.merges")]
-    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    return tok
+    return build_hf_tokenizer(smollm2_path)
 
 
 def _stdlib_corpus() -> list[tuple[str, str]]:
