@@ -140,6 +140,10 @@ impl ThreadPool {
         WORKER.set(Some(0));
         let own = panic::catch_unwind(AssertUnwindSafe(|| shared.claim_tasks(0)));
         WORKER.set(None);
+        if own.is_err() {
+            // As a worker does: hand out no more tasks.
+            shared.next.store(n_tasks, Ordering::Relaxed);
+        }
         shared.wait_idle();
         // SAFETY: `busy` is zero: no worker reads `task` until the next epoch.
         unsafe { *shared.task.get() = None };
@@ -192,8 +196,11 @@ impl Shared {
                 return;
             }
             if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(|| self.claim_tasks(id))) {
-                // Stop handing out tasks; the dispatcher resumes the panic.
-                self.next.store(usize::MAX, Ordering::Relaxed);
+                // Stop handing out tasks (past the last one, so that later claims, which add
+                // one each, never wrap around to run a task again); the dispatcher resumes
+                // the panic.
+                self.next
+                    .store(self.n_tasks.load(Ordering::Relaxed), Ordering::Relaxed);
                 let mut slot = self.panic.lock().unwrap_or_else(PoisonError::into_inner);
                 slot.get_or_insert(payload);
             }

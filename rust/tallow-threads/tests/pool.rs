@@ -85,11 +85,18 @@ fn concurrent_callers_each_get_their_loop() {
 #[test]
 fn a_panicking_task_reaches_the_caller_and_the_pool_survives() {
     let pool = ThreadPool::new(3);
-    for bad in [0, 5, 99] {
+    for bad in [0, 5, 99].repeat(30) {
         let ran = AtomicUsize::new(0);
+        let runs: Vec<AtomicUsize> = (0..100).map(|_| AtomicUsize::new(0)).collect();
         let result = panic::catch_unwind(AssertUnwindSafe(|| {
             pool.run(100, &|i, _| {
                 ran.fetch_add(1, Ordering::Relaxed);
+                // No task runs twice, not even after a panic stopped the loop.
+                assert_eq!(
+                    runs[i].fetch_add(1, Ordering::Relaxed),
+                    0,
+                    "task {i} ran twice"
+                );
                 if i == bad {
                     panic!("task {i} failed");
                 }
