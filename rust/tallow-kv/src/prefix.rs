@@ -92,9 +92,9 @@ impl PrefixCache {
         self.stats.cached_pages += 1;
     }
 
-    /// Whether `page` is registered.
+    /// Whether `page` is registered (false for a page outside the pool).
     pub(crate) fn is_cached(&self, page: PageId) -> bool {
-        self.entries[page.index()].is_some()
+        self.entries.get(page.index()).is_some_and(Option::is_some)
     }
 
     /// Drops `page`'s key, if it has one; `evicted` counts it as an eviction.

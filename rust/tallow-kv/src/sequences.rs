@@ -454,7 +454,7 @@ impl Sequences {
         Ok(())
     }
 
-    /// Whether `page` is in the prefix cache.
+    /// Whether `page` is in the prefix cache (false for a page outside the pool).
     pub fn is_cached(&self, page: PageId) -> bool {
         self.prefix.is_cached(page)
     }

@@ -206,4 +206,8 @@ fn misuse_is_an_error() {
         s.commit(SeqId(99), &[1]),
         Err(KvError::UnknownSequence(_))
     ));
+    assert!(
+        !s.is_cached(PageId(99)),
+        "a page outside the pool is not cached"
+    );
 }

@@ -91,7 +91,7 @@ impl KvCache {
     /// Pages in the pool.
     #[getter]
     fn n_pages(&self) -> usize {
-        self.inner.stats().pages_total
+        self.inner.sequences().allocator().n_total()
     }
 
     /// Free pages (cached ones waiting for reuse included).
@@ -131,8 +131,7 @@ impl KvCache {
 
     /// Whether `page` is in the prefix cache.
     fn is_cached(&self, page: u32) -> bool {
-        let n = self.inner.stats().pages_total;
-        (page as usize) < n && self.inner.sequences().is_cached(tallow_kv::PageId(page))
+        self.inner.sequences().is_cached(tallow_kv::PageId(page))
     }
 
     /// A new sequence sharing every page of `seq`.
