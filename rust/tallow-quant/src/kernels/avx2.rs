@@ -451,22 +451,6 @@ unsafe fn q6_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
 // token the arithmetic and its order are those of the `vec_dot` kernel above, so the outputs
 // are equal bit for bit.
 
-/// Checks the operands of a tile and views them as blocks.
-#[inline]
-fn tile_operands<'a, W: crate::blocks::Block, A: crate::blocks::Block, const T: usize>(
-    w: &'a [u8],
-    a: &[&'a [u8]],
-    scales: &super::TileScales,
-    out: &[f32],
-) -> (&'a [W], [&'a [A]; T]) {
-    let w = as_blocks::<W>(w);
-    let a: [&[A]; T] = std::array::from_fn(|t| as_blocks::<A>(a[t]));
-    assert!(a.iter().all(|a| a.len() == w.len()) && out.len() == T);
-    scales.check(w.len(), T);
-    // Slices of one known length, so that the loops index them without checks.
-    (w, a.map(|a| &a[..w.len()]))
-}
-
 /// The f32 scales of a token group per block: eight lanes.
 #[inline]
 fn block_scales(scales: &[f32], blocks: usize) -> &[[f32; 8]] {
@@ -488,7 +472,7 @@ unsafe fn tile_q4_0_q8_0<const T: usize>(
     scales: &super::TileScales,
     out: &mut [f32],
 ) {
-    let (w, a) = tile_operands::<BlockQ4_0, BlockQ8_0, T>(w, a, scales, out);
+    let (w, a) = super::tile_operands::<BlockQ4_0, BlockQ8_0, T>(w, a, scales, out);
     let ad = block_scales(scales.d, w.len());
     let lane0 = scales.lane0.min(8 - T);
     let mut acc = [_mm256_setzero_ps(); T];
@@ -515,7 +499,7 @@ unsafe fn tile_q4_1_q8_1<const T: usize>(
     scales: &super::TileScales,
     out: &mut [f32],
 ) {
-    let (w, a) = tile_operands::<BlockQ4_1, BlockQ8_1, T>(w, a, scales, out);
+    let (w, a) = super::tile_operands::<BlockQ4_1, BlockQ8_1, T>(w, a, scales, out);
     let ad = block_scales(scales.d, w.len());
     let lane0 = scales.lane0.min(8 - T);
     let mut acc = [_mm256_setzero_ps(); T];
@@ -546,7 +530,7 @@ unsafe fn tile_q8_0_q8_0<const T: usize>(
     scales: &super::TileScales,
     out: &mut [f32],
 ) {
-    let (w, a) = tile_operands::<BlockQ8_0, BlockQ8_0, T>(w, a, scales, out);
+    let (w, a) = super::tile_operands::<BlockQ8_0, BlockQ8_0, T>(w, a, scales, out);
     let ad = block_scales(scales.d, w.len());
     let lane0 = scales.lane0.min(8 - T);
     let mut acc = [_mm256_setzero_ps(); T];

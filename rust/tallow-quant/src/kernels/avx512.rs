@@ -422,21 +422,6 @@ unsafe fn add_halves(v: __m512) -> __m256 {
     _mm256_add_ps(_mm512_castps512_ps256(v), hi)
 }
 
-/// Checks the operands of a tile and views them as blocks.
-#[inline]
-fn tile_operands<'a, W: crate::blocks::Block, A: crate::blocks::Block, const T: usize>(
-    w: &'a [u8],
-    a: &[&'a [u8]],
-    scales: &super::TileScales,
-    out: &[f32],
-) -> (&'a [W], [&'a [A]; T]) {
-    let w = as_blocks::<W>(w);
-    let a: [&[A]; T] = std::array::from_fn(|t| as_blocks::<A>(a[t]));
-    assert!(a.iter().all(|a| a.len() == w.len()) && out.len() == T);
-    scales.check(w.len(), T);
-    (w, a)
-}
-
 /// The block pairs of a tile's weight row and activation rows, all of the same length (so
 /// that indexing them needs no checks in the loop), and the odd last blocks.
 #[allow(clippy::type_complexity)]
@@ -466,7 +451,7 @@ unsafe fn tile_q4_0_q8_0<D: DotBytes, const T: usize>(
     scales: &super::TileScales,
     out: &mut [f32],
 ) {
-    let (w, a) = tile_operands::<BlockQ4_0, BlockQ8_0, T>(w, a, scales, out);
+    let (w, a) = super::tile_operands::<BlockQ4_0, BlockQ8_0, T>(w, a, scales, out);
     let lane0 = scales.lane0;
     let index: [__m512i; T] =
         std::array::from_fn(|t| lane_groups((lane0 + t) as i32, (8 + lane0 + t) as i32));
@@ -503,7 +488,7 @@ unsafe fn tile_q4_1_q8_1<D: DotBytes, const T: usize>(
     scales: &super::TileScales,
     out: &mut [f32],
 ) {
-    let (w, a) = tile_operands::<BlockQ4_1, BlockQ8_1, T>(w, a, scales, out);
+    let (w, a) = super::tile_operands::<BlockQ4_1, BlockQ8_1, T>(w, a, scales, out);
     let lane0 = scales.lane0;
     let index: [__m512i; T] =
         std::array::from_fn(|t| lane_groups((lane0 + t) as i32, (8 + lane0 + t) as i32));
@@ -541,7 +526,7 @@ unsafe fn tile_q8_0_q8_0<D: DotBytes, const T: usize>(
     scales: &super::TileScales,
     out: &mut [f32],
 ) {
-    let (w, a) = tile_operands::<BlockQ8_0, BlockQ8_0, T>(w, a, scales, out);
+    let (w, a) = super::tile_operands::<BlockQ8_0, BlockQ8_0, T>(w, a, scales, out);
     let lane0 = scales.lane0;
     let index: [__m512i; T] =
         std::array::from_fn(|t| lane_groups((lane0 + t) as i32, (8 + lane0 + t) as i32));

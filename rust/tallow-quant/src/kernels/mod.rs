@@ -67,6 +67,24 @@ impl TileScales<'_> {
     }
 }
 
+/// Checks the operands of a tile kernel of `T` tokens and views them as blocks: the weight
+/// row and the activation rows, all of the same length (so that the loops index them without
+/// checks).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn tile_operands<'a, W: crate::blocks::Block, A: crate::blocks::Block, const T: usize>(
+    w: &'a [u8],
+    a: &[&'a [u8]],
+    scales: &TileScales,
+    out: &[f32],
+) -> (&'a [W], [&'a [A]; T]) {
+    let w = crate::blocks::as_blocks::<W>(w);
+    let a: [&[A]; T] = std::array::from_fn(|t| crate::blocks::as_blocks::<A>(a[t]));
+    assert!(a.iter().all(|a| a.len() == w.len()) && out.len() == T);
+    scales.check(w.len(), T);
+    (w, a.map(|a| &a[..w.len()]))
+}
+
 /// A tile kernel that is safe to call on this CPU.
 #[derive(Clone, Copy)]
 pub(crate) struct Tile(RawTile);
