@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -29,7 +29,6 @@ from tallow.speculative import (
     NgramProposer,
     Proposal,
     Proposer,
-    SpeculativeConfig,
     speculative_config,
 )
 
@@ -241,38 +240,20 @@ class Engine:
     def _speculation(self, params: SamplingParams) -> tuple[str, int] | None:
         """(method, tokens) of a request's speculation, or None. What the request leaves out
         comes from the engine's setting."""
-        value = params.speculative
-        if value is None:
+        if params.speculative is None:
             spec = self.speculative
-        elif value is False or isinstance(value, SpeculativeConfig):
-            spec = speculative_config(value)
         else:
-            if isinstance(value, bool):
-                value = {}
-            elif isinstance(value, int):
-                value = {"num_tokens": value}
-            elif isinstance(value, str):
-                value = {"method": value}
-            if not isinstance(value, Mapping):
-                raise InvalidArgumentError(f"speculative: unexpected value {value!r}")
-            base = self.speculative or SpeculativeConfig()
-            if value.get("method", base.method) == "draft":
-                self._need_draft_model()
-            spec = speculative_config({**base.__dict__, **value})
+            spec = speculative_config(params.speculative, base=self.speculative)
         if spec is None or spec.num_tokens == 0:
             return None
-        if spec.method == "draft":
-            self._need_draft_model()
-        elif "ngram" not in self._proposers:
-            self._proposers["ngram"] = NgramProposer(spec.ngram_max, spec.ngram_min)
-        return spec.method, spec.num_tokens
-
-    def _need_draft_model(self) -> None:
-        if "draft" not in self._proposers:
+        if spec.method == "draft" and "draft" not in self._proposers:
             raise InvalidArgumentError(
                 "speculative method 'draft' needs an engine with a draft model "
                 "(speculative={'method': 'draft', 'draft_model': ...})"
             )
+        if spec.method == "ngram" and "ngram" not in self._proposers:
+            self._proposers["ngram"] = NgramProposer(spec.ngram_max, spec.ngram_min)
+        return spec.method, spec.num_tokens
 
     def abort(self, request_id: str) -> bool:
         """Abort a request; its pages are freed at the latest by the next step."""

@@ -73,32 +73,36 @@ class SpeculativeConfig:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise InvalidArgumentError("need 1 <= ngram_min <= ngram_max")
         if self.method == "draft" and self.draft_model is None:
-            raise InvalidArgumentError("method 'draft' needs a draft_model")
+            raise InvalidArgumentError("method 'draft' needs a draft model (draft_model=...)")
 
 
-def speculative_config(value: object) -> SpeculativeConfig | None:
+def speculative_config(
+    value: object, base: SpeculativeConfig | None = None
+) -> SpeculativeConfig | None:
     """A :class:`SpeculativeConfig` from what a user may pass as ``speculative=``: None or
-    False (off), True (prompt lookup with the defaults), a method name, a number of tokens
-    (prompt lookup), a dict of fields, or a config."""
+    False (off), True (the defaults), a method name, a number of tokens, a dict of fields, or a
+    config. Fields the value leaves out come from ``base`` (an engine's setting), or else are
+    the defaults (prompt lookup)."""
     if value is None or value is False:
         return None
-    if value is True:
-        return SpeculativeConfig()
     if isinstance(value, SpeculativeConfig):
         return value
+    fields = {} if base is None else dict(base.__dict__)
     if isinstance(value, str):
-        return SpeculativeConfig(method=value)
-    if isinstance(value, int):
-        return SpeculativeConfig(num_tokens=value)
-    if isinstance(value, Mapping):
-        try:
-            return SpeculativeConfig(**value)
-        except TypeError as e:
-            raise InvalidArgumentError(f"speculative: {e}") from None
-    raise InvalidArgumentError(
-        f"speculative must be None, a bool, a method name, a token count, a dict or a "
-        f"SpeculativeConfig, got {value!r}"
-    )
+        fields["method"] = value
+    elif isinstance(value, int) and value is not True:
+        fields["num_tokens"] = value
+    elif isinstance(value, Mapping):
+        fields.update(value)
+    elif value is not True:
+        raise InvalidArgumentError(
+            f"speculative must be None, a bool, a method name, a token count, a dict or a "
+            f"SpeculativeConfig, got {value!r}"
+        )
+    try:
+        return SpeculativeConfig(**fields)
+    except TypeError as e:
+        raise InvalidArgumentError(f"speculative: {e}") from None
 
 
 @dataclass
@@ -258,10 +262,11 @@ class DraftModelProposer:
                     going_on.append((r, state, [token]))
             active = going_on
         out = {}
-        for rid, got in drafted.items():
-            temperature = next(r.temperature for r in requests if r.request_id == rid)
-            probs = None if temperature == 0.0 else np.stack([q for _, q in got])
-            out[rid] = Proposal([t for t, _ in got], probs)
+        for r in requests:
+            got = drafted.get(r.request_id)
+            if got:
+                probs = None if r.temperature == 0.0 else np.stack([q for _, q in got])
+                out[r.request_id] = Proposal([t for t, _ in got], probs)
         return out
 
     def _reserve(self, state: _DraftState, n: int) -> bool:
