@@ -169,7 +169,8 @@ class _Server:
             for p, ids in enumerate(prompts)
             for j in range(req.n)
         ]
-        self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompts))
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        self.metrics.prompt_tokens.inc(prompt_tokens)
         response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{next(self._ids)}"
         self.metrics.requests.labels(endpoint, "200").inc()
         if req.stream:
@@ -179,7 +180,6 @@ class _Server:
         completed = await _unless_disconnected(request, lambda: self._run(choices, arrival, None))
         if not completed:
             return Response(status_code=499)
-        prompt_tokens = sum(len(ids) for ids in prompts)
         completion_tokens = sum(c.tokens for c in choices)
         return JSONResponse(
             {
