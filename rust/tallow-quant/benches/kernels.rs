@@ -1,9 +1,10 @@
 //! Criterion benches of the tallow-quant kernels: matvec (one token) and matmul (16 and 128
 //! tokens) for every weight format, each beside its scalar reference (`Isa::Scalar`), plus
 //! activation quantization and dequantization. Throughput is reported to criterion in bytes
-//! (weight bytes for products and dequantize, f32 input bytes for activation quantization);
-//! after the run a summary table adds GFLOP/s (2 * rows * cols * tokens / time) and the
-//! speedup over the scalar reference. See `benches/README.md`.
+//! (weight bytes for products and dequantize, f32 input bytes for activation quantization).
+//! Formats that can be packed ([`PackedMatrix`]) get a third line, the packed layout's
+//! kernels. After the run a summary table adds GFLOP/s (2 * rows * cols * tokens / time) and
+//! the speedup over the scalar reference. See `benches/README.md`.
 //!
 //! `cargo bench -p tallow-quant --bench kernels` runs everything in a few minutes; pass a
 //! criterion filter (`-- matvec_1536`) or `--quick` for less.
@@ -15,7 +16,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
 use half::f16;
 use tallow_quant::{
-    dequantize, matmul_with, quantize_row, ActsBuffer, GgmlType, Isa, QuantizedActs,
+    dequantize, matmul_with, quantize_row, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantizedActs,
 };
 
 /// (rows, cols): SmolLM2-135M's FFN down projection (1536 -> 576; its inputs must be whole
@@ -245,6 +246,21 @@ fn products(
                 None,
                 || {
                     matmul_with(isa, ty, black_box(&w), rows, cols, &a, &mut out).unwrap();
+                    black_box(&mut out);
+                },
+            );
+        }
+        if let Some(packed) = PackedMatrix::pack(ty, &w, rows, cols).unwrap() {
+            summary.bench(
+                &mut g,
+                &group,
+                ty.name(),
+                &format!("{:?} packed", Isa::detected()),
+                w.len() as u64,
+                Some(flops),
+                None,
+                || {
+                    packed.matmul(&a, &mut out).unwrap();
                     black_box(&mut out);
                 },
             );

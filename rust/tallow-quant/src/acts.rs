@@ -17,8 +17,9 @@ const TOKENS_PER_TASK: usize = 4;
 /// (q/k/v, gate/up). Borrows buffers its caller owns (an arena, or an [`ActsBuffer`]), so
 /// quantizing allocates nothing.
 ///
-/// Besides the quantized rows it holds, for two tokens or more in Q8_0 or Q8_1, the block
-/// scales as f32 laid out for the tile kernels (see [`TileScales`]).
+/// Besides the quantized rows it holds, in Q8_0 or Q8_1, the block scales and sums as f32
+/// laid out for the tile and packed kernels (see [`TileScales`]): `d` of each block, and `s`,
+/// which is the Q8_1 block's own `s` (`d * sum(q)`) or, for Q8_0, the integer `sum(q)`.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantizedActs<'a> {
     ty: GgmlType,
@@ -27,7 +28,7 @@ pub struct QuantizedActs<'a> {
     row_bytes: usize,
     data: &'a [u8],
     /// Per group of [`TILE_LANES`] tokens, `blocks * TILE_LANES` block scales (`d`), then as
-    /// many block sums (`s`, Q8_1 only). Empty when there are no tile scales.
+    /// many block sums (`s`). Empty when there are no tile scales.
     d: &'a [f32],
     s: &'a [f32],
 }
@@ -52,8 +53,7 @@ impl<'a> QuantizedActs<'a> {
         let bytes = sizes::product(n_tokens, row_bytes, "quantized activations")?;
         let scales = if has_tile_scales(vec_dot_type, n_tokens) {
             let per_group = sizes::product(cols / vec_dot_type.block_len(), TILE_LANES, "scales")?;
-            let sets = if vec_dot_type == GgmlType::Q8_1 { 2 } else { 1 };
-            sizes::product(n_tokens.div_ceil(TILE_LANES) * sets, per_group, "scales")?
+            sizes::product(n_tokens.div_ceil(TILE_LANES) * 2, per_group, "scales")?
         } else {
             0
         };
@@ -118,11 +118,7 @@ impl<'a> QuantizedActs<'a> {
             }
         }
         let data: &'a [u8] = data;
-        let (d, s) = scales.split_at_mut(if vec_dot_type == GgmlType::Q8_1 {
-            len.scales / 2
-        } else {
-            len.scales
-        });
+        let (d, s) = scales.split_at_mut(len.scales / 2);
         if len.scales > 0 {
             fill_tile_scales(vec_dot_type, data, row_bytes, n_tokens, cols, d, s);
         }
@@ -172,21 +168,17 @@ impl<'a> QuantizedActs<'a> {
         let group = g * group_len..(g + 1) * group_len;
         TileScales {
             d: &self.d[group.clone()],
-            s: if self.s.is_empty() {
-                &[]
-            } else {
-                &self.s[group]
-            },
+            s: &self.s[group],
             lane0,
         }
     }
 }
 
 fn has_tile_scales(ty: GgmlType, n_tokens: usize) -> bool {
-    n_tokens >= 2 && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1)
+    n_tokens >= 1 && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1)
 }
 
-/// Writes the f32 block scales (and Q8_1 sums) of every token, lane-interleaved per group of
+/// Writes the f32 block scales and sums of every token, lane-interleaved per group of
 /// [`TILE_LANES`] tokens; lanes past the last token stay 0.
 fn fill_tile_scales(
     ty: GgmlType,
@@ -212,6 +204,8 @@ fn fill_tile_scales(
         } else {
             for (i, block) in lanes.zip(as_blocks::<BlockQ8_0>(row)) {
                 d[i] = f16_to_f32(block.d);
+                // At most 32 * 127 in magnitude: exact in f32.
+                s[i] = block.qs.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
             }
         }
     }

@@ -13,6 +13,7 @@ mod error;
 mod fp16;
 mod kernels;
 mod matmul;
+mod packed;
 mod reference;
 mod sizes;
 mod types;
@@ -24,6 +25,7 @@ pub use acts::{ActsBuffer, ActsLen, QuantizedActs};
 pub use error::QuantError;
 pub use kernels::Isa;
 pub use matmul::{matmul, matmul_with};
+pub use packed::PackedMatrix;
 pub use types::GgmlType;
 
 /// Dequantizes `src` (whole blocks of `ty`) into `dst`, which must hold exactly the elements

@@ -80,7 +80,9 @@ pub fn matmul_with(
     }
     // Several tokens: a tile kernel, where this set has one for `ty`, reuses each unpacked
     // weight block across up to eight tokens, with the same bits as `kernel`.
-    let tile = isa.tile(ty).filter(|_| acts.has_tile_scales());
+    let tile = isa
+        .tile(ty)
+        .filter(|_| acts.has_tile_scales() && acts.n_tokens() >= 2);
     // One token: a row kernel, where this set has one for `ty`, takes each activation block
     // through several weight rows at once, with the same bits as `kernel`.
     let row_kernel = isa.rows(ty).filter(|_| acts.n_tokens() == 1);

@@ -22,14 +22,14 @@ use crate::reference::vec_dot as reference;
 use crate::GgmlType;
 
 /// Products of unsigned and signed bytes, summed in fours into i32 lanes.
-trait DotBytes {
+pub(super) trait DotBytes {
     /// `acc` plus, in each i32 lane, the sum of the four products `u[i] * s[i]`.
     unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i;
 }
 
 /// `vpmaddubsw` then `vpmaddwd`. The i16 pair sums cannot saturate for tallow's operands
 /// (quants below 128 against activations within -127..=127).
-struct Bw;
+pub(super) struct Bw;
 
 impl DotBytes for Bw {
     #[inline]
@@ -41,7 +41,7 @@ impl DotBytes for Bw {
 }
 
 /// One `vpdpbusd`.
-struct Vnni;
+pub(super) struct Vnni;
 
 impl DotBytes for Vnni {
     #[inline]

@@ -11,6 +11,8 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod packed_avx512;
 
 use std::sync::OnceLock;
 
@@ -45,8 +47,8 @@ pub(crate) const TILE_LANES: usize = 8;
 
 /// The activation block scales of a group of [`TILE_LANES`] tokens, converted to f32 once per
 /// product: `d[TILE_LANES * b + lane]` is `d` of block `b` of the group's token `lane` (and
-/// `s` likewise the Q8_1 block sums; empty for Q8_0), 0 for lanes past the last token. A
-/// tile covers the tokens `lane0..lane0 + a.len()` of the group.
+/// `s` likewise the block sums: Q8_1's `s`, or Q8_0's integer `sum(q)`), 0 for lanes past the
+/// last token. A tile covers the tokens `lane0..lane0 + a.len()` of the group.
 pub(crate) struct TileScales<'a> {
     pub(crate) d: &'a [f32],
     pub(crate) s: &'a [f32],
@@ -59,9 +61,7 @@ impl TileScales<'_> {
     pub(crate) fn check(&self, blocks: usize, tokens: usize) {
         let len = blocks * TILE_LANES;
         assert!(
-            self.d.len() == len
-                && (self.s.is_empty() || self.s.len() == len)
-                && self.lane0 + tokens <= TILE_LANES,
+            self.d.len() == len && self.s.len() == len && self.lane0 + tokens <= TILE_LANES,
             "tile scales do not fit the operands"
         );
     }
@@ -117,6 +117,30 @@ impl Rows {
         // SAFETY: only built by `Isa::rows` after checking the CPU has the features; the
         // kernels check their operands' lengths.
         unsafe { (self.0)(w, a, out) }
+    }
+}
+
+/// A packed kernel: the bytes of one group of [`PACK_ROWS`] packed weight rows (see
+/// `crate::packed`) against the activation rows `a` of 1 to 8 tokens of one token group, with
+/// that group's [`TileScales`] (which must include the block sums), writing `PACK_ROWS`
+/// outputs per token to `out` (token-major). A token's outputs do not depend on the other
+/// tokens of the tile. Handed out by [`Isa::packed`] only, for a set the running CPU has.
+pub(crate) type RawPacked =
+    unsafe fn(group: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]);
+
+/// Weight rows interleaved in one packed group: one per i32 lane of a 512-bit vector.
+pub(crate) const PACK_ROWS: usize = 16;
+
+/// A packed kernel that is safe to call on this CPU.
+#[derive(Clone, Copy)]
+pub(crate) struct Packed(RawPacked);
+
+impl Packed {
+    #[inline]
+    pub(crate) fn call(self, group: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
+        // SAFETY: only built by `Isa::packed` after checking the CPU has the features; the
+        // kernels check their operands' lengths.
+        unsafe { (self.0)(group, a, scales, out) }
     }
 }
 
@@ -241,6 +265,24 @@ impl Isa {
             _ => None,
         };
         raw.map(Rows)
+    }
+}
+
+impl Isa {
+    /// The kernel of this set for weights of type `ty` packed in groups of [`PACK_ROWS`]
+    /// rows, where it has one.
+    pub(crate) fn packed(self, ty: GgmlType) -> Option<Packed> {
+        if !self.is_available() {
+            return None;
+        }
+        let raw: Option<RawPacked> = match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => packed_avx512::packed_kernel(ty, false),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => packed_avx512::packed_kernel(ty, true),
+            _ => None,
+        };
+        raw.map(Packed)
     }
 }
 

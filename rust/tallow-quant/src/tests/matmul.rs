@@ -95,11 +95,12 @@ fn quantize_into_caller_buffers_checks_their_lengths() {
     let len = QuantizedActs::buffer_len(GgmlType::Q8_1, 3, 32).unwrap();
     // 3 rows of one 36-byte block; d and s for one group of 8 lanes.
     assert_eq!((len.bytes, len.scales), (3 * 36, 2 * 8));
+    // One token has them too: the packed kernels read them.
     assert_eq!(
         QuantizedActs::buffer_len(GgmlType::Q8_1, 1, 32)
             .unwrap()
             .scales,
-        0
+        2 * 8
     );
     assert_eq!(
         QuantizedActs::buffer_len(GgmlType::Q8_K, 3, 256)

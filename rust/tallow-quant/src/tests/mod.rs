@@ -6,4 +6,5 @@ mod data;
 mod golden;
 mod kernels;
 mod matmul;
+mod packed;
 mod rng;

@@ -1,0 +1,257 @@
+//! AVX-512 kernels for weights packed in groups of [`PACK_ROWS`] rows (the layout is
+//! described in `crate::packed`). Each i32 lane of a vector belongs to one weight row: a
+//! block of 32 weights of all 16 rows against one token is 8 byte dot products, each with four
+//! activation bytes broadcast to every lane, and needs no horizontal sum. The unpacked
+//! weights of a block are reused by every token of the tile.
+//!
+//! Per token, the work is the same whatever the number of tokens in the tile (the same
+//! integer sums, then the same f32 operations in the same order), so a token's outputs do
+//! not depend on which other tokens share its tile.
+//!
+//! # Safety
+//! As in `super::avx512`: AVX-512 F and BW (plus VNNI for the `vnni` entry points), only
+//! handed out by `super::Isa::packed` when the CPU has them.
+
+use std::arch::x86_64::*;
+
+use super::avx512::{Bw, DotBytes, Vnni};
+use super::{RawPacked, TileScales, PACK_ROWS, TILE_LANES};
+use crate::blocks::{as_blocks, Block, BlockQ8_0, BlockQ8_1};
+use crate::GgmlType;
+
+/// The operands of a packed kernel of `T` tokens, checked and viewed per block: the scale
+/// bytes (`S` per block) and quant bytes (`Q` per block) of the group, the activation blocks
+/// of each token, and the f32 block scales and sums of the token group, one array of
+/// [`TILE_LANES`] lanes per block.
+#[allow(clippy::type_complexity)]
+#[inline]
+fn packed_operands<'a, A: Block, const S: usize, const Q: usize, const T: usize>(
+    group: &'a [u8],
+    a: &[&'a [u8]],
+    scales: &TileScales<'a>,
+    out: &[f32],
+) -> (
+    &'a [[u8; S]],
+    &'a [[u8; Q]],
+    [&'a [A]; T],
+    &'a [[f32; TILE_LANES]],
+    &'a [[f32; TILE_LANES]],
+) {
+    let blocks = group.len() / (S + Q);
+    assert!(group.len() == blocks * (S + Q) && out.len() == T * PACK_ROWS);
+    let (scale_bytes, quant_bytes) = group.split_at(blocks * S);
+    let acts: [&[A]; T] = std::array::from_fn(|t| as_blocks::<A>(a[t]));
+    assert!(acts.iter().all(|a| a.len() == blocks));
+    scales.check(blocks, T);
+    assert!(
+        scales.s.len() == scales.d.len(),
+        "packed kernels need block sums"
+    );
+    (
+        scale_bytes.as_chunks::<S>().0,
+        quant_bytes.as_chunks::<Q>().0,
+        acts,
+        scales.d.as_chunks::<TILE_LANES>().0,
+        scales.s.as_chunks::<TILE_LANES>().0,
+    )
+}
+
+/// Sixteen f16 values (one per row) as f32.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn load_f16x16(bytes: &[u8]) -> __m512 {
+    assert!(bytes.len() >= 32);
+    _mm512_cvtph_ps(_mm256_loadu_si256(bytes.as_ptr().cast()))
+}
+
+/// The 8 vectors of a packed 4-bit block: chunk c's low nibbles are step c, its high nibbles
+/// step c + 4.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn nibble_steps(quants: &[u8; 256]) -> [__m512i; 8] {
+    let mask4 = _mm512_set1_epi8(0xf);
+    let chunks = quants.as_chunks::<64>().0;
+    let mut steps = [_mm512_setzero_si512(); 8];
+    for c in 0..4 {
+        let bits = _mm512_loadu_si512(chunks[c].as_ptr().cast());
+        steps[c] = _mm512_and_si512(bits, mask4);
+        steps[c + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(bits), mask4);
+    }
+    steps
+}
+
+/// The 8 vectors of a packed 8-bit block (already offset to unsigned bytes).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn byte_steps(quants: &[u8; 512]) -> [__m512i; 8] {
+    let chunks = quants.as_chunks::<64>().0;
+    std::array::from_fn(|j| _mm512_loadu_si512(chunks[j].as_ptr().cast()))
+}
+
+/// Per row (i32 lane), the dot product of the row's 32 unsigned weight bytes (step j holds
+/// bytes 4j..4j+4 of every row) with the token's 32 activation bytes `y`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn block_sums<D: DotBytes>(steps: &[__m512i; 8], y: &[i8; 32]) -> __m512i {
+    let quad = |j: usize| {
+        let bytes: [i8; 4] = y[4 * j..4 * j + 4].try_into().unwrap();
+        _mm512_set1_epi32(i32::from_le_bytes(bytes.map(|b| b as u8)))
+    };
+    // Two chains of four, so that one token's block is not one long dependency chain.
+    let zero = _mm512_setzero_si512();
+    let mut lo = zero;
+    let mut hi = zero;
+    for j in 0..4 {
+        lo = D::dot(lo, steps[j], quad(j));
+        hi = D::dot(hi, steps[j + 4], quad(j + 4));
+    }
+    _mm512_add_epi32(lo, hi)
+}
+
+/// Stores the 16 row outputs of each token.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn store_rows<const T: usize>(acc: &[__m512; T], out: &mut [f32]) {
+    for (t, rows) in out.as_chunks_mut::<PACK_ROWS>().0.iter_mut().enumerate() {
+        _mm512_storeu_ps(rows.as_mut_ptr(), acc[t]);
+    }
+}
+
+/// Q4_1 (scales: 16 `d` then 16 `m`, f16): `d * da * sum(q * y) + m * s`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn packed_q4_1<D: DotBytes, const T: usize>(
+    group: &[u8],
+    a: &[&[u8]],
+    scales: &TileScales,
+    out: &mut [f32],
+) {
+    let (scale_bytes, quants, acts, da, sa) =
+        packed_operands::<BlockQ8_1, 64, 256, T>(group, a, scales, out);
+    let lane0 = scales.lane0;
+    let mut acc = [_mm512_setzero_ps(); T];
+    for (b, (sc, q)) in scale_bytes.iter().zip(quants).enumerate() {
+        let d = load_f16x16(&sc[..32]);
+        let m = load_f16x16(&sc[32..]);
+        let steps = nibble_steps(q);
+        for t in 0..T {
+            let sums = _mm512_cvtepi32_ps(block_sums::<D>(&steps, &acts[t][b].qs));
+            let lane = lane0 + t;
+            let scale = _mm512_mul_ps(d, _mm512_set1_ps(da[b][lane]));
+            acc[t] = _mm512_fmadd_ps(scale, sums, acc[t]);
+            acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(sa[b][lane]), acc[t]);
+        }
+    }
+    store_rows(&acc, out);
+}
+
+/// Q4_0 and Q8_0 (scales: 16 `d`, f16; quants stored as `q + offset`, unsigned):
+/// `d * da * (sum((q + offset) * y) - offset * sum(y))`. Both integer sums are exact in
+/// f32 (below 2^21 in magnitude), and so is their difference.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn packed_offset<D: DotBytes, const Q: usize, const T: usize>(
+    group: &[u8],
+    a: &[&[u8]],
+    scales: &TileScales,
+    out: &mut [f32],
+    offset: f32,
+    steps: unsafe fn(&[u8; Q]) -> [__m512i; 8],
+) {
+    let (scale_bytes, quants, acts, da, sy) =
+        packed_operands::<BlockQ8_0, 32, Q, T>(group, a, scales, out);
+    let lane0 = scales.lane0;
+    let offset = _mm512_set1_ps(offset);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for (b, (sc, q)) in scale_bytes.iter().zip(quants).enumerate() {
+        let d = load_f16x16(sc);
+        let steps = steps(q);
+        for t in 0..T {
+            let biased = _mm512_cvtepi32_ps(block_sums::<D>(&steps, &acts[t][b].qs));
+            let lane = lane0 + t;
+            let sums = _mm512_fnmadd_ps(offset, _mm512_set1_ps(sy[b][lane]), biased);
+            let scale = _mm512_mul_ps(d, _mm512_set1_ps(da[b][lane]));
+            acc[t] = _mm512_fmadd_ps(scale, sums, acc[t]);
+        }
+    }
+    store_rows(&acc, out);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn packed_q4_0<D: DotBytes, const T: usize>(
+    group: &[u8],
+    a: &[&[u8]],
+    scales: &TileScales,
+    out: &mut [f32],
+) {
+    packed_offset::<D, 256, T>(group, a, scales, out, 8.0, nibble_steps);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn packed_q8_0<D: DotBytes, const T: usize>(
+    group: &[u8],
+    a: &[&[u8]],
+    scales: &TileScales,
+    out: &mut [f32],
+) {
+    packed_offset::<D, 512, T>(group, a, scales, out, 128.0, byte_steps);
+}
+
+/// Declares each generic packed kernel's entry points in modules `packed_bw` and
+/// `packed_vnni`, one per tile width (1 to 8 tokens, picked by `a.len()`).
+macro_rules! packed_entry_points {
+    ($($kernel:ident),* $(,)?) => {
+        packed_entry_points!(@module packed_bw, Bw, "avx512f,avx512bw", $($kernel),*);
+        packed_entry_points!(@module packed_vnni, Vnni, "avx512f,avx512bw,avx512vnni", $($kernel),*);
+    };
+    (@module $module:ident, $dot:ident, $features:literal, $($kernel:ident),*) => {
+        mod $module {
+            use super::{$dot, TileScales};
+            $(
+                #[target_feature(enable = $features)]
+                pub(super) unsafe fn $kernel(
+                    group: &[u8],
+                    a: &[&[u8]],
+                    scales: &TileScales,
+                    out: &mut [f32],
+                ) {
+                    match a.len() {
+                        8 => super::$kernel::<$dot, 8>(group, a, scales, out),
+                        7 => super::$kernel::<$dot, 7>(group, a, scales, out),
+                        6 => super::$kernel::<$dot, 6>(group, a, scales, out),
+                        5 => super::$kernel::<$dot, 5>(group, a, scales, out),
+                        4 => super::$kernel::<$dot, 4>(group, a, scales, out),
+                        3 => super::$kernel::<$dot, 3>(group, a, scales, out),
+                        2 => super::$kernel::<$dot, 2>(group, a, scales, out),
+                        1 => super::$kernel::<$dot, 1>(group, a, scales, out),
+                        n => panic!("no packed tile of {n} tokens"),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+packed_entry_points!(packed_q4_0, packed_q4_1, packed_q8_0);
+
+/// The packed kernel for weights of type `ty`. Q8_0 needs VNNI: its unsigned weight bytes
+/// reach 255, and `vpmaddubsw`'s i16 pair sums would saturate.
+pub(crate) fn packed_kernel(ty: GgmlType, vnni: bool) -> Option<RawPacked> {
+    macro_rules! pick {
+        ($kernel:ident) => {
+            if vnni {
+                packed_vnni::$kernel as RawPacked
+            } else {
+                packed_bw::$kernel as RawPacked
+            }
+        };
+    }
+    Some(match ty {
+        GgmlType::Q4_0 => pick!(packed_q4_0),
+        GgmlType::Q4_1 => pick!(packed_q4_1),
+        GgmlType::Q8_0 if vnni => pick!(packed_q8_0),
+        _ => return None,
+    })
+}

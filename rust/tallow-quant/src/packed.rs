@@ -1,0 +1,381 @@
+//! Weight matrices repacked at load time into groups of interleaved rows.
+//!
+//! In the GGUF layout each row's blocks follow one another, and a dot product ends with a
+//! horizontal sum per row and block. Packed, the rows are taken in groups of 16 ([`PACK_ROWS`]:
+//! one row per i32 lane of a 512-bit vector) and each group stores, block after block:
+//!
+//! - its scales: the 16 rows' `d` as f16 (then, for Q4_1, the 16 rows' `m`), 32 or 64 bytes;
+//! - its quants in steps of four columns: step `j` holds, for row `r` at bytes `4r..4r+4`,
+//!   the row's values of columns `4j..4j+4` as unsigned bytes. Q4_0 and Q4_1 keep two steps
+//!   per 64 bytes (step `c` in the low nibbles, `c + 4` in the high ones), which is each
+//!   row's own `qs` bytes `4c..4c+4` unchanged; Q8_0 stores `q + 128`, one step per 64 bytes.
+//!
+//! A group's scales for all its blocks come first, then its quants for all its blocks. The
+//! packed matrix is exactly as large as the GGUF one. A kernel multiplies a block of the 16
+//! rows by one token with 8 byte dot products against the token's activation bytes
+//! broadcast four at a time, and reuses the unpacked block for up to 8 tokens.
+
+use std::ops::Range;
+
+use tallow_threads::DisjointSlice;
+
+use crate::blocks::{as_blocks, as_blocks_mut, Block, BlockQ4_0, BlockQ4_1, BlockQ8_0};
+use crate::kernels::{Packed, PACK_ROWS, TILE_LANES};
+use crate::{reference, sizes, GgmlType, Isa, QuantError, QuantizedActs};
+
+/// Below this many multiply-adds a product runs on the calling thread.
+const SERIAL_WORK: usize = 1 << 18;
+/// Chunks of row groups per thread, so that threads that finish early can take more.
+const CHUNKS_PER_THREAD: usize = 4;
+
+/// 64 bytes aligned to a cache line: the unit the packed data is allocated in.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A weight matrix packed for the kernels of one instruction set (see the module docs).
+pub struct PackedMatrix {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    kernel: Packed,
+    /// Bytes of one group of [`PACK_ROWS`] rows.
+    group_bytes: usize,
+    lines: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedMatrix")
+            .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Bytes per block and group of the scales and of the quants of a packable format.
+fn block_layout(ty: GgmlType) -> Option<(usize, usize)> {
+    fn layout<B: PackBlock>() -> (usize, usize) {
+        (B::SCALES * 2 * PACK_ROWS, B::STEPS * 4 * PACK_ROWS)
+    }
+    match ty {
+        GgmlType::Q4_0 => Some(layout::<BlockQ4_0>()),
+        GgmlType::Q4_1 => Some(layout::<BlockQ4_1>()),
+        GgmlType::Q8_0 => Some(layout::<BlockQ8_0>()),
+        _ => None,
+    }
+}
+
+impl PackedMatrix {
+    /// Whether [`PackedMatrix::pack`] packs a `rows` by `cols` matrix of `ty` for the running
+    /// CPU: it needs a packed kernel for `ty` and whole groups of [`PACK_ROWS`] rows.
+    pub fn can_pack(ty: GgmlType, rows: usize, cols: usize) -> bool {
+        Self::can_pack_with(Isa::detected(), ty, rows, cols)
+    }
+
+    /// [`PackedMatrix::can_pack`] for instruction set `isa`.
+    pub fn can_pack_with(isa: Isa, ty: GgmlType, rows: usize, cols: usize) -> bool {
+        isa.packed(ty).is_some()
+            && rows.is_multiple_of(PACK_ROWS)
+            && cols.is_multiple_of(ty.block_len())
+    }
+
+    /// Packs `weight`, `rows` rows of `cols` elements of `ty` in the GGUF layout, for the
+    /// running CPU's kernels; `None` where it cannot ([`PackedMatrix::can_pack`]).
+    pub fn pack(
+        ty: GgmlType,
+        weight: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<Self>, QuantError> {
+        Self::pack_with(Isa::detected(), ty, weight, rows, cols)
+    }
+
+    /// [`PackedMatrix::pack`] for the kernels of instruction set `isa`.
+    pub fn pack_with(
+        isa: Isa,
+        ty: GgmlType,
+        weight: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Option<Self>, QuantError> {
+        let row_bytes = sizes::row_bytes(ty, cols, "weight row")?;
+        sizes::expect_len(
+            "weight bytes",
+            sizes::product(rows, row_bytes, "weight")?,
+            weight.len(),
+        )?;
+        let (Some(kernel), Some((scale_bytes, quant_bytes))) = (isa.packed(ty), block_layout(ty))
+        else {
+            return Ok(None);
+        };
+        if !Self::can_pack_with(isa, ty, rows, cols) {
+            return Ok(None);
+        }
+        let blocks = cols / ty.block_len();
+        let group_bytes = blocks * (scale_bytes + quant_bytes);
+        let mut lines = vec![Line([0; 64]); (rows / PACK_ROWS * group_bytes).div_ceil(64)];
+        let mut packed = PackedMatrix {
+            ty,
+            rows,
+            cols,
+            kernel,
+            group_bytes,
+            lines: Vec::new(),
+        };
+        let bytes = lines_as_bytes_mut(&mut lines);
+        for (g, group) in bytes.chunks_exact_mut(group_bytes).enumerate() {
+            let src = &weight[g * PACK_ROWS * row_bytes..(g + 1) * PACK_ROWS * row_bytes];
+            match ty {
+                GgmlType::Q4_0 => pack_group::<BlockQ4_0>(src, group, blocks),
+                GgmlType::Q4_1 => pack_group::<BlockQ4_1>(src, group, blocks),
+                GgmlType::Q8_0 => pack_group::<BlockQ8_0>(src, group, blocks),
+                _ => unreachable!("block_layout covers the packable formats"),
+            }
+        }
+        packed.lines = lines;
+        Ok(Some(packed))
+    }
+
+    /// The weight format.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes of packed weights (as many as in the GGUF layout).
+    pub fn size_bytes(&self) -> usize {
+        self.rows / PACK_ROWS * self.group_bytes
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &lines_as_bytes(&self.lines)[..self.size_bytes()]
+    }
+
+    fn group(&self, g: usize) -> &[u8] {
+        &self.bytes()[g * self.group_bytes..(g + 1) * self.group_bytes]
+    }
+
+    /// Dequantizes row `row` into `out` (`cols` values), as [`crate::dequantize`] of the
+    /// row before packing. Allocates nothing.
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) -> Result<(), QuantError> {
+        if row >= self.rows {
+            return Err(QuantError::SizeMismatch {
+                what: "row index below the row count",
+                expected: self.rows,
+                actual: row,
+            });
+        }
+        sizes::expect_len("dequantized row elements", self.cols, out.len())?;
+        let group = self.group(row / PACK_ROWS);
+        let lane = row % PACK_ROWS;
+        let block_len = self.ty.block_len();
+        let blocks = self.cols / block_len;
+        let mut block = [0u8; 34];
+        let block = &mut block[..self.ty.block_bytes()];
+        for (b, out) in out.chunks_exact_mut(block_len).enumerate() {
+            match self.ty {
+                GgmlType::Q4_0 => unpack_block::<BlockQ4_0>(group, blocks, b, lane, block),
+                GgmlType::Q4_1 => unpack_block::<BlockQ4_1>(group, blocks, b, lane, block),
+                GgmlType::Q8_0 => unpack_block::<BlockQ8_0>(group, blocks, b, lane, block),
+                _ => unreachable!("only packable formats are packed"),
+            }
+            reference::dequantize::dequantize(self.ty, block, out);
+        }
+        Ok(())
+    }
+
+    /// `out[t * rows + r] = dot(weight row r, activations of token t)`, as [`crate::matmul`]
+    /// does for the matrix before packing (to within rounding: the sums run in another
+    /// order). A token's outputs do not depend on the other tokens of `acts`. Runs on the
+    /// global thread pool, split by groups of rows.
+    pub fn matmul(&self, acts: &QuantizedActs<'_>, out: &mut [f32]) -> Result<(), QuantError> {
+        if acts.ty() != self.ty.vec_dot_type() {
+            return Err(QuantError::ActivationType {
+                weights: self.ty,
+                expected: self.ty.vec_dot_type(),
+                actual: acts.ty(),
+            });
+        }
+        sizes::expect_len("activation columns", self.cols, acts.cols())?;
+        let out_len = sizes::product(acts.n_tokens(), self.rows, "output")?;
+        sizes::expect_len("output elements", out_len, out.len())?;
+        if out_len == 0 {
+            return Ok(());
+        }
+        if self.cols == 0 {
+            out.fill(0.0);
+            return Ok(());
+        }
+        let groups = self.rows / PACK_ROWS;
+        let pool = tallow_threads::global();
+        let threads = pool.threads();
+        if threads == 1 || out_len.saturating_mul(self.cols) < SERIAL_WORK {
+            let shared = DisjointSlice::new(out);
+            self.groups_into(0..groups, acts, &shared);
+            return Ok(());
+        }
+        let chunk = groups.div_ceil(threads * CHUNKS_PER_THREAD);
+        let shared = DisjointSlice::new(out);
+        pool.run(groups.div_ceil(chunk), &|c, _| {
+            self.groups_into(c * chunk..groups.min((c + 1) * chunk), acts, &shared);
+        });
+        Ok(())
+    }
+
+    /// The outputs of the row groups `range` for every token: per group, the tokens in tiles
+    /// of up to [`TILE_LANES`], while the group's blocks stay in the L1 cache.
+    fn groups_into(&self, range: Range<usize>, acts: &QuantizedActs<'_>, out: &DisjointSlice<f32>) {
+        let n_tokens = acts.n_tokens();
+        let mut tile_out = [0f32; PACK_ROWS * TILE_LANES];
+        for g in range {
+            let group = self.group(g);
+            for tg in 0..n_tokens.div_ceil(TILE_LANES) {
+                let first = tg * TILE_LANES;
+                let n = TILE_LANES.min(n_tokens - first);
+                let a: [&[u8]; TILE_LANES] =
+                    std::array::from_fn(|i| acts.row((first + i).min(n_tokens - 1)));
+                let scales = acts.tile_scales(tg, 0);
+                let tile_out = &mut tile_out[..n * PACK_ROWS];
+                self.kernel.call(group, &a[..n], &scales, tile_out);
+                for (t, rows) in tile_out.chunks_exact(PACK_ROWS).enumerate() {
+                    let start = (first + t) * self.rows + g * PACK_ROWS;
+                    // SAFETY: this task owns the rows of group `g`, for every token.
+                    unsafe { out.range_mut(start..start + PACK_ROWS) }.copy_from_slice(rows);
+                }
+            }
+        }
+    }
+}
+
+/// A packable block: its f16 scales (`d`, and `m` for Q4_1), and its quants as the bytes of
+/// the packed steps.
+trait PackBlock: Block + Copy {
+    /// The f16 scale fields, in packed order.
+    fn scales(&self) -> [[u8; 2]; 2];
+    fn set_scales(&mut self, scales: [[u8; 2]; 2]);
+    /// How many scale fields the format has (1 or 2).
+    const SCALES: usize;
+    /// The bytes of packed step group `c` for this row: 4 bytes.
+    fn step(&self, c: usize) -> [u8; 4];
+    fn set_step(&mut self, c: usize, bytes: [u8; 4]);
+    /// Packed step groups per block.
+    const STEPS: usize;
+}
+
+impl PackBlock for BlockQ4_0 {
+    fn scales(&self) -> [[u8; 2]; 2] {
+        [self.d, [0; 2]]
+    }
+    fn set_scales(&mut self, scales: [[u8; 2]; 2]) {
+        self.d = scales[0];
+    }
+    const SCALES: usize = 1;
+    fn step(&self, c: usize) -> [u8; 4] {
+        self.qs[4 * c..4 * c + 4].try_into().unwrap()
+    }
+    fn set_step(&mut self, c: usize, bytes: [u8; 4]) {
+        self.qs[4 * c..4 * c + 4].copy_from_slice(&bytes);
+    }
+    const STEPS: usize = 4;
+}
+
+impl PackBlock for BlockQ4_1 {
+    fn scales(&self) -> [[u8; 2]; 2] {
+        [self.d, self.m]
+    }
+    fn set_scales(&mut self, scales: [[u8; 2]; 2]) {
+        [self.d, self.m] = scales;
+    }
+    const SCALES: usize = 2;
+    fn step(&self, c: usize) -> [u8; 4] {
+        self.qs[4 * c..4 * c + 4].try_into().unwrap()
+    }
+    fn set_step(&mut self, c: usize, bytes: [u8; 4]) {
+        self.qs[4 * c..4 * c + 4].copy_from_slice(&bytes);
+    }
+    const STEPS: usize = 4;
+}
+
+impl PackBlock for BlockQ8_0 {
+    fn scales(&self) -> [[u8; 2]; 2] {
+        [self.d, [0; 2]]
+    }
+    fn set_scales(&mut self, scales: [[u8; 2]; 2]) {
+        self.d = scales[0];
+    }
+    const SCALES: usize = 1;
+    fn step(&self, c: usize) -> [u8; 4] {
+        std::array::from_fn(|i| (self.qs[4 * c + i] as u8) ^ 0x80)
+    }
+    fn set_step(&mut self, c: usize, bytes: [u8; 4]) {
+        for (q, b) in self.qs[4 * c..4 * c + 4].iter_mut().zip(bytes) {
+            *q = (b ^ 0x80) as i8;
+        }
+    }
+    const STEPS: usize = 8;
+}
+
+/// Byte offsets in a group of `blocks` blocks: of block `b`'s scale field `k` for `lane`, and
+/// of block `b`'s step group `c` for `lane`.
+fn scale_offset<B: PackBlock>(b: usize, k: usize, lane: usize) -> usize {
+    (b * B::SCALES + k) * 2 * PACK_ROWS + 2 * lane
+}
+
+fn step_offset<B: PackBlock>(blocks: usize, b: usize, c: usize, lane: usize) -> usize {
+    let scale_bytes = B::SCALES * 2 * PACK_ROWS;
+    blocks * scale_bytes + (b * B::STEPS + c) * 4 * PACK_ROWS + 4 * lane
+}
+
+/// Packs the `PACK_ROWS` rows `src` (GGUF layout) into `group`.
+fn pack_group<B: PackBlock>(src: &[u8], group: &mut [u8], blocks: usize) {
+    let rows = src.chunks_exact(src.len() / PACK_ROWS);
+    for (lane, row) in rows.enumerate() {
+        for (b, block) in as_blocks::<B>(row).iter().enumerate() {
+            let scales = block.scales();
+            for (k, scale) in scales.iter().take(B::SCALES).enumerate() {
+                let at = scale_offset::<B>(b, k, lane);
+                group[at..at + 2].copy_from_slice(scale);
+            }
+            for c in 0..B::STEPS {
+                let at = step_offset::<B>(blocks, b, c, lane);
+                group[at..at + 4].copy_from_slice(&block.step(c));
+            }
+        }
+    }
+}
+
+/// Writes block `b` of the row in lane `lane` of `group`, in the GGUF layout, to `out`.
+fn unpack_block<B: PackBlock>(group: &[u8], blocks: usize, b: usize, lane: usize, out: &mut [u8]) {
+    let block = &mut as_blocks_mut::<B>(out)[0];
+    let mut scales = [[0u8; 2]; 2];
+    for (k, scale) in scales.iter_mut().take(B::SCALES).enumerate() {
+        let at = scale_offset::<B>(b, k, lane);
+        *scale = group[at..at + 2].try_into().unwrap();
+    }
+    block.set_scales(scales);
+    for c in 0..B::STEPS {
+        let at = step_offset::<B>(blocks, b, c, lane);
+        block.set_step(c, group[at..at + 4].try_into().unwrap());
+    }
+}
+
+fn lines_as_bytes(lines: &[Line]) -> &[u8] {
+    // SAFETY: `Line` is 64 plain bytes without padding.
+    unsafe { std::slice::from_raw_parts(lines.as_ptr().cast(), lines.len() * 64) }
+}
+
+fn lines_as_bytes_mut(lines: &mut [Line]) -> &mut [u8] {
+    // SAFETY: as in `lines_as_bytes`, borrowed exclusively.
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 64) }
+}

@@ -1,0 +1,193 @@
+//! `PackedMatrix`: products equal the scalar reference to within rounding on every packed
+//! kernel, a token's outputs do not depend on the tokens beside it, rows unpack to their
+//! exact bytes, and bad operands are errors.
+
+use super::data::{dequantized, magnitude, random_blocks};
+use super::rng::Rng;
+use crate::{matmul_with, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantError};
+
+const PACKABLE: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+const RELATIVE_TOLERANCE: f64 = 1e-5;
+
+/// The instruction sets of this CPU with a packed kernel for `ty`.
+fn packing_isas(ty: GgmlType) -> Vec<Isa> {
+    Isa::ALL
+        .into_iter()
+        .filter(|&isa| PackedMatrix::can_pack_with(isa, ty, 16, 32))
+        .collect()
+}
+
+#[test]
+fn packed_products_match_the_scalar_reference() {
+    let mut rng = Rng::new(21);
+    let mut buffer = ActsBuffer::new();
+    // (rows, cols, tokens): serial and parallel, tiles of every width, a partial last tile.
+    let shapes = [
+        (16, 32, 1),
+        (48, 96, 3),
+        (32, 576, 8),
+        (64, 160, 13),
+        (1024, 1024, 1),
+        (512, 576, 17),
+    ];
+    let mut checked = 0;
+    for ty in PACKABLE {
+        for isa in packing_isas(ty) {
+            for (rows, cols, n_tokens) in shapes {
+                let weight = random_blocks(&mut rng, ty, rows * cols / ty.block_len());
+                let x = rng.activations(n_tokens * cols);
+                let acts = buffer
+                    .quantize(ty.vec_dot_type(), &x, n_tokens, cols)
+                    .unwrap();
+                let mut expected = vec![0f32; n_tokens * rows];
+                matmul_with(Isa::Scalar, ty, &weight, rows, cols, &acts, &mut expected).unwrap();
+                let packed = PackedMatrix::pack_with(isa, ty, &weight, rows, cols)
+                    .unwrap()
+                    .expect("packable");
+                assert_eq!(packed.size_bytes(), weight.len());
+                let mut out = vec![f32::NAN; n_tokens * rows];
+                packed.matmul(&acts, &mut out).unwrap();
+
+                let w = dequantized(ty, &weight);
+                for t in 0..n_tokens {
+                    let a = dequantized(ty.vec_dot_type(), acts.token(t).unwrap());
+                    for r in 0..rows {
+                        let mag = magnitude(&w[r * cols..(r + 1) * cols], &a);
+                        let (got, want) = (out[t * rows + r], expected[t * rows + r]);
+                        let diff = (f64::from(got) - f64::from(want)).abs();
+                        assert!(
+                            diff <= RELATIVE_TOLERANCE * mag,
+                            "{isa:?} {ty} {rows}x{cols} token {t} row {r}: {got} vs {want}"
+                        );
+                    }
+                }
+                checked += 1;
+            }
+        }
+    }
+    if Isa::Avx512Vnni.is_available() {
+        assert_eq!(checked, PACKABLE.len() * shapes.len() * 2 - shapes.len());
+    }
+}
+
+#[test]
+fn a_tokens_outputs_do_not_depend_on_its_neighbours() {
+    let mut rng = Rng::new(22);
+    let (rows, cols, n_tokens) = (64, 256, 11);
+    for ty in PACKABLE {
+        for isa in packing_isas(ty) {
+            let weight = random_blocks(&mut rng, ty, rows * cols / ty.block_len());
+            let packed = PackedMatrix::pack_with(isa, ty, &weight, rows, cols)
+                .unwrap()
+                .unwrap();
+            let x = rng.activations(n_tokens * cols);
+            let mut all = vec![0f32; n_tokens * rows];
+            let mut buffer = ActsBuffer::new();
+            let acts = buffer
+                .quantize(ty.vec_dot_type(), &x, n_tokens, cols)
+                .unwrap();
+            packed.matmul(&acts, &mut all).unwrap();
+            for t in 0..n_tokens {
+                let mut one = vec![0f32; rows];
+                let mut buffer = ActsBuffer::new();
+                let x = &x[t * cols..(t + 1) * cols];
+                let acts = buffer.quantize(ty.vec_dot_type(), x, 1, cols).unwrap();
+                packed.matmul(&acts, &mut one).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&one),
+                    bits(&all[t * rows..(t + 1) * rows]),
+                    "{isa:?} {ty} token {t}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_rows_dequantize_to_the_original_rows() {
+    let mut rng = Rng::new(23);
+    let (rows, cols) = (32, 96);
+    for ty in PACKABLE {
+        for isa in packing_isas(ty) {
+            let weight = random_blocks(&mut rng, ty, rows * cols / ty.block_len());
+            let packed = PackedMatrix::pack_with(isa, ty, &weight, rows, cols)
+                .unwrap()
+                .unwrap();
+            let expected = dequantized(ty, &weight);
+            let mut row = vec![0f32; cols];
+            for r in 0..rows {
+                packed.dequantize_row(r, &mut row).unwrap();
+                let want = &expected[r * cols..(r + 1) * cols];
+                assert!(
+                    row.iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{isa:?} {ty} row {r}"
+                );
+            }
+            assert!(packed.dequantize_row(rows, &mut row).is_err());
+            assert!(packed.dequantize_row(0, &mut row[1..]).is_err());
+        }
+    }
+}
+
+#[test]
+fn unpackable_shapes_and_formats_are_left_unpacked() {
+    for isa in Isa::ALL {
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F32] {
+            assert!(
+                !PackedMatrix::can_pack_with(isa, ty, 256, 256),
+                "{isa:?} {ty}"
+            );
+        }
+        for ty in PACKABLE {
+            // Rows must come in whole groups of 16.
+            assert!(!PackedMatrix::can_pack_with(isa, ty, 24, 64));
+            let weight = vec![0u8; 24 * 2 * ty.block_bytes()];
+            assert!(PackedMatrix::pack_with(isa, ty, &weight, 24, 64)
+                .unwrap()
+                .is_none());
+        }
+    }
+    // A weight of the wrong size is an error, not a packing refusal.
+    assert!(matches!(
+        PackedMatrix::pack(GgmlType::Q4_1, &[0u8; 20], 16, 32),
+        Err(QuantError::SizeMismatch { .. })
+    ));
+}
+
+#[test]
+fn bad_operands_are_errors() {
+    let Some(&isa) = packing_isas(GgmlType::Q4_1).last() else {
+        return;
+    };
+    let ty = GgmlType::Q4_1;
+    let (rows, cols) = (16, 64);
+    let weight = vec![0u8; rows * cols / 32 * ty.block_bytes()];
+    let packed = PackedMatrix::pack_with(isa, ty, &weight, rows, cols)
+        .unwrap()
+        .unwrap();
+    let x = vec![0.25f32; 2 * cols];
+    let mut buffer = ActsBuffer::new();
+    let wrong_type = buffer.quantize(GgmlType::Q8_0, &x, 2, cols).unwrap();
+    assert!(matches!(
+        packed.matmul(&wrong_type, &mut [0.0; 2 * 16]),
+        Err(QuantError::ActivationType { .. })
+    ));
+    let mut buffer = ActsBuffer::new();
+    let narrow = buffer.quantize(GgmlType::Q8_1, &x, 4, 32).unwrap();
+    assert!(matches!(
+        packed.matmul(&narrow, &mut [0.0; 4 * 16]),
+        Err(QuantError::SizeMismatch { .. })
+    ));
+    let mut buffer = ActsBuffer::new();
+    let acts = buffer.quantize(GgmlType::Q8_1, &x, 2, cols).unwrap();
+    assert!(matches!(
+        packed.matmul(&acts, &mut [0.0; 16]),
+        Err(QuantError::SizeMismatch { .. })
+    ));
+    let mut out = [f32::NAN; 2 * 16];
+    packed.matmul(&acts, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 0.0), "zero weights give zeros");
+}
