@@ -234,6 +234,27 @@ impl GgufFile {
         let start = self.data_offset + info.offset as usize;
         &self.storage.bytes()[start..start + info.size as usize]
     }
+
+    /// Tells the OS that the pages of a tensor already copied elsewhere are not needed: they
+    /// leave the process's resident memory, and are read from the file again if touched.
+    /// Best effort: it does nothing for a file held in memory or where the OS cannot.
+    pub fn release(&self, info: &TensorInfo) {
+        #[cfg(unix)]
+        if let Storage::Mapped(map) = &self.storage {
+            let start = self.data_offset + info.offset as usize;
+            // SAFETY: the map is read-only and private, so dropping its pages loses nothing:
+            // the next read of them faults the file's bytes back in.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    info.size as usize,
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = info;
+    }
 }
 
 fn read_tensor_info(r: &mut Reader<'_>) -> Result<TensorInfo, GgufError> {

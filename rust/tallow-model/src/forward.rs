@@ -220,17 +220,14 @@ impl Forward<'_> {
         out: &mut [f32],
     ) -> Result<(), Failure> {
         let quantized = acts.for_matrix(m, input, n)?;
-        tallow_quant::matmul(m.ty, m.bytes(self.file), m.rows, m.cols, &quantized, out)?;
+        m.matmul(self.file, &quantized, out)?;
         Ok(())
     }
 
     fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<(), ModelError> {
         let table = &self.weights.token_embd;
-        let (d, row_bytes) = (self.config.n_embd, table.row_bytes());
-        let bytes = table.bytes(self.file);
-        for (&id, row) in tokens.iter().zip(x.chunks_exact_mut(d)) {
-            let src = &bytes[id as usize * row_bytes..][..row_bytes];
-            tallow_quant::dequantize(table.ty, src, row)?;
+        for (&id, row) in tokens.iter().zip(x.chunks_exact_mut(self.config.n_embd)) {
+            table.dequantize_row(self.file, id as usize, row)?;
         }
         Ok(())
     }

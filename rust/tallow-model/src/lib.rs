@@ -37,15 +37,40 @@ pub struct Model {
     tokenizer: Tokenizer,
 }
 
+/// How [`Model::load_with`] prepares the weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Repack the weight matrices that this CPU has packed kernels for into its interleaved
+    /// layout ([`tallow_quant::PackedMatrix`]): faster products, as much memory as the
+    /// file's copy (whose pages are then released). On by default.
+    pub pack_weights: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { pack_weights: true }
+    }
+}
+
 impl Model {
     /// Opens a GGUF file and checks that it holds a model tallow can run.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
-        Self::from_gguf(GgufFile::open(path)?)
+        Self::load_with(path, LoadOptions::default())
+    }
+
+    /// [`Model::load`] with explicit options.
+    pub fn load_with(path: impl AsRef<Path>, options: LoadOptions) -> Result<Self, ModelError> {
+        Self::from_gguf_with(GgufFile::open(path)?, options)
     }
 
     pub fn from_gguf(file: GgufFile) -> Result<Self, ModelError> {
+        Self::from_gguf_with(file, LoadOptions::default())
+    }
+
+    /// [`Model::from_gguf`] with explicit options.
+    pub fn from_gguf_with(file: GgufFile, options: LoadOptions) -> Result<Self, ModelError> {
         let config = ModelConfig::from_gguf(&file)?;
-        let weights = Weights::load(&file, &config)?;
+        let weights = Weights::load(&file, &config, options.pack_weights)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let rope = Rope::new(
             config.rope_base,

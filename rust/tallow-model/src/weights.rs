@@ -1,29 +1,70 @@
 //! The tensors of a llama-family model, located in the GGUF file and checked against the
 //! configuration when the model is loaded.
 
+use std::sync::Arc;
+
 use tallow_gguf::{GgmlType, GgufFile, TensorInfo};
+use tallow_quant::{PackedMatrix, QuantError, QuantizedActs};
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 
-/// A weight matrix of `rows` output features by `cols` input features, stored row-major in a
-/// GGML block format inside the model file.
+/// A weight matrix of `rows` output features by `cols` input features: row-major in a GGML
+/// block format inside the model file, or packed at load time for this CPU's kernels
+/// ([`PackedMatrix`]), after which the file's copy is no longer read.
 #[derive(Debug, Clone)]
 pub struct Matrix {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     tensor: TensorInfo,
+    /// Shared by the token embedding and the LM head when the model ties them.
+    packed: Option<Arc<PackedMatrix>>,
 }
 
 impl Matrix {
-    pub fn bytes<'a>(&self, file: &'a GgufFile) -> &'a [u8] {
-        file.tensor_data(&self.tensor)
+    /// `out[t * rows + r] = dot(row r, activations of token t)`.
+    pub fn matmul(
+        &self,
+        file: &GgufFile,
+        acts: &QuantizedActs<'_>,
+        out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        match &self.packed {
+            Some(packed) => packed.matmul(acts, out),
+            None => {
+                let bytes = file.tensor_data(&self.tensor);
+                tallow_quant::matmul(self.ty, bytes, self.rows, self.cols, acts, out)
+            }
+        }
     }
 
-    /// Bytes of one row.
-    pub fn row_bytes(&self) -> usize {
-        self.tensor.size as usize / self.rows
+    /// Row `row` as f32 values (`cols` of them).
+    pub fn dequantize_row(
+        &self,
+        file: &GgufFile,
+        row: usize,
+        out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        match &self.packed {
+            Some(packed) => packed.dequantize_row(row, out),
+            None => {
+                let row_bytes = self.tensor.size as usize / self.rows;
+                let bytes = &file.tensor_data(&self.tensor)[row * row_bytes..][..row_bytes];
+                tallow_quant::dequantize(self.ty, bytes, out)
+            }
+        }
+    }
+
+    /// Packs the matrix for this CPU where it can be packed, then lets the OS drop the
+    /// file's pages of it from memory.
+    fn pack(&mut self, file: &GgufFile) -> Result<(), ModelError> {
+        let bytes = file.tensor_data(&self.tensor);
+        if let Some(packed) = PackedMatrix::pack(self.ty, bytes, self.rows, self.cols)? {
+            self.packed = Some(Arc::new(packed));
+            file.release(&self.tensor);
+        }
+        Ok(())
     }
 }
 
@@ -50,14 +91,18 @@ pub struct Weights {
 }
 
 impl Weights {
-    pub fn load(file: &GgufFile, config: &ModelConfig) -> Result<Self, ModelError> {
+    /// Locates and checks every tensor; with `pack`, packs the matrices that this CPU has
+    /// packed kernels for (all but the token embedding, unless it is also the LM head).
+    pub fn load(file: &GgufFile, config: &ModelConfig, pack: bool) -> Result<Self, ModelError> {
         let (d, ff, vocab) = (config.n_embd, config.n_ff, config.n_vocab);
-        let token_embd = matrix(file, "token_embd.weight", vocab, d)?;
-        let output = match file.tensor("output.weight") {
-            Some(_) => matrix(file, "output.weight", vocab, d)?,
-            None => token_embd.clone(),
+        let mut token_embd = matrix(file, "token_embd.weight", vocab, d)?;
+        let tied = file.tensor("output.weight").is_none();
+        let mut output = if tied {
+            token_embd.clone()
+        } else {
+            matrix(file, "output.weight", vocab, d)?
         };
-        let layers = (0..config.n_layer)
+        let mut layers: Vec<LayerWeights> = (0..config.n_layer)
             .map(|i| {
                 let name = |t: &str| format!("blk.{i}.{t}.weight");
                 Ok(LayerWeights {
@@ -73,6 +118,25 @@ impl Weights {
                 })
             })
             .collect::<Result<_, ModelError>>()?;
+        if pack {
+            for layer in &mut layers {
+                for m in [
+                    &mut layer.wq,
+                    &mut layer.wk,
+                    &mut layer.wv,
+                    &mut layer.wo,
+                    &mut layer.w_gate,
+                    &mut layer.w_up,
+                    &mut layer.w_down,
+                ] {
+                    m.pack(file)?;
+                }
+            }
+            output.pack(file)?;
+            if tied {
+                token_embd.packed = output.packed.clone();
+            }
+        }
         let rope_freqs = match file.tensor("rope_freqs.weight") {
             Some(_) => Some(vector(file, "rope_freqs.weight", config.rope_dim / 2)?),
             None => None,
@@ -108,6 +172,7 @@ fn matrix(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Matri
         rows,
         cols,
         tensor: info.clone(),
+        packed: None,
     })
 }
 
