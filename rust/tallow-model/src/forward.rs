@@ -4,12 +4,12 @@ use tallow_arena::Arena;
 use tallow_gguf::GgufFile;
 use tallow_kv::PagedKvCache;
 use tallow_quant::QuantizedActs;
-use tallow_threads::DisjointSlice;
 
+use crate::attention::{Attention, Heads, Plan};
 use crate::batch::{Batch, Logits};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::ops::{add_in_place, attend, rms_norm, swiglu, Rope};
+use crate::ops::{add_in_place, rms_norm, swiglu, Rope};
 use crate::scratch::{take, Failure, Scratch, Which};
 use crate::weights::{Matrix, Weights};
 
@@ -33,8 +33,11 @@ struct Buffers<'s> {
     proj: &'s mut [f32],
     gate: &'s mut [f32],
     up: &'s mut [f32],
-    /// Per thread of the pool: keys, values and scores of one attention head.
+    /// How attention is split, and its scratch: per thread of the pool, and the states of
+    /// the segments when units are split by segment.
+    plan: Plan,
     attention: &'s mut [f32],
+    partials: &'s mut [f32],
     /// The residual rows that produce logits, and the same after the output norm.
     rows: &'s mut [f32],
     normed: &'s mut [f32],
@@ -101,7 +104,9 @@ impl Forward<'_> {
             proj,
             gate,
             up,
+            plan,
             attention,
+            partials,
             rows,
             normed,
         } = buf;
@@ -129,7 +134,15 @@ impl Forward<'_> {
                     cache.write_pos(chunk.seq, pos, l, k_row, v_row)?;
                 }
             }
-            self.attention(cache, l, batch, first_pos, q, attention, attn)?;
+            let layer_attention = Attention {
+                plan: &plan,
+                cache,
+                layer: l,
+                batch,
+                first_pos,
+                q,
+            };
+            layer_attention.run(attention, partials, attn)?;
 
             acts.clear();
             self.project(&mut acts, &layer.wo, attn, n, proj)?;
@@ -178,7 +191,6 @@ impl Forward<'_> {
         let n = batch.tokens.len();
         let f32s = |len: usize| take::<f32>(arena, Which::Step, len);
         let first_pos = take::<usize>(arena, Which::Step, batch.chunks.len())?;
-        let mut longest = 0;
         for (slot, chunk) in first_pos.iter_mut().zip(&batch.chunks) {
             let reserved = cache.seq_len(chunk.seq)?;
             let Some(first) = reserved.checked_sub(chunk.len) else {
@@ -188,9 +200,14 @@ impl Forward<'_> {
                 ))));
             };
             *slot = first;
-            longest = longest.max(reserved);
         }
         let threads = tallow_threads::global().threads();
+        let heads = Heads {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            head_dim: cfg.head_dim,
+        };
+        let plan = Plan::new(heads, cache.layout().page_size, batch, first_pos, threads);
         let n_logits = batch.n_logits();
         Ok(Buffers {
             first_pos,
@@ -203,7 +220,9 @@ impl Forward<'_> {
             proj: f32s(n * cfg.n_embd)?,
             gate: f32s(n * cfg.n_ff)?,
             up: f32s(n * cfg.n_ff)?,
-            attention: f32s(threads * attention_scratch_len(longest, cfg.head_dim))?,
+            plan,
+            attention: f32s(threads * plan.thread_scratch_len())?,
+            partials: f32s(plan.partials_len(batch.chunks.len()))?,
             rows: f32s(n_logits * cfg.n_embd)?,
             normed: f32s(n_logits * cfg.n_embd)?,
         })
@@ -231,71 +250,6 @@ impl Forward<'_> {
         }
         Ok(())
     }
-
-    /// Causal grouped-query attention of every chunk's new tokens over their sequence's
-    /// cached positions up to their own. (chunk, KV head) pairs run in parallel on the thread
-    /// pool; each reads its KV head's history through the page table once, into the scratch
-    /// of the thread that runs it, for all the query heads that share it and all the chunk's
-    /// tokens, and writes those heads' columns of `out` (`[token][head][head_dim]`).
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &self,
-        cache: &PagedKvCache,
-        layer: usize,
-        batch: &Batch,
-        first_pos: &[usize],
-        q: &[f32],
-        scratch: &mut [f32],
-        out: &mut [f32],
-    ) -> Result<(), ModelError> {
-        let cfg = self.config;
-        let (hd, q_dim, n_head_kv) = (cfg.head_dim, cfg.q_dim(), cfg.n_head_kv);
-        let group = cfg.n_head / n_head_kv;
-        let pool = tallow_threads::global();
-        let per_thread = scratch.len() / pool.threads();
-        let scratch = DisjointSlice::new(scratch);
-        let out = DisjointSlice::new(out);
-        // The first error of any task; the others are dropped.
-        let error = std::sync::Mutex::new(None);
-        pool.run(batch.chunks.len() * n_head_kv, &|task, worker| {
-            let (c, kv_head) = (task / n_head_kv, task % n_head_kv);
-            let chunk = &batch.chunks[c];
-            let n_pos = first_pos[c] + chunk.len;
-            // SAFETY: no two tasks running at once have the same worker index.
-            let mine = unsafe { scratch.range_mut(worker * per_thread..(worker + 1) * per_thread) };
-            let (keys, rest) = mine.split_at_mut(n_pos * hd);
-            let (values, rest) = rest.split_at_mut(n_pos * hd);
-            let scores = &mut rest[..n_pos];
-            if let Err(e) = cache.read_head_f32(chunk.seq, layer, kv_head, n_pos, keys, values) {
-                error
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get_or_insert(e);
-                return;
-            }
-            for head in kv_head * group..(kv_head + 1) * group {
-                for i in 0..chunk.len {
-                    let token = chunk.start + i;
-                    let q_head = &q[token * q_dim + head * hd..][..hd];
-                    let visible = first_pos[c] + i + 1;
-                    let kv = (&keys[..visible * hd], &values[..visible * hd]);
-                    let at = token * q_dim + head * hd;
-                    // SAFETY: the columns of this KV head's query heads belong to this task.
-                    let token_out = unsafe { out.range_mut(at..at + hd) };
-                    attend(q_head, kv, &mut scores[..visible], token_out);
-                }
-            }
-        });
-        match error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(e.into()),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Floats of one thread's attention scratch for sequences of up to `n_pos` positions.
-fn attention_scratch_len(n_pos: usize, head_dim: usize) -> usize {
-    n_pos * (2 * head_dim + 1)
 }
 
 /// The quantized form of one layer input, made on first use by each weight format that reads

@@ -1,6 +1,7 @@
 //! Transformer architectures over GGUF weights: loading, the forward pass, its KV cache and
 //! sampling. Knows nothing of Python.
 
+mod attention;
 mod batch;
 mod config;
 mod error;

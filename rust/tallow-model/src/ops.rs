@@ -57,47 +57,6 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// Attention of one query head over `keys` and `values`: rows of `q.len()` values, one per
-/// visible position. Writes the softmax-weighted sum of the values to `out`; `scores` (one per
-/// visible position) is scratch.
-pub fn attend(q: &[f32], (keys, values): (&[f32], &[f32]), scores: &mut [f32], out: &mut [f32]) {
-    let head_dim = q.len();
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    for (s, k) in scores.iter_mut().zip(keys.chunks_exact(head_dim)) {
-        *s = dot(q, k) * scale;
-    }
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut total = 0.0;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        total += *s;
-    }
-    out.fill(0.0);
-    for (&s, v) in scores.iter().zip(values.chunks_exact(head_dim)) {
-        let w = s / total;
-        for (o, &vi) in out.iter_mut().zip(v) {
-            *o += w * vi;
-        }
-    }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent sums let the compiler vectorise without reassociating floats.
-    let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8 * 8;
-    for (ca, cb) in a[..chunks].chunks_exact(8).zip(b[..chunks].chunks_exact(8)) {
-        for i in 0..8 {
-            acc[i] += ca[i] * cb[i];
-        }
-    }
-    let tail: f32 = a[chunks..]
-        .iter()
-        .zip(&b[chunks..])
-        .map(|(x, y)| x * y)
-        .sum();
-    acc.iter().sum::<f32>() + tail
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,21 +80,6 @@ mod tests {
         assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
         let theta = 10_000f32.powf(-0.5);
         assert!((x[2] + theta.sin()).abs() < 1e-6 && (x[3] - theta.cos()).abs() < 1e-6);
-    }
-
-    #[test]
-    fn attention_weights_values_by_softmax() {
-        // two positions, head_dim 2; the query matches the first key far more
-        let q = [10.0, 0.0];
-        let keys = [1.0, 0.0, 0.0, 1.0];
-        let values = [1.0, 2.0, 3.0, 4.0];
-        let mut out = [0.0; 2];
-        attend(&q, (&keys, &values), &mut [0.0; 2], &mut out);
-        let w0 = 1.0 / (1.0 + (-10.0 / 2f32.sqrt()).exp());
-        assert!((out[0] - (w0 + 3.0 * (1.0 - w0))).abs() < 1e-5);
-        // a single position returns its value exactly
-        attend(&q, (&keys[..2], &values[..2]), &mut [0.0; 1], &mut out);
-        assert_eq!(out, [1.0, 2.0]);
     }
 
     #[test]

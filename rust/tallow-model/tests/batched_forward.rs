@@ -1,5 +1,5 @@
 //! The batched forward over the paged KV cache, on the default model: a ragged batch gives
-//! every sequence the logits it gets alone, and malformed batches are refused.
+//! every sequence the logits it gets alone, bit for bit, and malformed batches are refused.
 //!
 //! Needs the default model in the cache (`tallow pull`, which the test script runs first).
 
@@ -20,12 +20,8 @@ fn reserve_and_run(model: &Model, cache: &mut PagedKvCache, batch: &Batch) -> Ve
     model.forward(cache, batch).unwrap()
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
 
 #[test]
@@ -37,18 +33,27 @@ fn ragged_batch_matches_sequences_alone() {
         encode(&model, "def add(a, b):\n    return"),
         encode(&model, "1, 2, 3, 4,"),
     ];
-    // Alone: each prompt, then one more token, in its own single-sequence cache.
+    // Pages of 4 positions, so that the short prompts span several pages.
+    let new_cache = || {
+        model
+            .new_kv_cache(model.kv_layout().with_page_size(4), KvBudget::Pages(64))
+            .unwrap()
+    };
+    // Alone: each prompt, then one more token, in a cache of its own.
     let mut alone = Vec::new();
     for p in &prompts {
-        let mut s = SingleSequence::new(&model, 64).unwrap();
-        let prompt_logits = s.eval(&model, p, Logits::All).unwrap();
-        let next = s.eval(&model, &[42], Logits::Last).unwrap();
+        let mut cache = new_cache();
+        let seq = cache.create();
+        let mut batch = Batch::new();
+        batch.push(seq, p, Logits::All);
+        let prompt_logits = reserve_and_run(&model, &mut cache, &batch);
+        let mut batch = Batch::new();
+        batch.push(seq, &[42], Logits::Last);
+        let next = reserve_and_run(&model, &mut cache, &batch);
         alone.push((prompt_logits, next));
     }
 
-    let mut cache = model
-        .new_kv_cache(model.kv_layout().with_page_size(4), KvBudget::Pages(64))
-        .unwrap();
+    let mut cache = new_cache();
     let seqs: Vec<_> = prompts.iter().map(|_| cache.create()).collect();
     // Step 1: the first prompt whole, the second in two chunks (its first chunk now), the
     // third not yet.
@@ -58,7 +63,7 @@ fn ragged_batch_matches_sequences_alone() {
     batch.push(seqs[1], &prompts[1][..split], Logits::None);
     let out = reserve_and_run(&model, &mut cache, &batch);
     assert_eq!(out.len(), prompts[0].len() * n_vocab);
-    assert!(max_abs_diff(&out, &alone[0].0) < 1e-3);
+    assert_eq!(bits(&out), bits(&alone[0].0));
 
     // Step 2: a decode token for the first, the rest of the second prompt, the whole third.
     let mut batch = Batch::new();
@@ -68,11 +73,11 @@ fn ragged_batch_matches_sequences_alone() {
     let out = reserve_and_run(&model, &mut cache, &batch);
     let rows: Vec<&[f32]> = out.chunks_exact(n_vocab).collect();
     assert_eq!(rows.len(), 1 + (prompts[1].len() - split) + 1);
-    assert!(max_abs_diff(rows[0], &alone[0].1) < 1e-3);
+    assert_eq!(bits(rows[0]), bits(&alone[0].1));
     let second = &alone[1].0[split * n_vocab..];
-    assert!(max_abs_diff(&out[n_vocab..n_vocab + second.len()], second) < 1e-3);
+    assert_eq!(bits(&out[n_vocab..n_vocab + second.len()]), bits(second));
     let third_last = &alone[2].0[(prompts[2].len() - 1) * n_vocab..];
-    assert!(max_abs_diff(rows[rows.len() - 1], third_last) < 1e-3);
+    assert_eq!(bits(rows[rows.len() - 1]), bits(third_last));
     assert_eq!(cache.seq_len(seqs[1]).unwrap(), prompts[1].len());
 }
 

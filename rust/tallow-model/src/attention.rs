@@ -1,0 +1,772 @@
+//! Causal grouped-query attention over the paged KV cache.
+//!
+//! A token attends to its visible positions in fixed segments of [`SEGMENT_PAGES`] pages.
+//! Within a segment it goes page by page with an online softmax (a running maximum, the sum
+//! of the exponentials below it and their weighted sum of values, rescaled when the maximum
+//! grows); the segments' results are then merged in order. Each page's keys and values are
+//! converted to f32 once per unit of work and serve every query head that shares the KV head
+//! and every token of the unit, without gathering the whole history.
+//!
+//! The arithmetic for a token depends only on its query and its visible positions, never on
+//! the batch around it (how many tokens its chunk has, which other sequences run, how the
+//! work was split between threads), so a token's output is the same bit for bit whether it is
+//! decoded alone, verified in a chunk of speculative tokens, or prefilled.
+//!
+//! Work is split into units of (chunk, KV head, block of up to [`TOKEN_BLOCK`] tokens). When
+//! a batch has too few units to keep every thread busy (decoding one or two sequences), each
+//! unit is split further by segment, the segments' states go to scratch memory and are
+//! merged afterwards; otherwise a unit merges its segments itself.
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use tallow_kv::{KvKind, PagedKvCache};
+use tallow_threads::DisjointSlice;
+
+use crate::batch::Batch;
+use crate::error::ModelError;
+
+/// Pages per segment.
+const SEGMENT_PAGES: usize = 8;
+/// Tokens of one chunk per unit of work.
+const TOKEN_BLOCK: usize = 16;
+/// Split units by segment when there are fewer than this many units per thread.
+const UNITS_PER_THREAD: usize = 2;
+
+/// The shape of the attention of one model.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heads {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+}
+
+impl Heads {
+    fn group(&self) -> usize {
+        self.n_head / self.n_head_kv
+    }
+
+    fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Floats of one online-softmax state: the maximum, the sum, the weighted values.
+    fn state_len(&self) -> usize {
+        self.head_dim + 2
+    }
+}
+
+/// How one batch's attention is split, and the scratch it needs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    heads: Heads,
+    page_size: usize,
+    /// Token blocks of the longest chunk.
+    blocks: usize,
+    /// Segments of the longest sequence.
+    segments: usize,
+    /// Tokens per block (the longest chunk's length, up to [`TOKEN_BLOCK`]).
+    block_tokens: usize,
+    split: bool,
+}
+
+impl Plan {
+    pub(crate) fn new(
+        heads: Heads,
+        page_size: usize,
+        batch: &Batch,
+        first_pos: &[usize],
+        threads: usize,
+    ) -> Plan {
+        let longest_chunk = batch.chunks.iter().map(|c| c.len).max().unwrap_or(0);
+        let longest_seq = (batch.chunks.iter().zip(first_pos))
+            .map(|(c, &first)| first + c.len)
+            .max()
+            .unwrap_or(0);
+        let units: usize = (batch.chunks.iter())
+            .map(|c| c.len.div_ceil(TOKEN_BLOCK) * heads.n_head_kv)
+            .sum();
+        let segment_len = SEGMENT_PAGES * page_size;
+        Plan {
+            heads,
+            page_size,
+            blocks: longest_chunk.div_ceil(TOKEN_BLOCK),
+            segments: longest_seq.div_ceil(segment_len),
+            block_tokens: longest_chunk.min(TOKEN_BLOCK),
+            split: units < UNITS_PER_THREAD * threads && longest_seq > segment_len,
+        }
+    }
+
+    /// Floats of scratch per thread: one page of keys and of values as f32, its scores, and
+    /// two states (running and segment) per token and query head of a unit.
+    pub(crate) fn thread_scratch_len(&self) -> usize {
+        let h = &self.heads;
+        2 * self.page_size * h.head_dim
+            + self.page_size
+            + 2 * self.block_tokens * h.group() * h.state_len()
+    }
+
+    /// Floats of scratch for the segments' states when units are split by segment.
+    pub(crate) fn partials_len(&self, n_chunks: usize) -> usize {
+        if !self.split {
+            return 0;
+        }
+        self.grid(n_chunks) * self.block_tokens * self.heads.group() * self.heads.state_len()
+    }
+
+    /// Units of work in the split grid: (chunk, token block, KV head, segment).
+    fn grid(&self, n_chunks: usize) -> usize {
+        n_chunks * self.blocks * self.heads.n_head_kv * self.segments
+    }
+
+    fn segment_len(&self) -> usize {
+        SEGMENT_PAGES * self.page_size
+    }
+}
+
+/// One unit of work: the tokens `tokens` (indices in their chunk) of chunk `chunk` for KV head
+/// `kv_head`, over the segments `segments`.
+struct Unit {
+    chunk: usize,
+    tokens: Range<usize>,
+    kv_head: usize,
+    segments: Range<usize>,
+}
+
+/// The inputs of one layer's attention.
+pub(crate) struct Attention<'a> {
+    pub plan: &'a Plan,
+    pub cache: &'a PagedKvCache,
+    pub layer: usize,
+    pub batch: &'a Batch,
+    pub first_pos: &'a [usize],
+    /// Roped queries, `[token][head][head_dim]`.
+    pub q: &'a [f32],
+}
+
+impl Attention<'_> {
+    /// Writes every token's attention output to `out` (`[token][head][head_dim]`), using
+    /// `scratch` (`threads * plan.thread_scratch_len()` floats) and `partials`
+    /// (`plan.partials_len(chunks)` floats).
+    pub(crate) fn run(
+        &self,
+        scratch: &mut [f32],
+        partials: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let plan = self.plan;
+        let pool = tallow_threads::global();
+        let per_thread = plan.thread_scratch_len();
+        let scratch = DisjointSlice::new(scratch);
+        let out = DisjointSlice::new(out);
+        let partials = DisjointSlice::new(partials);
+        let error = std::sync::Mutex::new(None);
+        let n_chunks = self.batch.chunks.len();
+        let n_kv = plan.heads.n_head_kv;
+        let n_tasks = if plan.split {
+            plan.grid(n_chunks)
+        } else {
+            n_chunks * plan.blocks * n_kv
+        };
+        pool.run(n_tasks, &|task, worker| {
+            let segments = if plan.split { plan.segments } else { 1 };
+            let (rest, segment) = (task / segments, task % segments);
+            let (rest, kv_head) = (rest / n_kv, rest % n_kv);
+            let (chunk, block) = (rest / plan.blocks, rest % plan.blocks);
+            let len = self.batch.chunks[chunk].len;
+            let tokens = block * TOKEN_BLOCK..len.min((block + 1) * TOKEN_BLOCK);
+            if tokens.is_empty() {
+                return;
+            }
+            let visible = self.first_pos[chunk] + tokens.end;
+            let n_segments = visible.div_ceil(plan.segment_len());
+            let segments = if plan.split {
+                if segment >= n_segments {
+                    return;
+                }
+                segment..segment + 1
+            } else {
+                0..n_segments
+            };
+            let unit = Unit {
+                chunk,
+                tokens,
+                kv_head,
+                segments,
+            };
+            // SAFETY: no two tasks running at once have the same worker index.
+            let mine = unsafe { scratch.range_mut(worker * per_thread..(worker + 1) * per_thread) };
+            let sink = if plan.split {
+                Sink::Partials(&partials, task)
+            } else {
+                Sink::Out(&out)
+            };
+            if let Err(e) = self.unit(&unit, mine, sink) {
+                let mut first = error.lock().unwrap_or_else(|p| p.into_inner());
+                first.get_or_insert(e);
+            }
+        });
+        if let Some(e) = error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        if plan.split {
+            // SAFETY: the pool's tasks are over; this thread alone uses the slices now.
+            let (partials, out) = unsafe {
+                (
+                    partials.range_mut(0..partials.len()),
+                    out.range_mut(0..out.len()),
+                )
+            };
+            self.merge_partials(partials, out);
+        }
+        Ok(())
+    }
+
+    /// Runs one unit: its segments one after the other, each page converted once.
+    fn unit(&self, unit: &Unit, scratch: &mut [f32], sink: Sink<'_>) -> Result<(), ModelError> {
+        let plan = self.plan;
+        let h = &plan.heads;
+        let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
+        let (keys, rest) = scratch.split_at_mut(plan.page_size * hd);
+        let (values, rest) = rest.split_at_mut(plan.page_size * hd);
+        let (scores, rest) = rest.split_at_mut(plan.page_size);
+        let n_states = unit.tokens.len() * group;
+        let (running, rest) = rest.split_at_mut(n_states * state_len);
+        let segment_states = &mut rest[..n_states * state_len];
+        let chunk = &self.batch.chunks[unit.chunk];
+        let first = self.first_pos[unit.chunk];
+        let pages = self.cache.page_table(chunk.seq)?;
+        let storage = self.cache.storage();
+        let visible_max = first + unit.tokens.end;
+        let kernel = kernels();
+        running.chunks_exact_mut(state_len).for_each(empty);
+        for segment in unit.segments.clone() {
+            segment_states.chunks_exact_mut(state_len).for_each(empty);
+            let start = segment * plan.segment_len();
+            let end = visible_max.min(start + plan.segment_len());
+            for page_start in (start..end).step_by(plan.page_size) {
+                let rows = plan.page_size.min(end - page_start);
+                let page = pages[page_start / plan.page_size];
+                let (k, v) = (&mut keys[..rows * hd], &mut values[..rows * hd]);
+                storage.read_block_f32(page, self.layer, unit.kv_head, KvKind::Key, k)?;
+                storage.read_block_f32(page, self.layer, unit.kv_head, KvKind::Value, v)?;
+                for (ti, i) in unit.tokens.clone().enumerate() {
+                    let visible = first + i + 1;
+                    if visible <= page_start {
+                        continue;
+                    }
+                    let n = rows.min(visible - page_start);
+                    let token = chunk.start + i;
+                    for g in 0..group {
+                        let head = unit.kv_head * group + g;
+                        let q = &self.q[token * h.q_dim() + head * hd..][..hd];
+                        let state =
+                            &mut segment_states[(ti * group + g) * state_len..][..state_len];
+                        kernel.page(state, q, &k[..n * hd], &v[..n * hd], &mut scores[..n]);
+                    }
+                }
+            }
+            match sink {
+                Sink::Partials(partials, task) => {
+                    let at = task * n_states_max(plan) * state_len;
+                    // SAFETY: task `task` alone writes its slot of the partials.
+                    let slot = unsafe { partials.range_mut(at..at + n_states * state_len) };
+                    slot.copy_from_slice(segment_states);
+                }
+                Sink::Out(_) => {
+                    for (ti, i) in unit.tokens.clone().enumerate() {
+                        if first + i < start {
+                            continue;
+                        }
+                        for g in 0..group {
+                            let at = (ti * group + g) * state_len;
+                            let seg = &segment_states[at..at + state_len];
+                            kernel.merge(&mut running[at..at + state_len], seg);
+                        }
+                    }
+                }
+            }
+        }
+        if let Sink::Out(out) = sink {
+            for (ti, i) in unit.tokens.clone().enumerate() {
+                let token = chunk.start + i;
+                for g in 0..group {
+                    let head = unit.kv_head * group + g;
+                    let at = token * h.q_dim() + head * hd;
+                    // SAFETY: the columns of this unit's heads for its tokens are its own.
+                    let dst = unsafe { out.range_mut(at..at + hd) };
+                    finish(&running[(ti * group + g) * state_len..][..state_len], dst);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Merges the segments' states of every token in order, as a unit that is not split
+    /// merges them, and writes the outputs.
+    fn merge_partials(&self, partials: &[f32], out: &mut [f32]) {
+        let plan = self.plan;
+        let h = &plan.heads;
+        let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
+        let slot_len = n_states_max(plan) * state_len;
+        let kernel = kernels();
+        let mut running = [0f32; MAX_STATE];
+        let running = &mut running[..state_len];
+        for (c, chunk) in self.batch.chunks.iter().enumerate() {
+            let first = self.first_pos[c];
+            for i in 0..chunk.len {
+                let (block, ti) = (i / TOKEN_BLOCK, i % TOKEN_BLOCK);
+                let token = chunk.start + i;
+                let n_segments = (first + i + 1).div_ceil(plan.segment_len());
+                for kv_head in 0..h.n_head_kv {
+                    for g in 0..group {
+                        empty(running);
+                        for segment in 0..n_segments {
+                            let task = ((c * plan.blocks + block) * h.n_head_kv + kv_head)
+                                * plan.segments
+                                + segment;
+                            let at = task * slot_len + (ti * group + g) * state_len;
+                            kernel.merge(running, &partials[at..at + state_len]);
+                        }
+                        let head = kv_head * group + g;
+                        let dst = &mut out[token * h.q_dim() + head * hd..][..hd];
+                        finish(running, dst);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The largest head dimension whose state fits the merge pass's stack buffer.
+pub(crate) const MAX_HEAD_DIM: usize = 512;
+const MAX_STATE: usize = MAX_HEAD_DIM + 2;
+
+/// States per unit slot of the partials.
+fn n_states_max(plan: &Plan) -> usize {
+    plan.block_tokens * plan.heads.group()
+}
+
+/// Where a unit's results go.
+#[derive(Clone, Copy)]
+enum Sink<'a> {
+    /// Finished outputs.
+    Out(&'a DisjointSlice<'a, f32>),
+    /// The segment's states, to slot `task` of the partials.
+    Partials(&'a DisjointSlice<'a, f32>, usize),
+}
+
+/// A state that has seen no position.
+fn empty(state: &mut [f32]) {
+    state[0] = f32::NEG_INFINITY;
+    state[1..].fill(0.0);
+}
+
+/// The attention output of a state: the weighted values over the sum.
+fn finish(state: &[f32], out: &mut [f32]) {
+    let inv = 1.0 / state[1];
+    for (o, &a) in out.iter_mut().zip(&state[2..]) {
+        *o = a * inv;
+    }
+}
+
+/// `(state, q, keys, values, scores)`: see [`Kernels::page`].
+type PageFn = unsafe fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]);
+
+/// The inner loops, compiled for the best instruction set of the running CPU.
+#[derive(Clone, Copy)]
+struct Kernels {
+    page: PageFn,
+    merge: unsafe fn(&mut [f32], &[f32]),
+}
+
+impl Kernels {
+    /// Takes `n = scores.len()` positions (`keys` and `values`, `n` rows of the head
+    /// dimension) into `state` for query `q`.
+    fn page(&self, state: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32]) {
+        // SAFETY: `kernels` only picks functions whose features the CPU has.
+        unsafe { (self.page)(state, q, keys, values, scores) }
+    }
+
+    /// Merges state `other` into `state`.
+    fn merge(&self, state: &mut [f32], other: &[f32]) {
+        // SAFETY: as above.
+        unsafe { (self.merge)(state, other) }
+    }
+}
+
+fn kernels() -> Kernels {
+    static KERNELS: OnceLock<Kernels> = OnceLock::new();
+    *KERNELS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                return Kernels {
+                    page: x86::page_avx512,
+                    merge: x86::merge_avx512,
+                };
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Kernels {
+                    page: x86::page_avx2,
+                    merge: x86::merge_avx2,
+                };
+            }
+        }
+        Kernels {
+            page: portable::page,
+            merge: portable::merge,
+        }
+    })
+}
+
+/// The loops written once, compiled per instruction set by the wrappers below (the compiler
+/// vectorizes them for the features of the function they are inlined into).
+mod generic {
+    /// `exp(x)` for `x <= 0` (Cephes' single-precision polynomial, relative error about
+    /// 1e-7); below -87 it returns a value under 2^-125 rather than 0.
+    #[inline(always)]
+    pub(super) fn exp(x: f32) -> f32 {
+        const LOG2E: f32 = std::f32::consts::LOG2_E;
+        // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer.
+        const ROUND: f32 = 12_582_912.0;
+        let x = x.max(-87.0);
+        let n = (x * LOG2E + ROUND) - ROUND;
+        let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+        let mut y = 1.987_569_1e-4f32;
+        y = y * r + 1.398_199_9e-3;
+        y = y * r + 8.333_452e-3;
+        y = y * r + 4.166_579_6e-2;
+        y = y * r + 1.666_666_5e-1;
+        y = y * r + 0.5;
+        y = y * (r * r) + r + 1.0;
+        y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+    }
+
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        // Sixteen independent sums: the compiler vectorizes them without reassociating.
+        let mut acc = [0f32; 16];
+        let (a16, a_tail) = a.as_chunks::<16>();
+        let (b16, b_tail) = b.as_chunks::<16>();
+        for (x, y) in a16.iter().zip(b16) {
+            for i in 0..16 {
+                acc[i] += x[i] * y[i];
+            }
+        }
+        let tail: f32 = a_tail.iter().zip(b_tail).map(|(x, y)| x * y).sum();
+        acc.iter().sum::<f32>() + tail
+    }
+
+    #[inline(always)]
+    pub(super) fn page(
+        state: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+    ) {
+        let hd = q.len();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (m, rest) = state.split_first_mut().unwrap();
+        let (l, acc) = rest.split_first_mut().unwrap();
+        let mut page_max = f32::NEG_INFINITY;
+        for (s, k) in scores.iter_mut().zip(keys.chunks_exact(hd)) {
+            *s = dot(q, k) * scale;
+            page_max = page_max.max(*s);
+        }
+        let new_max = m.max(page_max);
+        let alpha = exp(*m - new_max);
+        let mut sum = 0.0;
+        for s in scores.iter_mut() {
+            *s = exp(*s - new_max);
+            sum += *s;
+        }
+        *l = *l * alpha + sum;
+        *m = new_max;
+        for a in acc.iter_mut() {
+            *a *= alpha;
+        }
+        for (&p, v) in scores.iter().zip(values.chunks_exact(hd)) {
+            for (a, &x) in acc.iter_mut().zip(v) {
+                *a += p * x;
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub(super) fn merge(state: &mut [f32], other: &[f32]) {
+        let new_max = state[0].max(other[0]);
+        let a = exp(state[0] - new_max);
+        let b = exp(other[0] - new_max);
+        state[0] = new_max;
+        state[1] = state[1] * a + other[1] * b;
+        for (x, &y) in state[2..].iter_mut().zip(&other[2..]) {
+            *x = *x * a + y * b;
+        }
+    }
+}
+
+mod portable {
+    pub(super) unsafe fn page(
+        state: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+    ) {
+        super::generic::page(state, q, keys, values, scores)
+    }
+
+    pub(super) unsafe fn merge(state: &mut [f32], other: &[f32]) {
+        super::generic::merge(state, other)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn page_avx512(
+        state: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+    ) {
+        super::generic::page(state, q, keys, values, scores)
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn merge_avx512(state: &mut [f32], other: &[f32]) {
+        super::generic::merge(state, other)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn page_avx2(
+        state: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+    ) {
+        super::generic::page(state, q, keys, values, scores)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn merge_avx2(state: &mut [f32], other: &[f32]) {
+        super::generic::merge(state, other)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::generic;
+
+    #[test]
+    fn exp_is_close_to_std() {
+        let mut worst = 0f64;
+        for i in 0..=87_000 {
+            let x = -(i as f32) / 1000.0;
+            let (got, want) = (f64::from(generic::exp(x)), f64::from(x).exp());
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(worst < 3e-7, "relative error {worst}");
+        assert!(generic::exp(f32::NEG_INFINITY) < 1e-37);
+        assert_eq!(generic::exp(0.0), 1.0);
+    }
+
+    /// A reference softmax attention in f64.
+    fn reference(q: &[f32], keys: &[f32], values: &[f32]) -> Vec<f64> {
+        let hd = q.len();
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores: Vec<f64> = keys
+            .chunks_exact(hd)
+            .map(|k| {
+                q.iter()
+                    .zip(k)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum::<f64>()
+                    * scale
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        (0..hd)
+            .map(|d| {
+                weights
+                    .iter()
+                    .zip(values.chunks_exact(hd))
+                    .map(|(w, v)| w * f64::from(v[d]))
+                    .sum::<f64>()
+                    / total
+            })
+            .collect()
+    }
+
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn next(&mut self) -> f32 {
+            self.0 = (self.0)
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        }
+    }
+
+    /// Chunks of several lengths at several offsets, over pages of 4 (segments of 32
+    /// positions), split by segment or not: every token's output is softmax attention over its
+    /// visible positions, and the same bits whether it runs alone or in a chunk.
+    #[test]
+    fn paged_attention_matches_the_reference_for_any_chunking() {
+        use crate::batch::{Batch, Logits};
+        use tallow_kv::{KvBudget, KvDtype, KvLayout, PagedKvCache};
+
+        let heads = super::Heads {
+            n_head: 9,
+            n_head_kv: 3,
+            head_dim: 64,
+        };
+        let (hd, q_dim, kv_dim) = (64, 9 * 64, 3 * 64);
+        // f32 pages, so that the reference sees the same keys and values.
+        let layout = KvLayout::new(1, 3, hd)
+            .with_page_size(4)
+            .with_dtype(KvDtype::F32);
+        let mut rng = Lcg(3);
+        let total = 75;
+        let keys: Vec<f32> = (0..total * kv_dim).map(|_| rng.next()).collect();
+        let values: Vec<f32> = (0..total * kv_dim).map(|_| rng.next()).collect();
+        let queries: Vec<f32> = (0..total * q_dim).map(|_| rng.next()).collect();
+
+        // Runs `chunks` (first position, length) of one sequence each; returns each token's
+        // output by position.
+        let run = |chunks: &[(usize, usize)], threads: usize| {
+            let mut cache = PagedKvCache::new(layout, KvBudget::Pages(200)).unwrap();
+            let mut batch = Batch::new();
+            let mut q = Vec::new();
+            let mut first_pos = Vec::new();
+            for &(first, len) in chunks {
+                let seq = cache.create();
+                cache.append_slots(seq, first + len).unwrap();
+                for pos in 0..first + len {
+                    let at = pos * kv_dim..(pos + 1) * kv_dim;
+                    cache
+                        .write_pos(seq, pos, 0, &keys[at.clone()], &values[at])
+                        .unwrap();
+                }
+                batch.push(seq, &vec![0; len], Logits::None);
+                q.extend_from_slice(&queries[first * q_dim..(first + len) * q_dim]);
+                first_pos.push(first);
+            }
+            // `threads` only steers the choice to split by segment; the scratch is the pool's.
+            let plan = super::Plan::new(heads, 4, &batch, &first_pos, threads);
+            let pool_threads = tallow_threads::global().threads();
+            let mut scratch = vec![0f32; pool_threads * plan.thread_scratch_len()];
+            let mut partials = vec![0f32; plan.partials_len(chunks.len())];
+            let mut out = vec![0f32; q.len()];
+            let attention = super::Attention {
+                plan: &plan,
+                cache: &cache,
+                layer: 0,
+                batch: &batch,
+                first_pos: &first_pos,
+                q: &q,
+            };
+            attention
+                .run(&mut scratch, &mut partials, &mut out)
+                .unwrap();
+            (plan.split, out)
+        };
+
+        let check = |pos: usize, out: &[f32]| {
+            for head in 0..9 {
+                let kv_head = head / 3;
+                let q = &queries[pos * q_dim + head * hd..][..hd];
+                let pick = |m: &[f32]| -> Vec<f32> {
+                    (0..=pos)
+                        .flat_map(|p| m[p * kv_dim + kv_head * hd..][..hd].to_vec())
+                        .collect()
+                };
+                let want = reference(q, &pick(&keys), &pick(&values));
+                for (got, want) in out[head * hd..(head + 1) * hd].iter().zip(&want) {
+                    assert!(
+                        (f64::from(*got) - want).abs() < 1e-5,
+                        "pos {pos} head {head} {got} {want}"
+                    );
+                }
+            }
+        };
+
+        let threads = tallow_threads::global().threads();
+        let mut alone = Vec::new();
+        for pos in 0..total {
+            let (_, out) = run(&[(pos, 1)], threads);
+            check(pos, &out);
+            alone.push(out);
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut saw_split = [false; 2];
+        for chunks in [
+            vec![(0, 75)],
+            vec![(4, 5)],
+            vec![(30, 9), (0, 3)],
+            vec![(60, 15), (8, 20), (33, 1)],
+        ] {
+            for threads in [1, 8] {
+                let (split, out) = run(&chunks, threads);
+                saw_split[usize::from(split)] = true;
+                let mut rows = out.chunks_exact(q_dim);
+                for &(first, len) in &chunks {
+                    for (pos, want) in alone.iter().enumerate().skip(first).take(len) {
+                        let got = rows.next().unwrap();
+                        assert_eq!(bits(got), bits(want), "{chunks:?} pos {pos}");
+                    }
+                }
+            }
+        }
+        assert_eq!(saw_split, [true, true], "both ways of splitting are tested");
+    }
+
+    #[test]
+    fn pages_and_merges_give_softmax_attention() {
+        let hd = 64;
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        };
+        let n = 77;
+        let q: Vec<f32> = (0..hd).map(|_| next()).collect();
+        let keys: Vec<f32> = (0..n * hd).map(|_| next()).collect();
+        let values: Vec<f32> = (0..n * hd).map(|_| next()).collect();
+        let want = reference(&q, &keys, &values);
+        let kernel = super::kernels();
+        // Two segments of pages of 16 (the last one partial), merged.
+        let mut running = vec![0f32; hd + 2];
+        super::empty(&mut running);
+        for segment in [0..48, 48..n] {
+            let mut state = vec![0f32; hd + 2];
+            super::empty(&mut state);
+            for start in segment.clone().step_by(16) {
+                let end = segment.end.min(start + 16);
+                let mut scores = vec![0f32; end - start];
+                kernel.page(
+                    &mut state,
+                    &q,
+                    &keys[start * hd..end * hd],
+                    &values[start * hd..end * hd],
+                    &mut scores,
+                );
+            }
+            kernel.merge(&mut running, &state);
+        }
+        let mut out = vec![0f32; hd];
+        super::finish(&running, &mut out);
+        for (got, want) in out.iter().zip(&want) {
+            assert!((f64::from(*got) - want).abs() < 1e-5, "{got} vs {want}");
+        }
+    }
+}
