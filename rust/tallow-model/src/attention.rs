@@ -423,26 +423,7 @@ fn kernels() -> Kernels {
 /// The loops written once, compiled per instruction set by the wrappers below (the compiler
 /// vectorizes them for the features of the function they are inlined into).
 mod generic {
-    /// `exp(x)` for `x <= 0` (Cephes' single-precision polynomial, relative error about
-    /// 1e-7); below -87 it returns a value under 2^-125 rather than 0.
-    #[inline(always)]
-    pub(super) fn exp(x: f32) -> f32 {
-        const LOG2E: f32 = std::f32::consts::LOG2_E;
-        // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer.
-        const ROUND: f32 = 12_582_912.0;
-        let x = x.max(-87.0);
-        let n = (x * LOG2E + ROUND) - ROUND;
-        let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
-        let mut y = 1.987_569_1e-4f32;
-        y = y * r + 1.398_199_9e-3;
-        y = y * r + 8.333_452e-3;
-        y = y * r + 4.166_579_6e-2;
-        y = y * r + 1.666_666_5e-1;
-        y = y * r + 0.5;
-        y = y * (r * r) + r + 1.0;
-        y * f32::from_bits(((n as i32 + 127) << 23) as u32)
-    }
-
+    use crate::ops::exp;
     #[inline(always)]
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         // Sixteen independent sums: the compiler vectorizes them without reassociating.
@@ -561,19 +542,6 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::generic;
-
-    #[test]
-    fn exp_is_close_to_std() {
-        let mut worst = 0f64;
-        for i in 0..=87_000 {
-            let x = -(i as f32) / 1000.0;
-            let (got, want) = (f64::from(generic::exp(x)), f64::from(x).exp());
-            worst = worst.max((got - want).abs() / want);
-        }
-        assert!(worst < 3e-7, "relative error {worst}");
-        assert!(generic::exp(f32::NEG_INFINITY) < 1e-37);
-        assert_eq!(generic::exp(0.0), 1.0);
-    }
 
     /// A reference softmax attention in f64.
     fn reference(q: &[f32], keys: &[f32], values: &[f32]) -> Vec<f64> {

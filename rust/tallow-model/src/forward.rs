@@ -113,6 +113,15 @@ impl Forward<'_> {
         let cfg = self.config;
         let n = batch.tokens.len();
         self.embed(&batch.tokens, x)?;
+        // The rotary angles of each token's position, shared by every layer.
+        let angles_len = self.rope.angles_len();
+        let rope_angles = take::<f32>(step, Which::Step, n * angles_len)?;
+        for (c, chunk) in batch.chunks.iter().enumerate() {
+            for i in 0..chunk.len {
+                let row = &mut rope_angles[(chunk.start + i) * angles_len..][..angles_len];
+                self.rope.angles(first_pos[c] + i, row);
+            }
+        }
 
         for (l, layer) in self.weights.layers.iter().enumerate() {
             layer_arena.reset();
@@ -126,10 +135,11 @@ impl Forward<'_> {
             for (c, chunk) in batch.chunks.iter().enumerate() {
                 for i in 0..chunk.len {
                     let (token, pos) = (chunk.start + i, first_pos[c] + i);
+                    let angles = &rope_angles[token * angles_len..][..angles_len];
                     self.rope
-                        .apply(&mut q[token * cfg.q_dim()..][..cfg.q_dim()], pos);
+                        .apply(&mut q[token * cfg.q_dim()..][..cfg.q_dim()], angles);
                     let k_row = &mut k[token * cfg.kv_dim()..][..cfg.kv_dim()];
-                    self.rope.apply(k_row, pos);
+                    self.rope.apply(k_row, angles);
                     let v_row = &v[token * cfg.kv_dim()..][..cfg.kv_dim()];
                     cache.write_pos(chunk.seq, pos, l, k_row, v_row)?;
                 }

@@ -13,8 +13,9 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// Rotary position embedding in GGML's "normal" mode: dimensions `2i` and `2i + 1` of each
-/// head rotate together by `pos * base^(-2i / rope_dim) / freq_factor[i]`. `x` holds one row of
-/// `n_heads * head_dim` values for one position.
+/// head rotate together by `pos * base^(-2i / rope_dim) / freq_factor[i]`. The cosines and
+/// sines of a position are computed once per step ([`Rope::angles`]) and applied to every
+/// head of every layer ([`Rope::apply`]).
 pub struct Rope {
     /// `base^(-2i / rope_dim) / freq_factor[i]` for each rotated pair.
     inv_freq: Vec<f32>,
@@ -32,22 +33,59 @@ impl Rope {
         Rope { inv_freq, head_dim }
     }
 
-    pub fn apply(&self, x: &mut [f32], pos: usize) {
+    /// Floats of one position's angles: a cosine and a sine per rotated pair.
+    pub fn angles_len(&self) -> usize {
+        2 * self.inv_freq.len()
+    }
+
+    /// Writes the cosine and sine of each rotated pair at `pos` to `out`
+    /// ([`Rope::angles_len`] floats).
+    pub fn angles(&self, pos: usize, out: &mut [f32]) {
+        for (cs, &inv_freq) in out.chunks_exact_mut(2).zip(&self.inv_freq) {
+            let (sin, cos) = (pos as f32 * inv_freq).sin_cos();
+            cs[0] = cos;
+            cs[1] = sin;
+        }
+    }
+
+    /// Rotates every head of `x` (one row of `n_heads * head_dim` values) by `angles`, from
+    /// [`Rope::angles`] of the row's position.
+    pub fn apply(&self, x: &mut [f32], angles: &[f32]) {
         for head in x.chunks_exact_mut(self.head_dim) {
-            for (i, &inv_freq) in self.inv_freq.iter().enumerate() {
-                let (sin, cos) = (pos as f32 * inv_freq).sin_cos();
-                let (a, b) = (head[2 * i], head[2 * i + 1]);
-                head[2 * i] = a * cos - b * sin;
-                head[2 * i + 1] = a * sin + b * cos;
+            for (pair, cs) in head.chunks_exact_mut(2).zip(angles.chunks_exact(2)) {
+                let (a, b) = (pair[0], pair[1]);
+                pair[0] = a * cs[0] - b * cs[1];
+                pair[1] = a * cs[1] + b * cs[0];
             }
         }
     }
 }
 
+/// `exp(x)`, as Cephes' single-precision polynomial (relative error about 1e-7), written
+/// so that loops over it vectorize; `x` is clamped to [-87, 88], so `exp(-inf)` is a value
+/// under 2^-125 rather than 0.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let mut y = 1.987_569_1e-4f32;
+    y = y * r + 1.398_199_9e-3;
+    y = y * r + 8.333_452e-3;
+    y = y * r + 4.166_579_6e-2;
+    y = y * r + 1.666_666_5e-1;
+    y = y * r + 0.5;
+    y = y * (r * r) + r + 1.0;
+    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
 /// `gate = silu(gate) * up`, in place.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = *g / (1.0 + exp(-*g)) * u;
     }
 }
 
@@ -73,13 +111,30 @@ mod tests {
     #[test]
     fn rope_rotates_pairs_and_keeps_norms() {
         let rope = Rope::new(10_000.0, 4, 4, None);
+        let mut angles = vec![0.0; rope.angles_len()];
         let mut x = [1.0, 0.0, 0.0, 1.0];
-        rope.apply(&mut x, 0);
+        rope.angles(0, &mut angles);
+        rope.apply(&mut x, &angles);
         assert_eq!(x, [1.0, 0.0, 0.0, 1.0]);
-        rope.apply(&mut x, 1);
+        rope.angles(1, &mut angles);
+        rope.apply(&mut x, &angles);
         assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
         let theta = 10_000f32.powf(-0.5);
         assert!((x[2] + theta.sin()).abs() < 1e-6 && (x[3] - theta.cos()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn exp_is_close_to_std() {
+        let mut worst = 0f64;
+        for i in -87_000..=88_000 {
+            let x = i as f32 / 1000.0;
+            let (got, want) = (f64::from(exp(x)), f64::from(x).exp());
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(worst < 3e-7, "relative error {worst}");
+        assert!(exp(f32::NEG_INFINITY) < 1e-37);
+        assert!(exp(f32::INFINITY).is_finite());
+        assert_eq!(exp(0.0), 1.0);
     }
 
     #[test]
@@ -87,6 +142,10 @@ mod tests {
         let mut g = [0.0, 1.0, -2.0];
         swiglu(&mut g, &[1.0, 2.0, 3.0]);
         let silu = |x: f32| x / (1.0 + (-x).exp());
-        assert_eq!(g, [0.0, silu(1.0) * 2.0, silu(-2.0) * 3.0]);
+        let want = [0.0, silu(1.0) * 2.0, silu(-2.0) * 3.0];
+        assert!(g
+            .iter()
+            .zip(want)
+            .all(|(g, w)| (g - w).abs() <= 1e-6 * w.abs()));
     }
 }
