@@ -541,8 +541,6 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::generic;
-
     /// A reference softmax attention in f64.
     fn reference(q: &[f32], keys: &[f32], values: &[f32]) -> Vec<f64> {
         let hd = q.len();
