@@ -26,6 +26,9 @@ use tallow_threads::DisjointSlice;
 use crate::batch::Batch;
 use crate::error::ModelError;
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
 /// Pages per segment.
 const SEGMENT_PAGES: usize = 8;
 /// Tokens of one chunk per unit of work.
@@ -514,7 +517,11 @@ mod x86 {
         values: &[f32],
         scores: &mut [f32],
     ) {
-        super::generic::page(state, q, keys, values, scores)
+        if super::avx512::fits(q.len(), scores.len()) {
+            super::avx512::page(state, q, keys, values, scores)
+        } else {
+            super::generic::page(state, q, keys, values, scores)
+        }
     }
 
     #[target_feature(enable = "avx512f,avx2,fma")]
@@ -692,6 +699,31 @@ mod tests {
             }
         }
         assert_eq!(saw_split, [true, true], "both ways of splitting are tested");
+    }
+
+    /// The kernels picked for this CPU agree with the generic loops (the ones a CPU without
+    /// AVX2 runs, and any head size or page size the SIMD kernel does not take).
+    #[test]
+    fn selected_kernels_agree_with_the_generic_loops() {
+        let mut rng = Lcg(11);
+        let kernel = super::kernels();
+        for hd in [64, 128, 40] {
+            for n in 1..=16 {
+                let q: Vec<f32> = (0..hd).map(|_| rng.next()).collect();
+                let keys: Vec<f32> = (0..n * hd).map(|_| rng.next()).collect();
+                let values: Vec<f32> = (0..n * hd).map(|_| rng.next()).collect();
+                let mut start = vec![0f32; hd + 2];
+                start[0] = 0.5;
+                start[1] = 2.0;
+                start[2..].iter_mut().for_each(|v| *v = rng.next());
+                let (mut a, mut b) = (start.clone(), start.clone());
+                kernel.page(&mut a, &q, &keys, &values, &mut vec![0.0; n]);
+                super::generic::page(&mut b, &q, &keys, &values, &mut vec![0.0; n]);
+                for (x, y) in a.iter().zip(&b) {
+                    assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "hd {hd} n {n}");
+                }
+            }
+        }
     }
 
     #[test]

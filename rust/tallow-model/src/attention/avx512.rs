@@ -1,0 +1,134 @@
+//! The attention page kernel in AVX-512 intrinsics, for head sizes that are whole vectors of
+//! 16 and pages of up to 16 positions (others take the generic loops).
+//!
+//! Per page it forms the query's 16 dot products as 16 vectors of partial sums, reduces them
+//! with one transposing tree into a vector with one score per lane, then updates the online
+//! softmax state with vector exponentials. The work for a query depends only on the query and
+//! the page's visible positions.
+
+use std::arch::x86_64::*;
+
+/// Lanes of a vector, and the largest page this kernel takes.
+const LANES: usize = 16;
+
+/// Whether the kernel takes a head of `head_dim` values and pages of `positions` rows.
+pub(super) fn fits(head_dim: usize, positions: usize) -> bool {
+    head_dim.is_multiple_of(LANES) && head_dim > 0 && positions <= LANES
+}
+
+/// The 16 horizontal sums of `v`, sum `j` in lane `j`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn sums16(v: &[__m512; LANES]) -> __m512 {
+    // Pairs: per 128-bit lane, [a0+a2, b0+b2, a1+a3, b1+b3].
+    let pairs: [__m512; 8] = std::array::from_fn(|i| {
+        let (a, b) = (v[2 * i], v[2 * i + 1]);
+        _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+    });
+    // Quads: per 128-bit lane, the lane's partial sums of four vectors.
+    let quads: [__m512; 4] = std::array::from_fn(|i| {
+        let (a, b) = (
+            _mm512_castps_pd(pairs[2 * i]),
+            _mm512_castps_pd(pairs[2 * i + 1]),
+        );
+        _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+        )
+    });
+    // Across 128-bit lanes: even and odd lanes added, twice.
+    let halve = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+        )
+    };
+    halve(halve(quads[0], quads[1]), halve(quads[2], quads[3]))
+}
+
+/// `exp(x)` in every lane, as `crate::ops::exp` computes it (up to the order of rounding).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn exp16(x: __m512) -> __m512 {
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(-87.0)),
+        _mm512_set1_ps(88.0),
+    );
+    let round = _mm512_set1_ps(12_582_912.0);
+    let n = _mm512_sub_ps(
+        _mm512_add_ps(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+            round,
+        ),
+        round,
+    );
+    let r = _mm512_add_ps(
+        _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693_359_4))),
+        _mm512_mul_ps(n, _mm512_set1_ps(2.121_944_4e-4)),
+    );
+    let mut y = _mm512_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ] {
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+    }
+    y = _mm512_add_ps(
+        _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r),
+        _mm512_set1_ps(1.0),
+    );
+    let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvtps_epi32(n),
+        _mm512_set1_epi32(127),
+    ));
+    _mm512_mul_ps(y, _mm512_castsi512_ps(bits))
+}
+
+/// See `super::Kernels::page` (`scores` is only its length here); `fits(q.len(),
+/// scores.len())` must hold.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn page(
+    state: &mut [f32],
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scores: &mut [f32],
+) {
+    let (hd, n) = (q.len(), scores.len());
+    assert!(fits(hd, n) && keys.len() == n * hd && values.len() == n * hd && state.len() == hd + 2);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let load = |s: &[f32], at: usize| _mm512_loadu_ps(s[at..at + LANES].as_ptr());
+
+    let mut dots = [_mm512_setzero_ps(); LANES];
+    for (dot, k) in dots.iter_mut().zip(keys.chunks_exact(hd)) {
+        for c in (0..hd).step_by(LANES) {
+            *dot = _mm512_fmadd_ps(load(q, c), load(k, c), *dot);
+        }
+    }
+    let valid: __mmask16 = ((1u32 << n) - 1) as __mmask16;
+    let s = _mm512_mul_ps(sums16(&dots), _mm512_set1_ps(scale));
+    let s = _mm512_mask_blend_ps(valid, _mm512_set1_ps(f32::NEG_INFINITY), s);
+    let page_max = _mm512_reduce_max_ps(s);
+
+    let (m, rest) = state.split_first_mut().unwrap();
+    let (l, acc) = rest.split_first_mut().unwrap();
+    let new_max = m.max(page_max);
+    let alpha = crate::ops::exp(*m - new_max);
+    let p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(new_max))));
+    *l = *l * alpha + _mm512_reduce_add_ps(p);
+    *m = new_max;
+    let mut weights = [0f32; LANES];
+    _mm512_storeu_ps(weights.as_mut_ptr(), p);
+
+    let alpha = _mm512_set1_ps(alpha);
+    for c in (0..hd).step_by(LANES) {
+        let mut a = _mm512_mul_ps(load(acc, c), alpha);
+        for (&w, v) in weights.iter().zip(values.chunks_exact(hd)) {
+            a = _mm512_fmadd_ps(_mm512_set1_ps(w), load(v, c), a);
+        }
+        _mm512_storeu_ps(acc[c..c + LANES].as_mut_ptr(), a);
+    }
+}
