@@ -1,19 +1,21 @@
-//! The attention page kernel in AVX-512 intrinsics, for head sizes that are whole vectors of
-//! 16 and pages of up to 16 positions (others take the generic loops).
+//! The attention tile kernel in AVX-512 intrinsics, for head sizes that are whole vectors of
+//! 16 and tiles of up to 64 positions (others take the generic loops).
 //!
-//! Per page it forms the query's 16 dot products as 16 vectors of partial sums, reduces them
-//! with one transposing tree into a vector with one score per lane, then updates the online
-//! softmax state with vector exponentials. The work for a query depends only on the query and
-//! the page's visible positions.
+//! Per group of 16 positions it forms the query's 16 dot products as 16 vectors of partial
+//! sums and reduces them with one transposing tree into a vector with one score per lane;
+//! then it updates the online softmax state once for the tile, with vector exponentials.
+//! The work for a query depends only on the query and the tile's visible positions.
 
 use std::arch::x86_64::*;
 
-/// Lanes of a vector, and the largest page this kernel takes.
+/// Lanes of a vector.
 const LANES: usize = 16;
+/// Groups of 16 positions in the largest tile this kernel takes.
+const GROUPS: usize = 4;
 
-/// Whether the kernel takes a head of `head_dim` values and pages of `positions` rows.
+/// Whether the kernel takes a head of `head_dim` values and tiles of `positions` rows.
 pub(super) fn fits(head_dim: usize, positions: usize) -> bool {
-    head_dim.is_multiple_of(LANES) && head_dim > 0 && positions <= LANES
+    head_dim.is_multiple_of(LANES) && head_dim > 0 && positions <= GROUPS * LANES
 }
 
 /// The 16 horizontal sums of `v`, sum `j` in lane `j`.
@@ -99,29 +101,43 @@ pub(super) unsafe fn page(
 ) {
     let (hd, n) = (q.len(), scores.len());
     assert!(fits(hd, n) && keys.len() == n * hd && values.len() == n * hd && state.len() == hd + 2);
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = _mm512_set1_ps(1.0 / (hd as f32).sqrt());
     let load = |s: &[f32], at: usize| _mm512_loadu_ps(s[at..at + LANES].as_ptr());
+    let groups = n.div_ceil(LANES);
 
-    let mut dots = [_mm512_setzero_ps(); LANES];
-    for (dot, k) in dots.iter_mut().zip(keys.chunks_exact(hd)) {
-        for c in (0..hd).step_by(LANES) {
-            *dot = _mm512_fmadd_ps(load(q, c), load(k, c), *dot);
+    // Scores, 16 positions per vector; lanes past the last position are -inf.
+    let mut s = [_mm512_set1_ps(f32::NEG_INFINITY); GROUPS];
+    let mut valid = [0 as __mmask16; GROUPS];
+    for (g, keys) in keys.chunks(LANES * hd).enumerate() {
+        let mut dots = [_mm512_setzero_ps(); LANES];
+        for (dot, k) in dots.iter_mut().zip(keys.chunks_exact(hd)) {
+            for c in (0..hd).step_by(LANES) {
+                *dot = _mm512_fmadd_ps(load(q, c), load(k, c), *dot);
+            }
         }
+        valid[g] = ((1u32 << (keys.len() / hd)) - 1) as __mmask16;
+        s[g] = _mm512_mask_blend_ps(valid[g], s[g], _mm512_mul_ps(sums16(&dots), scale));
     }
-    let valid: __mmask16 = ((1u32 << n) - 1) as __mmask16;
-    let s = _mm512_mul_ps(sums16(&dots), _mm512_set1_ps(scale));
-    let s = _mm512_mask_blend_ps(valid, _mm512_set1_ps(f32::NEG_INFINITY), s);
-    let page_max = _mm512_reduce_max_ps(s);
+    let mut tile_max = s[0];
+    for s in &s[1..groups] {
+        tile_max = _mm512_max_ps(tile_max, *s);
+    }
+    let tile_max = _mm512_reduce_max_ps(tile_max);
 
     let (m, rest) = state.split_first_mut().unwrap();
     let (l, acc) = rest.split_first_mut().unwrap();
-    let new_max = m.max(page_max);
+    let new_max = m.max(tile_max);
     let alpha = crate::ops::exp(*m - new_max);
-    let p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(new_max))));
-    *l = *l * alpha + _mm512_reduce_add_ps(p);
+    let mut weights = [0f32; GROUPS * LANES];
+    let mut sum = _mm512_setzero_ps();
+    for g in 0..groups {
+        let p = exp16(_mm512_sub_ps(s[g], _mm512_set1_ps(new_max)));
+        let p = _mm512_maskz_mov_ps(valid[g], p);
+        sum = _mm512_add_ps(sum, p);
+        _mm512_storeu_ps(weights[g * LANES..].as_mut_ptr(), p);
+    }
+    *l = *l * alpha + _mm512_reduce_add_ps(sum);
     *m = new_max;
-    let mut weights = [0f32; LANES];
-    _mm512_storeu_ps(weights.as_mut_ptr(), p);
 
     let alpha = _mm512_set1_ps(alpha);
     for c in (0..hd).step_by(LANES) {

@@ -1,11 +1,12 @@
 //! Causal grouped-query attention over the paged KV cache.
 //!
 //! A token attends to its visible positions in fixed segments of [`SEGMENT_PAGES`] pages.
-//! Within a segment it goes page by page with an online softmax (a running maximum, the sum
-//! of the exponentials below it and their weighted sum of values, rescaled when the maximum
-//! grows); the segments' results are then merged in order. Each page's keys and values are
-//! converted to f32 once per unit of work and serve every query head that shares the KV head
-//! and every token of the unit, without gathering the whole history.
+//! Within a segment it goes a tile of pages (up to [`TILE_POSITIONS`] positions) at a time
+//! with an online softmax (a running maximum, the sum of the exponentials below it and their
+//! weighted sum of values, rescaled when the maximum grows); the segments' results are then
+//! merged in order. Each tile's keys and values are converted to f32 once per unit of work
+//! and serve every query head that shares the KV head and every token of the unit, without
+//! gathering the whole history.
 //!
 //! The arithmetic for a token depends only on its query and its visible positions, never on
 //! the batch around it (how many tokens its chunk has, which other sequences run, how the
@@ -31,6 +32,9 @@ mod avx512;
 
 /// Pages per segment.
 const SEGMENT_PAGES: usize = 8;
+/// Most positions per tile: whole pages, as many as fit, in a number that divides
+/// [`SEGMENT_PAGES`].
+const TILE_POSITIONS: usize = 64;
 /// Tokens of one chunk per unit of work.
 const TOKEN_BLOCK: usize = 16;
 /// Split units by segment when there are fewer than this many units per thread.
@@ -64,6 +68,8 @@ impl Heads {
 pub(crate) struct Plan {
     heads: Heads,
     page_size: usize,
+    /// Pages per tile.
+    tile_pages: usize,
     /// Token blocks of the longest chunk.
     blocks: usize,
     /// Segments of the longest sequence.
@@ -90,9 +96,14 @@ impl Plan {
             .map(|c| c.len.div_ceil(TOKEN_BLOCK) * heads.n_head_kv)
             .sum();
         let segment_len = SEGMENT_PAGES * page_size;
+        let tile_pages = [8, 4, 2]
+            .into_iter()
+            .find(|&pages| SEGMENT_PAGES % pages == 0 && pages * page_size <= TILE_POSITIONS)
+            .unwrap_or(1);
         Plan {
             heads,
             page_size,
+            tile_pages,
             blocks: longest_chunk.div_ceil(TOKEN_BLOCK),
             segments: longest_seq.div_ceil(segment_len),
             block_tokens: longest_chunk.min(TOKEN_BLOCK),
@@ -100,13 +111,18 @@ impl Plan {
         }
     }
 
-    /// Floats of scratch per thread: one page of keys and of values as f32, its scores, and
+    /// Floats of scratch per thread: one tile of keys and of values as f32, its scores, and
     /// two states (running and segment) per token and query head of a unit.
     pub(crate) fn thread_scratch_len(&self) -> usize {
         let h = &self.heads;
-        2 * self.page_size * h.head_dim
-            + self.page_size
+        2 * self.tile_len() * h.head_dim
+            + self.tile_len()
             + 2 * self.block_tokens * h.group() * h.state_len()
+    }
+
+    /// Positions per tile.
+    fn tile_len(&self) -> usize {
+        self.tile_pages * self.page_size
     }
 
     /// Floats of scratch for the segments' states when units are split by segment.
@@ -225,14 +241,14 @@ impl Attention<'_> {
         Ok(())
     }
 
-    /// Runs one unit: its segments one after the other, each page converted once.
+    /// Runs one unit: its segments one after the other, each tile converted once.
     fn unit(&self, unit: &Unit, scratch: &mut [f32], sink: Sink<'_>) -> Result<(), ModelError> {
         let plan = self.plan;
         let h = &plan.heads;
         let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
-        let (keys, rest) = scratch.split_at_mut(plan.page_size * hd);
-        let (values, rest) = rest.split_at_mut(plan.page_size * hd);
-        let (scores, rest) = rest.split_at_mut(plan.page_size);
+        let (keys, rest) = scratch.split_at_mut(plan.tile_len() * hd);
+        let (values, rest) = rest.split_at_mut(plan.tile_len() * hd);
+        let (scores, rest) = rest.split_at_mut(plan.tile_len());
         let n_states = unit.tokens.len() * group;
         let (running, rest) = rest.split_at_mut(n_states * state_len);
         let segment_states = &mut rest[..n_states * state_len];
@@ -247,18 +263,26 @@ impl Attention<'_> {
             segment_states.chunks_exact_mut(state_len).for_each(empty);
             let start = segment * plan.segment_len();
             let end = visible_max.min(start + plan.segment_len());
-            for page_start in (start..end).step_by(plan.page_size) {
-                let rows = plan.page_size.min(end - page_start);
-                let page = pages[page_start / plan.page_size];
-                let (k, v) = (&mut keys[..rows * hd], &mut values[..rows * hd]);
-                storage.read_block_f32(page, self.layer, unit.kv_head, KvKind::Key, k)?;
-                storage.read_block_f32(page, self.layer, unit.kv_head, KvKind::Value, v)?;
+            for tile_start in (start..end).step_by(plan.tile_len()) {
+                let rows = plan.tile_len().min(end - tile_start);
+                for page_start in (tile_start..tile_start + rows).step_by(plan.page_size) {
+                    let page = pages[page_start / plan.page_size];
+                    let at = (page_start - tile_start) * hd;
+                    let page_rows = plan.page_size.min(tile_start + rows - page_start);
+                    let (k, v) = (
+                        &mut keys[at..at + page_rows * hd],
+                        &mut values[at..at + page_rows * hd],
+                    );
+                    storage.read_block_f32(page, self.layer, unit.kv_head, KvKind::Key, k)?;
+                    storage.read_block_f32(page, self.layer, unit.kv_head, KvKind::Value, v)?;
+                }
+                let (k, v) = (&keys[..rows * hd], &values[..rows * hd]);
                 for (ti, i) in unit.tokens.clone().enumerate() {
                     let visible = first + i + 1;
-                    if visible <= page_start {
+                    if visible <= tile_start {
                         continue;
                     }
-                    let n = rows.min(visible - page_start);
+                    let n = rows.min(visible - tile_start);
                     let token = chunk.start + i;
                     for g in 0..group {
                         let head = unit.kv_head * group + g;
@@ -708,7 +732,7 @@ mod tests {
         let mut rng = Lcg(11);
         let kernel = super::kernels();
         for hd in [64, 128, 40] {
-            for n in 1..=16 {
+            for n in (1..=20).chain([31, 32, 33, 47, 48, 63, 64, 70]) {
                 let q: Vec<f32> = (0..hd).map(|_| rng.next()).collect();
                 let keys: Vec<f32> = (0..n * hd).map(|_| rng.next()).collect();
                 let values: Vec<f32> = (0..n * hd).map(|_| rng.next()).collect();
