@@ -129,9 +129,13 @@ impl Forward<'_> {
             let mut acts = Activations::new(arena);
 
             rms_norm(x, &layer.attn_norm, cfg.rms_eps, h);
-            self.project(&mut acts, &layer.wq, h, n, q)?;
-            self.project(&mut acts, &layer.wk, h, n, k)?;
-            self.project(&mut acts, &layer.wv, h, n, v)?;
+            self.project_many(
+                &mut acts,
+                [&layer.wq, &layer.wk, &layer.wv],
+                h,
+                n,
+                [q, k, v],
+            )?;
             for (c, chunk) in batch.chunks.iter().enumerate() {
                 for i in 0..chunk.len {
                     let (token, pos) = (chunk.start + i, first_pos[c] + i);
@@ -160,8 +164,7 @@ impl Forward<'_> {
 
             rms_norm(x, &layer.ffn_norm, cfg.rms_eps, h);
             acts.clear();
-            self.project(&mut acts, &layer.w_gate, h, n, gate)?;
-            self.project(&mut acts, &layer.w_up, h, n, up)?;
+            self.project_many(&mut acts, [&layer.w_gate, &layer.w_up], h, n, [gate, up])?;
             swiglu(gate, up);
             acts.clear();
             self.project(&mut acts, &layer.w_down, gate, n, proj)?;
@@ -250,6 +253,28 @@ impl Forward<'_> {
     ) -> Result<(), Failure> {
         let quantized = acts.for_matrix(m, input, n)?;
         m.matmul(self.file, &quantized, out)?;
+        Ok(())
+    }
+
+    /// [`Forward::project`] of several matrices of the same input, in one parallel loop
+    /// where they can be (all packed, reading the same activation format).
+    fn project_many<'s, const N: usize>(
+        &self,
+        acts: &mut Activations<'s>,
+        matrices: [&Matrix; N],
+        input: &[f32],
+        n: usize,
+        outs: [&mut [f32]; N],
+    ) -> Result<(), Failure> {
+        let ty = matrices[0].ty.vec_dot_type();
+        if matrices.iter().any(|m| m.ty.vec_dot_type() != ty) {
+            for (m, out) in matrices.into_iter().zip(outs) {
+                self.project(acts, m, input, n, out)?;
+            }
+            return Ok(());
+        }
+        let quantized = acts.for_matrix(matrices[0], input, n)?;
+        Matrix::matmul_many(matrices, self.file, &quantized, outs)?;
         Ok(())
     }
 

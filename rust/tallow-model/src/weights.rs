@@ -39,6 +39,24 @@ impl Matrix {
         }
     }
 
+    /// [`Matrix::matmul`] of several matrices that read the same activations: in one
+    /// parallel loop when all are packed, else one after the other.
+    pub fn matmul_many<const N: usize>(
+        matrices: [&Matrix; N],
+        file: &GgufFile,
+        acts: &QuantizedActs<'_>,
+        outs: [&mut [f32]; N],
+    ) -> Result<(), QuantError> {
+        if matrices.iter().all(|m| m.packed.is_some()) {
+            let packed = matrices.map(|m| m.packed.as_deref().expect("all are packed"));
+            return PackedMatrix::matmul_many(packed, acts, outs);
+        }
+        for (m, out) in matrices.into_iter().zip(outs) {
+            m.matmul(file, acts, out)?;
+        }
+        Ok(())
+    }
+
     /// Row `row` as f32 values (`cols` of them).
     pub fn dequantize_row(
         &self,

@@ -200,35 +200,62 @@ impl PackedMatrix {
     /// order). A token's outputs do not depend on the other tokens of `acts`. Runs on the
     /// global thread pool, split by groups of rows.
     pub fn matmul(&self, acts: &QuantizedActs<'_>, out: &mut [f32]) -> Result<(), QuantError> {
-        if acts.ty() != self.ty.vec_dot_type() {
-            return Err(QuantError::ActivationType {
-                weights: self.ty,
-                expected: self.ty.vec_dot_type(),
-                actual: acts.ty(),
-            });
+        Self::matmul_many([self], acts, [out])
+    }
+
+    /// [`PackedMatrix::matmul`] of several matrices that read the same activations (a layer's
+    /// query, key and value projections), in one parallel loop over all their row groups:
+    /// `outs[i]` gets the product of `matrices[i]`. One loop instead of `N` saves a
+    /// synchronization per matrix and spreads small matrices over every thread.
+    pub fn matmul_many<const N: usize>(
+        matrices: [&PackedMatrix; N],
+        acts: &QuantizedActs<'_>,
+        outs: [&mut [f32]; N],
+    ) -> Result<(), QuantError> {
+        let mut work = 0usize;
+        for (m, out) in matrices.iter().zip(&outs) {
+            if acts.ty() != m.ty.vec_dot_type() {
+                return Err(QuantError::ActivationType {
+                    weights: m.ty,
+                    expected: m.ty.vec_dot_type(),
+                    actual: acts.ty(),
+                });
+            }
+            sizes::expect_len("activation columns", m.cols, acts.cols())?;
+            let out_len = sizes::product(acts.n_tokens(), m.rows, "output")?;
+            sizes::expect_len("output elements", out_len, out.len())?;
+            work = work.saturating_add(out_len.saturating_mul(m.cols));
         }
-        sizes::expect_len("activation columns", self.cols, acts.cols())?;
-        let out_len = sizes::product(acts.n_tokens(), self.rows, "output")?;
-        sizes::expect_len("output elements", out_len, out.len())?;
-        if out_len == 0 {
+        if acts.cols() == 0 {
+            outs.into_iter().for_each(|out| out.fill(0.0));
             return Ok(());
         }
-        if self.cols == 0 {
-            out.fill(0.0);
+        let groups = matrices.map(|m| m.rows / PACK_ROWS);
+        let total: usize = groups.iter().sum();
+        if total == 0 || acts.n_tokens() == 0 {
             return Ok(());
         }
-        let groups = self.rows / PACK_ROWS;
+        let outs = outs.map(DisjointSlice::new);
+        // Runs the groups `range` of the matrices' groups taken one after the other.
+        let run = |range: Range<usize>| {
+            let mut first = 0;
+            for ((m, &n), out) in matrices.iter().zip(&groups).zip(&outs) {
+                let (start, end) = (range.start.max(first), range.end.min(first + n));
+                if start < end {
+                    m.groups_into(start - first..end - first, acts, out);
+                }
+                first += n;
+            }
+        };
         let pool = tallow_threads::global();
         let threads = pool.threads();
-        if threads == 1 || out_len.saturating_mul(self.cols) < SERIAL_WORK {
-            let shared = DisjointSlice::new(out);
-            self.groups_into(0..groups, acts, &shared);
+        if threads == 1 || work < SERIAL_WORK {
+            run(0..total);
             return Ok(());
         }
-        let chunk = groups.div_ceil(threads * CHUNKS_PER_THREAD);
-        let shared = DisjointSlice::new(out);
-        pool.run(groups.div_ceil(chunk), &|c, _| {
-            self.groups_into(c * chunk..groups.min((c + 1) * chunk), acts, &shared);
+        let chunk = total.div_ceil(threads * CHUNKS_PER_THREAD);
+        pool.run(total.div_ceil(chunk), &|c, _| {
+            run(c * chunk..total.min((c + 1) * chunk));
         });
         Ok(())
     }

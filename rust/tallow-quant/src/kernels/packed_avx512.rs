@@ -110,7 +110,7 @@ unsafe fn block_sums<D: DotBytes>(steps: &[__m512i; 8], y: &[i8; 32]) -> __m512i
 
 /// Bytes ahead of the block being read that the packed kernels prefetch: the weights stream
 /// from memory once, and the hardware prefetcher stops at each 4 KiB page.
-const PREFETCH_BYTES: usize = 2048;
+const PREFETCH_BYTES: usize = 8192;
 
 /// Prefetches the cache lines `PREFETCH_BYTES` past the start of `block` (a hint: past the
 /// end of the weights it reads whatever follows, or nothing).

@@ -158,6 +158,51 @@ fn unpackable_shapes_and_formats_are_left_unpacked() {
 }
 
 #[test]
+fn several_matrices_in_one_loop_equal_each_alone() {
+    let mut rng = Rng::new(24);
+    let ty = GgmlType::Q4_1;
+    let Some(&isa) = packing_isas(ty).last() else {
+        return;
+    };
+    let cols = 576;
+    // Serial (one token) and parallel (many tokens), with matrices of unequal sizes.
+    for n_tokens in [1, 40] {
+        let shapes = [576, 192, 48];
+        let packed: Vec<PackedMatrix> = shapes
+            .iter()
+            .map(|&rows| {
+                let w = random_blocks(&mut rng, ty, rows * cols / 32);
+                PackedMatrix::pack_with(isa, ty, &w, rows, cols)
+                    .unwrap()
+                    .unwrap()
+            })
+            .collect();
+        let x = rng.activations(n_tokens * cols);
+        let mut buffer = ActsBuffer::new();
+        let acts = buffer.quantize(GgmlType::Q8_1, &x, n_tokens, cols).unwrap();
+        let mut outs: Vec<Vec<f32>> = shapes
+            .iter()
+            .map(|r| vec![f32::NAN; r * n_tokens])
+            .collect();
+        let [a, b, c] = &mut outs[..] else {
+            unreachable!()
+        };
+        PackedMatrix::matmul_many([&packed[0], &packed[1], &packed[2]], &acts, [a, b, c]).unwrap();
+        for (m, out) in packed.iter().zip(&outs) {
+            let mut alone = vec![0f32; out.len()];
+            m.matmul(&acts, &mut alone).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(out),
+                bits(&alone),
+                "{} rows, {n_tokens} tokens",
+                m.rows()
+            );
+        }
+    }
+}
+
+#[test]
 fn bad_operands_are_errors() {
     let Some(&isa) = packing_isas(GgmlType::Q4_1).last() else {
         return;
