@@ -98,7 +98,9 @@ impl Plan {
         let segment_len = SEGMENT_PAGES * page_size;
         let tile_pages = [8, 4, 2]
             .into_iter()
-            .find(|&pages| SEGMENT_PAGES % pages == 0 && pages * page_size <= TILE_POSITIONS)
+            .find(|&pages| {
+                SEGMENT_PAGES.is_multiple_of(pages) && pages * page_size <= TILE_POSITIONS
+            })
             .unwrap_or(1);
         Plan {
             heads,
