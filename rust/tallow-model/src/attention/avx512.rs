@@ -5,6 +5,11 @@
 //! sums and reduces them with one transposing tree into a vector with one score per lane;
 //! then it updates the online softmax state once for the tile, with vector exponentials.
 //! The work for a query depends only on the query and the tile's visible positions.
+//!
+//! For head sizes of 64 and 128, [`rows`] takes the query heads that share a KV head
+//! together (up to 4 and 2 at a time): each key and value vector is loaded once for all of
+//! them, and each head keeps its query and its weighted sum in registers. A head's arithmetic
+//! is the same as in the one-head kernel.
 
 use std::arch::x86_64::*;
 
@@ -146,5 +151,137 @@ pub(super) unsafe fn page(
             a = _mm512_fmadd_ps(_mm512_set1_ps(w), load(v, c), a);
         }
         _mm512_storeu_ps(acc[c..c + LANES].as_mut_ptr(), a);
+    }
+}
+
+/// The query rows `q` (`rows * head_dim`) with their states (`rows * (head_dim + 2)`), all
+/// seeing the same `scores.len()` positions; see `super::Kernels::page`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn rows(
+    states: &mut [f32],
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scores: &mut [f32],
+) {
+    let n = scores.len();
+    let hd = keys.len() / n.max(1);
+    let rows = q.len() / hd.max(1);
+    macro_rules! blocks {
+        ($v:literal, $($r:literal),*) => {{
+            let (mut states, mut q) = (states, q);
+            $(
+                while q.len() >= $r * hd {
+                    let (s, s_rest) = states.split_at_mut($r * (hd + 2));
+                    let (x, x_rest) = q.split_at($r * hd);
+                    rows_kernel::<$r, $v>(s, x, keys, values, n);
+                    (states, q) = (s_rest, x_rest);
+                }
+            )*
+        }};
+    }
+    match hd {
+        64 if fits(hd, n) => blocks!(4, 4, 3, 2, 1),
+        128 if fits(hd, n) => blocks!(8, 2, 1),
+        _ => {
+            for (state, q) in states
+                .chunks_exact_mut(hd + 2)
+                .zip(q.chunks_exact(hd).take(rows))
+            {
+                if fits(hd, n) {
+                    page(state, q, keys, values, scores);
+                } else {
+                    super::generic::page(state, q, keys, values, scores);
+                }
+            }
+        }
+    }
+}
+
+/// `R` query rows of `V` vectors each against `n` positions, as [`page`] does for one.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn rows_kernel<const R: usize, const V: usize>(
+    states: &mut [f32],
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    n: usize,
+) {
+    let hd = V * LANES;
+    assert!(
+        n <= GROUPS * LANES
+            && q.len() == R * hd
+            && states.len() == R * (hd + 2)
+            && keys.len() == n * hd
+            && values.len() == n * hd
+    );
+    let scale = _mm512_set1_ps(1.0 / (hd as f32).sqrt());
+    let load = |s: &[f32], at: usize| _mm512_loadu_ps(s[at..at + LANES].as_ptr());
+    let groups = n.div_ceil(LANES);
+    let qv: [[__m512; V]; R] =
+        std::array::from_fn(|r| std::array::from_fn(|c| load(q, r * hd + c * LANES)));
+
+    let mut s = [[_mm512_set1_ps(f32::NEG_INFINITY); GROUPS]; R];
+    let mut valid = [0 as __mmask16; GROUPS];
+    for (g, keys) in keys.chunks(LANES * hd).enumerate() {
+        let mut dots = [[_mm512_setzero_ps(); LANES]; R];
+        for (j, k) in keys.chunks_exact(hd).enumerate() {
+            let kv: [__m512; V] = std::array::from_fn(|c| load(k, c * LANES));
+            for r in 0..R {
+                let mut dot = _mm512_setzero_ps();
+                for c in 0..V {
+                    dot = _mm512_fmadd_ps(qv[r][c], kv[c], dot);
+                }
+                dots[r][j] = dot;
+            }
+        }
+        valid[g] = ((1u32 << (keys.len() / hd)) - 1) as __mmask16;
+        for r in 0..R {
+            s[r][g] =
+                _mm512_mask_blend_ps(valid[g], s[r][g], _mm512_mul_ps(sums16(&dots[r]), scale));
+        }
+    }
+
+    let mut weights = [[0f32; GROUPS * LANES]; R];
+    let mut alphas = [0f32; R];
+    for r in 0..R {
+        let mut tile_max = s[r][0];
+        for s in &s[r][1..groups] {
+            tile_max = _mm512_max_ps(tile_max, *s);
+        }
+        let tile_max = _mm512_reduce_max_ps(tile_max);
+        let state = &mut states[r * (hd + 2)..][..2];
+        let new_max = state[0].max(tile_max);
+        alphas[r] = crate::ops::exp(state[0] - new_max);
+        let mut sum = _mm512_setzero_ps();
+        for g in 0..groups {
+            let p = exp16(_mm512_sub_ps(s[r][g], _mm512_set1_ps(new_max)));
+            let p = _mm512_maskz_mov_ps(valid[g], p);
+            sum = _mm512_add_ps(sum, p);
+            _mm512_storeu_ps(weights[r][g * LANES..].as_mut_ptr(), p);
+        }
+        state[1] = state[1] * alphas[r] + _mm512_reduce_add_ps(sum);
+        state[0] = new_max;
+    }
+
+    let mut acc: [[__m512; V]; R] = std::array::from_fn(|r| {
+        let alpha = _mm512_set1_ps(alphas[r]);
+        std::array::from_fn(|c| _mm512_mul_ps(load(states, r * (hd + 2) + 2 + c * LANES), alpha))
+    });
+    for (j, v) in values.chunks_exact(hd).enumerate() {
+        let vv: [__m512; V] = std::array::from_fn(|c| load(v, c * LANES));
+        for r in 0..R {
+            let w = _mm512_set1_ps(weights[r][j]);
+            for c in 0..V {
+                acc[r][c] = _mm512_fmadd_ps(w, vv[c], acc[r][c]);
+            }
+        }
+    }
+    for r in 0..R {
+        for c in 0..V {
+            let at = r * (hd + 2) + 2 + c * LANES;
+            _mm512_storeu_ps(states[at..at + LANES].as_mut_ptr(), acc[r][c]);
+        }
     }
 }

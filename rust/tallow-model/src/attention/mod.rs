@@ -286,13 +286,10 @@ impl Attention<'_> {
                     }
                     let n = rows.min(visible - tile_start);
                     let token = chunk.start + i;
-                    for g in 0..group {
-                        let head = unit.kv_head * group + g;
-                        let q = &self.q[token * h.q_dim() + head * hd..][..hd];
-                        let state =
-                            &mut segment_states[(ti * group + g) * state_len..][..state_len];
-                        kernel.page(state, q, &k[..n * hd], &v[..n * hd], &mut scores[..n]);
-                    }
+                    // The query heads of this KV head, and their states, side by side.
+                    let q = &self.q[token * h.q_dim() + unit.kv_head * group * hd..][..group * hd];
+                    let states = &mut segment_states[ti * group * state_len..][..group * state_len];
+                    kernel.page(states, q, &k[..n * hd], &v[..n * hd], &mut scores[..n]);
                 }
             }
             match sink {
@@ -399,7 +396,7 @@ fn finish(state: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `(state, q, keys, values, scores)`: see [`Kernels::page`].
+/// `(states, q, keys, values, scores)`: see [`Kernels::page`].
 type PageFn = unsafe fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]);
 
 /// The inner loops, compiled for the best instruction set of the running CPU.
@@ -411,10 +408,25 @@ struct Kernels {
 
 impl Kernels {
     /// Takes `n = scores.len()` positions (`keys` and `values`, `n` rows of the head
-    /// dimension) into `state` for query `q`.
-    fn page(&self, state: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32]) {
+    /// dimension) into the states of the query rows `q` (one state per row, side by side in
+    /// `states`). Each row's result is the same whatever rows come with it.
+    fn page(
+        &self,
+        states: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+    ) {
+        let hd = keys.len() / scores.len();
+        assert!(
+            scores.len() * hd == keys.len()
+                && keys.len() == values.len()
+                && q.len().is_multiple_of(hd)
+                && states.len() == q.len() / hd * (hd + 2)
+        );
         // SAFETY: `kernels` only picks functions whose features the CPU has.
-        unsafe { (self.page)(state, q, keys, values, scores) }
+        unsafe { (self.page)(states, q, keys, values, scores) }
     }
 
     /// Merges state `other` into `state`.
@@ -504,6 +516,21 @@ mod generic {
         }
     }
 
+    /// [`page`] for each query row of `q`, with its state in `states`.
+    #[inline(always)]
+    pub(super) fn rows(
+        states: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+    ) {
+        let hd = keys.len() / scores.len();
+        for (state, q) in states.chunks_exact_mut(hd + 2).zip(q.chunks_exact(hd)) {
+            page(state, q, keys, values, scores);
+        }
+    }
+
     #[inline(always)]
     pub(super) fn merge(state: &mut [f32], other: &[f32]) {
         let new_max = state[0].max(other[0]);
@@ -519,13 +546,13 @@ mod generic {
 
 mod portable {
     pub(super) unsafe fn page(
-        state: &mut [f32],
+        states: &mut [f32],
         q: &[f32],
         keys: &[f32],
         values: &[f32],
         scores: &mut [f32],
     ) {
-        super::generic::page(state, q, keys, values, scores)
+        super::generic::rows(states, q, keys, values, scores)
     }
 
     pub(super) unsafe fn merge(state: &mut [f32], other: &[f32]) {
@@ -537,17 +564,13 @@ mod portable {
 mod x86 {
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn page_avx512(
-        state: &mut [f32],
+        states: &mut [f32],
         q: &[f32],
         keys: &[f32],
         values: &[f32],
         scores: &mut [f32],
     ) {
-        if super::avx512::fits(q.len(), scores.len()) {
-            super::avx512::page(state, q, keys, values, scores)
-        } else {
-            super::generic::page(state, q, keys, values, scores)
-        }
+        super::avx512::rows(states, q, keys, values, scores)
     }
 
     #[target_feature(enable = "avx512f,avx2,fma")]
@@ -557,13 +580,13 @@ mod x86 {
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn page_avx2(
-        state: &mut [f32],
+        states: &mut [f32],
         q: &[f32],
         keys: &[f32],
         values: &[f32],
         scores: &mut [f32],
     ) {
-        super::generic::page(state, q, keys, values, scores)
+        super::generic::rows(states, q, keys, values, scores)
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -747,6 +770,31 @@ mod tests {
                 super::generic::page(&mut b, &q, &keys, &values, &mut vec![0.0; n]);
                 for (x, y) in a.iter().zip(&b) {
                     assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "hd {hd} n {n}");
+                }
+            }
+        }
+    }
+
+    /// Several query rows in one call give each row the bits it gets alone.
+    #[test]
+    fn rows_together_equal_rows_alone() {
+        let mut rng = Lcg(12);
+        let kernel = super::kernels();
+        for (hd, rows) in [(64, 3), (64, 4), (64, 7), (128, 2), (128, 3), (40, 2)] {
+            for n in [1, 5, 16, 17, 40, 64] {
+                let q: Vec<f32> = (0..rows * hd).map(|_| rng.next()).collect();
+                let keys: Vec<f32> = (0..n * hd).map(|_| rng.next()).collect();
+                let values: Vec<f32> = (0..n * hd).map(|_| rng.next()).collect();
+                let start: Vec<f32> = (0..rows * (hd + 2)).map(|_| rng.next()).collect();
+                let mut together = start.clone();
+                kernel.page(&mut together, &q, &keys, &values, &mut vec![0.0; n]);
+                for r in 0..rows {
+                    let mut alone = start[r * (hd + 2)..(r + 1) * (hd + 2)].to_vec();
+                    let q = &q[r * hd..(r + 1) * hd];
+                    kernel.page(&mut alone, q, &keys, &values, &mut vec![0.0; n]);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    let got = &together[r * (hd + 2)..(r + 1) * (hd + 2)];
+                    assert_eq!(bits(got), bits(&alone), "hd {hd} rows {rows} n {n} row {r}");
                 }
             }
         }
