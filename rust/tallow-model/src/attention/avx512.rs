@@ -199,6 +199,8 @@ pub(super) unsafe fn rows(
 }
 
 /// `R` query rows of `V` vectors each against `n` positions, as [`page`] does for one.
+// Rows and vectors index several arrays at once: plain index loops read best.
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn rows_kernel<const R: usize, const V: usize>(
