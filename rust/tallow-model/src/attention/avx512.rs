@@ -13,6 +13,8 @@
 
 use std::arch::x86_64::*;
 
+use half::f16;
+
 /// Lanes of a vector.
 const LANES: usize = 16;
 /// Groups of 16 positions in the largest tile this kernel takes.
@@ -21,6 +23,21 @@ const GROUPS: usize = 4;
 /// Whether the kernel takes a head of `head_dim` values and tiles of `positions` rows.
 pub(super) fn fits(head_dim: usize, positions: usize) -> bool {
     head_dim.is_multiple_of(LANES) && head_dim > 0 && positions <= GROUPS * LANES
+}
+
+/// f16 keys or values to f32, 16 at a time (`src` and `out` of one length).
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn widen(src: &[f16], out: &mut [f32]) {
+    assert_eq!(src.len(), out.len());
+    let (src16, src_tail) = src.as_chunks::<LANES>();
+    let (out16, out_tail) = out.as_chunks_mut::<LANES>();
+    for (s, o) in src16.iter().zip(out16) {
+        let halves = _mm256_loadu_si256(s.as_ptr().cast());
+        _mm512_storeu_ps(o.as_mut_ptr(), _mm512_cvtph_ps(halves));
+    }
+    for (s, o) in src_tail.iter().zip(out_tail) {
+        *o = s.to_f32();
+    }
 }
 
 /// The 16 horizontal sums of `v`, sum `j` in lane `j`.

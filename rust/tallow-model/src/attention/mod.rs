@@ -21,7 +21,8 @@
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use tallow_kv::{KvKind, PagedKvCache};
+use half::f16;
+use tallow_kv::{KvBlock, KvKind, PagedKvCache};
 use tallow_threads::DisjointSlice;
 
 use crate::batch::Batch;
@@ -275,8 +276,9 @@ impl Attention<'_> {
                         &mut keys[at..at + page_rows * hd],
                         &mut values[at..at + page_rows * hd],
                     );
-                    storage.read_block_f32(page, self.layer, unit.kv_head, KvKind::Key, k)?;
-                    storage.read_block_f32(page, self.layer, unit.kv_head, KvKind::Value, v)?;
+                    let block = |kind| storage.block(page, self.layer, unit.kv_head, kind);
+                    kernel.read(block(KvKind::Key)?, k);
+                    kernel.read(block(KvKind::Value)?, v);
                 }
                 let (k, v) = (&keys[..rows * hd], &values[..rows * hd]);
                 for (ti, i) in unit.tokens.clone().enumerate() {
@@ -402,6 +404,8 @@ type PageFn = unsafe fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]);
 /// The inner loops, compiled for the best instruction set of the running CPU.
 #[derive(Clone, Copy)]
 struct Kernels {
+    /// f16 keys or values to f32.
+    widen: unsafe fn(&[f16], &mut [f32]),
     page: PageFn,
     merge: unsafe fn(&mut [f32], &[f32]),
 }
@@ -429,11 +433,26 @@ impl Kernels {
         unsafe { (self.page)(states, q, keys, values, scores) }
     }
 
+    /// The first `out.len()` values of a KV block, as f32.
+    fn read(&self, block: KvBlock<'_>, out: &mut [f32]) {
+        match block {
+            // SAFETY: `kernels` only picks functions whose features the CPU has.
+            KvBlock::F16(b) => unsafe { (self.widen)(&b[..out.len()], out) },
+            KvBlock::F32(b) => out.copy_from_slice(&b[..out.len()]),
+        }
+    }
+
     /// Merges state `other` into `state`.
     fn merge(&self, state: &mut [f32], other: &[f32]) {
         // SAFETY: as above.
         unsafe { (self.merge)(state, other) }
     }
+}
+
+/// f16 to f32 with the `half` crate (which uses F16C where the CPU has it).
+fn widen_portable(src: &[f16], out: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    src.convert_to_f32_slice(out);
 }
 
 fn kernels() -> Kernels {
@@ -443,18 +462,21 @@ fn kernels() -> Kernels {
         {
             if is_x86_feature_detected!("avx512f") {
                 return Kernels {
+                    widen: avx512::widen,
                     page: x86::page_avx512,
                     merge: x86::merge_avx512,
                 };
             }
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 return Kernels {
+                    widen: widen_portable,
                     page: x86::page_avx2,
                     merge: x86::merge_avx2,
                 };
             }
         }
         Kernels {
+            widen: widen_portable,
             page: portable::page,
             merge: portable::merge,
         }
@@ -772,6 +794,22 @@ mod tests {
                     assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "hd {hd} n {n}");
                 }
             }
+        }
+    }
+
+    /// The selected f16 widening equals `half`'s for every f16 value.
+    #[test]
+    fn widening_matches_half_for_every_value() {
+        use half::f16;
+        let src: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        let mut out = vec![0f32; src.len()];
+        super::kernels().read(tallow_kv::KvBlock::F16(&src), &mut out);
+        for (s, o) in src.iter().zip(&out) {
+            let want = s.to_f32();
+            assert!(
+                want.to_bits() == o.to_bits() || (want.is_nan() && o.is_nan()),
+                "{s}"
+            );
         }
     }
 
