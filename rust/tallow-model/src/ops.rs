@@ -82,11 +82,53 @@ pub fn exp(x: f32) -> f32 {
     y * f32::from_bits(((n as i32 + 127) << 23) as u32)
 }
 
-/// `gate = silu(gate) * up`, in place.
+/// `gate = silu(gate) * up`, in place; on the thread pool when there are many values, with
+/// the CPU's widest vectors.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    /// Values per task on the pool (below this, the calling thread does it all).
+    const CHUNK: usize = 1 << 14;
+    assert_eq!(gate.len(), up.len());
+    let kernel = swiglu_kernel();
+    if gate.len() < 2 * CHUNK {
+        return kernel(gate, up);
+    }
+    let shared = tallow_threads::DisjointSlice::new(gate);
+    tallow_threads::global().run(up.len().div_ceil(CHUNK), &|task, _| {
+        let range = task * CHUNK..up.len().min((task + 1) * CHUNK);
+        // SAFETY: each task writes its own range.
+        kernel(unsafe { shared.range_mut(range.clone()) }, &up[range]);
+    });
+}
+
+#[inline(always)]
+fn swiglu_loop(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + exp(-*g)) * u;
     }
+}
+
+/// [`swiglu_loop`] compiled for the best vectors of the running CPU.
+fn swiglu_kernel() -> fn(&mut [f32], &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn avx512(gate: &mut [f32], up: &[f32]) {
+            swiglu_loop(gate, up)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(gate: &mut [f32], up: &[f32]) {
+            swiglu_loop(gate, up)
+        }
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512 F.
+            return |gate, up| unsafe { avx512(gate, up) };
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA.
+            return |gate, up| unsafe { avx2(gate, up) };
+        }
+    }
+    swiglu_loop
 }
 
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {

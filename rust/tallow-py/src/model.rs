@@ -183,7 +183,11 @@ impl Model {
             flat.push(SeqId(*seq), tokens, logits);
         }
         let (rows, n_vocab) = (flat.n_logits(), self.config().n_vocab);
-        let array = PyArray2::<f32>::zeros(py, [rows, n_vocab], false);
+        // Not zeroed (a megabyte a step for a few rows of a large vocabulary): the forward
+        // pass writes every value, and on an error the array is dropped unseen.
+        // SAFETY: f32 has no invalid bit patterns, and no Python code sees the array before
+        // it is filled.
+        let array = unsafe { PyArray2::<f32>::new(py, [rows, n_vocab], false) };
         // SAFETY: the array was just created here and no Python code has seen it yet, so this
         // is the only reference to its (contiguous) data.
         let out = unsafe { array.as_slice_mut()? };
