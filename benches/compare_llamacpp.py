@@ -1,6 +1,7 @@
 """tallow beside llama.cpp on the same machine, in the same run: prefill (pp512), decode
-(tg128), batched serving (128 prompt + 128 generated tokens x 16 requests, total tokens/s) and
-the peak resident memory of generating 128 tokens from a short prompt (with GNU time,
+(tg128), batched serving (128 prompt + 128 generated tokens x 16 requests, total tokens/s:
+through the engine's step loop, and as concurrent requests to ``AsyncLLM``) and the peak
+resident memory of generating 128 tokens from a short prompt (with GNU time,
 ``/usr/bin/time``).
 
 The two engines take turns, one repetition each, so that a change of load on a shared machine
@@ -71,6 +72,8 @@ def main() -> None:
     ours: dict[str, list[float]] = defaultdict(list)
     theirs: dict[str, list[float]] = defaultdict(list)
     batched_name = "pp128+tg128 x16"
+    # The same requests sent concurrently to AsyncLLM, against the same llama.cpp figure.
+    served_name = "pp128+tg128 x16, AsyncLLM"
     for rep in range(args.reps):
         for name, rate in llama_bench(args.llama_bin / "llama-bench", path, args.threads).items():
             theirs[name].append(rate)
@@ -81,6 +84,8 @@ def main() -> None:
         )
         theirs[batched_name].append(rows[16][2])
         ours[batched_name].append(bench.batched(model, 128, 128, 16, seed=rep).total_tps)
+        ours[served_name].append(bench.served(path, 128, 128, 16, seed=rep))
+        theirs[served_name].append(rows[16][2])
         print(f"round {rep + 1} of {args.reps} done", file=sys.stderr, flush=True)
 
     generate = [sys.executable, "-m", "tallow", "generate", "Hello, my name is", "-m", str(path)]
@@ -92,7 +97,7 @@ def main() -> None:
     print(f"model {path.name} ({file_mib:.1f} MiB), {args.threads} threads, {args.reps} rounds")
     print("| test | tallow t/s | llama.cpp t/s | ratio |")
     print("|---|--:|--:|--:|")
-    for name in ("pp512", "tg128", batched_name):
+    for name in ("pp512", "tg128", batched_name, served_name):
         a, b = statistics.mean(ours[name]), statistics.mean(theirs[name])
         print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
     print(

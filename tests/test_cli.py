@@ -12,6 +12,7 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 
 import tallow
+import tallow.bench
 
 
 def test_generate_streams_only_the_text_to_stdout(smollm2: tallow.LLM) -> None:
@@ -203,3 +204,11 @@ def test_bench_prints_a_row_per_test(smollm2_path: Path) -> None:
         assert mean > 0 and spread >= 0
     proc = run_cli("bench", "-r", "0")
     assert_one_line_error(proc, "--reps must be positive")
+
+
+def test_served_throughput_counts_every_token_of_concurrent_requests(
+    smollm2_path: Path,
+) -> None:
+    # `served` checks that every request generated all its tokens before it reports a rate.
+    rate = tallow.bench.served(smollm2_path, npp=16, ntg=4, npl=3)
+    assert rate > 0

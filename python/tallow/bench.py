@@ -6,6 +6,8 @@
   argmax of the last (llama-bench ``tg``).
 - :func:`batched`: ``npl`` requests of ``npp`` prompt tokens each generating ``ntg`` tokens
   through the engine, as ``llama-batched-bench -npp -ntg -npl`` runs them.
+- :func:`served`: the same requests sent concurrently to :class:`tallow.AsyncLLM`, all tokens
+  over the wall time.
 
 Prompt tokens are random ids from the vocabulary, as in llama-bench; generation ignores
 end-of-generation tokens.
@@ -13,15 +15,19 @@ end-of-generation tokens.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
+from functools import partial
 
+import anyio
 import numpy as np
 
 from tallow import _core
+from tallow.async_llm import AsyncLLM
 from tallow.engine import Engine, EngineConfig, SamplingParams
 
-__all__ = ["Batched", "batched", "decode", "prefill"]
+__all__ = ["Batched", "batched", "decode", "prefill", "served"]
 
 
 def _random_tokens(model: _core.Model, n: int, seed: int) -> list[int]:
@@ -92,3 +98,35 @@ def batched(model: _core.Model, npp: int, ntg: int, npl: int, seed: int = 0) -> 
         generated / t_tg if t_tg > 0 else 0.0,
         (npp + ntg) * npl / (end - start),
     )
+
+
+def served(model: str | os.PathLike[str], npp: int, ntg: int, npl: int, seed: int = 0) -> float:
+    """``npl`` concurrent requests of ``npp`` prompt tokens each generating ``ntg`` tokens
+    (greedy, end-of-generation ignored) through :class:`tallow.AsyncLLM`: all prompt and
+    generated tokens over the wall time from the first request to the last answer."""
+
+    async def run() -> float:
+        async with AsyncLLM(
+            model,
+            max_num_seqs=npl,
+            max_tokens_per_step=max(512, npp * npl),
+            n_ctx=npp + ntg,
+        ) as llm:
+            prompts = [_random_tokens(llm.model, npp, seed + i) for i in range(npl)]
+            generated: list[int] = []
+
+            async def one(prompt: list[int]) -> None:
+                answer = await llm.generate(
+                    prompt, max_tokens=ntg, temperature=0.0, ignore_eos=True
+                )
+                generated.append(answer.completion_tokens)
+
+            start = time.perf_counter()
+            async with anyio.create_task_group() as group:
+                for prompt in prompts:
+                    group.start_soon(partial(one, prompt))
+            seconds = time.perf_counter() - start
+        assert generated == [ntg] * npl, generated
+        return (npp + ntg) * npl / seconds
+
+    return anyio.run(run)
