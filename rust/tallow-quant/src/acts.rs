@@ -5,7 +5,7 @@ use tallow_threads::DisjointSlice;
 use crate::blocks::{as_blocks, BlockQ8_0, BlockQ8_1};
 use crate::fp16::f16_to_f32;
 use crate::kernels::{TileScales, TILE_LANES};
-use crate::{reference, sizes, GgmlType, QuantError};
+use crate::{sizes, GgmlType, Isa, QuantError};
 
 /// Below this many elements, activations are quantized on the calling thread.
 const SERIAL_QUANTIZE: usize = 1 << 16;
@@ -71,11 +71,13 @@ impl<'a> QuantizedActs<'a> {
         bytes: &'a mut [u8],
         scales: &'a mut [f32],
     ) -> Result<Self, QuantError> {
-        let quantize =
-            reference::quantize::quantizer(vec_dot_type).ok_or(QuantError::Unsupported {
+        let quantizer = Isa::detected()
+            .quantizer(vec_dot_type)
+            .ok_or(QuantError::Unsupported {
                 op: "activation quantization",
                 ty: vec_dot_type,
             })?;
+        let quantize = |x: &[f32], dst: &mut [u8]| quantizer.call(x, dst);
         let len = Self::buffer_len(vec_dot_type, n_tokens, cols)?;
         let elements = sizes::product(n_tokens, cols, "activations")?;
         sizes::expect_len("activation elements", elements, x.len())?;

@@ -13,6 +13,8 @@ pub(crate) mod avx512;
 pub(crate) mod neon;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod packed_avx512;
+#[cfg(target_arch = "x86_64")]
+mod quantize_avx512;
 
 use std::sync::OnceLock;
 
@@ -283,6 +285,36 @@ impl Isa {
             _ => None,
         };
         raw.map(Packed)
+    }
+}
+
+/// An activation quantizer: one row of f32 values (whole blocks) to the bytes of its blocks,
+/// the same bytes as the scalar quantizer of its format. Handed out by [`Isa::quantizer`]
+/// only, for a set the running CPU has.
+#[derive(Clone, Copy)]
+pub(crate) struct Quantizer(unsafe fn(x: &[f32], dst: &mut [u8]));
+
+impl Quantizer {
+    #[inline]
+    pub(crate) fn call(self, x: &[f32], dst: &mut [u8]) {
+        // SAFETY: only built by `Isa::quantizer` after checking the CPU has the features.
+        unsafe { (self.0)(x, dst) }
+    }
+}
+
+impl Isa {
+    /// The activation quantizer of this set for `ty` (Q8_0 or Q8_1 on AVX-512), falling back
+    /// to the scalar one; `None` where `ty` has no quantizer.
+    pub(crate) fn quantizer(self, ty: GgmlType) -> Option<Quantizer> {
+        #[cfg(target_arch = "x86_64")]
+        if matches!(self, Isa::Avx512 | Isa::Avx512Vnni) && self.is_available() {
+            match ty {
+                GgmlType::Q8_0 => return Some(Quantizer(quantize_avx512::q8_0)),
+                GgmlType::Q8_1 => return Some(Quantizer(quantize_avx512::q8_1)),
+                _ => {}
+            }
+        }
+        crate::reference::quantize::quantizer(ty).map(|f| Quantizer(f))
     }
 }
 

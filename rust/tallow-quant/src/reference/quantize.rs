@@ -171,13 +171,13 @@ fn q8_symmetric(x: &[f32; 32]) -> (f32, [i8; 32]) {
     (d, x.map(|v| round_half_away(v * id) as i8))
 }
 
-fn q8_0(x: &[f32; 32], b: &mut BlockQ8_0) {
+pub(crate) fn q8_0(x: &[f32; 32], b: &mut BlockQ8_0) {
     let (d, qs) = q8_symmetric(x);
     b.d = f32_to_f16(d);
     b.qs = qs;
 }
 
-fn q8_1(x: &[f32; 32], b: &mut BlockQ8_1) {
+pub(crate) fn q8_1(x: &[f32; 32], b: &mut BlockQ8_1) {
     let (d, qs) = q8_symmetric(x);
     let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
     b.d = f32_to_f16(d);

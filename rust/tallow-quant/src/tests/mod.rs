@@ -2,6 +2,7 @@
 //! bounds. Random data comes from a seeded generator, so failures reproduce.
 
 mod accuracy;
+mod acts;
 mod data;
 mod golden;
 mod kernels;

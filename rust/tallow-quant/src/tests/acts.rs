@@ -1,0 +1,62 @@
+//! The activation quantizers of every instruction set give the scalar quantizer's bytes, on
+//! random rows and on the cases where rounding or scaling is delicate.
+
+use super::rng::Rng;
+use crate::{quantize_row, GgmlType, Isa};
+
+/// Rows of 64 values that test rounding and scaling: random magnitudes, values that scale to
+/// exact halves, zeros, subnormals, one huge value, infinities and NaN.
+fn hard_rows(rng: &mut Rng) -> Vec<Vec<f32>> {
+    let mut rows = Vec::new();
+    for exponent in [-140, -126, -60, -10, 0, 10, 60, 120] {
+        let scale = 2f32.powi(exponent);
+        rows.push((0..64).map(|_| rng.range(-1.0, 1.0) * scale).collect());
+    }
+    // With amax 127, the scale is 1: every k + 0.5 is a tie.
+    let mut halves: Vec<f32> = (0..64).map(|i| (i as f32 - 32.0) + 0.5).collect();
+    halves[0] = 127.0;
+    halves[32] = -127.0;
+    rows.push(halves);
+    // Just below and above the halves.
+    for nudge in [f32::next_down, f32::next_up] {
+        let mut row: Vec<f32> = (0..64).map(|i| nudge((i % 100) as f32 + 0.5)).collect();
+        row[0] = 127.0;
+        row[32] = 127.0;
+        rows.push(row);
+    }
+    rows.push(vec![0.0; 64]);
+    rows.push(vec![-0.0; 64]);
+    let mut mixed = vec![1.0f32; 64];
+    mixed[3] = f32::INFINITY;
+    mixed[40] = f32::NAN;
+    rows.push(mixed);
+    let mut huge = vec![1e-3f32; 64];
+    huge[7] = f32::MAX;
+    huge[50] = -f32::MAX;
+    rows.push(huge);
+    rows
+}
+
+#[test]
+fn every_quantizer_gives_the_scalar_bytes() {
+    let mut rng = Rng::new(31);
+    let mut rows = hard_rows(&mut rng);
+    for _ in 0..200 {
+        rows.push(rng.activations(64));
+    }
+    let mut checked = 0;
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
+        for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
+            let quantizer = isa.quantizer(ty).unwrap();
+            for (i, x) in rows.iter().enumerate() {
+                let bytes = x.len() / 32 * ty.block_bytes();
+                let (mut want, mut got) = (vec![0u8; bytes], vec![0u8; bytes]);
+                quantize_row(ty, x, &mut want).unwrap();
+                quantizer.call(x, &mut got);
+                assert_eq!(got, want, "{isa:?} {ty} row {i}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 2 * rows.len());
+}
