@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tallow_gguf::{GgmlType, GgufFile, TensorInfo};
-use tallow_quant::{PackedMatrix, QuantError, QuantizedActs};
+use tallow_quant::{PackedMatrix, QuantError, QuantizedActs, WeightSource};
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -74,16 +74,25 @@ impl Matrix {
         }
     }
 
-    /// Packs the matrix for this CPU where it can be packed, then lets the OS drop the
-    /// file's pages of it from memory.
-    fn pack(&mut self, file: &GgufFile) -> Result<(), ModelError> {
-        let bytes = file.tensor_data(&self.tensor);
-        if let Some(packed) = PackedMatrix::pack(self.ty, bytes, self.rows, self.cols)? {
-            self.packed = Some(Arc::new(packed));
-            file.release(&self.tensor);
+    fn source<'a>(&self, file: &'a GgufFile) -> WeightSource<'a> {
+        WeightSource {
+            ty: self.ty,
+            bytes: file.tensor_data(&self.tensor),
+            rows: self.rows,
+            cols: self.cols,
         }
-        Ok(())
     }
+}
+
+/// Packs every matrix this CPU can pack into one allocation ([`PackedMatrix::pack_many`]),
+/// letting the OS drop the file's pages of each as soon as it is packed.
+fn pack_all(file: &GgufFile, matrices: &mut [&mut Matrix]) -> Result<(), ModelError> {
+    let sources: Vec<WeightSource<'_>> = matrices.iter().map(|m| m.source(file)).collect();
+    let packed = PackedMatrix::pack_many(&sources, |i| file.release(&matrices[i].tensor))?;
+    for (m, packed) in matrices.iter_mut().zip(packed) {
+        m.packed = packed.map(Arc::new);
+    }
+    Ok(())
 }
 
 pub struct LayerWeights {
@@ -137,20 +146,22 @@ impl Weights {
             })
             .collect::<Result<_, ModelError>>()?;
         if pack {
-            for layer in &mut layers {
-                for m in [
-                    &mut layer.wq,
-                    &mut layer.wk,
-                    &mut layer.wv,
-                    &mut layer.wo,
-                    &mut layer.w_gate,
-                    &mut layer.w_up,
-                    &mut layer.w_down,
-                ] {
-                    m.pack(file)?;
-                }
-            }
-            output.pack(file)?;
+            let mut matrices: Vec<&mut Matrix> = layers
+                .iter_mut()
+                .flat_map(|l| {
+                    [
+                        &mut l.wq,
+                        &mut l.wk,
+                        &mut l.wv,
+                        &mut l.wo,
+                        &mut l.w_gate,
+                        &mut l.w_up,
+                        &mut l.w_down,
+                    ]
+                })
+                .collect();
+            matrices.push(&mut output);
+            pack_all(file, &mut matrices)?;
             if tied {
                 token_embd.packed = output.packed.clone();
             }

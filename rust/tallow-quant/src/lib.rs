@@ -8,6 +8,7 @@
 //! VNNI, NEON) are chosen at run time for the running CPU, see [`Isa`].
 
 mod acts;
+mod aligned;
 mod blocks;
 mod error;
 mod fp16;
@@ -25,7 +26,7 @@ pub use acts::{ActsBuffer, ActsLen, QuantizedActs};
 pub use error::QuantError;
 pub use kernels::Isa;
 pub use matmul::{matmul, matmul_with};
-pub use packed::PackedMatrix;
+pub use packed::{PackedMatrix, WeightSource};
 pub use types::GgmlType;
 
 /// Dequantizes `src` (whole blocks of `ty`) into `dst`, which must hold exactly the elements

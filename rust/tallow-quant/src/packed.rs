@@ -16,9 +16,11 @@
 //! broadcast four at a time, and reuses the unpacked block for up to 8 tokens.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use tallow_threads::DisjointSlice;
 
+use crate::aligned::AlignedBytes;
 use crate::blocks::{as_blocks, as_blocks_mut, Block, BlockQ4_0, BlockQ4_1, BlockQ8_0};
 use crate::kernels::{Packed, PACK_ROWS, TILE_LANES};
 use crate::{reference, sizes, GgmlType, Isa, QuantError, QuantizedActs};
@@ -28,11 +30,6 @@ const SERIAL_WORK: usize = 1 << 18;
 /// Chunks of row groups per thread, so that threads that finish early can take more.
 const CHUNKS_PER_THREAD: usize = 4;
 
-/// 64 bytes aligned to a cache line: the unit the packed data is allocated in.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
-
 /// A weight matrix packed for the kernels of one instruction set (see the module docs).
 pub struct PackedMatrix {
     ty: GgmlType,
@@ -41,7 +38,19 @@ pub struct PackedMatrix {
     kernel: Packed,
     /// Bytes of one group of [`PACK_ROWS`] rows.
     group_bytes: usize,
-    lines: Vec<Line>,
+    /// The buffer this matrix was packed into (shared with the matrices packed with it), and
+    /// its bytes there.
+    storage: Arc<AlignedBytes>,
+    range: Range<usize>,
+}
+
+/// A weight matrix in the GGUF layout, to pack: `rows` rows of `cols` elements of `ty`.
+#[derive(Debug, Clone, Copy)]
+pub struct WeightSource<'a> {
+    pub ty: GgmlType,
+    pub bytes: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -100,42 +109,96 @@ impl PackedMatrix {
         rows: usize,
         cols: usize,
     ) -> Result<Option<Self>, QuantError> {
-        let row_bytes = sizes::row_bytes(ty, cols, "weight row")?;
-        sizes::expect_len(
-            "weight bytes",
-            sizes::product(rows, row_bytes, "weight")?,
-            weight.len(),
-        )?;
-        let (Some(kernel), Some((scale_bytes, quant_bytes))) = (isa.packed(ty), block_layout(ty))
-        else {
-            return Ok(None);
-        };
-        if !Self::can_pack_with(isa, ty, rows, cols) {
-            return Ok(None);
-        }
-        let blocks = cols / ty.block_len();
-        let group_bytes = blocks * (scale_bytes + quant_bytes);
-        let mut lines = vec![Line([0; 64]); (rows / PACK_ROWS * group_bytes).div_ceil(64)];
-        let mut packed = PackedMatrix {
+        let source = WeightSource {
             ty,
+            bytes: weight,
             rows,
             cols,
-            kernel,
-            group_bytes,
-            lines: Vec::new(),
         };
-        let bytes = lines_as_bytes_mut(&mut lines);
-        for (g, group) in bytes.chunks_exact_mut(group_bytes).enumerate() {
-            let src = &weight[g * PACK_ROWS * row_bytes..(g + 1) * PACK_ROWS * row_bytes];
-            match ty {
-                GgmlType::Q4_0 => pack_group::<BlockQ4_0>(src, group, blocks),
-                GgmlType::Q4_1 => pack_group::<BlockQ4_1>(src, group, blocks),
-                GgmlType::Q8_0 => pack_group::<BlockQ8_0>(src, group, blocks),
-                _ => unreachable!("block_layout covers the packable formats"),
-            }
+        let mut packed = Self::pack_many_with(isa, &[source], |_| {})?;
+        Ok(packed.pop().flatten())
+    }
+
+    /// Packs every matrix of `sources` that this CPU can pack ([`PackedMatrix::can_pack`])
+    /// into one allocation, which is large enough for huge pages when the matrices are: a
+    /// model's weights stream through every step, and huge pages spare the page walks.
+    /// Calls `packed(i)` once source `i` is packed (to let its GGUF copy go). `None` for the
+    /// sources it leaves unpacked; an error when a source's size does not match its shape.
+    pub fn pack_many(
+        sources: &[WeightSource<'_>],
+        packed: impl FnMut(usize),
+    ) -> Result<Vec<Option<Self>>, QuantError> {
+        Self::pack_many_with(Isa::detected(), sources, packed)
+    }
+
+    /// [`PackedMatrix::pack_many`] for the kernels of instruction set `isa`.
+    pub fn pack_many_with(
+        isa: Isa,
+        sources: &[WeightSource<'_>],
+        mut packed: impl FnMut(usize),
+    ) -> Result<Vec<Option<Self>>, QuantError> {
+        // Each packable source's kernel, group size and place in the shared buffer.
+        let mut places = Vec::with_capacity(sources.len());
+        let mut total = 0usize;
+        for s in sources {
+            let row_bytes = sizes::row_bytes(s.ty, s.cols, "weight row")?;
+            sizes::expect_len(
+                "weight bytes",
+                sizes::product(s.rows, row_bytes, "weight")?,
+                s.bytes.len(),
+            )?;
+            let place = match (isa.packed(s.ty), block_layout(s.ty)) {
+                (Some(kernel), Some((scale_bytes, quant_bytes)))
+                    if Self::can_pack_with(isa, s.ty, s.rows, s.cols) =>
+                {
+                    let group_bytes = s.cols / s.ty.block_len() * (scale_bytes + quant_bytes);
+                    let size = sizes::product(s.rows / PACK_ROWS, group_bytes, "packed")?;
+                    let offset = total;
+                    // Each matrix starts on a cache line.
+                    total = offset
+                        .checked_add(size.next_multiple_of(64))
+                        .ok_or(QuantError::SizeOverflow { what: "packed" })?;
+                    Some((kernel, group_bytes, offset..offset + size))
+                }
+                _ => None,
+            };
+            places.push(place);
         }
-        packed.lines = lines;
-        Ok(Some(packed))
+        let mut storage = AlignedBytes::zeroed(total);
+        for (i, (s, place)) in sources.iter().zip(&places).enumerate() {
+            let Some((_, group_bytes, range)) = place else {
+                continue;
+            };
+            let row_bytes = s.bytes.len() / s.rows;
+            let blocks = s.cols / s.ty.block_len();
+            let dst = &mut storage.as_mut_slice()[range.clone()];
+            for (g, group) in dst.chunks_exact_mut(*group_bytes).enumerate() {
+                let src = &s.bytes[g * PACK_ROWS * row_bytes..(g + 1) * PACK_ROWS * row_bytes];
+                match s.ty {
+                    GgmlType::Q4_0 => pack_group::<BlockQ4_0>(src, group, blocks),
+                    GgmlType::Q4_1 => pack_group::<BlockQ4_1>(src, group, blocks),
+                    GgmlType::Q8_0 => pack_group::<BlockQ8_0>(src, group, blocks),
+                    _ => unreachable!("block_layout covers the packable formats"),
+                }
+            }
+            packed(i);
+        }
+        let storage = Arc::new(storage);
+        Ok(sources
+            .iter()
+            .zip(places)
+            .map(|(s, place)| {
+                place.map(|(kernel, group_bytes, range)| PackedMatrix {
+                    ty: s.ty,
+                    rows: s.rows,
+                    cols: s.cols,
+                    kernel,
+                    group_bytes,
+                    storage: Arc::clone(&storage),
+                    range,
+                })
+            })
+            .collect())
     }
 
     /// The weight format.
@@ -159,7 +222,7 @@ impl PackedMatrix {
     }
 
     fn bytes(&self) -> &[u8] {
-        &lines_as_bytes(&self.lines)[..self.size_bytes()]
+        &self.storage.as_slice()[self.range.clone()]
     }
 
     fn group(&self, g: usize) -> &[u8] {
@@ -395,14 +458,4 @@ fn unpack_block<B: PackBlock>(group: &[u8], blocks: usize, b: usize, lane: usize
         let at = step_offset::<B>(blocks, b, c, lane);
         block.set_step(c, group[at..at + 4].try_into().unwrap());
     }
-}
-
-fn lines_as_bytes(lines: &[Line]) -> &[u8] {
-    // SAFETY: `Line` is 64 plain bytes without padding.
-    unsafe { std::slice::from_raw_parts(lines.as_ptr().cast(), lines.len() * 64) }
-}
-
-fn lines_as_bytes_mut(lines: &mut [Line]) -> &mut [u8] {
-    // SAFETY: as in `lines_as_bytes`, borrowed exclusively.
-    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), lines.len() * 64) }
 }

@@ -4,7 +4,7 @@
 
 use super::data::{dequantized, magnitude, random_blocks};
 use super::rng::Rng;
-use crate::{matmul_with, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantError};
+use crate::{matmul_with, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantError, WeightSource};
 
 const PACKABLE: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
 const RELATIVE_TOLERANCE: f64 = 1e-5;
@@ -200,6 +200,60 @@ fn several_matrices_in_one_loop_equal_each_alone() {
             );
         }
     }
+}
+
+#[test]
+fn packing_together_equals_packing_alone() {
+    let mut rng = Rng::new(25);
+    let Some(&isa) = packing_isas(GgmlType::Q8_0).last() else {
+        return;
+    };
+    // (type, rows, cols): a Q4_K matrix and one of 24 rows stay unpacked.
+    let shapes = [
+        (GgmlType::Q4_1, 64, 96),
+        (GgmlType::Q4_K, 16, 256),
+        (GgmlType::Q8_0, 32, 64),
+        (GgmlType::Q4_0, 24, 64),
+        (GgmlType::Q4_0, 16, 32),
+    ];
+    let weights: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|&(ty, rows, cols)| random_blocks(&mut rng, ty, rows * cols / ty.block_len()))
+        .collect();
+    let sources: Vec<WeightSource<'_>> = shapes
+        .iter()
+        .zip(&weights)
+        .map(|(&(ty, rows, cols), bytes)| WeightSource {
+            ty,
+            bytes,
+            rows,
+            cols,
+        })
+        .collect();
+    let mut released = Vec::new();
+    let together = PackedMatrix::pack_many_with(isa, &sources, |i| released.push(i)).unwrap();
+    assert_eq!(released, [0, 2, 4]);
+    for (s, packed) in sources.iter().zip(&together) {
+        let alone = PackedMatrix::pack_with(isa, s.ty, s.bytes, s.rows, s.cols).unwrap();
+        assert_eq!(packed.is_some(), alone.is_some(), "{}", s.ty);
+        let (Some(packed), Some(alone)) = (packed, alone) else {
+            continue;
+        };
+        let (mut a, mut b) = (vec![0f32; s.cols], vec![0f32; s.cols]);
+        for r in 0..s.rows {
+            packed.dequantize_row(r, &mut a).unwrap();
+            alone.dequantize_row(r, &mut b).unwrap();
+            assert_eq!(a, b, "{} row {r}", s.ty);
+        }
+    }
+    // A source whose bytes do not match its shape is an error.
+    let bad = WeightSource {
+        ty: GgmlType::Q4_1,
+        bytes: &weights[0][1..],
+        rows: 64,
+        cols: 96,
+    };
+    assert!(PackedMatrix::pack_many_with(isa, &[bad], |_| {}).is_err());
 }
 
 #[test]
