@@ -9,13 +9,14 @@ Settings: plain decoding; prompt lookup (``ngram``) with 4 and 6 proposed tokens
 model: the default model (Q4_1) drafting for the same model requantized to Q8_0 (written once
 next to it with the ``gguf`` package, from the Q4_1 weights).
 
-    python benches/speculative_bench.py [-m MODEL] [--max-tokens 200] [--no-draft]
+    python benches/speculative_bench.py [-m MODEL] [--max-tokens 200] [-r 3] [--no-draft]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -103,6 +104,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--no-draft", action="store_true", help="skip the draft-model runs")
+    parser.add_argument("-r", "--reps", type=int, default=3, help="runs per setting (median)")
     args = parser.parse_args()
     os.environ["TALLOW_NUM_THREADS"] = str(args.threads)
     path = resolve_model(args.model)
@@ -118,14 +120,26 @@ def main() -> None:
     ]
     for task, text in TASKS.items():
         prompt = model.tokenize(text, False, True)
-        plain, plain_rate, _ = decode(model, prompt, args.max_tokens, None)
+        # Plain and speculative runs take turns, so that a change of load on a shared machine
+        # hits both; each rate is the median of its runs.
+        rates: dict[str, list[float]] = {name: [] for name in ["plain", *dict(settings)]}
+        outputs: dict[str, list[int]] = {}
+        stats: dict[str, dict[str, float]] = {}
+        for _ in range(args.reps):
+            plain, rate, _ = decode(model, prompt, args.max_tokens, None)
+            rates["plain"].append(rate)
+            outputs["plain"] = plain
+            for name, spec in settings:
+                outputs[name], rate, stats[name] = decode(model, prompt, args.max_tokens, spec)
+                rates[name].append(rate)
+        plain_rate = statistics.median(rates["plain"])
         print(f"{task:<16} {'plain':<22} {plain_rate:>7.1f} {1.0:>7.2f} {'-':>6} {1.0:>8.2f}")
-        for name, spec in settings:
-            got, rate, stats = decode(model, prompt, args.max_tokens, spec)
+        for name, _ in settings:
+            rate = statistics.median(rates[name])
             print(
                 f"{task:<16} {name:<22} {rate:>7.1f} {rate / plain_rate:>7.2f} "
-                f"{stats['spec_acceptance_rate']:>6.2f} {stats['spec_tokens_per_step']:>8.2f} "
-                f"{got == plain}"
+                f"{stats[name]['spec_acceptance_rate']:>6.2f} "
+                f"{stats[name]['spec_tokens_per_step']:>8.2f} {outputs[name] == outputs['plain']}"
             )
     if args.no_draft:
         return
