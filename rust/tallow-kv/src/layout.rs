@@ -36,10 +36,11 @@ pub enum KvKind {
 /// Shape of the KV pool.
 ///
 /// A page holds `page_size` consecutive token positions of one sequence, for every layer and
-/// KV head, keys and values. Inside a page the values are laid out as
-/// `[n_layer][K, V][n_head_kv][page_size][head_dim]`, so the keys (or values) of one
-/// (layer, KV head) for the whole page are one contiguous `page_size * head_dim` block, and
-/// one layer's K and V blocks sit next to each other.
+/// KV head, keys and values. The pool stores them as
+/// `[n_layer][K, V][n_head_kv][page][page_size][head_dim]`: the keys (or values) of one
+/// (layer, KV head) for a whole page are one contiguous `page_size * head_dim` block, and the
+/// blocks of consecutive pages follow each other, so that attention over a sequence whose
+/// pages were allocated in order reads each head's history as one stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KvLayout {
     /// Transformer layers.

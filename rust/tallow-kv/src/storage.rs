@@ -24,9 +24,9 @@ pub enum KvBlock<'a> {
     F32(&'a [f32]),
 }
 
-/// Every page of the pool in one allocation, laid out as described on [`KvLayout`]:
-/// page `p` starts at `p * elems_per_page`, and within it the block of (layer, kind, head)
-/// starts at `((layer * 2 + kind) * n_head_kv + head) * page_size * head_dim`.
+/// Every page of the pool in one allocation, laid out as described on [`KvLayout`]: the
+/// block of (layer, kind, head) of page `p` starts at
+/// `(((layer * 2 + kind) * n_head_kv + head) * n_pages + p) * page_size * head_dim`.
 ///
 /// The storage knows nothing about sequences or refcounts; it is addressed by page id.
 #[derive(Debug, Clone)]
@@ -103,8 +103,10 @@ impl KvStorage {
         let l = &self.layout;
         Self::check_index("layer", layer, l.n_layer)?;
         Self::check_index("KV head", head, l.n_head_kv)?;
-        Ok(page.index() * self.page_elems
-            + ((layer * 2 + kind as usize) * l.n_head_kv + head) * l.block_len())
+        Ok(
+            (((layer * 2 + kind as usize) * l.n_head_kv + head) * self.n_pages + page.index())
+                * l.block_len(),
+        )
     }
 
     /// The K or V block of (page, layer, KV head), in the pool's dtype.
@@ -282,11 +284,16 @@ impl KvStorage {
     pub fn copy_page(&mut self, src: PageId, dst: PageId) -> Result<()> {
         self.check_page(src)?;
         self.check_page(dst)?;
-        let n = self.page_elems;
-        let (s, d) = (src.index() * n, dst.index() * n);
-        match &mut self.data {
-            Data::F16(v) => v.copy_within(s..s + n, d),
-            Data::F32(v) => v.copy_within(s..s + n, d),
+        // One block per (layer, kind, head), each in its own region of the pool.
+        let block = self.layout.block_len();
+        let blocks = self.page_elems / block;
+        for b in 0..blocks {
+            let region = b * self.n_pages * block;
+            let (s, d) = (region + src.index() * block, region + dst.index() * block);
+            match &mut self.data {
+                Data::F16(v) => v.copy_within(s..s + block, d),
+                Data::F32(v) => v.copy_within(s..s + block, d),
+            }
         }
         Ok(())
     }
