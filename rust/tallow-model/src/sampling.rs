@@ -4,6 +4,7 @@
 //! parallel, each row with its own request's parameters and random state, so a request's
 //! output does not depend on what else is in the batch.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use rayon::prelude::*;
@@ -244,8 +245,16 @@ impl Sampler {
     }
 
     /// The logits after the penalties for the tokens seen so far and the logit bias.
-    fn adjusted(&self, logits: &[f32]) -> Vec<f32> {
+    fn adjusted<'l>(&self, logits: &'l [f32]) -> Cow<'l, [f32]> {
         let p = &self.params;
+        let neutral = p.repetition_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+            && p.logit_bias.is_empty();
+        if neutral {
+            // Nothing to change: no copy of a whole vocabulary's row.
+            return Cow::Borrowed(logits);
+        }
         let mut adjusted = logits.to_vec();
         for (&token, &count) in &self.counts {
             let Some(l) = adjusted.get_mut(token as usize) else {
@@ -265,7 +274,7 @@ impl Sampler {
                 *l += bias;
             }
         }
-        adjusted
+        Cow::Owned(adjusted)
     }
 
     /// Records `token` and, if asked for, its log probabilities under the raw `logits`.
@@ -409,13 +418,24 @@ pub fn sample_batch(
 
 /// Index of the largest logit (the first one on ties), ignoring NaN.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] || logits[best].is_nan() {
-            best = i;
+    // The largest value first, with sixteen independent running maxima (they vectorize),
+    // then its first position; NaN is never the largest (f32::max skips it).
+    let (chunks, tail) = logits.as_chunks::<16>();
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    for chunk in chunks {
+        for (m, &l) in lanes.iter_mut().zip(chunk) {
+            *m = m.max(l);
         }
     }
-    best as u32
+    let max = lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    if let Some(i) = logits.iter().position(|&l| l == max) {
+        return i as u32;
+    }
+    // Every value is NaN: the last one, as a scan that replaces a NaN best would pick.
+    logits.len().saturating_sub(1) as u32
 }
 
 /// The log probability of `token` and the `n` most likely tokens with theirs, from raw logits.
@@ -511,6 +531,33 @@ mod tests {
         let mut s = sampling(0.0, 0, 1.0, 1);
         assert_eq!(s.sample(&[0.1, 3.0, -1.0, 3.0]).unwrap().token, 1);
         assert_eq!(argmax(&[f32::NAN, 1.0, 0.5]), 1);
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 1);
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), 0);
+        // Long rows, with ties, NaN and infinities, against a plain scan for the first
+        // largest value.
+        let mut state = 5u64;
+        for len in [1, 15, 16, 17, 40, 1000] {
+            for _ in 0..50 {
+                let row: Vec<f32> = (0..len)
+                    .map(|_| {
+                        state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        match state >> 60 {
+                            0 => f32::NAN,
+                            1 => f32::NEG_INFINITY,
+                            2 => 7.0,
+                            _ => ((state >> 40) % 64) as f32 / 8.0,
+                        }
+                    })
+                    .collect();
+                let max = row
+                    .iter()
+                    .copied()
+                    .filter(|v| !v.is_nan())
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let want = row.iter().position(|&v| v == max).unwrap_or(len - 1);
+                assert_eq!(argmax(&row), want as u32, "{row:?}");
+            }
+        }
     }
 
     #[test]
