@@ -75,14 +75,14 @@ fn min_max(x: &[f32]) -> (f32, f32) {
     (min, max)
 }
 
-/// `roundf`: to the nearest integer, halves away from zero (for |v| < 2^31). Written out
-/// because `f32::round` is a libm call on baseline x86-64.
+/// `roundf`: to the nearest integer, halves away from zero (for |v| < 2^31; beyond, it
+/// saturates). Written out because `f32::round` is a libm call on baseline x86-64.
 #[inline]
 fn round_half_away(v: f32) -> i32 {
     let a = v.abs();
     let t = a as i32;
     // a - t is exact: t is a's integer part.
-    let r = t + i32::from(a - t as f32 >= 0.5);
+    let r = t.saturating_add(i32::from(a - t as f32 >= 0.5));
     if v < 0.0 {
         -r
     } else {
@@ -168,7 +168,9 @@ fn q8_symmetric(x: &[f32; 32]) -> (f32, [i8; 32]) {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = inverse(d);
-    (d, x.map(|v| round_half_away(v * id) as i8))
+    // Within -127..=127 for finite values; the clamp only bounds what a scale too small to
+    // invert (a subnormal d) makes of them.
+    (d, x.map(|v| round_half_away(v * id).clamp(-128, 127) as i8))
 }
 
 pub(crate) fn q8_0(x: &[f32; 32], b: &mut BlockQ8_0) {
