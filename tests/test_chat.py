@@ -111,6 +111,14 @@ def test_async_chat_matches_llm_chat(smollm2_path: Path, smollm2: tallow.LLM) ->
 
 def test_tallow_chat_in_a_terminal(smollm2_path: Path) -> None:
     """Streaming answers, /reset, Ctrl-C stopping an answer without leaving, and /exit."""
+    question = "What is the capital of France?"
+    # The terminal must show the greedy answer the Python API gives: its first line, up to
+    # 20 characters (the small model's answer itself may change with the kernels' rounding).
+    answer = tallow.LLM(smollm2_path).chat(
+        [{"role": "user", "content": question}], max_tokens=12, temperature=0.0
+    )
+    expected = answer.text.strip().splitlines()[0][:20]
+    assert expected
     child = pexpect.spawn(
         sys.executable,
         ["-m", "tallow", "chat", "-m", str(smollm2_path), "--temperature", "0", "--ctx", "1024"],
@@ -122,8 +130,8 @@ def test_tallow_chat_in_a_terminal(smollm2_path: Path) -> None:
     try:
         child.expect("/reset clears the conversation")
         child.expect("> ")
-        child.sendline("What is the capital of France?")
-        child.expect("Paris")
+        child.sendline(question)
+        child.expect_exact(expected)
         child.expect("\n> ")
         child.sendline("/reset")
         child.expect(r"\(conversation cleared\)")
