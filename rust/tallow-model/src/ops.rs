@@ -66,21 +66,34 @@ impl Rope {
 /// under 2^-125 rather than 0.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer.
-    const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
-    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
-    let mut y = 1.987_569_1e-4f32;
-    y = y * r + 1.398_199_9e-3;
-    y = y * r + 8.333_452e-3;
-    y = y * r + 4.166_579_6e-2;
-    y = y * r + 1.666_666_5e-1;
-    y = y * r + 0.5;
+    let x = x.clamp(EXP_MIN, EXP_MAX);
+    let n = (x * std::f32::consts::LOG2_E + EXP_ROUND) - EXP_ROUND;
+    let r = x - n * EXP_LN2_HI + n * EXP_LN2_LO;
+    let mut y = EXP_POLY[0];
+    for c in &EXP_POLY[1..] {
+        y = y * r + c;
+    }
     y = y * (r * r) + r + 1.0;
     y * f32::from_bits(((n as i32 + 127) << 23) as u32)
 }
+
+/// The constants of [`exp`], shared with the vector versions: the clamp, the rounding constant
+/// (adding and subtracting 1.5 * 2^23 rounds to the nearest integer), ln 2 in two parts
+/// (`x - n ln 2` = `x - n * HI + n * LO`) and the polynomial of `(e^r - 1 - r) / r^2`,
+/// highest degree first.
+pub(crate) const EXP_MIN: f32 = -87.0;
+pub(crate) const EXP_MAX: f32 = 88.0;
+pub(crate) const EXP_ROUND: f32 = 12_582_912.0;
+pub(crate) const EXP_LN2_HI: f32 = 0.693_359_4;
+pub(crate) const EXP_LN2_LO: f32 = 2.121_944_4e-4;
+pub(crate) const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
 
 /// `gate = silu(gate) * up`, in place; on the thread pool when there are many values, with
 /// the CPU's widest vectors.

@@ -74,11 +74,12 @@ unsafe fn sums16(v: &[__m512; LANES]) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn exp16(x: __m512) -> __m512 {
+    use crate::ops::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY, EXP_ROUND};
     let x = _mm512_min_ps(
-        _mm512_max_ps(x, _mm512_set1_ps(-87.0)),
-        _mm512_set1_ps(88.0),
+        _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN)),
+        _mm512_set1_ps(EXP_MAX),
     );
-    let round = _mm512_set1_ps(12_582_912.0);
+    let round = _mm512_set1_ps(EXP_ROUND);
     let n = _mm512_sub_ps(
         _mm512_add_ps(
             _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
@@ -87,17 +88,11 @@ unsafe fn exp16(x: __m512) -> __m512 {
         round,
     );
     let r = _mm512_add_ps(
-        _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693_359_4))),
-        _mm512_mul_ps(n, _mm512_set1_ps(2.121_944_4e-4)),
+        _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(EXP_LN2_HI))),
+        _mm512_mul_ps(n, _mm512_set1_ps(EXP_LN2_LO)),
     );
-    let mut y = _mm512_set1_ps(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ] {
+    let mut y = _mm512_set1_ps(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
         y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
     }
     y = _mm512_add_ps(

@@ -463,7 +463,7 @@ fn kernels() -> Kernels {
             if is_x86_feature_detected!("avx512f") {
                 return Kernels {
                     widen: avx512::widen,
-                    page: x86::page_avx512,
+                    page: avx512::rows,
                     merge: x86::merge_avx512,
                 };
             }
@@ -584,17 +584,6 @@ mod portable {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn page_avx512(
-        states: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-    ) {
-        super::avx512::rows(states, q, keys, values, scores)
-    }
-
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn merge_avx512(state: &mut [f32], other: &[f32]) {
         super::generic::merge(state, other)
