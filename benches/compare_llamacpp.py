@@ -2,7 +2,9 @@
 (tg128), batched serving (128 prompt + 128 generated tokens x 16 requests, total tokens/s:
 through the engine's step loop, and as concurrent requests to ``AsyncLLM``) and the peak
 resident memory of generating 128 tokens from a short prompt (with GNU time,
-``/usr/bin/time``).
+``/usr/bin/time``): of the engine alone (the Rust example ``simple``, built here with cargo,
+beside ``llama-simple``) and of ``tallow generate`` (which adds the Python interpreter and
+numpy).
 
 The two engines take turns, one repetition each, so that a change of load on a shared machine
 hits both. llama.cpp's tools (``llama-bench``, ``llama-batched-bench``, ``llama-simple``) come
@@ -88,10 +90,13 @@ def main() -> None:
         theirs[served_name].append(rows[16][2])
         print(f"round {rep + 1} of {args.reps} done", file=sys.stderr, flush=True)
 
-    generate = [sys.executable, "-m", "tallow", "generate", "Hello, my name is", "-m", str(path)]
-    ours_rss = peak_rss_mib([*generate, "-n", "128", "--temperature", "0"])
-    simple = [str(args.llama_bin / "llama-simple"), "-m", str(path), "-n", "128"]
-    theirs_rss = peak_rss_mib([*simple, "Hello, my name is"])
+    prompt = "Hello, my name is"
+    theirs_rss = peak_rss_mib(
+        [str(args.llama_bin / "llama-simple"), "-m", str(path), "-n", "128", prompt]
+    )
+    engine_rss = peak_rss_mib([str(build_simple()), str(path), "-n", "128", prompt])
+    generate = [sys.executable, "-m", "tallow", "generate", prompt, "-m", str(path)]
+    cli_rss = peak_rss_mib([*generate, "-n", "128", "--temperature", "0"])
     file_mib = path.stat().st_size / 2**20
 
     print(f"model {path.name} ({file_mib:.1f} MiB), {args.threads} threads, {args.reps} rounds")
@@ -100,10 +105,25 @@ def main() -> None:
     for name in ("pp512", "tg128", batched_name, served_name):
         a, b = statistics.mean(ours[name]), statistics.mean(theirs[name])
         print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
-    print(
-        f"| peak RSS, 128 tokens (MiB) | {ours_rss:.0f} ({ours_rss / file_mib:.2f}x file) | "
-        f"{theirs_rss:.0f} ({theirs_rss / file_mib:.2f}x file) | {ours_rss / theirs_rss:.2f} |"
+    for name, ours_rss in (("engine", engine_rss), ("tallow generate", cli_rss)):
+        print(
+            f"| peak RSS, 128 tokens, {name} (MiB) | "
+            f"{ours_rss:.1f} ({ours_rss / file_mib:.3f}x file) | "
+            f"{theirs_rss:.1f} ({theirs_rss / file_mib:.3f}x file) | "
+            f"{ours_rss / theirs_rss:.2f} |"
+        )
+
+
+def build_simple() -> Path:
+    """Builds the Rust example ``simple`` (release) and returns its path."""
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "-p", "tallow-model", "--example", "simple"],
+        cwd=root,
+        check=True,
     )
+    target = Path(os.environ.get("CARGO_TARGET_DIR", root / "target"))
+    return target / "release" / "examples" / "simple"
 
 
 if __name__ == "__main__":

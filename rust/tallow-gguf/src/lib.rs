@@ -11,6 +11,7 @@ mod value;
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::ops::Range;
 use std::path::Path;
 
 use memmap2::Mmap;
@@ -18,7 +19,7 @@ pub use tallow_quant::GgmlType;
 
 pub use error::GgufError;
 use reader::Reader;
-pub use value::Value;
+pub use value::{Array, Strings, Value};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -235,25 +236,40 @@ impl GgufFile {
         &self.storage.bytes()[start..start + info.size as usize]
     }
 
-    /// Tells the OS that the pages of a tensor already copied elsewhere are not needed: they
-    /// leave the process's resident memory, and are read from the file again if touched.
-    /// Best effort: it does nothing for a file held in memory or where the OS cannot.
-    pub fn release(&self, info: &TensorInfo) {
+    /// Tells the OS that the bytes `bytes` of a tensor's data, already copied elsewhere, are
+    /// not needed: their pages leave the process's resident memory, and are read from the
+    /// file again if touched. Best effort: it does nothing for a file held in memory or where
+    /// the OS cannot.
+    pub fn release(&self, info: &TensorInfo, bytes: Range<usize>) {
+        let start = self.data_offset + info.offset as usize;
+        let end = (start + bytes.end).min(start + info.size as usize);
+        self.release_range(start + bytes.start..end);
+    }
+
+    /// [`GgufFile::release`] for the header (metadata and tensor table): once the values a
+    /// caller needs are parsed, its pages need not stay resident.
+    pub fn release_header(&self) {
+        self.release_range(0..self.data_offset);
+    }
+
+    fn release_range(&self, range: Range<usize>) {
         #[cfg(unix)]
         if let Storage::Mapped(map) = &self.storage {
-            let start = self.data_offset + info.offset as usize;
+            if range.is_empty() {
+                return;
+            }
             // SAFETY: the map is read-only and private, so dropping its pages loses nothing:
             // the next read of them faults the file's bytes back in.
             let _ = unsafe {
                 map.unchecked_advise_range(
                     memmap2::UncheckedAdvice::DontNeed,
-                    start,
-                    info.size as usize,
+                    range.start,
+                    range.len(),
                 )
             };
         }
         #[cfg(not(unix))]
-        let _ = info;
+        let _ = range;
     }
 }
 

@@ -2,7 +2,7 @@
 //! file before making it.
 
 use crate::error::GgufError;
-use crate::value::Value;
+use crate::value::{Array, Strings, Value};
 
 /// Arrays nested deeper than this are rejected rather than recursed into (a crafted file could
 /// otherwise exhaust the stack).
@@ -72,10 +72,15 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn string(&mut self, what: &str) -> Result<String, GgufError> {
+        self.str(what).map(str::to_owned)
+    }
+
+    /// A string borrowed from the file.
+    fn str(&mut self, what: &str) -> Result<&'a str, GgufError> {
         let len = self.u64(what)?;
         let offset = self.pos as u64;
         let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::InvalidUtf8 {
+        std::str::from_utf8(bytes).map_err(|_| GgufError::InvalidUtf8 {
             what: what.to_string(),
             offset,
         })
@@ -97,20 +102,7 @@ impl<'a> Reader<'a> {
             6 => Value::F32(f32::from_le_bytes(self.array(&what())?)),
             7 => Value::Bool(u8::from_le_bytes(self.array(&what())?) != 0),
             8 => Value::String(self.string(&what())?),
-            9 if depth < MAX_ARRAY_DEPTH => {
-                let elem_type = self.u32(&what())?;
-                let min_bytes =
-                    min_value_bytes(elem_type).ok_or_else(|| GgufError::InvalidValueType {
-                        key: key.to_string(),
-                        type_id: elem_type,
-                    })?;
-                let n = self.count(min_bytes, &what())?;
-                let mut items = Vec::with_capacity(n as usize);
-                for _ in 0..n {
-                    items.push(self.value_at_depth(key, elem_type, depth + 1)?);
-                }
-                Value::Array(items)
-            }
+            9 if depth < MAX_ARRAY_DEPTH => Value::Array(self.array_at_depth(key, depth + 1)?),
             10 => Value::U64(u64::from_le_bytes(self.array(&what())?)),
             11 => Value::I64(i64::from_le_bytes(self.array(&what())?)),
             12 => Value::F64(f64::from_le_bytes(self.array(&what())?)),
@@ -121,6 +113,65 @@ impl<'a> Reader<'a> {
                 })
             }
         })
+    }
+
+    /// An array's element type, count and elements.
+    fn array_at_depth(&mut self, key: &str, depth: u32) -> Result<Array, GgufError> {
+        let what = || format!("value of '{key}'");
+        let elem_type = self.u32(&what())?;
+        let min_bytes = min_value_bytes(elem_type).ok_or_else(|| GgufError::InvalidValueType {
+            key: key.to_string(),
+            type_id: elem_type,
+        })?;
+        let n = self.count(min_bytes, &what())? as usize;
+        Ok(match elem_type {
+            0 => Array::U8(self.numbers(n, &what(), u8::from_le_bytes)?),
+            1 => Array::I8(self.numbers(n, &what(), i8::from_le_bytes)?),
+            2 => Array::U16(self.numbers(n, &what(), u16::from_le_bytes)?),
+            3 => Array::I16(self.numbers(n, &what(), i16::from_le_bytes)?),
+            4 => Array::U32(self.numbers(n, &what(), u32::from_le_bytes)?),
+            5 => Array::I32(self.numbers(n, &what(), i32::from_le_bytes)?),
+            6 => Array::F32(self.numbers(n, &what(), f32::from_le_bytes)?),
+            7 => Array::Bool(self.numbers(n, &what(), |[b]: [u8; 1]| b != 0)?),
+            8 => {
+                let mut strings = Strings::with_capacity(n, 0);
+                for _ in 0..n {
+                    strings.push(self.str(&what())?);
+                }
+                Array::String(strings)
+            }
+            9 if depth < MAX_ARRAY_DEPTH => {
+                let mut arrays = Vec::with_capacity(n);
+                for _ in 0..n {
+                    arrays.push(self.array_at_depth(key, depth + 1)?);
+                }
+                Array::Array(arrays)
+            }
+            10 => Array::U64(self.numbers(n, &what(), u64::from_le_bytes)?),
+            11 => Array::I64(self.numbers(n, &what(), i64::from_le_bytes)?),
+            12 => Array::F64(self.numbers(n, &what(), f64::from_le_bytes)?),
+            _ => {
+                return Err(GgufError::InvalidValueType {
+                    key: key.to_string(),
+                    type_id: elem_type,
+                })
+            }
+        })
+    }
+
+    /// `n` little-endian numbers of `N` bytes each.
+    fn numbers<const N: usize, T>(
+        &mut self,
+        n: usize,
+        what: &str,
+        from_bytes: impl Fn([u8; N]) -> T,
+    ) -> Result<Vec<T>, GgufError> {
+        // `count` checked that the file holds `n` elements of at least `N` bytes.
+        let bytes = self.take((n * N) as u64, what)?;
+        Ok(bytes
+            .chunks_exact(N)
+            .map(|b| from_bytes(b.try_into().expect("chunks of N bytes")))
+            .collect())
     }
 }
 

@@ -15,7 +15,151 @@ pub enum Value {
     F64(f64),
     Bool(bool),
     String(String),
-    Array(Vec<Value>),
+    Array(Array),
+}
+
+/// A metadata array, held by element type: a vocabulary of 50,000 strings is one buffer and
+/// a list of offsets rather than 50,000 values and allocations.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Array {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    Bool(Vec<bool>),
+    String(Strings),
+    Array(Vec<Array>),
+}
+
+/// A list of strings in one buffer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Strings {
+    text: String,
+    /// Where each string ends in `text`.
+    ends: Vec<usize>,
+}
+
+impl Strings {
+    pub fn with_capacity(strings: usize, bytes: usize) -> Self {
+        Strings {
+            text: String::with_capacity(bytes),
+            ends: Vec::with_capacity(strings),
+        }
+    }
+
+    pub fn push(&mut self, s: &str) {
+        self.text.push_str(s);
+        self.ends.push(self.text.len());
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    pub fn get(&self, index: usize) -> Option<&str> {
+        let end = *self.ends.get(index)?;
+        let start = index.checked_sub(1).map_or(0, |i| self.ends[i]);
+        Some(&self.text[start..end])
+    }
+
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        (0..self.len()).map(|i| self.get(i).expect("index below the length"))
+    }
+}
+
+impl<'a> FromIterator<&'a str> for Strings {
+    fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
+        let mut strings = Strings::default();
+        for s in iter {
+            strings.push(s);
+        }
+        strings
+    }
+}
+
+impl Array {
+    pub fn len(&self) -> usize {
+        match self {
+            Array::U8(v) => v.len(),
+            Array::I8(v) => v.len(),
+            Array::U16(v) => v.len(),
+            Array::I16(v) => v.len(),
+            Array::U32(v) => v.len(),
+            Array::I32(v) => v.len(),
+            Array::U64(v) => v.len(),
+            Array::I64(v) => v.len(),
+            Array::F32(v) => v.len(),
+            Array::F64(v) => v.len(),
+            Array::Bool(v) => v.len(),
+            Array::String(v) => v.len(),
+            Array::Array(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The GGUF name of the elements' type, for error messages.
+    pub fn element_type_name(&self) -> &'static str {
+        match self {
+            Array::U8(_) => "u8",
+            Array::I8(_) => "i8",
+            Array::U16(_) => "u16",
+            Array::I16(_) => "i16",
+            Array::U32(_) => "u32",
+            Array::I32(_) => "i32",
+            Array::U64(_) => "u64",
+            Array::I64(_) => "i64",
+            Array::F32(_) => "f32",
+            Array::F64(_) => "f64",
+            Array::Bool(_) => "bool",
+            Array::String(_) => "string",
+            Array::Array(_) => "array",
+        }
+    }
+
+    /// Element `index` as a [`Value`] (a string or a nested array is copied).
+    pub fn get(&self, index: usize) -> Option<Value> {
+        Some(match self {
+            Array::U8(v) => Value::U8(*v.get(index)?),
+            Array::I8(v) => Value::I8(*v.get(index)?),
+            Array::U16(v) => Value::U16(*v.get(index)?),
+            Array::I16(v) => Value::I16(*v.get(index)?),
+            Array::U32(v) => Value::U32(*v.get(index)?),
+            Array::I32(v) => Value::I32(*v.get(index)?),
+            Array::U64(v) => Value::U64(*v.get(index)?),
+            Array::I64(v) => Value::I64(*v.get(index)?),
+            Array::F32(v) => Value::F32(*v.get(index)?),
+            Array::F64(v) => Value::F64(*v.get(index)?),
+            Array::Bool(v) => Value::Bool(*v.get(index)?),
+            Array::String(v) => Value::String(v.get(index)?.to_owned()),
+            Array::Array(v) => Value::Array(v.get(index)?.clone()),
+        })
+    }
+
+    /// Every element as a [`Value`], in order.
+    pub fn values(&self) -> impl ExactSizeIterator<Item = Value> + '_ {
+        (0..self.len()).map(|i| self.get(i).expect("index below the length"))
+    }
+
+    /// The strings of an array of strings.
+    pub fn as_strings(&self) -> Option<&Strings> {
+        match self {
+            Array::String(s) => Some(s),
+            _ => None,
+        }
+    }
 }
 
 impl Value {
@@ -91,7 +235,7 @@ impl Value {
         }
     }
 
-    pub fn as_array(&self) -> Option<&[Value]> {
+    pub fn as_array(&self) -> Option<&Array> {
         match self {
             Value::Array(v) => Some(v),
             _ => None,

@@ -1,7 +1,7 @@
 //! Parsing well-formed and damaged GGUF images built in memory.
 
 use proptest::prelude::*;
-use tallow_gguf::{GgmlType, GgufError, GgufFile, Value};
+use tallow_gguf::{Array, GgmlType, GgufError, GgufFile, Value};
 
 /// Writes GGUF images byte by byte, so tests can build exactly the file they need.
 struct Builder {
@@ -122,9 +122,11 @@ fn reads_metadata_and_tensors() {
         .and_then(Value::as_array)
         .unwrap();
     assert_eq!(
-        tokens.iter().filter_map(Value::as_str).collect::<Vec<_>>(),
+        tokens.as_strings().unwrap().iter().collect::<Vec<_>>(),
         ["a", "b", "ab"]
     );
+    assert_eq!(tokens.get(1), Some(Value::String("b".into())));
+    assert_eq!(tokens.get(3), None);
     assert_eq!(file.tensors().len(), 2);
     let norm = file.tensor("norm.weight").unwrap();
     assert_eq!(
@@ -259,6 +261,78 @@ fn duplicates_and_bad_values() {
         GgufFile::from_bytes(b.build()),
         Err(GgufError::BadAlignment(24))
     ));
+}
+
+/// An array value's payload: element type, count, then the elements' bytes.
+fn array_payload(elem_type: u32, n: u64, elements: &[u8]) -> Vec<u8> {
+    let mut payload = elem_type.to_le_bytes().to_vec();
+    payload.extend(n.to_le_bytes());
+    payload.extend(elements);
+    payload
+}
+
+#[test]
+fn arrays_keep_their_element_types() {
+    let ints: Vec<u8> = [-1i32, 7, 1 << 30]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let floats: Vec<u8> = [0.5f32, -2.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    // Two arrays of u8: [1, 2] and [].
+    let mut nested = array_payload(0, 2, &[1, 2]);
+    nested.extend(array_payload(0, 0, &[]));
+    let b = sample()
+        .kv_raw("ints", 9, &array_payload(5, 3, &ints))
+        .kv_raw("floats", 9, &array_payload(6, 2, &floats))
+        .kv_raw("flags", 9, &array_payload(7, 3, &[1, 0, 2]))
+        .kv_raw("nested", 9, &array_payload(9, 2, &nested))
+        .kv_str_array("empty", &[])
+        .kv_str_array("words", &["", "é", "xyz"]);
+    let file = GgufFile::from_bytes(b.build()).unwrap();
+    let array = |key: &str| file.get(key).and_then(Value::as_array).unwrap();
+    assert_eq!(array("ints"), &Array::I32(vec![-1, 7, 1 << 30]));
+    assert_eq!(array("ints").element_type_name(), "i32");
+    assert_eq!(
+        array("ints")
+            .values()
+            .map(|v| v.as_i64())
+            .collect::<Vec<_>>(),
+        [Some(-1), Some(7), Some(1 << 30)]
+    );
+    assert_eq!(array("floats"), &Array::F32(vec![0.5, -2.0]));
+    assert_eq!(array("flags"), &Array::Bool(vec![true, false, true]));
+    assert_eq!(
+        array("nested"),
+        &Array::Array(vec![Array::U8(vec![1, 2]), Array::U8(vec![])])
+    );
+    assert_eq!(
+        array("nested").get(0),
+        Some(Value::Array(Array::U8(vec![1, 2])))
+    );
+    assert!(array("empty").is_empty());
+    let words = array("words").as_strings().unwrap();
+    assert_eq!(words.iter().collect::<Vec<_>>(), ["", "é", "xyz"]);
+    assert_eq!(
+        (words.len(), words.get(1), words.get(3)),
+        (3, Some("é"), None)
+    );
+    assert_eq!(array("ints").as_strings(), None);
+
+    // A string element that is not UTF-8, and an array shorter than its count.
+    let b = sample().kv_raw(
+        "bad",
+        9,
+        &array_payload(8, 1, &[1, 0, 0, 0, 0, 0, 0, 0, 0xff]),
+    );
+    assert!(matches!(
+        GgufFile::from_bytes(b.build()),
+        Err(GgufError::InvalidUtf8 { .. })
+    ));
+    let b = sample().kv_raw("short", 9, &array_payload(5, 3, &ints[..8]));
+    assert!(GgufFile::from_bytes(b.build()).is_err());
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Hyper-parameters of a model, read from GGUF metadata.
 
-use tallow_gguf::{GgufFile, Value};
+use tallow_gguf::{Array, GgufFile, Value};
 
 use crate::error::ModelError;
 
@@ -77,7 +77,7 @@ impl ModelConfig {
             None => file
                 .get("tokenizer.ggml.tokens")
                 .and_then(Value::as_array)
-                .map(<[Value]>::len)
+                .map(Array::len)
                 .ok_or_else(|| ModelError::MissingMetadata(format!("{architecture}.vocab_size")))?,
         };
         let config = ModelConfig {

@@ -73,6 +73,8 @@ impl Model {
         let config = ModelConfig::from_gguf(&file)?;
         let weights = Weights::load(&file, &config, options.pack_weights)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
+        // Everything needed from the header is parsed by now.
+        file.release_header();
         let rope = Rope::new(
             config.rope_base,
             config.rope_dim,

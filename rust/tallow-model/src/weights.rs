@@ -85,11 +85,20 @@ impl Matrix {
 }
 
 /// Packs every matrix this CPU can pack into one allocation ([`PackedMatrix::pack_many`]),
-/// letting the OS drop the file's pages of each as soon as it is packed.
+/// letting the OS drop the file's pages of each part as soon as it is packed: the file's copy
+/// and the packed one are never both resident, beyond a MiB or so.
 fn pack_all(file: &GgufFile, matrices: &mut [&mut Matrix]) -> Result<(), ModelError> {
     let sources: Vec<WeightSource<'_>> = matrices.iter().map(|m| m.source(file)).collect();
-    let packed = PackedMatrix::pack_many(&sources, |i| file.release(&matrices[i].tensor))?;
+    // A read maps the pages around it too (the kernel's fault-around), some of them already
+    // released: each release starts from the beginning of the tensor, and a last sweep
+    // catches pages that reading one tensor mapped in its neighbour.
+    let packed = PackedMatrix::pack_many(&sources, |i, bytes| {
+        file.release(&matrices[i].tensor, 0..bytes.end)
+    })?;
     for (m, packed) in matrices.iter_mut().zip(packed) {
+        if packed.is_some() {
+            file.release(&m.tensor, 0..m.tensor.size as usize);
+        }
         m.packed = packed.map(Arc::new);
     }
     Ok(())

@@ -10,7 +10,7 @@ use numpy::{
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use tallow_gguf::Value;
+use tallow_gguf::{Array, Value};
 use tallow_model::{Batch, Logits, ModelConfig, SamplingParams, SeqId, SingleSequence};
 
 use crate::kv::KvCache;
@@ -229,10 +229,24 @@ fn value_to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny
         Value::F64(v) => v.into_pyobject(py)?.into_any(),
         Value::Bool(v) => v.into_pyobject(py)?.to_owned().into_any(),
         Value::String(v) => v.into_pyobject(py)?.into_any(),
-        Value::Array(items) => {
+        Value::Array(items) => array_to_py(py, items)?,
+    })
+}
+
+fn array_to_py<'py>(py: Python<'py>, array: &Array) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match array {
+        Array::String(strings) => PyList::new(py, strings.iter())?.into_any(),
+        Array::Array(arrays) => {
             let list = PyList::empty(py);
-            for item in items {
-                list.append(value_to_py(py, item)?)?;
+            for item in arrays {
+                list.append(array_to_py(py, item)?)?;
+            }
+            list.into_any()
+        }
+        _ => {
+            let list = PyList::empty(py);
+            for item in array.values() {
+                list.append(value_to_py(py, &item)?)?;
             }
             list.into_any()
         }

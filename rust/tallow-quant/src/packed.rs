@@ -29,6 +29,9 @@ use crate::{reference, sizes, GgmlType, Isa, QuantError, QuantizedActs};
 const SERIAL_WORK: usize = 1 << 18;
 /// Chunks of row groups per thread, so that threads that finish early can take more.
 const CHUNKS_PER_THREAD: usize = 4;
+/// [`PackedMatrix::pack_many`] reports its progress through a source in steps of about this
+/// many bytes.
+const PROGRESS_BYTES: usize = 1 << 20;
 
 /// A weight matrix packed for the kernels of one instruction set (see the module docs).
 pub struct PackedMatrix {
@@ -115,18 +118,20 @@ impl PackedMatrix {
             rows,
             cols,
         };
-        let mut packed = Self::pack_many_with(isa, &[source], |_| {})?;
+        let mut packed = Self::pack_many_with(isa, &[source], |_, _| {})?;
         Ok(packed.pop().flatten())
     }
 
     /// Packs every matrix of `sources` that this CPU can pack ([`PackedMatrix::can_pack`])
     /// into one allocation, which is large enough for huge pages when the matrices are: a
     /// model's weights stream through every step, and huge pages spare the page walks.
-    /// Calls `packed(i)` once source `i` is packed (to let its GGUF copy go). `None` for the
-    /// sources it leaves unpacked; an error when a source's size does not match its shape.
+    /// Reports progress as `packed(i, bytes)`: the bytes `bytes` of source `i` are packed and
+    /// no longer read (in order, about a MiB at a time, so that the caller can let the pages
+    /// of a large source go while the rest of it is packed). `None` for the sources it leaves
+    /// unpacked; an error when a source's size does not match its shape.
     pub fn pack_many(
         sources: &[WeightSource<'_>],
-        packed: impl FnMut(usize),
+        packed: impl FnMut(usize, Range<usize>),
     ) -> Result<Vec<Option<Self>>, QuantError> {
         Self::pack_many_with(Isa::detected(), sources, packed)
     }
@@ -135,7 +140,7 @@ impl PackedMatrix {
     pub fn pack_many_with(
         isa: Isa,
         sources: &[WeightSource<'_>],
-        mut packed: impl FnMut(usize),
+        mut packed: impl FnMut(usize, Range<usize>),
     ) -> Result<Vec<Option<Self>>, QuantError> {
         // Each packable source's kernel, group size and place in the shared buffer.
         let mut places = Vec::with_capacity(sources.len());
@@ -172,16 +177,22 @@ impl PackedMatrix {
             let row_bytes = s.bytes.len() / s.rows;
             let blocks = s.cols / s.ty.block_len();
             let dst = &mut storage.as_mut_slice()[range.clone()];
+            let src_group_bytes = PACK_ROWS * row_bytes;
+            let mut reported = 0;
             for (g, group) in dst.chunks_exact_mut(*group_bytes).enumerate() {
-                let src = &s.bytes[g * PACK_ROWS * row_bytes..(g + 1) * PACK_ROWS * row_bytes];
+                let done = (g + 1) * src_group_bytes;
+                let src = &s.bytes[done - src_group_bytes..done];
                 match s.ty {
                     GgmlType::Q4_0 => pack_group::<BlockQ4_0>(src, group, blocks),
                     GgmlType::Q4_1 => pack_group::<BlockQ4_1>(src, group, blocks),
                     GgmlType::Q8_0 => pack_group::<BlockQ8_0>(src, group, blocks),
                     _ => unreachable!("block_layout covers the packable formats"),
                 }
+                if done - reported >= PROGRESS_BYTES || done == s.bytes.len() {
+                    packed(i, reported..done);
+                    reported = done;
+                }
             }
-            packed(i);
         }
         let storage = Arc::new(storage);
         Ok(sources

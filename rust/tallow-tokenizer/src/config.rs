@@ -1,6 +1,6 @@
 //! The tokenizer's inputs, read from the `tokenizer.ggml.*` metadata of a GGUF file.
 
-use tallow_gguf::{GgufFile, Value};
+use tallow_gguf::{Array, GgufFile, Value};
 
 use crate::TokenizerError;
 
@@ -144,10 +144,10 @@ fn array<T>(
         .as_array()
         .ok_or_else(|| wrong_type(key, expected, value))?;
     items
-        .iter()
+        .values()
         .enumerate()
         .map(|(index, item)| {
-            element(item).ok_or_else(|| TokenizerError::WrongElementType {
+            element(&item).ok_or_else(|| TokenizerError::WrongElementType {
                 key,
                 index,
                 expected,
@@ -159,7 +159,19 @@ fn array<T>(
 }
 
 fn string_array(file: &GgufFile, key: &'static str) -> Result<Option<Vec<String>>, TokenizerError> {
-    array(file, key, "a string array", |v| {
-        v.as_str().map(str::to_owned)
-    })
+    const EXPECTED: &str = "a string array";
+    let Some(value) = file.get(key) else {
+        return Ok(None);
+    };
+    match value.as_array() {
+        Some(Array::String(strings)) => Ok(Some(strings.iter().map(str::to_owned).collect())),
+        Some(items) if items.is_empty() => Ok(Some(Vec::new())),
+        Some(items) => Err(TokenizerError::WrongElementType {
+            key,
+            index: 0,
+            expected: EXPECTED,
+            found: items.element_type_name(),
+        }),
+        None => Err(wrong_type(key, EXPECTED, value)),
+    }
 }

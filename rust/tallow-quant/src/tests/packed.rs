@@ -215,6 +215,7 @@ fn packing_together_equals_packing_alone() {
         (GgmlType::Q8_0, 32, 64),
         (GgmlType::Q4_0, 24, 64),
         (GgmlType::Q4_0, 16, 32),
+        (GgmlType::Q8_0, 1024, 1024),
     ];
     let weights: Vec<Vec<u8>> = shapes
         .iter()
@@ -230,9 +231,21 @@ fn packing_together_equals_packing_alone() {
             cols,
         })
         .collect();
-    let mut released = Vec::new();
-    let together = PackedMatrix::pack_many_with(isa, &sources, |i| released.push(i)).unwrap();
-    assert_eq!(released, [0, 2, 4]);
+    // Progress comes in order, source by source, in consecutive ranges that end with the
+    // source (a source of more than a MiB in more than one step).
+    let mut released: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    let together =
+        PackedMatrix::pack_many_with(isa, &sources, |i, bytes| released.push((i, bytes))).unwrap();
+    let mut covered = vec![0; sources.len()];
+    for (i, bytes) in &released {
+        assert_eq!(bytes.start, covered[*i], "source {i}");
+        assert!(bytes.end > bytes.start);
+        covered[*i] = bytes.end;
+    }
+    let lens: Vec<usize> = sources.iter().map(|s| s.bytes.len()).collect();
+    assert_eq!(covered, [lens[0], 0, lens[2], 0, lens[4], lens[5]]);
+    assert!(released.windows(2).all(|w| w[0].0 <= w[1].0));
+    assert!(released.iter().filter(|(i, _)| *i == 5).count() > 1);
     for (s, packed) in sources.iter().zip(&together) {
         let alone = PackedMatrix::pack_with(isa, s.ty, s.bytes, s.rows, s.cols).unwrap();
         assert_eq!(packed.is_some(), alone.is_some(), "{}", s.ty);
@@ -253,7 +266,7 @@ fn packing_together_equals_packing_alone() {
         rows: 64,
         cols: 96,
     };
-    assert!(PackedMatrix::pack_many_with(isa, &[bad], |_| {}).is_err());
+    assert!(PackedMatrix::pack_many_with(isa, &[bad], |_, _| {}).is_err());
 }
 
 #[test]
