@@ -334,26 +334,34 @@ impl PackedMatrix {
         Ok(())
     }
 
-    /// The outputs of the row groups `range` for every token: per group, the tokens in tiles
-    /// of up to [`TILE_LANES`], while the group's blocks stay in the L1 cache.
+    /// The outputs of the row groups `range` for every token, in tiles of up to
+    /// [`TILE_LANES`] tokens. One tile runs over all the groups in one call; more run group
+    /// by group, every tile while the group's blocks are in the L1 cache.
     fn groups_into(&self, range: Range<usize>, acts: &QuantizedActs<'_>, out: &DisjointSlice<f32>) {
         let n_tokens = acts.n_tokens();
-        let mut tile_out = [0f32; PACK_ROWS * TILE_LANES];
-        for g in range {
-            let group = self.group(g);
-            for tg in 0..n_tokens.div_ceil(TILE_LANES) {
-                let first = tg * TILE_LANES;
+        let tiles = n_tokens.div_ceil(TILE_LANES);
+        let step = if tiles == 1 { range.len() } else { 1 };
+        for start in range.clone().step_by(step.max(1)) {
+            let groups = start..range.end.min(start + step);
+            let bytes =
+                &self.bytes()[groups.start * self.group_bytes..groups.end * self.group_bytes];
+            let rows = groups.start * PACK_ROWS..groups.end * PACK_ROWS;
+            for tile in 0..tiles {
+                let first = tile * TILE_LANES;
                 let n = TILE_LANES.min(n_tokens - first);
                 let a: [&[u8]; TILE_LANES] =
                     std::array::from_fn(|i| acts.row((first + i).min(n_tokens - 1)));
-                let scales = acts.tile_scales(tg, 0);
-                let tile_out = &mut tile_out[..n * PACK_ROWS];
-                self.kernel.call(group, &a[..n], &scales, tile_out);
-                for (t, rows) in tile_out.chunks_exact(PACK_ROWS).enumerate() {
-                    let start = (first + t) * self.rows + g * PACK_ROWS;
-                    // SAFETY: this task owns the rows of group `g`, for every token.
-                    unsafe { out.range_mut(start..start + PACK_ROWS) }.copy_from_slice(rows);
-                }
+                let mut outs: [&mut [f32]; TILE_LANES] = std::array::from_fn(|t| {
+                    let at = (first + t) * self.rows;
+                    if t < n {
+                        // SAFETY: this task owns the rows of groups `range`, for every token.
+                        unsafe { out.range_mut(at + rows.start..at + rows.end) }
+                    } else {
+                        &mut []
+                    }
+                });
+                self.kernel
+                    .call(bytes, &a[..n], &acts.tile_scales(tile, 0), &mut outs[..n]);
             }
         }
     }

@@ -122,13 +122,13 @@ impl Rows {
     }
 }
 
-/// A packed kernel: the bytes of one group of [`PACK_ROWS`] packed weight rows (see
+/// A packed kernel: the bytes of consecutive groups of [`PACK_ROWS`] packed weight rows (see
 /// `crate::packed`) against the activation rows `a` of 1 to 8 tokens of one token group, with
-/// that group's [`TileScales`] (which must include the block sums), writing `PACK_ROWS`
-/// outputs per token to `out` (token-major). A token's outputs do not depend on the other
+/// that group's [`TileScales`] (which must include the block sums), writing to `out[t]` the
+/// outputs of token `t` (`PACK_ROWS` per group). A token's outputs do not depend on the other
 /// tokens of the tile. Handed out by [`Isa::packed`] only, for a set the running CPU has.
 pub(crate) type RawPacked =
-    unsafe fn(group: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]);
+    unsafe fn(groups: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [&mut [f32]]);
 
 /// Weight rows interleaved in one packed group: one per i32 lane of a 512-bit vector.
 pub(crate) const PACK_ROWS: usize = 16;
@@ -139,10 +139,16 @@ pub(crate) struct Packed(RawPacked);
 
 impl Packed {
     #[inline]
-    pub(crate) fn call(self, group: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
+    pub(crate) fn call(
+        self,
+        groups: &[u8],
+        a: &[&[u8]],
+        scales: &TileScales,
+        out: &mut [&mut [f32]],
+    ) {
         // SAFETY: only built by `Isa::packed` after checking the CPU has the features; the
         // kernels check their operands' lengths.
-        unsafe { (self.0)(group, a, scales, out) }
+        unsafe { (self.0)(groups, a, scales, out) }
     }
 }
 

@@ -19,41 +19,55 @@ use super::{RawPacked, TileScales, PACK_ROWS, TILE_LANES};
 use crate::blocks::{as_blocks, Block, BlockQ8_0, BlockQ8_1};
 use crate::GgmlType;
 
-/// The operands of a packed kernel of `T` tokens, checked and viewed per block: the scale
-/// bytes (`S` per block) and quant bytes (`Q` per block) of the group, the activation blocks
-/// of each token, and the f32 block scales and sums of the token group, one array of
-/// [`TILE_LANES`] lanes per block.
-#[allow(clippy::type_complexity)]
-#[inline]
-fn packed_operands<'a, A: Block, const S: usize, const Q: usize, const T: usize>(
-    group: &'a [u8],
-    a: &[&'a [u8]],
-    scales: &TileScales<'a>,
-    out: &[f32],
-) -> (
-    &'a [[u8; S]],
-    &'a [[u8; Q]],
-    [&'a [A]; T],
-    &'a [[f32; TILE_LANES]],
-    &'a [[f32; TILE_LANES]],
-) {
-    let blocks = group.len() / (S + Q);
-    assert!(group.len() == blocks * (S + Q) && out.len() == T * PACK_ROWS);
-    let (scale_bytes, quant_bytes) = group.split_at(blocks * S);
-    let acts: [&[A]; T] = std::array::from_fn(|t| as_blocks::<A>(a[t]));
-    assert!(acts.iter().all(|a| a.len() == blocks));
-    scales.check(blocks, T);
-    assert!(
-        scales.s.len() == scales.d.len(),
-        "packed kernels need block sums"
-    );
-    (
-        scale_bytes.as_chunks::<S>().0,
-        quant_bytes.as_chunks::<Q>().0,
-        acts,
-        scales.d.as_chunks::<TILE_LANES>().0,
-        scales.s.as_chunks::<TILE_LANES>().0,
-    )
+/// The operands of a packed kernel of `T` tokens over consecutive groups, checked: the
+/// groups' bytes (`S` scale bytes then `Q` quant bytes per block), the activation blocks of
+/// each token, the f32 block scales and sums of the token group (one array of
+/// [`TILE_LANES`] lanes per block), and the number of blocks per row.
+struct Operands<'a, A: Block, const S: usize, const Q: usize, const T: usize> {
+    groups: &'a [u8],
+    blocks: usize,
+    acts: [&'a [A]; T],
+    d: &'a [[f32; TILE_LANES]],
+    s: &'a [[f32; TILE_LANES]],
+    lane0: usize,
+}
+
+impl<'a, A: Block, const S: usize, const Q: usize, const T: usize> Operands<'a, A, S, Q, T> {
+    #[inline]
+    fn new(groups: &'a [u8], a: &[&'a [u8]], scales: &TileScales<'a>, out: &[&mut [f32]]) -> Self {
+        let acts: [&[A]; T] = std::array::from_fn(|t| as_blocks::<A>(a[t]));
+        let blocks = acts[0].len();
+        assert!(acts.iter().all(|a| a.len() == blocks));
+        let group_bytes = blocks * (S + Q);
+        assert!(group_bytes > 0 && groups.len().is_multiple_of(group_bytes));
+        let rows = groups.len() / group_bytes * PACK_ROWS;
+        assert!(out.len() == T && out.iter().all(|o| o.len() == rows));
+        scales.check(blocks, T);
+        assert!(
+            scales.s.len() == scales.d.len(),
+            "packed kernels need block sums"
+        );
+        Operands {
+            groups,
+            blocks,
+            acts,
+            d: scales.d.as_chunks::<TILE_LANES>().0,
+            s: scales.s.as_chunks::<TILE_LANES>().0,
+            lane0: scales.lane0,
+        }
+    }
+
+    /// The scale bytes and quant bytes of every block of each group, in order.
+    #[inline]
+    fn each_group(&self) -> impl Iterator<Item = (&'a [[u8; S]], &'a [[u8; Q]])> + 'a {
+        let blocks = self.blocks;
+        self.groups
+            .chunks_exact(blocks * (S + Q))
+            .map(move |group| {
+                let (scales, quants) = group.split_at(blocks * S);
+                (scales.as_chunks::<S>().0, quants.as_chunks::<Q>().0)
+            })
+    }
 }
 
 /// Sixteen f16 values (one per row) as f32.
@@ -123,12 +137,13 @@ unsafe fn prefetch_ahead<const Q: usize>(block: &[u8; Q]) {
     }
 }
 
-/// Stores the 16 row outputs of each token.
+/// Stores the 16 row outputs of each token for group `g`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn store_rows<const T: usize>(acc: &[__m512; T], out: &mut [f32]) {
-    for (t, rows) in out.as_chunks_mut::<PACK_ROWS>().0.iter_mut().enumerate() {
-        _mm512_storeu_ps(rows.as_mut_ptr(), acc[t]);
+unsafe fn store_rows<const T: usize>(acc: &[__m512; T], out: &mut [&mut [f32]], g: usize) {
+    for (rows, acc) in out.iter_mut().zip(acc) {
+        let rows = &mut rows[g * PACK_ROWS..(g + 1) * PACK_ROWS];
+        _mm512_storeu_ps(rows.as_mut_ptr(), *acc);
     }
 }
 
@@ -136,29 +151,30 @@ unsafe fn store_rows<const T: usize>(acc: &[__m512; T], out: &mut [f32]) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn packed_q4_1<D: DotBytes, const T: usize>(
-    group: &[u8],
+    groups: &[u8],
     a: &[&[u8]],
     scales: &TileScales,
-    out: &mut [f32],
+    out: &mut [&mut [f32]],
 ) {
-    let (scale_bytes, quants, acts, da, sa) =
-        packed_operands::<BlockQ8_1, 64, 256, T>(group, a, scales, out);
-    let lane0 = scales.lane0;
-    let mut acc = [_mm512_setzero_ps(); T];
-    for (b, (sc, q)) in scale_bytes.iter().zip(quants).enumerate() {
-        let d = load_f16x16(&sc[..32]);
-        let m = load_f16x16(&sc[32..]);
-        prefetch_ahead(q);
-        let steps = nibble_steps(q);
-        for t in 0..T {
-            let sums = _mm512_cvtepi32_ps(block_sums::<D>(&steps, &acts[t][b].qs));
-            let lane = lane0 + t;
-            let scale = _mm512_mul_ps(d, _mm512_set1_ps(da[b][lane]));
-            acc[t] = _mm512_fmadd_ps(scale, sums, acc[t]);
-            acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(sa[b][lane]), acc[t]);
+    let ops = Operands::<BlockQ8_1, 64, 256, T>::new(groups, a, scales, out);
+    let (acts, da, sa) = (&ops.acts, ops.d, ops.s);
+    for (g, (scale_bytes, quants)) in ops.each_group().enumerate() {
+        let mut acc = [_mm512_setzero_ps(); T];
+        for (b, (sc, q)) in scale_bytes.iter().zip(quants).enumerate() {
+            let d = load_f16x16(&sc[..32]);
+            let m = load_f16x16(&sc[32..]);
+            prefetch_ahead(q);
+            let steps = nibble_steps(q);
+            for t in 0..T {
+                let sums = _mm512_cvtepi32_ps(block_sums::<D>(&steps, &acts[t][b].qs));
+                let lane = ops.lane0 + t;
+                let scale = _mm512_mul_ps(d, _mm512_set1_ps(da[b][lane]));
+                acc[t] = _mm512_fmadd_ps(scale, sums, acc[t]);
+                acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(sa[b][lane]), acc[t]);
+            }
         }
+        store_rows(&acc, out, g);
     }
-    store_rows(&acc, out);
 }
 
 /// Q4_0 and Q8_0 (scales: 16 `d`, f16; quants stored as `q + offset`, unsigned):
@@ -167,53 +183,54 @@ unsafe fn packed_q4_1<D: DotBytes, const T: usize>(
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn packed_offset<D: DotBytes, const Q: usize, const T: usize>(
-    group: &[u8],
+    groups: &[u8],
     a: &[&[u8]],
     scales: &TileScales,
-    out: &mut [f32],
+    out: &mut [&mut [f32]],
     offset: f32,
     steps: unsafe fn(&[u8; Q]) -> [__m512i; 8],
 ) {
-    let (scale_bytes, quants, acts, da, sy) =
-        packed_operands::<BlockQ8_0, 32, Q, T>(group, a, scales, out);
-    let lane0 = scales.lane0;
+    let ops = Operands::<BlockQ8_0, 32, Q, T>::new(groups, a, scales, out);
+    let (acts, da, sy) = (&ops.acts, ops.d, ops.s);
     let offset = _mm512_set1_ps(offset);
-    let mut acc = [_mm512_setzero_ps(); T];
-    for (b, (sc, q)) in scale_bytes.iter().zip(quants).enumerate() {
-        let d = load_f16x16(sc);
-        prefetch_ahead(q);
-        let steps = steps(q);
-        for t in 0..T {
-            let biased = _mm512_cvtepi32_ps(block_sums::<D>(&steps, &acts[t][b].qs));
-            let lane = lane0 + t;
-            let sums = _mm512_fnmadd_ps(offset, _mm512_set1_ps(sy[b][lane]), biased);
-            let scale = _mm512_mul_ps(d, _mm512_set1_ps(da[b][lane]));
-            acc[t] = _mm512_fmadd_ps(scale, sums, acc[t]);
+    for (g, (scale_bytes, quants)) in ops.each_group().enumerate() {
+        let mut acc = [_mm512_setzero_ps(); T];
+        for (b, (sc, q)) in scale_bytes.iter().zip(quants).enumerate() {
+            let d = load_f16x16(sc);
+            prefetch_ahead(q);
+            let steps = steps(q);
+            for t in 0..T {
+                let biased = _mm512_cvtepi32_ps(block_sums::<D>(&steps, &acts[t][b].qs));
+                let lane = ops.lane0 + t;
+                let sums = _mm512_fnmadd_ps(offset, _mm512_set1_ps(sy[b][lane]), biased);
+                let scale = _mm512_mul_ps(d, _mm512_set1_ps(da[b][lane]));
+                acc[t] = _mm512_fmadd_ps(scale, sums, acc[t]);
+            }
         }
+        store_rows(&acc, out, g);
     }
-    store_rows(&acc, out);
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn packed_q4_0<D: DotBytes, const T: usize>(
-    group: &[u8],
+    groups: &[u8],
     a: &[&[u8]],
     scales: &TileScales,
-    out: &mut [f32],
+    out: &mut [&mut [f32]],
 ) {
-    packed_offset::<D, 256, T>(group, a, scales, out, 8.0, nibble_steps);
+    packed_offset::<D, 256, T>(groups, a, scales, out, 8.0, nibble_steps);
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn packed_q8_0<D: DotBytes, const T: usize>(
-    group: &[u8],
+    groups: &[u8],
     a: &[&[u8]],
     scales: &TileScales,
-    out: &mut [f32],
+    out: &mut [&mut [f32]],
 ) {
-    packed_offset::<D, 512, T>(group, a, scales, out, 128.0, byte_steps);
+    packed_offset::<D, 512, T>(groups, a, scales, out, 128.0, byte_steps);
 }
 
 /// Declares each generic packed kernel's entry points in modules `packed_bw` and
@@ -229,20 +246,20 @@ macro_rules! packed_entry_points {
             $(
                 #[target_feature(enable = $features)]
                 pub(super) unsafe fn $kernel(
-                    group: &[u8],
+                    groups: &[u8],
                     a: &[&[u8]],
                     scales: &TileScales,
-                    out: &mut [f32],
+                    out: &mut [&mut [f32]],
                 ) {
                     match a.len() {
-                        8 => super::$kernel::<$dot, 8>(group, a, scales, out),
-                        7 => super::$kernel::<$dot, 7>(group, a, scales, out),
-                        6 => super::$kernel::<$dot, 6>(group, a, scales, out),
-                        5 => super::$kernel::<$dot, 5>(group, a, scales, out),
-                        4 => super::$kernel::<$dot, 4>(group, a, scales, out),
-                        3 => super::$kernel::<$dot, 3>(group, a, scales, out),
-                        2 => super::$kernel::<$dot, 2>(group, a, scales, out),
-                        1 => super::$kernel::<$dot, 1>(group, a, scales, out),
+                        8 => super::$kernel::<$dot, 8>(groups, a, scales, out),
+                        7 => super::$kernel::<$dot, 7>(groups, a, scales, out),
+                        6 => super::$kernel::<$dot, 6>(groups, a, scales, out),
+                        5 => super::$kernel::<$dot, 5>(groups, a, scales, out),
+                        4 => super::$kernel::<$dot, 4>(groups, a, scales, out),
+                        3 => super::$kernel::<$dot, 3>(groups, a, scales, out),
+                        2 => super::$kernel::<$dot, 2>(groups, a, scales, out),
+                        1 => super::$kernel::<$dot, 1>(groups, a, scales, out),
                         n => panic!("no packed tile of {n} tokens"),
                     }
                 }
