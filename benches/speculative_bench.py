@@ -5,9 +5,10 @@ editing code). For each task and setting the script prints the decode tokens per
 the first token), the speedup over plain decoding, the acceptance rate and the tokens gained
 per step, and checks that greedy outputs are the same with and without speculation.
 
-Settings: plain decoding; prompt lookup (``ngram``) with 4 and 6 proposed tokens; and a draft
-model: the default model (Q4_1) drafting for the same model requantized to Q8_0 (written once
-next to it with the ``gguf`` package, from the Q4_1 weights).
+Settings: plain decoding; prompt lookup (``ngram``) with 4 and 6 proposed tokens (and with 4
+but no proposals after a match of only one token, ``ngram_min=2``); and a draft model: the
+default model (Q4_1) drafting for the same model requantized to Q8_0 (written once next to it
+with the ``gguf`` package, from the Q4_1 weights).
 
     python benches/speculative_bench.py [-m MODEL] [--max-tokens 200] [-r 3] [--no-draft]
 """
@@ -115,8 +116,10 @@ def main() -> None:
         f"{'tok/step':>8} same"
     )
     settings: list[tuple[str, object]] = [
-        ("ngram k=4", {"method": "ngram", "num_tokens": 4, "ngram_min": 2}),
-        ("ngram k=6", {"method": "ngram", "num_tokens": 6, "ngram_min": 2}),
+        ("ngram k=4", {"method": "ngram", "num_tokens": 4}),
+        ("ngram k=6", {"method": "ngram", "num_tokens": 6}),
+        # Without proposals after single-token matches.
+        ("ngram k=4, ngram_min=2", {"method": "ngram", "num_tokens": 4, "ngram_min": 2}),
     ]
     for task, text in TASKS.items():
         prompt = model.tokenize(text, False, True)

@@ -155,6 +155,23 @@ def test_ngram_lookup_proposes_what_followed_the_latest_match() -> None:
     proposer.finish("unknown")
 
 
+def test_a_match_of_one_token_proposes_fewer() -> None:
+    tokens = [5, 1, 2, 3, 4, 6, 5]  # only "5" recurs
+    for short, expected in ((2, [1, 2]), (0, None), (9, [1, 2, 3, 4])):
+        proposer = NgramProposer(ngram_max=3, ngram_min=1, short_match_tokens=short)
+        got = proposer.propose([DraftRequest("r", tokens, 4)])
+        assert (got["r"].tokens if "r" in got else None) == expected
+    # Longer matches propose the full count; ngram_min=2 ignores single-token matches.
+    longer = [*tokens[:-1], 1, 2]
+    assert NgramProposer(3, 1, 2).propose([DraftRequest("r", longer, 4)])["r"].tokens == [
+        3,
+        4,
+        6,
+        1,
+    ]
+    assert NgramProposer(3, 2, 2).propose([DraftRequest("r", tokens, 4)]) == {}
+
+
 def test_speculative_options() -> None:
     assert speculative_config(None) is None and speculative_config(False) is None
     assert speculative_config(True) == SpeculativeConfig()
@@ -166,6 +183,8 @@ def test_speculative_options() -> None:
             speculative_config(bad)
     with pytest.raises(tallow.InvalidArgumentError):
         SpeculativeConfig(ngram_min=4, ngram_max=2)
+    with pytest.raises(tallow.InvalidArgumentError):
+        SpeculativeConfig(short_match_tokens=-1)
 
 
 def test_draft_requests_need_an_engine_with_a_draft_model(model: _core.Model) -> None:

@@ -197,7 +197,9 @@ class Engine:
         self._proposers: dict[str, Proposer] = {}
         spec = self.speculative
         if spec is not None:
-            self._proposers["ngram"] = NgramProposer(spec.ngram_max, spec.ngram_min)
+            self._proposers["ngram"] = NgramProposer(
+                spec.ngram_max, spec.ngram_min, spec.short_match_tokens
+            )
             if spec.draft_model is not None:
                 draft = _core.Model(str(resolve_model(spec.draft_model)))
                 self._proposers["draft"] = DraftModelProposer(
@@ -252,7 +254,9 @@ class Engine:
                 "(speculative={'method': 'draft', 'draft_model': ...})"
             )
         if spec.method == "ngram" and "ngram" not in self._proposers:
-            self._proposers["ngram"] = NgramProposer(spec.ngram_max, spec.ngram_min)
+            self._proposers["ngram"] = NgramProposer(
+                spec.ngram_max, spec.ngram_min, spec.short_match_tokens
+            )
         return spec.method, spec.num_tokens
 
     def abort(self, request_id: str) -> bool:

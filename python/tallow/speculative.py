@@ -52,13 +52,16 @@ METHODS = ("ngram", "draft")
 class SpeculativeConfig:
     """How to speculate: ``method`` ``"ngram"`` or ``"draft"``, proposing ``num_tokens``
     tokens per step. ``ngram_max`` / ``ngram_min`` bound the length of the suffix that prompt
-    lookup matches (a single matching token too often proposes wrongly to pay off);
-    ``draft_model`` is the draft model of ``method="draft"`` (an engine-wide setting)."""
+    lookup matches; a match of a single token, right less often, proposes at most
+    ``short_match_tokens`` tokens (a forward of 3 tokens costs little more than one of 1, one
+    of 5 about half as much again). ``draft_model`` is the draft model of ``method="draft"``
+    (an engine-wide setting)."""
 
     method: str = "ngram"
     num_tokens: int = 4
     ngram_max: int = 3
-    ngram_min: int = 2
+    ngram_min: int = 1
+    short_match_tokens: int = 2
     draft_model: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
@@ -66,7 +69,7 @@ class SpeculativeConfig:
             raise InvalidArgumentError(
                 f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}"
             )
-        for name in ("num_tokens", "ngram_max", "ngram_min"):
+        for name in ("num_tokens", "ngram_max", "ngram_min", "short_match_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
@@ -156,12 +159,14 @@ class _NgramIndex:
 class NgramProposer:
     """Prompt lookup decoding: the tokens that followed the latest earlier occurrence of the
     request's last ``n`` tokens (the longest ``n`` from ``ngram_max`` down to ``ngram_min``
-    that occurs), in its prompt and output. An index per request is updated with the new
-    tokens of each step."""
+    that occurs), in its prompt and output; at most ``short_match_tokens`` of them when only
+    the last token matches. An index per request is updated with the new tokens of each
+    step."""
 
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 2) -> None:
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 1, short_match_tokens: int = 2) -> None:
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
+        self.short_match_tokens = short_match_tokens
         self._index: dict[str, _NgramIndex] = {}
 
     def propose(self, requests: Sequence[DraftRequest]) -> dict[str, Proposal]:
@@ -187,7 +192,8 @@ class NgramProposer:
             start = index.by_n.get(n, {}).get(tuple(tokens[-n:]))
             if start is not None:
                 follow = start + n
-                return tokens[follow : follow + r.num_tokens]
+                k = r.num_tokens if n > 1 else min(r.num_tokens, self.short_match_tokens)
+                return tokens[follow : follow + k]
         return []
 
     def finish(self, request_id: str) -> None:
