@@ -155,6 +155,19 @@ def test_ngram_lookup_proposes_what_followed_the_latest_match() -> None:
     proposer.finish("unknown")
 
 
+def test_ngram_lookup_keeps_copying_from_the_same_passage() -> None:
+    proposer = NgramProposer(ngram_max=3, ngram_min=1)
+    tokens = [7, 1, 2, 3, 4, 5, 6, 8, 2, 3, 4, 9, 0, 7, 1]
+    assert proposer.propose([DraftRequest("r", tokens, 4)])["r"].tokens == [2, 3, 4, 5]
+    # The output went on with the passage: its next tokens come from there, although
+    # "2 3 4" last occurred elsewhere (followed by 9).
+    tokens += [2, 3, 4]
+    assert proposer.propose([DraftRequest("r", tokens, 4)])["r"].tokens == [5, 6, 8, 2]
+    # Once it leaves the passage, the latest occurrence counts again (of "0": two tokens).
+    tokens += [0]
+    assert proposer.propose([DraftRequest("r", tokens, 4)])["r"].tokens == [7, 1]
+
+
 def test_a_match_of_one_token_proposes_fewer() -> None:
     tokens = [5, 1, 2, 3, 4, 6, 5]  # only "5" recurs
     for short, expected in ((2, [1, 2]), (0, None), (9, [1, 2, 3, 4])):

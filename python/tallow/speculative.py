@@ -154,6 +154,10 @@ class _NgramIndex:
     by_n: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
     indexed: int = 0
     """Tokens whose n-grams (ending before the last token) are in the index."""
+    source: int = -1
+    """Where the last proposal was copied from (-1: none), when the request had
+    ``source_len`` tokens."""
+    source_len: int = 0
 
 
 class NgramProposer:
@@ -186,15 +190,27 @@ class NgramProposer:
                 if end >= n:
                     index.by_n.setdefault(n, {})[tuple(tokens[end - n : end])] = end - n
         index.indexed = len(tokens)
+        # While the output keeps following the passage the last proposal came from, go on
+        # copying from there: the latest occurrence of a short n-gram is often elsewhere.
+        if index.source >= 0:
+            follow = index.source + len(tokens) - index.source_len
+            n = self.ngram_max
+            if n <= follow < len(tokens) - 1 and tokens[follow - n : follow] == tokens[-n:]:
+                return self._propose_from(index, tokens, follow, r.num_tokens)
         for n in range(self.ngram_max, self.ngram_min - 1, -1):
             if len(tokens) < n:
                 continue
             start = index.by_n.get(n, {}).get(tuple(tokens[-n:]))
             if start is not None:
-                follow = start + n
                 k = r.num_tokens if n > 1 else min(r.num_tokens, self.short_match_tokens)
-                return tokens[follow : follow + k]
+                return self._propose_from(index, tokens, start + n, k)
+        index.source = -1
         return []
+
+    @staticmethod
+    def _propose_from(index: _NgramIndex, tokens: list[int], follow: int, k: int) -> list[int]:
+        index.source, index.source_len = follow, len(tokens)
+        return tokens[follow : follow + k]
 
     def finish(self, request_id: str) -> None:
         self._index.pop(request_id, None)
