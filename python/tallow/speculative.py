@@ -12,9 +12,10 @@ sequence's page table. Speculative and plain requests share the engine's steps.
 Proposers:
 
 - :class:`NgramProposer` (``method="ngram"``, prompt lookup decoding): finds the latest earlier
-  occurrence of the request's last few tokens in its own prompt and output, and proposes what
-  followed it there. Free to compute; strong when the output repeats the input (editing code,
-  extracting, summarizing with quotes).
+  occurrence of the request's last few tokens in its own prompt and output (or goes on with
+  the passage it copied from last), and proposes what followed it there. Free to compute;
+  strong when the output repeats the input (editing code, extracting, summarizing with
+  quotes).
 - :class:`DraftModelProposer` (``method="draft"``): a smaller model with the same vocabulary
   (``draft_model=`` a GGUF path or catalog name) generates the guesses, with a KV cache of its
   own kept in step with each request.
@@ -164,8 +165,9 @@ class NgramProposer:
     """Prompt lookup decoding: the tokens that followed the latest earlier occurrence of the
     request's last ``n`` tokens (the longest ``n`` from ``ngram_max`` down to ``ngram_min``
     that occurs), in its prompt and output; at most ``short_match_tokens`` of them when only
-    the last token matches. An index per request is updated with the new tokens of each
-    step."""
+    the last token matches. While the output keeps following the passage a proposal came
+    from (its last ``ngram_max`` tokens match there), the next proposal goes on from there.
+    An index per request is updated with the new tokens of each step."""
 
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1, short_match_tokens: int = 2) -> None:
         self.ngram_max = ngram_max
