@@ -16,6 +16,7 @@
 //! broadcast four at a time, and reuses the unpacked block for up to 8 tokens.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tallow_threads::DisjointSlice;
@@ -27,8 +28,6 @@ use crate::{reference, sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
 /// Below this many multiply-adds a product runs on the calling thread.
 const SERIAL_WORK: usize = 1 << 18;
-/// Chunks of row groups per thread, so that threads that finish early can take more.
-const CHUNKS_PER_THREAD: usize = 4;
 /// [`PackedMatrix::pack_many`] reports its progress through a source in steps of about this
 /// many bytes.
 const PROGRESS_BYTES: usize = 1 << 20;
@@ -327,9 +326,11 @@ impl PackedMatrix {
             run(0..total);
             return Ok(());
         }
-        let chunk = total.div_ceil(threads * CHUNKS_PER_THREAD);
-        pool.run(total.div_ceil(chunk), &|c, _| {
-            run(c * chunk..total.min((c + 1) * chunk));
+        let chunks = GuidedChunks::new(total, threads);
+        pool.run(threads, &|_, _| {
+            while let Some(range) = chunks.claim() {
+                run(range);
+            }
         });
         Ok(())
     }
@@ -364,6 +365,35 @@ impl PackedMatrix {
                     .call(bytes, &a[..n], &acts.tile_scales(tile, 0), &mut outs[..n]);
             }
         }
+    }
+}
+
+/// Guided self-scheduling of `total` row groups over `threads` threads: each claim takes a
+/// `2 * threads`-th of what is left (at least one group), so the first claims are few and
+/// large and the threads finish within about one group of each other.
+pub(crate) struct GuidedChunks {
+    total: usize,
+    threads: usize,
+    next: AtomicUsize,
+}
+
+impl GuidedChunks {
+    pub(crate) fn new(total: usize, threads: usize) -> Self {
+        GuidedChunks {
+            total,
+            threads: threads.max(1),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The next chunk, or `None` once every group is taken.
+    pub(crate) fn claim(&self) -> Option<Range<usize>> {
+        // Another thread may claim between the load and the add: the size is then a little
+        // large for what is left, which only matters near the end, where it is 1.
+        let left = self.total.saturating_sub(self.next.load(Ordering::Relaxed));
+        let size = left.div_ceil(2 * self.threads).max(1);
+        let start = self.next.fetch_add(size, Ordering::Relaxed);
+        (start < self.total).then(|| start..self.total.min(start + size))
     }
 }
 

@@ -303,3 +303,27 @@ fn bad_operands_are_errors() {
     packed.matmul(&acts, &mut out).unwrap();
     assert!(out.iter().all(|&v| v == 0.0), "zero weights give zeros");
 }
+
+#[test]
+fn guided_chunks_cover_the_groups_in_shrinking_chunks() {
+    use crate::packed::GuidedChunks;
+    for threads in [1, 2, 3, 8, 64] {
+        for total in [0, 1, 2, 5, 36, 60, 96, 3072, 100_000] {
+            let chunks = GuidedChunks::new(total, threads);
+            let ranges: Vec<_> = std::iter::from_fn(|| chunks.claim()).collect();
+            let mut next = 0;
+            for r in &ranges {
+                assert_eq!(r.start, next, "{total} groups, {threads} threads");
+                assert!(r.end > r.start);
+                next = r.end;
+            }
+            assert_eq!(next, total);
+            assert!(ranges.windows(2).all(|w| w[0].len() >= w[1].len()));
+            if total > 0 {
+                assert_eq!(ranges[0].len(), total.div_ceil(2 * threads));
+                assert_eq!(ranges.last().unwrap().len(), 1);
+            }
+            assert_eq!(chunks.claim(), None);
+        }
+    }
+}
