@@ -9,7 +9,8 @@
 //! For head sizes of 64 and 128, [`rows`] takes the query heads that share a KV head
 //! together (up to 4 and 2 at a time): each key and value vector is loaded once for all of
 //! them, and each head keeps its query and its weighted sum in registers. A head's arithmetic
-//! is the same as in the one-head kernel.
+//! is the same as in the one-head kernel. [`rows_f16`] is the same kernel reading f16 pages
+//! of the KV pool directly.
 
 use std::arch::x86_64::*;
 
@@ -166,6 +167,40 @@ pub(super) unsafe fn page(
     }
 }
 
+/// Runs [`rows_kernel`] over the query rows of `q` and their `states`, as many at a time as
+/// the head size allows (4 for 64, 2 for 128); `hd` must be 64 or 128 and the tiles must
+/// hold `n` positions.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn row_blocks<T: Tile>(
+    hd: usize,
+    mut states: &mut [f32],
+    mut q: &[f32],
+    keys: T,
+    values: T,
+    n: usize,
+) {
+    macro_rules! take {
+        ($r:literal, $v:literal) => {
+            while q.len() >= $r * hd {
+                let (s, s_rest) = states.split_at_mut($r * (hd + 2));
+                let (x, x_rest) = q.split_at($r * hd);
+                rows_kernel::<$r, $v, T>(s, x, keys, values, n);
+                (states, q) = (s_rest, x_rest);
+            }
+        };
+    }
+    if hd == 64 {
+        take!(4, 4);
+        take!(3, 4);
+        take!(2, 4);
+        take!(1, 4);
+    } else {
+        take!(2, 8);
+        take!(1, 8);
+    }
+}
+
 /// The query rows `q` (`rows * head_dim`) with their states (`rows * (head_dim + 2)`), all
 /// seeing the same `scores.len()` positions; see `super::Kernels::page`.
 #[target_feature(enable = "avx512f")]
@@ -179,57 +214,113 @@ pub(super) unsafe fn rows(
     let n = scores.len();
     let hd = keys.len() / n.max(1);
     let rows = q.len() / hd.max(1);
-    macro_rules! blocks {
-        ($v:literal, $($r:literal),*) => {{
-            let (mut states, mut q) = (states, q);
-            $(
-                while q.len() >= $r * hd {
-                    let (s, s_rest) = states.split_at_mut($r * (hd + 2));
-                    let (x, x_rest) = q.split_at($r * hd);
-                    rows_kernel::<$r, $v>(s, x, keys, values, n);
-                    (states, q) = (s_rest, x_rest);
-                }
-            )*
-        }};
+    if (hd == 64 || hd == 128) && fits(hd, n) {
+        assert!(keys.len() == n * hd && values.len() == n * hd);
+        let (keys, values) = (
+            Contiguous { data: keys, hd },
+            Contiguous { data: values, hd },
+        );
+        row_blocks(hd, states, q, keys, values, n);
+        return;
     }
-    match hd {
-        64 if fits(hd, n) => blocks!(4, 4, 3, 2, 1),
-        128 if fits(hd, n) => blocks!(8, 2, 1),
-        _ => {
-            for (state, q) in states
-                .chunks_exact_mut(hd + 2)
-                .zip(q.chunks_exact(hd).take(rows))
-            {
-                if fits(hd, n) {
-                    page(state, q, keys, values, scores);
-                } else {
-                    super::generic::page(state, q, keys, values, scores);
-                }
-            }
+    for (state, q) in states
+        .chunks_exact_mut(hd + 2)
+        .zip(q.chunks_exact(hd).take(rows))
+    {
+        if fits(hd, n) {
+            page(state, q, keys, values, scores);
+        } else {
+            super::generic::page(state, q, keys, values, scores);
         }
     }
 }
 
+/// Whether [`rows_f16`] takes heads of `head_dim` in pages of `page_size` positions.
+pub(super) fn fits_f16_pages(head_dim: usize, page_size: usize) -> bool {
+    (head_dim == 64 || head_dim == 128) && page_size == LANES
+}
+
+/// [`rows`] reading the keys and values of `n` positions (at most 64) straight from the f16
+/// pages of the KV pool, 16 positions per page (`keys[p]`, `values[p]`: page `p`'s block of
+/// this KV head, at least its visible positions): no widened copy. The same arithmetic as
+/// [`rows`] on the widened values (the widening is exact).
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn rows_f16(
+    states: &mut [f32],
+    q: &[f32],
+    keys: &[&[f16]],
+    values: &[&[f16]],
+    n: usize,
+    hd: usize,
+) {
+    assert!(
+        fits_f16_pages(hd, LANES)
+            && n <= GROUPS * LANES
+            && q.len().is_multiple_of(hd)
+            && states.len() == q.len() / hd * (hd + 2)
+    );
+    let pages = n.div_ceil(LANES);
+    assert!(keys.len() == pages && values.len() == pages);
+    for (p, (k, v)) in keys.iter().zip(values).enumerate() {
+        let visible = LANES.min(n - p * LANES) * hd;
+        assert!(k.len() >= visible && v.len() >= visible);
+    }
+    let (keys, values) = (F16Pages { pages: keys, hd }, F16Pages { pages: values, hd });
+    row_blocks(hd, states, q, keys, values, n);
+}
+
+/// The positions of a tile as the kernels read them.
+trait Tile: Copy {
+    /// Values `16 c..16 c + 16` of position `j`, as f32. Callers check the bounds.
+    unsafe fn vector(self, j: usize, c: usize) -> __m512;
+}
+
+/// Positions of `hd` f32 values one after the other.
+#[derive(Clone, Copy)]
+struct Contiguous<'a> {
+    data: &'a [f32],
+    hd: usize,
+}
+
+impl Tile for Contiguous<'_> {
+    #[inline(always)]
+    unsafe fn vector(self, j: usize, c: usize) -> __m512 {
+        _mm512_loadu_ps(self.data.as_ptr().add(j * self.hd + c * LANES))
+    }
+}
+
+/// Pages of 16 positions of `hd` f16 values.
+#[derive(Clone, Copy)]
+struct F16Pages<'a> {
+    pages: &'a [&'a [f16]],
+    hd: usize,
+}
+
+impl Tile for F16Pages<'_> {
+    #[inline(always)]
+    unsafe fn vector(self, j: usize, c: usize) -> __m512 {
+        let page = self.pages.get_unchecked(j / LANES);
+        let at = (j % LANES) * self.hd + c * LANES;
+        _mm512_cvtph_ps(_mm256_loadu_si256(page.as_ptr().add(at).cast()))
+    }
+}
+
 /// `R` query rows of `V` vectors each against `n` positions, as [`page`] does for one.
+/// `keys` and `values` must hold `n` positions (their loads are unchecked).
 // Rows and vectors index several arrays at once: plain index loops read best.
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn rows_kernel<const R: usize, const V: usize>(
+unsafe fn rows_kernel<const R: usize, const V: usize, T: Tile>(
     states: &mut [f32],
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: T,
+    values: T,
     n: usize,
 ) {
     let hd = V * LANES;
-    assert!(
-        n <= GROUPS * LANES
-            && q.len() == R * hd
-            && states.len() == R * (hd + 2)
-            && keys.len() == n * hd
-            && values.len() == n * hd
-    );
+    // The tiles' bounds (`n` positions of `hd` values) are the callers' to check.
+    assert!(n <= GROUPS * LANES && q.len() == R * hd && states.len() == R * (hd + 2));
     let scale = _mm512_set1_ps(1.0 / (hd as f32).sqrt());
     let load = |s: &[f32], at: usize| _mm512_loadu_ps(s[at..at + LANES].as_ptr());
     let groups = n.div_ceil(LANES);
@@ -238,10 +329,11 @@ unsafe fn rows_kernel<const R: usize, const V: usize>(
 
     let mut s = [[_mm512_set1_ps(f32::NEG_INFINITY); GROUPS]; R];
     let mut valid = [0 as __mmask16; GROUPS];
-    for (g, keys) in keys.chunks(LANES * hd).enumerate() {
+    for g in 0..groups {
+        let in_group = LANES.min(n - g * LANES);
         let mut dots = [[_mm512_setzero_ps(); LANES]; R];
-        for (j, k) in keys.chunks_exact(hd).enumerate() {
-            let kv: [__m512; V] = std::array::from_fn(|c| load(k, c * LANES));
+        for j in 0..in_group {
+            let kv: [__m512; V] = std::array::from_fn(|c| keys.vector(g * LANES + j, c));
             for r in 0..R {
                 let mut dot = _mm512_setzero_ps();
                 for c in 0..V {
@@ -250,7 +342,7 @@ unsafe fn rows_kernel<const R: usize, const V: usize>(
                 dots[r][j] = dot;
             }
         }
-        valid[g] = ((1u32 << (keys.len() / hd)) - 1) as __mmask16;
+        valid[g] = ((1u32 << in_group) - 1) as __mmask16;
         for r in 0..R {
             s[r][g] =
                 _mm512_mask_blend_ps(valid[g], s[r][g], _mm512_mul_ps(sums16(&dots[r]), scale));
@@ -283,8 +375,8 @@ unsafe fn rows_kernel<const R: usize, const V: usize>(
         let alpha = _mm512_set1_ps(alphas[r]);
         std::array::from_fn(|c| _mm512_mul_ps(load(states, r * (hd + 2) + 2 + c * LANES), alpha))
     });
-    for (j, v) in values.chunks_exact(hd).enumerate() {
-        let vv: [__m512; V] = std::array::from_fn(|c| load(v, c * LANES));
+    for j in 0..n {
+        let vv: [__m512; V] = std::array::from_fn(|c| values.vector(j, c));
         for r in 0..R {
             let w = _mm512_set1_ps(weights[r][j]);
             for c in 0..V {

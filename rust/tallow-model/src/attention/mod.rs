@@ -6,7 +6,8 @@
 //! weighted sum of values, rescaled when the maximum grows); the segments' results are then
 //! merged in order. Each tile's keys and values are converted to f32 once per unit of work
 //! and serve every query head that shares the KV head and every token of the unit, without
-//! gathering the whole history.
+//! gathering the whole history; with AVX-512, f16 pages of 16 positions are read as they lie
+//! in the pool, widened in registers (the same arithmetic, one copy fewer).
 //!
 //! The arithmetic for a token depends only on its query and its visible positions, never on
 //! the batch around it (how many tokens its chunk has, which other sequences run, how the
@@ -22,7 +23,7 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use half::f16;
-use tallow_kv::{KvBlock, KvKind, PagedKvCache};
+use tallow_kv::{KvBlock, KvDtype, KvKind, PagedKvCache};
 use tallow_threads::DisjointSlice;
 
 use crate::batch::Batch;
@@ -261,6 +262,11 @@ impl Attention<'_> {
         let storage = self.cache.storage();
         let visible_max = first + unit.tokens.end;
         let kernel = kernels();
+        // f16 pages of 16 positions go to the kernel as they are, without a widened copy.
+        let rows_f16 = kernel
+            .rows_f16
+            .filter(|_| self.cache.layout().dtype == KvDtype::F16)
+            .filter(|_| avx512_fits_f16_pages(hd, plan.page_size));
         running.chunks_exact_mut(state_len).for_each(empty);
         for segment in unit.segments.clone() {
             segment_states.chunks_exact_mut(state_len).for_each(empty);
@@ -268,6 +274,39 @@ impl Attention<'_> {
             let end = visible_max.min(start + plan.segment_len());
             for tile_start in (start..end).step_by(plan.tile_len()) {
                 let rows = plan.tile_len().min(end - tile_start);
+                if let Some(rows_f16) = rows_f16 {
+                    let mut key_pages: [&[f16]; MAX_F16_TILE_PAGES] = [&[]; MAX_F16_TILE_PAGES];
+                    let mut value_pages = key_pages;
+                    let tile_pages = rows.div_ceil(plan.page_size);
+                    for p in 0..tile_pages {
+                        let page = pages[tile_start / plan.page_size + p];
+                        let block = |kind| storage.block(page, self.layer, unit.kv_head, kind);
+                        (key_pages[p], value_pages[p]) =
+                            match (block(KvKind::Key)?, block(KvKind::Value)?) {
+                                (KvBlock::F16(k), KvBlock::F16(v)) => (k, v),
+                                _ => unreachable!("the layout says f16"),
+                            };
+                    }
+                    for (ti, i) in unit.tokens.clone().enumerate() {
+                        let visible = first + i + 1;
+                        if visible <= tile_start {
+                            continue;
+                        }
+                        let n = rows.min(visible - tile_start);
+                        let token = chunk.start + i;
+                        let q =
+                            &self.q[token * h.q_dim() + unit.kv_head * group * hd..][..group * hd];
+                        let states =
+                            &mut segment_states[ti * group * state_len..][..group * state_len];
+                        let used = n.div_ceil(plan.page_size);
+                        // SAFETY: `kernels` only picks functions whose features the CPU has;
+                        // `rows_f16` checks its operands.
+                        unsafe {
+                            rows_f16(states, q, &key_pages[..used], &value_pages[..used], n, hd)
+                        };
+                    }
+                    continue;
+                }
                 for page_start in (tile_start..tile_start + rows).step_by(plan.page_size) {
                     let page = pages[page_start / plan.page_size];
                     let at = (page_start - tile_start) * hd;
@@ -401,13 +440,30 @@ fn finish(state: &[f32], out: &mut [f32]) {
 /// `(states, q, keys, values, scores)`: see [`Kernels::page`].
 type PageFn = unsafe fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]);
 
+/// `(states, q, key pages, value pages, positions, head_dim)`: [`Kernels::page`] over f16
+/// pages of 16 positions as the pool holds them.
+type RowsF16Fn = unsafe fn(&mut [f32], &[f32], &[&[f16]], &[&[f16]], usize, usize);
+
+/// Most pages of 16 positions in a tile.
+const MAX_F16_TILE_PAGES: usize = TILE_POSITIONS / 16;
+
 /// The inner loops, compiled for the best instruction set of the running CPU.
 #[derive(Clone, Copy)]
 struct Kernels {
     /// f16 keys or values to f32.
     widen: unsafe fn(&[f16], &mut [f32]),
     page: PageFn,
+    /// Where the CPU has one, a kernel that reads f16 pages directly.
+    rows_f16: Option<RowsF16Fn>,
     merge: unsafe fn(&mut [f32], &[f32]),
+}
+
+/// Whether the f16-page kernel takes this head size and page size.
+fn avx512_fits_f16_pages(head_dim: usize, page_size: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return avx512::fits_f16_pages(head_dim, page_size);
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
 }
 
 impl Kernels {
@@ -464,6 +520,7 @@ fn kernels() -> Kernels {
                 return Kernels {
                     widen: avx512::widen,
                     page: avx512::rows,
+                    rows_f16: Some(avx512::rows_f16),
                     merge: x86::merge_avx512,
                 };
             }
@@ -471,6 +528,7 @@ fn kernels() -> Kernels {
                 return Kernels {
                     widen: widen_portable,
                     page: x86::page_avx2,
+                    rows_f16: None,
                     merge: x86::merge_avx2,
                 };
             }
@@ -478,6 +536,7 @@ fn kernels() -> Kernels {
         Kernels {
             widen: widen_portable,
             page: portable::page,
+            rows_f16: None,
             merge: portable::merge,
         }
     })
@@ -648,11 +707,39 @@ mod tests {
         }
     }
 
-    /// Chunks of several lengths at several offsets, over pages of 4 (segments of 32
+    /// Chunks of several lengths at several offsets, over pages of 4 in f32 (segments of 32
     /// positions), split by segment or not: every token's output is softmax attention over its
     /// visible positions, and the same bits whether it runs alone or in a chunk.
     #[test]
     fn paged_attention_matches_the_reference_for_any_chunking() {
+        let chunks = [
+            vec![(0, 75)],
+            vec![(4, 5)],
+            vec![(30, 9), (0, 3)],
+            vec![(60, 15), (8, 20), (33, 1)],
+        ];
+        check_paged_attention(4, tallow_kv::KvDtype::F32, 75, &chunks);
+    }
+
+    /// The same over f16 pages of 16 (segments of 128 positions), which the AVX-512 kernel
+    /// reads straight from the pool.
+    #[test]
+    fn paged_attention_over_f16_pages_matches_the_reference_for_any_chunking() {
+        let chunks = [
+            vec![(0, 300)],
+            vec![(4, 5)],
+            vec![(130, 9), (0, 3)],
+            vec![(250, 50), (8, 20), (133, 1)],
+        ];
+        check_paged_attention(16, tallow_kv::KvDtype::F16, 300, &chunks);
+    }
+
+    fn check_paged_attention(
+        page_size: usize,
+        dtype: tallow_kv::KvDtype,
+        total: usize,
+        chunk_sets: &[Vec<(usize, usize)>],
+    ) {
         use crate::batch::{Batch, Logits};
         use tallow_kv::{KvBudget, KvDtype, KvLayout, PagedKvCache};
 
@@ -662,14 +749,17 @@ mod tests {
             head_dim: 64,
         };
         let (hd, q_dim, kv_dim) = (64, 9 * 64, 3 * 64);
-        // f32 pages, so that the reference sees the same keys and values.
         let layout = KvLayout::new(1, 3, hd)
-            .with_page_size(4)
-            .with_dtype(KvDtype::F32);
+            .with_page_size(page_size)
+            .with_dtype(dtype);
         let mut rng = Lcg(3);
-        let total = 75;
-        let keys: Vec<f32> = (0..total * kv_dim).map(|_| rng.next()).collect();
-        let values: Vec<f32> = (0..total * kv_dim).map(|_| rng.next()).collect();
+        // The reference sees the keys and values as the pages hold them.
+        let stored = |x: f32| match dtype {
+            KvDtype::F16 => half::f16::from_f32(x).to_f32(),
+            KvDtype::F32 => x,
+        };
+        let keys: Vec<f32> = (0..total * kv_dim).map(|_| stored(rng.next())).collect();
+        let values: Vec<f32> = (0..total * kv_dim).map(|_| stored(rng.next())).collect();
         let queries: Vec<f32> = (0..total * q_dim).map(|_| rng.next()).collect();
 
         // Runs `chunks` (first position, length) of one sequence each; returns each token's
@@ -693,7 +783,7 @@ mod tests {
                 first_pos.push(first);
             }
             // `threads` only steers the choice to split by segment; the scratch is the pool's.
-            let plan = super::Plan::new(heads, 4, &batch, &first_pos, threads);
+            let plan = super::Plan::new(heads, page_size, &batch, &first_pos, threads);
             let pool_threads = tallow_threads::global().threads();
             let mut scratch = vec![0f32; pool_threads * plan.thread_scratch_len()];
             let mut partials = vec![0f32; plan.partials_len(chunks.len())];
@@ -740,17 +830,12 @@ mod tests {
         }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let mut saw_split = [false; 2];
-        for chunks in [
-            vec![(0, 75)],
-            vec![(4, 5)],
-            vec![(30, 9), (0, 3)],
-            vec![(60, 15), (8, 20), (33, 1)],
-        ] {
+        for chunks in chunk_sets {
             for threads in [1, 8] {
-                let (split, out) = run(&chunks, threads);
+                let (split, out) = run(chunks, threads);
                 saw_split[usize::from(split)] = true;
                 let mut rows = out.chunks_exact(q_dim);
-                for &(first, len) in &chunks {
+                for &(first, len) in chunks {
                     for (pos, want) in alone.iter().enumerate().skip(first).take(len) {
                         let got = rows.next().unwrap();
                         assert_eq!(bits(got), bits(want), "{chunks:?} pos {pos}");
@@ -823,6 +908,48 @@ mod tests {
                     let got = &together[r * (hd + 2)..(r + 1) * (hd + 2)];
                     assert_eq!(bits(got), bits(&alone), "hd {hd} rows {rows} n {n} row {r}");
                 }
+            }
+        }
+    }
+
+    /// Reading f16 pages directly gives the bits of the kernel on the widened values.
+    #[test]
+    fn f16_pages_equal_widened_rows() {
+        use half::f16;
+        let kernel = super::kernels();
+        let Some(rows_f16) = kernel.rows_f16 else {
+            return;
+        };
+        let mut rng = Lcg(13);
+        for (hd, rows) in [(64, 3), (64, 4), (64, 7), (128, 2), (128, 3)] {
+            for n in [1usize, 5, 16, 17, 40, 63, 64] {
+                let q: Vec<f32> = (0..rows * hd).map(|_| rng.next()).collect();
+                // Whole pages of 16 positions, past the visible ones too.
+                let page_len = 16 * hd;
+                let pages = n.div_ceil(16);
+                let keys: Vec<f16> = (0..pages * page_len)
+                    .map(|_| f16::from_f32(rng.next()))
+                    .collect();
+                let values: Vec<f16> = (0..pages * page_len)
+                    .map(|_| f16::from_f32(rng.next()))
+                    .collect();
+                let start: Vec<f32> = (0..rows * (hd + 2)).map(|_| rng.next()).collect();
+                let widen = |h: &[f16]| h[..n * hd].iter().map(|x| x.to_f32()).collect::<Vec<_>>();
+                let mut want = start.clone();
+                kernel.page(
+                    &mut want,
+                    &q,
+                    &widen(&keys),
+                    &widen(&values),
+                    &mut vec![0.0; n],
+                );
+                let key_pages: Vec<&[f16]> = keys.chunks(page_len).collect();
+                let value_pages: Vec<&[f16]> = values.chunks(page_len).collect();
+                let mut got = start;
+                // SAFETY: only handed out for a CPU that has the features.
+                unsafe { rows_f16(&mut got, &q, &key_pages, &value_pages, n, hd) };
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "hd {hd} rows {rows} n {n}");
             }
         }
     }
