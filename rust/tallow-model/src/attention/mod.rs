@@ -115,12 +115,14 @@ impl Plan {
         }
     }
 
-    /// Floats of scratch per thread: one tile of keys and of values as f32, its scores, and
-    /// two states (running and segment) per token and query head of a unit.
+    /// Floats of scratch per thread: one tile of keys and of values as f32, its scores, the
+    /// queries of a unit side by side, and two states (running and segment) per token and
+    /// query head of a unit.
     pub(crate) fn thread_scratch_len(&self) -> usize {
         let h = &self.heads;
         2 * self.tile_len() * h.head_dim
             + self.tile_len()
+            + self.block_tokens * h.group() * h.head_dim
             + 2 * self.block_tokens * h.group() * h.state_len()
     }
 
@@ -253,6 +255,7 @@ impl Attention<'_> {
         let (keys, rest) = scratch.split_at_mut(plan.tile_len() * hd);
         let (values, rest) = rest.split_at_mut(plan.tile_len() * hd);
         let (scores, rest) = rest.split_at_mut(plan.tile_len());
+        let (queries, rest) = rest.split_at_mut(plan.block_tokens * group * hd);
         let n_states = unit.tokens.len() * group;
         let (running, rest) = rest.split_at_mut(n_states * state_len);
         let segment_states = &mut rest[..n_states * state_len];
@@ -274,63 +277,79 @@ impl Attention<'_> {
             let end = visible_max.min(start + plan.segment_len());
             for tile_start in (start..end).step_by(plan.tile_len()) {
                 let rows = plan.tile_len().min(end - tile_start);
-                if let Some(rows_f16) = rows_f16 {
-                    let mut key_pages: [&[f16]; MAX_F16_TILE_PAGES] = [&[]; MAX_F16_TILE_PAGES];
-                    let mut value_pages = key_pages;
-                    let tile_pages = rows.div_ceil(plan.page_size);
-                    for p in 0..tile_pages {
-                        let page = pages[tile_start / plan.page_size + p];
-                        let block = |kind| storage.block(page, self.layer, unit.kv_head, kind);
+                // The tile as the kernel reads it: f16 pages as they are, or a widened copy.
+                let mut key_pages: [&[f16]; MAX_F16_TILE_PAGES] = [&[]; MAX_F16_TILE_PAGES];
+                let mut value_pages = key_pages;
+                for (p, page_start) in (tile_start..tile_start + rows)
+                    .step_by(plan.page_size)
+                    .enumerate()
+                {
+                    let page = pages[page_start / plan.page_size];
+                    let block = |kind| storage.block(page, self.layer, unit.kv_head, kind);
+                    if rows_f16.is_some() {
                         (key_pages[p], value_pages[p]) =
                             match (block(KvKind::Key)?, block(KvKind::Value)?) {
                                 (KvBlock::F16(k), KvBlock::F16(v)) => (k, v),
                                 _ => unreachable!("the layout says f16"),
                             };
-                    }
-                    for (ti, i) in unit.tokens.clone().enumerate() {
-                        let visible = first + i + 1;
-                        if visible <= tile_start {
-                            continue;
-                        }
-                        let n = rows.min(visible - tile_start);
-                        let token = chunk.start + i;
-                        let q =
-                            &self.q[token * h.q_dim() + unit.kv_head * group * hd..][..group * hd];
-                        let states =
-                            &mut segment_states[ti * group * state_len..][..group * state_len];
-                        let used = n.div_ceil(plan.page_size);
-                        // SAFETY: `kernels` only picks functions whose features the CPU has;
-                        // `rows_f16` checks its operands.
-                        unsafe {
-                            rows_f16(states, q, &key_pages[..used], &value_pages[..used], n, hd)
-                        };
-                    }
-                    continue;
-                }
-                for page_start in (tile_start..tile_start + rows).step_by(plan.page_size) {
-                    let page = pages[page_start / plan.page_size];
-                    let at = (page_start - tile_start) * hd;
-                    let page_rows = plan.page_size.min(tile_start + rows - page_start);
-                    let (k, v) = (
-                        &mut keys[at..at + page_rows * hd],
-                        &mut values[at..at + page_rows * hd],
-                    );
-                    let block = |kind| storage.block(page, self.layer, unit.kv_head, kind);
-                    kernel.read(block(KvKind::Key)?, k);
-                    kernel.read(block(KvKind::Value)?, v);
-                }
-                let (k, v) = (&keys[..rows * hd], &values[..rows * hd]);
-                for (ti, i) in unit.tokens.clone().enumerate() {
-                    let visible = first + i + 1;
-                    if visible <= tile_start {
                         continue;
                     }
-                    let n = rows.min(visible - tile_start);
+                    let at = (page_start - tile_start) * hd;
+                    let page_rows = plan.page_size.min(tile_start + rows - page_start);
+                    kernel.read(block(KvKind::Key)?, &mut keys[at..at + page_rows * hd]);
+                    kernel.read(block(KvKind::Value)?, &mut values[at..at + page_rows * hd]);
+                }
+                // The first `n` positions of the tile into `states`, for the query rows `q`.
+                let mut attend = |states: &mut [f32], q: &[f32], n: usize| match rows_f16 {
+                    Some(rows_f16) => {
+                        let used = n.div_ceil(plan.page_size);
+                        let (k, v) = (&key_pages[..used], &value_pages[..used]);
+                        // SAFETY: `kernels` only picks functions whose features the CPU has;
+                        // `rows_f16` checks its operands.
+                        unsafe { rows_f16(states, q, k, v, n, hd) }
+                    }
+                    None => {
+                        let (k, v) = (&keys[..n * hd], &values[..n * hd]);
+                        kernel.page(states, q, k, v, &mut scores[..n]);
+                    }
+                };
+                // The query heads of this KV head for a token, side by side like their states.
+                let q_of = |i: usize| {
                     let token = chunk.start + i;
-                    // The query heads of this KV head, and their states, side by side.
-                    let q = &self.q[token * h.q_dim() + unit.kv_head * group * hd..][..group * hd];
-                    let states = &mut segment_states[ti * group * state_len..][..group * state_len];
-                    kernel.page(states, q, &k[..n * hd], &v[..n * hd], &mut scores[..n]);
+                    &self.q[token * h.q_dim() + unit.kv_head * group * hd..][..group * hd]
+                };
+                // The tokens that see the whole tile (the last ones) go in one call, their
+                // rows gathered side by side; those before see part of it, one at a time.
+                let whole = unit
+                    .tokens
+                    .clone()
+                    .position(|i| first + i + 1 >= tile_start + rows)
+                    .unwrap_or(unit.tokens.len());
+                for (ti, i) in unit.tokens.clone().enumerate().take(whole) {
+                    let visible = first + i + 1;
+                    if visible > tile_start {
+                        let states = &mut segment_states[ti * group * state_len..];
+                        attend(
+                            &mut states[..group * state_len],
+                            q_of(i),
+                            visible - tile_start,
+                        );
+                    }
+                }
+                let states = &mut segment_states[whole * group * state_len..];
+                match unit.tokens.len() - whole {
+                    0 => {}
+                    1 => attend(states, q_of(unit.tokens.end - 1), rows),
+                    count => {
+                        let gathered = &mut queries[..count * group * hd];
+                        for (rows, i) in gathered
+                            .chunks_exact_mut(group * hd)
+                            .zip(unit.tokens.clone().skip(whole))
+                        {
+                            rows.copy_from_slice(q_of(i));
+                        }
+                        attend(states, gathered, rows);
+                    }
                 }
             }
             match sink {
