@@ -9,8 +9,10 @@
 - :func:`served`: the same requests sent concurrently to :class:`tallow.AsyncLLM`, all tokens
   over the wall time.
 
-Prompt tokens are random ids from the vocabulary, as in llama-bench; generation ignores
-end-of-generation tokens.
+Before :func:`prefill` and :func:`decode` time anything, an untimed prefill writes every page
+of their KV cache once, as llama-bench's cache is allocated, cleared and warmed up before it
+times anything. Prompt tokens are random ids from the vocabulary, as in llama-bench;
+generation ignores end-of-generation tokens.
 """
 
 from __future__ import annotations
@@ -35,10 +37,22 @@ def _random_tokens(model: _core.Model, n: int, seed: int) -> list[int]:
     return [int(t) for t in rng.integers(100, model.n_vocab - 100, size=n)]
 
 
+def _warm_cache(model: _core.Model, n_tokens: int, seed: int) -> tuple[_core.KvCache, int]:
+    """A KV cache of ``n_tokens`` positions whose pages have all been written once (by an
+    untimed prefill), and an empty sequence in it. llama-bench likewise allocates and clears
+    its KV buffer and runs a warm-up before it times anything; a fresh pool's pages are
+    only mapped by the OS when first written."""
+    kv = model.new_kv_cache(max_pages=-(-n_tokens // 16))
+    warm = kv.create()
+    kv.reserve(warm, n_tokens)
+    model.forward(kv, [(warm, _random_tokens(model, n_tokens, seed + 1), "last")])
+    kv.free(warm)
+    return kv, kv.create()
+
+
 def prefill(model: _core.Model, n_tokens: int, seed: int = 0) -> float:
     """Prompt tokens per second of one forward pass over ``n_tokens`` tokens."""
-    kv = model.new_kv_cache(max_pages=-(-n_tokens // 16))
-    seq = kv.create()
+    kv, seq = _warm_cache(model, n_tokens, seed)
     kv.reserve(seq, n_tokens)
     tokens = _random_tokens(model, n_tokens, seed)
     start = time.perf_counter()
@@ -49,8 +63,7 @@ def prefill(model: _core.Model, n_tokens: int, seed: int = 0) -> float:
 def decode(model: _core.Model, n_tokens: int, seed: int = 0) -> float:
     """Tokens per second of generating ``n_tokens`` tokens one at a time, greedily, from an
     empty cache."""
-    kv = model.new_kv_cache(max_pages=-(-n_tokens // 16))
-    seq = kv.create()
+    kv, seq = _warm_cache(model, n_tokens, seed)
     token = _random_tokens(model, 1, seed)[0]
     start = time.perf_counter()
     for _ in range(n_tokens):
