@@ -13,6 +13,7 @@
 //! of the KV pool directly.
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use half::f16;
 
@@ -331,17 +332,28 @@ unsafe fn rows_kernel<const R: usize, const V: usize, T: Tile>(
     let mut valid = [0 as __mmask16; GROUPS];
     for g in 0..groups {
         let in_group = LANES.min(n - g * LANES);
-        let mut dots = [[_mm512_setzero_ps(); LANES]; R];
-        for j in 0..in_group {
+        // Every element is written once below (zeros past the visible positions), so the
+        // array is not cleared first: it is 4 KiB per group for 4 rows.
+        let mut dots = [[MaybeUninit::<__m512>::uninit(); LANES]; R];
+        for j in 0..LANES {
+            if j >= in_group {
+                for row in &mut dots {
+                    row[j].write(_mm512_setzero_ps());
+                }
+                continue;
+            }
             let kv: [__m512; V] = std::array::from_fn(|c| keys.vector(g * LANES + j, c));
             for r in 0..R {
                 let mut dot = _mm512_setzero_ps();
                 for c in 0..V {
                     dot = _mm512_fmadd_ps(qv[r][c], kv[c], dot);
                 }
-                dots[r][j] = dot;
+                dots[r][j].write(dot);
             }
         }
+        // SAFETY: every element was initialized above; `MaybeUninit<T>` has `T`'s layout.
+        let dots =
+            &*(&dots as *const [[MaybeUninit<__m512>; LANES]; R]).cast::<[[__m512; LANES]; R]>();
         valid[g] = ((1u32 << in_group) - 1) as __mmask16;
         for r in 0..R {
             s[r][g] =
@@ -349,7 +361,8 @@ unsafe fn rows_kernel<const R: usize, const V: usize, T: Tile>(
         }
     }
 
-    let mut weights = [[0f32; GROUPS * LANES]; R];
+    // Written for every group up to `groups` (covering the `n` positions read below).
+    let mut weights = [[MaybeUninit::<f32>::uninit(); GROUPS * LANES]; R];
     let mut alphas = [0f32; R];
     for r in 0..R {
         let mut tile_max = s[r][0];
@@ -365,7 +378,7 @@ unsafe fn rows_kernel<const R: usize, const V: usize, T: Tile>(
             let p = exp16(_mm512_sub_ps(s[r][g], _mm512_set1_ps(new_max)));
             let p = _mm512_maskz_mov_ps(valid[g], p);
             sum = _mm512_add_ps(sum, p);
-            _mm512_storeu_ps(weights[r][g * LANES..].as_mut_ptr(), p);
+            _mm512_storeu_ps(weights[r][g * LANES..].as_mut_ptr().cast(), p);
         }
         state[1] = state[1] * alphas[r] + _mm512_reduce_add_ps(sum);
         state[0] = new_max;
@@ -378,7 +391,8 @@ unsafe fn rows_kernel<const R: usize, const V: usize, T: Tile>(
     for j in 0..n {
         let vv: [__m512; V] = std::array::from_fn(|c| values.vector(j, c));
         for r in 0..R {
-            let w = _mm512_set1_ps(weights[r][j]);
+            // SAFETY: position `j < n <= groups * LANES` was stored above.
+            let w = _mm512_set1_ps(weights[r][j].assume_init());
             for c in 0..V {
                 acc[r][c] = _mm512_fmadd_ps(w, vv[c], acc[r][c]);
             }
