@@ -194,6 +194,20 @@ mod tests {
         assert_eq!(exp(0.0), 1.0);
     }
 
+    /// On the pool (many values) it gives the bits of the one-thread loop.
+    #[test]
+    fn swiglu_on_the_pool_equals_one_thread() {
+        let n = 10_000;
+        let gate: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 6.0).collect();
+        let up: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let mut pooled = gate.clone();
+        swiglu(&mut pooled, &up);
+        let mut alone = gate;
+        swiglu_kernel()(&mut alone, &up);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&pooled), bits(&alone));
+    }
+
     #[test]
     fn swiglu_matches_definition() {
         let mut g = [0.0, 1.0, -2.0];
