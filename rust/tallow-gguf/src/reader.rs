@@ -134,7 +134,7 @@ impl<'a> Reader<'a> {
             6 => Array::F32(self.numbers(n, &what(), f32::from_le_bytes)?),
             7 => Array::Bool(self.numbers(n, &what(), |[b]: [u8; 1]| b != 0)?),
             8 => {
-                let mut strings = Strings::with_capacity(n, 0);
+                let mut strings = Strings::with_capacity(n);
                 for _ in 0..n {
                     strings.push(self.str(&what())?);
                 }

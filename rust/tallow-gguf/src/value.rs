@@ -46,9 +46,9 @@ pub struct Strings {
 }
 
 impl Strings {
-    pub fn with_capacity(strings: usize, bytes: usize) -> Self {
+    pub fn with_capacity(strings: usize) -> Self {
         Strings {
-            text: String::with_capacity(bytes),
+            text: String::new(),
             ends: Vec::with_capacity(strings),
         }
     }
@@ -74,16 +74,6 @@ impl Strings {
 
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
         (0..self.len()).map(|i| self.get(i).expect("index below the length"))
-    }
-}
-
-impl<'a> FromIterator<&'a str> for Strings {
-    fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
-        let mut strings = Strings::default();
-        for s in iter {
-            strings.push(s);
-        }
-        strings
     }
 }
 

@@ -1,6 +1,6 @@
 //! The tokenizer's inputs, read from the `tokenizer.ggml.*` metadata of a GGUF file.
 
-use tallow_gguf::{Array, GgufFile, Value};
+use tallow_gguf::{GgufFile, Value};
 
 use crate::TokenizerError;
 
@@ -65,7 +65,7 @@ impl TokenizerConfig {
                 .to_owned(),
             pre: string(file, PRE)?.map(str::to_owned),
             tokens: tokens.ok_or(TokenizerError::MissingKey(TOKENS))?,
-            token_types: array(file, TOKEN_TYPE, "an integer array", Value::as_i64)?,
+            token_types: array(file, TOKEN_TYPE, "an integer array", |v| v.as_i64())?,
             scores: array(file, SCORES, "a number array", |v| {
                 v.as_f64().map(|x| x as f32)
             })?,
@@ -135,7 +135,7 @@ fn array<T>(
     file: &GgufFile,
     key: &'static str,
     expected: &'static str,
-    element: impl Fn(&Value) -> Option<T>,
+    element: impl Fn(Value) -> Option<T>,
 ) -> Result<Option<Vec<T>>, TokenizerError> {
     let Some(value) = file.get(key) else {
         return Ok(None);
@@ -147,11 +147,12 @@ fn array<T>(
         .values()
         .enumerate()
         .map(|(index, item)| {
-            element(&item).ok_or_else(|| TokenizerError::WrongElementType {
+            let found = item.type_name();
+            element(item).ok_or(TokenizerError::WrongElementType {
                 key,
                 index,
                 expected,
-                found: item.type_name(),
+                found,
             })
         })
         .collect::<Result<Vec<T>, _>>()
@@ -159,19 +160,8 @@ fn array<T>(
 }
 
 fn string_array(file: &GgufFile, key: &'static str) -> Result<Option<Vec<String>>, TokenizerError> {
-    const EXPECTED: &str = "a string array";
-    let Some(value) = file.get(key) else {
-        return Ok(None);
-    };
-    match value.as_array() {
-        Some(Array::String(strings)) => Ok(Some(strings.iter().map(str::to_owned).collect())),
-        Some(items) if items.is_empty() => Ok(Some(Vec::new())),
-        Some(items) => Err(TokenizerError::WrongElementType {
-            key,
-            index: 0,
-            expected: EXPECTED,
-            found: items.element_type_name(),
-        }),
-        None => Err(wrong_type(key, EXPECTED, value)),
-    }
+    array(file, key, "a string array", |v| match v {
+        Value::String(s) => Some(s),
+        _ => None,
+    })
 }
