@@ -197,9 +197,7 @@ class Engine:
         self._proposers: dict[str, Proposer] = {}
         spec = self.speculative
         if spec is not None:
-            self._proposers["ngram"] = NgramProposer(
-                spec.ngram_max, spec.ngram_min, spec.short_match_tokens
-            )
+            self._proposers["ngram"] = NgramProposer.from_config(spec)
             if spec.draft_model is not None:
                 draft = _core.Model(str(resolve_model(spec.draft_model)))
                 self._proposers["draft"] = DraftModelProposer(
@@ -254,9 +252,7 @@ class Engine:
                 "(speculative={'method': 'draft', 'draft_model': ...})"
             )
         if spec.method == "ngram" and "ngram" not in self._proposers:
-            self._proposers["ngram"] = NgramProposer(
-                spec.ngram_max, spec.ngram_min, spec.short_match_tokens
-            )
+            self._proposers["ngram"] = NgramProposer.from_config(spec)
         return spec.method, spec.num_tokens
 
     def abort(self, request_id: str) -> bool:

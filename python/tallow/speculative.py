@@ -175,6 +175,11 @@ class NgramProposer:
         self.short_match_tokens = short_match_tokens
         self._index: dict[str, _NgramIndex] = {}
 
+    @classmethod
+    def from_config(cls, spec: SpeculativeConfig) -> NgramProposer:
+        """A proposer with the lookup settings of ``spec``."""
+        return cls(spec.ngram_max, spec.ngram_min, spec.short_match_tokens)
+
     def propose(self, requests: Sequence[DraftRequest]) -> dict[str, Proposal]:
         out = {}
         for r in requests:
