@@ -10,10 +10,13 @@
 //!   per 64 bytes (step `c` in the low nibbles, `c + 4` in the high ones), which is each
 //!   row's own `qs` bytes `4c..4c+4` unchanged; Q8_0 stores `q + 128`, one step per 64 bytes.
 //!
-//! A group's scales for all its blocks come first, then its quants for all its blocks. The
-//! packed matrix is exactly as large as the GGUF one. A kernel multiplies a block of the 16
-//! rows by one token with 8 byte dot products against the token's activation bytes
-//! broadcast four at a time, and reuses the unpacked block for up to 8 tokens.
+//! A block's scales come just before its quants, so that a kernel reads each group, and each
+//! run of groups, front to back in one stream: the hardware prefetcher follows a stream, but
+//! not two interleaved ones or one with gaps (a layout with a group's scales apart from its
+//! quants read at half the bandwidth). The packed matrix is exactly as large as the GGUF one.
+//! A kernel multiplies a block of the 16 rows by one token with 8 byte dot products against
+//! the token's activation bytes broadcast four at a time, and reuses the unpacked block for
+//! up to 8 tokens.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -65,15 +68,12 @@ impl std::fmt::Debug for PackedMatrix {
     }
 }
 
-/// Bytes per block and group of the scales and of the quants of a packable format.
-fn block_layout(ty: GgmlType) -> Option<(usize, usize)> {
-    fn layout<B: PackBlock>() -> (usize, usize) {
-        (B::SCALES * 2 * PACK_ROWS, B::STEPS * 4 * PACK_ROWS)
-    }
+/// Bytes per block of a group of a packable format: its scales and quants.
+fn block_bytes(ty: GgmlType) -> Option<usize> {
     match ty {
-        GgmlType::Q4_0 => Some(layout::<BlockQ4_0>()),
-        GgmlType::Q4_1 => Some(layout::<BlockQ4_1>()),
-        GgmlType::Q8_0 => Some(layout::<BlockQ8_0>()),
+        GgmlType::Q4_0 => Some(packed_block_bytes::<BlockQ4_0>()),
+        GgmlType::Q4_1 => Some(packed_block_bytes::<BlockQ4_1>()),
+        GgmlType::Q8_0 => Some(packed_block_bytes::<BlockQ8_0>()),
         _ => None,
     }
 }
@@ -151,11 +151,11 @@ impl PackedMatrix {
                 sizes::product(s.rows, row_bytes, "weight")?,
                 s.bytes.len(),
             )?;
-            let place = match (isa.packed(s.ty), block_layout(s.ty)) {
-                (Some(kernel), Some((scale_bytes, quant_bytes)))
+            let place = match (isa.packed(s.ty), block_bytes(s.ty)) {
+                (Some(kernel), Some(block_bytes))
                     if Self::can_pack_with(isa, s.ty, s.rows, s.cols) =>
                 {
-                    let group_bytes = s.cols / s.ty.block_len() * (scale_bytes + quant_bytes);
+                    let group_bytes = s.cols / s.ty.block_len() * block_bytes;
                     let size = sizes::product(s.rows / PACK_ROWS, group_bytes, "packed")?;
                     let offset = total;
                     // Each matrix starts on a cache line.
@@ -174,7 +174,6 @@ impl PackedMatrix {
                 continue;
             };
             let row_bytes = s.bytes.len() / s.rows;
-            let blocks = s.cols / s.ty.block_len();
             let dst = &mut storage.as_mut_slice()[range.clone()];
             let src_group_bytes = PACK_ROWS * row_bytes;
             let mut reported = 0;
@@ -182,10 +181,10 @@ impl PackedMatrix {
                 let done = (g + 1) * src_group_bytes;
                 let src = &s.bytes[done - src_group_bytes..done];
                 match s.ty {
-                    GgmlType::Q4_0 => pack_group::<BlockQ4_0>(src, group, blocks),
-                    GgmlType::Q4_1 => pack_group::<BlockQ4_1>(src, group, blocks),
-                    GgmlType::Q8_0 => pack_group::<BlockQ8_0>(src, group, blocks),
-                    _ => unreachable!("block_layout covers the packable formats"),
+                    GgmlType::Q4_0 => pack_group::<BlockQ4_0>(src, group),
+                    GgmlType::Q4_1 => pack_group::<BlockQ4_1>(src, group),
+                    GgmlType::Q8_0 => pack_group::<BlockQ8_0>(src, group),
+                    _ => unreachable!("block_bytes covers the packable formats"),
                 }
                 if done - reported >= PROGRESS_BYTES || done == s.bytes.len() {
                     packed(i, reported..done);
@@ -253,14 +252,13 @@ impl PackedMatrix {
         let group = self.group(row / PACK_ROWS);
         let lane = row % PACK_ROWS;
         let block_len = self.ty.block_len();
-        let blocks = self.cols / block_len;
         let mut block = [0u8; 34];
         let block = &mut block[..self.ty.block_bytes()];
         for (b, out) in out.chunks_exact_mut(block_len).enumerate() {
             match self.ty {
-                GgmlType::Q4_0 => unpack_block::<BlockQ4_0>(group, blocks, b, lane, block),
-                GgmlType::Q4_1 => unpack_block::<BlockQ4_1>(group, blocks, b, lane, block),
-                GgmlType::Q8_0 => unpack_block::<BlockQ8_0>(group, blocks, b, lane, block),
+                GgmlType::Q4_0 => unpack_block::<BlockQ4_0>(group, b, lane, block),
+                GgmlType::Q4_1 => unpack_block::<BlockQ4_1>(group, b, lane, block),
+                GgmlType::Q8_0 => unpack_block::<BlockQ8_0>(group, b, lane, block),
                 _ => unreachable!("only packable formats are packed"),
             }
             reference::dequantize::dequantize(self.ty, block, out);
@@ -465,19 +463,23 @@ impl PackBlock for BlockQ8_0 {
     const STEPS: usize = 8;
 }
 
-/// Byte offsets in a group of `blocks` blocks: of block `b`'s scale field `k` for `lane`, and
-/// of block `b`'s step group `c` for `lane`.
+/// Byte offsets in a group: of block `b`'s scale field `k` for `lane`, and of block `b`'s
+/// step group `c` for `lane`. Each block's scales come just before its quants.
 fn scale_offset<B: PackBlock>(b: usize, k: usize, lane: usize) -> usize {
-    (b * B::SCALES + k) * 2 * PACK_ROWS + 2 * lane
+    b * packed_block_bytes::<B>() + k * 2 * PACK_ROWS + 2 * lane
 }
 
-fn step_offset<B: PackBlock>(blocks: usize, b: usize, c: usize, lane: usize) -> usize {
-    let scale_bytes = B::SCALES * 2 * PACK_ROWS;
-    blocks * scale_bytes + (b * B::STEPS + c) * 4 * PACK_ROWS + 4 * lane
+fn step_offset<B: PackBlock>(b: usize, c: usize, lane: usize) -> usize {
+    b * packed_block_bytes::<B>() + B::SCALES * 2 * PACK_ROWS + c * 4 * PACK_ROWS + 4 * lane
+}
+
+/// Bytes of one block of a group: the 16 rows' scales, then their quants.
+const fn packed_block_bytes<B: PackBlock>() -> usize {
+    (B::SCALES * 2 + B::STEPS * 4) * PACK_ROWS
 }
 
 /// Packs the `PACK_ROWS` rows `src` (GGUF layout) into `group`.
-fn pack_group<B: PackBlock>(src: &[u8], group: &mut [u8], blocks: usize) {
+fn pack_group<B: PackBlock>(src: &[u8], group: &mut [u8]) {
     let rows = src.chunks_exact(src.len() / PACK_ROWS);
     for (lane, row) in rows.enumerate() {
         for (b, block) in as_blocks::<B>(row).iter().enumerate() {
@@ -487,7 +489,7 @@ fn pack_group<B: PackBlock>(src: &[u8], group: &mut [u8], blocks: usize) {
                 group[at..at + 2].copy_from_slice(scale);
             }
             for c in 0..B::STEPS {
-                let at = step_offset::<B>(blocks, b, c, lane);
+                let at = step_offset::<B>(b, c, lane);
                 group[at..at + 4].copy_from_slice(&block.step(c));
             }
         }
@@ -495,7 +497,7 @@ fn pack_group<B: PackBlock>(src: &[u8], group: &mut [u8], blocks: usize) {
 }
 
 /// Writes block `b` of the row in lane `lane` of `group`, in the GGUF layout, to `out`.
-fn unpack_block<B: PackBlock>(group: &[u8], blocks: usize, b: usize, lane: usize, out: &mut [u8]) {
+fn unpack_block<B: PackBlock>(group: &[u8], b: usize, lane: usize, out: &mut [u8]) {
     let block = &mut as_blocks_mut::<B>(out)[0];
     let mut scales = [[0u8; 2]; 2];
     for (k, scale) in scales.iter_mut().take(B::SCALES).enumerate() {
@@ -504,7 +506,7 @@ fn unpack_block<B: PackBlock>(group: &[u8], blocks: usize, b: usize, lane: usize
     }
     block.set_scales(scales);
     for c in 0..B::STEPS {
-        let at = step_offset::<B>(blocks, b, c, lane);
+        let at = step_offset::<B>(b, c, lane);
         block.set_step(c, group[at..at + 4].try_into().unwrap());
     }
 }

@@ -8,6 +8,10 @@
 //! integer sums, then the same f32 operations in the same order), so a token's outputs do
 //! not depend on which other tokens share its tile.
 //!
+//! The kernels read their groups front to back and prefetch nothing themselves: the weights
+//! are one stream, which the hardware prefetcher follows at the memory's pace, and software
+//! prefetches in the loop measured slower (each holds a load slot while its line arrives).
+//!
 //! # Safety
 //! As in `super::avx512`: AVX-512 F and BW (plus VNNI for the `vnni` entry points), only
 //! handed out by `super::Isa::packed` when the CPU has them.
@@ -20,7 +24,7 @@ use crate::blocks::{as_blocks, Block, BlockQ8_0, BlockQ8_1};
 use crate::GgmlType;
 
 /// The operands of a packed kernel of `T` tokens over consecutive groups, checked: the
-/// groups' bytes (`S` scale bytes then `Q` quant bytes per block), the activation blocks of
+/// groups' bytes (per block, `S` scale bytes then `Q` quant bytes), the activation blocks of
 /// each token, the f32 block scales and sums of the token group (one array of
 /// [`TILE_LANES`] lanes per block), and the number of blocks per row.
 struct Operands<'a, A: Block, const S: usize, const Q: usize, const T: usize> {
@@ -57,15 +61,18 @@ impl<'a, A: Block, const S: usize, const Q: usize, const T: usize> Operands<'a, 
         }
     }
 
-    /// The scale bytes and quant bytes of every block of each group, in order.
+    /// Each group, as the iterator of its blocks' scale bytes and quant bytes, in order.
     #[inline]
-    fn each_group(&self) -> impl Iterator<Item = (&'a [[u8; S]], &'a [[u8; Q]])> + 'a {
-        let blocks = self.blocks;
+    fn each_group(
+        &self,
+    ) -> impl Iterator<Item = impl Iterator<Item = (&'a [u8; S], &'a [u8; Q])>> + 'a {
         self.groups
-            .chunks_exact(blocks * (S + Q))
-            .map(move |group| {
-                let (scales, quants) = group.split_at(blocks * S);
-                (scales.as_chunks::<S>().0, quants.as_chunks::<Q>().0)
+            .chunks_exact(self.blocks * (S + Q))
+            .map(|group| {
+                group.chunks_exact(S + Q).map(|block| {
+                    let (scales, quants) = block.split_first_chunk::<S>().unwrap();
+                    (scales, quants.first_chunk::<Q>().unwrap())
+                })
             })
     }
 }
@@ -122,21 +129,6 @@ unsafe fn block_sums<D: DotBytes>(steps: &[__m512i; 8], y: &[i8; 32]) -> __m512i
     _mm512_add_epi32(lo, hi)
 }
 
-/// Bytes ahead of the block being read that the packed kernels prefetch: the weights stream
-/// from memory once, and the hardware prefetcher stops at each 4 KiB page.
-const PREFETCH_BYTES: usize = 8192;
-
-/// Prefetches the cache lines `PREFETCH_BYTES` past the start of `block` (a hint: past the
-/// end of the weights it reads whatever follows, or nothing).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn prefetch_ahead<const Q: usize>(block: &[u8; Q]) {
-    let ahead = block.as_ptr().wrapping_add(PREFETCH_BYTES);
-    for line in (0..Q).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
-    }
-}
-
 /// Stores the 16 row outputs of each token for group `g`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
@@ -158,12 +150,11 @@ unsafe fn packed_q4_1<D: DotBytes, const T: usize>(
 ) {
     let ops = Operands::<BlockQ8_1, 64, 256, T>::new(groups, a, scales, out);
     let (acts, da, sa) = (&ops.acts, ops.d, ops.s);
-    for (g, (scale_bytes, quants)) in ops.each_group().enumerate() {
+    for (g, blocks) in ops.each_group().enumerate() {
         let mut acc = [_mm512_setzero_ps(); T];
-        for (b, (sc, q)) in scale_bytes.iter().zip(quants).enumerate() {
+        for (b, (sc, q)) in blocks.enumerate() {
             let d = load_f16x16(&sc[..32]);
             let m = load_f16x16(&sc[32..]);
-            prefetch_ahead(q);
             let steps = nibble_steps(q);
             for t in 0..T {
                 let sums = _mm512_cvtepi32_ps(block_sums::<D>(&steps, &acts[t][b].qs));
@@ -193,11 +184,10 @@ unsafe fn packed_offset<D: DotBytes, const Q: usize, const T: usize>(
     let ops = Operands::<BlockQ8_0, 32, Q, T>::new(groups, a, scales, out);
     let (acts, da, sy) = (&ops.acts, ops.d, ops.s);
     let offset = _mm512_set1_ps(offset);
-    for (g, (scale_bytes, quants)) in ops.each_group().enumerate() {
+    for (g, blocks) in ops.each_group().enumerate() {
         let mut acc = [_mm512_setzero_ps(); T];
-        for (b, (sc, q)) in scale_bytes.iter().zip(quants).enumerate() {
+        for (b, (sc, q)) in blocks.enumerate() {
             let d = load_f16x16(sc);
-            prefetch_ahead(q);
             let steps = steps(q);
             for t in 0..T {
                 let biased = _mm512_cvtepi32_ps(block_sums::<D>(&steps, &acts[t][b].qs));
