@@ -26,6 +26,12 @@ const SMALL: (usize, usize) = (576, 1536);
 const LARGE: (usize, usize) = (4096, 4096);
 /// Token counts of the matmul groups (batched decode and a prefill chunk), at `SMALL`.
 const MATMUL_TOKENS: [usize; 2] = [16, 128];
+/// (rows, cols) of the streamed group: SmolLM2-135M's output matrix (49152 x 576). The other
+/// groups' matrices stay in the L3 cache from one iteration to the next; this one cycles
+/// through copies of itself, at least `STREAM_BYTES` in all (four times a 32 MiB L3 cache), so
+/// that its weights come from memory as a model's do in decode.
+const STREAMED: (usize, usize) = (49152, 576);
+const STREAM_BYTES: usize = 128 << 20;
 
 /// SplitMix64: reproducible data without extra crates.
 struct Rng(u64);
@@ -269,6 +275,66 @@ fn products(
     g.finish();
 }
 
+/// One-token products of a matrix whose weights come from memory (see [`STREAMED`]), for the
+/// packable formats: row-major SIMD beside packed (the scalar reference would only time its
+/// arithmetic).
+fn streamed(c: &mut Criterion, summary: &mut Summary) {
+    let (rows, cols) = STREAMED;
+    let group = format!("matvec_streamed_{rows}x{cols}");
+    let mut g = c.benchmark_group(&group);
+    g.sampling_mode(SamplingMode::Flat).sample_size(10);
+    let mut rng = Rng(0x5eed_57ea);
+    let mut out = vec![0f32; rows];
+    let isa = Isa::detected();
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let n_copies = STREAM_BYTES.div_ceil(rows * row_bytes(ty, cols));
+        let copies: Vec<Vec<u8>> = (0..n_copies)
+            .map(|_| weights(ty, rows, cols, &mut rng))
+            .collect();
+        let a = acts(ty, 1, cols, &mut rng);
+        let (bytes, flops) = (copies[0].len() as u64, Some(2.0 * (rows * cols) as f64));
+        let mut next = 0;
+        summary.bench(
+            &mut g,
+            &group,
+            ty.name(),
+            &format!("{isa:?}"),
+            bytes,
+            flops,
+            None,
+            || {
+                matmul_with(isa, ty, &copies[next], rows, cols, &a, &mut out).unwrap();
+                next = (next + 1) % n_copies;
+                black_box(&mut out);
+            },
+        );
+        let packed: Vec<PackedMatrix> = copies
+            .iter()
+            .filter_map(|w| PackedMatrix::pack(ty, w, rows, cols).unwrap())
+            .collect();
+        drop(copies);
+        if packed.is_empty() {
+            continue;
+        }
+        let variant = format!("{isa:?} packed");
+        summary.bench(
+            &mut g,
+            &group,
+            ty.name(),
+            &variant,
+            bytes,
+            flops,
+            None,
+            || {
+                packed[next % packed.len()].matmul(&a, &mut out).unwrap();
+                next += 1;
+                black_box(&mut out);
+            },
+        );
+    }
+    g.finish();
+}
+
 /// Activation quantization: one 4096-element row (decode, on the calling thread) and 128
 /// tokens of 1536 (a prefill chunk of SmolLM2's FFN width, split over the pool).
 fn quantize_acts(c: &mut Criterion, summary: &mut Summary) {
@@ -332,6 +398,7 @@ fn main() {
     let mut summary = Summary::default();
     products(&mut c, &mut summary, "matvec", SMALL, 1);
     products(&mut c, &mut summary, "matvec", LARGE, 1);
+    streamed(&mut c, &mut summary);
     for tokens in MATMUL_TOKENS {
         products(&mut c, &mut summary, "matmul", SMALL, tokens);
     }
