@@ -23,7 +23,7 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use half::f16;
-use tallow_kv::{KvBlock, KvDtype, KvKind, PagedKvCache};
+use tallow_kv::{KvBlock, KvDtype, KvKind, KvLayout, PagedKvCache};
 use tallow_threads::DisjointSlice;
 
 use crate::batch::Batch;
@@ -265,11 +265,8 @@ impl Attention<'_> {
         let storage = self.cache.storage();
         let visible_max = first + unit.tokens.end;
         let kernel = kernels();
-        // f16 pages of 16 positions go to the kernel as they are, without a widened copy.
-        let rows_f16 = kernel
-            .rows_f16
-            .filter(|_| self.cache.layout().dtype == KvDtype::F16)
-            .filter(|_| avx512_fits_f16_pages(hd, plan.page_size));
+        // f16 pages go to the kernel as they are, without a widened copy, where it takes them.
+        let rows_f16 = kernel.rows_f16(self.cache.layout());
         running.chunks_exact_mut(state_len).for_each(empty);
         for segment in unit.segments.clone() {
             segment_states.chunks_exact_mut(state_len).for_each(empty);
@@ -473,19 +470,28 @@ struct Kernels {
     widen: unsafe fn(&[f16], &mut [f32]),
     page: PageFn,
     /// Where the CPU has one, a kernel that reads f16 pages directly.
-    rows_f16: Option<RowsF16Fn>,
+    f16_pages: Option<F16PagesKernel>,
     merge: unsafe fn(&mut [f32], &[f32]),
 }
 
-/// Whether the f16-page kernel takes this head size and page size.
-fn avx512_fits_f16_pages(head_dim: usize, page_size: usize) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return avx512::fits_f16_pages(head_dim, page_size);
-    #[cfg(not(target_arch = "x86_64"))]
-    return false;
+/// A kernel that reads f16 pages directly, and whether it takes a head size and page size.
+/// (Only x86-64 has one so far.)
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct F16PagesKernel {
+    rows: RowsF16Fn,
+    fits: fn(usize, usize) -> bool,
 }
 
 impl Kernels {
+    /// The kernel that reads the f16 pages of a cache of `layout` directly, where the CPU has
+    /// one and it takes the layout's head and page sizes.
+    fn rows_f16(&self, layout: &KvLayout) -> Option<RowsF16Fn> {
+        self.f16_pages
+            .filter(|k| layout.dtype == KvDtype::F16 && (k.fits)(layout.head_dim, layout.page_size))
+            .map(|k| k.rows)
+    }
+
     /// Takes `n = scores.len()` positions (`keys` and `values`, `n` rows of the head
     /// dimension) into the states of the query rows `q` (one state per row, side by side in
     /// `states`). Each row's result is the same whatever rows come with it.
@@ -539,7 +545,10 @@ fn kernels() -> Kernels {
                 return Kernels {
                     widen: avx512::widen,
                     page: avx512::rows,
-                    rows_f16: Some(avx512::rows_f16),
+                    f16_pages: Some(F16PagesKernel {
+                        rows: avx512::rows_f16,
+                        fits: avx512::fits_f16_pages,
+                    }),
                     merge: x86::merge_avx512,
                 };
             }
@@ -547,7 +556,7 @@ fn kernels() -> Kernels {
                 return Kernels {
                     widen: widen_portable,
                     page: x86::page_avx2,
-                    rows_f16: None,
+                    f16_pages: None,
                     merge: x86::merge_avx2,
                 };
             }
@@ -555,7 +564,7 @@ fn kernels() -> Kernels {
         Kernels {
             widen: widen_portable,
             page: portable::page,
-            rows_f16: None,
+            f16_pages: None,
             merge: portable::merge,
         }
     })
@@ -936,7 +945,7 @@ mod tests {
     fn f16_pages_equal_widened_rows() {
         use half::f16;
         let kernel = super::kernels();
-        let Some(rows_f16) = kernel.rows_f16 else {
+        let Some(rows_f16) = kernel.f16_pages.map(|k| k.rows) else {
             return;
         };
         let mut rng = Lcg(13);
