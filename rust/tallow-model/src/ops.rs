@@ -122,8 +122,16 @@ fn swiglu_loop(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// [`swiglu_loop`] compiled for the best vectors of the running CPU.
-fn swiglu_kernel() -> fn(&mut [f32], &[f32]) {
+/// `gate = silu(gate) * up`, in place.
+type SwigluFn = fn(&mut [f32], &[f32]);
+
+/// [`swiglu_loop`] compiled for the best vectors of the running CPU (picked once).
+fn swiglu_kernel() -> SwigluFn {
+    static KERNEL: std::sync::OnceLock<SwigluFn> = std::sync::OnceLock::new();
+    *KERNEL.get_or_init(pick_swiglu_kernel)
+}
+
+fn pick_swiglu_kernel() -> SwigluFn {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f")]
