@@ -367,8 +367,10 @@ impl PackedMatrix {
 }
 
 /// Guided self-scheduling of `total` row groups over `threads` threads: each claim takes a
-/// `2 * threads`-th of what is left (at least one group), so the first claims are few and
-/// large and the threads finish within about one group of each other.
+/// `threads`-th of what is left (at least one group), so the first claims are few and large
+/// and the threads finish within about one group of each other. Few claims matter: each one
+/// starts a new stream of weights, whose first lines wait on memory before the hardware
+/// prefetcher runs ahead (claims of a `2 * threads`-th measured about 5% slower decode).
 pub(crate) struct GuidedChunks {
     total: usize,
     threads: usize,
@@ -389,7 +391,7 @@ impl GuidedChunks {
         // Another thread may claim between the load and the add: the size is then a little
         // large for what is left, which only matters near the end, where it is 1.
         let left = self.total.saturating_sub(self.next.load(Ordering::Relaxed));
-        let size = left.div_ceil(2 * self.threads).max(1);
+        let size = left.div_ceil(self.threads).max(1);
         let start = self.next.fetch_add(size, Ordering::Relaxed);
         (start < self.total).then(|| start..self.total.min(start + size))
     }
