@@ -276,8 +276,8 @@ fn products(
 }
 
 /// One-token products of a matrix whose weights come from memory (see [`STREAMED`]), for the
-/// packable formats: row-major SIMD beside packed (the scalar reference would only time its
-/// arithmetic).
+/// packable formats: row-major SIMD beside packed, for the best instruction set of this CPU
+/// and for AVX2 where that is another (the scalar reference would only time its arithmetic).
 fn streamed(c: &mut Criterion, summary: &mut Summary) {
     let (rows, cols) = STREAMED;
     let group = format!("matvec_streamed_{rows}x{cols}");
@@ -285,7 +285,9 @@ fn streamed(c: &mut Criterion, summary: &mut Summary) {
     g.sampling_mode(SamplingMode::Flat).sample_size(10);
     let mut rng = Rng(0x5eed_57ea);
     let mut out = vec![0f32; rows];
-    let isa = Isa::detected();
+    let mut simd = vec![Isa::detected(), Isa::Avx2];
+    simd.dedup();
+    simd.retain(|isa| *isa != Isa::Scalar && isa.is_available());
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
         let n_copies = STREAM_BYTES.div_ceil(rows * row_bytes(ty, cols));
         let copies: Vec<Vec<u8>> = (0..n_copies)
@@ -294,43 +296,45 @@ fn streamed(c: &mut Criterion, summary: &mut Summary) {
         let a = acts(ty, 1, cols, &mut rng);
         let (bytes, flops) = (copies[0].len() as u64, Some(2.0 * (rows * cols) as f64));
         let mut next = 0;
-        summary.bench(
-            &mut g,
-            &group,
-            ty.name(),
-            &format!("{isa:?}"),
-            bytes,
-            flops,
-            None,
-            || {
-                matmul_with(isa, ty, &copies[next], rows, cols, &a, &mut out).unwrap();
-                next = (next + 1) % n_copies;
-                black_box(&mut out);
-            },
-        );
-        let packed: Vec<PackedMatrix> = copies
-            .iter()
-            .filter_map(|w| PackedMatrix::pack(ty, w, rows, cols).unwrap())
-            .collect();
-        drop(copies);
-        if packed.is_empty() {
-            continue;
+        for &isa in &simd {
+            let variant = format!("{isa:?}");
+            summary.bench(
+                &mut g,
+                &group,
+                ty.name(),
+                &variant,
+                bytes,
+                flops,
+                None,
+                || {
+                    matmul_with(isa, ty, &copies[next], rows, cols, &a, &mut out).unwrap();
+                    next = (next + 1) % n_copies;
+                    black_box(&mut out);
+                },
+            );
+            let packed: Vec<PackedMatrix> = copies
+                .iter()
+                .filter_map(|w| PackedMatrix::pack_with(isa, ty, w, rows, cols).unwrap())
+                .collect();
+            if packed.is_empty() {
+                continue;
+            }
+            let variant = format!("{isa:?} packed");
+            summary.bench(
+                &mut g,
+                &group,
+                ty.name(),
+                &variant,
+                bytes,
+                flops,
+                None,
+                || {
+                    packed[next % packed.len()].matmul(&a, &mut out).unwrap();
+                    next = (next + 1) % n_copies;
+                    black_box(&mut out);
+                },
+            );
         }
-        let variant = format!("{isa:?} packed");
-        summary.bench(
-            &mut g,
-            &group,
-            ty.name(),
-            &variant,
-            bytes,
-            flops,
-            None,
-            || {
-                packed[next % packed.len()].matmul(&a, &mut out).unwrap();
-                next += 1;
-                black_box(&mut out);
-            },
-        );
     }
     g.finish();
 }

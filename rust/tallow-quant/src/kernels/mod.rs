@@ -12,7 +12,11 @@ pub(crate) mod avx512;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
 #[cfg(target_arch = "x86_64")]
+mod packed_avx2;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod packed_avx512;
+#[cfg(target_arch = "x86_64")]
+mod packed_operands;
 #[cfg(target_arch = "x86_64")]
 mod quantize_avx512;
 
@@ -130,7 +134,8 @@ impl Rows {
 pub(crate) type RawPacked =
     unsafe fn(groups: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [&mut [f32]]);
 
-/// Weight rows interleaved in one packed group: one per i32 lane of a 512-bit vector.
+/// Weight rows interleaved in one packed group: one per i32 lane of a 512-bit vector (two
+/// 256-bit vectors for AVX2).
 pub(crate) const PACK_ROWS: usize = 16;
 
 /// A packed kernel that is safe to call on this CPU.
@@ -284,6 +289,8 @@ impl Isa {
             return None;
         }
         let raw: Option<RawPacked> = match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => packed_avx2::packed_kernel(ty),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => packed_avx512::packed_kernel(ty, false),
             #[cfg(target_arch = "x86_64")]

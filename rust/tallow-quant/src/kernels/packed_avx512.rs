@@ -19,63 +19,10 @@
 use std::arch::x86_64::*;
 
 use super::avx512::{Bw, DotBytes, Vnni};
-use super::{RawPacked, TileScales, PACK_ROWS, TILE_LANES};
-use crate::blocks::{as_blocks, Block, BlockQ8_0, BlockQ8_1};
+use super::packed_operands::Operands;
+use super::{RawPacked, TileScales, PACK_ROWS};
+use crate::blocks::{BlockQ8_0, BlockQ8_1};
 use crate::GgmlType;
-
-/// The operands of a packed kernel of `T` tokens over consecutive groups, checked: the
-/// groups' bytes (per block, `S` scale bytes then `Q` quant bytes), the activation blocks of
-/// each token, the f32 block scales and sums of the token group (one array of
-/// [`TILE_LANES`] lanes per block), and the number of blocks per row.
-struct Operands<'a, A: Block, const S: usize, const Q: usize, const T: usize> {
-    groups: &'a [u8],
-    blocks: usize,
-    acts: [&'a [A]; T],
-    d: &'a [[f32; TILE_LANES]],
-    s: &'a [[f32; TILE_LANES]],
-    lane0: usize,
-}
-
-impl<'a, A: Block, const S: usize, const Q: usize, const T: usize> Operands<'a, A, S, Q, T> {
-    #[inline]
-    fn new(groups: &'a [u8], a: &[&'a [u8]], scales: &TileScales<'a>, out: &[&mut [f32]]) -> Self {
-        let acts: [&[A]; T] = std::array::from_fn(|t| as_blocks::<A>(a[t]));
-        let blocks = acts[0].len();
-        assert!(acts.iter().all(|a| a.len() == blocks));
-        let group_bytes = blocks * (S + Q);
-        assert!(group_bytes > 0 && groups.len().is_multiple_of(group_bytes));
-        let rows = groups.len() / group_bytes * PACK_ROWS;
-        assert!(out.len() == T && out.iter().all(|o| o.len() == rows));
-        scales.check(blocks, T);
-        assert!(
-            scales.s.len() == scales.d.len(),
-            "packed kernels need block sums"
-        );
-        Operands {
-            groups,
-            blocks,
-            acts,
-            d: scales.d.as_chunks::<TILE_LANES>().0,
-            s: scales.s.as_chunks::<TILE_LANES>().0,
-            lane0: scales.lane0,
-        }
-    }
-
-    /// Each group, as the iterator of its blocks' scale bytes and quant bytes, in order.
-    #[inline]
-    fn each_group(
-        &self,
-    ) -> impl Iterator<Item = impl Iterator<Item = (&'a [u8; S], &'a [u8; Q])>> + 'a {
-        self.groups
-            .chunks_exact(self.blocks * (S + Q))
-            .map(|group| {
-                group.chunks_exact(S + Q).map(|block| {
-                    let (scales, quants) = block.split_first_chunk::<S>().unwrap();
-                    (scales, quants.first_chunk::<Q>().unwrap())
-                })
-            })
-    }
-}
 
 /// Sixteen f16 values (one per row) as f32.
 #[inline]

@@ -1,0 +1,64 @@
+//! The operands of the packed kernels (the layout is described in `crate::packed`), checked
+//! and viewed as blocks, for every instruction set's kernels.
+
+use super::{TileScales, PACK_ROWS, TILE_LANES};
+use crate::blocks::{as_blocks, Block};
+
+/// The operands of a packed kernel of `T` tokens over consecutive groups, checked: the
+/// groups' bytes (per block, `S` scale bytes then `Q` quant bytes), the activation blocks of
+/// each token, the f32 block scales and sums of the token group (one array of
+/// [`TILE_LANES`] lanes per block), and the number of blocks per row.
+pub(super) struct Operands<'a, A: Block, const S: usize, const Q: usize, const T: usize> {
+    groups: &'a [u8],
+    blocks: usize,
+    pub(super) acts: [&'a [A]; T],
+    pub(super) d: &'a [[f32; TILE_LANES]],
+    pub(super) s: &'a [[f32; TILE_LANES]],
+    pub(super) lane0: usize,
+}
+
+impl<'a, A: Block, const S: usize, const Q: usize, const T: usize> Operands<'a, A, S, Q, T> {
+    #[inline]
+    pub(super) fn new(
+        groups: &'a [u8],
+        a: &[&'a [u8]],
+        scales: &TileScales<'a>,
+        out: &[&mut [f32]],
+    ) -> Self {
+        let acts: [&[A]; T] = std::array::from_fn(|t| as_blocks::<A>(a[t]));
+        let blocks = acts[0].len();
+        assert!(acts.iter().all(|a| a.len() == blocks));
+        let group_bytes = blocks * (S + Q);
+        assert!(group_bytes > 0 && groups.len().is_multiple_of(group_bytes));
+        let rows = groups.len() / group_bytes * PACK_ROWS;
+        assert!(out.len() == T && out.iter().all(|o| o.len() == rows));
+        scales.check(blocks, T);
+        assert!(
+            scales.s.len() == scales.d.len(),
+            "packed kernels need block sums"
+        );
+        Operands {
+            groups,
+            blocks,
+            acts,
+            d: scales.d.as_chunks::<TILE_LANES>().0,
+            s: scales.s.as_chunks::<TILE_LANES>().0,
+            lane0: scales.lane0,
+        }
+    }
+
+    /// Each group, as the iterator of its blocks' scale bytes and quant bytes, in order.
+    #[inline]
+    pub(super) fn each_group(
+        &self,
+    ) -> impl Iterator<Item = impl Iterator<Item = (&'a [u8; S], &'a [u8; Q])> + Clone> + 'a {
+        self.groups
+            .chunks_exact(self.blocks * (S + Q))
+            .map(|group| {
+                group.chunks_exact(S + Q).map(|block| {
+                    let (scales, quants) = block.split_first_chunk::<S>().unwrap();
+                    (scales, quants.first_chunk::<Q>().unwrap())
+                })
+            })
+    }
+}
