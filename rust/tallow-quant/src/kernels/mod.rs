@@ -291,8 +291,11 @@ impl Isa {
         let raw: Option<RawPacked> = match self {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => packed_avx2::packed_kernel(ty),
+            // Without VNNI, Q8_0 takes the AVX2 kernel (the same layout).
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => packed_avx512::packed_kernel(ty, false),
+            Isa::Avx512 => {
+                packed_avx512::packed_kernel(ty, false).or_else(|| packed_avx2::packed_kernel(ty))
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => packed_avx512::packed_kernel(ty, true),
             _ => None,

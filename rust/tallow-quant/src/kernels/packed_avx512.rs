@@ -207,8 +207,9 @@ macro_rules! packed_entry_points {
 
 packed_entry_points!(packed_q4_0, packed_q4_1, packed_q8_0);
 
-/// The packed kernel for weights of type `ty`. Q8_0 needs VNNI: its unsigned weight bytes
-/// reach 255, and `vpmaddubsw`'s i16 pair sums would saturate.
+/// The packed kernel for weights of type `ty`. Q8_0 needs VNNI here: its unsigned weight bytes
+/// reach 255, and `vpmaddubsw`'s i16 pair sums would saturate (without VNNI, `Isa::packed`
+/// hands out the AVX2 kernel, which takes the sign off the weights first).
 pub(crate) fn packed_kernel(ty: GgmlType, vnni: bool) -> Option<RawPacked> {
     macro_rules! pick {
         ($kernel:ident) => {
