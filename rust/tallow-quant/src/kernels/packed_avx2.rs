@@ -23,7 +23,7 @@
 
 use std::arch::x86_64::*;
 
-use super::packed_operands::Operands;
+use super::packed_operands::{act_quad, Operands};
 use super::{RawPacked, TileScales, PACK_ROWS};
 use crate::blocks::{BlockQ8_0, BlockQ8_1};
 use crate::GgmlType;
@@ -39,6 +39,14 @@ unsafe fn load_f16x8(bytes: &[u8]) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(bytes.as_ptr().cast()))
 }
 
+/// Half `h` of a 64-byte step: the 32 bytes of rows `8h..8h + 8`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_half(chunk: &[u8; 64], h: usize) -> __m256i {
+    let half: &[u8; 32] = chunk[32 * h..32 * h + 32].try_into().unwrap();
+    _mm256_loadu_si256(half.as_ptr().cast())
+}
+
 /// The 8 vectors of half `h` of a packed 4-bit block: chunk c's low nibbles are step c, its
 /// high nibbles step c + 4.
 #[inline]
@@ -48,8 +56,7 @@ unsafe fn nibble_steps(quants: &[u8; 256], h: usize) -> [__m256i; 8] {
     let chunks = quants.as_chunks::<64>().0;
     let mut steps = [_mm256_setzero_si256(); 8];
     for c in 0..4 {
-        let half: &[u8; 32] = chunks[c][32 * h..32 * h + 32].try_into().unwrap();
-        let bits = _mm256_loadu_si256(half.as_ptr().cast());
+        let bits = load_half(&chunks[c], h);
         steps[c] = _mm256_and_si256(bits, mask4);
         steps[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), mask4);
     }
@@ -66,8 +73,7 @@ unsafe fn signed_byte_steps(quants: &[u8; 512], h: usize) -> ([__m256i; 8], [__m
     let mut signed = [_mm256_setzero_si256(); 8];
     let mut magnitude = [_mm256_setzero_si256(); 8];
     for j in 0..8 {
-        let half: &[u8; 32] = chunks[j][32 * h..32 * h + 32].try_into().unwrap();
-        signed[j] = _mm256_xor_si256(_mm256_loadu_si256(half.as_ptr().cast()), bias);
+        signed[j] = _mm256_xor_si256(load_half(&chunks[j], h), bias);
         magnitude[j] = _mm256_abs_epi8(signed[j]);
     }
     (signed, magnitude)
@@ -77,8 +83,7 @@ unsafe fn signed_byte_steps(quants: &[u8; 512], h: usize) -> ([__m256i; 8], [__m
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quad(y: &[i8; 32], j: usize) -> __m256i {
-    let bytes: [i8; 4] = y[4 * j..4 * j + 4].try_into().unwrap();
-    _mm256_set1_epi32(i32::from_le_bytes(bytes.map(|b| b as u8)))
+    _mm256_set1_epi32(act_quad(y, j))
 }
 
 /// Per row (i32 lane), the dot product of the row's 32 signed weight bytes with the token's 32
@@ -103,10 +108,9 @@ unsafe fn signed_block_sums(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block_sums(steps: &[__m256i; 8], y: &[i8; 32]) -> __m256i {
-    let quad = |j: usize| quad(y, j);
-    let mut pairs = _mm256_maddubs_epi16(steps[0], quad(0));
+    let mut pairs = _mm256_maddubs_epi16(steps[0], quad(y, 0));
     for (j, &step) in steps.iter().enumerate().skip(1) {
-        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(step, quad(j)));
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(step, quad(y, j)));
     }
     _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
 }

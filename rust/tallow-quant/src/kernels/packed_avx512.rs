@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 
 use super::avx512::{Bw, DotBytes, Vnni};
-use super::packed_operands::Operands;
+use super::packed_operands::{act_quad, Operands};
 use super::{RawPacked, TileScales, PACK_ROWS};
 use crate::blocks::{BlockQ8_0, BlockQ8_1};
 use crate::GgmlType;
@@ -61,10 +61,7 @@ unsafe fn byte_steps(quants: &[u8; 512]) -> [__m512i; 8] {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn block_sums<D: DotBytes>(steps: &[__m512i; 8], y: &[i8; 32]) -> __m512i {
-    let quad = |j: usize| {
-        let bytes: [i8; 4] = y[4 * j..4 * j + 4].try_into().unwrap();
-        _mm512_set1_epi32(i32::from_le_bytes(bytes.map(|b| b as u8)))
-    };
+    let quad = |j: usize| _mm512_set1_epi32(act_quad(y, j));
     // Two chains of four, so that one token's block is not one long dependency chain.
     let zero = _mm512_setzero_si512();
     let mut lo = zero;

@@ -62,3 +62,11 @@ impl<'a, A: Block, const S: usize, const Q: usize, const T: usize> Operands<'a, 
             })
     }
 }
+
+/// Activation bytes `4j..4j + 4` of a block `y` as one i32, the four bytes a step of a packed
+/// block multiplies in each row's lane (broadcast to every lane by the kernels).
+#[inline]
+pub(super) fn act_quad(y: &[i8; 32], j: usize) -> i32 {
+    let bytes: [i8; 4] = y[4 * j..4 * j + 4].try_into().unwrap();
+    i32::from_le_bytes(bytes.map(|b| b as u8))
+}
