@@ -193,9 +193,8 @@ def test_generation_stops_when_the_context_is_full(smollm2_path: Path) -> None:
     n_prompt = len(llm.tokenize(prompt, add_special=False))
     result = llm.generate(prompt, max_tokens=100, temperature=0)
     assert result.finish_reason == "length"
-    # Every position of the context is evaluated; the token sampled from the last one is
-    # returned too.
-    assert result.completion_tokens == 12 - n_prompt + 1
+    # n_ctx counts the prompt and the completion.
+    assert result.completion_tokens == 12 - n_prompt
     # max_tokens=None: only the context limits the generation.
     unlimited = llm.generate(prompt, max_tokens=None, temperature=0)
     assert unlimited.token_ids == result.token_ids

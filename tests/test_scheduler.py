@@ -321,8 +321,14 @@ def test_max_model_len_ends_with_length() -> None:
     kv, s = make(8, max_model_len=8)
     s.add(req("a", 6, max_tokens=None))
     outs = run(s, FakeModel(kv))["a"]
-    assert len(tokens_of(outs)) == 3
+    # max_model_len counts prompt and completion: 6 + 2.
+    assert len(tokens_of(outs)) == 2
     assert outs[-1].finish_reason == "length" and outs[-1].error is None
+    # A prompt that fills max_model_len leaves no room for a token.
+    _, s2 = make(8, max_model_len=6)
+    s2.add(req("full", 6))
+    out = s2.update(s2.schedule(), [])
+    assert out[0].finish_reason == "length" and "no room" in (out[0].error or "")
 
 
 # -- preemption -----------------------------------------------------------------------------------

@@ -96,14 +96,24 @@ class Model:
         """Token ids of ``text``.
 
         ``add_special`` adds BOS/EOS as the model's metadata asks; ``parse_special`` matches
-        control tokens (e.g. ``<|im_start|>``) written in the text.
+        control tokens (e.g. ``<|im_start|>``) written in the text. Raises
+        ``InvalidArgumentError`` for text that is not valid Unicode (lone surrogates).
         """
+    def quote_special(self, text: str) -> str:
+        """``text`` with the control tokens written in it quoted (between U+FDD0 and U+FDD1),
+        so that :meth:`tokenize_quoted` keeps them plain text. Raises ``InvalidArgumentError``
+        when ``text`` itself holds U+FDD0 or U+FDD1."""
+    def tokenize_quoted(self, text: str, add_special: bool) -> list[int]:
+        """Token ids of ``text`` with control tokens parsed, except between the quote marks of
+        :meth:`quote_special` (which are dropped)."""
     def detokenize(self, ids: list[int]) -> str:
         """The text of ``ids`` (invalid UTF-8 is replaced by U+FFFD)."""
     def stream_decoder(self) -> StreamDecoder:
         """A decoder that turns token ids into text one at a time."""
     def new_context(self, n_ctx: int) -> Context:
         """A new sequence with its own KV cache of ``n_ctx`` positions."""
+    def kv_page_bytes(self, page_size: int = 16, dtype: str = "f16") -> int:
+        """Bytes of one KV page of ``page_size`` positions for this model."""
     def new_kv_cache(
         self,
         *,

@@ -23,11 +23,11 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
-from tallow import _core
+from tallow import _core, checks
 from tallow.catalog import DEFAULT_MODEL, resolve_model
-from tallow.chat_template import ChatTemplate
-from tallow.engine import Engine, EngineConfig, SamplingParams, check_token_ids, sampling_params
+from tallow.engine import Engine, EngineConfig, SamplingParams, sampling_params
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
+from tallow.prompt import Prompts
 from tallow.scheduler import RequestOutput, TokenLogprob
 
 __all__ = ["AsyncLLM", "Completion"]
@@ -111,11 +111,15 @@ class AsyncLLM:
         self._streams: dict[str, MemoryObjectSendStream[RequestOutput]] = {}
         self._ids = itertools.count()
         self._task_group: TaskGroup | None = None
+        self._closed = False
         self._failure: BaseException | None = None
-        self.chat_template = ChatTemplate.for_model(self._model)
+        self._prompts = Prompts(self._model, self._engine.n_ctx)
+        self.chat_template = self._prompts.chat_template
         """The model's chat template, used by :meth:`chat` (see :mod:`tallow.chat_template`)."""
 
     async def __aenter__(self) -> AsyncLLM:
+        if self._closed or self._task_group is not None:
+            raise InvalidArgumentError("an AsyncLLM can be entered (`async with`) only once")
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
         self._task_group.start_soon(self._run_engine)
@@ -134,7 +138,13 @@ class AsyncLLM:
     # -- the engine thread ----------------------------------------------------------------------
 
     async def _run_engine(self) -> None:
-        await anyio.to_thread.run_sync(self._engine_loop)
+        try:
+            await anyio.to_thread.run_sync(self._engine_loop)
+        finally:
+            # Requests still waiting (from tasks outside the `async with` block) end now;
+            # their callers raise.
+            self._closed = True
+            self._close_all()
 
     def _engine_loop(self) -> None:
         engine = self._engine
@@ -185,8 +195,8 @@ class AsyncLLM:
                 del self._streams[out.request_id]
 
     def _close_all(self) -> None:
-        """In the event loop, after the engine failed: end every stream (their callers raise
-        ModelError with the failure)."""
+        """In the event loop, after the engine stopped: end every stream (their callers
+        raise)."""
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
@@ -194,10 +204,12 @@ class AsyncLLM:
     # -- requests -------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._task_group is None:
-            raise InvalidArgumentError("use AsyncLLM inside `async with`")
         if self._failure is not None:
             raise ModelError(f"the engine stopped: {self._failure}")
+        if self._closed:
+            raise InvalidArgumentError("this AsyncLLM is closed (its `async with` block ended)")
+        if self._task_group is None:
+            raise InvalidArgumentError("use AsyncLLM inside `async with`")
 
     @property
     def n_ctx(self) -> int:
@@ -210,34 +222,21 @@ class AsyncLLM:
         return self._model
 
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        """The token ids ``prompt`` runs as: text is tokenized with control-token text parsed
-        and BOS added where the model asks for it; ids are checked against the vocabulary.
-        Raises :class:`InvalidArgumentError` for an empty or invalid prompt and
-        :class:`ModelError` for one that does not fit in the context."""
-        if isinstance(prompt, str):
-            ids = self._model.tokenize(prompt, False, True)
-            if self._model.add_bos and self._model.bos_id is not None:
-                ids = [self._model.bos_id, *ids]
-        else:
-            ids = [int(t) for t in prompt]
-            check_token_ids(ids, self._model.n_vocab)
-        return self._check_fits(ids)
+        """The token ids ``prompt`` runs as (see :meth:`tallow.prompt.Prompts.ids`): text is
+        tokenized with control-token text parsed and BOS added where the model asks for it; ids
+        are checked against the vocabulary. Raises :class:`InvalidArgumentError` for an invalid
+        prompt and :class:`ModelError` for one that leaves no room in the context."""
+        return self._prompts.ids(prompt)
 
-    def chat_ids(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
+    def chat_ids(
+        self, messages: Sequence[Mapping[str, object]], *, parse_special: bool = False
+    ) -> list[int]:
         """The token ids of a conversation rendered with :attr:`chat_template`, ending with the
-        opening of the assistant's turn (checked as :meth:`prompt_ids` does)."""
-        text = self.chat_template.render(messages, add_generation_prompt=True)
-        # As Hugging Face's apply_chat_template: the template writes any BOS itself.
-        return self._check_fits(self._model.tokenize(text, False, True))
-
-    def _check_fits(self, ids: list[int]) -> list[int]:
-        if not ids:
-            raise InvalidArgumentError("the prompt has no tokens")
-        if len(ids) > self._engine.n_ctx:
-            raise ModelError(
-                f"the prompt is {len(ids)} tokens long but the context holds {self._engine.n_ctx}"
-            )
-        return ids
+        opening of the assistant's turn (checked as :meth:`prompt_ids` does). Control-token
+        text in the messages stays text unless ``parse_special``."""
+        return self._prompts.chat_ids(
+            messages, parse_special=checks.boolean("parse_special", parse_special)
+        )
 
     async def outputs(
         self, prompt_ids: Sequence[int], params: SamplingParams
@@ -247,8 +246,8 @@ class AsyncLLM:
         being cancelled, aborts the request. Raises :class:`ModelError` if the request fails.
         """
         self._check_open()
-        ids = list(prompt_ids)
-        sampler = params.new_sampler()
+        ids = checks.token_ids("prompt", prompt_ids, self._model.n_vocab)
+        sampler = self._engine.sampler(params)
         request_id = f"req-{next(self._ids)}"
         send, receive = anyio.create_memory_object_stream[RequestOutput](math.inf)
         self._streams[request_id] = send
@@ -265,8 +264,9 @@ class AsyncLLM:
                     ):
                         raise ModelError(out.error)
                     yield out
-            if not finished and self._failure is not None:
-                raise ModelError(f"the engine stopped: {self._failure}")
+            if not finished:
+                self._check_open()
+                raise ModelError("the request ended without a result")
         finally:
             if not finished:
                 self._streams.pop(request_id, None)
@@ -336,12 +336,15 @@ class AsyncLLM:
         top_p: float = 0.95,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        *,
+        parse_special: bool = False,
         **options: object,
     ) -> AsyncIterator[str]:
         """Like :meth:`chat`, yielding the reply piece by piece."""
         self._check_open()
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
-        async for piece in self._text(self.chat_ids(messages), params):
+        ids = self.chat_ids(messages, parse_special=parse_special)
+        async for piece in self._text(ids, params):
             yield piece
 
     async def chat(
@@ -353,14 +356,18 @@ class AsyncLLM:
         top_p: float = 0.95,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        *,
+        parse_special: bool = False,
         **options: object,
     ) -> Completion:
         """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts), rendered with
-        the model's chat template; the reply ends at its end-of-turn token. The other arguments
-        are those of :meth:`stream`."""
+        the model's chat template; the reply ends at its end-of-turn token. Control-token text
+        in the messages stays text unless ``parse_special``. The other arguments are those of
+        :meth:`stream`."""
         self._check_open()
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
-        return await self._complete(self.chat_ids(messages), params)
+        ids = self.chat_ids(messages, parse_special=parse_special)
+        return await self._complete(ids, params)
 
     def stats(self) -> dict[str, float]:
         """KV pages total / used / free, tokens cached, slot utilization, running and waiting

@@ -26,8 +26,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from tallow import checks
 from tallow._progress import ProgressBar, format_bytes
-from tallow.errors import CatalogError, ModelNotFoundError
+from tallow.errors import CatalogError, InvalidArgumentError, ModelNotFoundError
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -317,6 +318,13 @@ def _looks_like_path(text: str) -> bool:
     )
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except ValueError as e:  # a NUL byte in the path
+        raise InvalidArgumentError(f"model: not a valid path: {e}") from None
+
+
 def resolve_model(
     model: str | os.PathLike[str],
     *,
@@ -330,13 +338,13 @@ def resolve_model(
     - a catalog name is pulled into the cache on first use (see :func:`pull`);
     - anything else raises :class:`CatalogError`, listing the catalog's names.
     """
-    if isinstance(model, os.PathLike) or not isinstance(model, str):
-        path = Path(os.fspath(model)).expanduser()
-        if not path.exists():
+    if isinstance(model, os.PathLike):
+        path = Path(checks.text("model", os.fspath(model))).expanduser()
+        if not _exists(path):
             raise ModelNotFoundError(f"model file not found: {path}")
         return path
-    path = Path(model).expanduser()
-    if path.exists():
+    path = Path(checks.text("model", model)).expanduser()
+    if _exists(path):
         return path
     if _looks_like_path(model):
         raise ModelNotFoundError(f"model file not found: {model}")

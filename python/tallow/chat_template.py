@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -37,6 +37,9 @@ DEFAULT_TEMPLATE = (
 Message = Mapping[str, Any]
 """One chat message: ``{"role": "user", "content": "..."}``. ``content`` may also be a list
 of parts of which the ``{"type": "text", "text": ...}`` ones are kept (OpenAI's format)."""
+
+_QUOTE_MARKS = ("\ufdd0", "\ufdd1")
+"""What ``Model.quote_special`` puts around the control tokens written in a message."""
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -139,11 +142,26 @@ class ChatTemplate:
             eos_token=token_text(model.eos_id),
         )
 
-    def render(self, messages: object, add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: object,
+        add_generation_prompt: bool = True,
+        *,
+        quote: Callable[[str], str] | None = None,
+    ) -> str:
         """The prompt text of ``messages``, ending with the opening of the assistant's turn
-        when ``add_generation_prompt``. Raises :class:`InvalidArgumentError` for malformed
+        when ``add_generation_prompt``. ``quote`` is applied to the content of each message
+        first (``Model.quote_special``, which marks the control tokens a message spells so that
+        they are tokenized as text). Raises :class:`InvalidArgumentError` for malformed
         messages, or when the template itself refuses them (``raise_exception``)."""
         checked = check_messages(messages)
+        if quote is not None:
+            if any(mark in self.source for mark in _QUOTE_MARKS):
+                raise InvalidArgumentError(
+                    "the chat template holds U+FDD0 or U+FDD1, which mark message text"
+                )
+            for m in checked:
+                m["content"] = quote(m["content"])
         try:
             text: str = self._template.render(
                 messages=checked,
@@ -153,6 +171,6 @@ class ChatTemplate:
             )
         except _TemplateRaised as e:
             raise InvalidArgumentError(f"the chat template refused the messages: {e}") from None
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as e:
+        except Exception as e:  # the template is code from the model file: any failure is its
             raise InvalidArgumentError(f"the chat template failed: {e}") from None
         return text

@@ -10,16 +10,18 @@ tokens, checks stop conditions and frees the pages of finished requests (``Sched
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 
-from tallow import _core
+from tallow import _core, checks
+from tallow._progress import format_bytes
 from tallow.catalog import resolve_model
 from tallow.errors import InvalidArgumentError, TallowError
 from tallow.scheduler import Request, RequestOutput, Scheduler, Step, TokenLogprob
@@ -62,11 +64,15 @@ class SamplingParams:
     turns it off; otherwise what :func:`tallow.speculative.speculative_config` takes (a token
     count, a method name, a dict or a :class:`~tallow.speculative.SpeculativeConfig`)."""
 
-    def new_sampler(self) -> _core.Sampler:
-        """A sampler with these settings (raises InvalidArgumentError when one is invalid)."""
+    def new_sampler(self, n_vocab: int) -> _core.Sampler:
+        """A sampler with these settings for a vocabulary of ``n_vocab`` tokens; raises
+        :class:`InvalidArgumentError` for a token id (``logit_bias``, ``stop_token_ids``)
+        outside the vocabulary."""
+        checks.token_ids("logit_bias", list(self.logit_bias), n_vocab)
+        checks.token_ids("stop_token_ids", self.stop_token_ids, n_vocab)
         return _core.Sampler(
             self.temperature,
-            self.top_k,
+            min(self.top_k, n_vocab),
             self.top_p,
             self.seed,
             min_p=self.min_p,
@@ -79,74 +85,103 @@ class SamplingParams:
         )
 
 
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives a request may ask log probabilities for (OpenAI's limit)."""
+
+
 def sampling_params(
-    max_tokens: int | None,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    seed: int | None,
-    stop: str | Sequence[str] | None,
+    max_tokens: object = 128,
+    temperature: object = 0.8,
+    top_k: object = 40,
+    top_p: object = 0.95,
+    seed: object = None,
+    stop: object = None,
     **options: object,
 ) -> SamplingParams:
-    """The engine's parameters of a generation, after checking each argument. ``options``
-    are further :class:`SamplingParams` fields (checked by the sampler when it is made)."""
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
-    ):
+    """The engine's parameters of a generation, after checking every argument (raises
+    :class:`InvalidArgumentError`). ``options`` are further :class:`SamplingParams` fields.
+    Token ids are checked against the vocabulary when the request reaches a model
+    (:meth:`SamplingParams.new_sampler`)."""
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
         raise InvalidArgumentError(
-            f"max_tokens must be a non-negative integer or None, got {max_tokens!r}"
+            f"unknown generation option {unknown[0]!r} (known: {', '.join(sorted(_OPTIONS))})"
         )
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature)
-        or temperature < 0
-    ):
-        raise InvalidArgumentError(
-            f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}"
-        )
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not (0.0 < top_p <= 1.0):
-        raise InvalidArgumentError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, int) or not (0 <= seed < 2**64)
-    ):
-        raise InvalidArgumentError(f"seed must be an integer in [0, 2**64) or None, got {seed!r}")
-    if stop is None:
-        stops: tuple[str, ...] = ()
-    elif isinstance(stop, str):
-        stops = (stop,)
-    else:
-        stops = tuple(stop)
-    for s in stops:
-        if not isinstance(s, str) or not s:
-            raise InvalidArgumentError(f"stop strings must be non-empty strings, got {s!r}")
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=float(temperature),
-            top_k=top_k,
-            top_p=float(top_p),
-            seed=seed,
-            stop=stops,
-            **options,  # type: ignore[arg-type]
-        )
-    except TypeError as e:
-        raise InvalidArgumentError(str(e)) from None
+    fields: dict[str, object] = {
+        "max_tokens": None if max_tokens is None else checks.integer("max_tokens", max_tokens, 0),
+        "temperature": checks.number("temperature", temperature, 0.0),
+        "top_k": checks.integer("top_k", top_k, 0),
+        "top_p": checks.number("top_p", top_p, 0.0, 1.0, low_open=True),
+        "seed": None if seed is None else checks.integer("seed", seed, 0, 2**64 - 1),
+        "stop": checks.strings("stop", stop),
+    }
+    for name, value in options.items():
+        fields[name] = _check_option(name, value)
+    return SamplingParams(**fields)  # type: ignore[arg-type]
+
+
+_OPTIONS = frozenset(
+    {
+        "min_p",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "stop_token_ids",
+        "ignore_eos",
+        "logprobs",
+        "top_logprobs",
+        "speculative",
+    }
+)
+
+
+def _check_option(name: str, value: object) -> object:
+    if name == "min_p":
+        return checks.number(name, value, 0.0, 1.0)
+    if name == "repetition_penalty":
+        return checks.number(name, value, 0.0, low_open=True)
+    if name in ("frequency_penalty", "presence_penalty"):
+        return checks.number(name, value)
+    if name == "logit_bias":
+        if not isinstance(value, Mapping):
+            raise InvalidArgumentError("logit_bias must map token ids to numbers")
+        return {
+            checks.integer("a logit_bias token id", k, 0): _bias(k, v) for k, v in value.items()
+        }
+    if name == "stop_token_ids":
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+            raise InvalidArgumentError("stop_token_ids must be a list of token ids")
+        return tuple(checks.integer("stop_token_ids", t, 0) for t in value)
+    if name in ("ignore_eos", "logprobs"):
+        return checks.boolean(name, value)
+    if name == "top_logprobs":
+        return checks.integer(name, value, 0, MAX_TOP_LOGPROBS)
+    # speculative: checked now, resolved against the engine's setting when the request
+    # reaches an engine.
+    speculative_config(value)
+    return value
+
+
+def _bias(token: object, value: object) -> float:
+    if isinstance(value, float) and value == -math.inf:
+        return value  # -inf bans the token
+    return checks.number("a logit_bias value", value)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Sizes of an engine.
+    """Sizes of an engine, checked when it is made (:class:`InvalidArgumentError`).
 
     ``kv_pages`` pages of ``page_size`` tokens hold the KV of every running request; or give
     ``kv_bytes``, the memory of that pool (``None`` for both: enough for ``max_num_seqs`` full
-    contexts, capped at 8192 pages). ``n_ctx`` is the most positions per request (``None``: the
-    model's training context, capped at 4096), and never more than the pool holds.
-    ``prefix_caching`` reuses the KV of prompt prefixes already computed (see
-    :mod:`tallow.scheduler`). ``speculative`` turns on speculative decoding for every request
-    that does not say otherwise (see :mod:`tallow.speculative`).
+    contexts, capped at 8192 pages). The pool must fit in the machine's memory. ``n_ctx`` is
+    the most positions per request, prompt plus completion (``None``: the model's training
+    context, capped at 4096); never more than the model was trained with, nor than the pool
+    holds. ``max_tokens_per_step`` bounds the tokens of one forward (at most
+    :data:`MAX_TOKENS_PER_STEP`). ``prefix_caching`` reuses the KV of prompt prefixes already
+    computed (see :mod:`tallow.scheduler`). ``speculative`` turns on speculative decoding for
+    every request that does not say otherwise (see :mod:`tallow.speculative`).
     """
 
     max_num_seqs: int = 64
@@ -158,12 +193,58 @@ class EngineConfig:
     prefix_caching: bool = True
     speculative: object = None
 
+    def __post_init__(self) -> None:
+        checks.integer("max_num_seqs", self.max_num_seqs, 1, MAX_NUM_SEQS)
+        checks.integer("max_tokens_per_step", self.max_tokens_per_step, 1, MAX_TOKENS_PER_STEP)
+        checks.integer("page_size", self.page_size, 1, MAX_PAGE_SIZE)
+        for name in ("kv_pages", "kv_bytes", "n_ctx"):
+            value = getattr(self, name)
+            if value is not None:
+                checks.integer(name, value, 1)
+        if self.kv_pages is not None and self.kv_bytes is not None:
+            raise InvalidArgumentError("give kv_pages or kv_bytes, not both")
+        checks.boolean("prefix_caching", self.prefix_caching)
+        speculative_config(self.speculative)
 
-def check_token_ids(token_ids: Sequence[int], n_vocab: int) -> None:
-    """Raise :class:`InvalidArgumentError` unless every id is a token of the vocabulary."""
-    bad = next((t for t in token_ids if not 0 <= t < n_vocab), None)
-    if bad is not None:
-        raise InvalidArgumentError(f"token id {bad} is out of range (vocabulary size {n_vocab})")
+
+MAX_NUM_SEQS = 65536
+MAX_TOKENS_PER_STEP = 16384
+"""Most tokens of one forward: its scratch memory grows with them."""
+MAX_PAGE_SIZE = 4096
+DEFAULT_N_CTX = 4096
+"""Context of a request when none is given, capped by the model's training context
+(llama.cpp's default is 4096 too)."""
+
+
+def context_size(model: _core.Model, n_ctx: object) -> int:
+    """The context of requests on ``model``: ``n_ctx`` checked (a positive integer, at most
+    the model's training context), or the default."""
+    trained = model.n_ctx_train
+    if n_ctx is None:
+        return min(trained, DEFAULT_N_CTX) if trained > 0 else DEFAULT_N_CTX
+    n_ctx = checks.integer("n_ctx", n_ctx, 1)
+    if trained > 0 and n_ctx > trained:
+        raise InvalidArgumentError(
+            f"n_ctx={n_ctx} is beyond the {trained} positions this model was trained with"
+        )
+    return n_ctx
+
+
+def physical_memory() -> int | None:
+    """Bytes of memory of this machine, where the OS says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_pool_fits(pages: int, page_bytes: int, asked: str) -> None:
+    memory = physical_memory()
+    if memory is not None and pages * page_bytes > memory:
+        raise InvalidArgumentError(
+            f"{asked} needs a KV cache of {format_bytes(pages * page_bytes)}, more than this "
+            f"machine's {format_bytes(memory)} of memory"
+        )
 
 
 class Engine:
@@ -171,16 +252,21 @@ class Engine:
 
     def __init__(self, model: _core.Model, config: EngineConfig | None = None) -> None:
         config = config or EngineConfig()
-        n_ctx = config.n_ctx or min(model.n_ctx_train, 4096)
-        if config.kv_pages is not None and config.kv_bytes is not None:
-            raise InvalidArgumentError("give kv_pages or kv_bytes, not both")
+        n_ctx = context_size(model, config.n_ctx)
+        page_bytes = model.kv_page_bytes(config.page_size)
         if config.kv_bytes is not None:
+            _check_pool_fits(
+                config.kv_bytes // page_bytes, page_bytes, f"kv_bytes={config.kv_bytes}"
+            )
             self.kv = model.new_kv_cache(page_size=config.page_size, max_bytes=config.kv_bytes)
         else:
-            pages = config.kv_pages
-            if pages is None:
+            if config.kv_pages is not None:
+                pages, asked = config.kv_pages, f"kv_pages={config.kv_pages}"
+            else:
                 per_request = -(-n_ctx // config.page_size)
                 pages = min(per_request * config.max_num_seqs, 8192)
+                asked = f"a context of {n_ctx} for {config.max_num_seqs} requests"
+            _check_pool_fits(pages, page_bytes, asked)
             self.kv = model.new_kv_cache(page_size=config.page_size, max_pages=pages)
         self.model = model
         self.n_ctx = min(n_ctx, self.kv.n_pages * config.page_size)
@@ -216,6 +302,13 @@ class Engine:
         # stats() may come from another thread while a step holds the KV pool.
         self._lock = threading.Lock()
 
+    def sampler(self, params: SamplingParams) -> _core.Sampler:
+        """A sampler for a request with ``params``, after checking them against this engine
+        (token ids against the vocabulary, the speculation asked for); raises
+        :class:`InvalidArgumentError`. May be called from any thread."""
+        self._speculation(params)
+        return params.new_sampler(self.model.n_vocab)
+
     def add(
         self,
         request_id: str,
@@ -227,8 +320,8 @@ class Engine:
         raise here)."""
         if request_id in self._samplers:
             raise InvalidArgumentError(f"request {request_id!r} is already in the engine")
-        check_token_ids(prompt_token_ids, self.model.n_vocab)
-        sampler = sampler or params.new_sampler()
+        checks.token_ids("prompt", prompt_token_ids, self.model.n_vocab)
+        sampler = sampler or params.new_sampler(self.model.n_vocab)
         speculate = self._speculation(params)
         self.scheduler.add(Request(request_id, list(prompt_token_ids), params))
         self._samplers[request_id] = sampler

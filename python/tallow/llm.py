@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -15,20 +16,17 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from tallow import _core
+from tallow import _core, checks
 from tallow.catalog import DEFAULT_MODEL, resolve_model
 from tallow.chat_template import ChatTemplate
-from tallow.engine import Engine, EngineConfig, SamplingParams, sampling_params
+from tallow.engine import Engine, EngineConfig, SamplingParams, context_size, sampling_params
 from tallow.errors import InvalidArgumentError, ModelError
+from tallow.prompt import Prompts
 from tallow.scheduler import RequestOutput
 
 __all__ = ["LLM", "GenerationResult", "TextStream"]
 
 FinishReason = Literal["stop", "length"]
-
-DEFAULT_N_CTX = 4096
-"""Context size used when none is given, capped by the model's training context (llama.cpp's
-default is 4096 too)."""
 
 # Streams of one LLM that may be open at once (interleaved generators share engine steps).
 _MAX_STREAMS = 4
@@ -124,21 +122,16 @@ class LLM:
         progress: bool = True,
         speculative: object = None,
     ) -> None:
-        if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int)):
-            raise InvalidArgumentError(f"n_ctx must be a positive integer, got {n_ctx!r}")
-        if n_ctx is not None and n_ctx <= 0:
-            raise InvalidArgumentError(f"n_ctx must be a positive integer, got {n_ctx!r}")
-        self.model_name = str(model) if isinstance(model, str) else os.fspath(model)
-        """The name or path given."""
         path = resolve_model(model, progress=progress)
+        self.model_name = os.fspath(model)
+        """The name or path given."""
         self._model = _core.Model(str(path))
-        if n_ctx is None:
-            n_ctx = min(self._model.n_ctx_train, DEFAULT_N_CTX) or DEFAULT_N_CTX
+        n_ctx = context_size(self._model, n_ctx)
         self.n_ctx = n_ctx
         """Context size of generations (prompt plus completion)."""
         # Generations run on the same engine as AsyncLLM: the scheduler and the batched
         # forward over a paged KV pool. Interleaved streams share its steps.
-        self._engine = Engine(
+        self._engine: Engine | None = Engine(
             self._model,
             EngineConfig(
                 max_num_seqs=_MAX_STREAMS,
@@ -148,9 +141,33 @@ class LLM:
                 speculative=speculative,
             ),
         )
+        self._prompts = Prompts(self._model, n_ctx)
         self._outputs: dict[str, deque[RequestOutput]] = {}
         self._ids = itertools.count()
-        self._chat_template: ChatTemplate | None = None
+        # Threads may share an LLM: one engine step at a time, each thread's outputs kept for
+        # it by whichever thread stepped.
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        """Release the KV cache and end every open stream; later generations raise
+        :class:`InvalidArgumentError`. Tokenization still works. Also done by leaving a
+        ``with`` block."""
+        with self._lock:
+            if self._engine is not None:
+                for request_id in self._outputs:
+                    self._engine.abort(request_id)
+            self._engine = None
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open_engine(self) -> Engine:
+        if self._engine is None:
+            raise InvalidArgumentError("this LLM is closed")
+        return self._engine
 
     # -- model properties -------------------------------------------------------------------
 
@@ -205,7 +222,7 @@ class LLM:
     def stats(self) -> dict[str, float]:
         """The engine's KV pages total / used / free, tokens cached, running and waiting
         requests, preemptions and recent tokens per second."""
-        return self._engine.stats()
+        return self._open_engine().stats()
 
     def __repr__(self) -> str:
         return f"LLM({self.model_name!r}, n_ctx={self.n_ctx})"
@@ -221,75 +238,56 @@ class LLM:
         ``parse_special`` turns control-token text such as ``<|im_start|>`` into those tokens
         instead of tokenizing it as plain text.
         """
-        if not isinstance(text, str):
-            raise InvalidArgumentError(f"text must be a str, got {type(text).__name__}")
-        return self._model.tokenize(text, add_special, parse_special)
+        return self._model.tokenize(
+            checks.text("text", text),
+            checks.boolean("add_special", add_special),
+            checks.boolean("parse_special", parse_special),
+        )
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """The text of token ids (the inverse of :meth:`tokenize` without special tokens)."""
-        return self._model.detokenize(list(ids))
-
-    def _prompt_ids(self, prompt: str, parse_special: bool) -> list[int]:
-        if not isinstance(prompt, str):
-            raise InvalidArgumentError(f"prompt must be a str, got {type(prompt).__name__}")
-        ids = self._model.tokenize(prompt, False, parse_special)
-        bos = self._model.bos_id
-        if bos is not None and (self._model.add_bos or not ids):
-            # BOS only when the model asks for it, or as the only possible start of an empty
-            # prompt.
-            ids = [bos, *ids]
-        if not ids:
-            raise InvalidArgumentError("the prompt is empty and the model has no BOS token")
-        return ids
+        return self._model.detokenize(checks.token_ids("ids", ids, self._model.n_vocab))
 
     # -- generation -----------------------------------------------------------------------------
 
     @property
     def chat_template(self) -> ChatTemplate:
         """The model's chat template (see :mod:`tallow.chat_template`)."""
-        if self._chat_template is None:
-            self._chat_template = ChatTemplate.for_model(self._model)
-        return self._chat_template
-
-    def _chat_ids(self, messages: object) -> list[int]:
-        # As Hugging Face's apply_chat_template: the template writes any BOS itself.
-        text = self.chat_template.render(messages, add_generation_prompt=True)
-        return self._model.tokenize(text, False, True)
+        return self._prompts.chat_template
 
     def _completion(
-        self, prompt: str | list[int], params: SamplingParams, parse_special: bool
+        self, prompt_ids: list[int], params: SamplingParams
     ) -> Generator[str, None, GenerationResult]:
-        """Checks the prompt (text, or token ids already made) now; returns a generator that
-        yields the text pieces of the generation and returns its result."""
-        prompt_ids = prompt if isinstance(prompt, list) else self._prompt_ids(prompt, parse_special)
-        if len(prompt_ids) > self.n_ctx:
-            raise ModelError(
-                f"the prompt is {len(prompt_ids)} tokens long but the context holds only "
-                f"{self.n_ctx} (pass a larger n_ctx)"
-            )
-        return self._run(prompt_ids, params)
+        """A generator that yields the text pieces of the generation of ``prompt_ids`` (checked
+        already) and returns its result. The parameters are checked now; the request is queued
+        when the generator starts."""
+        sampler = self._open_engine().sampler(params)
+        return self._run(prompt_ids, params, sampler)
 
     def _next_output(self, request_id: str) -> RequestOutput:
         """Step the engine until ``request_id`` has an output; keep the others' outputs for
-        their own streams."""
+        their own streams (in this thread or others)."""
         waiting = self._outputs[request_id]
-        while not waiting:
-            for out in self._engine.step():
-                if out.request_id in self._outputs:
-                    self._outputs[out.request_id].append(out)
-        return waiting.popleft()
+        while True:
+            with self._lock:
+                if waiting:
+                    return waiting.popleft()
+                for out in self._open_engine().step():
+                    if out.request_id in self._outputs:
+                        self._outputs[out.request_id].append(out)
 
     def _run(
-        self, prompt_ids: list[int], params: SamplingParams
+        self, prompt_ids: list[int], params: SamplingParams, sampler: _core.Sampler
     ) -> Generator[str, None, GenerationResult]:
         request_id = f"llm-{next(self._ids)}"
+        with self._lock:
+            self._open_engine().add(request_id, prompt_ids, params, sampler)
+            self._outputs[request_id] = deque()
         token_ids: list[int] = []
         chunks: list[str] = []
         finish: FinishReason = "length"
         t0 = time.perf_counter()
         t1: float | None = None
-        self._outputs[request_id] = deque()
-        self._engine.add(request_id, prompt_ids, params)
         finished = False
         try:
             while not finished:
@@ -305,9 +303,10 @@ class LLM:
                     chunks.append(out.text)
                     yield out.text
         finally:
-            del self._outputs[request_id]
-            if not finished:
-                self._engine.abort(request_id)
+            with self._lock:
+                del self._outputs[request_id]
+                if not finished and self._engine is not None:
+                    self._engine.abort(request_id)
         t2 = time.perf_counter()
         t1 = t1 or t2
         return GenerationResult(
@@ -322,7 +321,7 @@ class LLM:
 
     def stream(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         max_tokens: int | None = 128,
         temperature: float = 0.8,
         top_k: int = 40,
@@ -338,11 +337,13 @@ class LLM:
         emitted. The arguments are checked before this returns.
         """
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop)
-        return TextStream(self._completion(prompt, params, bool(parse_special)))
+        parse = checks.boolean("parse_special", parse_special)
+        ids = self._prompts.ids(prompt, parse_special=parse)
+        return TextStream(self._completion(ids, params))
 
     def generate(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         max_tokens: int | None = 128,
         temperature: float = 0.8,
         top_k: int = 40,
@@ -352,7 +353,8 @@ class LLM:
         *,
         parse_special: bool = True,
     ) -> GenerationResult:
-        """Continue ``prompt`` and return the generated text with its token ids.
+        """Continue ``prompt`` (text, or token ids used as they are) and return the generated
+        text with its token ids.
 
         The defaults are llama.cpp's: ``temperature`` 0.8 (0 means greedy: always the most
         likely token), ``top_k`` 40 (0 = off), ``top_p`` 0.95 (1.0 = off). Generation ends at
@@ -360,12 +362,13 @@ class LLM:
         ``max_tokens`` tokens (``None``: no limit) or when the context of ``n_ctx`` positions is
         full (``finish_reason="length"``). ``seed`` makes sampling reproducible (``None``:
         random). ``stop`` is one string or several; the text ends just before the first match.
-        The prompt starts with BOS only when the model's metadata asks for it;
+        A text prompt starts with BOS when the model's metadata asks for it (an empty one is
+        BOS alone);
         ``parse_special`` treats control-token text in the prompt (``<|im_start|>``) as those
         tokens, as llama.cpp does.
 
-        Raises :class:`InvalidArgumentError` for arguments out of range and
-        :class:`ModelError` when the prompt does not fit in the context.
+        Raises :class:`InvalidArgumentError` for arguments out of range or of the wrong type
+        and :class:`ModelError` when the prompt leaves no room in the context.
         """
         stream = self.stream(
             prompt, max_tokens, temperature, top_k, top_p, seed, stop, parse_special=parse_special
@@ -384,11 +387,16 @@ class LLM:
         top_p: float = 0.95,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        *,
+        parse_special: bool = False,
     ) -> TextStream:
         """Like :meth:`chat`, but returns an iterator over pieces of the reply as they are
         generated (see :meth:`stream`)."""
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop)
-        return TextStream(self._completion(self._chat_ids(messages), params, True))
+        ids = self._prompts.chat_ids(
+            messages, parse_special=checks.boolean("parse_special", parse_special)
+        )
+        return TextStream(self._completion(ids, params))
 
     def chat(
         self,
@@ -399,14 +407,27 @@ class LLM:
         top_p: float = 0.95,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        *,
+        parse_special: bool = False,
     ) -> GenerationResult:
         """The assistant's reply to a conversation: ``messages`` is a list of
         ``{"role": "system" | "user" | "assistant", "content": text}``, rendered with the
-        model's chat template (:attr:`chat_template`). The reply ends at the model's
-        end-of-turn token; ``max_tokens`` ``None`` lets it run to the end of the context. The
-        other arguments are those of :meth:`generate`.
+        model's chat template (:attr:`chat_template`). Control tokens come only from the
+        template: text in a message that spells one (``<|im_end|>``) is tokenized as plain
+        text, unless ``parse_special``. The reply ends at the model's end-of-turn token;
+        ``max_tokens`` ``None`` lets it run to the end of the context. The other arguments are
+        those of :meth:`generate`.
         """
-        stream = self.chat_stream(messages, max_tokens, temperature, top_k, top_p, seed, stop)
+        stream = self.chat_stream(
+            messages,
+            max_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            stop,
+            parse_special=parse_special,
+        )
         for _ in stream:
             pass
         assert stream.result is not None
@@ -433,11 +454,9 @@ class LLM:
 
         ``progress(chunk_index, n_chunks, ppl_so_far)`` is called after each chunk.
         """
-        if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 4:
-            raise InvalidArgumentError(f"ctx must be an integer >= 4, got {ctx!r}")
-        if not isinstance(text, str):
-            raise InvalidArgumentError(f"text must be a str, got {type(text).__name__}")
-        ids = self._model.tokenize(text, True, False)
+        ctx = checks.integer("ctx", ctx, 4)
+        context_size(self._model, ctx)
+        ids = self._model.tokenize(checks.text("text", text), True, False)
         if len(ids) < 2 * ctx:
             raise InvalidArgumentError(
                 f"the text is {len(ids)} tokens long: perplexity with a context of {ctx} needs "

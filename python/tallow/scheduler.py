@@ -41,9 +41,9 @@ prompt (recomputation), and the last chunk's logits give its next token. Request
 order in the running list, so the oldest request always makes progress. A request that cannot
 get a page while it is the only one running holds the whole pool: it finishes with
 ``"length"`` (the same as a full context in :meth:`tallow.LLM.generate`), and an ``error``
-saying so. A prompt that needs more pages than the pool has (or more positions than
-``max_model_len``) finishes at once the same way, with no tokens. Pages of a request are freed
-the moment it finishes or is aborted.
+saying so. A prompt that needs more pages than the pool has (or that fills ``max_model_len``,
+leaving no room for a token) finishes at once the same way, with no tokens. Pages of a request
+are freed the moment it finishes or is aborted.
 
 **Stops** (checked in ``update``): a stop token id, or an end-of-generation id unless
 ``ignore_eos``, ends with ``"stop"`` and is not part of the output; a stop string ends with
@@ -302,7 +302,8 @@ class Scheduler:
     - ``max_num_seqs``: most running requests.
     - ``max_tokens_per_step``: the token budget of one step (decodes plus prompt chunks).
     - ``eog_ids``: the model's end-of-generation token ids (EOS, end of turn).
-    - ``max_model_len``: most positions per request (the model's context); ``None``: no limit.
+    - ``max_model_len``: most tokens per request, prompt plus generated (the model's
+      context); ``None``: no limit.
     - ``decoder_factory``: a new incremental detokenizer per request (``model.stream_decoder``
       or ``lambda: DetokenizeDecoder(detokenize)``); needed for stop strings and text output.
     - ``prefix_caching``: admit a request with the KV of the longest cached prefix of its
@@ -662,15 +663,17 @@ class Scheduler:
         add every draft token and one more."""
         k = len(draft)
         if self.max_model_len is not None:
-            k = min(k, self.max_model_len - req.num_tokens)
+            k = min(k, self.max_model_len - req.num_tokens - 1)
         if req.params.max_tokens is not None:
             k = min(k, req.params.max_tokens - len(req.output_token_ids) - 1)
         return [int(t) for t in draft[: max(k, 0)]]
 
     def _never_fits(self, req: Request) -> str | None:
         n = req.num_tokens
-        if self.max_model_len is not None and n > self.max_model_len:
-            return f"{n} tokens do not fit in max_model_len={self.max_model_len}"
+        if self.max_model_len is not None and n >= self.max_model_len:
+            return (
+                f"{n} tokens leave no room for a completion in max_model_len={self.max_model_len}"
+            )
         if math.ceil(n / self._page_size) > self.kv.n_pages:
             return (
                 f"{n} tokens do not fit in the KV pool ({self.kv.n_pages} pages of "
@@ -762,7 +765,7 @@ class Scheduler:
                     req, "stop", new=[token], text=text, stop_reason=req.matcher.matched
                 )
         if (params.max_tokens is not None and len(req.output_token_ids) >= params.max_tokens) or (
-            self.max_model_len is not None and req.num_computed >= self.max_model_len
+            self.max_model_len is not None and req.num_tokens >= self.max_model_len
         ):
             return self._finish(req, "length", new=[token], text=text)
         return RequestOutput(req.request_id, [token], text, False)

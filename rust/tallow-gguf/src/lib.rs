@@ -86,10 +86,17 @@ impl GgufFile {
                 }
             }
         };
-        let file = File::open(path).map_err(io_error)?;
-        if file.metadata().map_err(io_error)?.is_dir() {
-            return Err(io_error(std::io::Error::other("it is a directory")));
+        // Checked before opening: opening a FIFO or a device for reading can block forever.
+        let kind = std::fs::metadata(path).map_err(io_error)?.file_type();
+        if !kind.is_file() {
+            let what = if kind.is_dir() {
+                "it is a directory"
+            } else {
+                "it is not a regular file"
+            };
+            return Err(io_error(std::io::Error::other(what)));
         }
+        let file = File::open(path).map_err(io_error)?;
         // SAFETY: the map is read-only. Like every mmap-based model loader, this relies on the
         // file not being truncated by another process while it is open.
         let map = unsafe { Mmap::map(&file) }.map_err(io_error)?;

@@ -6,6 +6,7 @@
 
 use crate::error::{KvError, Result};
 use crate::layout::MAX_PAGES;
+use crate::memory::{collect, zeroed};
 use crate::PageId;
 
 const NIL: u32 = u32::MAX;
@@ -42,11 +43,12 @@ impl PageAllocator {
         }
         let n = n_pages as u32;
         Ok(PageAllocator {
-            refcount: vec![0; n_pages],
-            prev: (0..n).map(|i| if i == 0 { NIL } else { i - 1 }).collect(),
-            next: (0..n)
-                .map(|i| if i + 1 == n { NIL } else { i + 1 })
-                .collect(),
+            refcount: zeroed(n_pages)?,
+            prev: collect(n_pages, (0..n).map(|i| if i == 0 { NIL } else { i - 1 }))?,
+            next: collect(
+                n_pages,
+                (0..n).map(|i| if i + 1 == n { NIL } else { i + 1 }),
+            )?,
             head: if n == 0 { NIL } else { 0 },
             tail: if n == 0 { NIL } else { n - 1 },
             n_free: n_pages,

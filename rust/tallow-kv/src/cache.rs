@@ -25,9 +25,11 @@ impl PagedKvCache {
     /// A cache whose pool is as large as `budget` allows.
     pub fn new(layout: KvLayout, budget: KvBudget) -> Result<Self> {
         let n_pages = pages_for_budget(&layout, budget)?;
+        // The values first: they are the large allocation, the one that fails first.
+        let storage = KvStorage::new(layout, n_pages)?;
         Ok(PagedKvCache {
             seqs: Sequences::new(layout.page_size, n_pages)?,
-            storage: KvStorage::new(layout, n_pages)?,
+            storage,
         })
     }
 

@@ -28,6 +28,12 @@ pub enum KvError {
         /// The largest pool of this page size.
         max: usize,
     },
+    /// The memory of the pool could not be allocated.
+    #[error("cannot allocate {bytes} bytes for the KV cache: not enough memory")]
+    OutOfMemory {
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// Not enough free pages for the operation; nothing was allocated.
     #[error("out of KV pages: need {needed}, only {free} free")]
     OutOfPages {

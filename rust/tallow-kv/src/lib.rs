@@ -20,6 +20,7 @@ mod allocator;
 mod cache;
 mod error;
 mod layout;
+mod memory;
 mod prefix;
 mod sequences;
 mod storage;

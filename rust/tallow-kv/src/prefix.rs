@@ -13,6 +13,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 
+use crate::error::Result;
+use crate::memory::{collect, zeroed};
 use crate::PageId;
 
 /// Counters of the prefix cache.
@@ -48,15 +50,15 @@ pub(crate) struct PrefixCache {
 }
 
 impl PrefixCache {
-    pub(crate) fn new(page_size: usize, n_pages: usize) -> Self {
-        PrefixCache {
+    pub(crate) fn new(page_size: usize, n_pages: usize) -> Result<Self> {
+        Ok(PrefixCache {
             page_size,
             hasher: RandomState::new(),
-            entries: vec![None; n_pages],
-            tokens: vec![0; n_pages * page_size],
+            entries: collect(n_pages, std::iter::repeat_with(|| None))?,
+            tokens: zeroed(n_pages.saturating_mul(page_size))?,
             by_key: HashMap::new(),
             stats: PrefixStats::default(),
-        }
+        })
     }
 
     /// The key of a full page holding `tokens` after a page keyed `parent`.

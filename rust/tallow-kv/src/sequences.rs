@@ -123,7 +123,7 @@ impl Sequences {
             alloc: PageAllocator::new(n_pages)?,
             seqs: BTreeMap::new(),
             next_id: 0,
-            prefix: PrefixCache::new(page_size, n_pages),
+            prefix: PrefixCache::new(page_size, n_pages)?,
         })
     }
 

@@ -6,6 +6,7 @@ use half::vec::HalfBitsVecExt;
 
 use crate::error::{KvError, Result};
 use crate::layout::{KvDtype, KvKind, KvLayout};
+use crate::memory::zeroed;
 use crate::{PageId, Slot};
 
 #[derive(Debug, Clone)]
@@ -52,8 +53,8 @@ impl KvStorage {
         }
         let n = n_pages * page_elems;
         let data = match layout.dtype {
-            KvDtype::F16 => Data::F16(vec![0u16; n].reinterpret_into()),
-            KvDtype::F32 => Data::F32(vec![0f32; n]),
+            KvDtype::F16 => Data::F16(zeroed::<u16>(n)?.reinterpret_into()),
+            KvDtype::F32 => Data::F32(zeroed::<f32>(n)?),
         };
         Ok(KvStorage {
             layout,

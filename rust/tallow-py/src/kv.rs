@@ -19,7 +19,30 @@ fn page_ids(pages: Vec<tallow_kv::PageId>) -> Vec<u32> {
     pages.into_iter().map(|p| p.0).collect()
 }
 
+fn parse_dtype(dtype: &str) -> PyResult<KvDtype> {
+    match dtype {
+        "f16" => Ok(KvDtype::F16),
+        "f32" => Ok(KvDtype::F32),
+        other => Err(invalid_argument(format!(
+            "dtype must be 'f16' or 'f32', got {other:?}"
+        ))),
+    }
+}
+
 impl KvCache {
+    /// Bytes of one page for `(n_layer, n_head_kv, head_dim)`.
+    pub(crate) fn page_bytes(
+        (n_layer, n_head_kv, head_dim): (usize, usize, usize),
+        page_size: usize,
+        dtype: &str,
+    ) -> PyResult<usize> {
+        let layout = KvLayout::new(n_layer, n_head_kv, head_dim)
+            .with_page_size(page_size)
+            .with_dtype(parse_dtype(dtype)?);
+        layout.validate().map_err(kv_error)?;
+        layout.bytes_per_page().map_err(kv_error)
+    }
+
     /// The pool for `(n_layer, n_head_kv, head_dim)`; shared by the constructor and
     /// `Model.new_kv_cache`.
     pub(crate) fn create_pool(
@@ -29,15 +52,7 @@ impl KvCache {
         max_pages: Option<usize>,
         max_bytes: Option<u64>,
     ) -> PyResult<Self> {
-        let dtype = match dtype {
-            "f16" => KvDtype::F16,
-            "f32" => KvDtype::F32,
-            other => {
-                return Err(invalid_argument(format!(
-                    "dtype must be 'f16' or 'f32', got {other:?}"
-                )))
-            }
-        };
+        let dtype = parse_dtype(dtype)?;
         let budget = match (max_pages, max_bytes) {
             (Some(pages), None) => KvBudget::Pages(pages),
             (None, Some(bytes)) => KvBudget::Bytes(bytes),

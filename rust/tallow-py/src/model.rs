@@ -9,7 +9,7 @@ use numpy::{
     PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyString};
 use tallow_gguf::{Array, Value};
 use tallow_model::{Batch, Logits, ModelConfig, SamplingParams, SeqId, SingleSequence};
 
@@ -106,12 +106,38 @@ impl Model {
     fn tokenize(
         &self,
         py: Python<'_>,
-        text: String,
+        text: &Bound<'_, PyString>,
         add_special: bool,
         parse_special: bool,
     ) -> PyResult<Vec<u32>> {
+        let text = utf8(text)?;
         let model = &self.inner;
         py.detach(|| guard(|| Ok(model.tokenizer().encode(&text, add_special, parse_special))))
+    }
+
+    /// `text` with the control tokens written in it quoted, so that `tokenize_quoted` keeps
+    /// them plain text (for the messages of a chat prompt).
+    fn quote_special(&self, py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<String> {
+        let text = utf8(text)?;
+        let model = &self.inner;
+        py.detach(|| {
+            guard(|| match model.tokenizer().quote_special(&text) {
+                Ok(quoted) => Ok(quoted.into_owned()),
+                Err(e) => Err(crate::errors::invalid_argument(e.to_string())),
+            })
+        })
+    }
+
+    /// The ids of `text` with control tokens parsed except where `quote_special` quoted them.
+    fn tokenize_quoted(
+        &self,
+        py: Python<'_>,
+        text: &Bound<'_, PyString>,
+        add_special: bool,
+    ) -> PyResult<Vec<u32>> {
+        let text = utf8(text)?;
+        let model = &self.inner;
+        py.detach(|| guard(|| Ok(model.tokenizer().encode_quoted(&text, add_special))))
     }
 
     fn detokenize(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<String> {
@@ -138,6 +164,13 @@ impl Model {
             sequence: SingleSequence::new(&self.inner, n_ctx).map_err(model_error)?,
             model: self.inner.clone(),
         })
+    }
+
+    /// Bytes of one KV page of `page_size` positions for this model.
+    #[pyo3(signature = (page_size = 16, dtype = "f16"))]
+    fn kv_page_bytes(&self, page_size: usize, dtype: &str) -> PyResult<usize> {
+        let c = self.config();
+        KvCache::page_bytes((c.n_layer, c.n_head_kv, c.head_dim), page_size, dtype)
     }
 
     /// A KV pool shaped for this model (see `KvCache`).
@@ -212,6 +245,16 @@ impl Model {
             self.path,
             self.config().architecture
         )
+    }
+}
+
+/// The text of a Python string, which must be valid Unicode (no lone surrogates).
+fn utf8(text: &Bound<'_, PyString>) -> PyResult<String> {
+    match text.to_str() {
+        Ok(text) => Ok(text.to_owned()),
+        Err(_) => Err(crate::errors::invalid_argument(
+            "the text is not valid Unicode: it holds a lone surrogate (U+D800..U+DFFF)",
+        )),
     }
 }
 

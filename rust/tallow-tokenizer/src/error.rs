@@ -34,6 +34,9 @@ pub enum TokenizerError {
     #[error("unknown pre-tokenizer `{0}` for a byte-level BPE tokenizer (supported: {supported})", supported = crate::pre_tokenizer::SUPPORTED_NAMES)]
     UnknownPreTokenizer(String),
 
+    #[error("the text holds the reserved character U+{:04X} (a Unicode noncharacter tallow uses to mark message text in chat prompts)", u32::from(*.0))]
+    ReservedCharacter(char),
+
     #[error("the vocabulary is empty")]
     EmptyVocabulary,
 

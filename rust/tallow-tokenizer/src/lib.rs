@@ -27,6 +27,9 @@ mod stream;
 mod unicode_class;
 mod vocab;
 
+use std::borrow::Cow;
+use std::ops::Range;
+
 pub use config::TokenizerConfig;
 pub use error::TokenizerError;
 pub use pre_tokenizer::PreTokenizer;
@@ -38,6 +41,12 @@ use end_of_generation::MarkerIds;
 use sentencepiece_bpe::SentencePieceBpe;
 use special_tokens::{Fragment, SpecialTokens};
 use vocab::{PieceEncoding, Vocab};
+
+/// Opens a quoted span of a prompt (see [`Tokenizer::quote_special`]): U+FDD0, a Unicode
+/// noncharacter, which no text in interchange is meant to hold.
+pub const QUOTE_OPEN: char = '\u{FDD0}';
+/// Closes a quoted span: U+FDD1, the next noncharacter.
+pub const QUOTE_CLOSE: char = '\u{FDD1}';
 
 /// llama.cpp pre-tokenizer names of the Llama 3 family, for which it skips merging a piece that
 /// is already a token and adds BOS by default.
@@ -203,6 +212,78 @@ impl Tokenizer {
     /// written in the text (`<|im_end|>`) become their ids; without it they are tokenized as
     /// plain text. User-defined tokens are always matched.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        self.encode_with_literals(text, add_special, parse_special, &[])
+    }
+
+    /// `text` with every control token written in it put between [`QUOTE_OPEN`] and
+    /// [`QUOTE_CLOSE`], so that [`Tokenizer::encode_quoted`] keeps it plain text. Chat prompts
+    /// quote each message this way before the template renders them: control tokens then come
+    /// only from the template, never from what a user wrote. Errors if `text` itself holds a
+    /// quote mark (Unicode noncharacters, reserved for this).
+    pub fn quote_special<'t>(&self, text: &'t str) -> Result<Cow<'t, str>, TokenizerError> {
+        if let Some(mark) = text.chars().find(|&c| c == QUOTE_OPEN || c == QUOTE_CLOSE) {
+            return Err(TokenizerError::ReservedCharacter(mark));
+        }
+        let mut quoted = String::new();
+        let mut copied = 0;
+        let mut offset = 0;
+        self.special_tokens
+            .partition(text, true, &[], |fragment| match fragment {
+                Fragment::Text(piece) => offset += piece.len(),
+                Fragment::Token(id) => {
+                    let token = self.vocab.text(id).unwrap_or_default();
+                    if self.special_tokens.is_control(id) {
+                        quoted.push_str(&text[copied..offset]);
+                        quoted.push(QUOTE_OPEN);
+                        quoted.push_str(token);
+                        quoted.push(QUOTE_CLOSE);
+                        copied = offset + token.len();
+                    }
+                    offset += token.len();
+                }
+            });
+        if copied == 0 {
+            return Ok(Cow::Borrowed(text));
+        }
+        quoted.push_str(&text[copied..]);
+        Ok(Cow::Owned(quoted))
+    }
+
+    /// The ids of `text` with control tokens parsed, except between [`QUOTE_OPEN`] and
+    /// [`QUOTE_CLOSE`] (see [`Tokenizer::quote_special`]); the quote marks themselves are not
+    /// part of the text. An unclosed quote runs to the end; a stray closing mark is dropped.
+    pub fn encode_quoted(&self, text: &str, add_special: bool) -> Vec<u32> {
+        if !text.contains([QUOTE_OPEN, QUOTE_CLOSE]) {
+            return self.encode(text, add_special, true);
+        }
+        let mut plain = String::with_capacity(text.len());
+        let mut literal: Vec<Range<usize>> = Vec::new();
+        let mut open: Option<usize> = None;
+        for c in text.chars() {
+            match c {
+                QUOTE_OPEN if open.is_none() => open = Some(plain.len()),
+                QUOTE_CLOSE => {
+                    if let Some(start) = open.take() {
+                        literal.push(start..plain.len());
+                    }
+                }
+                QUOTE_OPEN => {}
+                c => plain.push(c),
+            }
+        }
+        if let Some(start) = open {
+            literal.push(start..plain.len());
+        }
+        self.encode_with_literals(&plain, add_special, true, &literal)
+    }
+
+    fn encode_with_literals(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        literal: &[Range<usize>],
+    ) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
             out.extend(self.bos);
@@ -211,7 +292,7 @@ impl Tokenizer {
             Model::ByteLevel(bpe) => {
                 let mut scratch = byte_level_bpe::Scratch::default();
                 self.special_tokens
-                    .partition(text, parse_special, |fragment| match fragment {
+                    .partition(text, parse_special, literal, |fragment| match fragment {
                         Fragment::Text(text) => {
                             bpe.encode(&self.vocab, text, &mut scratch, &mut out)
                         }
@@ -225,7 +306,7 @@ impl Tokenizer {
                 // the input) gets the space prefix.
                 let mut after_special = true;
                 self.special_tokens
-                    .partition(text, parse_special, |fragment| match fragment {
+                    .partition(text, parse_special, literal, |fragment| match fragment {
                         Fragment::Text(text) => {
                             escaped.clear();
                             if self.add_space_prefix && after_special {

@@ -9,6 +9,8 @@
 //! per-model lstrip/rstrip attributes, set by model name for Phi-3 and some Jina models, are not
 //! applied.)
 
+use std::ops::Range;
+
 use crate::vocab::{TokenType, Vocab};
 
 /// A piece of the input: raw text for the model, or a special token matched verbatim.
@@ -84,10 +86,13 @@ impl SpecialTokens {
     }
 
     /// Calls `fragment` with the pieces of `text` in order. Text fragments are never empty.
+    /// No control token is matched where it would overlap a range of `literal` (sorted byte
+    /// ranges that are plain text whatever `parse_special` says).
     pub(crate) fn partition<'t>(
         &self,
         text: &'t str,
         parse_special: bool,
+        literal: &[Range<usize>],
         mut fragment: impl FnMut(Fragment<'t>),
     ) {
         let present = self.tokens_present(text, parse_special);
@@ -123,6 +128,7 @@ impl SpecialTokens {
                 if start < next
                     || bytes.get(start..end) != Some(token)
                     || claimed[start..end].contains(&true)
+                    || (!self.tokens[index].always && overlaps(literal, start..end))
                 {
                     continue;
                 }
@@ -145,6 +151,12 @@ impl SpecialTokens {
         if pos < bytes.len() {
             fragment(Fragment::Text(&text[pos..]));
         }
+    }
+
+    /// Whether `id` is matched only when special tokens are parsed (a control or unknown
+    /// token, not a user-defined one).
+    pub(crate) fn is_control(&self, id: u32) -> bool {
+        self.tokens.iter().any(|t| t.id == id && !t.always)
     }
 
     /// Indices (in priority order) of the tokens that occur somewhere in `text`.
@@ -185,6 +197,14 @@ impl SpecialTokens {
     }
 }
 
+/// Whether `range` overlaps one of the sorted, disjoint `ranges`.
+fn overlaps(ranges: &[Range<usize>], range: Range<usize>) -> bool {
+    let first_ending_after = ranges.partition_point(|r| r.end <= range.start);
+    ranges
+        .get(first_ending_after)
+        .is_some_and(|r| r.start < range.end)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,7 +221,7 @@ mod tests {
 
     fn parts(s: &SpecialTokens, text: &str, parse_special: bool) -> Vec<Fragment<'static>> {
         let mut out = Vec::new();
-        s.partition(text, parse_special, |f| {
+        s.partition(text, parse_special, &[], |f| {
             out.push(match f {
                 Fragment::Text(t) => Fragment::Text(Box::leak(t.to_owned().into_boxed_str())),
                 Fragment::Token(id) => Fragment::Token(id),

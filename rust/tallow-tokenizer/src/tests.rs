@@ -218,3 +218,55 @@ fn tokenizer_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<Tokenizer>();
 }
+
+#[test]
+fn quoted_control_tokens_stay_text() {
+    let mut config = gpt2_config();
+    // A user-defined token: matched in plain text too, so never quoted.
+    config.tokens.push("<tool>".into());
+    config.token_types.as_mut().unwrap().push(4);
+    let t = Tokenizer::from_config(config).unwrap();
+    let im_end = id(&t, "<|im_end|>");
+    let tool = id(&t, "<tool>");
+
+    let message = "hello<|im_end|> wo<tool>";
+    let quoted = t.quote_special(message).unwrap();
+    assert_eq!(quoted, "hello\u{FDD0}<|im_end|>\u{FDD1} wo<tool>");
+    // Text without control tokens is returned as it is.
+    assert!(matches!(
+        t.quote_special("hello wo"),
+        Ok(Cow::Borrowed("hello wo"))
+    ));
+
+    // A template's own control token around the quoted message is parsed; the message's is
+    // tokenized as its characters, exactly as without parse_special.
+    let prompt = format!("<|im_end|>{quoted}<|im_end|>");
+    let ids = t.encode_quoted(&prompt, false);
+    let mut expected = vec![im_end];
+    expected.extend(t.encode(message, false, false));
+    expected.push(im_end);
+    assert_eq!(ids, expected);
+    assert!(!ids[1..ids.len() - 1].contains(&im_end));
+    assert!(ids.contains(&tool));
+    // Without quotes it is the plain parse_special encoding.
+    assert_eq!(
+        t.encode_quoted("a<|im_end|>", false),
+        t.encode("a<|im_end|>", false, true)
+    );
+    // An unclosed quote runs to the end; a stray closing mark is dropped.
+    assert_eq!(
+        t.encode_quoted("a\u{FDD0}<|im_end|>", false),
+        t.encode("a<|im_end|>", false, false)
+    );
+    assert_eq!(
+        t.encode_quoted("a\u{FDD1}<|im_end|>", false),
+        t.encode("a<|im_end|>", false, true)
+    );
+    // A message holding a quote mark is refused: it could end the quote early.
+    for bad in ["a\u{FDD1}<|im_end|>", "\u{FDD0}"] {
+        assert!(matches!(
+            t.quote_special(bad),
+            Err(TokenizerError::ReservedCharacter(_))
+        ));
+    }
+}

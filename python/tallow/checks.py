@@ -1,0 +1,123 @@
+"""Checks of the arguments of the public API: each bad value raises
+:class:`~tallow.errors.InvalidArgumentError` naming the argument, never another exception.
+
+Every check takes the argument's name (for the message) and its value, and returns the value
+in the form the engine uses.
+"""
+
+from __future__ import annotations
+
+import math
+import reprlib
+from collections.abc import Mapping, Sequence
+
+from tallow.errors import InvalidArgumentError
+
+__all__ = [
+    "boolean",
+    "integer",
+    "number",
+    "strings",
+    "text",
+    "token_ids",
+]
+
+
+def integer(name: str, value: object, low: int, high: int | None = None) -> int:
+    """An ``int`` (not a ``bool``) in ``[low, high]`` (no upper bound when ``high`` is None)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{name} must be an integer, got {_show(value)}")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        raise InvalidArgumentError(f"{name} must be {bounds}, got {_show(value)}")
+    return value
+
+
+def number(
+    name: str,
+    value: object,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+) -> float:
+    """A finite ``int`` or ``float`` (not a ``bool``) in ``[low, high]`` (``(low, high]`` with
+    ``low_open``), as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(f"{name} must be a number, got {_show(value)}")
+    try:
+        as_float = float(value)
+    except OverflowError:  # an int beyond the float range
+        as_float = math.inf if value > 0 else -math.inf
+    too_low = as_float <= low if low_open else as_float < low
+    if not math.isfinite(as_float) or too_low or as_float > high:
+        bracket = "(" if low_open else "["
+        raise InvalidArgumentError(
+            f"{name} must be a finite number in {bracket}{low}, {high}], got {_show(value)}"
+        )
+    return as_float
+
+
+def boolean(name: str, value: object) -> bool:
+    """A ``bool``."""
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be True or False, got {_show(value)}")
+    return value
+
+
+def text(name: str, value: object) -> str:
+    """A ``str`` that is valid Unicode (no lone surrogates, which have no UTF-8 form)."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{name} must be a string, got {_show(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(
+            f"{name} is not valid Unicode: a lone surrogate at index {e.start}"
+        ) from None
+    return value
+
+
+def strings(name: str, value: object) -> tuple[str, ...]:
+    """One non-empty string or a sequence of them (``None``: none)."""
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, str) else value
+    if isinstance(items, (bytes, Mapping)) or not isinstance(items, Sequence):
+        raise InvalidArgumentError(
+            f"{name} must be a string or a list of strings, got {_show(value)}"
+        )
+    out = tuple(text(name, s) for s in items)
+    if not all(out):
+        raise InvalidArgumentError(f"{name} must not hold empty strings")
+    return out
+
+
+def token_ids(name: str, value: object, n_vocab: int) -> list[int]:
+    """A sequence of token ids of a vocabulary of ``n_vocab`` tokens, as a list."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        raise InvalidArgumentError(f"{name} must be a list of token ids, got {_show(value)}")
+    ids = list(value)
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise InvalidArgumentError(f"{name}: {_show(t)} is not a token id")
+        if not 0 <= t < n_vocab:
+            raise InvalidArgumentError(
+                f"{name}: token id {_show(t)} is out of range (0..{n_vocab - 1})"
+            )
+    return ids
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = 60
+_REPR.maxother = 60
+
+
+def _show(value: object) -> str:
+    """A short repr for messages: values may be huge (an int of 5000 digits, a long list)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    try:
+        return _REPR.repr(value)
+    except Exception:  # a hostile __repr__ must not replace the real error
+        return f"a {type(value).__name__}"

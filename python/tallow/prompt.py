@@ -1,0 +1,70 @@
+"""Prompts to token ids, the same way for :class:`~tallow.LLM`, :class:`~tallow.AsyncLLM` and
+the server: text, token ids or chat messages in, checked token ids out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tallow import _core, checks
+from tallow.chat_template import ChatTemplate
+from tallow.errors import InvalidArgumentError, ModelError
+
+__all__ = ["Prompts"]
+
+
+class Prompts:
+    """The prompt processor of one model with a context of ``n_ctx`` positions."""
+
+    def __init__(self, model: _core.Model, n_ctx: int) -> None:
+        self.model = model
+        self.n_ctx = n_ctx
+        self._chat_template: ChatTemplate | None = None
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The model's chat template (read from its metadata on first use)."""
+        if self._chat_template is None:
+            self._chat_template = ChatTemplate.for_model(self.model)
+        return self._chat_template
+
+    def ids(self, prompt: object, *, parse_special: bool = True) -> list[int]:
+        """The token ids ``prompt`` runs as. Text is tokenized (control-token text such as
+        ``<|im_start|>`` parsed as those tokens when ``parse_special``) and starts with BOS when
+        the model's metadata asks for it, or when it is empty (BOS is then the whole prompt);
+        token ids are checked against the vocabulary and used as they are."""
+        if isinstance(prompt, str):
+            ids = self.model.tokenize(checks.text("prompt", prompt), False, parse_special)
+            bos = self.model.bos_id
+            if bos is not None and (self.model.add_bos or not ids):
+                ids = [bos, *ids]
+        else:
+            if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
+                raise InvalidArgumentError(
+                    f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
+                )
+            ids = checks.token_ids("prompt", prompt, self.model.n_vocab)
+        return self.check_fits(ids)
+
+    def chat_ids(self, messages: object, *, parse_special: bool = False) -> list[int]:
+        """The token ids of a conversation rendered with :attr:`chat_template`, ending with the
+        opening of the assistant's turn. Control tokens come only from the template: text in
+        the messages that spells one (``<|im_end|>``) is tokenized as plain text, unless
+        ``parse_special``. As Hugging Face's ``apply_chat_template``, the template writes any
+        BOS itself."""
+        if parse_special:
+            text = self.chat_template.render(messages)
+            return self.check_fits(self.model.tokenize(text, False, True))
+        text = self.chat_template.render(messages, quote=self.model.quote_special)
+        return self.check_fits(self.model.tokenize_quoted(text, False))
+
+    def check_fits(self, ids: list[int]) -> list[int]:
+        """``ids``, if they are a prompt that fits the context."""
+        if not ids:
+            raise InvalidArgumentError("the prompt has no tokens (and the model has no BOS)")
+        if len(ids) >= self.n_ctx:
+            raise ModelError(
+                f"the prompt is {len(ids)} tokens long: a context of {self.n_ctx} positions "
+                "(prompt and completion) leaves no room for a completion (pass a larger n_ctx)"
+            )
+        return ids
