@@ -311,9 +311,10 @@ def test_metrics_count_requests_and_tokens(server: str, client: openai.OpenAI) -
 # -- bad requests ---------------------------------------------------------------------------------
 
 
-def post(server: str, path: str, body: object) -> httpx.Response:
+def post(server: str, path: str, body: object, **headers: str) -> httpx.Response:
     content = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(f"{server}{path}", content=content, timeout=60)
+    headers = {"content-type": "application/json", **headers}
+    return httpx.post(f"{server}{path}", content=content, headers=headers, timeout=60)
 
 
 def assert_error(

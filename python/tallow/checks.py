@@ -15,6 +15,7 @@ from tallow.errors import InvalidArgumentError
 
 __all__ = [
     "boolean",
+    "describe",
     "integer",
     "number",
     "strings",
@@ -26,10 +27,10 @@ __all__ = [
 def integer(name: str, value: object, low: int, high: int | None = None) -> int:
     """An ``int`` (not a ``bool``) in ``[low, high]`` (no upper bound when ``high`` is None)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"{name} must be an integer, got {_show(value)}")
+        raise InvalidArgumentError(f"{name} must be an integer, got {describe(value)}")
     if value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"between {low} and {high}"
-        raise InvalidArgumentError(f"{name} must be {bounds}, got {_show(value)}")
+        raise InvalidArgumentError(f"{name} must be {bounds}, got {describe(value)}")
     return value
 
 
@@ -44,7 +45,7 @@ def number(
     """A finite ``int`` or ``float`` (not a ``bool``) in ``[low, high]`` (``(low, high]`` with
     ``low_open``), as a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgumentError(f"{name} must be a number, got {_show(value)}")
+        raise InvalidArgumentError(f"{name} must be a number, got {describe(value)}")
     try:
         as_float = float(value)
     except OverflowError:  # an int beyond the float range
@@ -53,7 +54,7 @@ def number(
     if not math.isfinite(as_float) or too_low or as_float > high:
         bracket = "(" if low_open else "["
         raise InvalidArgumentError(
-            f"{name} must be a finite number in {bracket}{low}, {high}], got {_show(value)}"
+            f"{name} must be a finite number in {bracket}{low}, {high}], got {describe(value)}"
         )
     return as_float
 
@@ -61,14 +62,14 @@ def number(
 def boolean(name: str, value: object) -> bool:
     """A ``bool``."""
     if not isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be True or False, got {_show(value)}")
+        raise InvalidArgumentError(f"{name} must be True or False, got {describe(value)}")
     return value
 
 
 def text(name: str, value: object) -> str:
     """A ``str`` that is valid Unicode (no lone surrogates, which have no UTF-8 form)."""
     if not isinstance(value, str):
-        raise InvalidArgumentError(f"{name} must be a string, got {_show(value)}")
+        raise InvalidArgumentError(f"{name} must be a string, got {describe(value)}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -85,7 +86,7 @@ def strings(name: str, value: object) -> tuple[str, ...]:
     items = (value,) if isinstance(value, str) else value
     if isinstance(items, (bytes, Mapping)) or not isinstance(items, Sequence):
         raise InvalidArgumentError(
-            f"{name} must be a string or a list of strings, got {_show(value)}"
+            f"{name} must be a string or a list of strings, got {describe(value)}"
         )
     out = tuple(text(name, s) for s in items)
     if not all(out):
@@ -96,14 +97,14 @@ def strings(name: str, value: object) -> tuple[str, ...]:
 def token_ids(name: str, value: object, n_vocab: int) -> list[int]:
     """A sequence of token ids of a vocabulary of ``n_vocab`` tokens, as a list."""
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
-        raise InvalidArgumentError(f"{name} must be a list of token ids, got {_show(value)}")
+        raise InvalidArgumentError(f"{name} must be a list of token ids, got {describe(value)}")
     ids = list(value)
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int):
-            raise InvalidArgumentError(f"{name}: {_show(t)} is not a token id")
+            raise InvalidArgumentError(f"{name}: {describe(t)} is not a token id")
         if not 0 <= t < n_vocab:
             raise InvalidArgumentError(
-                f"{name}: token id {_show(t)} is out of range (0..{n_vocab - 1})"
+                f"{name}: token id {describe(t)} is out of range (0..{n_vocab - 1})"
             )
     return ids
 
@@ -113,7 +114,7 @@ _REPR.maxstring = 60
 _REPR.maxother = 60
 
 
-def _show(value: object) -> str:
+def describe(value: object) -> str:
     """A short repr for messages: values may be huge (an int of 5000 digits, a long list)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
         return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"

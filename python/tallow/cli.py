@@ -90,8 +90,14 @@ def _read_utf8(data: bytes, origin: str) -> str:
 
 def _read_file(path: str) -> str:
     if path == "-":
-        return _read_utf8(sys.stdin.buffer.read(), "standard input")
+        return _read_utf8(_stdin().buffer.read(), "standard input")
     return _read_utf8(Path(path).read_bytes(), path)
+
+
+def _stdin() -> TextIO:
+    if sys.stdin is None:  # started with stdin closed (`<&-`)
+        raise InvalidArgumentError("standard input is closed")
+    return sys.stdin
 
 
 def _check_arg_text(text: str) -> str:
@@ -103,8 +109,6 @@ def _check_arg_text(text: str) -> str:
 
 
 def _load(model: str, n_ctx: int | None = None) -> LLM:
-    if n_ctx is not None and n_ctx <= 0:
-        raise InvalidArgumentError(f"the context size must be positive, got {n_ctx}")
     start = time.perf_counter()
     llm = LLM(model, n_ctx=n_ctx)
     _status(
@@ -177,6 +181,7 @@ _CHAT_HELP = "/reset clears the conversation, /exit (or Ctrl-D) quits, Ctrl-C st
 def _cmd_chat(args: argparse.Namespace) -> int:
     max_tokens = None if args.max_tokens == -1 else args.max_tokens
     sampling_params(max_tokens, args.temperature, args.top_k, args.top_p, args.seed, None)
+    _stdin()
     llm = _load(args.model, args.ctx)
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
@@ -255,17 +260,32 @@ def _answer(start: Callable[[], Iterator[str]]) -> str | None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from tallow.server import parse_size, serve
+    from tallow.server import ServerOptions, parse_size, serve
 
     try:
         kv_memory = None if args.kv_memory is None else parse_size(args.kv_memory)
+        max_request_bytes = parse_size(args.max_request_bytes)
     except ValueError as e:
         raise InvalidArgumentError(str(e)) from None
     if args.max_batch <= 0:
         raise InvalidArgumentError(f"--max-batch must be positive, got {args.max_batch}")
     if args.ctx is not None and args.ctx <= 0:
         raise InvalidArgumentError(f"the context size must be positive, got {args.ctx}")
-    _status(f"serving {args.model} on http://{args.host}:{args.port}/v1")
+    if max_request_bytes <= 0:
+        raise InvalidArgumentError("--max-request-bytes must be positive")
+    if not 0 < args.read_timeout < 1e6:
+        raise InvalidArgumentError(f"--read-timeout must be positive, got {args.read_timeout}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get("TALLOW_API_KEY")
+    if api_key is not None and not api_key.strip():
+        raise InvalidArgumentError("the API key is empty")
+    origins = tuple(o.strip() for arg in args.allowed_origins for o in arg.split(",") if o.strip())
+    options = ServerOptions(
+        api_key=api_key,
+        allowed_origins=origins,
+        max_request_bytes=max_request_bytes,
+        read_timeout=args.read_timeout,
+        parse_special_in_messages=args.parse_special_in_messages,
+    )
     serve(
         args.model,
         host=args.host,
@@ -274,6 +294,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         kv_memory=kv_memory,
         n_ctx=args.ctx,
         log_level=args.log_level,
+        options=options,
+        on_ready=lambda url: _status(f"serving {args.model} on {url}"),
     )
     return 0
 
@@ -525,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
     p.add_argument(
         "--max-batch", type=int, default=64, help="most requests generated at once (default 64)"
     )
@@ -537,6 +559,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--ctx", type=int, default=None, help="context per request (default 4096 or less)"
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key (Authorization: Bearer KEY) on every /v1 request "
+        "(default: $TALLOW_API_KEY; none when unset)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        action="append",
+        default=[],
+        metavar="ORIGINS",
+        help="web origins whose pages may call the API from a browser, comma-separated or "
+        "repeated ('*' for any; default: none)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        default="8MiB",
+        metavar="SIZE",
+        help="largest request body; larger ones get 413 (default 8MiB)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="time a client has to send a request's headers, and again its body (default 30)",
+    )
+    p.add_argument(
+        "--parse-special-in-messages",
+        action="store_true",
+        help="parse control-token text in chat messages as control tokens (unsafe: a user "
+        "can then write turns of other roles)",
     )
     p.add_argument(
         "--log-level",
@@ -598,6 +653,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is between 0 and 65535, got {port}")
+    return port
+
+
 def _one_line(message: str) -> str:
     return " ".join(message.split()) or "unknown error"
 
@@ -612,9 +677,18 @@ def _error(message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    # Started with stdout or stderr closed (`>&-`): write such output nowhere, and refuse the
+    # commands whose results go to stdout.
+    stdout_closed = sys.stdout is None
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if stdout_closed and args.func is not _cmd_serve:
+            raise InvalidArgumentError("standard output is closed")
         status: int = args.func(args)
         return status
     except KeyboardInterrupt:

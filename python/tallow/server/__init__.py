@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
-from tallow.server.app import create_app
+from tallow.errors import TallowError
+from tallow.server.app import ServerOptions, create_app
+from tallow.server.http import bind, protocol_with_header_timeout
 from tallow.server.protocol import APIError
 
-__all__ = ["APIError", "create_app", "parse_size", "serve"]
+__all__ = ["APIError", "ServerOptions", "create_app", "parse_size", "serve"]
 
 
 def parse_size(text: str) -> int:
@@ -25,7 +28,10 @@ def parse_size(text: str) -> int:
         raise ValueError(f"not a size: {text!r} (try 512MiB or 2GB)")
     number, unit, binary = m.groups()
     scale = 1 if unit is None else (1024 if binary else 1000) ** ("kmgt".index(unit.lower()) + 1)
-    return int(float(number) * scale)
+    size = float(number) * scale
+    if not size < 2**63:
+        raise ValueError(f"size too large: {text!r}")
+    return int(size)
 
 
 def serve(
@@ -37,19 +43,42 @@ def serve(
     kv_memory: int | None = None,
     n_ctx: int | None = None,
     log_level: str = "info",
+    options: ServerOptions | None = None,
+    on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve ``model`` (a path or catalog name) on ``host:port`` until interrupted.
 
     ``max_batch`` is the most requests generated at once (more wait in a queue); ``kv_memory``
     the bytes of the KV cache pool (by default enough for ``max_batch`` full contexts, up to
-    8192 pages); ``n_ctx`` the context of each request (default: the model's, up to 4096).
+    8192 pages); ``n_ctx`` the context of each request (default: the model's, up to 4096);
+    ``options`` the API key, CORS origins and request limits (see :class:`ServerOptions`).
+    The port is taken before the model loads, so that a busy port fails at once; then
+    ``on_ready`` gets the URL. Raises :class:`~tallow.TallowError` when the port cannot be
+    had, the model cannot be loaded, or the server cannot start.
     """
     import uvicorn
 
     from tallow.async_llm import AsyncLLM
 
-    llm = AsyncLLM(model, max_num_seqs=max_batch, kv_bytes=kv_memory, n_ctx=n_ctx)
-    name = os.fspath(model)
-    aliases = [os.path.basename(llm.model.path), llm.model.path]
-    app = create_app(llm, name, aliases=[a for a in aliases if a != name])
-    uvicorn.run(app, host=host, port=port, log_level=log_level, lifespan="on")
+    options = options or ServerOptions()
+    sock = bind(host, port)
+    try:
+        llm = AsyncLLM(model, max_num_seqs=max_batch, kv_bytes=kv_memory, n_ctx=n_ctx)
+        name = os.fspath(model)
+        aliases = [os.path.basename(llm.model.path), llm.model.path]
+        app = create_app(llm, name, [a for a in aliases if a != name], options)
+        config = uvicorn.Config(
+            app,
+            log_level=log_level,
+            lifespan="on",
+            http=protocol_with_header_timeout(options.read_timeout),
+        )
+        server = uvicorn.Server(config)
+        if on_ready is not None:
+            on_ready(f"http://{host}:{sock.getsockname()[1]}/v1")
+        try:
+            server.run(sockets=[sock])
+        except SystemExit:  # uvicorn's way of saying that the app did not start
+            raise TallowError("the server did not start (see the log above)") from None
+    finally:
+        sock.close()

@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -38,16 +38,22 @@ from tallow.server.protocol import (
     invalid,
     parse_chat,
     parse_completion,
+    parse_json,
     usage,
 )
+from tallow.server.security import security_middleware
 
-__all__ = ["create_app"]
+__all__ = ["ServerOptions", "create_app"]
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
+DEFAULT_READ_TIMEOUT = 30.0
+
+
+def error_response(error: APIError) -> Response:
+    return Response(error.json_bytes(), status_code=error.status, media_type="application/json")
 
 
 @dataclass
@@ -106,9 +112,29 @@ class _EventStream(Response):
             tg.cancel_scope.cancel()
 
 
+@dataclass(frozen=True)
+class ServerOptions:
+    """What a server accepts beyond the model: see :func:`create_app`."""
+
+    api_key: str | None = None
+    """Every ``/v1`` request must carry ``Authorization: Bearer <api_key>``; None: no key."""
+    allowed_origins: tuple[str, ...] = ()
+    """Web origins whose pages may call the API from a browser (CORS); ``"*"`` for any."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """Largest request body; a larger one is answered with 413."""
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    """Seconds a client has to send a request's headers, and again its body (408)."""
+    parse_special_in_messages: bool = False
+    """Parse control-token text written in chat messages as control tokens (unsafe: a user
+    can then write a turn of another role)."""
+
+
 class _Server:
-    def __init__(self, llm: AsyncLLM, model_name: str, aliases: Sequence[str]) -> None:
+    def __init__(
+        self, llm: AsyncLLM, model_name: str, aliases: Sequence[str], options: ServerOptions
+    ) -> None:
         self.llm = llm
+        self.options = options
         self.names = [model_name, *aliases]
         self.created = int(time.time())
         self.metrics = Metrics(llm.stats)
@@ -155,12 +181,9 @@ class _Server:
         endpoint = f"/v1/{'chat/' if kind == 'chat' else ''}completions"
         arrival = time.perf_counter()
         try:
-            body = await _json_body(request)
-            model = self.llm.model
-            parse = parse_chat if kind == "chat" else parse_completion
-            req = parse(body, model.n_vocab, self.llm.n_ctx)
-            check_model(req.model, self.names)
-            prompts = self._prompt_ids(req)
+            raw = await self._read_body(request)
+            # Parsing and tokenizing may take a while for a large body: off the event loop.
+            req, prompts = await anyio.to_thread.run_sync(self._prepare, raw, kind)
         except APIError as e:
             self.metrics.requests.labels(endpoint, str(e.status)).inc()
             return error_response(e)
@@ -192,12 +215,60 @@ class _Server:
             }
         )
 
+    async def _read_body(self, request: Request) -> bytes:
+        """The body of a JSON request, within the size and time limits."""
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise APIError(
+                415,
+                "the request body must be JSON, sent with 'Content-Type: application/json'",
+                code="unsupported_media_type",
+            )
+        limit = self.options.max_request_bytes
+        too_large = APIError(
+            413,
+            f"the request body is larger than this server's limit of {limit} bytes",
+            code="request_too_large",
+        )
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        timeout = self.options.read_timeout
+        with anyio.move_on_after(timeout) as scope:
+            try:
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise too_large
+                    chunks.append(chunk)
+            except ClientDisconnect:
+                raise APIError(400, "the client disconnected", code="client_disconnected") from None
+        if scope.cancelled_caught:
+            raise APIError(
+                408, f"the request body did not arrive within {timeout:g} s", code="timeout"
+            )
+        return b"".join(chunks)
+
+    def _prepare(self, raw: bytes, kind: str) -> tuple[GenerationRequest, list[list[int]]]:
+        """In a worker thread: the parsed request and the token ids of its prompts."""
+        body = parse_json(raw)
+        parse = parse_chat if kind == "chat" else parse_completion
+        req = parse(body, self.llm.model.n_vocab, self.llm.n_ctx)
+        check_model(req.model, self.names)
+        return req, self._prompt_ids(req)
+
     def _prompt_ids(self, req: GenerationRequest) -> list[list[int]]:
         """Token ids of every prompt, each checked to leave room for ``max_tokens``."""
         param = "messages" if req.messages is not None else "prompt"
         try:
             if req.messages is not None:
-                prompts = [self.llm.chat_ids(req.messages)]
+                prompts = [
+                    self.llm.chat_ids(
+                        req.messages, parse_special=self.options.parse_special_in_messages
+                    )
+                ]
             else:
                 prompts = [self.llm.prompt_ids(p) for p in req.prompts]
         except InvalidArgumentError as e:
@@ -394,16 +465,6 @@ class _Server:
         }
 
 
-async def _json_body(request: Request) -> object:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(
-            400, f"the request body is not valid JSON: {e}", code="invalid_json"
-        ) from None
-
-
 async def _unless_disconnected(request: Request, work: Callable[[], Awaitable[None]]) -> bool:
     """Run ``work``; cancel it if the client disconnects first. Whether it completed."""
     completed = False
@@ -425,10 +486,17 @@ async def _unless_disconnected(request: Request, work: Callable[[], Awaitable[No
     return completed
 
 
-def create_app(llm: AsyncLLM, model_name: str, aliases: Sequence[str] = ()) -> Starlette:
+def create_app(
+    llm: AsyncLLM,
+    model_name: str,
+    aliases: Sequence[str] = (),
+    options: ServerOptions | None = None,
+) -> Starlette:
     """The OpenAI-compatible app serving ``llm`` as ``model_name`` (requests may also name the
-    model by one of ``aliases``). The app opens and closes ``llm`` with its lifespan."""
-    server = _Server(llm, model_name, aliases)
+    model by one of ``aliases``), with the key, CORS origins and limits of ``options``. The
+    app opens and closes ``llm`` with its lifespan."""
+    options = options or ServerOptions()
+    server = _Server(llm, model_name, aliases, options)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -453,5 +521,6 @@ def create_app(llm: AsyncLLM, model_name: str, aliases: Sequence[str] = ()) -> S
             Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: internal_error},
+        middleware=security_middleware(options.api_key, options.allowed_origins),
         lifespan=lifespan,
     )

@@ -7,11 +7,13 @@ fields a server may not know.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tallow import checks
 from tallow.engine import SamplingParams
 
 MAX_N = 16
@@ -49,9 +51,68 @@ class APIError(Exception):
             }
         }
 
+    def json_bytes(self) -> bytes:
+        """:meth:`body` as JSON."""
+        return json.dumps(self.body()).encode()
+
 
 def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+MAX_JSON_DEPTH = 64
+"""Most levels of nesting of a request body (OpenAI's own requests need five or so)."""
+
+
+def parse_json(raw: bytes) -> object:
+    """A request body: UTF-8 JSON, at most :data:`MAX_JSON_DEPTH` levels deep, every string
+    valid Unicode (``"\\ud800"`` alone is not); anything else is an :class:`APIError` 400."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise APIError(
+            400, f"the request body is not valid UTF-8 (byte {e.start})", code="invalid_json"
+        ) from None
+    except RecursionError:
+        raise _too_deep() from None
+    except ValueError as e:  # malformed JSON, or an integer of more digits than Python reads
+        raise APIError(
+            400, f"the request body is not valid JSON: {e}", code="invalid_json"
+        ) from None
+    pending: list[tuple[object, int]] = [(body, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, str):
+            _check_unicode(value)
+        elif isinstance(value, (list, dict)):
+            if depth > MAX_JSON_DEPTH:
+                raise _too_deep()
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str):
+                    _check_unicode(key)
+                pending.append((item, depth + 1))
+    return body
+
+
+def _too_deep() -> APIError:
+    return APIError(
+        400,
+        f"the request body is nested more than {MAX_JSON_DEPTH} levels deep",
+        code="invalid_json",
+    )
+
+
+def _check_unicode(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(
+            400,
+            f"the request body holds a lone surrogate (\\u{ord(text[e.start]):04x}), which is not "
+            "valid Unicode",
+            code="invalid_json",
+        ) from None
 
 
 @dataclass
@@ -109,7 +170,9 @@ class _Fields:
         if isinstance(value, bool) or not isinstance(value, int):
             raise invalid(name, f"'{name}' must be an integer", "invalid_type")
         if not low <= value <= high:
-            raise invalid(name, f"'{name}' must be between {low} and {high}, got {value}")
+            raise invalid(
+                name, f"'{name}' must be between {low} and {high}, got {checks.describe(value)}"
+            )
         return value
 
     def number(self, name: str, default: float, low: float, high: float) -> float:
@@ -118,8 +181,11 @@ class _Fields:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise invalid(name, f"'{name}' must be a number", "invalid_type")
-        if not math.isfinite(value) or not low <= value <= high:
-            raise invalid(name, f"'{name}' must be between {low} and {high}, got {value}")
+        # Compared before any conversion: an int may be beyond the range of floats.
+        if (isinstance(value, float) and not math.isfinite(value)) or not low <= value <= high:
+            raise invalid(
+                name, f"'{name}' must be between {low} and {high}, got {checks.describe(value)}"
+            )
         return float(value)
 
     def stop(self) -> tuple[str, ...]:
