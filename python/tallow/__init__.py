@@ -7,31 +7,54 @@
 See :class:`LLM` for generation, streaming, tokenization and perplexity, :class:`AsyncLLM`
 for many concurrent requests with continuous batching, :mod:`tallow.catalog`
 for the model catalog and cache, and ``tallow --help`` for the command line.
+
+The names below are imported on first use, so that ``import tallow`` (and the command line's
+start) stays fast.
 """
 
 from __future__ import annotations
 
-from importlib import metadata as _metadata
+import importlib
 
-from tallow.async_llm import AsyncLLM, Completion
-from tallow.catalog import DEFAULT_MODEL, pull, resolve_model
-from tallow.engine import SamplingParams
-from tallow.errors import (
-    CatalogError,
-    GgufError,
-    InvalidArgumentError,
-    ModelError,
-    ModelNotFoundError,
-    TallowError,
-    TokenizerError,
-    UnsupportedError,
-)
-from tallow.llm import LLM, GenerationResult, TextStream
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at startup
+if TYPE_CHECKING:
+    from tallow.async_llm import AsyncLLM, Completion
+    from tallow.catalog import DEFAULT_MODEL, pull, resolve_model
+    from tallow.engine import SamplingParams
+    from tallow.errors import (
+        CatalogError,
+        GgufError,
+        InvalidArgumentError,
+        ModelError,
+        ModelNotFoundError,
+        TallowError,
+        TokenizerError,
+        UnsupportedError,
+    )
+    from tallow.llm import LLM, GenerationResult, TextStream
 
-try:
-    __version__: str = _metadata.version("tallow")
-except _metadata.PackageNotFoundError:  # running from a source tree without installing
-    __version__ = "0+unknown"
+    __version__: str
+
+# Each public name and the module that defines it.
+_WHERE = {
+    "AsyncLLM": "tallow.async_llm",
+    "Completion": "tallow.async_llm",
+    "DEFAULT_MODEL": "tallow.catalog",
+    "pull": "tallow.catalog",
+    "resolve_model": "tallow.catalog",
+    "SamplingParams": "tallow.engine",
+    "CatalogError": "tallow.errors",
+    "GgufError": "tallow.errors",
+    "InvalidArgumentError": "tallow.errors",
+    "ModelError": "tallow.errors",
+    "ModelNotFoundError": "tallow.errors",
+    "TallowError": "tallow.errors",
+    "TokenizerError": "tallow.errors",
+    "UnsupportedError": "tallow.errors",
+    "LLM": "tallow.llm",
+    "GenerationResult": "tallow.llm",
+    "TextStream": "tallow.llm",
+}
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -53,3 +76,25 @@ __all__ = [
     "pull",
     "resolve_model",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "__version__":
+        from importlib import metadata
+
+        try:
+            version: str = metadata.version("tallow")
+        except metadata.PackageNotFoundError:  # a source tree, not installed
+            version = "0+unknown"
+        globals()[name] = version
+        return version
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tallow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE, "__version__"])

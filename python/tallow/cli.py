@@ -8,27 +8,39 @@ interrupted, 2 for bad usage).
 
 from __future__ import annotations
 
+import signal
+
+# Ctrl-C while the rest of this module loads (the core with it) is kept for main(), which
+# exits with 130 as for any interruption, instead of a traceback from inside an import.
+_interrupted_early: list[int] = []
+try:
+    _sigint = signal.signal(signal.SIGINT, lambda signum, frame: _interrupted_early.append(signum))
+except ValueError:  # imported outside the main thread: no signals to take
+    _sigint = None
+
 import argparse
 import contextlib
 import functools
 import json
 import os
-import signal
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-import numpy as np
-
-from tallow import catalog
+# Only light modules here: the heavy ones (numpy, the engine) are imported by the commands,
+# after main() is listening for Ctrl-C.
 from tallow._progress import format_bytes
-from tallow.engine import sampling_params
 from tallow.errors import InvalidArgumentError, TallowError
-from tallow.llm import LLM
+
+if TYPE_CHECKING:
+    from tallow.llm import LLM
+
+if _sigint is not None:
+    signal.signal(signal.SIGINT, _sigint)
 
 __all__ = ["build_parser", "main"]
 
@@ -109,6 +121,8 @@ def _check_arg_text(text: str) -> str:
 
 
 def _load(model: str, n_ctx: int | None = None) -> LLM:
+    from tallow.llm import LLM
+
     start = time.perf_counter()
     llm = LLM(model, n_ctx=n_ctx)
     _status(
@@ -122,12 +136,16 @@ def _load(model: str, n_ctx: int | None = None) -> LLM:
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:
+    from tallow import catalog
+
     path = catalog.pull(args.name, force=args.force)
     print(path)
     return 0
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from tallow import catalog
+
     entries = catalog.load_catalog()
     for name in sorted(entries):
         entry = entries[name]
@@ -138,6 +156,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from tallow.engine import sampling_params
+
     prompt = _read_file("-") if args.prompt == "-" else _check_arg_text(args.prompt)
     max_tokens = None if args.max_tokens == -1 else args.max_tokens
     # Check the sampling arguments before spending time on loading the model.
@@ -179,6 +199,8 @@ _CHAT_HELP = "/reset clears the conversation, /exit (or Ctrl-D) quits, Ctrl-C st
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
+    from tallow.engine import sampling_params
+
     max_tokens = None if args.max_tokens == -1 else args.max_tokens
     sampling_params(max_tokens, args.temperature, args.top_k, args.top_p, args.seed, None)
     _stdin()
@@ -309,7 +331,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         # Read when the first forward pass starts the thread pool.
         os.environ["TALLOW_NUM_THREADS"] = str(args.threads)
     threads = int(os.environ.get("TALLOW_NUM_THREADS") or os.cpu_count() or 1)
-    from tallow import _core, bench
+    import numpy as np
+
+    from tallow import _core, bench, catalog
 
     path = catalog.resolve_model(args.model)
     model = _core.Model(str(path))
@@ -459,7 +483,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tallow``."""
-    from tallow import __version__
+    from tallow import __version__, catalog
 
     parser = argparse.ArgumentParser(
         prog="tallow",
@@ -684,9 +708,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        if _interrupted_early:
+            raise KeyboardInterrupt
+        args = build_parser().parse_args(argv)
         if stdout_closed and args.func is not _cmd_serve:
             raise InvalidArgumentError("standard output is closed")
         status: int = args.func(args)
