@@ -7,12 +7,16 @@ is pulled on first use (CI pulls it before the tests run).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import httpx
 import pytest
 
 import tallow
@@ -73,3 +77,43 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[bytes], *needles: st
     for needle in needles:
         assert needle.lower() in line.lower(), (needle, line)
     return line
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serving(*args: str, env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """Run ``tallow serve ARGS`` on a free port of 127.0.0.1 until the block ends; yields the
+    base URL once ``/health`` answers."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tallow", "serve", "--port", str(port), "--log-level", "warning"]
+        + list(args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                raise AssertionError(f"the server did not start:\n{out}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()

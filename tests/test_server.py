@@ -8,11 +8,7 @@ positions. Greedy answers are compared with :class:`tallow.LLM` on the same mode
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +18,7 @@ import anyio
 import httpx
 import openai
 import pytest
+from conftest import serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,43 +28,11 @@ N_CTX = 512
 MODEL = "smollm2-135m"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(smollm2_path: Path) -> Iterator[str]:
     """The base URL of a running ``tallow serve``."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tallow", "serve", "-m", MODEL, "--port", str(port)]
-        + ["--ctx", str(N_CTX), "--max-batch", "32", "--log-level", "warning"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=dict(os.environ),
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                raise AssertionError(f"the server did not start:\n{out}")
-            time.sleep(0.2)
+    with serving("-m", MODEL, "--ctx", str(N_CTX), "--max-batch", "32") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")

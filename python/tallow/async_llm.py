@@ -130,10 +130,12 @@ class AsyncLLM:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
+    ) -> None:
         self._inbox.put(None)
         assert self._task_group is not None
-        return await self._task_group.__aexit__(exc_type, exc, tb)
+        # The engine thread stops at once; an exception of the block goes on as it is (not
+        # wrapped in the task group's ExceptionGroup).
+        await self._task_group.__aexit__(None, None, None)
 
     # -- the engine thread ----------------------------------------------------------------------
 

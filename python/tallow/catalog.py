@@ -28,7 +28,7 @@ from typing import Any
 
 from tallow import checks
 from tallow._progress import ProgressBar, format_bytes
-from tallow.errors import CatalogError, InvalidArgumentError, ModelNotFoundError
+from tallow.errors import CatalogError, ModelNotFoundError
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -318,13 +318,6 @@ def _looks_like_path(text: str) -> bool:
     )
 
 
-def _exists(path: Path) -> bool:
-    try:
-        return path.exists()
-    except ValueError as e:  # a NUL byte in the path
-        raise InvalidArgumentError(f"model: not a valid path: {e}") from None
-
-
 def resolve_model(
     model: str | os.PathLike[str],
     *,
@@ -340,11 +333,11 @@ def resolve_model(
     """
     if isinstance(model, os.PathLike):
         path = Path(checks.text("model", os.fspath(model))).expanduser()
-        if not _exists(path):
+        if not path.exists():
             raise ModelNotFoundError(f"model file not found: {path}")
         return path
     path = Path(checks.text("model", model)).expanduser()
-    if _exists(path):
+    if path.exists():
         return path
     if _looks_like_path(model):
         raise ModelNotFoundError(f"model file not found: {model}")

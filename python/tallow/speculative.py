@@ -33,7 +33,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from tallow import _core
+from tallow import _core, checks
 from tallow.errors import InvalidArgumentError
 
 __all__ = [
@@ -47,6 +47,8 @@ __all__ = [
 ]
 
 METHODS = ("ngram", "draft")
+MAX_TOKENS = 64
+"""Most tokens proposed per step, and the longest n-gram matched."""
 
 
 @dataclass(frozen=True)
@@ -66,14 +68,12 @@ class SpeculativeConfig:
     draft_model: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
+        if not isinstance(self.method, str) or self.method not in METHODS:
             raise InvalidArgumentError(
                 f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}"
             )
         for name in ("num_tokens", "ngram_max", "ngram_min", "short_match_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
+            checks.integer(name, getattr(self, name), 0, MAX_TOKENS)
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise InvalidArgumentError("need 1 <= ngram_min <= ngram_max")
         if self.method == "draft" and self.draft_model is None:
