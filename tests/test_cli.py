@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import shutil
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, free_port, run_cli
 
 import tallow
 import tallow.bench
@@ -152,12 +158,90 @@ def test_console_script_is_installed() -> None:
         (["--kv-memory", "lots"], "not a size: 'lots'"),
         (["--max-batch", "0"], "--max-batch must be positive"),
         (["--ctx", "-4"], "the context size must be positive"),
+        (["--kv-memory", "2TB"], "memory"),
+        (["--kv-memory", "9" * 400], "too large"),
+        (["--ctx", "100000000"], "n_ctx=100000000"),
+        (["--max-request-bytes", "0"], "--max-request-bytes must be positive"),
+        (["--read-timeout", "-1"], "--read-timeout must be positive"),
+        (["--api-key", " "], "the API key is empty"),
     ],
 )
 def test_serve_rejects_bad_arguments(args: list[str], message: str) -> None:
-    proc = run_cli("serve", *args)
+    proc = run_cli("serve", "--port", str(free_port()), *args)
     assert proc.returncode == 1
     assert_one_line_error(proc, message)
+    # The model failed to load before the server said it was serving.
+    assert b"serving" not in proc.stderr
+
+
+def test_serve_port_out_of_range_or_in_use() -> None:
+    proc = run_cli("serve", "--port", "99999")
+    assert proc.returncode == 2
+    assert b"a port is between 0 and 65535" in proc.stderr and b"Traceback" not in proc.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_cli("serve", "--port", str(port))
+    assert proc.returncode == 1
+    assert_one_line_error(proc, f"cannot listen on 127.0.0.1:{port}", "in use")
+
+
+def _shell(command: str) -> subprocess.CompletedProcess[bytes]:
+    """``python -m tallow`` run by a shell, for redirections that close streams."""
+    python = shlex.quote(sys.executable)
+    return subprocess.run(
+        ["bash", "-c", command.replace("tallow", f"{python} -m tallow", 1)],
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        ("tallow tokenize <&-", "standard input is closed"),
+        ("tallow generate - <&-", "standard input is closed"),
+        ("tallow chat <&-", "standard input is closed"),
+        ("tallow generate hi -n 2 >&-", "standard output is closed"),
+        ("tallow tokenize hi >&-", "standard output is closed"),
+    ],
+)
+def test_closed_standard_streams(command: str, message: str) -> None:
+    proc = _shell(command)
+    assert proc.returncode == 1
+    assert_one_line_error(proc, message)
+
+
+def test_generate_with_a_context_beyond_the_model(smollm2_path: Path) -> None:
+    proc = run_cli("generate", "hi", "--ctx", "100000000")
+    assert proc.returncode == 1
+    assert_one_line_error(proc, "n_ctx=100000000", "8192")
+
+
+def test_a_fifo_is_not_a_model(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    proc = run_cli("info", "-m", str(fifo), timeout=60)
+    assert proc.returncode == 1
+    assert_one_line_error(proc, "not a regular file")
+
+
+@pytest.mark.parametrize("delay", [0.08, 0.15, 0.3, 0.5])
+def test_ctrl_c_while_starting_or_loading(delay: float, smollm2_path: Path) -> None:
+    """Ctrl-C at any moment once tallow's code runs: exit 130 with one line, no traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tallow", "generate", "hi", "-n", "400", "--temperature", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert b"Traceback" not in err, err.decode()
+    assert proc.returncode == 130, err.decode()
+    assert err.decode().rstrip().endswith("tallow: error: interrupted")
 
 
 def test_sizes() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -296,10 +297,40 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
 COMPLETION = {"model": MODEL, "prompt": "Hi"}
 
 
+def _raw(field: str, value: bytes) -> bytes:
+    """A request body whose ``field`` is the raw JSON ``value`` (which json.dumps cannot
+    write: too deep, or not valid Unicode)."""
+    base = {**(CHAT if field == "messages" else COMPLETION), field: None}
+    head = json.dumps(base).encode()
+    return head.replace(f'"{field}": null'.encode(), f'"{field}": '.encode() + value)
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "param", "code"),
     [
         ("/v1/completions", b"{not json", 400, None, "invalid_json"),
+        # Nesting past what a parser's recursion takes.
+        ("/v1/completions", b"[" * 100_000, 400, None, "invalid_json"),
+        ("/v1/chat/completions", b'{"a":' * 100_000, 400, None, "invalid_json"),
+        ("/v1/completions", _raw("prompt", b"[" * 5000 + b"]" * 5000), 400, None, "invalid_json"),
+        ("/v1/completions", _raw("prompt", b"[" * 70 + b"]" * 70), 400, None, "invalid_json"),
+        # Lone surrogates, which JSON can spell but Unicode text cannot hold.
+        ("/v1/completions", _raw("prompt", b'"a\\ud800b"'), 400, None, "invalid_json"),
+        (
+            "/v1/chat/completions",
+            _raw("messages", b'[{"role": "user", "content": "\\udfff"}]'),
+            400,
+            None,
+            "invalid_json",
+        ),
+        ("/v1/completions", _raw("stop", b'"\\ud800"'), 400, None, "invalid_json"),
+        # Integers of more digits than Python reads, or beyond any float.
+        ("/v1/completions", _raw("seed", b"1" * 5000), 400, None, "invalid_json"),
+        ("/v1/completions", _raw("max_tokens", b"9" * 5000), 400, None, "invalid_json"),
+        ("/v1/chat/completions", _raw("temperature", b"7" * 5000), 400, None, "invalid_json"),
+        ("/v1/completions", _raw("temperature", b"7" * 400), 400, "temperature", "invalid_value"),
+        ("/v1/completions", _raw("top_p", b"-" + b"7" * 400), 400, "top_p", "invalid_value"),
+        ("/v1/completions", _raw("seed", b"7" * 400), 400, "seed", "invalid_value"),
         ("/v1/chat/completions", b"\xff\xfe", 400, None, "invalid_json"),
         ("/v1/completions", [1, 2], 400, None, "invalid_body"),
         ("/v1/completions", {"prompt": "Hi"}, 400, "model", "missing_required_parameter"),
@@ -428,20 +459,36 @@ def test_unknown_routes_and_methods(server: str) -> None:
     assert_error(httpx.get(f"{server}/v1/models/gpt-4"), 404, "model", "model_not_found")
 
 
+def _nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(10**600), max_value=10**600)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.sampled_from(["\ud800", "a\udfffb", "<|im_end|>", "\ufdd0", "", MODEL, "user"]),
     lambda children: (
         st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
     ),
     max_leaves=6,
-)
+) | st.integers(1, 100).map(_nested)
 _FIELDS = [
     "model",
     "prompt",
     "messages",
     "max_tokens",
+    "max_completion_tokens",
     "temperature",
     "top_p",
+    "top_k",
+    "min_p",
     "n",
     "stop",
     "seed",
@@ -451,27 +498,73 @@ _FIELDS = [
     "stream",
     "stream_options",
     "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+    "user",
+    "echo",
+    "best_of",
+    "suffix",
+    "tools",
+    "functions",
+    "response_format",
 ]
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
-    changes=st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=3),
+    changes=st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=4),
+    whole=_json,
 )
 def test_no_request_body_gets_a_server_error(
-    server: str, path: str, changes: dict[str, Any]
+    server: str, path: str, changes: dict[str, Any], whole: object
 ) -> None:
-    """Random values in the fields of a valid request: a 4xx with an error body, or an answer."""
-    body = {**(CHAT if "chat" in path else COMPLETION), "max_tokens": 2, **changes}
-    # Keep the answers short and whole.
-    if body.get("stream") is True:
-        body["stream"] = False
-    if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 4:
-        body["max_tokens"] = 4
-    response = post(server, path, body)
+    """Random JSON values (nesting, huge integers, lone surrogates, odd types) in the fields of
+    a valid request, or as the whole body: a 4xx with an error body, or an answer."""
+    body: object = whole
+    if changes or not isinstance(whole, dict):
+        fields: dict[str, Any] = {
+            **(CHAT if "chat" in path else COMPLETION),
+            "max_tokens": 2,
+            **changes,
+        }
+        # Keep the answers short.
+        for name in ("max_tokens", "max_completion_tokens"):
+            value = fields.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 4:
+                fields[name] = 4
+        if fields.get("max_tokens") is None and fields.get("max_completion_tokens") is None:
+            fields["max_tokens"] = 2
+        body = fields
+    # ASCII escapes: lone surrogates travel as \ud800, as a hostile client would send them.
+    response = post(server, path, json.dumps(body, ensure_ascii=True))
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    elif "text/event-stream" in response.headers["content-type"]:
+        assert response.text.rstrip().endswith("data: [DONE]")
+    else:
+        assert response.json()["choices"]
+
+
+def test_a_huge_prompt_does_not_stall_the_server(server: str) -> None:
+    """Tokenizing a 5 MB single-word prompt takes seconds: it runs off the event loop, so the
+    server answers others meanwhile."""
+    body = json.dumps({**COMPLETION, "prompt": "a" * 5_000_000})
+    done: list[httpx.Response] = []
+    sender = threading.Thread(target=lambda: done.append(post(server, "/v1/completions", body)))
+    sender.start()
+    time.sleep(0.3)  # the body is on its way or being tokenized
+    latencies = []
+    while sender.is_alive() and len(latencies) < 20:
+        start = time.monotonic()
+        assert httpx.get(f"{server}/health", timeout=10).status_code == 200
+        latencies.append(time.monotonic() - start)
+        time.sleep(0.1)
+    sender.join(timeout=120)
+    assert done and done[0].status_code == 400, done
+    assert done[0].json()["error"]["code"] == "context_length_exceeded"
+    assert latencies and max(latencies) < 1.0, latencies

@@ -53,7 +53,12 @@ DEFAULT_READ_TIMEOUT = 30.0
 
 
 def error_response(error: APIError) -> Response:
-    return Response(error.json_bytes(), status_code=error.status, media_type="application/json")
+    # After a body that was not read whole (too large, too slow), the connection cannot serve
+    # another request.
+    headers = {"connection": "close"} if error.status in (408, 413) else None
+    return Response(
+        error.json_bytes(), status_code=error.status, headers=headers, media_type="application/json"
+    )
 
 
 @dataclass
