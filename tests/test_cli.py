@@ -240,7 +240,10 @@ def test_ctrl_c_while_starting_or_loading(delay: float, smollm2_path: Path) -> N
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert b"Traceback" not in err, err.decode()
-    assert proc.returncode == 130, err.decode()
+    # A shell sees 130 either way: CPython ends a process by SIGINT itself when an interrupt
+    # went through code run by exec() (a dataclass being made while the core loads), even
+    # though main() caught it.
+    assert proc.returncode in (130, -signal.SIGINT), err.decode()
     assert err.decode().rstrip().endswith("tallow: error: interrupted")
 
 

@@ -5,7 +5,7 @@ mod common;
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
-use tallow_tokenizer::{StreamDecoder, TokenType, Tokenizer};
+use tallow_tokenizer::{StreamDecoder, TokenType, Tokenizer, QUOTE_CLOSE, QUOTE_OPEN};
 
 fn smollm2() -> Option<&'static Tokenizer> {
     static T: OnceLock<Option<Tokenizer>> = OnceLock::new();
@@ -109,6 +109,25 @@ proptest! {
             let plain = t.encode(&text, false, false);
             prop_assert!(plain.iter().all(|&i| t.token_type(i) != Some(TokenType::Control)));
             prop_assert_eq!(t.decode(&plain).unwrap(), t.decode(&parsed).unwrap());
+        }
+    }
+
+    /// A chat message quoted as chat prompts quote them is tokenized exactly as plain text,
+    /// whatever control tokens it spells; the template's own control tokens around it are.
+    #[test]
+    fn quoted_text_is_plain_text(s in text(), before in text()) {
+        for (t, marker) in [(smollm2(), "<|im_start|>"), (gemma3(), "<start_of_turn>")] {
+            let Some(t) = t else { continue };
+            let keep = |c: &char| *c != QUOTE_OPEN && *c != QUOTE_CLOSE;
+            let s: String = s.chars().filter(keep).collect();
+            let quoted = t.quote_special(&s).unwrap();
+            prop_assert_eq!(t.encode_quoted(&quoted, false), t.encode(&s, false, false));
+            let before: String = before.chars().filter(keep).collect();
+            let prompt = format!("{before}{marker}{quoted}");
+            let mut expected = t.encode(&before, false, true);
+            expected.push(t.token_id(marker).unwrap());
+            expected.extend(t.encode_quoted(&quoted, false));
+            prop_assert_eq!(t.encode_quoted(&prompt, false), expected);
         }
     }
 
