@@ -64,8 +64,18 @@ impl SingleSequence {
         }
         let mut batch = Batch::new();
         batch.push(self.seq, tokens, logits);
+        // Every row of a long chunk over a large vocabulary can be gigabytes: an error when it
+        // cannot be had, not an abort.
+        let n = batch.n_logits().saturating_mul(model.config().n_vocab);
+        let mut logits = Vec::new();
+        logits.try_reserve_exact(n).map_err(|_| {
+            ModelError::InvalidArgument(format!(
+                "not enough memory for the logits of {} positions",
+                batch.n_logits()
+            ))
+        })?;
+        logits.resize(n, 0.0);
         self.cache.append_slots(self.seq, tokens.len())?;
-        let mut logits = vec![0.0; batch.n_logits() * model.config().n_vocab];
         let result = model
             .forward_into(&mut self.cache, &batch, &mut self.scratch, &mut logits)
             .map(|()| logits);
