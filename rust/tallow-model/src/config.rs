@@ -2,15 +2,19 @@
 
 use tallow_gguf::{Array, GgufFile, Value};
 
+use crate::arch::{Architecture, ARCHITECTURES};
 use crate::error::ModelError;
 
-/// Architectures (`general.architecture`) this crate can run.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama"];
+/// The names of the architectures (`general.architecture`) this crate can run.
+pub fn supported_architectures() -> Vec<&'static str> {
+    ARCHITECTURES.iter().map(|a| a.name).collect()
+}
 
-/// The shape of a llama-family transformer.
+/// The shape of a transformer, and its architecture's description.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub architecture: String,
+    pub arch: &'static Architecture,
     pub n_layer: usize,
     pub n_embd: usize,
     pub n_ff: usize,
@@ -32,9 +36,9 @@ impl ModelConfig {
             .and_then(Value::as_str)
             .ok_or_else(|| ModelError::MissingMetadata("general.architecture".into()))?
             .to_string();
-        if !SUPPORTED_ARCHITECTURES.contains(&architecture.as_str()) {
+        let Some(arch) = crate::arch::architecture(&architecture) else {
             return Err(ModelError::UnknownArchitecture(architecture));
-        }
+        };
         let prefix = architecture.clone();
         let md = Metadata {
             file,
@@ -93,6 +97,7 @@ impl ModelConfig {
             rope_base: md.f32_or("rope.freq_base", 10_000.0)?,
             rope_dim,
             architecture,
+            arch,
         };
         for (key, value) in [
             ("block_count", config.n_layer),

@@ -15,8 +15,10 @@ pub enum ModelError {
     Quant(#[from] QuantError),
     #[error(transparent)]
     Kv(#[from] KvError),
-    #[error("unknown architecture '{0}' (supported: {supported})", supported = crate::config::SUPPORTED_ARCHITECTURES.join(", "))]
+    #[error("unknown architecture '{0}' (supported: {supported})", supported = crate::config::supported_architectures().join(", "))]
     UnknownArchitecture(String),
+    #[error("not supported yet: {0}")]
+    Unsupported(String),
     #[error("metadata key '{0}' is missing")]
     MissingMetadata(String),
     #[error("metadata key '{key}' has an invalid value: {reason}")]

@@ -9,7 +9,7 @@ use crate::attention::{Attention, Heads, Plan};
 use crate::batch::{Batch, Logits};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::ops::{add_in_place, rms_norm, swiglu, Rope};
+use crate::ops::{add_in_place, add_rows, rms_norm, rms_norm_in_place, swiglu, Rope};
 use crate::scratch::{take, Failure, Scratch, Which};
 use crate::weights::{Matrix, Weights};
 
@@ -136,6 +136,21 @@ impl Forward<'_> {
                 n,
                 [q, k, v],
             )?;
+            for (rows, bias) in [
+                (&mut *q, &layer.q_bias),
+                (&mut *k, &layer.k_bias),
+                (&mut *v, &layer.v_bias),
+            ] {
+                if let Some(bias) = bias {
+                    add_rows(rows, bias);
+                }
+            }
+            // Per-head RMSNorm of Q and K, before RoPE.
+            for (rows, gain) in [(&mut *q, &layer.q_norm), (&mut *k, &layer.k_norm)] {
+                if let Some(gain) = gain {
+                    rms_norm_in_place(rows, gain, cfg.rms_eps);
+                }
+            }
             for (c, chunk) in batch.chunks.iter().enumerate() {
                 for i in 0..chunk.len {
                     let (token, pos) = (chunk.start + i, first_pos[c] + i);

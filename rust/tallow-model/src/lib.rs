@@ -1,6 +1,7 @@
 //! Transformer architectures over GGUF weights: loading, the forward pass, its KV cache and
 //! sampling. Knows nothing of Python.
 
+mod arch;
 mod attention;
 mod batch;
 mod config;
@@ -17,8 +18,9 @@ use std::path::Path;
 use tallow_gguf::GgufFile;
 use tallow_tokenizer::Tokenizer;
 
+pub use arch::{Architecture, GateUpTensors, QkvTensors, RopeStyle, ARCHITECTURES};
 pub use batch::{Batch, Logits, SeqChunk};
-pub use config::{ModelConfig, SUPPORTED_ARCHITECTURES};
+pub use config::{supported_architectures, ModelConfig};
 pub use error::ModelError;
 pub use sampling::{argmax, sample_batch, Sampled, Sampler, SamplingParams};
 pub use scratch::Scratch;
@@ -76,6 +78,7 @@ impl Model {
         // Everything needed from the header is parsed by now.
         file.release_header();
         let rope = Rope::new(
+            config.arch.rope,
             config.rope_base,
             config.rope_dim,
             config.head_dim,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tallow_gguf::{GgmlType, GgufFile, TensorInfo};
 use tallow_quant::{PackedMatrix, QuantError, QuantizedActs, WeightSource};
 
+use crate::arch::{GateUpTensors, QkvTensors};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 
@@ -109,6 +110,14 @@ pub struct LayerWeights {
     pub wq: Matrix,
     pub wk: Matrix,
     pub wv: Matrix,
+    /// Added to the Q, K and V projections, where the file has them.
+    pub q_bias: Option<Vec<f32>>,
+    pub k_bias: Option<Vec<f32>>,
+    pub v_bias: Option<Vec<f32>>,
+    /// RMSNorm gains over each head of Q and of K (`head_dim` values), where the architecture
+    /// has them.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
     pub wo: Matrix,
     pub ffn_norm: Vec<f32>,
     pub w_gate: Matrix,
@@ -138,18 +147,62 @@ impl Weights {
         } else {
             matrix(file, "output.weight", vocab, d)?
         };
+        let arch = config.arch;
+        if let Some(name) = ["rope_factors_long.weight", "rope_factors_short.weight"]
+            .into_iter()
+            .find(|name| file.tensor(name).is_some())
+        {
+            return Err(ModelError::Unsupported(format!(
+                "{} models with long-context RoPE factors ({name})",
+                arch.name
+            )));
+        }
+        let (q_dim, kv_dim) = (config.q_dim(), config.kv_dim());
         let mut layers: Vec<LayerWeights> = (0..config.n_layer)
             .map(|i| {
                 let name = |t: &str| format!("blk.{i}.{t}.weight");
+                let bias = |t: &str, len: usize| {
+                    let name = format!("blk.{i}.{t}.bias");
+                    file.tensor(&name)
+                        .map(|_| vector(file, &name, len))
+                        .transpose()
+                };
+                let [wq, wk, wv] = match arch.qkv {
+                    QkvTensors::Separate => [
+                        matrix(file, &name("attn_q"), q_dim, d)?,
+                        matrix(file, &name("attn_k"), kv_dim, d)?,
+                        matrix(file, &name("attn_v"), kv_dim, d)?,
+                    ],
+                    QkvTensors::Fused => {
+                        split_rows(file, &name("attn_qkv"), d, [q_dim, kv_dim, kv_dim])?
+                    }
+                };
+                let [w_gate, w_up] = match arch.gate_up {
+                    GateUpTensors::Separate => [
+                        matrix(file, &name("ffn_gate"), ff, d)?,
+                        matrix(file, &name("ffn_up"), ff, d)?,
+                    ],
+                    GateUpTensors::Fused => split_rows(file, &name("ffn_up"), d, [ff, ff])?,
+                };
+                let head_norm = |t: &str| {
+                    arch.qk_norm
+                        .then(|| vector(file, &name(t), config.head_dim))
+                        .transpose()
+                };
                 Ok(LayerWeights {
                     attn_norm: vector(file, &name("attn_norm"), d)?,
-                    wq: matrix(file, &name("attn_q"), config.q_dim(), d)?,
-                    wk: matrix(file, &name("attn_k"), config.kv_dim(), d)?,
-                    wv: matrix(file, &name("attn_v"), config.kv_dim(), d)?,
-                    wo: matrix(file, &name("attn_output"), d, config.q_dim())?,
+                    wq,
+                    wk,
+                    wv,
+                    q_bias: bias("attn_q", q_dim)?,
+                    k_bias: bias("attn_k", kv_dim)?,
+                    v_bias: bias("attn_v", kv_dim)?,
+                    q_norm: head_norm("attn_q_norm")?,
+                    k_norm: head_norm("attn_k_norm")?,
+                    wo: matrix(file, &name("attn_output"), d, q_dim)?,
                     ffn_norm: vector(file, &name("ffn_norm"), d)?,
-                    w_gate: matrix(file, &name("ffn_gate"), ff, d)?,
-                    w_up: matrix(file, &name("ffn_up"), ff, d)?,
+                    w_gate,
+                    w_up,
                     w_down: matrix(file, &name("ffn_down"), d, ff)?,
                 })
             })
@@ -212,6 +265,31 @@ fn matrix(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Matri
         tensor: info.clone(),
         packed: None,
     })
+}
+
+/// The matrices stacked in the rows of one tensor (a fused QKV or gate/up projection): each
+/// part is a run of whole rows, so it is a matrix of its own over the same bytes.
+fn split_rows<const N: usize>(
+    file: &GgufFile,
+    name: &str,
+    cols: usize,
+    parts: [usize; N],
+) -> Result<[Matrix; N], ModelError> {
+    let whole = matrix(file, name, parts.iter().sum(), cols)?;
+    let row_bytes = whole.tensor.size / whole.rows as u64;
+    let mut first = 0;
+    Ok(parts.map(|rows| {
+        let mut tensor = whole.tensor.clone();
+        tensor.offset += first as u64 * row_bytes;
+        tensor.size = rows as u64 * row_bytes;
+        tensor.dims = vec![cols as u64, rows as u64];
+        first += rows;
+        Matrix {
+            rows,
+            tensor,
+            ..whole.clone()
+        }
+    }))
 }
 
 /// A one-dimensional tensor, converted to f32 (norm weights are small and read every step).

@@ -149,7 +149,9 @@ pub fn model_error(err: ModelError) -> PyErr {
         ModelError::Quant(err) => quant_error(err),
         ModelError::Kv(err) => kv_error(err),
         ModelError::Tokenizer(_) => raise(|e| &e.tokenizer, message),
-        ModelError::UnknownArchitecture(_) => raise(|e| &e.unsupported, message),
+        ModelError::UnknownArchitecture(_) | ModelError::Unsupported(_) => {
+            raise(|e| &e.unsupported, message)
+        }
         ModelError::InvalidArgument(_) => raise(|e| &e.invalid_argument, message),
         _ => raise(|e| &e.model, message),
     }

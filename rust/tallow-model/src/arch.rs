@@ -1,0 +1,79 @@
+//! What tells one transformer architecture from another, as data: the forward pass
+//! ([`crate::forward`]) is written once and reads these descriptions, as llama.cpp keeps its
+//! architecture tables apart from its graph.
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Dimensions `2i` and `2i + 1` rotate together (GGML's "normal" mode: Llama, Mistral).
+    Interleaved,
+    /// Dimension `i` rotates with `i + rope_dim / 2` (GPT-NeoX: Qwen, Phi-3, Gemma).
+    Halves,
+}
+
+/// Where a layer's Q, K and V projections are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkvTensors {
+    /// `attn_q`, `attn_k` and `attn_v`.
+    Separate,
+    /// One `attn_qkv` matrix whose rows are Q's, then K's, then V's.
+    Fused,
+}
+
+/// Where a layer's gated feed-forward projections are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateUpTensors {
+    /// `ffn_gate` and `ffn_up`.
+    Separate,
+    /// One `ffn_up` matrix whose rows are the gate's, then the up projection's.
+    Fused,
+}
+
+/// One architecture (`general.architecture`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Architecture {
+    pub name: &'static str,
+    pub rope: RopeStyle,
+    pub qkv: QkvTensors,
+    pub gate_up: GateUpTensors,
+    /// Every layer has `attn_q_norm` and `attn_k_norm`: RMSNorm over each head of Q and K,
+    /// before RoPE.
+    pub qk_norm: bool,
+}
+
+const LLAMA: Architecture = Architecture {
+    name: "llama",
+    rope: RopeStyle::Interleaved,
+    qkv: QkvTensors::Separate,
+    gate_up: GateUpTensors::Separate,
+    qk_norm: false,
+};
+
+/// Every architecture tallow runs. Biases (`attn_q.bias` ...) are used by any of them where
+/// the file has them (Qwen 2 does).
+pub const ARCHITECTURES: &[Architecture] = &[
+    LLAMA,
+    Architecture {
+        name: "qwen2",
+        rope: RopeStyle::Halves,
+        ..LLAMA
+    },
+    Architecture {
+        name: "qwen3",
+        rope: RopeStyle::Halves,
+        qk_norm: true,
+        ..LLAMA
+    },
+    Architecture {
+        name: "phi3",
+        rope: RopeStyle::Halves,
+        qkv: QkvTensors::Fused,
+        gate_up: GateUpTensors::Fused,
+        ..LLAMA
+    },
+];
+
+/// The description of `name`, if tallow runs it.
+pub fn architecture(name: &str) -> Option<&'static Architecture> {
+    ARCHITECTURES.iter().find(|a| a.name == name)
+}

@@ -1,0 +1,90 @@
+"""Every architecture against Hugging Face transformers, on the tiny random models of
+``shared/reference/arch`` (see its README: the files, the oracle and the tolerances).
+
+The logits of the 32 prompt positions must match transformers' (float32, eager attention) within
+the README's bounds for each file type, and greedy decoding of the F32 file must give
+transformers' 16 tokens. An f32 KV cache keeps the comparison about the forward pass alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+import tallow
+from tallow import _core
+
+# (folder, tolerance of the F32 file): GELU models are looser (see the README).
+ARCHITECTURES = [("llama3", 1e-4), ("mistral", 1e-4), ("qwen2", 1e-4), ("qwen3", 1e-4)]
+ARCHITECTURES += [("phi3", 1e-4)]
+TOLERANCE = {"f16": 2e-2, "q8_0": 0.3}
+NOT_YET = ["gemma2", "gemma3"]
+
+
+@pytest.fixture(scope="module")
+def arch_dir(reference_dir: Path) -> Path:
+    return reference_dir / "arch"
+
+
+@pytest.fixture(scope="module")
+def prompt(arch_dir: Path) -> list[int]:
+    return [int(t) for t in np.load(arch_dir / "prompt_ids.npy")]
+
+
+def _logits(model: _core.Model, ids: list[int]) -> npt.NDArray[np.float32]:
+    kv = model.new_kv_cache(dtype="f32", max_pages=8)
+    seq = kv.create()
+    kv.reserve(seq, len(ids))
+    return model.forward(kv, [(seq, ids, "all")])
+
+
+def _greedy(model: _core.Model, ids: list[int], n: int) -> list[int]:
+    kv = model.new_kv_cache(dtype="f32", max_pages=8)
+    seq = kv.create()
+    kv.reserve(seq, len(ids))
+    tokens: list[int] = []
+    logits = model.forward(kv, [(seq, ids, "last")])
+    for _ in range(n):
+        tokens.append(int(np.argmax(logits[-1])))
+        kv.reserve(seq, 1)
+        logits = model.forward(kv, [(seq, tokens[-1:], "last")])
+    return tokens
+
+
+@pytest.mark.parametrize(("arch", "f32_tolerance"), ARCHITECTURES)
+@pytest.mark.parametrize("file_type", ["f32", "f16", "q8_0"])
+def test_logits_match_transformers(
+    arch_dir: Path, prompt: list[int], arch: str, f32_tolerance: float, file_type: str
+) -> None:
+    model = _core.Model(str(arch_dir / arch / f"{arch}-{file_type}.gguf"))
+    reference = np.load(arch_dir / arch / "ref_logits.npy")
+    diff = float(np.abs(_logits(model, prompt) - reference).max())
+    assert diff <= TOLERANCE.get(file_type, f32_tolerance), diff
+
+
+@pytest.mark.parametrize(("arch", "f32_tolerance"), ARCHITECTURES)
+def test_greedy_tokens_match_transformers(
+    arch_dir: Path, prompt: list[int], arch: str, f32_tolerance: float
+) -> None:
+    model = _core.Model(str(arch_dir / arch / f"{arch}-f32.gguf"))
+    expected = [int(t) for t in np.load(arch_dir / arch / "ref_greedy.npy")]
+    assert _greedy(model, prompt, len(expected)) == expected
+
+
+@pytest.mark.parametrize(("arch", "f32_tolerance"), ARCHITECTURES)
+def test_every_architecture_runs_through_the_public_api(
+    arch_dir: Path, arch: str, f32_tolerance: float
+) -> None:
+    with tallow.LLM(arch_dir / arch / f"{arch}-q8_0.gguf", n_ctx=64) as llm:
+        result = llm.generate("Hello there", max_tokens=8, temperature=0)
+        assert result.completion_tokens > 0
+        assert llm.architecture == ("llama" if arch in ("llama3", "mistral") else arch)
+
+
+@pytest.mark.parametrize("arch", NOT_YET)
+def test_architectures_not_run_yet_are_named(arch_dir: Path, arch: str) -> None:
+    with pytest.raises(tallow.UnsupportedError, match=f"unknown architecture '{arch}'"):
+        tallow.LLM(arch_dir / arch / f"{arch}-f32.gguf")
