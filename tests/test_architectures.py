@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
+from conftest import run_cli
 
 import tallow
 from tallow import _core
@@ -88,3 +89,9 @@ def test_every_architecture_runs_through_the_public_api(
 def test_architectures_not_run_yet_are_named(arch_dir: Path, arch: str) -> None:
     with pytest.raises(tallow.UnsupportedError, match=f"unknown architecture '{arch}'"):
         tallow.LLM(arch_dir / arch / f"{arch}-f32.gguf")
+
+
+def test_info_describes_the_architecture(arch_dir: Path) -> None:
+    proc = run_cli("info", "-m", str(arch_dir / "phi3" / "phi3-q8_0.gguf"))
+    assert proc.returncode == 0, proc.stderr
+    assert "architecture: phi3 (NeoX RoPE, fused QKV, fused gate/up)" in proc.stdout.decode()

@@ -71,6 +71,10 @@ class Model:
     def architecture(self) -> str:
         """The GGUF ``general.architecture`` (e.g. ``"llama"``)."""
     @property
+    def architecture_features(self) -> list[str]:
+        """What the architecture does differently from the plain Llama shape (its RoPE
+        style, fused tensors, Q/K norms), in words."""
+    @property
     def n_vocab(self) -> int:
         """Vocabulary size (length of a logits row)."""
     @property

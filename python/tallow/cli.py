@@ -427,7 +427,8 @@ def _write_info(llm: LLM, out: TextIO) -> None:
     out.write(f"model: {path} ({file_size})\n")
     if "general.name" in meta:
         out.write(f"name: {meta['general.name']}\n")
-    out.write(f"architecture: {arch}\n")
+    features = ", ".join(llm.architecture_features)
+    out.write(f"architecture: {arch} ({features})\n")
     out.write(
         f"vocabulary: {llm.n_vocab} tokens; bos {llm.bos_id}, eos {llm.eos_id}, "
         f"add_bos {str(llm.add_bos).lower()}, end of generation {llm.eog_ids}\n"

@@ -182,6 +182,11 @@ class LLM:
         return self._model.architecture
 
     @property
+    def architecture_features(self) -> list[str]:
+        """What the architecture does differently from the plain Llama shape, in words."""
+        return list(self._model.architecture_features)
+
+    @property
     def n_vocab(self) -> int:
         """Vocabulary size."""
         return self._model.n_vocab

@@ -73,6 +73,26 @@ pub const ARCHITECTURES: &[Architecture] = &[
     },
 ];
 
+impl Architecture {
+    /// What this architecture does differently from the plain Llama shape, in words.
+    pub fn features(&self) -> Vec<&'static str> {
+        let mut out = vec![match self.rope {
+            RopeStyle::Interleaved => "interleaved RoPE",
+            RopeStyle::Halves => "NeoX RoPE",
+        }];
+        if self.qkv == QkvTensors::Fused {
+            out.push("fused QKV");
+        }
+        if self.gate_up == GateUpTensors::Fused {
+            out.push("fused gate/up");
+        }
+        if self.qk_norm {
+            out.push("Q/K head norms");
+        }
+        out
+    }
+}
+
 /// The description of `name`, if tallow runs it.
 pub fn architecture(name: &str) -> Option<&'static Architecture> {
     ARCHITECTURES.iter().find(|a| a.name == name)

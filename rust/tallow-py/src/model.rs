@@ -53,6 +53,12 @@ impl Model {
         &self.config().architecture
     }
 
+    /// What the architecture does differently from the plain Llama shape.
+    #[getter]
+    fn architecture_features(&self) -> Vec<&'static str> {
+        self.config().arch.features()
+    }
+
     #[getter]
     fn n_vocab(&self) -> usize {
         self.config().n_vocab
