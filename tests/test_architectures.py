@@ -18,11 +18,12 @@ from conftest import run_cli
 import tallow
 from tallow import _core
 
-# (folder, tolerance of the F32 file): GELU models are looser (see the README).
+# (folder, tolerance of the F32 file). The README allows 5e-3 for the GELU models (llama.cpp's
+# GELU goes through an f16 table); tallow's exact GELU meets 1e-4 there too.
 ARCHITECTURES = [("llama3", 1e-4), ("mistral", 1e-4), ("qwen2", 1e-4), ("qwen3", 1e-4)]
-ARCHITECTURES += [("phi3", 1e-4)]
+ARCHITECTURES += [("phi3", 1e-4), ("gemma2", 1e-4), ("gemma3", 1e-4)]
 TOLERANCE = {"f16": 2e-2, "q8_0": 0.3}
-NOT_YET = ["gemma2", "gemma3"]
+GGUF_NAMES = {"llama3": "llama", "mistral": "llama"}
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +83,7 @@ def test_every_architecture_runs_through_the_public_api(
     with tallow.LLM(arch_dir / arch / f"{arch}-q8_0.gguf", n_ctx=64) as llm:
         result = llm.generate("Hello there", max_tokens=8, temperature=0)
         assert result.completion_tokens > 0
-        assert llm.architecture == ("llama" if arch in ("llama3", "mistral") else arch)
-
-
-@pytest.mark.parametrize("arch", NOT_YET)
-def test_architectures_not_run_yet_are_named(arch_dir: Path, arch: str) -> None:
-    with pytest.raises(tallow.UnsupportedError, match=f"unknown architecture '{arch}'"):
-        tallow.LLM(arch_dir / arch / f"{arch}-f32.gguf")
+        assert llm.architecture == GGUF_NAMES.get(arch, arch)
 
 
 def test_info_describes_the_architecture(arch_dir: Path) -> None:

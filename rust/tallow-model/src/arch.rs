@@ -29,6 +29,35 @@ pub enum GateUpTensors {
     Fused,
 }
 
+/// The function of the gate in a gated feed-forward block: `down(act(gate) * up)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `x * sigmoid(x)` (SwiGLU).
+    Silu,
+    /// GELU with the tanh approximation (GeGLU, Gemma).
+    GeluTanh,
+}
+
+/// Which layers attend only within the sliding window (`attention.sliding_window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlidingLayers {
+    None,
+    /// Layers 0, 2, 4, ... (Gemma 2).
+    Even,
+    /// All but every `n`-th: layer `i` slides unless `i % n == n - 1` (Gemma 3, n = 6).
+    AllButEvery(usize),
+}
+
+impl SlidingLayers {
+    pub fn slides(&self, layer: usize) -> bool {
+        match *self {
+            SlidingLayers::None => false,
+            SlidingLayers::Even => layer.is_multiple_of(2),
+            SlidingLayers::AllButEvery(n) => layer % n != n - 1,
+        }
+    }
+}
+
 /// One architecture (`general.architecture`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Architecture {
@@ -39,6 +68,13 @@ pub struct Architecture {
     /// Every layer has `attn_q_norm` and `attn_k_norm`: RMSNorm over each head of Q and K,
     /// before RoPE.
     pub qk_norm: bool,
+    pub activation: Activation,
+    /// The token embeddings are multiplied by `sqrt(n_embd)`.
+    pub embed_scale: bool,
+    /// The outputs of attention and of the feed-forward block are normalized
+    /// (`post_attention_norm`, `post_ffw_norm`) before they join the residual stream.
+    pub post_norms: bool,
+    pub sliding: SlidingLayers,
 }
 
 const LLAMA: Architecture = Architecture {
@@ -47,6 +83,20 @@ const LLAMA: Architecture = Architecture {
     qkv: QkvTensors::Separate,
     gate_up: GateUpTensors::Separate,
     qk_norm: false,
+    activation: Activation::Silu,
+    embed_scale: false,
+    post_norms: false,
+    sliding: SlidingLayers::None,
+};
+
+const GEMMA2: Architecture = Architecture {
+    name: "gemma2",
+    rope: RopeStyle::Halves,
+    activation: Activation::GeluTanh,
+    embed_scale: true,
+    post_norms: true,
+    sliding: SlidingLayers::Even,
+    ..LLAMA
 };
 
 /// Every architecture tallow runs. Biases (`attn_q.bias` ...) are used by any of them where
@@ -71,6 +121,13 @@ pub const ARCHITECTURES: &[Architecture] = &[
         gate_up: GateUpTensors::Fused,
         ..LLAMA
     },
+    GEMMA2,
+    Architecture {
+        name: "gemma3",
+        qk_norm: true,
+        sliding: SlidingLayers::AllButEvery(6),
+        ..GEMMA2
+    },
 ];
 
 impl Architecture {
@@ -88,6 +145,20 @@ impl Architecture {
         }
         if self.qk_norm {
             out.push("Q/K head norms");
+        }
+        if self.activation == Activation::GeluTanh {
+            out.push("GELU-tanh gates");
+        }
+        if self.embed_scale {
+            out.push("scaled embeddings");
+        }
+        if self.post_norms {
+            out.push("post-norms");
+        }
+        match self.sliding {
+            SlidingLayers::None => {}
+            SlidingLayers::Even => out.push("sliding window on alternate layers"),
+            SlidingLayers::AllButEvery(_) => out.push("sliding window on most layers"),
         }
         out
     }

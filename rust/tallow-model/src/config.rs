@@ -2,7 +2,7 @@
 
 use tallow_gguf::{Array, GgufFile, Value};
 
-use crate::arch::{Architecture, ARCHITECTURES};
+use crate::arch::{Architecture, SlidingLayers, ARCHITECTURES};
 use crate::error::ModelError;
 
 /// The names of the architectures (`general.architecture`) this crate can run.
@@ -27,6 +27,18 @@ pub struct ModelConfig {
     pub rope_base: f32,
     /// Number of leading dimensions of each head that RoPE rotates.
     pub rope_dim: usize,
+    /// Linear RoPE scaling of the layers that attend globally: positions are divided by it.
+    pub rope_scale: f32,
+    /// The RoPE base of sliding-window layers.
+    pub rope_base_swa: f32,
+    /// Positions a sliding-window layer sees (itself included); `None` when no layer slides.
+    pub sliding_window: Option<usize>,
+    /// Multiplies the query-key products.
+    pub attn_scale: f32,
+    /// Attention scores go through `cap * tanh(score / cap)`.
+    pub attn_softcap: Option<f32>,
+    /// The logits go through `cap * tanh(logit / cap)`.
+    pub final_softcap: Option<f32>,
 }
 
 impl ModelConfig {
@@ -84,6 +96,17 @@ impl ModelConfig {
                 .map(Array::len)
                 .ok_or_else(|| ModelError::MissingMetadata(format!("{architecture}.vocab_size")))?,
         };
+        let rope_scale = match md.get("rope.scaling.type").and_then(Value::as_str) {
+            Some("linear") => md.f32_or("rope.scaling.factor", 1.0)?,
+            _ => 1.0,
+        };
+        let sliding_window = match arch.sliding {
+            SlidingLayers::None => None,
+            _ => Some(md.usize("attention.sliding_window")?).filter(|&w| w > 0),
+        };
+        let optional = |key: &str| -> Result<Option<f32>, ModelError> {
+            md.get(key).map(|_| md.f32_or(key, 1.0)).transpose()
+        };
         let config = ModelConfig {
             n_layer: md.usize("block_count")?,
             n_embd,
@@ -96,6 +119,12 @@ impl ModelConfig {
             rms_eps: md.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?,
             rope_base: md.f32_or("rope.freq_base", 10_000.0)?,
             rope_dim,
+            rope_scale,
+            rope_base_swa: md.f32_or("rope.freq_base_swa", 10_000.0)?,
+            sliding_window,
+            attn_scale: md.f32_or("attention.scale", 1.0 / (head_dim as f32).sqrt())?,
+            attn_softcap: optional("attn_logit_softcapping")?,
+            final_softcap: optional("final_logit_softcapping")?,
             architecture,
             arch,
         };
@@ -110,6 +139,11 @@ impl ModelConfig {
             }
         }
         Ok(config)
+    }
+
+    /// Whether layer `layer` attends within the sliding window.
+    pub fn slides(&self, layer: usize) -> bool {
+        self.sliding_window.is_some() && self.arch.sliding.slides(layer)
     }
 
     /// Width of the K (and V) rows of one layer: all KV heads side by side.

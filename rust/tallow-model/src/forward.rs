@@ -5,11 +5,11 @@ use tallow_gguf::GgufFile;
 use tallow_kv::PagedKvCache;
 use tallow_quant::QuantizedActs;
 
-use crate::attention::{Attention, Heads, Plan};
+use crate::attention::{Attention, Heads, Plan, Scores};
 use crate::batch::{Batch, Logits};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::ops::{add_in_place, add_rows, rms_norm, rms_norm_in_place, swiglu, Rope};
+use crate::ops::{add_in_place, add_rows, gated, rms_norm, rms_norm_in_place, Ropes};
 use crate::scratch::{take, Failure, Scratch, Which};
 use crate::weights::{Matrix, Weights};
 
@@ -17,7 +17,7 @@ pub(crate) struct Forward<'a> {
     pub file: &'a GgufFile,
     pub config: &'a ModelConfig,
     pub weights: &'a Weights,
-    pub rope: &'a Rope,
+    pub rope: &'a Ropes,
 }
 
 /// The activations of one step, all from the step arena.
@@ -113,17 +113,34 @@ impl Forward<'_> {
         let cfg = self.config;
         let n = batch.tokens.len();
         self.embed(&batch.tokens, x)?;
-        // The rotary angles of each token's position, shared by every layer.
-        let angles_len = self.rope.angles_len();
-        let rope_angles = take::<f32>(step, Which::Step, n * angles_len)?;
-        for (c, chunk) in batch.chunks.iter().enumerate() {
-            for i in 0..chunk.len {
-                let row = &mut rope_angles[(chunk.start + i) * angles_len..][..angles_len];
-                self.rope.angles(first_pos[c] + i, row);
+        if cfg.arch.embed_scale {
+            let scale = (cfg.n_embd as f32).sqrt();
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+        // The rotary angles of each token's position, per RoPE, shared by the layers.
+        let ropes = self.rope.all();
+        let angles_len = ropes[0].angles_len();
+        let all_angles = take::<f32>(step, Which::Step, ropes.len() * n * angles_len)?;
+        for (rope, table) in ropes
+            .iter()
+            .zip(all_angles.chunks_exact_mut(n * angles_len))
+        {
+            for (c, chunk) in batch.chunks.iter().enumerate() {
+                for i in 0..chunk.len {
+                    let row = &mut table[(chunk.start + i) * angles_len..][..angles_len];
+                    rope.angles(first_pos[c] + i, row);
+                }
             }
         }
 
         for (l, layer) in self.weights.layers.iter().enumerate() {
+            let r = self.rope.index(cfg, l);
+            let (rope, rope_angles) = (&ropes[r], &all_angles[r * n * angles_len..]);
+            let scores = Scores {
+                scale: cfg.attn_scale,
+                softcap: cfg.attn_softcap,
+                window: cfg.sliding_window.filter(|_| cfg.slides(l)),
+            };
             layer_arena.reset();
             let arena: &Arena = layer_arena;
             let mut acts = Activations::new(arena);
@@ -155,10 +172,9 @@ impl Forward<'_> {
                 for i in 0..chunk.len {
                     let (token, pos) = (chunk.start + i, first_pos[c] + i);
                     let angles = &rope_angles[token * angles_len..][..angles_len];
-                    self.rope
-                        .apply(&mut q[token * cfg.q_dim()..][..cfg.q_dim()], angles);
+                    rope.apply(&mut q[token * cfg.q_dim()..][..cfg.q_dim()], angles);
                     let k_row = &mut k[token * cfg.kv_dim()..][..cfg.kv_dim()];
-                    self.rope.apply(k_row, angles);
+                    rope.apply(k_row, angles);
                     let v_row = &v[token * cfg.kv_dim()..][..cfg.kv_dim()];
                     cache.write_pos(chunk.seq, pos, l, k_row, v_row)?;
                 }
@@ -170,19 +186,26 @@ impl Forward<'_> {
                 batch,
                 first_pos,
                 q,
+                scores,
             };
             layer_attention.run(attention, partials, attn)?;
 
             acts.clear();
             self.project(&mut acts, &layer.wo, attn, n, proj)?;
+            if let Some(norm) = &layer.post_attn_norm {
+                rms_norm_in_place(proj, norm, cfg.rms_eps);
+            }
             add_in_place(x, proj);
 
             rms_norm(x, &layer.ffn_norm, cfg.rms_eps, h);
             acts.clear();
             self.project_many(&mut acts, [&layer.w_gate, &layer.w_up], h, n, [gate, up])?;
-            swiglu(gate, up);
+            gated(cfg.arch.activation, gate, up);
             acts.clear();
             self.project(&mut acts, &layer.w_down, gate, n, proj)?;
+            if let Some(norm) = &layer.post_ffn_norm {
+                rms_norm_in_place(proj, norm, cfg.rms_eps);
+            }
             add_in_place(x, proj);
         }
 
@@ -204,6 +227,9 @@ impl Forward<'_> {
             let mut acts = Activations::new(layer_arena);
             rms_norm(rows, &self.weights.output_norm, cfg.rms_eps, normed);
             self.project(&mut acts, &self.weights.output, normed, row, logits)?;
+            if let Some(cap) = cfg.final_softcap {
+                logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+            }
         }
         Ok(())
     }

@@ -18,7 +18,9 @@ use std::path::Path;
 use tallow_gguf::GgufFile;
 use tallow_tokenizer::Tokenizer;
 
-pub use arch::{Architecture, GateUpTensors, QkvTensors, RopeStyle, ARCHITECTURES};
+pub use arch::{
+    Activation, Architecture, GateUpTensors, QkvTensors, RopeStyle, SlidingLayers, ARCHITECTURES,
+};
 pub use batch::{Batch, Logits, SeqChunk};
 pub use config::{supported_architectures, ModelConfig};
 pub use error::ModelError;
@@ -28,7 +30,7 @@ pub use sequence::SingleSequence;
 pub use tallow_kv::{KvBudget, KvDtype, KvLayout, KvStats, PagedKvCache, SeqId};
 
 use forward::Forward;
-use ops::Rope;
+use ops::Ropes;
 use weights::Weights;
 
 /// A loaded model: its file (memory-mapped weights), configuration and tokenizer.
@@ -36,7 +38,7 @@ pub struct Model {
     file: GgufFile,
     config: ModelConfig,
     weights: Weights,
-    rope: Rope,
+    rope: Ropes,
     tokenizer: Tokenizer,
 }
 
@@ -77,13 +79,7 @@ impl Model {
         let tokenizer = Tokenizer::from_gguf(&file)?;
         // Everything needed from the header is parsed by now.
         file.release_header();
-        let rope = Rope::new(
-            config.arch.rope,
-            config.rope_base,
-            config.rope_dim,
-            config.head_dim,
-            weights.rope_freqs.as_deref(),
-        );
+        let rope = Ropes::new(&config, weights.rope_freqs.as_deref());
         Ok(Model {
             file,
             config,

@@ -1,6 +1,7 @@
 //! Element-wise and row-wise operations of the forward pass.
 
-use crate::arch::RopeStyle;
+use crate::arch::{Activation, RopeStyle};
+use crate::config::ModelConfig;
 
 /// `out = x / rms(x) * weight` for each row of `x`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -48,17 +49,19 @@ pub struct Rope {
 }
 
 impl Rope {
+    /// `scale` divides every position (linear RoPE scaling; 1 for none).
     pub fn new(
         style: RopeStyle,
         base: f32,
         rope_dim: usize,
         head_dim: usize,
         freq_factors: Option<&[f32]>,
+        scale: f32,
     ) -> Self {
         let inv_freq = (0..rope_dim / 2)
             .map(|i| {
                 let f = base.powf(-((2 * i) as f32) / rope_dim as f32);
-                f / freq_factors.map_or(1.0, |factors| factors[i])
+                f / freq_factors.map_or(1.0, |factors| factors[i]) / scale
             })
             .collect();
         Rope {
@@ -105,6 +108,42 @@ impl Rope {
     }
 }
 
+/// The RoPE of each layer of a model: the layers that attend globally use the model's base,
+/// frequency factors and scaling; sliding-window layers may use their own base, unscaled.
+pub struct Ropes {
+    ropes: Vec<Rope>,
+}
+
+impl Ropes {
+    pub fn new(config: &ModelConfig, freq_factors: Option<&[f32]>) -> Self {
+        let rope = |base, factors, scale| {
+            let style = config.arch.rope;
+            Rope::new(
+                style,
+                base,
+                config.rope_dim,
+                config.head_dim,
+                factors,
+                scale,
+            )
+        };
+        let mut ropes = vec![rope(config.rope_base, freq_factors, config.rope_scale)];
+        if config.sliding_window.is_some() {
+            ropes.push(rope(config.rope_base_swa, None, 1.0));
+        }
+        Ropes { ropes }
+    }
+
+    /// Every distinct RoPE; [`Ropes::index`] says which one a layer uses.
+    pub fn all(&self) -> &[Rope] {
+        &self.ropes
+    }
+
+    pub fn index(&self, config: &ModelConfig, layer: usize) -> usize {
+        usize::from(config.slides(layer))
+    }
+}
+
 /// `(a, b)` rotated by the angle whose cosine and sine are `cs`.
 #[inline(always)]
 fn rotate(a: f32, b: f32, cs: &[f32]) -> (f32, f32) {
@@ -145,15 +184,19 @@ pub(crate) const EXP_POLY: [f32; 6] = [
     0.5,
 ];
 
-/// `gate = silu(gate) * up`, in place; on the thread pool when there are many values, with
+/// `gate = act(gate) * up`, in place; on the thread pool when there are many values, with
 /// the CPU's widest vectors.
-pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+pub fn gated(activation: Activation, gate: &mut [f32], up: &[f32]) {
     /// Values per task on the pool; below two tasks' worth the calling thread does it all
     /// (one token's 1536 values take about a microsecond, a verification's five tokens more
     /// than a dispatch costs).
     const CHUNK: usize = 1 << 11;
     assert_eq!(gate.len(), up.len());
-    let kernel = swiglu_kernel();
+    let kernels = gated_kernels();
+    let kernel = match activation {
+        Activation::Silu => kernels.silu,
+        Activation::GeluTanh => kernels.gelu_tanh,
+    };
     if gate.len() < 2 * CHUNK {
         return kernel(gate, up);
     }
@@ -165,43 +208,69 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     });
 }
 
+/// `sqrt(2 / pi)`, of GELU's tanh approximation.
+const GELU_C: f32 = 0.797_884_6;
+
+/// `gate = act(gate) * up` for SiLU (`GELU` false) or GELU-tanh, written with [`exp`] so that
+/// it vectorizes: `gelu(x) = x * sigmoid(2c(x + 0.044715 x^3))` is the tanh form.
 #[inline(always)]
-fn swiglu_loop(gate: &mut [f32], up: &[f32]) {
+fn gated_loop<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + exp(-*g)) * u;
+        let x = *g;
+        let z = if GELU {
+            2.0 * GELU_C * (x + 0.044_715 * x * x * x)
+        } else {
+            x
+        };
+        *g = x / (1.0 + exp(-z)) * u;
     }
 }
 
-/// `gate = silu(gate) * up`, in place.
-type SwigluFn = fn(&mut [f32], &[f32]);
+/// `gate = act(gate) * up`, in place.
+type GatedFn = fn(&mut [f32], &[f32]);
 
-/// [`swiglu_loop`] compiled for the best vectors of the running CPU (picked once).
-fn swiglu_kernel() -> SwigluFn {
-    static KERNEL: std::sync::OnceLock<SwigluFn> = std::sync::OnceLock::new();
-    *KERNEL.get_or_init(pick_swiglu_kernel)
+#[derive(Clone, Copy)]
+struct GatedKernels {
+    silu: GatedFn,
+    gelu_tanh: GatedFn,
 }
 
-fn pick_swiglu_kernel() -> SwigluFn {
+/// [`gated_loop`] compiled for the best vectors of the running CPU (picked once).
+fn gated_kernels() -> GatedKernels {
+    static KERNELS: std::sync::OnceLock<GatedKernels> = std::sync::OnceLock::new();
+    *KERNELS.get_or_init(pick_gated_kernels)
+}
+
+fn pick_gated_kernels() -> GatedKernels {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f")]
-        unsafe fn avx512(gate: &mut [f32], up: &[f32]) {
-            swiglu_loop(gate, up)
+        unsafe fn avx512<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
+            gated_loop::<GELU>(gate, up)
         }
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(gate: &mut [f32], up: &[f32]) {
-            swiglu_loop(gate, up)
+        unsafe fn avx2<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
+            gated_loop::<GELU>(gate, up)
         }
         if is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512 F.
-            return |gate, up| unsafe { avx512(gate, up) };
+            return GatedKernels {
+                silu: |gate, up| unsafe { avx512::<false>(gate, up) },
+                gelu_tanh: |gate, up| unsafe { avx512::<true>(gate, up) },
+            };
         }
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             // SAFETY: the CPU has AVX2 and FMA.
-            return |gate, up| unsafe { avx2(gate, up) };
+            return GatedKernels {
+                silu: |gate, up| unsafe { avx2::<false>(gate, up) },
+                gelu_tanh: |gate, up| unsafe { avx2::<true>(gate, up) },
+            };
         }
     }
-    swiglu_loop
+    GatedKernels {
+        silu: gated_loop::<false>,
+        gelu_tanh: gated_loop::<true>,
+    }
 }
 
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
@@ -225,7 +294,7 @@ mod tests {
 
     #[test]
     fn rope_rotates_pairs_and_keeps_norms() {
-        let rope = Rope::new(RopeStyle::Interleaved, 10_000.0, 4, 4, None);
+        let rope = Rope::new(RopeStyle::Interleaved, 10_000.0, 4, 4, None, 1.0);
         let mut angles = vec![0.0; rope.angles_len()];
         let mut x = [1.0, 0.0, 0.0, 1.0];
         rope.angles(0, &mut angles);
@@ -240,7 +309,7 @@ mod tests {
 
     #[test]
     fn rope_in_halves_pairs_i_with_i_plus_half() {
-        let rope = Rope::new(RopeStyle::Halves, 10_000.0, 4, 6, None);
+        let rope = Rope::new(RopeStyle::Halves, 10_000.0, 4, 6, None, 1.0);
         let mut angles = vec![0.0; rope.angles_len()];
         rope.angles(1, &mut angles);
         // Two heads of 6; the last 2 dimensions of each are not rotated.
@@ -272,27 +341,45 @@ mod tests {
 
     /// On the pool (many values) it gives the bits of the one-thread loop.
     #[test]
-    fn swiglu_on_the_pool_equals_one_thread() {
+    fn gated_on_the_pool_equals_one_thread() {
         let n = 10_000;
         let gate: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 6.0).collect();
         let up: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-        let mut pooled = gate.clone();
-        swiglu(&mut pooled, &up);
-        let mut alone = gate;
-        swiglu_kernel()(&mut alone, &up);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&pooled), bits(&alone));
+        for (activation, kernel) in [
+            (Activation::Silu, gated_kernels().silu),
+            (Activation::GeluTanh, gated_kernels().gelu_tanh),
+        ] {
+            let mut pooled = gate.clone();
+            gated(activation, &mut pooled, &up);
+            let mut alone = gate.clone();
+            kernel(&mut alone, &up);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&pooled), bits(&alone));
+        }
     }
 
     #[test]
-    fn swiglu_matches_definition() {
-        let mut g = [0.0, 1.0, -2.0];
-        swiglu(&mut g, &[1.0, 2.0, 3.0]);
-        let silu = |x: f32| x / (1.0 + (-x).exp());
-        let want = [0.0, silu(1.0) * 2.0, silu(-2.0) * 3.0];
-        assert!(g
-            .iter()
-            .zip(want)
-            .all(|(g, w)| (g - w).abs() <= 1e-6 * w.abs()));
+    fn gated_activations_match_their_definitions() {
+        let x = [0.0f32, 1.0, -2.0, 3.5, -9.0, 12.0];
+        let up = [1.0, 2.0, 3.0, -1.0, 0.5, 2.0];
+        let silu = |x: f64| x / (1.0 + (-x).exp());
+        let gelu = |x: f64| {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + (c * (x + 0.044715 * x.powi(3))).tanh())
+        };
+        for (activation, f) in [
+            (Activation::Silu, &silu as &dyn Fn(f64) -> f64),
+            (Activation::GeluTanh, &gelu),
+        ] {
+            let mut g = x;
+            gated(activation, &mut g, &up);
+            for ((&got, &x), &u) in g.iter().zip(&x).zip(&up) {
+                let want = f(f64::from(x)) * f64::from(u);
+                assert!(
+                    (f64::from(got) - want).abs() <= 1e-6 * want.abs().max(1.0),
+                    "{x}"
+                );
+            }
+        }
     }
 }

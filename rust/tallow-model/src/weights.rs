@@ -119,10 +119,14 @@ pub struct LayerWeights {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub wo: Matrix,
+    /// Normalizes the attention output before the residual add, where the architecture does.
+    pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub w_gate: Matrix,
     pub w_up: Matrix,
     pub w_down: Matrix,
+    /// Normalizes the feed-forward output before the residual add.
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 pub struct Weights {
@@ -184,6 +188,11 @@ impl Weights {
                     ],
                     GateUpTensors::Fused => split_rows(file, &name("ffn_up"), d, [ff, ff])?,
                 };
+                let post_norm = |t: &str| {
+                    arch.post_norms
+                        .then(|| vector(file, &name(t), d))
+                        .transpose()
+                };
                 let head_norm = |t: &str| {
                     arch.qk_norm
                         .then(|| vector(file, &name(t), config.head_dim))
@@ -200,10 +209,12 @@ impl Weights {
                     q_norm: head_norm("attn_q_norm")?,
                     k_norm: head_norm("attn_k_norm")?,
                     wo: matrix(file, &name("attn_output"), d, q_dim)?,
+                    post_attn_norm: post_norm("post_attention_norm")?,
                     ffn_norm: vector(file, &name("ffn_norm"), d)?,
                     w_gate,
                     w_up,
                     w_down: matrix(file, &name("ffn_down"), d, ff)?,
+                    post_ffn_norm: post_norm("post_ffw_norm")?,
                 })
             })
             .collect::<Result<_, ModelError>>()?;

@@ -65,6 +65,34 @@ impl Heads {
     }
 }
 
+/// How a layer turns query-key products into weights, beyond causal softmax attention with
+/// scores scaled by `1 / sqrt(head_dim)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Scores {
+    /// Multiplies every query-key product.
+    pub scale: f32,
+    /// Scores go through `cap * tanh(score / cap)` (Gemma 2).
+    pub softcap: Option<f32>,
+    /// A token sees only the last `window` positions, itself included (sliding-window layers).
+    pub window: Option<usize>,
+}
+
+impl Scores {
+    /// Plain causal attention for heads of `head_dim`.
+    pub(crate) fn plain(head_dim: usize) -> Scores {
+        Scores {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+            window: None,
+        }
+    }
+
+    /// The first position a token at `pos` sees.
+    fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+}
+
 /// How one batch's attention is split, and the scratch it needs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Plan {
@@ -167,6 +195,7 @@ pub(crate) struct Attention<'a> {
     pub first_pos: &'a [usize],
     /// Roped queries, `[token][head][head_dim]`.
     pub q: &'a [f32],
+    pub scores: Scores,
 }
 
 impl Attention<'_> {
@@ -251,6 +280,9 @@ impl Attention<'_> {
     fn unit(&self, unit: &Unit, scratch: &mut [f32], sink: Sink<'_>) -> Result<(), ModelError> {
         let plan = self.plan;
         let h = &plan.heads;
+        if self.scores != Scores::plain(h.head_dim) {
+            return self.unit_general(unit, scratch, sink);
+        }
         let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
         let (keys, rest) = scratch.split_at_mut(plan.tile_len() * hd);
         let (values, rest) = rest.split_at_mut(plan.tile_len() * hd);
@@ -349,40 +381,137 @@ impl Attention<'_> {
                     }
                 }
             }
-            match sink {
-                Sink::Partials(partials, task) => {
-                    let at = task * n_states_max(plan) * state_len;
-                    // SAFETY: task `task` alone writes its slot of the partials.
-                    let slot = unsafe { partials.range_mut(at..at + n_states * state_len) };
-                    slot.copy_from_slice(segment_states);
+            self.deliver(unit, sink, segment, segment_states, running);
+        }
+        self.write_out(unit, sink, running);
+        Ok(())
+    }
+
+    /// [`Attention::unit`] for layers whose scores are not plain (another scale, a soft-cap,
+    /// a sliding window): the tiles are widened, and each token takes the positions of each
+    /// tile it sees, with the general kernel.
+    fn unit_general(
+        &self,
+        unit: &Unit,
+        scratch: &mut [f32],
+        sink: Sink<'_>,
+    ) -> Result<(), ModelError> {
+        let plan = self.plan;
+        let h = &plan.heads;
+        let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
+        let (keys, rest) = scratch.split_at_mut(plan.tile_len() * hd);
+        let (values, rest) = rest.split_at_mut(plan.tile_len() * hd);
+        let (scores, rest) = rest.split_at_mut(plan.tile_len());
+        let rest = &mut rest[plan.block_tokens * group * hd..];
+        let n_states = unit.tokens.len() * group;
+        let (running, rest) = rest.split_at_mut(n_states * state_len);
+        let segment_states = &mut rest[..n_states * state_len];
+        let chunk = &self.batch.chunks[unit.chunk];
+        let first = self.first_pos[unit.chunk];
+        let pages = self.cache.page_table(chunk.seq)?;
+        let storage = self.cache.storage();
+        let kernel = kernels();
+        let lowest = self.scores.first_visible(first + unit.tokens.start);
+        running.chunks_exact_mut(state_len).for_each(empty);
+        for segment in unit.segments.clone() {
+            segment_states.chunks_exact_mut(state_len).for_each(empty);
+            let start = segment * plan.segment_len();
+            let end = (first + unit.tokens.end).min(start + plan.segment_len());
+            for tile_start in (start..end).step_by(plan.tile_len()) {
+                let tile_end = end.min(tile_start + plan.tile_len());
+                if tile_end <= lowest {
+                    continue;
                 }
-                Sink::Out(_) => {
-                    for (ti, i) in unit.tokens.clone().enumerate() {
-                        if first + i < start {
-                            continue;
-                        }
-                        for g in 0..group {
-                            let at = (ti * group + g) * state_len;
-                            let seg = &segment_states[at..at + state_len];
-                            kernel.merge(&mut running[at..at + state_len], seg);
-                        }
+                for page_start in (tile_start..tile_end).step_by(plan.page_size) {
+                    let page = pages[page_start / plan.page_size];
+                    let block = |kind| storage.block(page, self.layer, unit.kv_head, kind);
+                    let at = (page_start - tile_start) * hd;
+                    let page_rows = plan.page_size.min(tile_end - page_start);
+                    kernel.read(block(KvKind::Key)?, &mut keys[at..at + page_rows * hd]);
+                    kernel.read(block(KvKind::Value)?, &mut values[at..at + page_rows * hd]);
+                }
+                for (ti, i) in unit.tokens.clone().enumerate() {
+                    let pos = first + i;
+                    let lo = self.scores.first_visible(pos).max(tile_start) - tile_start;
+                    let hi = (pos + 1).min(tile_end).saturating_sub(tile_start);
+                    if lo >= hi {
+                        continue;
+                    }
+                    let token = chunk.start + i;
+                    let q = &self.q[token * h.q_dim() + unit.kv_head * group * hd..];
+                    kernel.general(
+                        &mut segment_states[ti * group * state_len..][..group * state_len],
+                        &q[..group * hd],
+                        &keys[lo * hd..hi * hd],
+                        &values[lo * hd..hi * hd],
+                        &mut scores[..hi - lo],
+                        self.scores,
+                    );
+                }
+            }
+            self.deliver(unit, sink, segment, segment_states, running);
+        }
+        self.write_out(unit, sink, running);
+        Ok(())
+    }
+
+    /// Whether the token at `pos` sees any position of segment `segment`.
+    fn sees_segment(&self, pos: usize, segment: usize) -> bool {
+        let start = segment * self.plan.segment_len();
+        pos >= start && self.scores.first_visible(pos) < start + self.plan.segment_len()
+    }
+
+    /// Hands the states of one segment on: to the partials when units are split by segment,
+    /// else merged into the unit's running states (for the tokens that see the segment).
+    fn deliver(
+        &self,
+        unit: &Unit,
+        sink: Sink<'_>,
+        segment: usize,
+        segment_states: &[f32],
+        running: &mut [f32],
+    ) {
+        let h = &self.plan.heads;
+        let (group, state_len) = (h.group(), h.state_len());
+        match sink {
+            Sink::Partials(partials, task) => {
+                let at = task * n_states_max(self.plan) * state_len;
+                // SAFETY: task `task` alone writes its slot of the partials.
+                let slot = unsafe { partials.range_mut(at..at + segment_states.len()) };
+                slot.copy_from_slice(segment_states);
+            }
+            Sink::Out(_) => {
+                let first = self.first_pos[unit.chunk];
+                for (ti, i) in unit.tokens.clone().enumerate() {
+                    if !self.sees_segment(first + i, segment) {
+                        continue;
+                    }
+                    for g in 0..group {
+                        let at = (ti * group + g) * state_len;
+                        let seg = &segment_states[at..at + state_len];
+                        kernels().merge(&mut running[at..at + state_len], seg);
                     }
                 }
             }
         }
-        if let Sink::Out(out) = sink {
-            for (ti, i) in unit.tokens.clone().enumerate() {
-                let token = chunk.start + i;
-                for g in 0..group {
-                    let head = unit.kv_head * group + g;
-                    let at = token * h.q_dim() + head * hd;
-                    // SAFETY: the columns of this unit's heads for its tokens are its own.
-                    let dst = unsafe { out.range_mut(at..at + hd) };
-                    finish(&running[(ti * group + g) * state_len..][..state_len], dst);
-                }
+    }
+
+    /// The outputs of a unit that merged its segments itself.
+    fn write_out(&self, unit: &Unit, sink: Sink<'_>, running: &[f32]) {
+        let Sink::Out(out) = sink else { return };
+        let h = &self.plan.heads;
+        let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
+        let chunk = &self.batch.chunks[unit.chunk];
+        for (ti, i) in unit.tokens.clone().enumerate() {
+            let token = chunk.start + i;
+            for g in 0..group {
+                let head = unit.kv_head * group + g;
+                let at = token * h.q_dim() + head * hd;
+                // SAFETY: the columns of this unit's heads for its tokens are its own.
+                let dst = unsafe { out.range_mut(at..at + hd) };
+                finish(&running[(ti * group + g) * state_len..][..state_len], dst);
             }
         }
-        Ok(())
     }
 
     /// Merges the segments' states of every token in order, as a unit that is not split
@@ -405,6 +534,9 @@ impl Attention<'_> {
                     for g in 0..group {
                         empty(running);
                         for segment in 0..n_segments {
+                            if !self.sees_segment(first + i, segment) {
+                                continue;
+                            }
                             let task = ((c * plan.blocks + block) * h.n_head_kv + kv_head)
                                 * plan.segments
                                 + segment;
@@ -472,7 +604,11 @@ struct Kernels {
     /// Where the CPU has one, a kernel that reads f16 pages directly.
     f16_pages: Option<F16PagesKernel>,
     merge: unsafe fn(&mut [f32], &[f32]),
+    general: GeneralFn,
 }
+
+/// `(states, q, keys, values, scores, scale, softcap)`: [`Kernels::general`].
+type GeneralFn = unsafe fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32], f32, Option<f32>);
 
 /// A kernel that reads f16 pages directly, and whether it takes a head size and page size.
 /// (Only x86-64 has one so far.)
@@ -523,6 +659,37 @@ impl Kernels {
         }
     }
 
+    /// [`Kernels::page`] with the scale and soft-cap of `params`.
+    fn general(
+        &self,
+        states: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+        params: Scores,
+    ) {
+        let hd = keys.len() / scores.len();
+        assert!(
+            scores.len() * hd == keys.len()
+                && keys.len() == values.len()
+                && q.len().is_multiple_of(hd)
+                && states.len() == q.len() / hd * (hd + 2)
+        );
+        // SAFETY: `kernels` only picks functions whose features the CPU has.
+        unsafe {
+            (self.general)(
+                states,
+                q,
+                keys,
+                values,
+                scores,
+                params.scale,
+                params.softcap,
+            )
+        }
+    }
+
     /// Merges state `other` into `state`.
     fn merge(&self, state: &mut [f32], other: &[f32]) {
         // SAFETY: as above.
@@ -550,6 +717,7 @@ fn kernels() -> Kernels {
                         fits: avx512::fits_f16_pages,
                     }),
                     merge: x86::merge_avx512,
+                    general: x86::general_avx512,
                 };
             }
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -558,6 +726,7 @@ fn kernels() -> Kernels {
                     page: x86::page_avx2,
                     f16_pages: None,
                     merge: x86::merge_avx2,
+                    general: x86::general_avx2,
                 };
             }
         }
@@ -566,6 +735,7 @@ fn kernels() -> Kernels {
             page: portable::page,
             f16_pages: None,
             merge: portable::merge,
+            general: portable::general,
         }
     })
 }
@@ -597,13 +767,30 @@ mod generic {
         values: &[f32],
         scores: &mut [f32],
     ) {
+        let scale = 1.0 / (q.len() as f32).sqrt();
+        page_with(state, q, keys, values, scores, scale, None)
+    }
+
+    /// [`page`] with scores `dot * scale`, soft-capped to `cap * tanh(score / cap)`.
+    #[inline(always)]
+    pub(super) fn page_with(
+        state: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+        scale: f32,
+        softcap: Option<f32>,
+    ) {
         let hd = q.len();
-        let scale = 1.0 / (hd as f32).sqrt();
         let (m, rest) = state.split_first_mut().unwrap();
         let (l, acc) = rest.split_first_mut().unwrap();
         let mut page_max = f32::NEG_INFINITY;
         for (s, k) in scores.iter_mut().zip(keys.chunks_exact(hd)) {
             *s = dot(q, k) * scale;
+            if let Some(cap) = softcap {
+                *s = cap * (*s / cap).tanh();
+            }
             page_max = page_max.max(*s);
         }
         let new_max = m.max(page_max);
@@ -634,9 +821,24 @@ mod generic {
         values: &[f32],
         scores: &mut [f32],
     ) {
+        let scale = 1.0 / ((keys.len() / scores.len()) as f32).sqrt();
+        rows_with(states, q, keys, values, scores, scale, None)
+    }
+
+    /// [`page_with`] for each query row of `q`.
+    #[inline(always)]
+    pub(super) fn rows_with(
+        states: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+        scale: f32,
+        softcap: Option<f32>,
+    ) {
         let hd = keys.len() / scores.len();
         for (state, q) in states.chunks_exact_mut(hd + 2).zip(q.chunks_exact(hd)) {
-            page(state, q, keys, values, scores);
+            page_with(state, q, keys, values, scores, scale, softcap);
         }
     }
 
@@ -667,10 +869,48 @@ mod portable {
     pub(super) unsafe fn merge(state: &mut [f32], other: &[f32]) {
         super::generic::merge(state, other)
     }
+
+    pub(super) unsafe fn general(
+        states: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+        scale: f32,
+        softcap: Option<f32>,
+    ) {
+        super::generic::rows_with(states, q, keys, values, scores, scale, softcap)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn general_avx512(
+        states: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+        scale: f32,
+        softcap: Option<f32>,
+    ) {
+        super::generic::rows_with(states, q, keys, values, scores, scale, softcap)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn general_avx2(
+        states: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+        scale: f32,
+        softcap: Option<f32>,
+    ) {
+        super::generic::rows_with(states, q, keys, values, scores, scale, softcap)
+    }
+
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn merge_avx512(state: &mut [f32], other: &[f32]) {
         super::generic::merge(state, other)
@@ -695,18 +935,29 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    use super::Scores;
+
     /// A reference softmax attention in f64.
     fn reference(q: &[f32], keys: &[f32], values: &[f32]) -> Vec<f64> {
+        reference_with(q, keys, values, Scores::plain(q.len()))
+    }
+
+    /// [`reference`] with the scale and soft-cap of `params` (the caller picks the visible
+    /// keys).
+    fn reference_with(q: &[f32], keys: &[f32], values: &[f32], params: Scores) -> Vec<f64> {
         let hd = q.len();
-        let scale = 1.0 / (hd as f64).sqrt();
         let scores: Vec<f64> = keys
             .chunks_exact(hd)
             .map(|k| {
-                q.iter()
+                let s = q
+                    .iter()
                     .zip(k)
                     .map(|(&a, &b)| f64::from(a) * f64::from(b))
                     .sum::<f64>()
-                    * scale
+                    * f64::from(params.scale);
+                params
+                    .softcap
+                    .map_or(s, |cap| f64::from(cap) * (s / f64::from(cap)).tanh())
             })
             .collect();
         let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -746,7 +997,40 @@ mod tests {
             vec![(30, 9), (0, 3)],
             vec![(60, 15), (8, 20), (33, 1)],
         ];
-        check_paged_attention(4, tallow_kv::KvDtype::F32, 75, &chunks);
+        check_paged_attention(4, tallow_kv::KvDtype::F32, 75, &chunks, Scores::plain(64));
+    }
+
+    /// Sliding windows (shorter and longer than a segment), soft-capping and another scale,
+    /// over f32 pages of 4 and f16 pages of 16: each token attends to its last `window`
+    /// positions only, with the same bits alone or in any chunk.
+    #[test]
+    fn windowed_softcapped_attention_matches_the_reference_for_any_chunking() {
+        let chunks = [
+            vec![(0, 75)],
+            vec![(4, 5)],
+            vec![(30, 9), (0, 3)],
+            vec![(60, 15), (8, 20), (33, 1)],
+        ];
+        for window in [1, 7, 37, 200] {
+            let params = Scores {
+                scale: 0.1,
+                softcap: Some(1.5),
+                window: Some(window),
+            };
+            check_paged_attention(4, tallow_kv::KvDtype::F32, 75, &chunks, params);
+        }
+        let chunks = [
+            vec![(0, 300)],
+            vec![(4, 5)],
+            vec![(130, 9), (0, 3)],
+            vec![(250, 50), (8, 20), (133, 1)],
+        ];
+        let params = Scores {
+            scale: 0.125,
+            softcap: None,
+            window: Some(150),
+        };
+        check_paged_attention(16, tallow_kv::KvDtype::F16, 300, &chunks, params);
     }
 
     /// The same over f16 pages of 16 (segments of 128 positions), which the AVX-512 kernel
@@ -759,7 +1043,7 @@ mod tests {
             vec![(130, 9), (0, 3)],
             vec![(250, 50), (8, 20), (133, 1)],
         ];
-        check_paged_attention(16, tallow_kv::KvDtype::F16, 300, &chunks);
+        check_paged_attention(16, tallow_kv::KvDtype::F16, 300, &chunks, Scores::plain(64));
     }
 
     fn check_paged_attention(
@@ -767,6 +1051,7 @@ mod tests {
         dtype: tallow_kv::KvDtype,
         total: usize,
         chunk_sets: &[Vec<(usize, usize)>],
+        params: Scores,
     ) {
         use crate::batch::{Batch, Logits};
         use tallow_kv::{KvBudget, KvDtype, KvLayout, PagedKvCache};
@@ -823,6 +1108,7 @@ mod tests {
                 batch: &batch,
                 first_pos: &first_pos,
                 q: &q,
+                scores: params,
             };
             attention
                 .run(&mut scratch, &mut partials, &mut out)
@@ -835,11 +1121,11 @@ mod tests {
                 let kv_head = head / 3;
                 let q = &queries[pos * q_dim + head * hd..][..hd];
                 let pick = |m: &[f32]| -> Vec<f32> {
-                    (0..=pos)
+                    (params.first_visible(pos)..=pos)
                         .flat_map(|p| m[p * kv_dim + kv_head * hd..][..hd].to_vec())
                         .collect()
                 };
-                let want = reference(q, &pick(&keys), &pick(&values));
+                let want = reference_with(q, &pick(&keys), &pick(&values), params);
                 for (got, want) in out[head * hd..(head + 1) * hd].iter().zip(&want) {
                     assert!(
                         (f64::from(*got) - want).abs() < 1e-5,
