@@ -2,7 +2,7 @@
 # The whole test suite, as CI runs it (.ci/run calls this script). Works on a fresh machine that
 # has only a Rust toolchain and CPython >= 3.10 with pip: it makes a virtual environment in .venv,
 # installs the test tools there, builds the extension in release mode (inference in a debug
-# build is far too slow to test), pulls the default model, then runs every check.
+# build is far too slow to test), pulls the test models, then runs every check.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -34,8 +34,9 @@ step "mypy (the package, strict) and stubtest (_core.pyi against the built exten
 mypy
 python -m mypy.stubtest tallow._core
 
-step "pulling the default model"
+step "pulling the test models (the default one and gemma3-270m)"
 tallow pull
+tallow pull gemma3-270m
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings

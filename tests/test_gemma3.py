@@ -1,0 +1,59 @@
+"""Gemma 3 270M (real weights, Q4_K_M) against llama.cpp: perplexity and greedy continuations
+(``shared/reference``; its token ids are checked by the tokenizer's Rust tests).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tallow
+from tallow import _core
+
+LLAMA_CPP_PPL = 8.5524
+"""llama-perplexity -c 256 on apache-2.0.txt (the reference README)."""
+NEAR_TIE = 0.05
+"""Greedy paths may part where llama.cpp's token is this close to tallow's best (logits)."""
+
+
+@pytest.fixture(scope="module")
+def gemma3_path() -> Path:
+    return tallow.resolve_model("gemma3-270m")
+
+
+def test_perplexity_within_one_percent_of_llama_cpp(gemma3_path: Path, reference_dir: Path) -> None:
+    text = (reference_dir / "perplexity" / "apache-2.0.txt").read_text()
+    with tallow.LLM(gemma3_path, n_ctx=256) as llm:
+        assert llm.architecture == "gemma3"
+        ppl = llm.perplexity(text, ctx=256)
+    assert abs(ppl / LLAMA_CPP_PPL - 1) < 0.01, ppl
+
+
+def test_greedy_continuations_match_llama_cpp_up_to_a_near_tie(
+    gemma3_path: Path, reference_dir: Path
+) -> None:
+    cases = json.loads((reference_dir / "greedy" / "llamacpp_greedy.json").read_text())
+    llm = tallow.LLM(gemma3_path, n_ctx=128)
+    model = _core.Model(str(gemma3_path))
+    whole = 0
+    for case in cases["gemma3-270m"]:
+        prompt_ids = llm.tokenize(case["prompt"], add_special=True)
+        want = llm.tokenize(case["greedy_continuation_16_tokens"], add_special=False)
+        got = llm.generate(case["prompt"], max_tokens=16, temperature=0).token_ids
+        # Replay the same path to see how close llama.cpp's choice was where they part.
+        context = model.new_context(128)
+        logits = context.eval(prompt_ids)
+        for step, (ours, theirs) in enumerate(zip(got, want, strict=False)):
+            assert ours == int(np.argmax(logits)), (case["prompt"], step)
+            if ours != theirs:
+                gap = float(logits[ours] - logits[theirs])
+                assert gap < NEAR_TIE, (case["prompt"], step, gap)
+                break
+            logits = context.eval([ours])
+        else:
+            whole += 1
+    # Most prompts agree all the way.
+    assert whole >= len(cases["gemma3-270m"]) // 2, whole
