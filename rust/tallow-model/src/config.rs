@@ -72,14 +72,8 @@ impl ModelConfig {
             ));
         }
         let head_dim = md.usize_or("attention.key_length", n_embd / n_head)?;
-        if head_dim == 0 || head_dim > crate::attention::MAX_HEAD_DIM {
-            return Err(md.bad(
-                "attention.key_length",
-                format!(
-                    "a head size of {head_dim} is outside 1..={}",
-                    crate::attention::MAX_HEAD_DIM
-                ),
-            ));
+        if head_dim == 0 {
+            return Err(md.bad("attention.key_length", "must be positive".into()));
         }
         let rope_dim = md.usize_or("rope.dimension_count", head_dim)?;
         if rope_dim > head_dim || rope_dim % 2 != 0 {

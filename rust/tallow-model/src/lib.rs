@@ -75,6 +75,7 @@ impl Model {
     /// [`Model::from_gguf`] with explicit options.
     pub fn from_gguf_with(file: GgufFile, options: LoadOptions) -> Result<Self, ModelError> {
         let config = ModelConfig::from_gguf(&file)?;
+        attention::check_head_dim(config.head_dim)?;
         let weights = Weights::load(&file, &config, options.pack_weights)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         // Everything needed from the header is parsed by now.

@@ -554,7 +554,17 @@ impl Attention<'_> {
 }
 
 /// The largest head dimension whose state fits the merge pass's stack buffer.
-pub(crate) const MAX_HEAD_DIM: usize = 512;
+const MAX_HEAD_DIM: usize = 512;
+
+/// Whether these kernels take heads of `head_dim` (checked when a model loads).
+pub(crate) fn check_head_dim(head_dim: usize) -> Result<(), ModelError> {
+    if head_dim > MAX_HEAD_DIM {
+        return Err(ModelError::Unsupported(format!(
+            "attention heads of {head_dim} dimensions (at most {MAX_HEAD_DIM})"
+        )));
+    }
+    Ok(())
+}
 const MAX_STATE: usize = MAX_HEAD_DIM + 2;
 
 /// States per unit slot of the partials.
