@@ -8,6 +8,9 @@ transformers' 16 tokens. An f32 KV cache keeps the comparison about the forward 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +104,50 @@ def test_phi3_long_rope_factors_are_refused_by_name(arch_dir: Path, tmp_path: Pa
     patched.write_bytes(data.replace(old, new))
     with pytest.raises(tallow.UnsupportedError, match="rope_factors_long"):
         tallow.LLM(patched)
+
+
+CAPPED = """
+import sys, numpy as np
+from tallow import _core
+model = _core.Model(sys.argv[1])
+kv = model.new_kv_cache(dtype="f32", max_pages=8)
+seq = kv.create()
+ids = [int(t) for t in np.load(sys.argv[2])]
+kv.reserve(seq, len(ids))
+np.save(sys.argv[3], model.forward(kv, [(seq, ids, "all")]))
+print(_core.isa())
+"""
+
+
+@pytest.mark.parametrize("cap", ["avx2", "scalar"])
+def test_capped_instruction_sets_compute_the_same_model(
+    arch_dir: Path, prompt: list[int], tmp_path: Path, cap: str
+) -> None:
+    """TALLOW_ISA runs a lesser CPU's kernels (every one: matrix products, attention with and
+    without a window, activations): the gemma3 reference still matches transformers."""
+    if cap == "avx2" and _core.isa() not in ("avx2", "avx512", "avx512vnni"):
+        pytest.skip("this CPU has no AVX2")
+    model = arch_dir / "gemma3" / "gemma3-f32.gguf"
+    out = tmp_path / "logits.npy"
+    proc = subprocess.run(
+        [sys.executable, "-c", CAPPED, str(model), str(arch_dir / "prompt_ids.npy"), str(out)],
+        env={**os.environ, "TALLOW_ISA": cap},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert proc.stdout.strip() == cap
+    reference = np.load(arch_dir / "gemma3" / "ref_logits.npy")
+    assert float(np.abs(np.load(out) - reference).max()) < 1e-4
+
+
+def test_an_unknown_cap_is_reported_and_ignored() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "from tallow import _core; print(_core.isa())"],
+        env={**os.environ, "TALLOW_ISA": "sse9"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "ignoring TALLOW_ISA" in proc.stderr and "avx2" in proc.stderr
+    assert proc.stdout.strip() == _core.isa()

@@ -25,6 +25,7 @@ __all__ = [
     "TokenizerError",
     "UnsupportedError",
     "dequantize",
+    "isa",
     "sample_batch",
 ]
 
@@ -50,6 +51,10 @@ class ModelError(TallowError):
 
 class InvalidArgumentError(TallowError, ValueError):
     """An argument is out of range or of the wrong kind."""
+
+def isa() -> str:
+    """The instruction set whose kernels run: ``"avx512vnni"``, ``"avx512"``, ``"avx2"``,
+    ``"neon"`` or ``"scalar"`` (the best this CPU has, capped by ``TALLOW_ISA``)."""
 
 def dequantize(type_name: str, data: bytes) -> numpy.typing.NDArray[numpy.float32]:
     """Dequantize ``data``, whole blocks of the GGML type ``type_name`` (e.g. ``"Q4_1"``), to a

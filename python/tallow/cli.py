@@ -352,6 +352,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         tests.append(
             (name, lambda seed: bench.batched(model, args.npp, args.ntg, args.npl, seed).total_tps)
         )
+    _status(f"kernels: {_core.isa()} (TALLOW_ISA caps them)")
     print("| model | size | params | threads | test | t/s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, run in tests:

@@ -252,14 +252,15 @@ fn pick_gated_kernels() -> GatedKernels {
         unsafe fn avx2<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
             gated_loop::<GELU>(gate, up)
         }
-        if is_x86_feature_detected!("avx512f") {
+        use tallow_quant::Isa;
+        if Isa::detected() >= Isa::Avx512 {
             // SAFETY: the CPU has AVX-512 F.
             return GatedKernels {
                 silu: |gate, up| unsafe { avx512::<false>(gate, up) },
                 gelu_tanh: |gate, up| unsafe { avx512::<true>(gate, up) },
             };
         }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if Isa::detected() >= Isa::Avx2 {
             // SAFETY: the CPU has AVX2 and FMA.
             return GatedKernels {
                 silu: |gate, up| unsafe { avx2::<false>(gate, up) },

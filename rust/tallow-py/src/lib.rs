@@ -33,10 +33,17 @@ fn dequantize<'py>(
     Ok(out.into_pyarray(py))
 }
 
+/// The instruction set whose kernels run (the best this CPU has, capped by `TALLOW_ISA`).
+#[pyfunction]
+fn isa() -> &'static str {
+    tallow_quant::Isa::detected().name()
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_function(wrap_pyfunction!(dequantize, m)?)?;
+    m.add_function(wrap_pyfunction!(isa, m)?)?;
     m.add_function(wrap_pyfunction!(model::sample_batch, m)?)?;
     m.add_class::<kv::KvCache>()?;
     m.add_class::<model::Model>()?;

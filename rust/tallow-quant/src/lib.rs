@@ -24,7 +24,7 @@ mod tests;
 
 pub use acts::{ActsBuffer, ActsLen, QuantizedActs};
 pub use error::QuantError;
-pub use kernels::Isa;
+pub use kernels::{Isa, ISA_ENV};
 pub use matmul::{matmul, matmul_with};
 pub use packed::{PackedMatrix, WeightSource};
 pub use types::GgmlType;

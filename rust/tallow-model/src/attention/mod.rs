@@ -718,7 +718,8 @@ fn kernels() -> Kernels {
     *KERNELS.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx512f") {
+            use tallow_quant::Isa;
+            if Isa::detected() >= Isa::Avx512 {
                 return Kernels {
                     widen: avx512::widen,
                     page: avx512::rows,
@@ -730,7 +731,7 @@ fn kernels() -> Kernels {
                     general: x86::general_avx512,
                 };
             }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            if Isa::detected() >= Isa::Avx2 {
                 return Kernels {
                     widen: widen_portable,
                     page: x86::page_avx2,

@@ -157,8 +157,12 @@ impl Packed {
     }
 }
 
+/// The environment variable that caps the instruction set tallow uses (`scalar`, `neon`,
+/// `avx2`, `avx512`, `avx512vnni`): to measure or test a lesser CPU's kernels on a better one.
+pub const ISA_ENV: &str = "TALLOW_ISA";
+
 /// The instruction sets tallow has kernels for, best last.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Isa {
     /// Portable scalar code.
     Scalar,
@@ -194,8 +198,46 @@ impl Isa {
         })
     }
 
-    /// Whether the running CPU can execute this set's kernels.
+    /// The name [`ISA_ENV`] takes for this set.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Neon => "neon",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// The best set [`ISA_ENV`] allows (read once; an unknown name is reported on stderr and
+    /// caps nothing).
+    fn cap() -> Isa {
+        static CAP: OnceLock<Isa> = OnceLock::new();
+        *CAP.get_or_init(|| {
+            let Ok(name) = std::env::var(ISA_ENV) else {
+                return Isa::Avx512Vnni;
+            };
+            let name = name.trim().to_ascii_lowercase();
+            Isa::ALL
+                .into_iter()
+                .find(|isa| isa.name() == name)
+                .unwrap_or_else(|| {
+                    let known: Vec<&str> = Isa::ALL.iter().map(|isa| isa.name()).collect();
+                    eprintln!(
+                        "tallow: ignoring {ISA_ENV}={name:?}: not one of {}",
+                        known.join(", ")
+                    );
+                    Isa::Avx512Vnni
+                })
+        })
+    }
+
+    /// Whether the running CPU can execute this set's kernels, and [`ISA_ENV`] allows it.
     pub fn is_available(self) -> bool {
+        self <= Isa::cap() && self.in_hardware()
+    }
+
+    fn in_hardware(self) -> bool {
         match self {
             Isa::Scalar => true,
             #[cfg(target_arch = "aarch64")]
@@ -208,12 +250,12 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
-                Isa::Avx2.is_available()
+                Isa::Avx2.in_hardware()
                     && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => Isa::Avx512.is_available() && is_x86_feature_detected!("avx512vnni"),
+            Isa::Avx512Vnni => Isa::Avx512.in_hardware() && is_x86_feature_detected!("avx512vnni"),
             #[allow(unreachable_patterns)]
             _ => false,
         }
