@@ -280,6 +280,8 @@ impl Attention<'_> {
     fn unit(&self, unit: &Unit, scratch: &mut [f32], sink: Sink<'_>) -> Result<(), ModelError> {
         let plan = self.plan;
         let h = &plan.heads;
+        // The path depends on the layer only, never on the batch: a token's bits stay the same
+        // alone or in any chunk.
         if self.scores != Scores::plain(h.head_dim) {
             return self.unit_general(unit, scratch, sink);
         }
