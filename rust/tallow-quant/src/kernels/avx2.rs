@@ -549,6 +549,35 @@ unsafe fn tile_q8_0_q8_0<const T: usize>(
     }
 }
 
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q5_0_q8_0<const T: usize>(
+    w: &[u8],
+    a: &[&[u8]],
+    scales: &super::TileScales,
+    out: &mut [f32],
+) {
+    let (w, a) = super::tile_operands::<BlockQ5_0, BlockQ8_0, T>(w, a, scales, out);
+    let ad = block_scales(scales.d, w.len());
+    let lane0 = scales.lane0.min(8 - T);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for (b, w) in w.iter().enumerate() {
+        // As `q5_0_q8_0`: q - 16 as i8, the fifth bit's absence or'ed in as 0xf0.
+        let minus16 = _mm256_andnot_si256(bits_to_bytes(w.qh), _mm256_set1_epi8(0xf0u8 as i8));
+        let q = _mm256_or_si256(nibbles(&w.qs), minus16);
+        let abs_q = _mm256_sign_epi8(q, q);
+        let wd = fp16(w.d);
+        for t in 0..T {
+            let y = _mm256_sign_epi8(load_i8(&a[t][b].qs), q);
+            let sums = _mm256_cvtepi32_ps(dot_u8_i8(abs_q, y));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * ad[b][lane0 + t]), sums, acc[t]);
+        }
+    }
+    for t in 0..T {
+        out[t] = hsum(acc[t]);
+    }
+}
+
 macro_rules! tile_entry_points {
     ($($kernel:ident => $entry:ident),* $(,)?) => {
         $(
@@ -573,6 +602,7 @@ macro_rules! tile_entry_points {
 tile_entry_points!(
     tile_q4_0_q8_0 => tile_q4_0,
     tile_q4_1_q8_1 => tile_q4_1,
+    tile_q5_0_q8_0 => tile_q5_0,
     tile_q8_0_q8_0 => tile_q8_0,
 );
 
@@ -580,6 +610,7 @@ pub(crate) fn tile_kernel(ty: GgmlType) -> Option<super::RawTile> {
     Some(match ty {
         GgmlType::Q4_0 => tile_q4_0,
         GgmlType::Q4_1 => tile_q4_1,
+        GgmlType::Q5_0 => tile_q5_0,
         GgmlType::Q8_0 => tile_q8_0,
         _ => return None,
     })

@@ -353,14 +353,22 @@ fn tiled_matmul_equals_per_token_matmul_and_scalar() {
         let cols = 32 * (1 + (rng.next_u64() % 13) as usize);
         let n_tokens = 2 + case % 36;
         let n_tokens = if case == 23 { 37 } else { n_tokens };
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+        ] {
             let weight = random_blocks(&mut rng, ty, rows * cols / ty.block_len());
             let x = rng.activations(n_tokens * cols);
             let acts = acts_for(ty, &x, n_tokens, cols);
             let mut scalar = vec![f32::NAN; n_tokens * rows];
             matmul_with(Isa::Scalar, ty, &weight, rows, cols, &acts, &mut scalar).unwrap();
             for &isa in &isas {
-                assert!(isa.tile(ty).is_some(), "{isa:?} has a {ty} tile");
+                // Q5_0 has a tile on AVX2 only so far; elsewhere the tokens go one by one.
+                if ty != GgmlType::Q5_0 || isa == Isa::Avx2 {
+                    assert!(isa.tile(ty).is_some(), "{isa:?} has a {ty} tile");
+                }
                 let mut out = vec![f32::NAN; n_tokens * rows];
                 matmul_with(isa, ty, &weight, rows, cols, &acts, &mut out).unwrap();
                 let row_bytes = weight.len() / rows;
