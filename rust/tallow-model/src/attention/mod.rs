@@ -896,54 +896,39 @@ mod portable {
     }
 }
 
+/// `unsafe fn $name(args)` calling `generic::$generic(args)`, compiled with `$features`: the
+/// generic loops vectorized for one instruction set.
+#[cfg(target_arch = "x86_64")]
+macro_rules! compiled_with {
+    ($features:literal: $($name:ident => $generic:ident($($arg:ident: $ty:ty),*);)*) => {
+        $(
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name($($arg: $ty),*) {
+                super::generic::$generic($($arg),*)
+            }
+        )*
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn general_avx512(
-        states: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-        scale: f32,
-        softcap: Option<f32>,
-    ) {
-        super::generic::rows_with(states, q, keys, values, scores, scale, softcap)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn general_avx2(
-        states: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-        scale: f32,
-        softcap: Option<f32>,
-    ) {
-        super::generic::rows_with(states, q, keys, values, scores, scale, softcap)
-    }
-
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn merge_avx512(state: &mut [f32], other: &[f32]) {
-        super::generic::merge(state, other)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn page_avx2(
-        states: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-    ) {
-        super::generic::rows(states, q, keys, values, scores)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn merge_avx2(state: &mut [f32], other: &[f32]) {
-        super::generic::merge(state, other)
-    }
+    compiled_with!("avx512f,avx2,fma":
+        merge_avx512 => merge(state: &mut [f32], other: &[f32]);
+        general_avx512 => rows_with(
+            states: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32],
+            scale: f32, softcap: Option<f32>
+        );
+    );
+    compiled_with!("avx2,fma":
+        merge_avx2 => merge(state: &mut [f32], other: &[f32]);
+        page_avx2 => rows(
+            states: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32]
+        );
+        general_avx2 => rows_with(
+            states: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32],
+            scale: f32, softcap: Option<f32>
+        );
+    );
 }
 
 #[cfg(test)]
