@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import resource
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -433,7 +434,8 @@ def test_random_arguments_to_llm(
         call = lambda: smollm2.detokenize(prompt)  # noqa: E731
     else:
         call = lambda: smollm2.perplexity(prompt, *extra[:1])  # noqa: E731
-    _only_tallow_errors(call)
+    with _address_space_capped(extra=4 * 2**30):
+        _only_tallow_errors(call)
 
 
 @settings(
@@ -452,7 +454,8 @@ def test_random_arguments_to_async_llm(
         with anyio.fail_after(60), contextlib.suppress(tallow.TallowError):
             await llm.generate(prompt, **_short(args))  # type: ignore[arg-type]
 
-    portal.call(main)
+    with _address_space_capped(extra=4 * 2**30):
+        portal.call(main)
 
 
 @pytest.fixture(scope="module")
@@ -480,7 +483,23 @@ def smollm2_async(smollm2_path: Path) -> Iterator[tuple[tallow.AsyncLLM, Blockin
 def test_random_arguments_to_async_llm_constructor(
     smollm2_path: Path, args: dict[str, Any]
 ) -> None:
-    _only_tallow_errors(lambda: tallow.AsyncLLM(smollm2_path, **args))
+    # Valid sizes up to the machine's memory are accepted (their pages are only mapped); under
+    # a cap on the address space, pools that do not fit fail as errors too, and a runaway
+    # allocation cannot take the machine's memory.
+    with _address_space_capped(extra=4 * 2**30):
+        _only_tallow_errors(lambda: tallow.AsyncLLM(smollm2_path, **args))
+
+
+@contextlib.contextmanager
+def _address_space_capped(extra: int) -> Iterator[None]:
+    """This process may map at most `extra` more bytes than it has mapped now."""
+    mapped = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + extra, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def test_infinite_bias_bans_a_token(smollm2_path: Path) -> None:

@@ -240,10 +240,13 @@ def physical_memory() -> int | None:
 
 def _check_pool_fits(pages: int, page_bytes: int, asked: str) -> None:
     memory = physical_memory()
-    if memory is not None and pages * page_bytes > memory:
+    size = pages * page_bytes
+    if memory is not None and size > memory:
+        # An int may be beyond floats: format only sizes a machine could have.
+        shown = format_bytes(size) if size < 2**70 else f"{checks.describe(size)} bytes"
         raise InvalidArgumentError(
-            f"{asked} needs a KV cache of {format_bytes(pages * page_bytes)}, more than this "
-            f"machine's {format_bytes(memory)} of memory"
+            f"{asked} needs a KV cache of {shown}, more than this machine's "
+            f"{format_bytes(memory)} of memory"
         )
 
 
@@ -256,12 +259,14 @@ class Engine:
         page_bytes = model.kv_page_bytes(config.page_size)
         if config.kv_bytes is not None:
             _check_pool_fits(
-                config.kv_bytes // page_bytes, page_bytes, f"kv_bytes={config.kv_bytes}"
+                config.kv_bytes // page_bytes,
+                page_bytes,
+                f"kv_bytes={checks.describe(config.kv_bytes)}",
             )
             self.kv = model.new_kv_cache(page_size=config.page_size, max_bytes=config.kv_bytes)
         else:
             if config.kv_pages is not None:
-                pages, asked = config.kv_pages, f"kv_pages={config.kv_pages}"
+                pages, asked = config.kv_pages, f"kv_pages={checks.describe(config.kv_pages)}"
             else:
                 per_request = -(-n_ctx // config.page_size)
                 pages = min(per_request * config.max_num_seqs, 8192)
