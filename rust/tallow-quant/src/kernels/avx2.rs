@@ -195,6 +195,15 @@ unsafe fn q4_1_q8_1(w: &[u8], a: &[u8]) -> f32 {
     hsum(acc) + offsets
 }
 
+/// The 32 quants of a Q5_0 block minus 16, as i8: quants without their fifth bit get 0xf0
+/// or'ed in, i.e. minus 16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_quants(w: &BlockQ5_0) -> __m256i {
+    let minus16 = _mm256_andnot_si256(bits_to_bytes(w.qh), _mm256_set1_epi8(0xf0u8 as i8));
+    _mm256_or_si256(nibbles(&w.qs), minus16)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q5_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
@@ -202,10 +211,7 @@ unsafe fn q5_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
         .iter()
         .zip(as_blocks::<BlockQ8_0>(a))
     {
-        // q - 16 as i8: quants without their fifth bit get 0xf0 or'ed in, i.e. minus 16.
-        let minus16 = _mm256_andnot_si256(bits_to_bytes(w.qh), _mm256_set1_epi8(0xf0u8 as i8));
-        let q = _mm256_or_si256(nibbles(&w.qs), minus16);
-        let sums = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8(&a.qs)));
+        let sums = _mm256_cvtepi32_ps(dot_i8_i8(q5_0_quants(w), load_i8(&a.qs)));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w.d) * fp16(a.d)), sums, acc);
     }
     hsum(acc)
@@ -466,33 +472,6 @@ unsafe fn load8(v: &[f32; 8]) -> __m256 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_q4_0_q8_0<const T: usize>(
-    w: &[u8],
-    a: &[&[u8]],
-    scales: &super::TileScales,
-    out: &mut [f32],
-) {
-    let (w, a) = super::tile_operands::<BlockQ4_0, BlockQ8_0, T>(w, a, scales, out);
-    let ad = block_scales(scales.d, w.len());
-    let lane0 = scales.lane0.min(8 - T);
-    let mut acc = [_mm256_setzero_ps(); T];
-    for (b, w) in w.iter().enumerate() {
-        let q = _mm256_sub_epi8(nibbles(&w.qs), _mm256_set1_epi8(8));
-        let abs_q = _mm256_sign_epi8(q, q);
-        let wd = fp16(w.d);
-        for t in 0..T {
-            let y = _mm256_sign_epi8(load_i8(&a[t][b].qs), q);
-            let sums = _mm256_cvtepi32_ps(dot_u8_i8(abs_q, y));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * ad[b][lane0 + t]), sums, acc[t]);
-        }
-    }
-    for t in 0..T {
-        out[t] = hsum(acc[t]);
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_q4_1_q8_1<const T: usize>(
     w: &[u8],
     a: &[&[u8]],
@@ -522,60 +501,47 @@ unsafe fn tile_q4_1_q8_1<const T: usize>(
     }
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_q8_0_q8_0<const T: usize>(
-    w: &[u8],
-    a: &[&[u8]],
-    scales: &super::TileScales,
-    out: &mut [f32],
-) {
-    let (w, a) = super::tile_operands::<BlockQ8_0, BlockQ8_0, T>(w, a, scales, out);
-    let ad = block_scales(scales.d, w.len());
-    let lane0 = scales.lane0.min(8 - T);
-    let mut acc = [_mm256_setzero_ps(); T];
-    for (b, w) in w.iter().enumerate() {
-        let x = load_i8(&w.qs);
-        let abs_x = _mm256_sign_epi8(x, x);
-        let wd = fp16(w.d);
-        for t in 0..T {
-            let y = _mm256_sign_epi8(load_i8(&a[t][b].qs), x);
-            let sums = _mm256_cvtepi32_ps(dot_u8_i8(abs_x, y));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * ad[b][lane0 + t]), sums, acc[t]);
-        }
-    }
-    for t in 0..T {
-        out[t] = hsum(acc[t]);
-    }
+/// The tile of a format whose block unpacks to 32 signed quants against Q8_0 activations:
+/// `$q` is the quants of block `$w` as i8, the rest of the loop is shared (the sign trick of
+/// `dot_i8_i8`, with `|q|` made once per block for every token).
+macro_rules! signed_tile {
+    ($($kernel:ident: $block:ty, |$w:ident| $q:expr;)*) => {
+        $(
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $kernel<const T: usize>(
+                w: &[u8],
+                a: &[&[u8]],
+                scales: &super::TileScales,
+                out: &mut [f32],
+            ) {
+                let (w, a) = super::tile_operands::<$block, BlockQ8_0, T>(w, a, scales, out);
+                let ad = block_scales(scales.d, w.len());
+                let lane0 = scales.lane0.min(8 - T);
+                let mut acc = [_mm256_setzero_ps(); T];
+                for (b, $w) in w.iter().enumerate() {
+                    let q = $q;
+                    let abs_q = _mm256_sign_epi8(q, q);
+                    let wd = fp16($w.d);
+                    for t in 0..T {
+                        let y = _mm256_sign_epi8(load_i8(&a[t][b].qs), q);
+                        let sums = _mm256_cvtepi32_ps(dot_u8_i8(abs_q, y));
+                        acc[t] =
+                            _mm256_fmadd_ps(_mm256_set1_ps(wd * ad[b][lane0 + t]), sums, acc[t]);
+                    }
+                }
+                for t in 0..T {
+                    out[t] = hsum(acc[t]);
+                }
+            }
+        )*
+    };
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_q5_0_q8_0<const T: usize>(
-    w: &[u8],
-    a: &[&[u8]],
-    scales: &super::TileScales,
-    out: &mut [f32],
-) {
-    let (w, a) = super::tile_operands::<BlockQ5_0, BlockQ8_0, T>(w, a, scales, out);
-    let ad = block_scales(scales.d, w.len());
-    let lane0 = scales.lane0.min(8 - T);
-    let mut acc = [_mm256_setzero_ps(); T];
-    for (b, w) in w.iter().enumerate() {
-        // As `q5_0_q8_0`: q - 16 as i8, the fifth bit's absence or'ed in as 0xf0.
-        let minus16 = _mm256_andnot_si256(bits_to_bytes(w.qh), _mm256_set1_epi8(0xf0u8 as i8));
-        let q = _mm256_or_si256(nibbles(&w.qs), minus16);
-        let abs_q = _mm256_sign_epi8(q, q);
-        let wd = fp16(w.d);
-        for t in 0..T {
-            let y = _mm256_sign_epi8(load_i8(&a[t][b].qs), q);
-            let sums = _mm256_cvtepi32_ps(dot_u8_i8(abs_q, y));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * ad[b][lane0 + t]), sums, acc[t]);
-        }
-    }
-    for t in 0..T {
-        out[t] = hsum(acc[t]);
-    }
+signed_tile! {
+    tile_q4_0_q8_0: BlockQ4_0, |w| _mm256_sub_epi8(nibbles(&w.qs), _mm256_set1_epi8(8));
+    tile_q5_0_q8_0: BlockQ5_0, |w| q5_0_quants(w);
+    tile_q8_0_q8_0: BlockQ8_0, |w| load_i8(&w.qs);
 }
 
 macro_rules! tile_entry_points {
