@@ -23,7 +23,7 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use half::f16;
-use tallow_kv::{KvBlock, KvDtype, KvKind, KvLayout, PagedKvCache};
+use tallow_kv::{KvBlock, KvDtype, KvKind, KvLayout, PageId, PagedKvCache};
 use tallow_threads::DisjointSlice;
 
 use crate::batch::Batch;
@@ -325,10 +325,9 @@ impl Attention<'_> {
                             };
                         continue;
                     }
-                    let at = (page_start - tile_start) * hd;
-                    let page_rows = plan.page_size.min(tile_start + rows - page_start);
-                    kernel.read(block(KvKind::Key)?, &mut keys[at..at + page_rows * hd]);
-                    kernel.read(block(KvKind::Value)?, &mut values[at..at + page_rows * hd]);
+                    let page_rows =
+                        page_start..(page_start + plan.page_size).min(tile_start + rows);
+                    self.widen(page, unit.kv_head, page_rows, tile_start, keys, values)?;
                 }
                 // The first `n` positions of the tile into `states`, for the query rows `q`.
                 let mut attend = |states: &mut [f32], q: &[f32], n: usize| match rows_f16 {
@@ -411,7 +410,6 @@ impl Attention<'_> {
         let chunk = &self.batch.chunks[unit.chunk];
         let first = self.first_pos[unit.chunk];
         let pages = self.cache.page_table(chunk.seq)?;
-        let storage = self.cache.storage();
         let kernel = kernels();
         let lowest = self.scores.first_visible(first + unit.tokens.start);
         running.chunks_exact_mut(state_len).for_each(empty);
@@ -426,11 +424,8 @@ impl Attention<'_> {
                 }
                 for page_start in (tile_start..tile_end).step_by(plan.page_size) {
                     let page = pages[page_start / plan.page_size];
-                    let block = |kind| storage.block(page, self.layer, unit.kv_head, kind);
-                    let at = (page_start - tile_start) * hd;
-                    let page_rows = plan.page_size.min(tile_end - page_start);
-                    kernel.read(block(KvKind::Key)?, &mut keys[at..at + page_rows * hd]);
-                    kernel.read(block(KvKind::Value)?, &mut values[at..at + page_rows * hd]);
+                    let page_rows = page_start..(page_start + plan.page_size).min(tile_end);
+                    self.widen(page, unit.kv_head, page_rows, tile_start, keys, values)?;
                 }
                 for (ti, i) in unit.tokens.clone().enumerate() {
                     let pos = first + i;
@@ -454,6 +449,26 @@ impl Attention<'_> {
             self.deliver(unit, sink, segment, segment_states, running);
         }
         self.write_out(unit, sink, running);
+        Ok(())
+    }
+
+    /// Copies the keys and values of positions `positions` (all in page `page`) of KV head
+    /// `kv_head` as f32 into the tile buffers, whose first row is position `tile_start`.
+    fn widen(
+        &self,
+        page: PageId,
+        kv_head: usize,
+        positions: Range<usize>,
+        tile_start: usize,
+        keys: &mut [f32],
+        values: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let hd = self.plan.heads.head_dim;
+        let rows = (positions.start - tile_start) * hd..(positions.end - tile_start) * hd;
+        let storage = self.cache.storage();
+        let block = |kind| storage.block(page, self.layer, kv_head, kind);
+        kernels().read(block(KvKind::Key)?, &mut keys[rows.clone()]);
+        kernels().read(block(KvKind::Value)?, &mut values[rows]);
         Ok(())
     }
 
@@ -651,13 +666,7 @@ impl Kernels {
         values: &[f32],
         scores: &mut [f32],
     ) {
-        let hd = keys.len() / scores.len();
-        assert!(
-            scores.len() * hd == keys.len()
-                && keys.len() == values.len()
-                && q.len().is_multiple_of(hd)
-                && states.len() == q.len() / hd * (hd + 2)
-        );
+        check_operands(states, q, keys, values, scores);
         // SAFETY: `kernels` only picks functions whose features the CPU has.
         unsafe { (self.page)(states, q, keys, values, scores) }
     }
@@ -681,13 +690,7 @@ impl Kernels {
         scores: &mut [f32],
         params: Scores,
     ) {
-        let hd = keys.len() / scores.len();
-        assert!(
-            scores.len() * hd == keys.len()
-                && keys.len() == values.len()
-                && q.len().is_multiple_of(hd)
-                && states.len() == q.len() / hd * (hd + 2)
-        );
+        check_operands(states, q, keys, values, scores);
         // SAFETY: `kernels` only picks functions whose features the CPU has.
         unsafe {
             (self.general)(
@@ -707,6 +710,18 @@ impl Kernels {
         // SAFETY: as above.
         unsafe { (self.merge)(state, other) }
     }
+}
+
+/// Panics unless the operands of a page kernel agree: `n = scores.len()` rows of keys and
+/// values, whole query rows, and a state of `head_dim + 2` floats per query row.
+fn check_operands(states: &[f32], q: &[f32], keys: &[f32], values: &[f32], scores: &[f32]) {
+    let hd = keys.len() / scores.len();
+    assert!(
+        scores.len() * hd == keys.len()
+            && keys.len() == values.len()
+            && q.len().is_multiple_of(hd)
+            && states.len() == q.len() / hd * (hd + 2)
+    );
 }
 
 /// f16 to f32 with the `half` crate (which uses F16C where the CPU has it).
