@@ -50,6 +50,13 @@ CASES: list[tuple[str, Case, type[tallow.TallowError], str]] = [
     # Sizes the machine cannot hold, or the model was not made for: errors, not aborts.
     ("n_ctx 10**6", lambda p, _: tallow.LLM(p, n_ctx=10**6), BAD, "n_ctx"),
     ("n_ctx 10**7", lambda p, _: tallow.LLM(p, n_ctx=10**7), BAD, "n_ctx"),
+    ("n_ctx of 5000 digits", lambda p, _: tallow.LLM(p, n_ctx=10**5000), BAD, "n_ctx"),
+    (
+        "speculative method of 5000 digits",
+        lambda p, _: tallow.AsyncLLM(p, speculative={"method": 10**5000}),
+        BAD,
+        "speculative method",
+    ),
     (
         "kv_pages 10**8",
         lambda p, _: tallow.AsyncLLM(p, kv_pages=10**8),

@@ -225,7 +225,8 @@ def context_size(model: _core.Model, n_ctx: object) -> int:
     n_ctx = checks.integer("n_ctx", n_ctx, 1)
     if trained > 0 and n_ctx > trained:
         raise InvalidArgumentError(
-            f"n_ctx={n_ctx} is beyond the {trained} positions this model was trained with"
+            f"n_ctx={checks.describe(n_ctx)} is beyond the {trained} positions this model was "
+            "trained with"
         )
     return n_ctx
 

@@ -70,7 +70,8 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in METHODS:
             raise InvalidArgumentError(
-                f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}"
+                f"speculative method must be one of {', '.join(METHODS)}, "
+                f"got {checks.describe(self.method)}"
             )
         for name in ("num_tokens", "ngram_max", "ngram_min", "short_match_tokens"):
             checks.integer(name, getattr(self, name), 0, MAX_TOKENS)
