@@ -2,7 +2,7 @@
 
 use tallow_threads::DisjointSlice;
 
-use crate::blocks::{as_blocks, BlockQ8_0, BlockQ8_1};
+use crate::blocks::{as_blocks, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::fp16::f16_to_f32;
 use crate::kernels::{TileScales, TILE_LANES};
 use crate::{sizes, GgmlType, Isa, QuantError};
@@ -17,9 +17,9 @@ const TOKENS_PER_TASK: usize = 4;
 /// (q/k/v, gate/up). Borrows buffers its caller owns (an arena, or an [`ActsBuffer`]), so
 /// quantizing allocates nothing.
 ///
-/// Besides the quantized rows it holds, in Q8_0 or Q8_1, the block scales and sums as f32
+/// Besides the quantized rows it holds, in Q8_0, Q8_1 or Q8_K, the block scales and sums as f32
 /// laid out for the tile and packed kernels (see [`TileScales`]): `d` of each block, and `s`,
-/// which is the Q8_1 block's own `s` (`d * sum(q)`) or, for Q8_0, the integer `sum(q)`.
+/// which is the Q8_1 block's own `s` (`d * sum(q)`) or, for Q8_0 and Q8_K, the integer `sum(q)`.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantizedActs<'a> {
     ty: GgmlType,
@@ -177,7 +177,7 @@ impl<'a> QuantizedActs<'a> {
 }
 
 fn has_tile_scales(ty: GgmlType, n_tokens: usize) -> bool {
-    n_tokens >= 1 && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1)
+    n_tokens >= 1 && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8_K)
 }
 
 /// Writes the f32 block scales and sums of every token, lane-interleaved per group of
@@ -198,16 +198,26 @@ fn fill_tile_scales(
         let row = &data[t * row_bytes..(t + 1) * row_bytes];
         let first = t / TILE_LANES * group_len + t % TILE_LANES;
         let lanes = (first..).step_by(TILE_LANES);
-        if ty == GgmlType::Q8_1 {
-            for (i, block) in lanes.zip(as_blocks::<BlockQ8_1>(row)) {
-                d[i] = f16_to_f32(block.d);
-                s[i] = f16_to_f32(block.s);
+        match ty {
+            GgmlType::Q8_1 => {
+                for (i, block) in lanes.zip(as_blocks::<BlockQ8_1>(row)) {
+                    d[i] = f16_to_f32(block.d);
+                    s[i] = f16_to_f32(block.s);
+                }
             }
-        } else {
-            for (i, block) in lanes.zip(as_blocks::<BlockQ8_0>(row)) {
-                d[i] = f16_to_f32(block.d);
-                // At most 32 * 127 in magnitude: exact in f32.
-                s[i] = block.qs.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+            GgmlType::Q8_K => {
+                for (i, block) in lanes.zip(as_blocks::<BlockQ8K>(row)) {
+                    d[i] = block.d();
+                    // At most 256 * 127 in magnitude: exact in f32.
+                    s[i] = (0..16).map(|g| block.bsum(g)).sum::<i32>() as f32;
+                }
+            }
+            _ => {
+                for (i, block) in lanes.zip(as_blocks::<BlockQ8_0>(row)) {
+                    d[i] = f16_to_f32(block.d);
+                    // At most 32 * 127 in magnitude: exact in f32.
+                    s[i] = block.qs.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+                }
             }
         }
     }

@@ -17,6 +17,7 @@ mod packed_avx2;
 pub(crate) mod packed_avx512;
 #[cfg(target_arch = "x86_64")]
 mod packed_operands;
+mod packed_scalar;
 #[cfg(target_arch = "x86_64")]
 mod quantize_avx512;
 
@@ -330,18 +331,22 @@ impl Isa {
         if !self.is_available() {
             return None;
         }
-        let raw: Option<RawPacked> = match self {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => packed_avx2::packed_kernel(ty),
-            // Without VNNI, Q8_0 takes the AVX2 kernel (the same layout).
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => {
-                packed_avx512::packed_kernel(ty, false).or_else(|| packed_avx2::packed_kernel(ty))
-            }
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => packed_avx512::packed_kernel(ty, true),
-            _ => None,
-        };
+        let raw: Option<RawPacked> =
+            match self {
+                Isa::Scalar => packed_scalar::packed_kernel(ty),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => packed_avx2::packed_kernel(ty),
+                // Formats without an AVX-512 kernel (Q8_0 without VNNI, the K-quants, Q5_0) take
+                // the AVX2 one: the same layout and the same bits.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => packed_avx512::packed_kernel(ty, false)
+                    .or_else(|| packed_avx2::packed_kernel(ty)),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512Vnni => packed_avx512::packed_kernel(ty, true)
+                    .or_else(|| packed_avx2::packed_kernel(ty)),
+                // NEON's row-major kernels outrun the scalar packed one.
+                _ => None,
+            };
         raw.map(Packed)
     }
 }

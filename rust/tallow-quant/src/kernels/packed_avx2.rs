@@ -1,21 +1,24 @@
-//! AVX2 kernels (with FMA and F16C) for weights packed in groups of [`PACK_ROWS`] rows, the
-//! layout the AVX-512 kernels read (see `crate::packed`). Each 64-byte step of a block holds
-//! the 16 rows of the group; AVX2 takes it as two halves of 8 rows, one i32 lane per row of
-//! a 256-bit vector, so that a block of 8 rows against one token is 8 byte dot products with
-//! the token's activation bytes broadcast four at a time and needs no horizontal sum. A group
-//! is read half by half: its second half's bytes are still in the L1 cache by then (a group
-//! of 576 columns is 5.6 KiB), and the weights stream from memory once, in order.
+//! AVX2 kernels (with FMA and F16C) for weights packed in groups of [`PACK_ROWS`] rows (see
+//! `crate::packed` and its `layout`). A 64-byte word of a packed block holds one step (four
+//! columns) of all 16 rows; AVX2 takes it as two halves of 8 rows, one i32 lane per row of a
+//! 256-bit vector, so that 32 columns of 8 rows against one token are 8 byte dot products
+//! with the token's activation bytes broadcast four at a time, and need no horizontal sum. A
+//! group is read half by half: its second half's bytes are still in the L1 cache by then, and
+//! the weights stream from memory once, in order.
 //!
-//! Products use `vpmaddubsw` (unsigned weight bytes against signed activation bytes within
-//! -127..=127). For the 4-bit formats a block's eight i16 pair sums add up to at most
-//! 8 * 2 * 15 * 127 = 30480 in magnitude, so they are added as i16 and widened once with
-//! `vpmaddwd`. Q8_0's stored quants (`q + 128`, up to 255) would saturate the pair sums, so its
-//! kernel takes the signed `q` back and moves its sign onto the activations (`|q|` against
-//! `sign(q) * y`: pairs within 2 * 128 * 127), widening each step's pairs on its own. Per row
-//! the integer sums are exact and the f32 operations are those of the AVX-512 kernels in the
-//! same order, so the outputs are equal bit for bit (for Q8_0, `sum(q * y)` is the exact
-//! integer the AVX-512 kernel's `sum((q + 128) * y) - 128 * sum(y)` yields), and a token's
-//! outputs do not depend on the other tokens of the tile.
+//! Every format runs through one loop, [`packed`]; a [`Format`] says how a block's steps and
+//! scales unpack and how its integer sums become floats. Products use `vpmaddubsw` (unsigned
+//! weight bytes against signed activation bytes within -127..=127), whose i16 pair sums are
+//! added as i16 for as many steps as cannot overflow (8 for 4-bit quants, up to
+//! 8 * 2 * 15 * 127 = 30480; 4 for 5-bit ones; 2 for 6-bit ones) and then widened by
+//! `vpmaddwd` against the sub-block's integer scale (1 where the format has none), so that
+//! a block's integer sum is exact. Q8_0's stored quants (`q + 128`, up to 255) would
+//! saturate the pair sums, so its steps take the signed `q` back and move its sign onto the
+//! activations (`|q|` against `sign(q) * y`: pairs within 2 * 128 * 127).
+//!
+//! Per row the integer sums are exact and the f32 operations are those of the scalar packed
+//! kernels (`super::packed_scalar`) and the AVX-512 ones in the same order, so the outputs are
+//! equal bit for bit, and a token's outputs do not depend on the other tokens of the tile.
 //!
 //! # Safety
 //! Every function here needs AVX2, FMA and F16C; `super::Isa::packed` only hands them out
@@ -23,61 +26,153 @@
 
 use std::arch::x86_64::*;
 
-use super::packed_operands::{act_quad, Operands};
+use super::packed_operands::{act_quad, Bytes, Operands};
 use super::{RawPacked, TileScales, PACK_ROWS};
-use crate::blocks::{BlockQ8_0, BlockQ8_1};
+use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::GgmlType;
 
 /// Rows per 256-bit vector: half a group.
 const HALF: usize = PACK_ROWS / 2;
 
-/// Eight f16 values (one per row of a half group) as f32.
+/// A packed format, as the loop [`packed`] runs it.
+trait Format {
+    /// The activations' block.
+    type Act: Block;
+    /// A packed block's f16 fields and its words.
+    type Fields: Bytes;
+    type Words: Bytes;
+    /// Sub-blocks of 32 columns in a block.
+    const SUBS: usize;
+    /// What one half of a block gives every token (its scales).
+    type Half;
+    /// The unpacked steps of one sub-block of one half.
+    type Steps;
+
+    /// Half `h` of the block's scales.
+    unsafe fn half(fields: &Self::Fields, words: &Self::Words, h: usize) -> Self::Half;
+    /// The steps of sub-block `s` of half `h`.
+    unsafe fn steps(words: &Self::Words, h: usize, s: usize) -> Self::Steps;
+    /// Per row (i32 lane), the sub-block's dot product with the token's 32 activation bytes
+    /// `y`, times the sub-block's integer scale.
+    unsafe fn sub_sum(steps: &Self::Steps, y: &[i8; 32], half: &Self::Half, s: usize) -> __m256i;
+    /// The activation bytes of sub-block `s`.
+    fn y(act: &Self::Act, s: usize) -> &[i8; 32];
+    /// `acc` plus the block's products for one token: `isum` is the sum of its sub-blocks'
+    /// [`Format::sub_sum`]s, `da` and `sa` the token's f32 block scale and sum.
+    unsafe fn finish(
+        acc: __m256,
+        isum: __m256i,
+        half: &Self::Half,
+        act: &Self::Act,
+        da: f32,
+        sa: f32,
+    ) -> __m256;
+}
+
+/// The packed product of any [`Format`], for a tile of `T` tokens.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load_f16x8(bytes: &[u8]) -> __m256 {
-    assert!(bytes.len() >= 16);
+unsafe fn packed<F: Format, const T: usize>(
+    groups: &[u8],
+    a: &[&[u8]],
+    scales: &TileScales,
+    out: &mut [&mut [f32]],
+) {
+    let ops = Operands::<F::Act, F::Fields, F::Words, T>::new(groups, a, scales, out);
+    let (acts, da, sa) = (&ops.acts, ops.d, ops.s);
+    for (g, blocks) in ops.each_group().enumerate() {
+        for h in 0..2 {
+            let mut acc = [_mm256_setzero_ps(); T];
+            for (b, (fields, words)) in blocks.clone().enumerate() {
+                let half = F::half(fields, words, h);
+                let mut isum = [_mm256_setzero_si256(); T];
+                for s in 0..F::SUBS {
+                    let steps = F::steps(words, h, s);
+                    for t in 0..T {
+                        let sum = F::sub_sum(&steps, F::y(&acts[t][b], s), &half, s);
+                        isum[t] = _mm256_add_epi32(isum[t], sum);
+                    }
+                }
+                for t in 0..T {
+                    let lane = ops.lane0 + t;
+                    let (d, s) = (da[b][lane], sa[b][lane]);
+                    acc[t] = F::finish(acc[t], isum[t], &half, &acts[t][b], d, s);
+                }
+            }
+            for (rows, acc) in out.iter_mut().zip(&acc) {
+                let rows = &mut rows[g * PACK_ROWS + h * HALF..][..HALF];
+                _mm256_storeu_ps(rows.as_mut_ptr(), *acc);
+            }
+        }
+    }
+}
+
+// ---- unpacking ----
+
+/// Eight f16 values (one per row of half `h`) of f16 field `k` as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn field(fields: &[u8], k: usize, h: usize) -> __m256 {
+    let bytes: &[u8; 16] = fields[32 * k + 16 * h..][..16].try_into().unwrap();
     _mm256_cvtph_ps(_mm_loadu_si128(bytes.as_ptr().cast()))
 }
 
-/// Half `h` of a 64-byte step: the 32 bytes of rows `8h..8h + 8`.
+/// Half `h` of word `w`: its 32 bytes for rows `8h..8h + 8`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load_half(chunk: &[u8; 64], h: usize) -> __m256i {
-    let half: &[u8; 32] = chunk[32 * h..32 * h + 32].try_into().unwrap();
+unsafe fn word(words: &[u8], w: usize, h: usize) -> __m256i {
+    let half: &[u8; 32] = words[64 * w + 32 * h..][..32].try_into().unwrap();
     _mm256_loadu_si256(half.as_ptr().cast())
 }
 
-/// The 8 vectors of half `h` of a packed 4-bit block: chunk c's low nibbles are step c, its
-/// high nibbles step c + 4.
+/// The low (`n == 0`) or high (`n == 1`) nibbles of `v`'s bytes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibble_steps(quants: &[u8; 256], h: usize) -> [__m256i; 8] {
-    let mask4 = _mm256_set1_epi8(0xf);
-    let chunks = quants.as_chunks::<64>().0;
-    let mut steps = [_mm256_setzero_si256(); 8];
-    for c in 0..4 {
-        let bits = load_half(&chunks[c], h);
-        steps[c] = _mm256_and_si256(bits, mask4);
-        steps[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), mask4);
-    }
-    steps
+unsafe fn nibbles(v: __m256i, n: usize) -> __m256i {
+    let v = if n == 0 { v } else { _mm256_srli_epi16::<4>(v) };
+    _mm256_and_si256(v, _mm256_set1_epi8(0xf))
 }
 
-/// The 8 vectors of half `h` of a packed 8-bit block as signed bytes `q` (the layout stores
-/// `q + 128`), and their magnitudes.
+/// The bits of `v`'s bytes at `from..` moved to bit 4 and up, kept where `mask` is set. A
+/// 16-bit shift of at most 4 places cannot carry another byte's bits into bits 4 and 5.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn signed_byte_steps(quants: &[u8; 512], h: usize) -> ([__m256i; 8], [__m256i; 8]) {
-    let bias = _mm256_set1_epi8(-128);
-    let chunks = quants.as_chunks::<64>().0;
-    let mut signed = [_mm256_setzero_si256(); 8];
-    let mut magnitude = [_mm256_setzero_si256(); 8];
-    for j in 0..8 {
-        signed[j] = _mm256_xor_si256(load_half(&chunks[j], h), bias);
-        magnitude[j] = _mm256_abs_epi8(signed[j]);
-    }
-    (signed, magnitude)
+unsafe fn bits_to_4(v: __m256i, from: usize, mask: i8) -> __m256i {
+    let shifted = if from <= 4 {
+        _mm256_sll_epi16(v, _mm_cvtsi32_si128(4 - from as i32))
+    } else {
+        _mm256_srl_epi16(v, _mm_cvtsi32_si128(from as i32 - 4))
+    };
+    _mm256_and_si256(shifted, _mm256_set1_epi8(mask))
 }
+
+/// Per i32 lane, bytes `lo` and `hi` of the lane as the two i16 of the lane: zero-extended,
+/// or sign-extended with `signed`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn byte_pair(v: __m256i, lo: usize, hi: usize, signed: bool) -> __m256i {
+    // Byte offsets of each lane in its 128-bit half, which `vpshufb` indexes; an index with
+    // bit 7 set gives 0.
+    let lanes = _mm256_setr_epi8(
+        0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12,
+        12, 12, 12,
+    );
+    let (lo, hi) = (lo as i32, hi as i32);
+    let zero = 0x80;
+    let pattern = if signed {
+        zero | (lo << 8) | (zero << 16) | (hi << 24)
+    } else {
+        lo | (zero << 8) | (hi << 16) | (zero << 24)
+    };
+    let picked = _mm256_shuffle_epi8(v, _mm256_add_epi8(_mm256_set1_epi32(pattern), lanes));
+    if signed {
+        _mm256_srai_epi16::<8>(picked)
+    } else {
+        picked
+    }
+}
+
+// ---- integer sums ----
 
 /// Activation bytes `4j..4j + 4` of `y` in every i32 lane.
 #[inline]
@@ -86,145 +181,492 @@ unsafe fn quad(y: &[i8; 32], j: usize) -> __m256i {
     _mm256_set1_epi32(act_quad(y, j))
 }
 
-/// Per row (i32 lane), the dot product of the row's 32 signed weight bytes with the token's 32
-/// activation bytes `y`, from [`signed_byte_steps`].
+/// Per row (i32 lane), the dot product of 8 steps of unsigned weight bytes with `y`, summed
+/// as i16 in runs of `N` steps, run `r` widened against the i16 pairs `scale(r)`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn signed_block_sums(
-    (signed, magnitude): &([__m256i; 8], [__m256i; 8]),
+unsafe fn weighted_sum<const N: usize>(
+    steps: &[__m256i; 8],
     y: &[i8; 32],
+    scale: impl Fn(usize) -> __m256i,
 ) -> __m256i {
-    let ones = _mm256_set1_epi16(1);
     let mut sums = _mm256_setzero_si256();
-    for j in 0..8 {
-        let pairs = _mm256_maddubs_epi16(magnitude[j], _mm256_sign_epi8(quad(y, j), signed[j]));
-        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
+    for (r, run) in steps.chunks_exact(N).enumerate() {
+        let product = |i: usize| _mm256_maddubs_epi16(run[i], quad(y, r * N + i));
+        let pairs = (1..N).fold(product(0), |pairs, i| _mm256_add_epi16(pairs, product(i)));
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, scale(r)));
     }
     sums
 }
 
-/// Per row (i32 lane), the dot product of the row's 32 weight nibbles (step j holds values
-/// 4j..4j+4 of every row) with the token's 32 activation bytes `y`.
+/// Per row (i32 lane), the sum of the products of the i16 pairs of `pairs(k)` with the
+/// token's group sums `2k` and `2k + 1` (of 16 columns each), over the block's 8 pairs.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block_sums(steps: &[__m256i; 8], y: &[i8; 32]) -> __m256i {
-    let mut pairs = _mm256_maddubs_epi16(steps[0], quad(y, 0));
-    for (j, &step) in steps.iter().enumerate().skip(1) {
-        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(step, quad(y, j)));
+unsafe fn weighted_bsums(act: &BlockQ8K, pairs: &[__m256i; 8]) -> __m256i {
+    let mut sums = _mm256_setzero_si256();
+    for (k, &pair) in pairs.iter().enumerate() {
+        let bsums: [u8; 4] = act.bsums[4 * k..4 * k + 4].try_into().unwrap();
+        let bsums = _mm256_set1_epi32(i32::from_le_bytes(bsums));
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pair, bsums));
     }
-    _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+    sums
 }
 
-/// Stores the 8 row outputs of half `h` of group `g` for each token.
+/// Scale `d` times the token's scale `da`, times `sums`, plus `acc`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn store_half<const T: usize>(
-    acc: &[__m256; T],
-    out: &mut [&mut [f32]],
-    g: usize,
-    h: usize,
-) {
-    for (rows, acc) in out.iter_mut().zip(acc) {
-        let rows = &mut rows[g * PACK_ROWS + h * HALF..][..HALF];
-        _mm256_storeu_ps(rows.as_mut_ptr(), *acc);
+unsafe fn scaled(acc: __m256, d: __m256, da: f32, sums: __m256) -> __m256 {
+    _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(da)), sums, acc)
+}
+
+// ---- the 32-column formats ----
+
+/// The 8 steps of a Q4_0/Q4_1-style block: word c's low nibbles are step c, its high
+/// nibbles step c + 4.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibble_steps(words: &[u8], h: usize) -> [__m256i; 8] {
+    std::array::from_fn(|j| nibbles(word(words, j % 4, h), j / 4))
+}
+
+/// `d * da * (sum(q * y) - offset * sum(y))` for quants stored as `q + offset`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offset_block(
+    acc: __m256,
+    isum: __m256i,
+    d: __m256,
+    da: f32,
+    sa: f32,
+    offset: f32,
+) -> __m256 {
+    let sums = _mm256_fnmadd_ps(
+        _mm256_set1_ps(offset),
+        _mm256_set1_ps(sa),
+        _mm256_cvtepi32_ps(isum),
+    );
+    scaled(acc, d, da, sums)
+}
+
+struct Q40;
+
+impl Format for Q40 {
+    type Act = BlockQ8_0;
+    type Fields = [u8; 32];
+    type Words = [u8; 256];
+    const SUBS: usize = 1;
+    type Half = __m256;
+    type Steps = [__m256i; 8];
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half(fields: &[u8; 32], _: &[u8; 256], h: usize) -> __m256 {
+        field(fields, 0, h)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn steps(words: &[u8; 256], h: usize, _: usize) -> [__m256i; 8] {
+        nibble_steps(words, h)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sub_sum(steps: &[__m256i; 8], y: &[i8; 32], _: &__m256, _: usize) -> __m256i {
+        weighted_sum::<8>(steps, y, |_| _mm256_set1_epi16(1))
+    }
+    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
+        &act.qs
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish(
+        acc: __m256,
+        isum: __m256i,
+        d: &__m256,
+        _: &BlockQ8_0,
+        da: f32,
+        sa: f32,
+    ) -> __m256 {
+        offset_block(acc, isum, *d, da, sa, 8.0)
     }
 }
 
-/// Q4_1 (scales: 16 `d` then 16 `m`, f16): `d * da * sum(q * y) + m * s`.
+/// Q4_1: `d * da * sum(q * y) + m * sa`.
+struct Q41;
+
+impl Format for Q41 {
+    type Act = BlockQ8_1;
+    type Fields = [u8; 64];
+    type Words = [u8; 256];
+    const SUBS: usize = 1;
+    type Half = (__m256, __m256);
+    type Steps = [__m256i; 8];
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half(fields: &[u8; 64], _: &[u8; 256], h: usize) -> (__m256, __m256) {
+        (field(fields, 0, h), field(fields, 1, h))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn steps(words: &[u8; 256], h: usize, _: usize) -> [__m256i; 8] {
+        nibble_steps(words, h)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sub_sum(steps: &[__m256i; 8], y: &[i8; 32], _: &Self::Half, _: usize) -> __m256i {
+        weighted_sum::<8>(steps, y, |_| _mm256_set1_epi16(1))
+    }
+    fn y(act: &BlockQ8_1, _: usize) -> &[i8; 32] {
+        &act.qs
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish(
+        acc: __m256,
+        isum: __m256i,
+        &(d, m): &Self::Half,
+        _: &BlockQ8_1,
+        da: f32,
+        sa: f32,
+    ) -> __m256 {
+        let acc = scaled(acc, d, da, _mm256_cvtepi32_ps(isum));
+        _mm256_fmadd_ps(m, _mm256_set1_ps(sa), acc)
+    }
+}
+
+/// Q5_0: as Q4_0 with the fifth bits of word 4 (bit `j` of byte `i`: column `4j + i`) and
+/// offset 16.
+struct Q50;
+
+impl Format for Q50 {
+    type Act = BlockQ8_0;
+    type Fields = [u8; 32];
+    type Words = [u8; 320];
+    const SUBS: usize = 1;
+    type Half = __m256;
+    type Steps = [__m256i; 8];
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half(fields: &[u8; 32], _: &[u8; 320], h: usize) -> __m256 {
+        field(fields, 0, h)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn steps(words: &[u8; 320], h: usize, _: usize) -> [__m256i; 8] {
+        let high = word(words, 4, h);
+        let low = nibble_steps(words, h);
+        std::array::from_fn(|j| _mm256_or_si256(low[j], bits_to_4(high, j, 0x10)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sub_sum(steps: &[__m256i; 8], y: &[i8; 32], _: &__m256, _: usize) -> __m256i {
+        weighted_sum::<4>(steps, y, |_| _mm256_set1_epi16(1))
+    }
+    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
+        &act.qs
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish(
+        acc: __m256,
+        isum: __m256i,
+        d: &__m256,
+        _: &BlockQ8_0,
+        da: f32,
+        sa: f32,
+    ) -> __m256 {
+        offset_block(acc, isum, *d, da, sa, 16.0)
+    }
+}
+
+/// Q8_0: `d * da * sum(q * y)`, the steps as signed `q` and `|q|`.
+struct Q80;
+
+impl Format for Q80 {
+    type Act = BlockQ8_0;
+    type Fields = [u8; 32];
+    type Words = [u8; 512];
+    const SUBS: usize = 1;
+    type Half = __m256;
+    type Steps = ([__m256i; 8], [__m256i; 8]);
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half(fields: &[u8; 32], _: &[u8; 512], h: usize) -> __m256 {
+        field(fields, 0, h)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn steps(words: &[u8; 512], h: usize, _: usize) -> Self::Steps {
+        let bias = _mm256_set1_epi8(-128);
+        let signed: [__m256i; 8] =
+            std::array::from_fn(|j| _mm256_xor_si256(word(words, j, h), bias));
+        (signed, signed.map(|q| _mm256_abs_epi8(q)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sub_sum(
+        (signed, magnitude): &Self::Steps,
+        y: &[i8; 32],
+        _: &__m256,
+        _: usize,
+    ) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let mut sums = _mm256_setzero_si256();
+        for j in 0..8 {
+            let pairs = _mm256_maddubs_epi16(magnitude[j], _mm256_sign_epi8(quad(y, j), signed[j]));
+            sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
+        }
+        sums
+    }
+    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
+        &act.qs
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish(
+        acc: __m256,
+        isum: __m256i,
+        d: &__m256,
+        _: &BlockQ8_0,
+        da: f32,
+        _: f32,
+    ) -> __m256 {
+        scaled(acc, *d, da, _mm256_cvtepi32_ps(isum))
+    }
+}
+
+// ---- K-quants: 256 columns, 8 sub-blocks ----
+
+/// The scales of half a Q4_K/Q5_K block: `d`, `dmin`, and per sub-block its 6-bit scale and
+/// min, each in both i16 of every lane.
+struct K4Half {
+    d: __m256,
+    dmin: __m256,
+    scales: [__m256i; 8],
+    mins: [__m256i; 8],
+}
+
+/// Unpacks the 12 scale bytes of each row (words 0..3, as `crate::blocks::k4_scales_mins`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn packed_q4_1<const T: usize>(
-    groups: &[u8],
-    a: &[&[u8]],
-    scales: &TileScales,
-    out: &mut [&mut [f32]],
-) {
-    let ops = Operands::<BlockQ8_1, 64, 256, T>::new(groups, a, scales, out);
-    let (acts, da, sa) = (&ops.acts, ops.d, ops.s);
-    for (g, blocks) in ops.each_group().enumerate() {
-        for h in 0..2 {
-            let mut acc = [_mm256_setzero_ps(); T];
-            for (b, (sc, q)) in blocks.clone().enumerate() {
-                let d = load_f16x8(&sc[16 * h..]);
-                let m = load_f16x8(&sc[32 + 16 * h..]);
-                let steps = nibble_steps(q, h);
-                for t in 0..T {
-                    let sums = _mm256_cvtepi32_ps(block_sums(&steps, &acts[t][b].qs));
-                    let lane = ops.lane0 + t;
-                    let scale = _mm256_mul_ps(d, _mm256_set1_ps(da[b][lane]));
-                    acc[t] = _mm256_fmadd_ps(scale, sums, acc[t]);
-                    acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(sa[b][lane]), acc[t]);
-                }
-            }
-            store_half(&acc, out, g, h);
+unsafe fn k4_half(fields: &[u8; 64], words: &[u8], h: usize) -> K4Half {
+    let [p0, p1, p2] = [0, 1, 2].map(|w| word(words, w, h));
+    let low6 = _mm256_set1_epi8(0x3f);
+    let low4 = _mm256_set1_epi8(0xf);
+    let top2 = _mm256_set1_epi8(0x30);
+    // Bytes 0..4 of a lane: scales (mins) 0..4, then 4..8.
+    let scales = [
+        _mm256_and_si256(p0, low6),
+        _mm256_or_si256(
+            _mm256_and_si256(p2, low4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(p0), top2),
+        ),
+    ];
+    let mins = [
+        _mm256_and_si256(p1, low6),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(p2), low4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(p1), top2),
+        ),
+    ];
+    K4Half {
+        d: field(fields, 0, h),
+        dmin: field(fields, 1, h),
+        scales: std::array::from_fn(|s| byte_pair(scales[s / 4], s % 4, s % 4, false)),
+        mins: std::array::from_fn(|s| byte_pair(mins[s / 4], s % 4, s % 4, false)),
+    }
+}
+
+/// Q4_K and Q5_K: `d * da * sum(scale * q * y) - dmin * da * sum(min * y)`, the mins
+/// against the token's group sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_finish(acc: __m256, isum: __m256i, half: &K4Half, act: &BlockQ8K, da: f32) -> __m256 {
+    let mins = _mm256_cvtepi32_ps(weighted_bsums(act, &half.mins));
+    let acc = scaled(acc, half.d, da, _mm256_cvtepi32_ps(isum));
+    _mm256_fnmadd_ps(_mm256_mul_ps(half.dmin, _mm256_set1_ps(da)), mins, acc)
+}
+
+fn k_y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+    act.qs[32 * s..32 * s + 32].try_into().unwrap()
+}
+
+/// The 8 steps of sub-block `s` of a Q4_K/Q5_K block whose nibbles start at word `first`:
+/// sub-blocks `2p` and `2p + 1` share words `first + 8p..`, in their low and high nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_steps(words: &[u8], first: usize, h: usize, s: usize) -> [__m256i; 8] {
+    std::array::from_fn(|c| nibbles(word(words, first + 8 * (s / 2) + c, h), s % 2))
+}
+
+struct Q4K;
+
+impl Format for Q4K {
+    type Act = BlockQ8K;
+    type Fields = [u8; 64];
+    type Words = [u8; 35 * 64];
+    const SUBS: usize = 8;
+    type Half = K4Half;
+    type Steps = [__m256i; 8];
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half(fields: &[u8; 64], words: &Self::Words, h: usize) -> K4Half {
+        k4_half(fields, words, h)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn steps(words: &Self::Words, h: usize, s: usize) -> [__m256i; 8] {
+        k4_steps(words, 3, h, s)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sub_sum(steps: &[__m256i; 8], y: &[i8; 32], half: &K4Half, s: usize) -> __m256i {
+        weighted_sum::<8>(steps, y, |_| half.scales[s])
+    }
+    fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+        k_y(act, s)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish(
+        acc: __m256,
+        isum: __m256i,
+        half: &K4Half,
+        act: &BlockQ8K,
+        da: f32,
+        _: f32,
+    ) -> __m256 {
+        k4_finish(acc, isum, half, act, da)
+    }
+}
+
+/// Q5_K: Q4_K's nibbles (from word 11) with a fifth bit, bit `s` of word `3 + c` for step `c`
+/// of sub-block `s`.
+struct Q5K;
+
+impl Format for Q5K {
+    type Act = BlockQ8K;
+    type Fields = [u8; 64];
+    type Words = [u8; 43 * 64];
+    const SUBS: usize = 8;
+    type Half = K4Half;
+    type Steps = [__m256i; 8];
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half(fields: &[u8; 64], words: &Self::Words, h: usize) -> K4Half {
+        k4_half(fields, words, h)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn steps(words: &Self::Words, h: usize, s: usize) -> [__m256i; 8] {
+        let low = k4_steps(words, 11, h, s);
+        std::array::from_fn(|c| _mm256_or_si256(low[c], bits_to_4(word(words, 3 + c, h), s, 0x10)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sub_sum(steps: &[__m256i; 8], y: &[i8; 32], half: &K4Half, s: usize) -> __m256i {
+        weighted_sum::<4>(steps, y, |_| half.scales[s])
+    }
+    fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+        k_y(act, s)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish(
+        acc: __m256,
+        isum: __m256i,
+        half: &K4Half,
+        act: &BlockQ8K,
+        da: f32,
+        _: f32,
+    ) -> __m256 {
+        k4_finish(acc, isum, half, act, da)
+    }
+}
+
+/// The scales of half a Q6_K block: `d`; per group of 16 columns its signed scale in both
+/// i16 of every lane; per pair of groups `2k, 2k + 1` their two scales.
+struct Q6Half {
+    d: __m256,
+    scales: [__m256i; 16],
+    pairs: [__m256i; 8],
+}
+
+/// Q6_K: `d * da * sum(scale * (q - 32) * y)`, with `q` (0..64) taken as unsigned bytes and
+/// the 32 subtracted through the token's group sums. Sub-block `s` is columns `32s..`, run
+/// `k = s % 4` of GGUF half `s / 4`: its step `c` has its low 4 bits in word
+/// `4 + 16(s / 4) + 8(k % 2) + c` (low nibbles for `k < 2`) and its top 2 bits at bits `2k`
+/// of word `36 + 8(s / 4) + c`.
+struct Q6K;
+
+impl Format for Q6K {
+    type Act = BlockQ8K;
+    type Fields = [u8; 32];
+    type Words = [u8; 52 * 64];
+    const SUBS: usize = 8;
+    type Half = Q6Half;
+    type Steps = [__m256i; 8];
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half(fields: &[u8; 32], words: &Self::Words, h: usize) -> Q6Half {
+        let planes = [0, 1, 2, 3].map(|w| word(words, w, h));
+        Q6Half {
+            d: field(fields, 0, h),
+            scales: std::array::from_fn(|g| byte_pair(planes[g / 4], g % 4, g % 4, true)),
+            pairs: std::array::from_fn(|k| {
+                byte_pair(planes[k / 2], 2 * (k % 2), 2 * (k % 2) + 1, true)
+            }),
         }
     }
-}
-
-/// Q4_0 (scales: 16 `d`, f16; quants stored as `q + 8`, unsigned):
-/// `d * da * (sum((q + 8) * y) - 8 * sum(y))`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn packed_q4_0<const T: usize>(
-    groups: &[u8],
-    a: &[&[u8]],
-    scales: &TileScales,
-    out: &mut [&mut [f32]],
-) {
-    let ops = Operands::<BlockQ8_0, 32, 256, T>::new(groups, a, scales, out);
-    let (acts, da, sy) = (&ops.acts, ops.d, ops.s);
-    let offset = _mm256_set1_ps(8.0);
-    for (g, blocks) in ops.each_group().enumerate() {
-        for h in 0..2 {
-            let mut acc = [_mm256_setzero_ps(); T];
-            for (b, (sc, q)) in blocks.clone().enumerate() {
-                let d = load_f16x8(&sc[16 * h..]);
-                let steps = nibble_steps(q, h);
-                for t in 0..T {
-                    let biased = _mm256_cvtepi32_ps(block_sums(&steps, &acts[t][b].qs));
-                    let lane = ops.lane0 + t;
-                    let sums = _mm256_fnmadd_ps(offset, _mm256_set1_ps(sy[b][lane]), biased);
-                    let scale = _mm256_mul_ps(d, _mm256_set1_ps(da[b][lane]));
-                    acc[t] = _mm256_fmadd_ps(scale, sums, acc[t]);
-                }
-            }
-            store_half(&acc, out, g, h);
-        }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn steps(words: &Self::Words, h: usize, s: usize) -> [__m256i; 8] {
+        let (half, k) = (s / 4, s % 4);
+        std::array::from_fn(|c| {
+            let low = nibbles(word(words, 4 + 16 * half + 8 * (k % 2) + c, h), k / 2);
+            let top = bits_to_4(word(words, 36 + 8 * half + c, h), 2 * k, 0x30);
+            _mm256_or_si256(low, top)
+        })
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sub_sum(steps: &[__m256i; 8], y: &[i8; 32], half: &Q6Half, s: usize) -> __m256i {
+        // Runs of 2 steps: runs 0 and 1 are group 2s, runs 2 and 3 group 2s + 1.
+        weighted_sum::<2>(steps, y, |r| half.scales[2 * s + r / 2])
+    }
+    fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+        k_y(act, s)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish(
+        acc: __m256,
+        isum: __m256i,
+        half: &Q6Half,
+        act: &BlockQ8K,
+        da: f32,
+        _: f32,
+    ) -> __m256 {
+        let offsets = _mm256_slli_epi32::<5>(weighted_bsums(act, &half.pairs));
+        scaled(
+            acc,
+            half.d,
+            da,
+            _mm256_cvtepi32_ps(_mm256_sub_epi32(isum, offsets)),
+        )
     }
 }
 
-/// Q8_0 (scales: 16 `d`, f16; quants stored as `q + 128`): `d * da * sum(q * y)`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn packed_q8_0<const T: usize>(
-    groups: &[u8],
-    a: &[&[u8]],
-    scales: &TileScales,
-    out: &mut [&mut [f32]],
-) {
-    let ops = Operands::<BlockQ8_0, 32, 512, T>::new(groups, a, scales, out);
-    let (acts, da) = (&ops.acts, ops.d);
-    for (g, blocks) in ops.each_group().enumerate() {
-        for h in 0..2 {
-            let mut acc = [_mm256_setzero_ps(); T];
-            for (b, (sc, q)) in blocks.clone().enumerate() {
-                let d = load_f16x8(&sc[16 * h..]);
-                let steps = signed_byte_steps(q, h);
-                for t in 0..T {
-                    let sums = _mm256_cvtepi32_ps(signed_block_sums(&steps, &acts[t][b].qs));
-                    let scale = _mm256_mul_ps(d, _mm256_set1_ps(da[b][ops.lane0 + t]));
-                    acc[t] = _mm256_fmadd_ps(scale, sums, acc[t]);
-                }
-            }
-            store_half(&acc, out, g, h);
-        }
-    }
-}
-
-/// Declares each generic packed kernel's entry point, one per tile width (1 to 8 tokens,
-/// picked by `a.len()`).
+/// Declares each format's entry point, one tile width per token count (1 to 8, picked by
+/// `a.len()`).
 macro_rules! packed_entry_points {
-    ($($kernel:ident => $entry:ident),* $(,)?) => {
+    ($($format:ident => $entry:ident),* $(,)?) => {
         $(
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn $entry(
@@ -234,14 +676,14 @@ macro_rules! packed_entry_points {
                 out: &mut [&mut [f32]],
             ) {
                 match a.len() {
-                    8 => $kernel::<8>(groups, a, scales, out),
-                    7 => $kernel::<7>(groups, a, scales, out),
-                    6 => $kernel::<6>(groups, a, scales, out),
-                    5 => $kernel::<5>(groups, a, scales, out),
-                    4 => $kernel::<4>(groups, a, scales, out),
-                    3 => $kernel::<3>(groups, a, scales, out),
-                    2 => $kernel::<2>(groups, a, scales, out),
-                    1 => $kernel::<1>(groups, a, scales, out),
+                    8 => packed::<$format, 8>(groups, a, scales, out),
+                    7 => packed::<$format, 7>(groups, a, scales, out),
+                    6 => packed::<$format, 6>(groups, a, scales, out),
+                    5 => packed::<$format, 5>(groups, a, scales, out),
+                    4 => packed::<$format, 4>(groups, a, scales, out),
+                    3 => packed::<$format, 3>(groups, a, scales, out),
+                    2 => packed::<$format, 2>(groups, a, scales, out),
+                    1 => packed::<$format, 1>(groups, a, scales, out),
                     n => panic!("no packed tile of {n} tokens"),
                 }
             }
@@ -250,17 +692,25 @@ macro_rules! packed_entry_points {
 }
 
 packed_entry_points!(
-    packed_q4_0 => q4_0_entry,
-    packed_q4_1 => q4_1_entry,
-    packed_q8_0 => q8_0_entry,
+    Q40 => q4_0_entry,
+    Q41 => q4_1_entry,
+    Q50 => q5_0_entry,
+    Q80 => q8_0_entry,
+    Q4K => q4_k_entry,
+    Q5K => q5_k_entry,
+    Q6K => q6_k_entry,
 );
 
 /// The packed kernel for weights of type `ty`.
 pub(crate) fn packed_kernel(ty: GgmlType) -> Option<RawPacked> {
-    match ty {
-        GgmlType::Q4_0 => Some(q4_0_entry),
-        GgmlType::Q4_1 => Some(q4_1_entry),
-        GgmlType::Q8_0 => Some(q8_0_entry),
-        _ => None,
-    }
+    Some(match ty {
+        GgmlType::Q4_0 => q4_0_entry,
+        GgmlType::Q4_1 => q4_1_entry,
+        GgmlType::Q5_0 => q5_0_entry,
+        GgmlType::Q8_0 => q8_0_entry,
+        GgmlType::Q4_K => q4_k_entry,
+        GgmlType::Q5_K => q5_k_entry,
+        GgmlType::Q6_K => q6_k_entry,
+        _ => return None,
+    })
 }

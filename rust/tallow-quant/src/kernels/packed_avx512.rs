@@ -92,7 +92,7 @@ unsafe fn packed_q4_1<D: DotBytes, const T: usize>(
     scales: &TileScales,
     out: &mut [&mut [f32]],
 ) {
-    let ops = Operands::<BlockQ8_1, 64, 256, T>::new(groups, a, scales, out);
+    let ops = Operands::<BlockQ8_1, [u8; 64], [u8; 256], T>::new(groups, a, scales, out);
     let (acts, da, sa) = (&ops.acts, ops.d, ops.s);
     for (g, blocks) in ops.each_group().enumerate() {
         let mut acc = [_mm512_setzero_ps(); T];
@@ -125,7 +125,7 @@ unsafe fn packed_offset<D: DotBytes, const Q: usize, const T: usize>(
     offset: f32,
     steps: unsafe fn(&[u8; Q]) -> [__m512i; 8],
 ) {
-    let ops = Operands::<BlockQ8_0, 32, Q, T>::new(groups, a, scales, out);
+    let ops = Operands::<BlockQ8_0, [u8; 32], [u8; Q], T>::new(groups, a, scales, out);
     let (acts, da, sy) = (&ops.acts, ops.d, ops.s);
     let offset = _mm512_set1_ps(offset);
     for (g, blocks) in ops.each_group().enumerate() {

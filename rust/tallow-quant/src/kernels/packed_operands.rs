@@ -4,20 +4,35 @@
 use super::{TileScales, PACK_ROWS, TILE_LANES};
 use crate::blocks::{as_blocks, Block};
 
+/// A fixed number of bytes, viewed in place: a packed block's f16 fields or its words.
+pub(super) trait Bytes: 'static {
+    const LEN: usize;
+    fn view(bytes: &[u8]) -> &Self;
+}
+
+impl<const N: usize> Bytes for [u8; N] {
+    const LEN: usize = N;
+    #[inline]
+    fn view(bytes: &[u8]) -> &Self {
+        bytes.try_into().unwrap()
+    }
+}
+
 /// The operands of a packed kernel of `T` tokens over consecutive groups, checked: the
-/// groups' bytes (per block, `S` scale bytes then `Q` quant bytes), the activation blocks of
+/// groups' bytes (per block, its f16 fields `S` then its words `Q`), the activation blocks of
 /// each token, the f32 block scales and sums of the token group (one array of
 /// [`TILE_LANES`] lanes per block), and the number of blocks per row.
-pub(super) struct Operands<'a, A: Block, const S: usize, const Q: usize, const T: usize> {
+pub(super) struct Operands<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> {
     groups: &'a [u8],
     blocks: usize,
     pub(super) acts: [&'a [A]; T],
     pub(super) d: &'a [[f32; TILE_LANES]],
     pub(super) s: &'a [[f32; TILE_LANES]],
     pub(super) lane0: usize,
+    layout: std::marker::PhantomData<(&'a S, &'a Q)>,
 }
 
-impl<'a, A: Block, const S: usize, const Q: usize, const T: usize> Operands<'a, A, S, Q, T> {
+impl<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> Operands<'a, A, S, Q, T> {
     #[inline]
     pub(super) fn new(
         groups: &'a [u8],
@@ -28,7 +43,7 @@ impl<'a, A: Block, const S: usize, const Q: usize, const T: usize> Operands<'a, 
         let acts: [&[A]; T] = std::array::from_fn(|t| as_blocks::<A>(a[t]));
         let blocks = acts[0].len();
         assert!(acts.iter().all(|a| a.len() == blocks));
-        let group_bytes = blocks * (S + Q);
+        let group_bytes = blocks * (S::LEN + Q::LEN);
         assert!(group_bytes > 0 && groups.len().is_multiple_of(group_bytes));
         let rows = groups.len() / group_bytes * PACK_ROWS;
         assert!(out.len() == T && out.iter().all(|o| o.len() == rows));
@@ -44,6 +59,7 @@ impl<'a, A: Block, const S: usize, const Q: usize, const T: usize> Operands<'a, 
             d: scales.d.as_chunks::<TILE_LANES>().0,
             s: scales.s.as_chunks::<TILE_LANES>().0,
             lane0: scales.lane0,
+            layout: std::marker::PhantomData,
         }
     }
 
@@ -51,13 +67,13 @@ impl<'a, A: Block, const S: usize, const Q: usize, const T: usize> Operands<'a, 
     #[inline]
     pub(super) fn each_group(
         &self,
-    ) -> impl Iterator<Item = impl Iterator<Item = (&'a [u8; S], &'a [u8; Q])> + Clone> + 'a {
+    ) -> impl Iterator<Item = impl Iterator<Item = (&'a S, &'a Q)> + Clone> + 'a {
         self.groups
-            .chunks_exact(self.blocks * (S + Q))
+            .chunks_exact(self.blocks * (S::LEN + Q::LEN))
             .map(|group| {
-                group.chunks_exact(S + Q).map(|block| {
-                    let (scales, quants) = block.split_first_chunk::<S>().unwrap();
-                    (scales, quants.first_chunk::<Q>().unwrap())
+                group.chunks_exact(S::LEN + Q::LEN).map(|block| {
+                    let (scales, quants) = block.split_at(S::LEN);
+                    (S::view(scales), Q::view(quants))
                 })
             })
     }

@@ -102,8 +102,15 @@ fn quantize_into_caller_buffers_checks_their_lengths() {
             .scales,
         2 * 8
     );
+    // Q8_K (for the K-quants' packed kernels) too; Q8_0 without tokens has none.
     assert_eq!(
         QuantizedActs::buffer_len(GgmlType::Q8_K, 3, 256)
+            .unwrap()
+            .scales,
+        2 * 8
+    );
+    assert_eq!(
+        QuantizedActs::buffer_len(GgmlType::Q8_0, 0, 256)
             .unwrap()
             .scales,
         0

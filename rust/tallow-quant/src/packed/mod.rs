@@ -4,11 +4,10 @@
 //! horizontal sum per row and block. Packed, the rows are taken in groups of 16 ([`PACK_ROWS`]:
 //! one row per i32 lane of a 512-bit vector) and each group stores, block after block:
 //!
-//! - its scales: the 16 rows' `d` as f16 (then, for Q4_1, the 16 rows' `m`), 32 or 64 bytes;
-//! - its quants in steps of four columns: step `j` holds, for row `r` at bytes `4r..4r+4`,
-//!   the row's values of columns `4j..4j+4` as unsigned bytes. Q4_0 and Q4_1 keep two steps
-//!   per 64 bytes (step `c` in the low nibbles, `c + 4` in the high ones), which is each
-//!   row's own `qs` bytes `4c..4c+4` unchanged; Q8_0 stores `q + 128`, one step per 64 bytes.
+//! - its f16 fields: the 16 rows' `d` (then, for Q4_1, `m`; for Q4_K and Q5_K, `dmin`);
+//! - its *words*: runs of four bytes of each row's block that a kernel reads together, the 16
+//!   rows' copies of one word side by side (see `layout`, which lists each format's words).
+//!   Four columns of a row (a *step*) are one i32 lane of a vector.
 //!
 //! A block's scales come just before its quants, so that a kernel reads each group, and each
 //! run of groups, front to back in one stream: the hardware prefetcher follows a stream, but
@@ -18,14 +17,17 @@
 //! the token's activation bytes broadcast four at a time, and reuses the unpacked block for
 //! up to 8 tokens.
 
+mod layout;
+
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tallow_threads::DisjointSlice;
 
+pub(crate) use layout::Layout;
+
 use crate::aligned::AlignedBytes;
-use crate::blocks::{as_blocks, as_blocks_mut, Block, BlockQ4_0, BlockQ4_1, BlockQ8_0};
 use crate::kernels::{Packed, PACK_ROWS, TILE_LANES};
 use crate::{reference, sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
@@ -65,16 +67,6 @@ impl std::fmt::Debug for PackedMatrix {
             .field("rows", &self.rows)
             .field("cols", &self.cols)
             .finish_non_exhaustive()
-    }
-}
-
-/// Bytes per block of a group of a packable format: its scales and quants.
-fn block_bytes(ty: GgmlType) -> Option<usize> {
-    match ty {
-        GgmlType::Q4_0 => Some(packed_block_bytes::<BlockQ4_0>()),
-        GgmlType::Q4_1 => Some(packed_block_bytes::<BlockQ4_1>()),
-        GgmlType::Q8_0 => Some(packed_block_bytes::<BlockQ8_0>()),
-        _ => None,
     }
 }
 
@@ -151,11 +143,9 @@ impl PackedMatrix {
                 sizes::product(s.rows, row_bytes, "weight")?,
                 s.bytes.len(),
             )?;
-            let place = match (isa.packed(s.ty), block_bytes(s.ty)) {
-                (Some(kernel), Some(block_bytes))
-                    if Self::can_pack_with(isa, s.ty, s.rows, s.cols) =>
-                {
-                    let group_bytes = s.cols / s.ty.block_len() * block_bytes;
+            let place = match (isa.packed(s.ty), Layout::of(s.ty)) {
+                (Some(kernel), Some(layout)) if Self::can_pack_with(isa, s.ty, s.rows, s.cols) => {
+                    let group_bytes = s.cols / s.ty.block_len() * layout.packed_block_bytes();
                     let size = sizes::product(s.rows / PACK_ROWS, group_bytes, "packed")?;
                     let offset = total;
                     // Each matrix starts on a cache line.
@@ -180,12 +170,8 @@ impl PackedMatrix {
             for (g, group) in dst.chunks_exact_mut(*group_bytes).enumerate() {
                 let done = (g + 1) * src_group_bytes;
                 let src = &s.bytes[done - src_group_bytes..done];
-                match s.ty {
-                    GgmlType::Q4_0 => pack_group::<BlockQ4_0>(src, group),
-                    GgmlType::Q4_1 => pack_group::<BlockQ4_1>(src, group),
-                    GgmlType::Q8_0 => pack_group::<BlockQ8_0>(src, group),
-                    _ => unreachable!("block_bytes covers the packable formats"),
-                }
+                let layout = Layout::of(s.ty).expect("only formats with a layout are packed");
+                layout.pack_group(src, group);
                 if done - reported >= PROGRESS_BYTES || done == s.bytes.len() {
                     packed(i, reported..done);
                     reported = done;
@@ -251,16 +237,11 @@ impl PackedMatrix {
         sizes::expect_len("dequantized row elements", self.cols, out.len())?;
         let group = self.group(row / PACK_ROWS);
         let lane = row % PACK_ROWS;
-        let block_len = self.ty.block_len();
-        let mut block = [0u8; 34];
+        let layout = Layout::of(self.ty).expect("only formats with a layout are packed");
+        let mut block = [0u8; 256];
         let block = &mut block[..self.ty.block_bytes()];
-        for (b, out) in out.chunks_exact_mut(block_len).enumerate() {
-            match self.ty {
-                GgmlType::Q4_0 => unpack_block::<BlockQ4_0>(group, b, lane, block),
-                GgmlType::Q4_1 => unpack_block::<BlockQ4_1>(group, b, lane, block),
-                GgmlType::Q8_0 => unpack_block::<BlockQ8_0>(group, b, lane, block),
-                _ => unreachable!("only packable formats are packed"),
-            }
+        for (b, out) in out.chunks_exact_mut(self.ty.block_len()).enumerate() {
+            layout.unpack_block(group, b, lane, block);
             reference::dequantize::dequantize(self.ty, block, out);
         }
         Ok(())
@@ -394,121 +375,5 @@ impl GuidedChunks {
         let size = left.div_ceil(self.threads).max(1);
         let start = self.next.fetch_add(size, Ordering::Relaxed);
         (start < self.total).then(|| start..self.total.min(start + size))
-    }
-}
-
-/// A packable block: its f16 scales (`d`, and `m` for Q4_1), and its quants as the bytes of
-/// the packed steps.
-trait PackBlock: Block + Copy {
-    /// The f16 scale fields, in packed order.
-    fn scales(&self) -> [[u8; 2]; 2];
-    fn set_scales(&mut self, scales: [[u8; 2]; 2]);
-    /// How many scale fields the format has (1 or 2).
-    const SCALES: usize;
-    /// The bytes of packed step group `c` for this row: 4 bytes.
-    fn step(&self, c: usize) -> [u8; 4];
-    fn set_step(&mut self, c: usize, bytes: [u8; 4]);
-    /// Packed step groups per block.
-    const STEPS: usize;
-}
-
-impl PackBlock for BlockQ4_0 {
-    fn scales(&self) -> [[u8; 2]; 2] {
-        [self.d, [0; 2]]
-    }
-    fn set_scales(&mut self, scales: [[u8; 2]; 2]) {
-        self.d = scales[0];
-    }
-    const SCALES: usize = 1;
-    fn step(&self, c: usize) -> [u8; 4] {
-        self.qs[4 * c..4 * c + 4].try_into().unwrap()
-    }
-    fn set_step(&mut self, c: usize, bytes: [u8; 4]) {
-        self.qs[4 * c..4 * c + 4].copy_from_slice(&bytes);
-    }
-    const STEPS: usize = 4;
-}
-
-impl PackBlock for BlockQ4_1 {
-    fn scales(&self) -> [[u8; 2]; 2] {
-        [self.d, self.m]
-    }
-    fn set_scales(&mut self, scales: [[u8; 2]; 2]) {
-        [self.d, self.m] = scales;
-    }
-    const SCALES: usize = 2;
-    fn step(&self, c: usize) -> [u8; 4] {
-        self.qs[4 * c..4 * c + 4].try_into().unwrap()
-    }
-    fn set_step(&mut self, c: usize, bytes: [u8; 4]) {
-        self.qs[4 * c..4 * c + 4].copy_from_slice(&bytes);
-    }
-    const STEPS: usize = 4;
-}
-
-impl PackBlock for BlockQ8_0 {
-    fn scales(&self) -> [[u8; 2]; 2] {
-        [self.d, [0; 2]]
-    }
-    fn set_scales(&mut self, scales: [[u8; 2]; 2]) {
-        self.d = scales[0];
-    }
-    const SCALES: usize = 1;
-    fn step(&self, c: usize) -> [u8; 4] {
-        std::array::from_fn(|i| (self.qs[4 * c + i] as u8) ^ 0x80)
-    }
-    fn set_step(&mut self, c: usize, bytes: [u8; 4]) {
-        for (q, b) in self.qs[4 * c..4 * c + 4].iter_mut().zip(bytes) {
-            *q = (b ^ 0x80) as i8;
-        }
-    }
-    const STEPS: usize = 8;
-}
-
-/// Byte offsets in a group: of block `b`'s scale field `k` for `lane`, and of block `b`'s
-/// step group `c` for `lane`. Each block's scales come just before its quants.
-fn scale_offset<B: PackBlock>(b: usize, k: usize, lane: usize) -> usize {
-    b * packed_block_bytes::<B>() + k * 2 * PACK_ROWS + 2 * lane
-}
-
-fn step_offset<B: PackBlock>(b: usize, c: usize, lane: usize) -> usize {
-    b * packed_block_bytes::<B>() + B::SCALES * 2 * PACK_ROWS + c * 4 * PACK_ROWS + 4 * lane
-}
-
-/// Bytes of one block of a group: the 16 rows' scales, then their quants.
-const fn packed_block_bytes<B: PackBlock>() -> usize {
-    (B::SCALES * 2 + B::STEPS * 4) * PACK_ROWS
-}
-
-/// Packs the `PACK_ROWS` rows `src` (GGUF layout) into `group`.
-fn pack_group<B: PackBlock>(src: &[u8], group: &mut [u8]) {
-    let rows = src.chunks_exact(src.len() / PACK_ROWS);
-    for (lane, row) in rows.enumerate() {
-        for (b, block) in as_blocks::<B>(row).iter().enumerate() {
-            let scales = block.scales();
-            for (k, scale) in scales.iter().take(B::SCALES).enumerate() {
-                let at = scale_offset::<B>(b, k, lane);
-                group[at..at + 2].copy_from_slice(scale);
-            }
-            for c in 0..B::STEPS {
-                let at = step_offset::<B>(b, c, lane);
-                group[at..at + 4].copy_from_slice(&block.step(c));
-            }
-        }
-    }
-}
-
-/// Writes block `b` of the row in lane `lane` of `group`, in the GGUF layout, to `out`.
-fn unpack_block<B: PackBlock>(group: &[u8], b: usize, lane: usize, out: &mut [u8]) {
-    let block = &mut as_blocks_mut::<B>(out)[0];
-    let mut scales = [[0u8; 2]; 2];
-    for (k, scale) in scales.iter_mut().take(B::SCALES).enumerate() {
-        let at = scale_offset::<B>(b, k, lane);
-        *scale = group[at..at + 2].try_into().unwrap();
-    }
-    block.set_scales(scales);
-    for c in 0..B::STEPS {
-        let at = step_offset::<B>(b, c, lane);
-        block.set_step(c, group[at..at + 4].try_into().unwrap());
     }
 }

@@ -1,0 +1,166 @@
+//! The packed kernels in portable scalar code: the reference the SIMD packed kernels are
+//! tested against bit for bit, and the packed layout's kernel on CPUs without one.
+//!
+//! For each row of a group and each token, block after block, the row's block is unpacked to
+//! its GGUF bytes, its integer sums are taken exactly, and they become floats through the
+//! same f32 operations, in the same order and with the same fused multiply-adds, as in the
+//! SIMD kernels (see `super::packed_avx2`): `d * da` rounded once, then one fused
+//! multiply-add per term.
+
+use super::{RawPacked, TileScales, PACK_ROWS, TILE_LANES};
+use crate::blocks::{
+    as_blocks, k4_scales_mins, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
+    BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
+use crate::fp16::f16_to_f32;
+use crate::packed::Layout;
+use crate::reference::decode;
+use crate::GgmlType;
+
+/// One weight block against one token's activation block, with the token's f32 block scale
+/// `da` and sum `sa`: `acc` plus the block's product.
+type BlockProduct<W, A> = fn(w: &W, a: &A, da: f32, sa: f32, acc: f32) -> f32;
+
+/// The packed product of any format, one row and one token at a time.
+fn packed<W: Block, A: Block>(
+    ty: GgmlType,
+    block: BlockProduct<W, A>,
+    groups: &[u8],
+    a: &[&[u8]],
+    scales: &TileScales,
+    out: &mut [&mut [f32]],
+) {
+    let layout = Layout::of(ty).expect("packed formats have a layout");
+    let acts: Vec<&[A]> = a.iter().map(|a| as_blocks::<A>(a)).collect();
+    let blocks = acts[0].len();
+    assert!(acts.iter().all(|a| a.len() == blocks) && out.len() == a.len());
+    scales.check(blocks, a.len());
+    let group_bytes = blocks * layout.packed_block_bytes();
+    assert!(group_bytes > 0 && groups.len().is_multiple_of(group_bytes));
+    let (d, s) = (scales.d, scales.s);
+    let mut unpacked = vec![0u8; ty.block_bytes()];
+    for (g, group) in groups.chunks_exact(group_bytes).enumerate() {
+        for (t, (acts, out)) in acts.iter().zip(out.iter_mut()).enumerate() {
+            let lane = scales.lane0 + t;
+            for row in 0..PACK_ROWS {
+                let mut acc = 0.0f32;
+                for (b, act) in acts.iter().enumerate() {
+                    layout.unpack_block(group, b, row, &mut unpacked);
+                    let w = &as_blocks::<W>(&unpacked)[0];
+                    let at = b * TILE_LANES + lane;
+                    acc = block(w, act, d[at], s[at], acc);
+                }
+                out[g * PACK_ROWS + row] = acc;
+            }
+        }
+    }
+}
+
+fn dot<X: Copy + Into<i32>>(x: &[X], y: &[i8]) -> i32 {
+    x.iter()
+        .zip(y)
+        .map(|(&x, &y)| x.into() * i32::from(y))
+        .sum()
+}
+
+/// `d * da * (sum((q + offset) * y) - offset * sa)`.
+fn offset_block(d: [u8; 2], biased: i32, da: f32, sa: f32, offset: f32, acc: f32) -> f32 {
+    let sums = (-offset).mul_add(sa, biased as f32);
+    (f16_to_f32(d) * da).mul_add(sums, acc)
+}
+
+fn q4_0(w: &BlockQ4_0, a: &BlockQ8_0, da: f32, sa: f32, acc: f32) -> f32 {
+    let biased = dot(&decode::nibbles(&w.qs), &a.qs);
+    offset_block(w.d, biased, da, sa, 8.0, acc)
+}
+
+fn q4_1(w: &BlockQ4_1, a: &BlockQ8_1, da: f32, sa: f32, acc: f32) -> f32 {
+    let sums = dot(&decode::nibbles(&w.qs), &a.qs) as f32;
+    let acc = (f16_to_f32(w.d) * da).mul_add(sums, acc);
+    f16_to_f32(w.m).mul_add(sa, acc)
+}
+
+fn q5_0(w: &BlockQ5_0, a: &BlockQ8_0, da: f32, sa: f32, acc: f32) -> f32 {
+    let biased = dot(&decode::five_bits(&w.qs, w.qh), &a.qs);
+    offset_block(w.d, biased, da, sa, 16.0, acc)
+}
+
+fn q8_0(w: &BlockQ8_0, a: &BlockQ8_0, da: f32, _: f32, acc: f32) -> f32 {
+    (f16_to_f32(w.d) * da).mul_add(dot(&w.qs, &a.qs) as f32, acc)
+}
+
+/// Q4_K and Q5_K: `d * da * sum(scale * q * y) - dmin * da * sum(min * y)`, the mins against
+/// the token's group sums.
+fn k4(
+    d: [u8; 2],
+    dmin: [u8; 2],
+    packed: &[u8; 12],
+    q: &[u8; 256],
+    a: &BlockQ8K,
+    da: f32,
+    acc: f32,
+) -> f32 {
+    let (scales, mins) = k4_scales_mins(packed);
+    let (mut sums, mut offsets) = (0i32, 0i32);
+    for s in 0..8 {
+        sums += i32::from(scales[s]) * dot(&q[32 * s..32 * s + 32], &a.qs[32 * s..]);
+        offsets += i32::from(mins[s]) * (a.bsum(2 * s) + a.bsum(2 * s + 1));
+    }
+    let acc = (f16_to_f32(d) * da).mul_add(sums as f32, acc);
+    (-(f16_to_f32(dmin) * da)).mul_add(offsets as f32, acc)
+}
+
+fn q4_k(w: &BlockQ4K, a: &BlockQ8K, da: f32, _: f32, acc: f32) -> f32 {
+    k4(w.d, w.dmin, &w.scales, &decode::q4k(w), a, da, acc)
+}
+
+fn q5_k(w: &BlockQ5K, a: &BlockQ8K, da: f32, _: f32, acc: f32) -> f32 {
+    k4(w.d, w.dmin, &w.scales, &decode::q5k(w), a, da, acc)
+}
+
+/// Q6_K: `d * da * sum(scale * (q - 32) * y)`, the 32 taken off through the group sums.
+fn q6_k(w: &BlockQ6K, a: &BlockQ8K, da: f32, _: f32, acc: f32) -> f32 {
+    let q = decode::q6k(w).map(|q| (q + 32) as u8);
+    let (mut sums, mut offsets) = (0i32, 0i32);
+    for g in 0..16 {
+        let scale = i32::from(w.scales[g]);
+        sums += scale * dot(&q[16 * g..16 * g + 16], &a.qs[16 * g..]);
+        offsets += scale * a.bsum(g);
+    }
+    (f16_to_f32(w.d) * da).mul_add((sums - 32 * offsets) as f32, acc)
+}
+
+/// Declares each format's entry point.
+macro_rules! packed_entry_points {
+    ($($ty:ident => $entry:ident($block:ident)),* $(,)?) => {
+        $(
+            fn $entry(groups: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [&mut [f32]]) {
+                packed(GgmlType::$ty, $block, groups, a, scales, out);
+            }
+        )*
+    };
+}
+
+packed_entry_points!(
+    Q4_0 => q4_0_entry(q4_0),
+    Q4_1 => q4_1_entry(q4_1),
+    Q5_0 => q5_0_entry(q5_0),
+    Q8_0 => q8_0_entry(q8_0),
+    Q4_K => q4_k_entry(q4_k),
+    Q5_K => q5_k_entry(q5_k),
+    Q6_K => q6_k_entry(q6_k),
+);
+
+/// The scalar packed kernel for weights of type `ty`.
+pub(crate) fn packed_kernel(ty: GgmlType) -> Option<RawPacked> {
+    Some(match ty {
+        GgmlType::Q4_0 => q4_0_entry,
+        GgmlType::Q4_1 => q4_1_entry,
+        GgmlType::Q5_0 => q5_0_entry,
+        GgmlType::Q8_0 => q8_0_entry,
+        GgmlType::Q4_K => q4_k_entry,
+        GgmlType::Q5_K => q5_k_entry,
+        GgmlType::Q6_K => q6_k_entry,
+        _ => return None,
+    })
+}

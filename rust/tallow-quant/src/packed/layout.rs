@@ -1,0 +1,216 @@
+//! Where each byte of a GGUF block goes in a packed group of [`PACK_ROWS`] rows.
+//!
+//! A packed block holds, for the 16 rows of its group, the block's f16 fields (`d`, then `m`
+//! or `dmin`: 32 bytes each, one f16 per row) and then its *words*: each run of four bytes of
+//! the block that the kernels read together, 64 bytes per word (four per row, row `r` at
+//! bytes `4r..4r + 4`). A word is the GGUF bytes unchanged, except where a [`Recode`] says
+//! otherwise, so that packing is a permutation of the block's bytes (a packed matrix is
+//! exactly as large as the GGUF one) and unpacking restores them exactly.
+//!
+//! The words of each format, in packed order (the kernels index them by these numbers):
+//!
+//! | format | words |
+//! |---|---|
+//! | Q4_0, Q4_1 | 0..4: `qs` (word `c`: columns `4c..4c + 4` in the low nibbles, `16 + 4c..` in the high ones) |
+//! | Q5_0 | 0..4: `qs` as Q4_0; 4: `qh`, [`Recode::Spread`] |
+//! | Q8_0 | 0..8: `qs` as `q + 128` ([`Recode::Unsigned`]) |
+//! | Q4_K | 0..3: `scales`; 3..35: `qs` (word `3 + 8p + c`: step `c` of sub-block `2p` in the low nibbles, of `2p + 1` in the high ones) |
+//! | Q5_K | 0..3: `scales`; 3..11: `qh` (word `3 + c`: bit `s` of byte `i` is the fifth bit of column `4c + i` of sub-block `s`); 11..43: `qs` as Q4_K |
+//! | Q6_K | 0..4: `scales`; 4..36: `ql` (word `4 + 16h + 8m + c`); 36..52: `qh` (word `36 + 8h + c`) |
+//!
+//! A *step* is four consecutive columns of a row; sub-blocks are runs of 32 columns.
+
+use super::PACK_ROWS;
+use crate::GgmlType;
+
+/// How a word's bytes are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Recode {
+    /// As in the GGUF block.
+    Copy,
+    /// Signed bytes `q` stored as `q + 128`, so that they multiply as unsigned bytes.
+    Unsigned,
+    /// Q5_0's 32 fifth bits (bit `e` of the little-endian word for column `e`) regrouped so
+    /// that bit `j` of byte `i` is column `4j + i`'s: a step's four bits then sit at the same
+    /// position of its four bytes, where one shift per step brings them to bit 4.
+    Spread,
+}
+
+impl Recode {
+    fn pack(self, bytes: [u8; 4]) -> [u8; 4] {
+        match self {
+            Recode::Copy => bytes,
+            Recode::Unsigned => bytes.map(|b| b ^ 0x80),
+            Recode::Spread => {
+                let bits = u32::from_le_bytes(bytes);
+                let mut out = 0u32;
+                for e in 0..32 {
+                    out |= ((bits >> e) & 1) << (8 * (e % 4) + e / 4);
+                }
+                out.to_le_bytes()
+            }
+        }
+    }
+
+    fn unpack(self, bytes: [u8; 4]) -> [u8; 4] {
+        match self {
+            Recode::Copy => bytes,
+            Recode::Unsigned => bytes.map(|b| b ^ 0x80),
+            Recode::Spread => {
+                let bits = u32::from_le_bytes(bytes);
+                let mut out = 0u32;
+                for e in 0..32 {
+                    out |= ((bits >> (8 * (e % 4) + e / 4)) & 1) << e;
+                }
+                out.to_le_bytes()
+            }
+        }
+    }
+}
+
+/// The packed layout of one format's blocks.
+#[derive(Debug)]
+pub(crate) struct Layout {
+    /// Bytes of a GGUF block.
+    block_bytes: usize,
+    /// Byte offsets in the GGUF block of its f16 fields, in packed order.
+    halves: &'static [usize],
+    /// Runs of words, in packed order: the byte offset in the GGUF block, the number of words
+    /// and how they are stored.
+    words: &'static [(usize, usize, Recode)],
+}
+
+impl Layout {
+    /// The layout of `ty`, where it has one.
+    pub(crate) fn of(ty: GgmlType) -> Option<&'static Layout> {
+        use Recode::*;
+        Some(match ty {
+            GgmlType::Q4_0 => &Layout {
+                block_bytes: 18,
+                halves: &[0],
+                words: &[(2, 4, Copy)],
+            },
+            GgmlType::Q4_1 => &Layout {
+                block_bytes: 20,
+                halves: &[0, 2],
+                words: &[(4, 4, Copy)],
+            },
+            GgmlType::Q5_0 => &Layout {
+                block_bytes: 22,
+                halves: &[0],
+                words: &[(6, 4, Copy), (2, 1, Spread)],
+            },
+            GgmlType::Q8_0 => &Layout {
+                block_bytes: 34,
+                halves: &[0],
+                words: &[(2, 8, Unsigned)],
+            },
+            GgmlType::Q4_K => &Layout {
+                block_bytes: 144,
+                halves: &[0, 2],
+                words: &[(4, 3, Copy), (16, 32, Copy)],
+            },
+            GgmlType::Q5_K => &Layout {
+                block_bytes: 176,
+                halves: &[0, 2],
+                words: &[(4, 3, Copy), (16, 8, Copy), (48, 32, Copy)],
+            },
+            GgmlType::Q6_K => &Layout {
+                block_bytes: 210,
+                halves: &[208],
+                words: &[(192, 4, Copy), (0, 32, Copy), (128, 16, Copy)],
+            },
+            _ => return None,
+        })
+    }
+
+    /// Bytes of the f16 fields of a packed block (all rows).
+    pub(crate) fn scale_bytes(&self) -> usize {
+        self.halves.len() * 2 * PACK_ROWS
+    }
+
+    /// Bytes of a packed block (all rows): as many as the group's GGUF blocks.
+    pub(crate) fn packed_block_bytes(&self) -> usize {
+        self.block_bytes * PACK_ROWS
+    }
+
+    /// Each word of a GGUF block: its offset in the block, its offset in a packed block for
+    /// row 0 (row `r` adds `4r`), and its recoding.
+    fn each_word(&self) -> impl Iterator<Item = (usize, usize, Recode)> + '_ {
+        let first = self.scale_bytes();
+        self.words
+            .iter()
+            .flat_map(|&(at, n, recode)| (0..n).map(move |i| (at + 4 * i, recode)))
+            .enumerate()
+            .map(move |(w, (at, recode))| (at, first + 4 * PACK_ROWS * w, recode))
+    }
+
+    /// Packs the `PACK_ROWS` rows `src` (GGUF layout, whole blocks) into `group`.
+    pub(crate) fn pack_group(&self, src: &[u8], group: &mut [u8]) {
+        let packed = self.packed_block_bytes();
+        for (lane, row) in src.chunks_exact(src.len() / PACK_ROWS).enumerate() {
+            for (block, dst) in row
+                .chunks_exact(self.block_bytes)
+                .zip(group.chunks_exact_mut(packed))
+            {
+                for (k, &at) in self.halves.iter().enumerate() {
+                    let to = 2 * PACK_ROWS * k + 2 * lane;
+                    dst[to..to + 2].copy_from_slice(&block[at..at + 2]);
+                }
+                for (at, to, recode) in self.each_word() {
+                    let word = recode.pack(block[at..at + 4].try_into().unwrap());
+                    dst[to + 4 * lane..to + 4 * lane + 4].copy_from_slice(&word);
+                }
+            }
+        }
+    }
+
+    /// Writes block `b` of the row in lane `lane` of `group`, in the GGUF layout, to `out`.
+    pub(crate) fn unpack_block(&self, group: &[u8], b: usize, lane: usize, out: &mut [u8]) {
+        let packed = self.packed_block_bytes();
+        let src = &group[b * packed..(b + 1) * packed];
+        for (k, &at) in self.halves.iter().enumerate() {
+            let from = 2 * PACK_ROWS * k + 2 * lane;
+            out[at..at + 2].copy_from_slice(&src[from..from + 2]);
+        }
+        for (at, from, recode) in self.each_word() {
+            let word = src[from + 4 * lane..from + 4 * lane + 4]
+                .try_into()
+                .unwrap();
+            out[at..at + 4].copy_from_slice(&recode.unpack(word));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_layout_stores_each_byte_of_its_block_once() {
+        for ty in GgmlType::ALL {
+            let Some(layout) = Layout::of(ty) else {
+                continue;
+            };
+            assert_eq!(layout.block_bytes, ty.block_bytes(), "{ty}");
+            let mut seen = vec![0u8; ty.block_bytes()];
+            for &at in layout.halves {
+                seen[at..at + 2].iter_mut().for_each(|s| *s += 1);
+            }
+            for (at, _, _) in layout.each_word() {
+                seen[at..at + 4].iter_mut().for_each(|s| *s += 1);
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{ty}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn spreading_the_fifth_bits_puts_a_steps_bits_at_one_position() {
+        for e in 0..32 {
+            let word = Recode::Spread.pack((1u32 << e).to_le_bytes());
+            // Column e is in step e / 4, byte e % 4 of the row's word.
+            assert_eq!(u32::from_le_bytes(word), 1 << (8 * (e % 4) + e / 4));
+            assert_eq!(Recode::Spread.unpack(word), (1u32 << e).to_le_bytes());
+        }
+    }
+}
