@@ -31,6 +31,8 @@ const MATMUL_TOKENS: [usize; 2] = [16, 128];
 /// through copies of itself, at least `STREAM_BYTES` in all (four times a 32 MiB L3 cache), so
 /// that its weights come from memory as a model's do in decode.
 const STREAMED: (usize, usize) = (49152, 576);
+/// The streamed shape for the K-quants, whose rows are whole blocks of 256: as many weights.
+const STREAMED_K: (usize, usize) = (36864, 768);
 const STREAM_BYTES: usize = 128 << 20;
 
 /// SplitMix64: reproducible data without extra crates.
@@ -279,16 +281,29 @@ fn products(
 /// packable formats: row-major SIMD beside packed, for the best instruction set of this CPU
 /// and for AVX2 where that is another (the scalar reference would only time its arithmetic).
 fn streamed(c: &mut Criterion, summary: &mut Summary) {
-    let (rows, cols) = STREAMED;
-    let group = format!("matvec_streamed_{rows}x{cols}");
-    let mut g = c.benchmark_group(&group);
-    g.sampling_mode(SamplingMode::Flat).sample_size(10);
     let mut rng = Rng(0x5eed_57ea);
-    let mut out = vec![0f32; rows];
     let mut simd = vec![Isa::detected(), Isa::Avx2];
     simd.dedup();
     simd.retain(|isa| *isa != Isa::Scalar && isa.is_available());
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    let formats = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+    for ty in formats {
+        let (rows, cols) = if ty.block_len() == 256 {
+            STREAMED_K
+        } else {
+            STREAMED
+        };
+        let group = format!("matvec_streamed_{rows}x{cols}");
+        let mut g = c.benchmark_group(&group);
+        g.sampling_mode(SamplingMode::Flat).sample_size(10);
+        let mut out = vec![0f32; rows];
         let n_copies = STREAM_BYTES.div_ceil(rows * row_bytes(ty, cols));
         let copies: Vec<Vec<u8>> = (0..n_copies)
             .map(|_| weights(ty, rows, cols, &mut rng))
@@ -335,8 +350,8 @@ fn streamed(c: &mut Criterion, summary: &mut Summary) {
                 },
             );
         }
+        g.finish();
     }
-    g.finish();
 }
 
 /// Activation quantization: one 4096-element row (decode, on the calling thread) and 128

@@ -2,9 +2,10 @@
 //! `crate::packed` and its `layout`). A 64-byte word of a packed block holds one step (four
 //! columns) of all 16 rows; AVX2 takes it as two halves of 8 rows, one i32 lane per row of a
 //! 256-bit vector, so that 32 columns of 8 rows against one token are 8 byte dot products
-//! with the token's activation bytes broadcast four at a time, and need no horizontal sum. A
-//! group is read half by half: its second half's bytes are still in the L1 cache by then, and
-//! the weights stream from memory once, in order.
+//! with the token's activation bytes broadcast four at a time, and need no horizontal sum.
+//! Each block is read half by half, the second half while the block is in the L1 cache, so
+//! that the weights stream from memory once, in order (a K-quant block of 16 rows is 2-3 KiB,
+//! and a whole group of them would not stay in the L1 cache).
 //!
 //! Every format runs through one loop, [`packed`]; a [`Format`] says how a block's steps and
 //! scales unpack and how its integer sums become floats. Products use `vpmaddubsw` (unsigned
@@ -34,6 +35,18 @@ use crate::GgmlType;
 /// Rows per 256-bit vector: half a group.
 const HALF: usize = PACK_ROWS / 2;
 
+/// `[f(0), .., f(n - 1)]` of 256-bit integer vectors, built by a loop in the function that
+/// uses it: a closure is a function of its own, which the compiler may leave out of line.
+macro_rules! vectors {
+    ($n:expr, |$i:ident| $body:expr) => {{
+        let mut out = [_mm256_setzero_si256(); $n];
+        for $i in 0..$n {
+            out[$i] = $body;
+        }
+        out
+    }};
+}
+
 /// A packed format, as the loop [`packed`] runs it.
 trait Format {
     /// The activations' block.
@@ -45,16 +58,22 @@ trait Format {
     const SUBS: usize;
     /// What one half of a block gives every token (its scales).
     type Half;
-    /// The unpacked steps of one sub-block of one half.
-    type Steps;
+    /// One unpacked step (four columns of each row of a half).
+    type Step: Copy;
 
     /// Half `h` of the block's scales.
     unsafe fn half(fields: &Self::Fields, words: &Self::Words, h: usize) -> Self::Half;
-    /// The steps of sub-block `s` of half `h`.
-    unsafe fn steps(words: &Self::Words, h: usize, s: usize) -> Self::Steps;
+    /// Step `c` of sub-block `s` of half `h`. (One step per call: a call the compiler can
+    /// always inline, where a whole sub-block's did not get inlined.)
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> Self::Step;
     /// Per row (i32 lane), the sub-block's dot product with the token's 32 activation bytes
     /// `y`, times the sub-block's integer scale.
-    unsafe fn sub_sum(steps: &Self::Steps, y: &[i8; 32], half: &Self::Half, s: usize) -> __m256i;
+    unsafe fn sub_sum(
+        steps: &[Self::Step; 8],
+        y: &[i8; 32],
+        half: &Self::Half,
+        s: usize,
+    ) -> __m256i;
     /// The activation bytes of sub-block `s`.
     fn y(act: &Self::Act, s: usize) -> &[i8; 32];
     /// `acc` plus the block's products for one token: `isum` is the sum of its sub-blocks'
@@ -69,8 +88,10 @@ trait Format {
     ) -> __m256;
 }
 
-/// The packed product of any [`Format`], for a tile of `T` tokens.
-#[inline]
+/// The packed product of any [`Format`], for a tile of `T` tokens. Out of line: each tile
+/// width is a function of its own, which gives the compiler room to inline a format's
+/// unpacking into it.
+#[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn packed<F: Format, const T: usize>(
     groups: &[u8],
@@ -81,13 +102,17 @@ unsafe fn packed<F: Format, const T: usize>(
     let ops = Operands::<F::Act, F::Fields, F::Words, T>::new(groups, a, scales, out);
     let (acts, da, sa) = (&ops.acts, ops.d, ops.s);
     for (g, blocks) in ops.each_group().enumerate() {
-        for h in 0..2 {
-            let mut acc = [_mm256_setzero_ps(); T];
-            for (b, (fields, words)) in blocks.clone().enumerate() {
+        // Per half, the outputs of each token.
+        let mut acc = [[_mm256_setzero_ps(); T]; 2];
+        for (b, (fields, words)) in blocks.enumerate() {
+            for (h, acc) in acc.iter_mut().enumerate() {
                 let half = F::half(fields, words, h);
                 let mut isum = [_mm256_setzero_si256(); T];
                 for s in 0..F::SUBS {
-                    let steps = F::steps(words, h, s);
+                    let mut steps = [F::step(words, h, s, 0); 8];
+                    for (c, step) in steps.iter_mut().enumerate().skip(1) {
+                        *step = F::step(words, h, s, c);
+                    }
                     for t in 0..T {
                         let sum = F::sub_sum(&steps, F::y(&acts[t][b], s), &half, s);
                         isum[t] = _mm256_add_epi32(isum[t], sum);
@@ -99,7 +124,9 @@ unsafe fn packed<F: Format, const T: usize>(
                     acc[t] = F::finish(acc[t], isum[t], &half, &acts[t][b], d, s);
                 }
             }
-            for (rows, acc) in out.iter_mut().zip(&acc) {
+        }
+        for (h, acc) in acc.iter().enumerate() {
+            for (rows, acc) in out.iter_mut().zip(acc) {
                 let rows = &mut rows[g * PACK_ROWS + h * HALF..][..HALF];
                 _mm256_storeu_ps(rows.as_mut_ptr(), *acc);
             }
@@ -222,14 +249,6 @@ unsafe fn scaled(acc: __m256, d: __m256, da: f32, sums: __m256) -> __m256 {
 
 // ---- the 32-column formats ----
 
-/// The 8 steps of a Q4_0/Q4_1-style block: word c's low nibbles are step c, its high
-/// nibbles step c + 4.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibble_steps(words: &[u8], h: usize) -> [__m256i; 8] {
-    std::array::from_fn(|j| nibbles(word(words, j % 4, h), j / 4))
-}
-
 /// `d * da * (sum(q * y) - offset * sum(y))` for quants stored as `q + offset`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -257,7 +276,7 @@ impl Format for Q40 {
     type Words = [u8; 256];
     const SUBS: usize = 1;
     type Half = __m256;
-    type Steps = [__m256i; 8];
+    type Step = __m256i;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -266,8 +285,8 @@ impl Format for Q40 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn steps(words: &[u8; 256], h: usize, _: usize) -> [__m256i; 8] {
-        nibble_steps(words, h)
+    unsafe fn step(words: &[u8; 256], h: usize, _: usize, c: usize) -> __m256i {
+        nibbles(word(words, c % 4, h), c / 4)
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -300,7 +319,7 @@ impl Format for Q41 {
     type Words = [u8; 256];
     const SUBS: usize = 1;
     type Half = (__m256, __m256);
-    type Steps = [__m256i; 8];
+    type Step = __m256i;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -309,8 +328,8 @@ impl Format for Q41 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn steps(words: &[u8; 256], h: usize, _: usize) -> [__m256i; 8] {
-        nibble_steps(words, h)
+    unsafe fn step(words: &[u8; 256], h: usize, _: usize, c: usize) -> __m256i {
+        nibbles(word(words, c % 4, h), c / 4)
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -345,7 +364,7 @@ impl Format for Q50 {
     type Words = [u8; 320];
     const SUBS: usize = 1;
     type Half = __m256;
-    type Steps = [__m256i; 8];
+    type Step = __m256i;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -354,10 +373,9 @@ impl Format for Q50 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn steps(words: &[u8; 320], h: usize, _: usize) -> [__m256i; 8] {
-        let high = word(words, 4, h);
-        let low = nibble_steps(words, h);
-        std::array::from_fn(|j| _mm256_or_si256(low[j], bits_to_4(high, j, 0x10)))
+    unsafe fn step(words: &[u8; 320], h: usize, _: usize, c: usize) -> __m256i {
+        let low = nibbles(word(words, c % 4, h), c / 4);
+        _mm256_or_si256(low, bits_to_4(word(words, 4, h), c, 0x10))
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -390,7 +408,7 @@ impl Format for Q80 {
     type Words = [u8; 512];
     const SUBS: usize = 1;
     type Half = __m256;
-    type Steps = ([__m256i; 8], [__m256i; 8]);
+    type Step = (__m256i, __m256i);
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -399,24 +417,22 @@ impl Format for Q80 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn steps(words: &[u8; 512], h: usize, _: usize) -> Self::Steps {
-        let bias = _mm256_set1_epi8(-128);
-        let signed: [__m256i; 8] =
-            std::array::from_fn(|j| _mm256_xor_si256(word(words, j, h), bias));
-        (signed, signed.map(|q| _mm256_abs_epi8(q)))
+    unsafe fn step(words: &[u8; 512], h: usize, _: usize, c: usize) -> (__m256i, __m256i) {
+        let signed = _mm256_xor_si256(word(words, c, h), _mm256_set1_epi8(-128));
+        (signed, _mm256_abs_epi8(signed))
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn sub_sum(
-        (signed, magnitude): &Self::Steps,
+        steps: &[(__m256i, __m256i); 8],
         y: &[i8; 32],
         _: &__m256,
         _: usize,
     ) -> __m256i {
         let ones = _mm256_set1_epi16(1);
         let mut sums = _mm256_setzero_si256();
-        for j in 0..8 {
-            let pairs = _mm256_maddubs_epi16(magnitude[j], _mm256_sign_epi8(quad(y, j), signed[j]));
+        for (j, &(signed, magnitude)) in steps.iter().enumerate() {
+            let pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(quad(y, j), signed));
             sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
         }
         sums
@@ -453,7 +469,7 @@ struct K4Half {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn k4_half(fields: &[u8; 64], words: &[u8], h: usize) -> K4Half {
-    let [p0, p1, p2] = [0, 1, 2].map(|w| word(words, w, h));
+    let [p0, p1, p2] = vectors!(3, |w| word(words, w, h));
     let low6 = _mm256_set1_epi8(0x3f);
     let low4 = _mm256_set1_epi8(0xf);
     let top2 = _mm256_set1_epi8(0x30);
@@ -475,8 +491,8 @@ unsafe fn k4_half(fields: &[u8; 64], words: &[u8], h: usize) -> K4Half {
     K4Half {
         d: field(fields, 0, h),
         dmin: field(fields, 1, h),
-        scales: std::array::from_fn(|s| byte_pair(scales[s / 4], s % 4, s % 4, false)),
-        mins: std::array::from_fn(|s| byte_pair(mins[s / 4], s % 4, s % 4, false)),
+        scales: vectors!(8, |s| byte_pair(scales[s / 4], s % 4, s % 4, false)),
+        mins: vectors!(8, |s| byte_pair(mins[s / 4], s % 4, s % 4, false)),
     }
 }
 
@@ -494,14 +510,6 @@ fn k_y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
     act.qs[32 * s..32 * s + 32].try_into().unwrap()
 }
 
-/// The 8 steps of sub-block `s` of a Q4_K/Q5_K block whose nibbles start at word `first`:
-/// sub-blocks `2p` and `2p + 1` share words `first + 8p..`, in their low and high nibbles.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_steps(words: &[u8], first: usize, h: usize, s: usize) -> [__m256i; 8] {
-    std::array::from_fn(|c| nibbles(word(words, first + 8 * (s / 2) + c, h), s % 2))
-}
-
 struct Q4K;
 
 impl Format for Q4K {
@@ -510,7 +518,7 @@ impl Format for Q4K {
     type Words = [u8; 35 * 64];
     const SUBS: usize = 8;
     type Half = K4Half;
-    type Steps = [__m256i; 8];
+    type Step = __m256i;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -519,8 +527,8 @@ impl Format for Q4K {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn steps(words: &Self::Words, h: usize, s: usize) -> [__m256i; 8] {
-        k4_steps(words, 3, h, s)
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> __m256i {
+        nibbles(word(words, 3 + 8 * (s / 2) + c, h), s % 2)
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -554,7 +562,7 @@ impl Format for Q5K {
     type Words = [u8; 43 * 64];
     const SUBS: usize = 8;
     type Half = K4Half;
-    type Steps = [__m256i; 8];
+    type Step = __m256i;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -563,9 +571,9 @@ impl Format for Q5K {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn steps(words: &Self::Words, h: usize, s: usize) -> [__m256i; 8] {
-        let low = k4_steps(words, 11, h, s);
-        std::array::from_fn(|c| _mm256_or_si256(low[c], bits_to_4(word(words, 3 + c, h), s, 0x10)))
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> __m256i {
+        let low = nibbles(word(words, 11 + 8 * (s / 2) + c, h), s % 2);
+        _mm256_or_si256(low, bits_to_4(word(words, 3 + c, h), s, 0x10))
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -610,29 +618,30 @@ impl Format for Q6K {
     type Words = [u8; 52 * 64];
     const SUBS: usize = 8;
     type Half = Q6Half;
-    type Steps = [__m256i; 8];
+    type Step = __m256i;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn half(fields: &[u8; 32], words: &Self::Words, h: usize) -> Q6Half {
-        let planes = [0, 1, 2, 3].map(|w| word(words, w, h));
+        let planes = vectors!(4, |w| word(words, w, h));
         Q6Half {
             d: field(fields, 0, h),
-            scales: std::array::from_fn(|g| byte_pair(planes[g / 4], g % 4, g % 4, true)),
-            pairs: std::array::from_fn(|k| {
-                byte_pair(planes[k / 2], 2 * (k % 2), 2 * (k % 2) + 1, true)
-            }),
+            scales: vectors!(16, |g| byte_pair(planes[g / 4], g % 4, g % 4, true)),
+            pairs: vectors!(8, |k| byte_pair(
+                planes[k / 2],
+                2 * (k % 2),
+                2 * (k % 2) + 1,
+                true
+            )),
         }
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn steps(words: &Self::Words, h: usize, s: usize) -> [__m256i; 8] {
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> __m256i {
         let (half, k) = (s / 4, s % 4);
-        std::array::from_fn(|c| {
-            let low = nibbles(word(words, 4 + 16 * half + 8 * (k % 2) + c, h), k / 2);
-            let top = bits_to_4(word(words, 36 + 8 * half + c, h), 2 * k, 0x30);
-            _mm256_or_si256(low, top)
-        })
+        let low = nibbles(word(words, 4 + 16 * half + 8 * (k % 2) + c, h), k / 2);
+        let top = bits_to_4(word(words, 36 + 8 * half + c, h), 2 * k, 0x30);
+        _mm256_or_si256(low, top)
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
