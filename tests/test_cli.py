@@ -291,6 +291,11 @@ def test_bench_prints_a_row_per_test(smollm2_path: Path) -> None:
         assert mean > 0 and spread >= 0
     proc = run_cli("bench", "-r", "0")
     assert_one_line_error(proc, "--reps must be positive")
+    # A batched test without prompt tokens is skipped, as a 0 skips the other tests.
+    proc = run_cli("bench", "-m", str(smollm2_path), "-p", "8", "-n", "0", "--npp", "0", "-r", "1")
+    assert proc.returncode == 0, proc.stderr.decode()
+    rows = proc.stdout.decode().splitlines()[2:]
+    assert [r.strip("|").split("|")[4].strip() for r in rows] == ["pp8"]
 
 
 def test_served_throughput_counts_every_token_of_concurrent_requests(

@@ -347,7 +347,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         tests.append((f"pp{args.prompt}", lambda seed: bench.prefill(model, args.prompt, seed)))
     if args.gen:
         tests.append((f"tg{args.gen}", lambda seed: bench.decode(model, args.gen, seed)))
-    if args.npp or args.ntg:
+    if args.npp and args.ntg:
         name = f"pp{args.npp}+tg{args.ntg} x{args.npl}"
         tests.append(
             (name, lambda seed: bench.batched(model, args.npp, args.ntg, args.npl, seed).total_tps)
@@ -633,7 +633,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure prompt processing (ppN: one forward over N tokens), generation "
         "(tgN: N tokens one at a time) and batched serving (ppA+tgB xC: C requests of A prompt "
         "tokens generating B each, through the engine; all tokens over the wall time), each "
-        "repeated -r times; prints mean ± standard deviation. 0 skips a test.",
+        "repeated -r times; prints mean ± standard deviation. 0 skips a test (the batched "
+        "one when --npp or --ntg is 0).",
     )
     model_arg(p)
     p.add_argument("-p", "--prompt", type=int, default=512, help="prompt tokens (default 512)")

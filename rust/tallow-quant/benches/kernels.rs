@@ -17,6 +17,7 @@ use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput
 use half::f16;
 use tallow_quant::{
     dequantize, matmul_with, quantize_row, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantizedActs,
+    PACKED_FORMATS,
 };
 
 /// (rows, cols): SmolLM2-135M's FFN down projection (1536 -> 576; its inputs must be whole
@@ -285,16 +286,7 @@ fn streamed(c: &mut Criterion, summary: &mut Summary) {
     let mut simd = vec![Isa::detected(), Isa::Avx2];
     simd.dedup();
     simd.retain(|isa| *isa != Isa::Scalar && isa.is_available());
-    let formats = [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-    ];
-    for ty in formats {
+    for ty in PACKED_FORMATS {
         let (rows, cols) = if ty.block_len() == 256 {
             STREAMED_K
         } else {

@@ -26,7 +26,7 @@ pub use acts::{ActsBuffer, ActsLen, QuantizedActs};
 pub use error::QuantError;
 pub use kernels::{Isa, ISA_ENV};
 pub use matmul::{matmul, matmul_with};
-pub use packed::{PackedMatrix, WeightSource};
+pub use packed::{PackedMatrix, WeightSource, PACKED_FORMATS};
 pub use types::GgmlType;
 
 /// Dequantizes `src` (whole blocks of `ty`) into `dst`, which must hold exactly the elements

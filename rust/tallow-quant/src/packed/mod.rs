@@ -31,6 +31,18 @@ use crate::aligned::AlignedBytes;
 use crate::kernels::{Packed, PACK_ROWS, TILE_LANES};
 use crate::{reference, sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
+/// The formats with a packed layout (and a packed kernel on every instruction set that packs:
+/// the scalar kernels and AVX2; AVX-512 has its own for Q4_0, Q4_1 and Q8_0).
+pub const PACKED_FORMATS: [GgmlType; 7] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
 /// Below this many multiply-adds a product runs on the calling thread.
 const SERIAL_WORK: usize = 1 << 18;
 /// [`PackedMatrix::pack_many`] reports its progress through a source in steps of about this

@@ -4,17 +4,11 @@
 
 use super::data::{dequantized, magnitude, random_blocks};
 use super::rng::Rng;
-use crate::{matmul_with, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantError, WeightSource};
+use crate::{
+    matmul_with, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantError, WeightSource, PACKED_FORMATS,
+};
 
-const PACKABLE: [GgmlType; 7] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+const PACKABLE: [GgmlType; 7] = PACKED_FORMATS;
 const RELATIVE_TOLERANCE: f64 = 1e-5;
 
 /// `cols` columns of 32-column formats: as many blocks of a 256-column format.
