@@ -13,7 +13,7 @@ use crate::blocks::{
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
 use crate::fp16::f16_to_f32;
-use crate::packed::Layout;
+use crate::packed::{Layout, MAX_BLOCK_BYTES};
 use crate::reference::decode;
 use crate::GgmlType;
 
@@ -21,7 +21,8 @@ use crate::GgmlType;
 /// `da` and sum `sa`: `acc` plus the block's product.
 type BlockProduct<W, A> = fn(w: &W, a: &A, da: f32, sa: f32, acc: f32) -> f32;
 
-/// The packed product of any format, one row and one token at a time.
+/// The packed product of any format, one row at a time: each of its blocks is unpacked once
+/// and taken by every token of the tile.
 fn packed<W: Block, A: Block>(
     ty: GgmlType,
     block: BlockProduct<W, A>,
@@ -31,25 +32,30 @@ fn packed<W: Block, A: Block>(
     out: &mut [&mut [f32]],
 ) {
     let layout = Layout::of(ty).expect("packed formats have a layout");
-    let acts: Vec<&[A]> = a.iter().map(|a| as_blocks::<A>(a)).collect();
+    let n = a.len();
+    assert!((1..=TILE_LANES).contains(&n) && out.len() == n);
+    let acts: [&[A]; TILE_LANES] = std::array::from_fn(|t| as_blocks::<A>(a[t.min(n - 1)]));
     let blocks = acts[0].len();
-    assert!(acts.iter().all(|a| a.len() == blocks) && out.len() == a.len());
-    scales.check(blocks, a.len());
+    assert!(acts.iter().all(|a| a.len() == blocks));
+    scales.check(blocks, n);
     let group_bytes = blocks * layout.packed_block_bytes();
     assert!(group_bytes > 0 && groups.len().is_multiple_of(group_bytes));
     let (d, s) = (scales.d, scales.s);
-    let mut unpacked = vec![0u8; ty.block_bytes()];
+    let mut unpacked = [0u8; MAX_BLOCK_BYTES];
+    let unpacked = &mut unpacked[..ty.block_bytes()];
     for (g, group) in groups.chunks_exact(group_bytes).enumerate() {
-        for (t, (acts, out)) in acts.iter().zip(out.iter_mut()).enumerate() {
-            let lane = scales.lane0 + t;
-            for row in 0..PACK_ROWS {
-                let mut acc = 0.0f32;
-                for (b, act) in acts.iter().enumerate() {
-                    layout.unpack_block(group, b, row, &mut unpacked);
-                    let w = &as_blocks::<W>(&unpacked)[0];
-                    let at = b * TILE_LANES + lane;
-                    acc = block(w, act, d[at], s[at], acc);
+        for row in 0..PACK_ROWS {
+            let mut acc = [0.0f32; TILE_LANES];
+            let block_scales = d.chunks_exact(TILE_LANES).zip(s.chunks_exact(TILE_LANES));
+            for (b, (d, s)) in block_scales.enumerate() {
+                layout.unpack_block(group, b, row, unpacked);
+                let w = &as_blocks::<W>(unpacked)[0];
+                for (t, acc) in acc[..n].iter_mut().enumerate() {
+                    let lane = scales.lane0 + t;
+                    *acc = block(w, &acts[t][b], d[lane], s[lane], *acc);
                 }
+            }
+            for (out, acc) in out.iter_mut().zip(acc) {
                 out[g * PACK_ROWS + row] = acc;
             }
         }

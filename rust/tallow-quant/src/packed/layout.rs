@@ -23,6 +23,9 @@
 use super::PACK_ROWS;
 use crate::GgmlType;
 
+/// Bytes of the largest block with a layout (Q6_K's): room for one unpacked block.
+pub(crate) const MAX_BLOCK_BYTES: usize = 210;
+
 /// How a word's bytes are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Recode {
@@ -193,6 +196,7 @@ mod tests {
                 continue;
             };
             assert_eq!(layout.block_bytes, ty.block_bytes(), "{ty}");
+            assert!(layout.block_bytes <= MAX_BLOCK_BYTES, "{ty}");
             let mut seen = vec![0u8; ty.block_bytes()];
             for &at in layout.halves {
                 seen[at..at + 2].iter_mut().for_each(|s| *s += 1);

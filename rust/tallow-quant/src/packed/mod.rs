@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use tallow_threads::DisjointSlice;
 
-pub(crate) use layout::Layout;
+pub(crate) use layout::{Layout, MAX_BLOCK_BYTES};
 
 use crate::aligned::AlignedBytes;
 use crate::kernels::{Packed, PACK_ROWS, TILE_LANES};
@@ -250,7 +250,7 @@ impl PackedMatrix {
         let group = self.group(row / PACK_ROWS);
         let lane = row % PACK_ROWS;
         let layout = Layout::of(self.ty).expect("only formats with a layout are packed");
-        let mut block = [0u8; 256];
+        let mut block = [0u8; MAX_BLOCK_BYTES];
         let block = &mut block[..self.ty.block_bytes()];
         for (b, out) in out.chunks_exact_mut(self.ty.block_len()).enumerate() {
             layout.unpack_block(group, b, lane, block);
