@@ -39,15 +39,20 @@ def prompt(arch_dir: Path) -> list[int]:
     return [int(t) for t in np.load(arch_dir / "prompt_ids.npy")]
 
 
+def _pool(model: _core.Model) -> _core.KvCache:
+    """An f32 pool for 64 positions computed in one chunk."""
+    return model.new_kv_cache(dtype="f32", max_pages=model.kv_pages_to_hold(64, chunk=64))
+
+
 def _logits(model: _core.Model, ids: list[int]) -> npt.NDArray[np.float32]:
-    kv = model.new_kv_cache(dtype="f32", max_pages=8)
+    kv = _pool(model)
     seq = kv.create()
     kv.reserve(seq, len(ids))
     return model.forward(kv, [(seq, ids, "all")])
 
 
 def _greedy(model: _core.Model, ids: list[int], n: int) -> list[int]:
-    kv = model.new_kv_cache(dtype="f32", max_pages=8)
+    kv = _pool(model)
     seq = kv.create()
     kv.reserve(seq, len(ids))
     tokens: list[int] = []
@@ -68,6 +73,43 @@ def test_logits_match_transformers(
     reference = np.load(arch_dir / arch / "ref_logits.npy")
     diff = float(np.abs(_logits(model, prompt) - reference).max())
     assert diff <= TOLERANCE.get(file_type, f32_tolerance), diff
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_sliding_window_layers_give_back_their_pages_and_keep_the_logits(
+    arch_dir: Path, prompt: list[int], arch: str
+) -> None:
+    """Token by token through pages of 4 positions (the window is 8): the windowed layers'
+    page tables lose the pages no query sees, the pool holds only the window for them, and
+    every position's logits still match transformers'."""
+    model = _core.Model(str(arch_dir / arch / f"{arch}-f32.gguf"))
+    reference = np.load(arch_dir / arch / "ref_logits.npy")
+    metadata = model.metadata()
+    assert metadata[f"{arch}.attention.sliding_window"] == 8
+    n_layer = metadata[f"{arch}.block_count"]
+    assert isinstance(n_layer, int)
+    kv = model.new_kv_cache(dtype="f32", page_size=4, max_pages=64)
+    # gemma2: two local and two global layers, groups of two; gemma3: five local layers and a
+    # global one, groups of one.
+    assert kv.n_groups == {"gemma2": 2, "gemma3": 6}[arch]
+    seq = kv.create()
+    for pos, token in enumerate(prompt):
+        kv.reserve(seq, 1)
+        logits = model.forward(kv, [(seq, [token], "last")])
+        assert float(np.abs(logits[0] - reference[pos]).max()) <= 1e-4, pos
+    released = 2**32 - 1
+    tables = [kv.page_table(seq, layer) for layer in range(n_layer)]
+    assert all(len(t) == len(prompt) // 4 for t in tables)
+    # The last query (position 31) sees positions 24..31, pages 6 and 7: the windowed
+    # layers hold only those, the global ones every page.
+    windowed = [t for t in tables if released in t]
+    assert 0 < len(windowed) < n_layer
+    assert all(t[:6] == [released] * 6 and released not in t[6:] for t in windowed)
+    assert all(released not in t for t in tables if t not in windowed)
+    pages_used = sum(len(t) - t.count(released) for t in tables) // (n_layer // kv.n_groups)
+    assert kv.stats()["pages_used"] == pages_used
+    kv.free(seq)
+    assert kv.n_free == kv.n_pages
 
 
 @pytest.mark.parametrize(("arch", "f32_tolerance"), ARCHITECTURES)
@@ -110,7 +152,7 @@ CAPPED = """
 import sys, numpy as np
 from tallow import _core
 model = _core.Model(sys.argv[1])
-kv = model.new_kv_cache(dtype="f32", max_pages=8)
+kv = model.new_kv_cache(dtype="f32", max_pages=model.kv_pages_to_hold(64, chunk=64))
 seq = kv.create()
 ids = [int(t) for t in np.load(sys.argv[2])]
 kv.reserve(seq, len(ids))

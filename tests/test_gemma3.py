@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,6 @@ drift by a few hundredths of a logit over a dozen tokens."""
 FIRST_AGREEING = 8
 """The first tokens of every continuation agree (the reference README: small models' greedy
 continuations may diverge after many tokens, not at once)."""
-"""Greedy paths may part where llama.cpp's token is this close to tallow's best (logits)."""
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +63,49 @@ def test_greedy_continuations_match_llama_cpp_up_to_a_near_tie(
             whole += 1
     # Most prompts agree all the way.
     assert whole >= len(cases["gemma3-270m"]) // 2, whole
+
+
+def test_local_layers_keep_only_their_window_of_kv(gemma3_path: Path, reference_dir: Path) -> None:
+    """1500 prompt tokens in chunks of 256, then 16 decode steps: the local (sliding-window)
+    layers give their pages back as the sequence grows, so the pool holds every page of the
+    global layers and about a window's worth for each local group; the logits are those of the
+    whole prompt in one chunk, where every page is still there and the window is a mask."""
+    model = _core.Model(str(gemma3_path))
+    window, page_size, n = 512, 16, 1500
+    assert model.metadata()["gemma3.attention.sliding_window"] == window
+    text = (reference_dir / "perplexity" / "apache-2.0.txt").read_text()
+    ids = model.tokenize(text, True, False)[:n]
+    assert len(ids) == n
+
+    whole = model.new_kv_cache(max_pages=model.kv_pages_to_hold(n + 16, chunk=n))
+    one = whole.create()
+    whole.reserve(one, n)
+    expected = model.forward(whole, [(one, ids, "last")])
+
+    kv = model.new_kv_cache(max_pages=model.kv_pages_to_hold(n + 16, chunk=256))
+    # 18 layers, 3 global: six groups of three, one global and five local.
+    assert kv.n_groups == 6
+    seq = kv.create()
+    for start in range(0, n, 256):
+        chunk = ids[start : start + 256]
+        kv.reserve(seq, len(chunk))
+        logits = model.forward(kv, [(seq, chunk, "last")])
+        assert kv.stats()["pages_used"] <= kv.pages_to_hold(start + len(chunk), chunk=256)
+    assert np.array_equal(logits, expected)
+
+    for _ in range(16):
+        token = int(np.argmax(logits[-1]))
+        for cache, s in ((kv, seq), (whole, one)):
+            cache.reserve(s, 1)
+        logits = model.forward(kv, [(seq, [token], "last")])
+        assert np.array_equal(logits, model.forward(whole, [(one, [token], "last")]))
+    length = n + 16
+    every = math.ceil(length / page_size)
+    # The last query sees positions length - window ..: a local group keeps the pages from
+    # there on.
+    local = every - (length - window) // page_size
+    assert kv.stats()["pages_used"] == every + 5 * local
+    # Under half the pages of keeping every position of every layer.
+    assert 2 * (every + 5 * local) < 6 * every
+    kv.free(seq)
+    assert kv.n_free == kv.n_pages

@@ -826,3 +826,57 @@ def test_random_workloads_never_leak_pages_or_exceed_the_budget(
             kv2, alone = make(64)
             alone.add(req(rid, n, max_tokens, start=10 * (i % 3)))
             assert tokens_of(got) == tokens_of(run(alone, FakeModel(kv2))[rid])
+
+
+# -- sliding-window layer groups --------------------------------------------------------------
+
+
+def test_a_windowed_layer_group_lets_a_long_request_run_in_a_pool_too_small_to_keep_it() -> None:
+    """Layer 0 global, layer 1 with a window of 8: the windowed group gives its old pages back,
+    so 24 prompt tokens and 24 generated ones (12 pages a layer) run in 18 pages with chunks
+    of 8, with the same tokens as in a pool of global layers that keeps everything."""
+    big, reference = make(64, budget=8)
+    reference.add(req("a", 24, 24))
+    want = tokens_of(run(reference, FakeModel(big))["a"])
+
+    kv = KvCache(2, 1, 8, page_size=PS, dtype="f16", max_pages=18, windows=[None, 8])
+    assert kv.n_groups == 2
+    # 48 positions: 12 global pages, and at most (8 - 1 + 8) / 4 + 1 windowed ones.
+    assert kv.pages_to_hold(48, 8) == 12 + 5
+    s = Scheduler(kv, max_num_seqs=4, max_tokens_per_step=8, eog_ids=[EOS])
+    s.add(req("a", 24, 24))
+    peak = 0
+
+    def check() -> None:
+        nonlocal peak
+        peak = max(peak, int(kv.stats()["pages_used"]))
+
+    outs = run(s, FakeModel(kv), check=check)["a"]
+    assert tokens_of(outs) == want
+    assert (outs[-1].finish_reason, outs[-1].error) == ("length", None)
+    assert s.num_preemptions == 0
+    assert 12 < peak <= 17
+    assert kv.n_free == 18
+
+
+def test_windowed_groups_share_a_cached_prefix_only_where_its_end_sees_it() -> None:
+    """A second request with the same 24-token prompt attaches the cached prefix: the global
+    layer's pages and the windowed layer's last ones, and computes the same tokens."""
+    kv = KvCache(2, 1, 8, page_size=PS, dtype="f16", max_pages=64, windows=[None, 8])
+    s = Scheduler(kv, max_num_seqs=4, max_tokens_per_step=64, eog_ids=[EOS])
+    model = FakeModel(kv)
+    s.add(req("a", 24, 4))
+    first = tokens_of(run(s, model)["a"])
+    s.add(req("b", 24, 4))
+    step = s.schedule()
+    # The last prompt token is always computed: the cached prefix is 5 whole pages.
+    assert chunks(step) == [("b", 20, [120, 121, 122, 123], True)]
+    b = s.get("b")
+    assert b is not None and b.seq is not None
+    released = 2**32 - 1
+    # A query at 20 sees 13..20: windowed pages 3 and 4 came from the cache, 0..2 did not.
+    assert kv.page_table(b.seq, 1)[:3] == [released] * 3
+    assert released not in kv.page_table(b.seq, 0)
+    outs = s.update(step, model.forward(step))
+    rest = run(s, model)
+    assert tokens_of(outs + rest.get("b", [])) == first

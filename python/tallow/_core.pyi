@@ -122,7 +122,11 @@ class Model:
     def new_context(self, n_ctx: int) -> Context:
         """A new sequence with its own KV cache of ``n_ctx`` positions."""
     def kv_page_bytes(self, page_size: int = 16, dtype: str = "f16") -> int:
-        """Bytes of one KV page of ``page_size`` positions for this model."""
+        """Bytes of one KV page of ``page_size`` positions for this model (a page holds one
+        layer group: every layer, unless sliding-window layers form groups of their own)."""
+    def kv_pages_to_hold(self, n_tokens: int, *, page_size: int = 16, chunk: int = 1) -> int:
+        """The most KV pages a sequence of ``n_tokens`` positions holds at once when it grows
+        by at most ``chunk`` positions at a time (sliding-window layers keep their window)."""
     def new_kv_cache(
         self,
         *,
@@ -157,8 +161,16 @@ class KvCache:
         dtype: str = "f16",
         max_pages: int | None = None,
         max_bytes: int | None = None,
+        windows: list[int | None] | None = None,
     ) -> Self:
-        """A pool of ``max_pages`` pages, or as many as ``max_bytes`` holds (give one)."""
+        """A pool of ``max_pages`` pages, or as many as ``max_bytes`` holds (give one).
+
+        ``windows[layer]`` is each layer's sliding window (``None``: global attention); the
+        layers are then grouped, each sequence has a page table per group, and windowed
+        groups give back the pages no query sees any more."""
+    @property
+    def n_groups(self) -> int:
+        """Layer groups (page tables per sequence)."""
     @property
     def page_size(self) -> int:
         """Tokens per page."""
@@ -189,14 +201,22 @@ class KvCache:
     def truncate(self, seq: int, keep: int) -> list[int]:
         """Keep the first ``keep`` positions of ``seq``; return the pages that became free."""
     def pages_needed(self, seq: int, n: int) -> int:
-        """Pages that reserving ``n`` more positions of ``seq`` would take."""
+        """Pages that reserving ``n`` more positions of ``seq`` would take from the free list
+        (less those its windowed groups give back)."""
+    def max_append(self, seq: int, want: int, free: int) -> int:
+        """The most positions, up to ``want``, that ``seq`` can reserve taking at most
+        ``free`` pages."""
+    def pages_to_hold(self, n_tokens: int, chunk: int = 1) -> int:
+        """The most pages a sequence of ``n_tokens`` positions holds at once (all layer
+        groups) when it grows by at most ``chunk`` positions at a time."""
     def reserve(self, seq: int, n: int) -> None:
         """Reserve the next ``n`` positions of ``seq`` (all or nothing; ModelError when the
         pool runs out of pages)."""
     def seq_len(self, seq: int) -> int:
         """Positions reserved for ``seq``."""
-    def page_table(self, seq: int) -> list[int]:
-        """The pages of ``seq`` in position order."""
+    def page_table(self, seq: int, layer: int = 0) -> list[int]:
+        """The pages of ``seq`` that hold ``layer``, in position order (``2**32 - 1`` where a
+        sliding window gave the page back)."""
     def free_pages(self) -> list[int]:
         """The free pages, in the order they will be handed out."""
     def stats(self) -> dict[str, float]:

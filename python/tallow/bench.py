@@ -42,7 +42,7 @@ def _warm_cache(model: _core.Model, n_tokens: int, seed: int) -> tuple[_core.KvC
     untimed prefill), and an empty sequence in it. llama-bench likewise allocates and clears
     its KV buffer and runs a warm-up before it times anything; a fresh pool's pages are
     only mapped by the OS when first written."""
-    kv = model.new_kv_cache(max_pages=-(-n_tokens // 16))
+    kv = model.new_kv_cache(max_pages=model.kv_pages_to_hold(n_tokens, chunk=n_tokens))
     warm = kv.create()
     kv.reserve(warm, n_tokens)
     model.forward(kv, [(warm, _random_tokens(model, n_tokens, seed + 1), "last")])

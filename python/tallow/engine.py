@@ -169,6 +169,19 @@ def _bias(token: object, value: object) -> float:
     return checks.number("a logit_bias value", value)
 
 
+def _pool_context(kv: _core.KvCache, n_ctx: int) -> int:
+    """The most positions, up to ``n_ctx``, that one sequence can hold in ``kv``'s pool
+    (sliding-window layers keep only their window)."""
+    lo, hi = 0, n_ctx
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if kv.pages_to_hold(mid) <= kv.n_pages:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Sizes of an engine, checked when it is made (:class:`InvalidArgumentError`).
@@ -269,13 +282,15 @@ class Engine:
             if config.kv_pages is not None:
                 pages, asked = config.kv_pages, f"kv_pages={checks.describe(config.kv_pages)}"
             else:
-                per_request = -(-n_ctx // config.page_size)
+                per_request = model.kv_pages_to_hold(
+                    n_ctx, page_size=config.page_size, chunk=config.max_tokens_per_step
+                )
                 pages = min(per_request * config.max_num_seqs, 8192)
                 asked = f"a context of {n_ctx} for {config.max_num_seqs} requests"
             _check_pool_fits(pages, page_bytes, asked)
             self.kv = model.new_kv_cache(page_size=config.page_size, max_pages=pages)
         self.model = model
-        self.n_ctx = min(n_ctx, self.kv.n_pages * config.page_size)
+        self.n_ctx = _pool_context(self.kv, n_ctx)
         self.scheduler = Scheduler(
             self.kv,
             max_num_seqs=config.max_num_seqs,
@@ -295,7 +310,12 @@ class Engine:
                 self._proposers["draft"] = DraftModelProposer(
                     draft,
                     n_vocab=model.n_vocab,
-                    kv_pages=self.kv.n_pages,
+                    # As many positions as the model's pool holds.
+                    kv_pages=draft.kv_pages_to_hold(
+                        positions := self.kv.n_pages // self.kv.n_groups * config.page_size,
+                        page_size=config.page_size,
+                        chunk=positions,
+                    ),
                     page_size=config.page_size,
                 )
         self._speculate: dict[str, tuple[str, int]] = {}

@@ -136,7 +136,10 @@ class LLM:
             EngineConfig(
                 max_num_seqs=_MAX_STREAMS,
                 n_ctx=n_ctx,
-                kv_pages=_MAX_STREAMS * -(-n_ctx // _PAGE_SIZE),
+                kv_pages=_MAX_STREAMS
+                * self._model.kv_pages_to_hold(
+                    n_ctx, page_size=_PAGE_SIZE, chunk=EngineConfig.max_tokens_per_step
+                ),
                 page_size=_PAGE_SIZE,
                 speculative=speculative,
             ),

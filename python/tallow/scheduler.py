@@ -98,6 +98,20 @@ class PagePool(Protocol):
         """Pages in the pool."""
         ...
 
+    @property
+    def n_groups(self) -> int:
+        """Layer groups: page tables per sequence, a page for each per ``page_size``
+        positions."""
+        ...
+
+    def pages_to_hold(self, n_tokens: int, chunk: int = 1) -> int:
+        """The most pages a sequence of ``n_tokens`` positions holds at once."""
+        ...
+
+    def max_append(self, seq: int, want: int, free: int) -> int:
+        """The most positions, up to ``want``, ``seq`` can reserve taking ``free`` pages."""
+        ...
+
     def create(self) -> int:
         """A new, empty sequence."""
         ...
@@ -532,9 +546,9 @@ class Scheduler:
             hit, revived = (
                 self.kv.match_prefix(tokens, req.num_tokens - 1) if self.prefix_caching else (0, 0)
             )
-            n = min(req.num_tokens - hit, budget)
-            need = revived + math.ceil((hit + n) / self._page_size) - hit // self._page_size
-            if need > free:
+            n = min(req.num_tokens - hit, budget, self._first_chunk_room(hit, revived))
+            need = revived + self._pages_from(hit, n)
+            if n == 0 or need > free:
                 break
             self._waiting.popleft()
             req.seq = self.kv.create()
@@ -674,7 +688,7 @@ class Scheduler:
             return (
                 f"{n} tokens leave no room for a completion in max_model_len={self.max_model_len}"
             )
-        if math.ceil(n / self._page_size) > self.kv.n_pages:
+        if self.kv.pages_to_hold(n) > self.kv.n_pages:
             return (
                 f"{n} tokens do not fit in the KV pool ({self.kv.n_pages} pages of "
                 f"{self._page_size} tokens)"
@@ -684,13 +698,21 @@ class Scheduler:
     def _fit(self, req: Request, want: int, free: int) -> int:
         """Most tokens, up to ``want``, that ``req`` can reserve with ``free`` pages."""
         assert req.seq is not None
+        return self.kv.max_append(req.seq, want, free)
+
+    def _pages_from(self, hit: int, n: int) -> int:
+        """Pages a new sequence holding the ``hit`` cached tokens (whole pages) takes for
+        its next ``n``: a page per ``page_size`` positions in each layer group."""
         ps = self._page_size
-        room = -req.num_computed % ps
-        n = min(want, room + free * ps)
-        if n > 0 and self.kv.pages_needed(req.seq, n) > free:
-            # Copy-on-write of a shared, partly filled last page takes one of the pages.
-            n = min(want, room + (free - 1) * ps) if free > 0 else 0
-        return n
+        return self.kv.n_groups * (math.ceil((hit + n) / ps) - hit // ps)
+
+    def _first_chunk_room(self, hit: int, revived: int) -> int:
+        """The longest first chunk after ``hit`` cached tokens that fits the whole pool:
+        with several layer groups a prompt that fits one token at a time may not fit in one
+        chunk."""
+        ps, groups = self._page_size, self.kv.n_groups
+        pages = max(self.kv.n_pages - revived, 0) // groups + hit // ps
+        return max(pages * ps - hit, 0)
 
     def _preempt(self, req: Request, planned: dict[str, _Planned], step: Step) -> tuple[int, int]:
         """Free ``req``'s pages and requeue it at the front; return (budget refunded, pages

@@ -1,9 +1,10 @@
 //! Page tables and K/V storage together: the cache the engine holds.
 
 use crate::error::{KvError, Result};
+use crate::groups::LayerGroups;
 use crate::layout::{pages_for_budget, KvBudget, KvKind, KvLayout};
 use crate::sequences::{KvStats, PrefixMatch, Sequences};
-use crate::storage::KvStorage;
+use crate::storage::{check_groups, KvStorage};
 use crate::{PageId, SeqId, Slot};
 
 /// A paged KV cache: [`Sequences`] (page tables, refcounts, free list) over a [`KvStorage`]
@@ -17,18 +18,28 @@ use crate::{PageId, SeqId, Slot};
 /// ends a sequence.
 #[derive(Debug, Clone)]
 pub struct PagedKvCache {
+    groups: LayerGroups,
     seqs: Sequences,
     storage: KvStorage,
 }
 
 impl PagedKvCache {
-    /// A cache whose pool is as large as `budget` allows.
+    /// A cache whose pool is as large as `budget` allows, every page holding every layer.
     pub fn new(layout: KvLayout, budget: KvBudget) -> Result<Self> {
+        Self::grouped(layout, LayerGroups::global(layout.n_layer)?, budget)
+    }
+
+    /// A cache whose pages each hold one of `groups` (`layout.page_layers` must be their
+    /// size; see [`LayerGroups`]).
+    pub fn grouped(layout: KvLayout, groups: LayerGroups, budget: KvBudget) -> Result<Self> {
+        layout.validate()?;
+        check_groups(&layout, &groups)?;
         let n_pages = pages_for_budget(&layout, budget)?;
         // The values first: they are the large allocation, the one that fails first.
-        let storage = KvStorage::new(layout, n_pages)?;
+        let storage = KvStorage::grouped(layout, &groups, n_pages)?;
         Ok(PagedKvCache {
-            seqs: Sequences::new(layout.page_size, n_pages)?,
+            seqs: Sequences::grouped(layout.page_size, n_pages, &groups.windows())?,
+            groups,
             storage,
         })
     }
@@ -36,6 +47,11 @@ impl PagedKvCache {
     /// The geometry.
     pub fn layout(&self) -> &KvLayout {
         self.storage.layout()
+    }
+
+    /// How the layers map onto page tables.
+    pub fn groups(&self) -> &LayerGroups {
+        &self.groups
     }
 
     /// Page tables and allocator.
@@ -100,11 +116,18 @@ impl PagedKvCache {
         self.seqs.pages_needed(seq, n)
     }
 
-    /// Reserves `n` positions at the end of `seq` and returns their slots, copying a shared
-    /// last page first (copy-on-write). All or nothing (see [`Sequences::append_slots`]).
-    pub fn append_slots(&mut self, seq: SeqId, n: usize) -> Result<Vec<Slot>> {
+    /// The most tokens, up to `want`, `seq` can append taking at most `free` pages (see
+    /// [`Sequences::max_append`]).
+    pub fn max_append(&self, seq: SeqId, want: usize, free: usize) -> Result<usize> {
+        self.seqs.max_append(seq, want, free)
+    }
+
+    /// Reserves `n` positions at the end of `seq` and returns their slots in each layer group,
+    /// copying a shared last page first (copy-on-write). All or nothing (see
+    /// [`Sequences::append_slots`]).
+    pub fn append_slots(&mut self, seq: SeqId, n: usize) -> Result<Vec<Vec<Slot>>> {
         let appended = self.seqs.append_slots(seq, n)?;
-        if let Some(c) = appended.copy {
+        for c in &appended.copies {
             self.storage.copy_page(c.src, c.dst)?;
         }
         Ok(appended.slots)
@@ -115,9 +138,9 @@ impl PagedKvCache {
         self.seqs.seq_len(seq)
     }
 
-    /// The page table of `seq`.
-    pub fn page_table(&self, seq: SeqId) -> Result<&[PageId]> {
-        self.seqs.page_table(seq)
+    /// The page table of `seq` that holds `layer` (see [`Sequences::page_table`]).
+    pub fn page_table(&self, seq: SeqId, layer: usize) -> Result<&[PageId]> {
+        self.seqs.page_table(seq, self.groups.place(layer)?.0)
     }
 
     /// Pool and sequence numbers.
@@ -125,16 +148,22 @@ impl PagedKvCache {
         self.seqs.stats()
     }
 
-    /// Writes the K/V rows of `slots.len()` tokens of `layer` (see
+    /// Writes the K/V rows of tokens of `layer` to their slots in the layer's group (see
     /// [`KvStorage::write_tokens`]). The slots should come from
     /// [`PagedKvCache::append_slots`]; writing is not checked against sharing.
     pub fn write(
         &mut self,
-        slots: &[Slot],
+        slots: &[Vec<Slot>],
         layer: usize,
         keys: &[f32],
         values: &[f32],
     ) -> Result<()> {
+        let group = self.groups.place(layer)?.0;
+        let slots = slots.get(group).ok_or(KvError::OutOfRange {
+            what: "layer group",
+            index: group,
+            len: slots.len(),
+        })?;
         self.storage.write_tokens(slots, layer, keys, values)
     }
 
@@ -148,7 +177,7 @@ impl PagedKvCache {
         keys: &[f32],
         values: &[f32],
     ) -> Result<()> {
-        let slot = self.seqs.slot(seq, pos)?;
+        let slot = self.seqs.slot(seq, self.groups.place(layer)?.0, pos)?;
         let refcount = self.seqs.allocator().refcount(slot.page)?;
         if refcount > 1 {
             return Err(KvError::SharedPage {
@@ -179,7 +208,7 @@ impl PagedKvCache {
                 len: len + 1,
             });
         }
-        let pages = self.seqs.page_table(seq)?;
+        let pages = self.page_table(seq, layer)?;
         self.storage
             .gather_f32(pages, n_tokens, layer, head, KvKind::Key, keys)?;
         self.storage
@@ -204,11 +233,11 @@ mod tests {
         (k, v)
     }
 
-    fn write_all(c: &mut PagedKvCache, slots: &[Slot], tag: u32, first_pos: usize) {
+    fn write_all(c: &mut PagedKvCache, slots: &[Vec<Slot>], tag: u32, first_pos: usize) {
         let row = c.layout().row_len();
         for layer in 0..c.layout().n_layer {
             let (mut ks, mut vs) = (Vec::new(), Vec::new());
-            for i in 0..slots.len() {
+            for i in 0..slots[0].len() {
                 let (k, v) = kv_row(tag, first_pos + i, layer, row);
                 ks.extend(k);
                 vs.extend(v);
@@ -251,9 +280,12 @@ mod tests {
             let b = c.fork(a).unwrap();
             let slots = c.append_slots(b, 3).unwrap();
             // Copy-on-write moved b's second page to page 2, with a's first two tokens in it.
-            assert_eq!(c.page_table(b).unwrap(), &[PageId(0), PageId(2), PageId(3)]);
             assert_eq!(
-                slots[0],
+                c.page_table(b, 0).unwrap(),
+                &[PageId(0), PageId(2), PageId(3)]
+            );
+            assert_eq!(
+                slots[0][0],
                 Slot {
                     page: PageId(2),
                     offset: 2
@@ -262,7 +294,7 @@ mod tests {
             write_all(&mut c, &slots, 2, 6);
             let slots = c.append_slots(a, 2).unwrap();
             assert_eq!(
-                slots[0],
+                slots[0][0],
                 Slot {
                     page: PageId(1),
                     offset: 2

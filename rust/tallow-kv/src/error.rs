@@ -97,6 +97,19 @@ pub enum KvError {
         /// Tokens the sequence holds.
         len: usize,
     },
+    /// `truncate` would need K/V that a sliding-window layer group already gave back.
+    #[error(
+        "cannot truncate sequence {seq} to {keep} tokens: its sliding-window layers gave back \
+         the K/V of positions before {released}"
+    )]
+    WindowReleased {
+        /// The sequence.
+        seq: SeqId,
+        /// Tokens asked to keep.
+        keep: usize,
+        /// Positions before this one are gone from a windowed group.
+        released: usize,
+    },
     /// Writing through a sequence into a page other sequences share would change their KV.
     #[error(
         "page {page} is shared by {refcount} sequences; writing to it would change the others"

@@ -35,9 +35,10 @@ pub enum KvKind {
 
 /// Shape of the KV pool.
 ///
-/// A page holds `page_size` consecutive token positions of one sequence, for every layer and
-/// KV head, keys and values. The pool stores them as
-/// `[n_layer][K, V][n_head_kv][page][page_size][head_dim]`: the keys (or values) of one
+/// A page holds `page_size` consecutive token positions of one sequence, for the
+/// `page_layers` layers of one layer group (every layer unless sliding windows split them, see
+/// [`crate::LayerGroups`]) and every KV head, keys and values. The pool stores them as
+/// `[page_layers][K, V][n_head_kv][page][page_size][head_dim]`: the keys (or values) of one
 /// (layer, KV head) for a whole page are one contiguous `page_size * head_dim` block, and the
 /// blocks of consecutive pages follow each other, so that attention over a sequence whose
 /// pages were allocated in order reads each head's history as one stream.
@@ -45,6 +46,8 @@ pub enum KvKind {
 pub struct KvLayout {
     /// Transformer layers.
     pub n_layer: usize,
+    /// Layers one page holds: `n_layer`, or the size of a layer group.
+    pub page_layers: usize,
     /// Key/value heads per layer (after grouped-query sharing).
     pub n_head_kv: usize,
     /// Values per head.
@@ -63,6 +66,7 @@ impl KvLayout {
     pub const fn new(n_layer: usize, n_head_kv: usize, head_dim: usize) -> Self {
         KvLayout {
             n_layer,
+            page_layers: n_layer,
             n_head_kv,
             head_dim,
             page_size: Self::DEFAULT_PAGE_SIZE,
@@ -76,6 +80,12 @@ impl KvLayout {
         self
     }
 
+    /// The same layout with pages of `page_layers` layers (one layer group's).
+    pub const fn with_page_layers(mut self, page_layers: usize) -> Self {
+        self.page_layers = page_layers;
+        self
+    }
+
     /// The same layout with another dtype.
     pub const fn with_dtype(mut self, dtype: KvDtype) -> Self {
         self.dtype = dtype;
@@ -86,6 +96,7 @@ impl KvLayout {
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [
             ("n_layer", self.n_layer),
+            ("page_layers", self.page_layers),
             ("n_head_kv", self.n_head_kv),
             ("head_dim", self.head_dim),
             ("page_size", self.page_size),
@@ -93,6 +104,12 @@ impl KvLayout {
             if v == 0 {
                 return Err(KvError::InvalidLayout(format!("{name} must be at least 1")));
             }
+        }
+        if self.page_layers > self.n_layer {
+            return Err(KvError::InvalidLayout(format!(
+                "a page cannot hold {} of {} layers",
+                self.page_layers, self.n_layer
+            )));
         }
         self.bytes_per_page().map(|_| ())
     }
@@ -108,16 +125,21 @@ impl KvLayout {
         self.n_head_kv * self.head_dim
     }
 
-    /// Values in one page: `2 * n_layer * n_head_kv * head_dim * page_size`.
+    /// Values in one page: `2 * page_layers * n_head_kv * head_dim * page_size`.
     pub fn elems_per_page(&self) -> Result<usize> {
-        [self.n_layer, self.n_head_kv, self.head_dim, self.page_size]
-            .into_iter()
-            .try_fold(2usize, |acc, d| acc.checked_mul(d))
-            .filter(|&n| {
-                n.checked_mul(self.dtype.size())
-                    .is_some_and(|b| b <= isize::MAX as usize)
-            })
-            .ok_or_else(|| KvError::InvalidLayout(format!("page of {self:?} is too large")))
+        [
+            self.page_layers,
+            self.n_head_kv,
+            self.head_dim,
+            self.page_size,
+        ]
+        .into_iter()
+        .try_fold(2usize, |acc, d| acc.checked_mul(d))
+        .filter(|&n| {
+            n.checked_mul(self.dtype.size())
+                .is_some_and(|b| b <= isize::MAX as usize)
+        })
+        .ok_or_else(|| KvError::InvalidLayout(format!("page of {self:?} is too large")))
     }
 
     /// Bytes in one page: [`KvLayout::elems_per_page`] times the dtype size.

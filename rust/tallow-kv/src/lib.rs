@@ -9,6 +9,8 @@
 //! [`Sequences::attach_prefix`] and [`Sequences::commit`]) until the pool reuses them.
 //!
 //! - [`KvLayout`], [`KvBudget`]: geometry and pool size.
+//! - [`LayerGroups`]: which layers share a page table; sliding-window groups give back the
+//!   pages no query sees any more, so their memory is bounded by the window.
 //! - [`PageAllocator`]: refcounts and the (FIFO, deterministic) free list.
 //! - [`Sequences`]: page tables and their operations, with no K/V data (returns [`CopyOp`]s).
 //! - [`KvStorage`]: the K/V values, addressed by page.
@@ -19,6 +21,7 @@
 mod allocator;
 mod cache;
 mod error;
+mod groups;
 mod layout;
 mod memory;
 mod prefix;
@@ -30,6 +33,7 @@ use std::fmt;
 pub use allocator::PageAllocator;
 pub use cache::PagedKvCache;
 pub use error::{KvError, Result};
+pub use groups::{LayerGroup, LayerGroups};
 pub use layout::{pages_for_budget, KvBudget, KvDtype, KvKind, KvLayout, MAX_PAGES};
 pub use prefix::PrefixStats;
 pub use sequences::{Appended, CopyOp, KvStats, PrefixMatch, Sequences};

@@ -7,6 +7,9 @@
 //! pages from the head of that list, so cached pages are evicted least recently freed first,
 //! and only when the pool needs a page. A page in use is never evicted.
 //!
+//! With layer groups (see [`crate::LayerGroups`]) the same prefix has one page per group; a
+//! page is found by its key and its group.
+//!
 //! Keys are SipHash with random keys (no crafted collisions), and a hit is checked against the
 //! page's stored token ids and parent key before it is used.
 
@@ -34,6 +37,7 @@ pub struct PrefixStats {
 #[derive(Debug, Clone)]
 struct Entry {
     key: u64,
+    group: usize,
     parent: u64,
 }
 
@@ -45,7 +49,7 @@ pub(crate) struct PrefixCache {
     entries: Vec<Option<Entry>>,
     /// Token ids of every page (`page_size` per page), valid where `entries` is set.
     tokens: Vec<u32>,
-    by_key: HashMap<u64, PageId>,
+    by_key: HashMap<(u64, usize), PageId>,
     stats: PrefixStats,
 }
 
@@ -69,26 +73,40 @@ impl PrefixCache {
         h.finish()
     }
 
-    /// The registered page holding `tokens` after `parent`, with its key.
-    pub(crate) fn find(&self, parent: u64, tokens: &[u32]) -> Option<(u64, PageId)> {
-        let key = self.key(parent, tokens);
-        let &page = self.by_key.get(&key)?;
+    /// The registered page of layer group `group` holding `tokens` after `parent`, whose key
+    /// is `key` (from [`PrefixCache::key`]).
+    pub(crate) fn find(
+        &self,
+        group: usize,
+        parent: u64,
+        key: u64,
+        tokens: &[u32],
+    ) -> Option<PageId> {
+        let &page = self.by_key.get(&(key, group))?;
         let entry = self.entries[page.index()].as_ref()?;
-        (entry.parent == parent && self.page_tokens(page) == tokens).then_some((key, page))
+        (entry.parent == parent && self.page_tokens(page) == tokens).then_some(page)
     }
 
     fn page_tokens(&self, page: PageId) -> &[u32] {
         &self.tokens[page.index() * self.page_size..][..self.page_size]
     }
 
-    /// Registers full `page` (holding `tokens` after `parent`) under `key`, unless the key is
-    /// taken already (the same prefix computed twice) or the page has a key.
-    pub(crate) fn register(&mut self, page: PageId, parent: u64, key: u64, tokens: &[u32]) {
-        if self.by_key.contains_key(&key) || self.entries[page.index()].is_some() {
+    /// Registers full `page` of layer group `group` (holding `tokens` after `parent`) under
+    /// `key`, unless the group has a page under that key already (the same prefix computed
+    /// twice) or the page has a key.
+    pub(crate) fn register(
+        &mut self,
+        page: PageId,
+        group: usize,
+        parent: u64,
+        key: u64,
+        tokens: &[u32],
+    ) {
+        if self.by_key.contains_key(&(key, group)) || self.entries[page.index()].is_some() {
             return;
         }
-        self.by_key.insert(key, page);
-        self.entries[page.index()] = Some(Entry { key, parent });
+        self.by_key.insert((key, group), page);
+        self.entries[page.index()] = Some(Entry { key, group, parent });
         let ps = self.page_size;
         self.tokens[page.index() * ps..][..ps].copy_from_slice(tokens);
         self.stats.cached_pages += 1;
@@ -102,7 +120,7 @@ impl PrefixCache {
     /// Drops `page`'s key, if it has one; `evicted` counts it as an eviction.
     pub(crate) fn forget(&mut self, page: PageId, evicted: bool) {
         if let Some(entry) = self.entries[page.index()].take() {
-            self.by_key.remove(&entry.key);
+            self.by_key.remove(&(entry.key, entry.group));
             self.stats.cached_pages -= 1;
             if evicted {
                 self.stats.evicted_pages += 1;

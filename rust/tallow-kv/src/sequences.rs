@@ -1,4 +1,5 @@
-//! Per-sequence page tables over the allocator: append, truncate, fork, copy-on-write, free.
+//! Per-sequence page tables over the allocator: append, truncate, fork, copy-on-write, free,
+//! and the pages sliding-window layer groups give back.
 
 use std::collections::BTreeMap;
 
@@ -22,15 +23,22 @@ pub struct CopyOp {
 pub struct Appended {
     /// Position of the first appended token in its sequence.
     pub first_pos: usize,
-    /// Where to write each appended token, in order.
-    pub slots: Vec<Slot>,
-    /// A page to copy before writing, if copy-on-write happened.
-    pub copy: Option<CopyOp>,
+    /// For each layer group, where to write each appended token, in order.
+    pub slots: Vec<Vec<Slot>>,
+    /// Pages to copy before writing (copy-on-write), at most one per group.
+    pub copies: Vec<CopyOp>,
 }
+
+/// An entry of a page table whose page a sliding-window group gave back: no query of the
+/// sequence reads it any more.
+const RELEASED: PageId = PageId(u32::MAX);
 
 #[derive(Debug, Clone, Default)]
 struct SeqEntry {
-    pages: Vec<PageId>,
+    /// One page table per layer group; the first `released[g]` entries of group `g` are
+    /// [`RELEASED`].
+    tables: Vec<Vec<PageId>>,
+    released: Vec<usize>,
     len: usize,
     /// Token ids committed to the sequence (those whose KV is written), at most `len`.
     tokens: Vec<u32>,
@@ -44,6 +52,14 @@ impl SeqEntry {
     /// The key the next full page chains from.
     fn last_key(&self) -> u64 {
         self.keys.last().copied().unwrap_or(self.salt)
+    }
+
+    /// Pages the sequence holds (in every group).
+    fn held(&self) -> impl Iterator<Item = PageId> + '_ {
+        self.tables
+            .iter()
+            .zip(&self.released)
+            .flat_map(|(t, &r)| t[r..].iter().copied())
     }
 }
 
@@ -97,6 +113,10 @@ impl KvStats {
 /// bookkeeping (no K/V data), so it can drive a pool on the host or on a device: copies needed
 /// by copy-on-write are returned as [`CopyOp`]s.
 ///
+/// Each sequence has one page table per layer group (see [`crate::LayerGroups`]), all from
+/// one pool. A group with a sliding window of `w` positions gives back, when the sequence
+/// appends at position `q`, the pages wholly before `q + 1 - w`: no later query sees them.
+///
 /// Sequence ids are assigned `0, 1, 2, ...` by [`Sequences::create`] and
 /// [`Sequences::fork`] and never reused. Pages of a sequence are released from its last page
 /// to its first, so with the FIFO free list a sequence's tail pages are reused before its
@@ -104,6 +124,8 @@ impl KvStats {
 #[derive(Debug, Clone)]
 pub struct Sequences {
     page_size: usize,
+    /// The sliding window of each layer group (`None`: keeps every position).
+    windows: Vec<Option<usize>>,
     alloc: PageAllocator,
     seqs: BTreeMap<SeqId, SeqEntry>,
     next_id: u64,
@@ -111,15 +133,28 @@ pub struct Sequences {
 }
 
 impl Sequences {
-    /// Bookkeeping for a pool of `n_pages` pages of `page_size` tokens.
+    /// Bookkeeping for a pool of `n_pages` pages of `page_size` tokens, one page table per
+    /// sequence.
     pub fn new(page_size: usize, n_pages: usize) -> Result<Self> {
+        Self::grouped(page_size, n_pages, &[None])
+    }
+
+    /// Bookkeeping with one page table per layer group, `windows[g]` being group `g`'s
+    /// sliding window.
+    pub fn grouped(page_size: usize, n_pages: usize, windows: &[Option<usize>]) -> Result<Self> {
         if page_size == 0 {
             return Err(KvError::InvalidLayout(
                 "page_size must be at least 1".into(),
             ));
         }
+        if windows.is_empty() || windows.contains(&Some(0)) {
+            return Err(KvError::InvalidLayout(
+                "at least one layer group, and windows of at least one position".into(),
+            ));
+        }
         Ok(Sequences {
             page_size,
+            windows: windows.to_vec(),
             alloc: PageAllocator::new(n_pages)?,
             seqs: BTreeMap::new(),
             next_id: 0,
@@ -130,6 +165,11 @@ impl Sequences {
     /// Tokens per page.
     pub fn page_size(&self) -> usize {
         self.page_size
+    }
+
+    /// Layer groups (page tables per sequence).
+    pub fn n_groups(&self) -> usize {
+        self.windows.len()
     }
 
     /// The allocator (reference counts, free list).
@@ -148,7 +188,10 @@ impl Sequences {
     pub fn create_salted(&mut self, salt: u64) -> SeqId {
         let id = SeqId(self.next_id);
         self.next_id += 1;
+        let groups = self.windows.len();
         let entry = SeqEntry {
+            tables: vec![Vec::new(); groups],
+            released: vec![0; groups],
             salt,
             ..SeqEntry::default()
         };
@@ -180,15 +223,27 @@ impl Sequences {
         Ok(self.entry(seq)?.len)
     }
 
-    /// The page table of `seq`: position `pos` lives in page `table[pos / page_size]`.
-    pub fn page_table(&self, seq: SeqId) -> Result<&[PageId]> {
-        Ok(&self.entry(seq)?.pages)
+    /// The page table of `seq` in layer group `group`: position `pos` lives in page
+    /// `table[pos / page_size]`. Entries a sliding window gave back hold an id past the
+    /// pool (`u32::MAX`), which every read refuses.
+    pub fn page_table(&self, seq: SeqId, group: usize) -> Result<&[PageId]> {
+        let e = self.entry(seq)?;
+        e.tables
+            .get(group)
+            .map(Vec::as_slice)
+            .ok_or(KvError::OutOfRange {
+                what: "layer group",
+                index: group,
+                len: e.tables.len(),
+            })
     }
 
-    /// Where position `pos` of `seq` lives.
-    pub fn slot(&self, seq: SeqId, pos: usize) -> Result<Slot> {
+    /// Where position `pos` of `seq` lives in layer group `group`.
+    pub fn slot(&self, seq: SeqId, group: usize, pos: usize) -> Result<Slot> {
         let e = self.entry(seq)?;
-        if pos >= e.len {
+        let table = self.page_table(seq, group)?;
+        let first = e.released[group] * self.page_size;
+        if pos >= e.len || pos < first {
             return Err(KvError::OutOfRange {
                 what: "position",
                 index: pos,
@@ -196,24 +251,30 @@ impl Sequences {
             });
         }
         Ok(Slot {
-            page: e.pages[pos / self.page_size],
+            page: table[pos / self.page_size],
             offset: pos % self.page_size,
         })
     }
 
-    /// Whether appending to `seq` must first copy its last page: it is partly filled and
-    /// shared with another sequence.
-    fn needs_cow(&self, e: &SeqEntry) -> Result<bool> {
-        let filled_in_last = e.len % self.page_size;
-        if filled_in_last == 0 {
+    /// Pages of group `g` that no query at position `q` or later sees: those before page
+    /// `floor((q + 1 - w) / page_size)` for a window `w`.
+    fn keep_from(&self, g: usize, q: usize) -> usize {
+        self.windows[g].map_or(0, |w| (q + 1).saturating_sub(w) / self.page_size)
+    }
+
+    /// Whether appending to group `g` of `e` must first copy its last page: it is partly
+    /// filled and shared with another sequence.
+    fn needs_cow(&self, e: &SeqEntry, g: usize) -> Result<bool> {
+        if e.len.is_multiple_of(self.page_size) {
             return Ok(false);
         }
-        let last = *e.pages.last().expect("a non-empty sequence has pages");
+        let last = *e.tables[g].last().expect("a non-empty sequence has pages");
         Ok(self.alloc.refcount(last)? > 1)
     }
 
-    /// Pages [`Sequences::append_slots`] would allocate for `n` more tokens (including a
-    /// copy-on-write page).
+    /// Pages [`Sequences::append_slots`] would take from the free list for `n` more tokens
+    /// (copy-on-write pages included), less the pages its windowed groups give back to the
+    /// free list first (never below zero).
     pub fn pages_needed(&self, seq: SeqId, n: usize) -> Result<usize> {
         let e = self.entry(seq)?;
         if n == 0 {
@@ -224,79 +285,128 @@ impl Sequences {
             index: n,
             len: usize::MAX - e.len,
         })?;
-        let new_pages = total.div_ceil(self.page_size) - e.pages.len();
-        Ok(new_pages + usize::from(self.needs_cow(e)?))
+        let (mut taken, mut given) = (0, 0);
+        for g in 0..self.windows.len() {
+            taken += total.div_ceil(self.page_size) - e.tables[g].len();
+            taken += usize::from(self.needs_cow(e, g)?);
+            for &p in &e.tables[g][e.released[g]..self.keep_from(g, e.len).max(e.released[g])] {
+                given += usize::from(self.alloc.refcount(p)? == 1);
+            }
+        }
+        Ok(taken.saturating_sub(given))
+    }
+
+    /// The most tokens, up to `want`, that `seq` can append while taking at most `free`
+    /// pages from the free list (see [`Sequences::pages_needed`]).
+    pub fn max_append(&self, seq: SeqId, want: usize, free: usize) -> Result<usize> {
+        // pages_needed grows with n: the largest n that fits, by bisection.
+        let (mut lo, mut hi) = (0, want);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if self.pages_needed(seq, mid)? <= free {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        Ok(lo)
     }
 
     /// Reserves `n` more token positions at the end of `seq` and returns the slots to write
     /// them to. All or nothing: when the pool cannot supply the pages,
     /// [`KvError::OutOfPages`] is returned and nothing changes.
     ///
-    /// Copy-on-write: if the last page is partly filled and shared (refcount > 1), a new page
-    /// is allocated first (before any page for new positions), takes the old one's place in
-    /// this sequence's table, and the old page loses one reference; [`Appended::copy`] says
-    /// which page to copy into which. Pages the slots point into are owned by `seq` alone.
+    /// Windowed groups first give back the pages no query from the first new position on can
+    /// see. Copy-on-write: if a group's last page is partly filled and shared (refcount > 1),
+    /// a new page is allocated first (before any page for new positions), takes the old one's
+    /// place in this sequence's table, and the old page loses one reference;
+    /// [`Appended::copies`] says which page to copy into which. Pages the slots point into
+    /// are owned by `seq` alone.
     pub fn append_slots(&mut self, seq: SeqId, n: usize) -> Result<Appended> {
         let needed = self.pages_needed(seq, n)?;
         let e = self.entry(seq)?;
         let first_pos = e.len;
+        let groups = self.windows.len();
         if n == 0 {
             return Ok(Appended {
                 first_pos,
-                slots: Vec::new(),
-                copy: None,
+                slots: vec![Vec::new(); groups],
+                copies: Vec::new(),
             });
         }
-        let cow = self.needs_cow(e)?;
         if needed > self.alloc.n_free() {
             return Err(KvError::OutOfPages {
                 needed,
                 free: self.alloc.n_free(),
             });
         }
-        let mut fresh = Vec::with_capacity(needed);
-        for _ in 0..needed {
-            fresh.push(self.take_free_page()?);
+        let cow: Vec<bool> = (0..groups)
+            .map(|g| self.needs_cow(e, g))
+            .collect::<Result<_>>()?;
+        for g in 0..groups {
+            self.release_before(seq, g, self.keep_from(g, first_pos))?;
         }
-        let mut fresh = fresh.into_iter();
+        let ps = self.page_size;
+        let mut appended = Appended {
+            first_pos,
+            slots: Vec::with_capacity(groups),
+            copies: Vec::new(),
+        };
+        for (g, cow) in cow.into_iter().enumerate() {
+            let table_len = self.entry(seq)?.tables[g].len();
+            let fresh = (first_pos + n).div_ceil(ps) - table_len + usize::from(cow);
+            let mut pages = Vec::with_capacity(fresh);
+            for _ in 0..fresh {
+                pages.push(self.take_free_page()?);
+            }
+            let mut pages = pages.into_iter();
+            let e = self.seqs.get_mut(&seq).expect("checked above");
+            let table = &mut e.tables[g];
+            if cow {
+                let dst = pages.next().expect("allocated");
+                let src = std::mem::replace(table.last_mut().expect("non-empty"), dst);
+                // Still referenced by another sequence: cannot become free here.
+                self.alloc.release(src)?;
+                appended.copies.push(CopyOp { src, dst });
+            }
+            table.extend(pages);
+            let slots = (first_pos..first_pos + n)
+                .map(|pos| Slot {
+                    page: table[pos / ps],
+                    offset: pos % ps,
+                })
+                .collect();
+            appended.slots.push(slots);
+        }
+        self.seqs.get_mut(&seq).expect("checked above").len += n;
+        Ok(appended)
+    }
+
+    /// Gives back the pages of group `g` of `seq` before page `keep_from` (a sliding
+    /// window's), first to last.
+    fn release_before(&mut self, seq: SeqId, g: usize, keep_from: usize) -> Result<()> {
         let e = self
             .seqs
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        let mut copy = None;
-        if cow {
-            let dst = fresh.next().expect("allocated");
-            let src = std::mem::replace(e.pages.last_mut().expect("non-empty"), dst);
-            // Still referenced by another sequence: cannot become free here.
-            self.alloc.release(src)?;
-            copy = Some(CopyOp { src, dst });
+        let end = keep_from.min(e.tables[g].len());
+        for i in e.released[g]..end {
+            let page = std::mem::replace(&mut e.tables[g][i], RELEASED);
+            self.alloc.release(page)?;
         }
-        e.pages.extend(fresh);
-        e.len += n;
-        let ps = self.page_size;
-        let slots = (first_pos..e.len)
-            .map(|pos| Slot {
-                page: e.pages[pos / ps],
-                offset: pos % ps,
-            })
-            .collect();
-        Ok(Appended {
-            first_pos,
-            slots,
-            copy,
-        })
+        e.released[g] = e.released[g].max(end);
+        Ok(())
     }
 
     /// Keeps the first `keep` tokens of `seq`, dropping the rest (rejected speculative
     /// tokens); returns the pages that became free, in the order they went to the free list
     /// (last page first). Pages past the kept tokens lose this sequence's reference; a kept,
-    /// partly filled shared page stays shared until the next append copies it.
+    /// partly filled shared page stays shared until the next append copies it. Refused
+    /// ([`KvError::WindowReleased`]) where a windowed group already gave back K/V that a
+    /// query at position `keep` sees.
     pub fn truncate(&mut self, seq: SeqId, keep: usize) -> Result<Vec<PageId>> {
         let ps = self.page_size;
-        let e = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
+        let e = self.entry(seq)?;
         if keep > e.len {
             return Err(KvError::TruncateBeyondLength {
                 seq,
@@ -304,20 +414,34 @@ impl Sequences {
                 len: e.len,
             });
         }
+        for g in 0..self.windows.len() {
+            if e.released[g] > self.keep_from(g, keep) {
+                return Err(KvError::WindowReleased {
+                    seq,
+                    keep,
+                    released: e.released[g] * ps,
+                });
+            }
+        }
+        let e = self.seqs.get_mut(&seq).expect("checked above");
         e.len = keep;
         e.tokens.truncate(keep);
         e.keys.truncate(keep / ps);
-        let dropped = e.pages.split_off(keep.div_ceil(ps));
-        if !keep.is_multiple_of(ps) {
-            // The kept last page is no longer full: it will be written again, so its key no
-            // longer describes it, unless other sequences still use it whole (then the next
-            // append copies it).
-            let last = *e.pages.last().expect("a partly kept page");
-            if self.alloc.refcount(last)? == 1 {
-                self.prefix.forget(last, false);
+        let mut freed = Vec::new();
+        for table in &mut e.tables {
+            let dropped = table.split_off(keep.div_ceil(ps));
+            if !keep.is_multiple_of(ps) {
+                // The kept last page is no longer full: it will be written again, so its key
+                // no longer describes it, unless other sequences still use it whole (then the
+                // next append copies it).
+                let last = *table.last().expect("a partly kept page");
+                if self.alloc.refcount(last)? == 1 {
+                    self.prefix.forget(last, false);
+                }
             }
+            freed.extend(Self::release_all(&mut self.alloc, &dropped)?);
         }
-        Self::release_all(&mut self.alloc, &dropped)
+        Ok(freed)
     }
 
     /// Releases pages last to first; returns those that became free.
@@ -335,12 +459,12 @@ impl Sequences {
     /// reference count goes up by one). Allocates nothing.
     pub fn fork(&mut self, seq: SeqId) -> Result<SeqId> {
         let e = self.entry(seq)?.clone();
-        for &p in &e.pages {
+        for p in e.held() {
             if self.alloc.refcount(p)? == u32::MAX {
                 return Err(KvError::RefcountOverflow(p));
             }
         }
-        for &p in &e.pages {
+        for p in e.held() {
             self.alloc.retain(p)?;
         }
         let id = SeqId(self.next_id);
@@ -349,14 +473,18 @@ impl Sequences {
         Ok(id)
     }
 
-    /// Ends `seq`: its pages lose one reference each (last page first); returns those that
-    /// became free.
+    /// Ends `seq`: its pages lose one reference each (each group's last page first); returns
+    /// those that became free.
     pub fn free(&mut self, seq: SeqId) -> Result<Vec<PageId>> {
         let e = self
             .seqs
             .remove(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        Self::release_all(&mut self.alloc, &e.pages)
+        let mut freed = Vec::new();
+        for (table, &released) in e.tables.iter().zip(&e.released) {
+            freed.extend(Self::release_all(&mut self.alloc, &table[released..])?);
+        }
+        Ok(freed)
     }
 
     /// Takes a page from the head of the free list; a cached page taken so is evicted.
@@ -366,27 +494,81 @@ impl Sequences {
         Ok(page)
     }
 
-    /// The longest cached prefix of `tokens`, in whole pages and at most `max_tokens` tokens,
-    /// for a sequence created with `salt`. Changes nothing.
-    pub fn match_prefix(&self, salt: u64, tokens: &[u32], max_tokens: usize) -> PrefixMatch {
-        let mut found = PrefixMatch::default();
+    /// The cached pages of the longest prefix of `tokens` (whole pages, at most `max_tokens`
+    /// tokens) that a sequence created with `salt` can continue from: every page in a global
+    /// group, and in a windowed group the pages a query at the prefix's end sees. Returns the
+    /// prefix's page keys and, per group, its first kept page and the pages from there on.
+    fn find_prefix(
+        &self,
+        salt: u64,
+        tokens: &[u32],
+        max_tokens: usize,
+    ) -> (Vec<u64>, Vec<(usize, Vec<PageId>)>) {
+        let ps = self.page_size;
+        let groups = self.windows.len();
+        let mut keys = Vec::new();
+        // found[g][i]: group g's cached page for prefix page i, for each page while every
+        // global group has one.
+        let mut found: Vec<Vec<Option<PageId>>> = vec![Vec::new(); groups];
         let mut parent = salt;
-        for page_tokens in tokens[..max_tokens.min(tokens.len())].chunks_exact(self.page_size) {
-            let Some((key, page)) = self.prefix.find(parent, page_tokens) else {
+        for page_tokens in tokens[..max_tokens.min(tokens.len())].chunks_exact(ps) {
+            let key = self.prefix.key(parent, page_tokens);
+            let pages: Vec<_> = (0..groups)
+                .map(|g| self.prefix.find(g, parent, key, page_tokens))
+                .collect();
+            let global_miss = (0..groups).any(|g| self.windows[g].is_none() && pages[g].is_none());
+            if global_miss {
                 break;
-            };
-            found.tokens += self.page_size;
-            // A page can appear once in a chain (its key includes its parent's).
-            found.free_pages += usize::from(self.alloc.refcount(page).unwrap_or(1) == 0);
+            }
+            for (f, p) in found.iter_mut().zip(pages) {
+                f.push(p);
+            }
+            keys.push(key);
             parent = key;
         }
-        found
+        // The longest prefix whose windowed groups hold every page its end sees.
+        let mut m = keys.len();
+        loop {
+            let kept: Option<Vec<(usize, Vec<PageId>)>> = (0..groups)
+                .map(|g| {
+                    let from = self.keep_from(g, m * ps).min(m);
+                    found[g][from..m]
+                        .iter()
+                        .copied()
+                        .collect::<Option<Vec<_>>>()
+                        .map(|pages| (from, pages))
+                })
+                .collect();
+            if let Some(kept) = kept {
+                keys.truncate(m);
+                return (keys, kept);
+            }
+            m -= 1;
+        }
+    }
+
+    /// The longest cached prefix of `tokens`, in whole pages and at most `max_tokens` tokens,
+    /// for a sequence created with `salt` (see [`Sequences::attach_prefix`]). Changes
+    /// nothing.
+    pub fn match_prefix(&self, salt: u64, tokens: &[u32], max_tokens: usize) -> PrefixMatch {
+        let (keys, kept) = self.find_prefix(salt, tokens, max_tokens);
+        let free_pages = kept
+            .iter()
+            .flat_map(|(_, pages)| pages)
+            // A page appears once (its key includes its parent's and its group).
+            .filter(|&&p| self.alloc.refcount(p).unwrap_or(1) == 0)
+            .count();
+        PrefixMatch {
+            tokens: keys.len() * self.page_size,
+            free_pages,
+        }
     }
 
     /// Gives the empty sequence `seq` the cached pages of the longest cached prefix of
     /// `tokens` (whole pages, at most `max_tokens` tokens; see [`Sequences::match_prefix`]):
-    /// they join its page table, shared, and their tokens count as committed. Returns the
-    /// tokens attached. Counts `tokens.len()` looked-up tokens in the prefix statistics.
+    /// they join its page tables, shared, and their tokens count as committed. A windowed
+    /// group gets only the pages a query at the prefix's end sees. Returns the tokens
+    /// attached. Counts `tokens.len()` looked-up tokens in the prefix statistics.
     pub fn attach_prefix(
         &mut self,
         seq: SeqId,
@@ -397,30 +579,25 @@ impl Sequences {
         if e.len > 0 {
             return Err(KvError::NotEmpty(seq));
         }
-        let mut parent = e.salt;
-        let (mut pages, mut keys) = (Vec::new(), Vec::new());
-        for page_tokens in tokens[..max_tokens.min(tokens.len())].chunks_exact(self.page_size) {
-            let Some((key, page)) = self.prefix.find(parent, page_tokens) else {
-                break;
-            };
-            pages.push(page);
-            keys.push(key);
-            parent = key;
-        }
-        for &page in &pages {
+        let (keys, kept) = self.find_prefix(e.salt, tokens, max_tokens);
+        for &page in kept.iter().flat_map(|(_, pages)| pages) {
             if self.alloc.refcount(page)? == 0 {
                 self.alloc.revive(page)?;
             } else {
                 self.alloc.retain(page)?;
             }
         }
-        let n = pages.len() * self.page_size;
+        let n = keys.len() * self.page_size;
         self.prefix.count_lookup(tokens.len(), n);
         let e = self
             .seqs
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        e.pages = pages;
+        for (g, (from, pages)) in kept.into_iter().enumerate() {
+            e.tables[g] = vec![RELEASED; from];
+            e.tables[g].extend(pages);
+            e.released[g] = from;
+        }
         e.keys = keys;
         e.len = n;
         e.tokens.extend_from_slice(&tokens[..n]);
@@ -428,8 +605,8 @@ impl Sequences {
     }
 
     /// Records the token ids of the next positions of `seq` whose KV has been written, and
-    /// registers every page they complete in the prefix cache. The committed tokens never
-    /// outnumber the sequence's positions.
+    /// registers every page they complete in the prefix cache (in each group that still holds
+    /// it). The committed tokens never outnumber the sequence's positions.
     pub fn commit(&mut self, seq: SeqId, tokens: &[u32]) -> Result<()> {
         let ps = self.page_size;
         let e = self
@@ -448,7 +625,11 @@ impl Sequences {
             let i = e.keys.len();
             let (parent, page_tokens) = (e.last_key(), &e.tokens[i * ps..(i + 1) * ps]);
             let key = self.prefix.key(parent, page_tokens);
-            self.prefix.register(e.pages[i], parent, key, page_tokens);
+            for (g, table) in e.tables.iter().enumerate() {
+                if i >= e.released[g] {
+                    self.prefix.register(table[i], g, parent, key, page_tokens);
+                }
+            }
             e.keys.push(key);
         }
         Ok(())
@@ -467,10 +648,12 @@ impl Sequences {
         let mut seq_tokens = 0;
         for e in self.seqs.values() {
             seq_tokens += e.len;
-            for (i, p) in e.pages.iter().enumerate() {
-                let f = &mut filled[p.index()];
-                *f = (*f).max((e.len - i * ps).min(ps));
-                refs[p.index()] += 1;
+            for (table, &released) in e.tables.iter().zip(&e.released) {
+                for (i, p) in table.iter().enumerate().skip(released) {
+                    let f = &mut filled[p.index()];
+                    *f = (*f).max((e.len - i * ps).min(ps));
+                    refs[p.index()] += 1;
+                }
             }
         }
         KvStats {
@@ -507,23 +690,23 @@ mod tests {
         assert_eq!((a, b), (SeqId(0), SeqId(1)));
         let r = s.append_slots(a, 6).unwrap();
         assert_eq!(r.first_pos, 0);
-        assert_eq!(r.copy, None);
+        assert_eq!(r.copies, vec![]);
         assert_eq!(
-            r.slots[0],
+            r.slots[0][0],
             Slot {
                 page: PageId(0),
                 offset: 0
             }
         );
         assert_eq!(
-            r.slots[5],
+            r.slots[0][5],
             Slot {
                 page: PageId(1),
                 offset: 1
             }
         );
         assert_eq!(
-            s.append_slots(b, 3).unwrap().slots[2],
+            s.append_slots(b, 3).unwrap().slots[0][2],
             Slot {
                 page: PageId(2),
                 offset: 2
@@ -532,7 +715,7 @@ mod tests {
         let r = s.append_slots(a, 3).unwrap();
         assert_eq!(r.first_pos, 6);
         assert_eq!(
-            r.slots,
+            r.slots[0],
             vec![
                 Slot {
                     page: PageId(1),
@@ -548,18 +731,18 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(s.page_table(a).unwrap(), ids(&[0, 1, 3]));
-        assert_eq!(s.page_table(b).unwrap(), ids(&[2]));
+        assert_eq!(s.page_table(a, 0).unwrap(), ids(&[0, 1, 3]));
+        assert_eq!(s.page_table(b, 0).unwrap(), ids(&[2]));
         assert_eq!((s.seq_len(a).unwrap(), s.seq_len(b).unwrap()), (9, 3));
         assert_eq!(
-            s.slot(a, 8).unwrap(),
+            s.slot(a, 0, 8).unwrap(),
             Slot {
                 page: PageId(3),
                 offset: 0
             }
         );
         assert!(matches!(
-            s.slot(a, 9),
+            s.slot(a, 0, 9),
             Err(KvError::OutOfRange {
                 what: "position",
                 ..
@@ -567,7 +750,7 @@ mod tests {
         ));
         assert_eq!(s.allocator().n_used(), 4);
         let r = s.append_slots(b, 0).unwrap();
-        assert!(r.slots.is_empty());
+        assert!(r.slots[0].is_empty());
         assert_eq!(r.first_pos, 3);
     }
 
@@ -585,7 +768,7 @@ mod tests {
         );
         let c = s.create();
         s.append_slots(c, 7).unwrap();
-        assert_eq!(s.page_table(c).unwrap(), ids(&[4, 5, 2, 1]));
+        assert_eq!(s.page_table(c, 0).unwrap(), ids(&[4, 5, 2, 1]));
         assert_eq!(s.free(a).unwrap_err(), KvError::UnknownSequence(a));
         assert_eq!(
             KvError::UnknownSequence(a).to_string(),
@@ -603,12 +786,12 @@ mod tests {
         assert_eq!(err, KvError::OutOfPages { needed: 2, free: 1 });
         assert_eq!(err.to_string(), "out of KV pages: need 2, only 1 free");
         assert_eq!(s.seq_len(a).unwrap(), 5);
-        assert_eq!(s.page_table(a).unwrap(), ids(&[0, 1]));
+        assert_eq!(s.page_table(a, 0).unwrap(), ids(&[0, 1]));
         assert_eq!(s.allocator().n_free(), 1);
         // Fills page 1 and takes page 2: exactly enough.
         assert_eq!(s.pages_needed(a, 7).unwrap(), 1);
         s.append_slots(a, 7).unwrap();
-        assert_eq!(s.page_table(a).unwrap(), ids(&[0, 1, 2]));
+        assert_eq!(s.page_table(a, 0).unwrap(), ids(&[0, 1, 2]));
         assert_eq!(s.allocator().n_free(), 0);
     }
 
@@ -618,7 +801,7 @@ mod tests {
         let a = s.create();
         s.append_slots(a, 14).unwrap(); // pages 0 1 2 3
         assert_eq!(s.truncate(a, 9).unwrap(), ids(&[3]));
-        assert_eq!(s.page_table(a).unwrap(), ids(&[0, 1, 2]));
+        assert_eq!(s.page_table(a, 0).unwrap(), ids(&[0, 1, 2]));
         assert_eq!(s.truncate(a, 8).unwrap(), ids(&[2]));
         assert_eq!(s.truncate(a, 8).unwrap(), ids(&[]));
         assert_eq!(s.seq_len(a).unwrap(), 8);
@@ -633,7 +816,7 @@ mod tests {
         // Page 1 is full, so the next token takes a new page: 4, the head of the free list.
         let r = s.append_slots(a, 1).unwrap();
         assert_eq!(
-            r.slots,
+            r.slots[0],
             vec![Slot {
                 page: PageId(4),
                 offset: 0
@@ -654,33 +837,33 @@ mod tests {
         s.append_slots(a, 6).unwrap(); // pages 0 1 (page 1 half full)
         let b = s.fork(a).unwrap();
         assert_eq!(b, SeqId(1));
-        assert_eq!(s.page_table(b).unwrap(), ids(&[0, 1]));
+        assert_eq!(s.page_table(b, 0).unwrap(), ids(&[0, 1]));
         assert_eq!((rc(&s, 0), rc(&s, 1)), (2, 2));
         assert_eq!(s.stats().pages_shared, 2);
         assert_eq!(s.pages_needed(b, 1).unwrap(), 1);
         // b appends into shared, partly filled page 1: copy to page 2 first.
         let r = s.append_slots(b, 2).unwrap();
         assert_eq!(
-            r.copy,
-            Some(CopyOp {
+            r.copies,
+            vec![CopyOp {
                 src: PageId(1),
                 dst: PageId(2)
-            })
+            }]
         );
         assert_eq!(
-            r.slots[0],
+            r.slots[0][0],
             Slot {
                 page: PageId(2),
                 offset: 2
             }
         );
-        assert_eq!(s.page_table(b).unwrap(), ids(&[0, 2]));
+        assert_eq!(s.page_table(b, 0).unwrap(), ids(&[0, 2]));
         assert_eq!((rc(&s, 0), rc(&s, 1), rc(&s, 2)), (2, 1, 1));
         // a now owns page 1 alone: no copy.
         let r = s.append_slots(a, 1).unwrap();
-        assert_eq!(r.copy, None);
+        assert_eq!(r.copies, vec![]);
         assert_eq!(
-            r.slots,
+            r.slots[0],
             vec![Slot {
                 page: PageId(1),
                 offset: 2
@@ -691,8 +874,8 @@ mod tests {
         s.append_slots(c, 4).unwrap(); // page 3
         let d = s.fork(c).unwrap();
         let r = s.append_slots(d, 1).unwrap();
-        assert_eq!(r.copy, None);
-        assert_eq!(s.page_table(d).unwrap(), ids(&[3, 4]));
+        assert_eq!(r.copies, vec![]);
+        assert_eq!(s.page_table(d, 0).unwrap(), ids(&[3, 4]));
         assert_eq!(rc(&s, 3), 2);
         // Freeing the fork leaves the original's pages in use.
         assert_eq!(s.free(d).unwrap(), ids(&[4]));
@@ -713,20 +896,20 @@ mod tests {
             s.append_slots(b, 1).unwrap_err(),
             KvError::OutOfPages { needed: 1, free: 0 }
         );
-        assert_eq!(s.page_table(b).unwrap(), ids(&[0, 1]));
+        assert_eq!(s.page_table(b, 0).unwrap(), ids(&[0, 1]));
         assert_eq!(rc(&s, 1), 2);
         // Truncating into a shared page keeps it shared; the next append copies it.
         s.free(a).unwrap();
         let c = s.fork(b).unwrap();
         s.truncate(c, 2).unwrap();
-        assert_eq!(s.page_table(c).unwrap(), ids(&[0]));
+        assert_eq!(s.page_table(c, 0).unwrap(), ids(&[0]));
         assert_eq!((rc(&s, 0), rc(&s, 1)), (2, 1));
         s.free(b).unwrap();
         assert_eq!(s.free_pages_for_test(), ids(&[1]));
         let r = s.append_slots(c, 1).unwrap();
-        assert_eq!(r.copy, None); // page 0 is c's alone now
+        assert_eq!(r.copies, vec![]); // page 0 is c's alone now
         assert_eq!(
-            r.slots,
+            r.slots[0],
             vec![Slot {
                 page: PageId(0),
                 offset: 2
@@ -795,6 +978,98 @@ mod tests {
             assert_eq!(err, KvError::UnknownSequence(ghost));
         }
         assert!(Sequences::new(0, 2).is_err());
+    }
+
+    /// Pages of 4, a global group and a group with a window of 6 positions.
+    fn windowed(n_pages: usize) -> Sequences {
+        Sequences::grouped(4, n_pages, &[None, Some(6)]).unwrap()
+    }
+
+    #[test]
+    fn a_windowed_group_gives_back_the_pages_no_query_sees() {
+        let mut s = windowed(64);
+        let a = s.create();
+        for _ in 0..20 {
+            s.append_slots(a, 1).unwrap();
+        }
+        // The last append was at position 19, which sees positions 14..=19: pages 0..3 of
+        // the windowed group are gone, the global group keeps all five.
+        let table = s.page_table(a, 1).unwrap();
+        assert_eq!(&table[..3], &[RELEASED; 3]);
+        assert!(table[3..].iter().all(|p| p.index() < 64));
+        assert_eq!(s.page_table(a, 0).unwrap().len(), 5);
+        assert_eq!(s.stats().pages_used, 5 + 2);
+        assert!(s.slot(a, 1, 11).is_err());
+        assert_eq!(s.slot(a, 1, 12).unwrap().page, table[3]);
+        assert!(s.slot(a, 0, 0).is_ok());
+        // Position 20 needs a page in each group; position 23 needs none and gives back page
+        // 3 (positions 12..16) of the windowed group.
+        assert_eq!(s.pages_needed(a, 1).unwrap(), 2);
+        s.append_slots(a, 3).unwrap();
+        assert_eq!(s.seq_len(a).unwrap(), 23);
+        assert_eq!(s.pages_needed(a, 1).unwrap(), 0);
+        let free = s.allocator().n_free();
+        s.append_slots(a, 1).unwrap();
+        assert_eq!(s.allocator().n_free(), free + 1);
+        assert_eq!(s.page_table(a, 1).unwrap()[3], RELEASED);
+        // max_append counts the page given back.
+        assert_eq!(s.max_append(a, 100, 0).unwrap(), 0);
+        assert_eq!(s.max_append(a, 100, 2).unwrap(), 4);
+        // The pool gets every page back.
+        let used = s.stats().pages_used;
+        assert_eq!(s.free(a).unwrap().len(), used);
+        assert_eq!(s.allocator().n_free(), 64);
+    }
+
+    #[test]
+    fn truncation_cannot_reach_back_past_what_the_window_gave_back() {
+        let mut s = windowed(64);
+        let a = s.create();
+        s.append_slots(a, 16).unwrap();
+        s.append_slots(a, 4).unwrap(); // at 16, sees 11..: page 2 on, pages 0 1 gone
+        assert_eq!(
+            s.truncate(a, 12).unwrap_err(),
+            KvError::WindowReleased {
+                seq: a,
+                keep: 12,
+                released: 8
+            }
+        );
+        assert_eq!(s.seq_len(a).unwrap(), 20);
+        // Keeping 13 tokens: a query at 13 sees 8..=13, still held.
+        s.truncate(a, 13).unwrap();
+        assert_eq!(s.page_table(a, 1).unwrap().len(), 4);
+        assert_eq!(s.page_table(a, 0).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn a_prefix_is_found_where_the_windowed_group_holds_what_its_end_sees() {
+        let mut s = windowed(64);
+        let tokens: Vec<u32> = (100..120).collect();
+        let a = s.create();
+        for _ in 0..20 {
+            s.append_slots(a, 1).unwrap();
+        }
+        // Committed once at the end: the windowed pages given back were never cached.
+        s.commit(a, &tokens).unwrap();
+        let fork = s.fork(a).unwrap();
+        s.free(a).unwrap();
+        // All 20 tokens: a query at 20 sees 15..=20, in pages 3 and 4, which are cached.
+        let m = s.match_prefix(0, &tokens, 20);
+        assert_eq!(m.tokens, 20);
+        assert_eq!(m.free_pages, 0);
+        // 16 tokens would need windowed page 2 (positions 11..16): gone, and so is every
+        // shorter prefix's.
+        assert_eq!(s.match_prefix(0, &tokens, 19).tokens, 0);
+        let b = s.create();
+        assert_eq!(s.attach_prefix(b, &tokens, 20).unwrap(), 20);
+        assert_eq!(s.page_table(b, 0).unwrap(), s.page_table(fork, 0).unwrap());
+        assert_eq!(s.page_table(b, 1).unwrap(), s.page_table(fork, 1).unwrap());
+        s.append_slots(b, 1).unwrap();
+        // Forks and frees leave every reference count balanced.
+        s.free(fork).unwrap();
+        s.free(b).unwrap();
+        assert_eq!(s.allocator().n_free(), 64);
     }
 
     impl Sequences {

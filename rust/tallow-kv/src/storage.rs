@@ -5,6 +5,7 @@ use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 
 use crate::error::{KvError, Result};
+use crate::groups::LayerGroups;
 use crate::layout::{KvDtype, KvKind, KvLayout};
 use crate::memory::zeroed;
 use crate::{PageId, Slot};
@@ -27,22 +28,32 @@ pub enum KvBlock<'a> {
 
 /// Every page of the pool in one allocation, laid out as described on [`KvLayout`]: the
 /// block of (layer, kind, head) of page `p` starts at
-/// `(((layer * 2 + kind) * n_head_kv + head) * n_pages + p) * page_size * head_dim`.
+/// `(((slot * 2 + kind) * n_head_kv + head) * n_pages + p) * page_size * head_dim`, where
+/// `slot` is the layer's place in its group's pages ([`LayerGroups::place`]).
 ///
-/// The storage knows nothing about sequences or refcounts; it is addressed by page id.
+/// The storage knows nothing about sequences or refcounts; it is addressed by page id and
+/// model layer.
 #[derive(Debug, Clone)]
 pub struct KvStorage {
     layout: KvLayout,
+    /// The page slot of each model layer.
+    slot_of: Vec<usize>,
     n_pages: usize,
     page_elems: usize,
     data: Data,
 }
 
 impl KvStorage {
-    /// A zeroed pool of `n_pages` pages (zero pages allocate no memory from the OS until
-    /// written).
+    /// A zeroed pool of `n_pages` pages holding every layer (zero pages allocate no memory
+    /// from the OS until written).
     pub fn new(layout: KvLayout, n_pages: usize) -> Result<Self> {
+        Self::grouped(layout, &LayerGroups::global(layout.n_layer)?, n_pages)
+    }
+
+    /// A zeroed pool of `n_pages` pages, each holding the layers of one of `groups`.
+    pub fn grouped(layout: KvLayout, groups: &LayerGroups, n_pages: usize) -> Result<Self> {
         layout.validate()?;
+        check_groups(&layout, groups)?;
         let page_elems = layout.elems_per_page()?;
         let max = isize::MAX as usize / layout.bytes_per_page()?;
         if n_pages > max {
@@ -58,6 +69,9 @@ impl KvStorage {
         };
         Ok(KvStorage {
             layout,
+            slot_of: (0..layout.n_layer)
+                .map(|l| groups.place(l).map(|(_, slot)| slot))
+                .collect::<Result<_>>()?,
             n_pages,
             page_elems,
             data,
@@ -104,8 +118,9 @@ impl KvStorage {
         let l = &self.layout;
         Self::check_index("layer", layer, l.n_layer)?;
         Self::check_index("KV head", head, l.n_head_kv)?;
+        let slot = self.slot_of[layer];
         Ok(
-            (((layer * 2 + kind as usize) * l.n_head_kv + head) * self.n_pages + page.index())
+            (((slot * 2 + kind as usize) * l.n_head_kv + head) * self.n_pages + page.index())
                 * l.block_len(),
         )
     }
@@ -298,6 +313,21 @@ impl KvStorage {
         }
         Ok(())
     }
+}
+
+/// Checks that `groups` cut `layout`'s layers into pages of `layout.page_layers`.
+pub(crate) fn check_groups(layout: &KvLayout, groups: &LayerGroups) -> Result<()> {
+    if (groups.n_layer(), groups.page_layers()) != (layout.n_layer, layout.page_layers) {
+        return Err(KvError::InvalidLayout(format!(
+            "layer groups of {} layers in pages of {} do not fit a layout of {} layers in \
+             pages of {}",
+            groups.n_layer(),
+            groups.page_layers(),
+            layout.n_layer,
+            layout.page_layers
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ fn freed_full_pages_are_found_again_and_reused_exactly() {
     let mut s = Sequences::new(PS, 8).unwrap();
     let prompt: Vec<u32> = (100..110).collect();
     let a = computed(&mut s, &prompt);
-    assert_eq!(s.page_table(a).unwrap(), pages(&[0, 1, 2]));
+    assert_eq!(s.page_table(a, 0).unwrap(), pages(&[0, 1, 2]));
     // The two full pages are cached, the partly filled third is not.
     assert!(s.is_cached(PageId(0)) && s.is_cached(PageId(1)) && !s.is_cached(PageId(2)));
     assert_eq!(s.stats().prefix.cached_pages, 2);
@@ -46,13 +46,13 @@ fn freed_full_pages_are_found_again_and_reused_exactly() {
     );
     let b = s.create();
     assert_eq!(s.attach_prefix(b, &other, other.len() - 1).unwrap(), 8);
-    assert_eq!(s.page_table(b).unwrap(), pages(&[0, 1]));
+    assert_eq!(s.page_table(b, 0).unwrap(), pages(&[0, 1]));
     assert_eq!(s.seq_len(b).unwrap(), 8);
     assert_eq!(free_list(&s), pages(&[3, 4, 5, 6, 7, 2]));
     // The rest is computed in a new page from the head of the free list.
     s.append_slots(b, 4).unwrap();
     s.commit(b, &other[8..]).unwrap();
-    assert_eq!(s.page_table(b).unwrap(), pages(&[0, 1, 3]));
+    assert_eq!(s.page_table(b, 0).unwrap(), pages(&[0, 1, 3]));
     let stats = s.stats().prefix;
     assert_eq!((stats.queried_tokens, stats.hit_tokens), (12, 8));
     assert_eq!((stats.cached_pages, stats.evicted_pages), (3, 0));
@@ -79,7 +79,7 @@ fn eviction_takes_the_least_recently_freed_cached_page_and_only_when_needed() {
     // Three pages: the two never-used ones, then the least recently freed cached page.
     let c = s.create();
     s.append_slots(c, 12).unwrap();
-    assert_eq!(s.page_table(c).unwrap(), pages(&[4, 5, 1]));
+    assert_eq!(s.page_table(c, 0).unwrap(), pages(&[4, 5, 1]));
     assert_eq!(s.stats().prefix.evicted_pages, 1);
     assert!(!s.is_cached(PageId(1)));
     // `first` keeps its first page only; `second` is whole.
@@ -88,7 +88,7 @@ fn eviction_takes_the_least_recently_freed_cached_page_and_only_when_needed() {
 
     // Another page: page 0 next.
     s.append_slots(c, 4).unwrap();
-    assert_eq!(s.page_table(c).unwrap()[3], PageId(0));
+    assert_eq!(s.page_table(c, 0).unwrap()[3], PageId(0));
     assert_eq!(s.match_prefix(0, &first, 8).tokens, 0);
     assert_eq!(s.stats().prefix.evicted_pages, 2);
 }
@@ -106,7 +106,7 @@ fn pages_in_use_are_never_evicted() {
         KvError::OutOfPages { needed: 1, free: 0 }
     );
     assert_eq!(s.stats().prefix.evicted_pages, 0);
-    assert_eq!(s.page_table(a).unwrap(), pages(&[0, 1]));
+    assert_eq!(s.page_table(a, 0).unwrap(), pages(&[0, 1]));
     assert_eq!(s.match_prefix(0, &prompt, 8).tokens, 8);
 }
 
@@ -149,14 +149,14 @@ fn the_same_prefix_computed_twice_is_cached_once() {
     let prompt: Vec<u32> = (0..8).collect();
     let a = computed(&mut s, &prompt);
     let b = computed(&mut s, &prompt);
-    assert_eq!(s.page_table(b).unwrap(), pages(&[2, 3]));
+    assert_eq!(s.page_table(b, 0).unwrap(), pages(&[2, 3]));
     assert_eq!(s.stats().prefix.cached_pages, 2);
     assert!(!s.is_cached(PageId(2)));
     s.free(a).unwrap();
     s.free(b).unwrap();
     let c = s.create();
     s.attach_prefix(c, &prompt, 8).unwrap();
-    assert_eq!(s.page_table(c).unwrap(), pages(&[0, 1]));
+    assert_eq!(s.page_table(c, 0).unwrap(), pages(&[0, 1]));
 }
 
 #[test]
@@ -182,7 +182,7 @@ fn truncating_into_a_cached_page_uncaches_it_unless_others_use_it() {
     s.truncate(b, 6).unwrap();
     assert!(s.is_cached(PageId(1)));
     let appended = s.append_slots(b, 1).unwrap();
-    assert_eq!(appended.copy.map(|c| c.src), Some(PageId(1)));
+    assert_eq!(appended.copies.first().map(|c| c.src), Some(PageId(1)));
 }
 
 #[test]

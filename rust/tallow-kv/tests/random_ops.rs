@@ -86,7 +86,7 @@ fn check_invariants(c: &PagedKvCache, m: &Model) -> Result<(), TestCaseError> {
     let mut filled: HashMap<PageId, usize> = HashMap::new();
     for (&seq, (pages, vals)) in &m.seqs {
         prop_assert_eq!(c.seq_len(seq)?, vals.len());
-        let table = c.page_table(seq)?;
+        let table = c.page_table(seq, 0)?;
         prop_assert_eq!(table.len(), pages.len());
         prop_assert_eq!(table.len(), vals.len().div_ceil(PAGE_SIZE));
         for (i, (&real, &abs)) in table.iter().zip(pages).enumerate() {
@@ -172,7 +172,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let needed = new_pages + usize::from(cow);
                 prop_assert_eq!(c.pages_needed(s, n)?, needed);
                 if needed > m.n_free() {
-                    let before = (c.stats(), c.page_table(s)?.to_vec());
+                    let before = (c.stats(), c.page_table(s, 0)?.to_vec());
                     let free_before: Vec<PageId> = c.sequences().allocator().free_pages().collect();
                     prop_assert_eq!(
                         c.append_slots(s, n),
@@ -181,12 +181,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                             free: m.n_free()
                         })
                     );
-                    prop_assert_eq!((c.stats(), c.page_table(s)?.to_vec()), before);
+                    prop_assert_eq!((c.stats(), c.page_table(s, 0)?.to_vec()), before);
                     let free_after: Vec<PageId> = c.sequences().allocator().free_pages().collect();
                     prop_assert_eq!(free_after, free_before);
                 } else {
                     let slots = c.append_slots(s, n)?;
-                    prop_assert_eq!(slots.len(), n);
+                    prop_assert_eq!(slots.len(), 1);
+                    prop_assert_eq!(slots[0].len(), n);
                     let mut pages = m.seqs[&s].0.clone();
                     if cow {
                         let old = pages.pop().unwrap();
@@ -196,9 +197,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     for _ in 0..new_pages {
                         pages.push(m.new_page());
                     }
-                    let table = c.page_table(s)?;
+                    let table = c.page_table(s, 0)?;
                     let mut ks = Vec::new();
-                    for (i, slot) in slots.iter().enumerate() {
+                    for (i, slot) in slots[0].iter().enumerate() {
                         let pos = len + i;
                         let want = Slot {
                             page: table[pos / PAGE_SIZE],

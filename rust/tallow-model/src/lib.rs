@@ -27,7 +27,7 @@ pub use error::ModelError;
 pub use sampling::{argmax, sample_batch, Sampled, Sampler, SamplingParams};
 pub use scratch::Scratch;
 pub use sequence::SingleSequence;
-pub use tallow_kv::{KvBudget, KvDtype, KvLayout, KvStats, PagedKvCache, SeqId};
+pub use tallow_kv::{KvBudget, KvDtype, KvLayout, KvStats, LayerGroups, PagedKvCache, SeqId};
 
 use forward::Forward;
 use ops::Ropes;
@@ -40,6 +40,8 @@ pub struct Model {
     weights: Weights,
     rope: Ropes,
     tokenizer: Tokenizer,
+    /// How the layers share KV page tables (sliding-window layers apart).
+    kv_groups: LayerGroups,
 }
 
 /// How [`Model::load_with`] prepares the weights.
@@ -81,12 +83,17 @@ impl Model {
         // Everything needed from the header is parsed by now.
         file.release_header();
         let rope = Ropes::new(&config, weights.rope_freqs.as_deref());
+        let windows: Vec<_> = (0..config.n_layer)
+            .map(|l| config.sliding_window.filter(|_| config.slides(l)))
+            .collect();
+        let kv_groups = LayerGroups::from_windows(&windows)?;
         Ok(Model {
             file,
             config,
             weights,
             rope,
             tokenizer,
+            kv_groups,
         })
     }
 
@@ -102,10 +109,18 @@ impl Model {
         &self.file
     }
 
-    /// The shape of this model's KV cache: f16 pages of 16 positions.
+    /// The shape of this model's KV cache: f16 pages of 16 positions, each holding one layer
+    /// group (see [`Model::kv_groups`]).
     pub fn kv_layout(&self) -> KvLayout {
         let c = &self.config;
         KvLayout::new(c.n_layer, c.n_head_kv, c.head_dim)
+            .with_page_layers(self.kv_groups().page_layers())
+    }
+
+    /// How this model's layers share page tables: sliding-window layers apart from global
+    /// ones, so that their pages are given back once no query sees them.
+    pub fn kv_groups(&self) -> &LayerGroups {
+        &self.kv_groups
     }
 
     /// An empty paged KV cache of `layout` (from [`Model::kv_layout`], maybe with another page
@@ -116,23 +131,44 @@ impl Model {
         budget: KvBudget,
     ) -> Result<PagedKvCache, ModelError> {
         self.check_kv_layout(&layout)?;
-        Ok(PagedKvCache::new(layout, budget)?)
+        Ok(PagedKvCache::grouped(
+            layout,
+            self.kv_groups.clone(),
+            budget,
+        )?)
     }
 
     fn check_kv_layout(&self, layout: &KvLayout) -> Result<(), ModelError> {
         let own = self.kv_layout();
-        if (layout.n_layer, layout.n_head_kv, layout.head_dim)
-            != (own.n_layer, own.n_head_kv, own.head_dim)
+        if (
+            layout.n_layer,
+            layout.page_layers,
+            layout.n_head_kv,
+            layout.head_dim,
+        ) != (own.n_layer, own.page_layers, own.n_head_kv, own.head_dim)
         {
             return Err(ModelError::InvalidArgument(format!(
-                "a KV cache of {} layers x {} heads x {} does not fit this model ({} x {} x {})",
+                "a KV cache of {} layers ({} a page) x {} heads x {} does not fit this model \
+                 ({} ({}) x {} x {})",
                 layout.n_layer,
+                layout.page_layers,
                 layout.n_head_kv,
                 layout.head_dim,
                 own.n_layer,
+                own.page_layers,
                 own.n_head_kv,
                 own.head_dim
             )));
+        }
+        Ok(())
+    }
+
+    fn check_kv_cache(&self, cache: &PagedKvCache) -> Result<(), ModelError> {
+        self.check_kv_layout(cache.layout())?;
+        if cache.groups() != &self.kv_groups {
+            return Err(ModelError::InvalidArgument(
+                "the KV cache's layer groups (sliding windows) are not this model's".into(),
+            ));
         }
         Ok(())
     }
@@ -161,7 +197,7 @@ impl Model {
         scratch: &mut Scratch,
         logits: &mut [f32],
     ) -> Result<(), ModelError> {
-        self.check_kv_layout(cache.layout())?;
+        self.check_kv_cache(cache)?;
         let forward = Forward {
             file: &self.file,
             config: &self.config,

@@ -22,7 +22,10 @@ impl SingleSequence {
             return Err(ModelError::InvalidArgument("n_ctx must be positive".into()));
         }
         let layout = model.kv_layout();
-        let pages = layout.pages_for_tokens(n_ctx);
+        // Any number of the positions may come in one evaluation.
+        let pages = model
+            .kv_groups()
+            .pages_to_hold(n_ctx, n_ctx, layout.page_size);
         let mut cache = model.new_kv_cache(layout, KvBudget::Pages(pages))?;
         let seq = cache.create();
         Ok(SingleSequence {

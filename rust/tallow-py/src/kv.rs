@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use tallow_kv::{KvBudget, KvDtype, KvLayout, PagedKvCache, SeqId};
+use tallow_kv::{KvBudget, KvDtype, KvLayout, LayerGroups, PagedKvCache, SeqId};
 use tallow_model::Scratch;
 
 use crate::errors::{invalid_argument, kv_error};
@@ -29,30 +29,44 @@ fn parse_dtype(dtype: &str) -> PyResult<KvDtype> {
     }
 }
 
+/// The layout of pages of `page_size` positions holding one of `groups`.
+fn layout(
+    groups: &LayerGroups,
+    (n_head_kv, head_dim): (usize, usize),
+    page_size: usize,
+    dtype: &str,
+) -> PyResult<KvLayout> {
+    let layout = KvLayout::new(groups.n_layer(), n_head_kv, head_dim)
+        .with_page_layers(groups.page_layers())
+        .with_page_size(page_size)
+        .with_dtype(parse_dtype(dtype)?);
+    layout.validate().map_err(kv_error)?;
+    Ok(layout)
+}
+
 impl KvCache {
-    /// Bytes of one page for `(n_layer, n_head_kv, head_dim)`.
+    /// Bytes of one page of a pool of `groups` with `(n_head_kv, head_dim)` heads.
     pub(crate) fn page_bytes(
-        (n_layer, n_head_kv, head_dim): (usize, usize, usize),
+        groups: &LayerGroups,
+        heads: (usize, usize),
         page_size: usize,
         dtype: &str,
     ) -> PyResult<usize> {
-        let layout = KvLayout::new(n_layer, n_head_kv, head_dim)
-            .with_page_size(page_size)
-            .with_dtype(parse_dtype(dtype)?);
-        layout.validate().map_err(kv_error)?;
-        layout.bytes_per_page().map_err(kv_error)
+        layout(groups, heads, page_size, dtype)?
+            .bytes_per_page()
+            .map_err(kv_error)
     }
 
-    /// The pool for `(n_layer, n_head_kv, head_dim)`; shared by the constructor and
-    /// `Model.new_kv_cache`.
+    /// The pool for `groups` of layers with `(n_head_kv, head_dim)` heads; shared by the
+    /// constructor and `Model.new_kv_cache`.
     pub(crate) fn create_pool(
-        (n_layer, n_head_kv, head_dim): (usize, usize, usize),
+        groups: LayerGroups,
+        heads: (usize, usize),
         page_size: usize,
         dtype: &str,
         max_pages: Option<usize>,
         max_bytes: Option<u64>,
     ) -> PyResult<Self> {
-        let dtype = parse_dtype(dtype)?;
         let budget = match (max_pages, max_bytes) {
             (Some(pages), None) => KvBudget::Pages(pages),
             (None, Some(bytes)) => KvBudget::Bytes(bytes),
@@ -62,10 +76,8 @@ impl KvCache {
                 ))
             }
         };
-        let layout = KvLayout::new(n_layer, n_head_kv, head_dim)
-            .with_page_size(page_size)
-            .with_dtype(dtype);
-        let inner = PagedKvCache::new(layout, budget).map_err(kv_error)?;
+        let layout = layout(&groups, heads, page_size, dtype)?;
+        let inner = PagedKvCache::grouped(layout, groups, budget).map_err(kv_error)?;
         Ok(KvCache {
             inner,
             scratch: Scratch::new(),
@@ -77,8 +89,11 @@ impl KvCache {
 impl KvCache {
     /// A pool for a model of `n_layer` layers with `n_head_kv` KV heads of `head_dim`, holding
     /// `max_pages` pages or as many as `max_bytes` allows (exactly one of the two).
+    /// `windows[layer]`, when given, is each layer's sliding window (`None` for global
+    /// attention): the layers are then grouped and windowed groups give back their old pages.
     #[new]
-    #[pyo3(signature = (n_layer, n_head_kv, head_dim, *, page_size = 16, dtype = "f16", max_pages = None, max_bytes = None))]
+    #[pyo3(signature = (n_layer, n_head_kv, head_dim, *, page_size = 16, dtype = "f16", max_pages = None, max_bytes = None, windows = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         n_layer: usize,
         n_head_kv: usize,
@@ -87,9 +102,18 @@ impl KvCache {
         dtype: &str,
         max_pages: Option<usize>,
         max_bytes: Option<u64>,
+        windows: Option<Vec<Option<usize>>>,
     ) -> PyResult<Self> {
+        let windows = windows.unwrap_or_else(|| vec![None; n_layer]);
+        if windows.len() != n_layer {
+            return Err(invalid_argument(format!(
+                "windows has {} entries for {n_layer} layers",
+                windows.len()
+            )));
+        }
         Self::create_pool(
-            (n_layer, n_head_kv, head_dim),
+            LayerGroups::from_windows(&windows).map_err(kv_error)?,
+            (n_head_kv, head_dim),
             page_size,
             dtype,
             max_pages,
@@ -101,6 +125,12 @@ impl KvCache {
     #[getter]
     fn page_size(&self) -> usize {
         self.inner.layout().page_size
+    }
+
+    /// Layer groups: page tables per sequence (one unless sliding windows split the layers).
+    #[getter]
+    fn n_groups(&self) -> usize {
+        self.inner.groups().len()
     }
 
     /// Pages in the pool.
@@ -171,6 +201,23 @@ impl KvCache {
         self.inner.pages_needed(SeqId(seq), n).map_err(kv_error)
     }
 
+    /// The most positions, up to `want`, that `seq` can reserve taking at most `free` pages.
+    fn max_append(&self, seq: u64, want: usize, free: usize) -> PyResult<usize> {
+        self.inner
+            .max_append(SeqId(seq), want, free)
+            .map_err(kv_error)
+    }
+
+    /// The most pages a sequence of `n_tokens` positions holds at once (over all layer
+    /// groups) when it grows by at most `chunk` positions at a time.
+    #[pyo3(signature = (n_tokens, chunk = 1))]
+    fn pages_to_hold(&self, n_tokens: usize, chunk: usize) -> usize {
+        let page_size = self.inner.layout().page_size;
+        self.inner
+            .groups()
+            .pages_to_hold(n_tokens, chunk, page_size)
+    }
+
     /// Reserves the next `n` positions of `seq` (all or nothing).
     fn reserve(&mut self, seq: u64, n: usize) -> PyResult<()> {
         self.inner
@@ -184,9 +231,11 @@ impl KvCache {
         self.inner.seq_len(SeqId(seq)).map_err(kv_error)
     }
 
-    /// The pages of `seq`, in position order.
-    fn page_table(&self, seq: u64) -> PyResult<Vec<u32>> {
-        let pages = self.inner.page_table(SeqId(seq)).map_err(kv_error)?;
+    /// The pages of `seq` that hold `layer`, in position order (an id of 2**32 - 1 where a
+    /// sliding window gave the page back).
+    #[pyo3(signature = (seq, layer = 0))]
+    fn page_table(&self, seq: u64, layer: usize) -> PyResult<Vec<u32>> {
+        let pages = self.inner.page_table(SeqId(seq), layer).map_err(kv_error)?;
         Ok(pages.iter().map(|p| p.0).collect())
     }
 

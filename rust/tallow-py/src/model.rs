@@ -176,7 +176,24 @@ impl Model {
     #[pyo3(signature = (page_size = 16, dtype = "f16"))]
     fn kv_page_bytes(&self, page_size: usize, dtype: &str) -> PyResult<usize> {
         let c = self.config();
-        KvCache::page_bytes((c.n_layer, c.n_head_kv, c.head_dim), page_size, dtype)
+        let groups = self.inner.kv_groups();
+        KvCache::page_bytes(groups, (c.n_head_kv, c.head_dim), page_size, dtype)
+    }
+
+    /// The most KV pages of `page_size` positions a sequence of `n_tokens` positions holds at
+    /// once when it grows by at most `chunk` positions at a time (sliding-window layers keep
+    /// only their window).
+    #[pyo3(signature = (n_tokens, *, page_size = 16, chunk = 1))]
+    fn kv_pages_to_hold(&self, n_tokens: usize, page_size: usize, chunk: usize) -> PyResult<usize> {
+        if page_size == 0 {
+            return Err(crate::errors::invalid_argument(
+                "page_size must be at least 1",
+            ));
+        }
+        Ok(self
+            .inner
+            .kv_groups()
+            .pages_to_hold(n_tokens, chunk, page_size))
     }
 
     /// A KV pool shaped for this model (see `KvCache`).
@@ -190,7 +207,8 @@ impl Model {
     ) -> PyResult<KvCache> {
         let c = self.config();
         KvCache::create_pool(
-            (c.n_layer, c.n_head_kv, c.head_dim),
+            self.inner.kv_groups().clone(),
+            (c.n_head_kv, c.head_dim),
             page_size,
             dtype,
             max_pages,

@@ -295,7 +295,7 @@ impl Attention<'_> {
         let segment_states = &mut rest[..n_states * state_len];
         let chunk = &self.batch.chunks[unit.chunk];
         let first = self.first_pos[unit.chunk];
-        let pages = self.cache.page_table(chunk.seq)?;
+        let pages = self.cache.page_table(chunk.seq, self.layer)?;
         let storage = self.cache.storage();
         let visible_max = first + unit.tokens.end;
         let kernel = kernels();
@@ -409,7 +409,7 @@ impl Attention<'_> {
         let segment_states = &mut rest[..n_states * state_len];
         let chunk = &self.batch.chunks[unit.chunk];
         let first = self.first_pos[unit.chunk];
-        let pages = self.cache.page_table(chunk.seq)?;
+        let pages = self.cache.page_table(chunk.seq, self.layer)?;
         let kernel = kernels();
         let lowest = self.scores.first_visible(first + unit.tokens.start);
         running.chunks_exact_mut(state_len).for_each(empty);
@@ -422,7 +422,9 @@ impl Attention<'_> {
                 if tile_end <= lowest {
                     continue;
                 }
-                for page_start in (tile_start..tile_end).step_by(plan.page_size) {
+                // Pages before the one holding `lowest` may be gone (given back by the window).
+                let from = tile_start.max(lowest / plan.page_size * plan.page_size);
+                for page_start in (from..tile_end).step_by(plan.page_size) {
                     let page = pages[page_start / plan.page_size];
                     let page_rows = page_start..(page_start + plan.page_size).min(tile_end);
                     self.widen(page, unit.kv_head, page_rows, tile_start, keys, values)?;
