@@ -52,7 +52,7 @@ fn value(v: f32, layer: usize) -> f32 {
 
 fn check(c: &PagedKvCache, seqs: &BTreeMap<SeqId, Vec<f32>>) -> Result<(), TestCaseError> {
     let alloc = c.sequences().allocator();
-    let mut refs = vec![0u32; N_PAGES];
+    let mut refs = [0u32; N_PAGES];
     for (&seq, vals) in seqs {
         let len = vals.len();
         prop_assert_eq!(c.seq_len(seq)?, len);
