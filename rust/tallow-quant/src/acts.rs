@@ -71,12 +71,14 @@ impl<'a> QuantizedActs<'a> {
         bytes: &'a mut [u8],
         scales: &'a mut [f32],
     ) -> Result<Self, QuantError> {
-        let quantizer = Isa::detected()
-            .quantizer(vec_dot_type)
-            .ok_or(QuantError::Unsupported {
-                op: "activation quantization",
-                ty: vec_dot_type,
-            })?;
+        let quantizer =
+            Isa::detected()
+                .kernels(vec_dot_type)
+                .quantize
+                .ok_or(QuantError::Unsupported {
+                    op: "activation quantization",
+                    ty: vec_dot_type,
+                })?;
         let quantize = |x: &[f32], dst: &mut [u8]| quantizer.call(x, dst);
         let len = Self::buffer_len(vec_dot_type, n_tokens, cols)?;
         let elements = sizes::product(n_tokens, cols, "activations")?;

@@ -70,6 +70,7 @@ pub fn vec_dot(ty: GgmlType, w: &[u8], act: &[u8], n: usize) -> Result<f32, Quan
 
 fn vec_dot_kernel(ty: GgmlType) -> Result<kernels::VecDot, QuantError> {
     Isa::detected()
-        .vec_dot(ty)
+        .kernels(ty)
+        .vec_dot
         .ok_or(QuantError::Unsupported { op: "vec_dot", ty })
 }

@@ -61,8 +61,9 @@ pub fn matmul_with(
             ty,
         });
     }
-    let kernel = isa
-        .vec_dot(ty)
+    let kernels = isa.kernels(ty);
+    let kernel = kernels
+        .vec_dot
         .ok_or(QuantError::Unsupported { op: "vec_dot", ty })?;
     sizes::expect_len("activation columns", cols, acts.cols())?;
     let row_bytes = sizes::row_bytes(ty, cols, "weight row")?;
@@ -80,12 +81,12 @@ pub fn matmul_with(
     }
     // Several tokens: a tile kernel, where this set has one for `ty`, reuses each unpacked
     // weight block across up to eight tokens, with the same bits as `kernel`.
-    let tile = isa
-        .tile(ty)
+    let tile = kernels
+        .tile
         .filter(|_| acts.has_tile_scales() && acts.n_tokens() >= 2);
     // One token: a row kernel, where this set has one for `ty`, takes each activation block
     // through several weight rows at once, with the same bits as `kernel`.
-    let row_kernel = isa.rows(ty).filter(|_| acts.n_tokens() == 1);
+    let row_kernel = kernels.rows.filter(|_| acts.n_tokens() == 1);
     let product = Product {
         kernel,
         tile,

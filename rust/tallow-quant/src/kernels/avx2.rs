@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::RawVecDot;
+use super::{RawPacked, RawRow, RawTile, RawVecDot};
 use crate::blocks::{
     as_blocks, k4_scales_mins, q3k_scales, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
     BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
@@ -20,23 +20,32 @@ use crate::blocks::{
 use crate::reference::vec_dot as reference;
 use crate::GgmlType;
 
-pub(crate) fn vec_dot_kernel(ty: GgmlType) -> Option<RawVecDot> {
-    Some(match ty {
-        GgmlType::F32 => f32_f32,
-        GgmlType::F16 => f16_f32,
-        GgmlType::BF16 => bf16_f32,
-        GgmlType::Q4_0 => q4_0_q8_0,
-        GgmlType::Q4_1 => q4_1_q8_1,
-        GgmlType::Q5_0 => q5_0_q8_0,
-        GgmlType::Q5_1 => q5_1_q8_1,
-        GgmlType::Q8_0 => q8_0_q8_0,
-        GgmlType::Q2_K => q2_k_q8_k,
-        GgmlType::Q3_K => q3_k_q8_k,
-        GgmlType::Q4_K => q4_k_q8_k,
-        GgmlType::Q5_K => q5_k_q8_k,
-        GgmlType::Q6_K => q6_k_q8_k,
-        GgmlType::Q8_1 | GgmlType::Q8_K => return None,
-    })
+/// The AVX2 kernels of `ty`: a dot product for every weight format, tiles for the legacy
+/// formats, and packed kernels for the formats `crate::packed` lays out.
+pub(super) fn row(ty: GgmlType) -> RawRow {
+    use super::packed_avx2 as packed;
+    let (vec_dot, tile, packed): (RawVecDot, Option<RawTile>, Option<RawPacked>) = match ty {
+        GgmlType::F32 => (f32_f32, None, None),
+        GgmlType::F16 => (f16_f32, None, None),
+        GgmlType::BF16 => (bf16_f32, None, None),
+        GgmlType::Q4_0 => (q4_0_q8_0, Some(tile_q4_0), Some(packed::q4_0_entry)),
+        GgmlType::Q4_1 => (q4_1_q8_1, Some(tile_q4_1), Some(packed::q4_1_entry)),
+        GgmlType::Q5_0 => (q5_0_q8_0, Some(tile_q5_0), Some(packed::q5_0_entry)),
+        GgmlType::Q5_1 => (q5_1_q8_1, None, None),
+        GgmlType::Q8_0 => (q8_0_q8_0, Some(tile_q8_0), Some(packed::q8_0_entry)),
+        GgmlType::Q2_K => (q2_k_q8_k, None, None),
+        GgmlType::Q3_K => (q3_k_q8_k, None, None),
+        GgmlType::Q4_K => (q4_k_q8_k, None, Some(packed::q4_k_entry)),
+        GgmlType::Q5_K => (q5_k_q8_k, None, Some(packed::q5_k_entry)),
+        GgmlType::Q6_K => (q6_k_q8_k, None, Some(packed::q6_k_entry)),
+        GgmlType::Q8_1 | GgmlType::Q8_K => return RawRow::default(),
+    };
+    RawRow {
+        vec_dot: Some(vec_dot),
+        tile,
+        packed,
+        ..RawRow::default()
+    }
 }
 
 // ---- helpers ----
@@ -571,13 +580,3 @@ tile_entry_points!(
     tile_q5_0_q8_0 => tile_q5_0,
     tile_q8_0_q8_0 => tile_q8_0,
 );
-
-pub(crate) fn tile_kernel(ty: GgmlType) -> Option<super::RawTile> {
-    Some(match ty {
-        GgmlType::Q4_0 => tile_q4_0,
-        GgmlType::Q4_1 => tile_q4_1,
-        GgmlType::Q5_0 => tile_q5_0,
-        GgmlType::Q8_0 => tile_q8_0,
-        _ => return None,
-    })
-}

@@ -13,7 +13,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{fp16, load_i8, load_u8, load_u8x16};
-use super::RawVecDot;
+use super::RawRow;
 use crate::blocks::{
     as_blocks, k4_scales_mins, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
@@ -78,29 +78,6 @@ macro_rules! entry_points {
 entry_points!(
     q4_0_q8_0, q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, q8_0_q8_0, q4_k_q8_k, q5_k_q8_k, q6_k_q8_k,
 );
-
-pub(crate) fn vec_dot_kernel(ty: GgmlType, vnni: bool) -> Option<RawVecDot> {
-    macro_rules! pick {
-        ($kernel:ident) => {
-            if vnni {
-                vnni::$kernel as RawVecDot
-            } else {
-                bw::$kernel as RawVecDot
-            }
-        };
-    }
-    Some(match ty {
-        GgmlType::Q4_0 => pick!(q4_0_q8_0),
-        GgmlType::Q4_1 => pick!(q4_1_q8_1),
-        GgmlType::Q5_0 => pick!(q5_0_q8_0),
-        GgmlType::Q5_1 => pick!(q5_1_q8_1),
-        GgmlType::Q8_0 => pick!(q8_0_q8_0),
-        GgmlType::Q4_K => pick!(q4_k_q8_k),
-        GgmlType::Q5_K => pick!(q5_k_q8_k),
-        GgmlType::Q6_K => pick!(q6_k_q8_k),
-        _ => return None,
-    })
-}
 
 // ---- helpers ----
 
@@ -590,24 +567,6 @@ macro_rules! tile_entry_points {
 
 tile_entry_points!(tile_q4_0_q8_0, tile_q4_1_q8_1, tile_q8_0_q8_0);
 
-pub(crate) fn tile_kernel(ty: GgmlType, vnni: bool) -> Option<super::RawTile> {
-    macro_rules! pick {
-        ($kernel:ident) => {
-            if vnni {
-                tile_vnni::$kernel as super::RawTile
-            } else {
-                tile_bw::$kernel as super::RawTile
-            }
-        };
-    }
-    Some(match ty {
-        GgmlType::Q4_0 => pick!(tile_q4_0_q8_0),
-        GgmlType::Q4_1 => pick!(tile_q4_1_q8_1),
-        GgmlType::Q8_0 => pick!(tile_q8_0_q8_0),
-        _ => return None,
-    })
-}
-
 // ---- rows: several weight rows against one token ----
 //
 // Each kernel loads a pair of activation blocks (and converts their scales) once and takes
@@ -722,18 +681,86 @@ macro_rules! rows_entry_points {
 
 rows_entry_points!(rows_q4_1_q8_1);
 
-pub(crate) fn rows_kernel(ty: GgmlType, vnni: bool) -> Option<super::RawRows> {
+/// The AVX-512 kernels of `ty` (with VNNI's `vpdpbusd` or without it): dot products for the
+/// block formats, tiles and packed kernels for the legacy ones, a row kernel for Q4_1, and the
+/// Q8_0/Q8_1 activation quantizers. Packed Q8_0 needs VNNI: its unsigned weight bytes reach
+/// 255, and `vpmaddubsw`'s i16 pair sums would saturate (without VNNI the AVX2 kernel, which
+/// takes the sign off the weights first, fills the gap).
+pub(super) fn row(ty: GgmlType, vnni: bool) -> RawRow {
+    use super::packed_avx512::{packed_bw, packed_vnni};
+    use super::quantize_avx512 as quantize;
+    /// The VNNI or the BW build of a kernel.
     macro_rules! pick {
-        ($kernel:ident) => {
-            if vnni {
-                rows_vnni::$kernel as super::RawRows
-            } else {
-                rows_bw::$kernel as super::RawRows
-            }
+        ($bw:path, $vnni:path) => {
+            Some(if vnni { $vnni as _ } else { $bw as _ })
         };
     }
-    Some(match ty {
-        GgmlType::Q4_1 => pick!(rows_q4_1_q8_1),
-        _ => return None,
-    })
+    macro_rules! dot {
+        ($k:ident) => {
+            pick!(bw::$k, vnni::$k)
+        };
+    }
+    macro_rules! tile {
+        ($k:ident) => {
+            pick!(tile_bw::$k, tile_vnni::$k)
+        };
+    }
+    macro_rules! packed {
+        ($k:ident) => {
+            pick!(packed_bw::$k, packed_vnni::$k)
+        };
+    }
+    let none = RawRow::default();
+    match ty {
+        GgmlType::Q4_0 => RawRow {
+            vec_dot: dot!(q4_0_q8_0),
+            tile: tile!(tile_q4_0_q8_0),
+            packed: packed!(packed_q4_0),
+            ..none
+        },
+        GgmlType::Q4_1 => RawRow {
+            vec_dot: dot!(q4_1_q8_1),
+            tile: tile!(tile_q4_1_q8_1),
+            rows: pick!(rows_bw::rows_q4_1_q8_1, rows_vnni::rows_q4_1_q8_1),
+            packed: packed!(packed_q4_1),
+            ..none
+        },
+        GgmlType::Q5_0 => RawRow {
+            vec_dot: dot!(q5_0_q8_0),
+            ..none
+        },
+        GgmlType::Q5_1 => RawRow {
+            vec_dot: dot!(q5_1_q8_1),
+            ..none
+        },
+        GgmlType::Q8_0 => RawRow {
+            vec_dot: dot!(q8_0_q8_0),
+            tile: tile!(tile_q8_0_q8_0),
+            packed: if vnni { packed!(packed_q8_0) } else { None },
+            quantize: Some(quantize::q8_0),
+            ..none
+        },
+        GgmlType::Q8_1 => RawRow {
+            quantize: Some(quantize::q8_1),
+            ..none
+        },
+        GgmlType::Q4_K => RawRow {
+            vec_dot: dot!(q4_k_q8_k),
+            ..none
+        },
+        GgmlType::Q5_K => RawRow {
+            vec_dot: dot!(q5_k_q8_k),
+            ..none
+        },
+        GgmlType::Q6_K => RawRow {
+            vec_dot: dot!(q6_k_q8_k),
+            ..none
+        },
+        GgmlType::F32
+        | GgmlType::F16
+        | GgmlType::BF16
+        | GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q8_K => none,
+    }
 }

@@ -2,33 +2,36 @@
 //!
 //! One binary runs on any CPU of its architecture: kernels are compiled with
 //! `#[target_feature]` per instruction set, and the best set the CPU has is picked once, on
-//! first use. Formats without a kernel for that set fall back to the next set down, and
-//! finally to the scalar reference.
+//! first use. Each set has one table of kernels, a row per format, built once with the gaps
+//! filled from the next set down and finally the scalar reference (see [`table`]).
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2;
+mod avx2;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512;
+mod avx512;
 #[cfg(target_arch = "aarch64")]
-pub(crate) mod neon;
+mod neon;
 #[cfg(target_arch = "x86_64")]
 mod packed_avx2;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod packed_avx512;
+mod packed_avx512;
 #[cfg(target_arch = "x86_64")]
 mod packed_operands;
 mod packed_scalar;
 #[cfg(target_arch = "x86_64")]
 mod quantize_avx512;
+mod scalar;
+mod table;
 
 use std::sync::OnceLock;
 
-use crate::reference::vec_dot as reference;
-use crate::GgmlType;
+pub(crate) use table::RawRow;
+
+use table::RawQuantize;
 
 /// A dot-product kernel: weight row bytes and activation row bytes, both whole blocks of the
-/// same count. It may rely on CPU features, so it is only handed out by [`Isa::vec_dot`]
-/// for an instruction set the running CPU has.
+/// same count. It may rely on CPU features, so it is only handed out by [`Isa::kernels`] for
+/// an instruction set the running CPU has.
 pub(crate) type RawVecDot = unsafe fn(w: &[u8], a: &[u8]) -> f32;
 
 /// A dot-product kernel that is safe to call on this CPU.
@@ -38,7 +41,7 @@ pub(crate) struct VecDot(RawVecDot);
 impl VecDot {
     #[inline]
     pub(crate) fn call(self, w: &[u8], a: &[u8]) -> f32 {
-        // SAFETY: only built by `Isa::vec_dot` after checking the CPU has the features.
+        // SAFETY: only built by the kernel table of a set the CPU has.
         unsafe { (self.0)(w, a) }
     }
 }
@@ -46,7 +49,7 @@ impl VecDot {
 /// A tile kernel: one weight row (`w`) against the activation rows `a` of 1 to 8 tokens of
 /// one token group, writing one output per token to `out`. Equal bit for bit to the
 /// [`VecDot`] kernel of the same instruction set and format, token by token. Handed out by
-/// [`Isa::tile`] only, for an instruction set the running CPU has.
+/// [`Isa::kernels`] only, for an instruction set the running CPU has.
 pub(crate) type RawTile = unsafe fn(w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]);
 
 /// Tokens in a group of [`TileScales`].
@@ -99,7 +102,7 @@ pub(crate) struct Tile(RawTile);
 impl Tile {
     #[inline]
     pub(crate) fn call(self, w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
-        // SAFETY: only built by `Isa::tile` after checking the CPU has the features; the
+        // SAFETY: only built by the kernel table of a set the CPU has; the
         // kernels check their operands' lengths.
         unsafe { (self.0)(w, a, scales, out) }
     }
@@ -107,11 +110,12 @@ impl Tile {
 
 /// A row kernel: `out.len()` contiguous weight rows of equal length (`w`) against the
 /// activation row `a` of one token, one output per row. Equal bit for bit to the [`VecDot`]
-/// kernel of the same instruction set and format, row by row. Handed out by [`Isa::rows`]
-/// only, for an instruction set the running CPU has.
+/// kernel of the same instruction set and format, row by row. Handed out by
+/// [`Isa::kernels`] only, for an instruction set the running CPU has.
 pub(crate) type RawRows = unsafe fn(w: &[u8], a: &[u8], out: &mut [f32]);
 
 /// Weight rows a row kernel takes through each activation block at once.
+#[cfg(target_arch = "x86_64")]
 pub(crate) const ROW_TILE: usize = 4;
 
 /// A row kernel that is safe to call on this CPU.
@@ -121,7 +125,7 @@ pub(crate) struct Rows(RawRows);
 impl Rows {
     #[inline]
     pub(crate) fn call(self, w: &[u8], a: &[u8], out: &mut [f32]) {
-        // SAFETY: only built by `Isa::rows` after checking the CPU has the features; the
+        // SAFETY: only built by the kernel table of a set the CPU has; the
         // kernels check their operands' lengths.
         unsafe { (self.0)(w, a, out) }
     }
@@ -131,7 +135,7 @@ impl Rows {
 /// `crate::packed`) against the activation rows `a` of 1 to 8 tokens of one token group, with
 /// that group's [`TileScales`] (which must include the block sums), writing to `out[t]` the
 /// outputs of token `t` (`PACK_ROWS` per group). A token's outputs do not depend on the other
-/// tokens of the tile. Handed out by [`Isa::packed`] only, for a set the running CPU has.
+/// tokens of the tile. Handed out by [`Isa::kernels`] only, for a set the running CPU has.
 pub(crate) type RawPacked =
     unsafe fn(groups: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [&mut [f32]]);
 
@@ -152,7 +156,7 @@ impl Packed {
         scales: &TileScales,
         out: &mut [&mut [f32]],
     ) {
-        // SAFETY: only built by `Isa::packed` after checking the CPU has the features; the
+        // SAFETY: only built by the kernel table of a set the CPU has; the
         // kernels check their operands' lengths.
         unsafe { (self.0)(groups, a, scales, out) }
     }
@@ -261,141 +265,24 @@ impl Isa {
             _ => false,
         }
     }
-
-    /// The dot-product kernel of this set for weights of type `ty` against activations of
-    /// `ty.vec_dot_type()`, falling back to lesser sets where this one has none. `None` when
-    /// the CPU lacks this set, or when `ty` is not a weight format (Q8_1, Q8_K).
-    pub(crate) fn vec_dot(self, ty: GgmlType) -> Option<VecDot> {
-        if !self.is_available() {
-            return None;
-        }
-        let simd: Option<RawVecDot> = match self {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2::vec_dot_kernel(ty),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512::vec_dot_kernel(ty, false).or_else(|| avx2::vec_dot_kernel(ty)),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => {
-                avx512::vec_dot_kernel(ty, true).or_else(|| avx2::vec_dot_kernel(ty))
-            }
-            #[cfg(target_arch = "aarch64")]
-            Isa::Neon => neon::vec_dot_kernel(ty),
-            _ => None,
-        };
-        simd.or_else(|| reference_kernel(ty)).map(VecDot)
-    }
 }
 
-impl Isa {
-    /// The tile kernel of this set for weights of type `ty`, where it has one: only where it
-    /// gives the same bits as [`Isa::vec_dot`] of this set (no fallback to another set).
-    pub(crate) fn tile(self, ty: GgmlType) -> Option<Tile> {
-        if !self.is_available() {
-            return None;
-        }
-        let raw: Option<RawTile> = match self {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2::tile_kernel(ty),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512::tile_kernel(ty, false),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => avx512::tile_kernel(ty, true),
-            _ => None,
-        };
-        raw.map(Tile)
-    }
-}
-
-impl Isa {
-    /// The row kernel of this set for weights of type `ty`, where it has one: only where it
-    /// gives the same bits as [`Isa::vec_dot`] of this set (no fallback to another set).
-    pub(crate) fn rows(self, ty: GgmlType) -> Option<Rows> {
-        if !self.is_available() {
-            return None;
-        }
-        let raw: Option<RawRows> = match self {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512::rows_kernel(ty, false),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => avx512::rows_kernel(ty, true),
-            _ => None,
-        };
-        raw.map(Rows)
-    }
-}
-
-impl Isa {
-    /// The kernel of this set for weights of type `ty` packed in groups of [`PACK_ROWS`]
-    /// rows, where it has one.
-    pub(crate) fn packed(self, ty: GgmlType) -> Option<Packed> {
-        if !self.is_available() {
-            return None;
-        }
-        let raw: Option<RawPacked> =
-            match self {
-                Isa::Scalar => packed_scalar::packed_kernel(ty),
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => packed_avx2::packed_kernel(ty),
-                // Formats without an AVX-512 kernel (Q8_0 without VNNI, the K-quants, Q5_0) take
-                // the AVX2 one: the same layout and the same bits.
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => packed_avx512::packed_kernel(ty, false)
-                    .or_else(|| packed_avx2::packed_kernel(ty)),
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512Vnni => packed_avx512::packed_kernel(ty, true)
-                    .or_else(|| packed_avx2::packed_kernel(ty)),
-                // NEON's row-major kernels outrun the scalar packed one.
-                _ => None,
-            };
-        raw.map(Packed)
-    }
-}
-
-/// An activation quantizer: one row of f32 values (whole blocks) to the bytes of its blocks,
-/// the same bytes as the scalar quantizer of its format. Handed out by [`Isa::quantizer`]
-/// only, for a set the running CPU has.
+/// An activation quantizer: the same bytes as the scalar quantizer of its format. Handed out
+/// by [`Isa::kernels`] only, for a set the running CPU has.
 #[derive(Clone, Copy)]
-pub(crate) struct Quantizer(unsafe fn(x: &[f32], dst: &mut [u8]));
+pub(crate) struct Quantizer(RawQuantize);
 
 impl Quantizer {
     #[inline]
     pub(crate) fn call(self, x: &[f32], dst: &mut [u8]) {
-        // SAFETY: only built by `Isa::quantizer` after checking the CPU has the features.
+        // SAFETY: only built by the kernel table of a set the CPU has.
         unsafe { (self.0)(x, dst) }
     }
 }
 
-impl Isa {
-    /// The activation quantizer of this set for `ty` (Q8_0 or Q8_1 on AVX-512), falling back
-    /// to the scalar one; `None` where `ty` has no quantizer.
-    pub(crate) fn quantizer(self, ty: GgmlType) -> Option<Quantizer> {
-        #[cfg(target_arch = "x86_64")]
-        if matches!(self, Isa::Avx512 | Isa::Avx512Vnni) && self.is_available() {
-            match ty {
-                GgmlType::Q8_0 => return Some(Quantizer(quantize_avx512::q8_0)),
-                GgmlType::Q8_1 => return Some(Quantizer(quantize_avx512::q8_1)),
-                _ => {}
-            }
-        }
-        crate::reference::quantize::quantizer(ty).map(|f| Quantizer(f))
-    }
-}
-
-pub(crate) fn reference_kernel(ty: GgmlType) -> Option<RawVecDot> {
-    Some(match ty {
-        GgmlType::F32 => reference::f32_f32,
-        GgmlType::F16 => reference::f16_f32,
-        GgmlType::BF16 => reference::bf16_f32,
-        GgmlType::Q4_0 => reference::q4_0_q8_0,
-        GgmlType::Q4_1 => reference::q4_1_q8_1,
-        GgmlType::Q5_0 => reference::q5_0_q8_0,
-        GgmlType::Q5_1 => reference::q5_1_q8_1,
-        GgmlType::Q8_0 => reference::q8_0_q8_0,
-        GgmlType::Q2_K => reference::q2_k_q8_k,
-        GgmlType::Q3_K => reference::q3_k_q8_k,
-        GgmlType::Q4_K => reference::q4_k_q8_k,
-        GgmlType::Q5_K => reference::q5_k_q8_k,
-        GgmlType::Q6_K => reference::q6_k_q8_k,
-        GgmlType::Q8_1 | GgmlType::Q8_K => return None,
-    })
+/// The scalar reference dot product of weights of type `ty` (`None` for the activation-only
+/// types): what every SIMD kernel is tested against.
+#[cfg(test)]
+pub(crate) fn reference_kernel(ty: crate::GgmlType) -> Option<RawVecDot> {
+    scalar::row(ty).vec_dot
 }

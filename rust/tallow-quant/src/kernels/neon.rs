@@ -11,7 +11,7 @@
 
 use std::arch::aarch64::*;
 
-use super::RawVecDot;
+use super::{RawRow, RawVecDot};
 use crate::blocks::{
     as_blocks, k4_scales_mins, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
@@ -20,8 +20,9 @@ use crate::fp16::f16_to_f32;
 use crate::reference::vec_dot as reference;
 use crate::GgmlType;
 
-pub(crate) fn vec_dot_kernel(ty: GgmlType) -> Option<RawVecDot> {
-    Some(match ty {
+/// The NEON kernels of `ty`: row-major dot products.
+pub(super) fn row(ty: GgmlType) -> RawRow {
+    let vec_dot: RawVecDot = match ty {
         GgmlType::F32 => f32_f32,
         GgmlType::Q4_0 => q4_0_q8_0,
         GgmlType::Q4_1 => q4_1_q8_1,
@@ -31,8 +32,12 @@ pub(crate) fn vec_dot_kernel(ty: GgmlType) -> Option<RawVecDot> {
         GgmlType::Q4_K => q4_k_q8_k,
         GgmlType::Q5_K => q5_k_q8_k,
         GgmlType::Q6_K => q6_k_q8_k,
-        _ => return None,
-    })
+        _ => return RawRow::default(),
+    };
+    RawRow {
+        vec_dot: Some(vec_dot),
+        ..RawRow::default()
+    }
 }
 
 // ---- helpers ----
@@ -291,7 +296,7 @@ unsafe fn q6_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
         // Group g (16 elements) of half h, chunk k (32 elements), part p: low 4 bits from
         // ql piece 4h + 2(k % 2) + p (low nibble for k < 2), top 2 bits at bits 2k..2k+2 of
         // qh piece 2h + p.
-        for group in 0..16 {
+        for (group, (y, &scale)) in y.iter().zip(&w.scales).enumerate() {
             let (h, k, p) = (group / 8, (group / 2) % 4, group % 2);
             let low = load_u8(&ql[4 * h + 2 * (k % 2) + p]);
             let low = if k < 2 {
@@ -302,7 +307,7 @@ unsafe fn q6_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
             let high = vshlq_u8(load_u8(&qh[2 * h + p]), vdupq_n_s8(-2 * k as i8));
             let high = vshlq_n_u8::<4>(vandq_u8(high, vdupq_n_u8(3)));
             let q = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(low, high)), vdupq_n_s8(32));
-            sumi += i32::from(w.scales[group]) * dot_sum(q, load_i8(&y[group]));
+            sumi += i32::from(scale) * dot_sum(q, load_i8(y));
         }
         sum += a.d() * f16_to_f32(w.d) * sumi as f32;
     }

@@ -22,15 +22,14 @@
 //! equal bit for bit, and a token's outputs do not depend on the other tokens of the tile.
 //!
 //! # Safety
-//! Every function here needs AVX2, FMA and F16C; `super::Isa::packed` only hands them out
+//! Every function here needs AVX2, FMA and F16C; `super::Isa::kernels` only hands them out
 //! when the CPU has them.
 
 use std::arch::x86_64::*;
 
 use super::packed_operands::{act_quad, Bytes, Operands};
-use super::{RawPacked, TileScales, PACK_ROWS};
+use super::{TileScales, PACK_ROWS};
 use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1};
-use crate::GgmlType;
 
 /// Rows per 256-bit vector: half a group.
 const HALF: usize = PACK_ROWS / 2;
@@ -678,7 +677,7 @@ macro_rules! packed_entry_points {
     ($($format:ident => $entry:ident),* $(,)?) => {
         $(
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn $entry(
+            pub(super) unsafe fn $entry(
                 groups: &[u8],
                 a: &[&[u8]],
                 scales: &TileScales,
@@ -709,17 +708,3 @@ packed_entry_points!(
     Q5K => q5_k_entry,
     Q6K => q6_k_entry,
 );
-
-/// The packed kernel for weights of type `ty`.
-pub(crate) fn packed_kernel(ty: GgmlType) -> Option<RawPacked> {
-    Some(match ty {
-        GgmlType::Q4_0 => q4_0_entry,
-        GgmlType::Q4_1 => q4_1_entry,
-        GgmlType::Q5_0 => q5_0_entry,
-        GgmlType::Q8_0 => q8_0_entry,
-        GgmlType::Q4_K => q4_k_entry,
-        GgmlType::Q5_K => q5_k_entry,
-        GgmlType::Q6_K => q6_k_entry,
-        _ => return None,
-    })
-}

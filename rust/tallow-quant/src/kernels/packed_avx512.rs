@@ -14,15 +14,14 @@
 //!
 //! # Safety
 //! As in `super::avx512`: AVX-512 F and BW (plus VNNI for the `vnni` entry points), only
-//! handed out by `super::Isa::packed` when the CPU has them.
+//! handed out by `super::Isa::kernels` when the CPU has them.
 
 use std::arch::x86_64::*;
 
 use super::avx512::{Bw, DotBytes, Vnni};
 use super::packed_operands::{act_quad, Operands};
-use super::{RawPacked, TileScales, PACK_ROWS};
+use super::{TileScales, PACK_ROWS};
 use crate::blocks::{BlockQ8_0, BlockQ8_1};
-use crate::GgmlType;
 
 /// Sixteen f16 values (one per row) as f32.
 #[inline]
@@ -175,11 +174,11 @@ macro_rules! packed_entry_points {
         packed_entry_points!(@module packed_vnni, Vnni, "avx512f,avx512bw,avx512vnni", $($kernel),*);
     };
     (@module $module:ident, $dot:ident, $features:literal, $($kernel:ident),*) => {
-        mod $module {
+        pub(super) mod $module {
             use super::{$dot, TileScales};
             $(
                 #[target_feature(enable = $features)]
-                pub(super) unsafe fn $kernel(
+                pub(in crate::kernels) unsafe fn $kernel(
                     groups: &[u8],
                     a: &[&[u8]],
                     scales: &TileScales,
@@ -203,24 +202,3 @@ macro_rules! packed_entry_points {
 }
 
 packed_entry_points!(packed_q4_0, packed_q4_1, packed_q8_0);
-
-/// The packed kernel for weights of type `ty`. Q8_0 needs VNNI here: its unsigned weight bytes
-/// reach 255, and `vpmaddubsw`'s i16 pair sums would saturate (without VNNI, `Isa::packed`
-/// hands out the AVX2 kernel, which takes the sign off the weights first).
-pub(crate) fn packed_kernel(ty: GgmlType, vnni: bool) -> Option<RawPacked> {
-    macro_rules! pick {
-        ($kernel:ident) => {
-            if vnni {
-                packed_vnni::$kernel as RawPacked
-            } else {
-                packed_bw::$kernel as RawPacked
-            }
-        };
-    }
-    Some(match ty {
-        GgmlType::Q4_0 => pick!(packed_q4_0),
-        GgmlType::Q4_1 => pick!(packed_q4_1),
-        GgmlType::Q8_0 if vnni => pick!(packed_q8_0),
-        _ => return None,
-    })
-}

@@ -7,7 +7,7 @@
 //! SIMD kernels (see `super::packed_avx2`): `d * da` rounded once, then one fused
 //! multiply-add per term.
 
-use super::{RawPacked, TileScales, PACK_ROWS, TILE_LANES};
+use super::{TileScales, PACK_ROWS, TILE_LANES};
 use crate::blocks::{
     as_blocks, k4_scales_mins, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
@@ -140,7 +140,12 @@ fn q6_k(w: &BlockQ6K, a: &BlockQ8K, da: f32, _: f32, acc: f32) -> f32 {
 macro_rules! packed_entry_points {
     ($($ty:ident => $entry:ident($block:ident)),* $(,)?) => {
         $(
-            fn $entry(groups: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [&mut [f32]]) {
+            pub(super) fn $entry(
+                groups: &[u8],
+                a: &[&[u8]],
+                scales: &TileScales,
+                out: &mut [&mut [f32]],
+            ) {
                 packed(GgmlType::$ty, $block, groups, a, scales, out);
             }
         )*
@@ -156,17 +161,3 @@ packed_entry_points!(
     Q5_K => q5_k_entry(q5_k),
     Q6_K => q6_k_entry(q6_k),
 );
-
-/// The scalar packed kernel for weights of type `ty`.
-pub(crate) fn packed_kernel(ty: GgmlType) -> Option<RawPacked> {
-    Some(match ty {
-        GgmlType::Q4_0 => q4_0_entry,
-        GgmlType::Q4_1 => q4_1_entry,
-        GgmlType::Q5_0 => q5_0_entry,
-        GgmlType::Q8_0 => q8_0_entry,
-        GgmlType::Q4_K => q4_k_entry,
-        GgmlType::Q5_K => q5_k_entry,
-        GgmlType::Q6_K => q6_k_entry,
-        _ => return None,
-    })
-}

@@ -91,7 +91,7 @@ impl PackedMatrix {
 
     /// [`PackedMatrix::can_pack`] for instruction set `isa`.
     pub fn can_pack_with(isa: Isa, ty: GgmlType, rows: usize, cols: usize) -> bool {
-        isa.packed(ty).is_some()
+        isa.kernels(ty).packed.is_some()
             && rows.is_multiple_of(PACK_ROWS)
             && cols.is_multiple_of(ty.block_len())
     }
@@ -155,7 +155,7 @@ impl PackedMatrix {
                 sizes::product(s.rows, row_bytes, "weight")?,
                 s.bytes.len(),
             )?;
-            let place = match (isa.packed(s.ty), Layout::of(s.ty)) {
+            let place = match (isa.kernels(s.ty).packed, Layout::of(s.ty)) {
                 (Some(kernel), Some(layout)) if Self::can_pack_with(isa, s.ty, s.rows, s.cols) => {
                     let group_bytes = s.cols / s.ty.block_len() * layout.packed_block_bytes();
                     let size = sizes::product(s.rows / PACK_ROWS, group_bytes, "packed")?;

@@ -47,7 +47,7 @@ fn every_quantizer_gives_the_scalar_bytes() {
     let mut checked = 0;
     for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
         for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
-            let quantizer = isa.quantizer(ty).unwrap();
+            let quantizer = isa.kernels(ty).quantize.unwrap();
             for (i, x) in rows.iter().enumerate() {
                 let bytes = x.len() / 32 * ty.block_bytes();
                 let (mut want, mut got) = (vec![0u8; bytes], vec![0u8; bytes]);

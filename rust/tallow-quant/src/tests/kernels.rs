@@ -60,23 +60,27 @@ fn simd_kernels() -> Vec<(&'static str, GgmlType, RawVecDot)> {
     let mut kernels: Vec<(&'static str, GgmlType, RawVecDot)> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::kernels::{avx2, avx512};
         for ty in GgmlType::WEIGHTS {
             if Isa::Avx2.is_available() {
-                kernels.extend(avx2::vec_dot_kernel(ty).map(|k| ("avx2", ty, k)));
+                kernels.extend(Isa::Avx2.own_row(ty).vec_dot.map(|k| ("avx2", ty, k)));
             }
             if Isa::Avx512.is_available() {
-                kernels.extend(avx512::vec_dot_kernel(ty, false).map(|k| ("avx512bw", ty, k)));
+                kernels.extend(Isa::Avx512.own_row(ty).vec_dot.map(|k| ("avx512bw", ty, k)));
             }
             if Isa::Avx512Vnni.is_available() {
-                kernels.extend(avx512::vec_dot_kernel(ty, true).map(|k| ("avx512vnni", ty, k)));
+                kernels.extend(
+                    Isa::Avx512Vnni
+                        .own_row(ty)
+                        .vec_dot
+                        .map(|k| ("avx512vnni", ty, k)),
+                );
             }
         }
     }
     #[cfg(target_arch = "aarch64")]
     for ty in GgmlType::WEIGHTS {
         if Isa::Neon.is_available() {
-            kernels.extend(crate::kernels::neon::vec_dot_kernel(ty).map(|k| ("neon", ty, k)));
+            kernels.extend(Isa::Neon.own_row(ty).vec_dot.map(|k| ("neon", ty, k)));
         }
     }
     kernels
@@ -114,20 +118,16 @@ fn every_simd_kernel_matches_the_reference() {
 fn mandatory_formats_have_simd_kernels() {
     #[cfg(target_arch = "x86_64")]
     for ty in MANDATORY {
-        use crate::kernels::{avx2, avx512};
-        assert!(avx2::vec_dot_kernel(ty).is_some(), "avx2 {ty}");
-        assert!(avx512::vec_dot_kernel(ty, false).is_some(), "avx512bw {ty}");
+        assert!(Isa::Avx2.own_row(ty).vec_dot.is_some(), "avx2 {ty}");
+        assert!(Isa::Avx512.own_row(ty).vec_dot.is_some(), "avx512bw {ty}");
         assert!(
-            avx512::vec_dot_kernel(ty, true).is_some(),
+            Isa::Avx512Vnni.own_row(ty).vec_dot.is_some(),
             "avx512vnni {ty}"
         );
     }
     #[cfg(target_arch = "aarch64")]
     for ty in MANDATORY {
-        assert!(
-            crate::kernels::neon::vec_dot_kernel(ty).is_some(),
-            "neon {ty}"
-        );
+        assert!(Isa::Neon.own_row(ty).vec_dot.is_some(), "neon {ty}");
     }
 }
 
@@ -137,7 +137,10 @@ fn mandatory_formats_have_simd_kernels() {
 fn dispatch_covers_every_format_on_every_available_isa() {
     for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
         for ty in GgmlType::WEIGHTS {
-            let kernel = isa.vec_dot(ty).unwrap_or_else(|| panic!("{isa:?} {ty}"));
+            let kernel = isa
+                .kernels(ty)
+                .vec_dot
+                .unwrap_or_else(|| panic!("{isa:?} {ty}"));
             let mut rng = Rng::new(7);
             let n = 2 * ty.block_len().max(32);
             let w = random_blocks(&mut rng, ty, n / ty.block_len());
@@ -149,7 +152,10 @@ fn dispatch_covers_every_format_on_every_available_isa() {
             assert!(diff <= RELATIVE_TOLERANCE * mag, "{isa:?} {ty}");
         }
         for ty in [GgmlType::Q8_1, GgmlType::Q8_K] {
-            assert!(isa.vec_dot(ty).is_none(), "{ty} is not a weight format");
+            assert!(
+                isa.kernels(ty).vec_dot.is_none(),
+                "{ty} is not a weight format"
+            );
         }
     }
 }
@@ -159,7 +165,7 @@ fn dispatch_covers_every_format_on_every_available_isa() {
 fn empty_rows_are_positive_zero() {
     for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
         for ty in GgmlType::WEIGHTS {
-            let kernel = isa.vec_dot(ty).unwrap();
+            let kernel = isa.kernels(ty).vec_dot.unwrap();
             assert_eq!(kernel.call(&[], &[]).to_bits(), 0, "{isa:?} {ty}");
         }
     }
@@ -223,6 +229,37 @@ fn restore_scales(ty: GgmlType, to: &mut [u8], from: &[u8]) {
     {
         for &f in f16_fields(ty) {
             to[f..f + 2].copy_from_slice(&from[f..f + 2]);
+        }
+    }
+}
+
+/// Each set's table: a dot product for every weight format; the tile and row kernels of the
+/// set that gave it (never another set's, whose bits differ); packed kernels for every packable
+/// format except on NEON; a quantizer for every type the scalar code quantizes; and nothing
+/// at all for a set the CPU lacks.
+#[test]
+fn every_table_resolves_its_fallbacks() {
+    for isa in Isa::ALL {
+        for ty in GgmlType::ALL {
+            let k = isa.kernels(ty);
+            if !isa.is_available() {
+                assert!(k.vec_dot.is_none() && k.packed.is_none() && k.quantize.is_none());
+                continue;
+            }
+            assert_eq!(
+                k.vec_dot.is_some(),
+                GgmlType::WEIGHTS.contains(&ty),
+                "{isa:?} {ty}"
+            );
+            let chain = std::iter::successors(Some(isa), |i| i.fallback());
+            if let Some(giver) = chain.map(|i| i.own_row(ty)).find(|r| r.vec_dot.is_some()) {
+                assert_eq!(k.tile.is_some(), giver.tile.is_some(), "{isa:?} {ty} tile");
+                assert_eq!(k.rows.is_some(), giver.rows.is_some(), "{isa:?} {ty} rows");
+            }
+            let packable = crate::PACKED_FORMATS.contains(&ty) && isa != Isa::Neon;
+            assert_eq!(k.packed.is_some(), packable, "{isa:?} {ty} packed");
+            let quantizes = crate::reference::quantize::quantizer(ty).is_some();
+            assert_eq!(k.quantize.is_some(), quantizes, "{isa:?} {ty} quantizer");
         }
     }
 }

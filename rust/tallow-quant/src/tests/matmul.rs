@@ -374,7 +374,7 @@ fn tiled_matmul_equals_per_token_matmul_and_scalar() {
             for &isa in &isas {
                 // Q5_0 has a tile on AVX2 only so far; elsewhere the tokens go one by one.
                 if ty != GgmlType::Q5_0 || isa == Isa::Avx2 {
-                    assert!(isa.tile(ty).is_some(), "{isa:?} has a {ty} tile");
+                    assert!(isa.kernels(ty).tile.is_some(), "{isa:?} has a {ty} tile");
                 }
                 let mut out = vec![f32::NAN; n_tokens * rows];
                 matmul_with(isa, ty, &weight, rows, cols, &acts, &mut out).unwrap();
@@ -435,7 +435,7 @@ fn row_kernels_equal_vec_dot_per_row() {
             let a = acts.token(0).unwrap();
             let row_bytes = weight.len() / rows;
             for &isa in &isas {
-                let kernel = isa.vec_dot(ty).unwrap();
+                let kernel = isa.kernels(ty).vec_dot.unwrap();
                 let expected: Vec<u32> = weight
                     .chunks_exact(row_bytes)
                     .map(|w| kernel.call(w, a).to_bits())
@@ -444,7 +444,7 @@ fn row_kernels_equal_vec_dot_per_row() {
                 matmul_with(isa, ty, &weight, rows, cols, &acts, &mut out).unwrap();
                 let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
                 assert_eq!(got, expected, "{isa:?} {ty} {rows}x{cols} through matmul");
-                if let Some(row_kernel) = isa.rows(ty) {
+                if let Some(row_kernel) = isa.kernels(ty).rows {
                     let mut out = vec![f32::NAN; rows];
                     row_kernel.call(&weight, a, &mut out);
                     let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();

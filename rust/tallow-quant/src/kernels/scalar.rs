@@ -1,0 +1,34 @@
+//! The scalar set's row of kernels: the reference dot products, the scalar packed kernel and
+//! the reference quantizers. Every other set's kernels are tested against these.
+
+use super::packed_scalar as packed;
+use super::{RawPacked, RawRow, RawVecDot};
+use crate::reference::quantize::quantizer;
+use crate::reference::vec_dot as reference;
+use crate::GgmlType;
+
+/// The scalar kernels of `ty`.
+pub(super) fn row(ty: GgmlType) -> RawRow {
+    let (vec_dot, packed): (Option<RawVecDot>, Option<RawPacked>) = match ty {
+        GgmlType::F32 => (Some(reference::f32_f32), None),
+        GgmlType::F16 => (Some(reference::f16_f32), None),
+        GgmlType::BF16 => (Some(reference::bf16_f32), None),
+        GgmlType::Q4_0 => (Some(reference::q4_0_q8_0), Some(packed::q4_0_entry)),
+        GgmlType::Q4_1 => (Some(reference::q4_1_q8_1), Some(packed::q4_1_entry)),
+        GgmlType::Q5_0 => (Some(reference::q5_0_q8_0), Some(packed::q5_0_entry)),
+        GgmlType::Q5_1 => (Some(reference::q5_1_q8_1), None),
+        GgmlType::Q8_0 => (Some(reference::q8_0_q8_0), Some(packed::q8_0_entry)),
+        GgmlType::Q2_K => (Some(reference::q2_k_q8_k), None),
+        GgmlType::Q3_K => (Some(reference::q3_k_q8_k), None),
+        GgmlType::Q4_K => (Some(reference::q4_k_q8_k), Some(packed::q4_k_entry)),
+        GgmlType::Q5_K => (Some(reference::q5_k_q8_k), Some(packed::q5_k_entry)),
+        GgmlType::Q6_K => (Some(reference::q6_k_q8_k), Some(packed::q6_k_entry)),
+        GgmlType::Q8_1 | GgmlType::Q8_K => (None, None),
+    };
+    RawRow {
+        vec_dot,
+        packed,
+        quantize: quantizer(ty).map(|f| f as super::table::RawQuantize),
+        ..RawRow::default()
+    }
+}
