@@ -795,7 +795,9 @@ mod generic {
     #[inline(always)]
     fn dots4(a: &[f32], b: &[f32]) -> [f32; 4] {
         let n = a.len();
-        let rows: [&[f32]; 4] = std::array::from_fn(|k| &b[k * n..(k + 1) * n]);
+        // Arrays spelt out: `std::array::from_fn` may stay out of line in the
+        // `target_feature` functions that inline this one.
+        let rows: [&[f32]; 4] = [&b[..n], &b[n..2 * n], &b[2 * n..3 * n], &b[3 * n..4 * n]];
         let mut acc = [[0f32; 16]; 4];
         let (a16, a_tail) = a.as_chunks::<16>();
         let [y0, y1, y2, y3] = rows.map(|r| r.as_chunks::<16>().0);
@@ -808,14 +810,15 @@ mod generic {
             }
         }
         let done = a16.len() * 16;
-        std::array::from_fn(|k| {
+        let total = |k: usize| {
             let tail: f32 = a_tail
                 .iter()
                 .zip(&rows[k][done..])
                 .map(|(x, y)| x * y)
                 .sum();
             acc[k].iter().sum::<f32>() + tail
-        })
+        };
+        [total(0), total(1), total(2), total(3)]
     }
 
     #[inline(always)]

@@ -12,6 +12,7 @@
 
 use std::arch::x86_64::*;
 
+use super::table::RawQuantize;
 use super::{RawPacked, RawRow, RawTile, RawVecDot};
 use crate::blocks::{
     as_blocks, k4_scales_mins, q3k_scales, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
@@ -21,30 +22,60 @@ use crate::reference::vec_dot as reference;
 use crate::GgmlType;
 
 /// The AVX2 kernels of `ty`: a dot product for every weight format, tiles for the legacy
-/// formats, and packed kernels for the formats `crate::packed` lays out.
+/// formats, packed kernels for the formats `crate::packed` lays out, and the activation
+/// quantizers.
 pub(super) fn row(ty: GgmlType) -> RawRow {
     use super::packed_avx2 as packed;
-    let (vec_dot, tile, packed): (RawVecDot, Option<RawTile>, Option<RawPacked>) = match ty {
-        GgmlType::F32 => (f32_f32, None, None),
-        GgmlType::F16 => (f16_f32, None, None),
-        GgmlType::BF16 => (bf16_f32, None, None),
-        GgmlType::Q4_0 => (q4_0_q8_0, Some(tile_q4_0), Some(packed::q4_0_entry)),
-        GgmlType::Q4_1 => (q4_1_q8_1, Some(tile_q4_1), Some(packed::q4_1_entry)),
-        GgmlType::Q5_0 => (q5_0_q8_0, Some(tile_q5_0), Some(packed::q5_0_entry)),
-        GgmlType::Q5_1 => (q5_1_q8_1, None, None),
-        GgmlType::Q8_0 => (q8_0_q8_0, Some(tile_q8_0), Some(packed::q8_0_entry)),
-        GgmlType::Q2_K => (q2_k_q8_k, None, None),
-        GgmlType::Q3_K => (q3_k_q8_k, None, None),
-        GgmlType::Q4_K => (q4_k_q8_k, None, Some(packed::q4_k_entry)),
-        GgmlType::Q5_K => (q5_k_q8_k, None, Some(packed::q5_k_entry)),
-        GgmlType::Q6_K => (q6_k_q8_k, None, Some(packed::q6_k_entry)),
-        GgmlType::Q8_1 | GgmlType::Q8_K => return RawRow::default(),
+    use super::quantize_avx2 as quantize;
+    type Kernels = (
+        Option<RawVecDot>,
+        Option<RawTile>,
+        Option<RawPacked>,
+        Option<RawQuantize>,
+    );
+    let (vec_dot, tile, packed, quantize): Kernels = match ty {
+        GgmlType::F32 => (Some(f32_f32), None, None, None),
+        GgmlType::F16 => (Some(f16_f32), None, None, None),
+        GgmlType::BF16 => (Some(bf16_f32), None, None, None),
+        GgmlType::Q4_0 => (
+            Some(q4_0_q8_0),
+            Some(tile_q4_0),
+            Some(packed::q4_0_entry),
+            None,
+        ),
+        GgmlType::Q4_1 => (
+            Some(q4_1_q8_1),
+            Some(tile_q4_1),
+            Some(packed::q4_1_entry),
+            None,
+        ),
+        GgmlType::Q5_0 => (
+            Some(q5_0_q8_0),
+            Some(tile_q5_0),
+            Some(packed::q5_0_entry),
+            None,
+        ),
+        GgmlType::Q5_1 => (Some(q5_1_q8_1), None, None, None),
+        GgmlType::Q8_0 => (
+            Some(q8_0_q8_0),
+            Some(tile_q8_0),
+            Some(packed::q8_0_entry),
+            Some(quantize::q8_0),
+        ),
+        GgmlType::Q8_1 => (None, None, None, Some(quantize::q8_1)),
+        GgmlType::Q2_K => (Some(q2_k_q8_k), None, None, None),
+        GgmlType::Q3_K => (Some(q3_k_q8_k), None, None, None),
+        GgmlType::Q4_K => (Some(q4_k_q8_k), None, Some(packed::q4_k_entry), None),
+        GgmlType::Q5_K => (Some(q5_k_q8_k), None, Some(packed::q5_k_entry), None),
+        GgmlType::Q6_K => (Some(q6_k_q8_k), None, Some(packed::q6_k_entry), None),
+        GgmlType::Q8_K => (None, None, None, Some(quantize::q8_k)),
     };
     RawRow {
-        vec_dot: Some(vec_dot),
+        vec_dot,
         tile,
+        rows: None,
         packed,
-        ..RawRow::default()
+        quantize,
     }
 }
 

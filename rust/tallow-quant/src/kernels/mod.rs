@@ -19,6 +19,8 @@ mod packed_avx512;
 mod packed_operands;
 mod packed_scalar;
 #[cfg(target_arch = "x86_64")]
+mod quantize_avx2;
+#[cfg(target_arch = "x86_64")]
 mod quantize_avx512;
 mod scalar;
 mod table;

@@ -188,7 +188,7 @@ pub(crate) fn q8_1(x: &[f32; 32], b: &mut BlockQ8_1) {
 }
 
 /// Q8_K scales by `-127 / max` (signed) and rounds half to even (ggml's `nearest_int`).
-fn q8_k(x: &[f32; QK_K], b: &mut BlockQ8K) {
+pub(crate) fn q8_k(x: &[f32; QK_K], b: &mut BlockQ8K) {
     let max = signed_absmax(x);
     if max == 0.0 {
         *b = BlockQ8K {

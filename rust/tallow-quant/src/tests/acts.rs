@@ -44,12 +44,20 @@ fn every_quantizer_gives_the_scalar_bytes() {
     for _ in 0..200 {
         rows.push(rng.activations(64));
     }
+    // Q8_K's blocks of 256: four hard rows side by side, random rows, and a tie for the
+    // largest magnitude between signs (the first one sets the scale's sign).
+    let mut long: Vec<Vec<f32>> = rows.chunks_exact(4).map(|r| r.concat()).collect();
+    long.extend((0..50).map(|_| rng.activations(256)));
+    let mut tie: Vec<f32> = (0..256).map(|i| (i % 7) as f32 * 0.25).collect();
+    (tie[9], tie[200]) = (-5.0, 5.0);
+    long.push(tie);
     let mut checked = 0;
     for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
-        for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K] {
+            let rows = if ty == GgmlType::Q8_K { &long } else { &rows };
             let quantizer = isa.kernels(ty).quantize.unwrap();
             for (i, x) in rows.iter().enumerate() {
-                let bytes = x.len() / 32 * ty.block_bytes();
+                let bytes = x.len() / ty.block_len() * ty.block_bytes();
                 let (mut want, mut got) = (vec![0u8; bytes], vec![0u8; bytes]);
                 quantize_row(ty, x, &mut want).unwrap();
                 quantizer.call(x, &mut got);
@@ -58,5 +66,5 @@ fn every_quantizer_gives_the_scalar_bytes() {
             }
         }
     }
-    assert!(checked >= 2 * rows.len());
+    assert!(checked >= 2 * rows.len() + long.len());
 }

@@ -1,0 +1,228 @@
+//! Activation quantization to Q8_0, Q8_1 and Q8_K with AVX2: the same bytes as the scalar
+//! quantizers (`crate::reference::quantize`), eight values per vector. A block with a value
+//! that is not finite, or (Q8_0/Q8_1) whose scale is not a normal number, goes through the
+//! scalar quantizer, so every input gives exactly the reference's bytes.
+//!
+//! # Safety
+//! Every function here needs AVX2 and FMA; `super::Isa::kernels` only hands them out when the
+//! CPU has them.
+
+use std::arch::x86_64::*;
+
+use crate::blocks::{as_blocks_mut, BlockQ8K, BlockQ8_0, BlockQ8_1};
+use crate::fp16::f32_to_f16;
+use crate::reference::quantize as reference;
+
+/// The eight vectors of `N` values.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn load<const N: usize, const V: usize>(x: &[f32; N]) -> [__m256; V] {
+    let mut v = [_mm256_setzero_ps(); V];
+    for (v, c) in v.iter_mut().zip(x.as_chunks::<8>().0) {
+        *v = _mm256_loadu_ps(c.as_ptr());
+    }
+    v
+}
+
+/// |v| in each lane.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn abs(v: __m256) -> __m256 {
+    _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)))
+}
+
+/// Whether every value is finite (its exponent bits are not all set).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn all_finite(v: &[__m256]) -> bool {
+    let exponent = _mm256_set1_epi32(0x7f80_0000);
+    let mut bad = _mm256_setzero_si256();
+    for &v in v {
+        let e = _mm256_and_si256(_mm256_castps_si256(v), exponent);
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, exponent));
+    }
+    _mm256_testz_si256(bad, bad) == 1
+}
+
+/// The largest |v| of the vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn abs_max(v: &[__m256]) -> f32 {
+    let mut m = _mm256_setzero_ps();
+    for &v in v {
+        m = _mm256_max_ps(m, abs(v));
+    }
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+    _mm_cvtss_f32(m)
+}
+
+/// The sum of the eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Four vectors of i32 quants (within -128..=127) as 32 bytes, in order.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn to_bytes(q: [__m256i; 4], out: &mut [i8; 32]) {
+    // The packs work within each 128-bit half; the permutation puts the four-byte groups back
+    // in order.
+    let words = [
+        _mm256_packs_epi32(q[0], q[1]),
+        _mm256_packs_epi32(q[2], q[3]),
+    ];
+    let bytes = _mm256_packs_epi16(words[0], words[1]);
+    let ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(out.as_mut_ptr().cast(), ordered);
+}
+
+/// The scale `d`, the 32 quants and their sum of a Q8_0/Q8_1 block, as the scalar
+/// `q8_symmetric` computes them (rounding halves away from zero); `None` where the block
+/// takes the scalar path.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q8_block(x: &[f32; 32]) -> Option<(f32, [i8; 32], i32)> {
+    let v: [__m256; 4] = load(x);
+    if !all_finite(&v) {
+        return None;
+    }
+    let d = abs_max(&v) / 127.0;
+    if !d.is_normal() {
+        return None;
+    }
+    let id = _mm256_set1_ps(1.0 / d);
+    let mut q = [_mm256_setzero_si256(); 4];
+    let mut sum = _mm256_setzero_si256();
+    for (q, &v) in q.iter_mut().zip(&v) {
+        // round_half_away: the integer part of |v|, plus one if the rest is at least 1/2,
+        // with v's sign.
+        let v = _mm256_mul_ps(v, id);
+        let a = abs(v);
+        let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(a);
+        let up = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_sub_ps(a, t), _mm256_set1_ps(0.5));
+        let r = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_set1_ps(1.0)));
+        // `sign` negates where v's bits read as a negative integer (v < 0, or -0 whose
+        // quant is 0 anyway) and zeroes where they read as 0 (v = +0, quant 0 too).
+        *q = _mm256_sign_epi32(_mm256_cvttps_epi32(r), _mm256_castps_si256(v));
+        sum = _mm256_add_epi32(sum, *q);
+    }
+    let mut qs = [0i8; 32];
+    to_bytes(q, &mut qs);
+    Some((d, qs, sum_i32(sum)))
+}
+
+/// Q8_0 blocks of the row `x` into `dst`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q8_0(x: &[f32], dst: &mut [u8]) {
+    for (xs, b) in x
+        .as_chunks::<32>()
+        .0
+        .iter()
+        .zip(as_blocks_mut::<BlockQ8_0>(dst))
+    {
+        match q8_block(xs) {
+            Some((d, qs, _)) => {
+                b.d = f32_to_f16(d);
+                b.qs = qs;
+            }
+            None => reference::q8_0(xs, b),
+        }
+    }
+}
+
+/// Q8_1 blocks of the row `x` into `dst`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q8_1(x: &[f32], dst: &mut [u8]) {
+    for (xs, b) in x
+        .as_chunks::<32>()
+        .0
+        .iter()
+        .zip(as_blocks_mut::<BlockQ8_1>(dst))
+    {
+        match q8_block(xs) {
+            Some((d, qs, sum)) => {
+                b.d = f32_to_f16(d);
+                b.s = f32_to_f16(sum as f32 * d);
+                b.qs = qs;
+            }
+            None => reference::q8_1(xs, b),
+        }
+    }
+}
+
+/// One Q8_K block as the scalar `q8_k` makes it (scale `-127 / max` of the value of largest
+/// magnitude, the first one where several have it; halves to even); `false` where the block
+/// takes the scalar path.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q8_k_block(x: &[f32; 256], b: &mut BlockQ8K) -> bool {
+    let v: [__m256; 32] = load(x);
+    if !all_finite(&v) {
+        return false;
+    }
+    let amax = abs_max(&v);
+    if amax == 0.0 {
+        return false;
+    }
+    let first = v
+        .iter()
+        .position(|&v| {
+            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(abs(v), _mm256_set1_ps(amax))) != 0
+        })
+        .expect("amax is one of the values");
+    let lane = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+        abs(v[first]),
+        _mm256_set1_ps(amax),
+    ));
+    let max = x[first * 8 + lane.trailing_zeros() as usize];
+    let iscale = -127.0 / max;
+    let scale = _mm256_set1_ps(iscale);
+    let top = _mm256_set1_epi32(127);
+    for (g, (v, qs)) in v
+        .as_chunks::<4>()
+        .0
+        .iter()
+        .zip(b.qs.as_chunks_mut::<32>().0)
+        .enumerate()
+    {
+        let mut q = [_mm256_setzero_si256(); 4];
+        for (q, &v) in q.iter_mut().zip(v) {
+            // Round to nearest, halves to even: what ggml's `nearest_int` does for |v| <= 2^22.
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm256_mul_ps(scale, v),
+            );
+            *q = _mm256_min_epi32(_mm256_cvtps_epi32(r), top);
+        }
+        // Each group of 16 quants sums into its i16 `bsums` entry.
+        for (h, pair) in q.as_chunks::<2>().0.iter().enumerate() {
+            let sum = sum_i32(_mm256_add_epi32(pair[0], pair[1])) as i16;
+            let at = 2 * (2 * g + h);
+            b.bsums[at..at + 2].copy_from_slice(&sum.to_le_bytes());
+        }
+        to_bytes(q, qs);
+    }
+    b.d = (1.0 / iscale).to_le_bytes();
+    true
+}
+
+/// Q8_K blocks of the row `x` into `dst`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q8_k(x: &[f32], dst: &mut [u8]) {
+    for (xs, b) in x
+        .as_chunks::<256>()
+        .0
+        .iter()
+        .zip(as_blocks_mut::<BlockQ8K>(dst))
+    {
+        if !q8_k_block(xs, b) {
+            reference::q8_k(xs, b);
+        }
+    }
+}
