@@ -921,7 +921,9 @@ mod generic {
         rows_with(states, q, keys, values, scores, scale, None)
     }
 
-    /// [`page_with`] for each query row of `q`.
+    /// [`page_with`] for each query row of `q`: [`JOINT_ROWS`] rows at a time where the
+    /// tile has at most [`super::TILE_POSITIONS`] positions, so that each key and value row is
+    /// loaded once for them all; each row's result is the same bits as alone.
     #[inline(always)]
     pub(super) fn rows_with(
         states: &mut [f32],
@@ -932,9 +934,135 @@ mod generic {
         scale: f32,
         softcap: Option<f32>,
     ) {
-        let hd = keys.len() / scores.len();
+        let n = scores.len();
+        let hd = keys.len() / n;
+        let rows = q.len() / hd;
+        let joint = if n <= super::TILE_POSITIONS {
+            rows / JOINT_ROWS * JOINT_ROWS
+        } else {
+            0
+        };
+        let (joint_states, states) = states.split_at_mut(joint * (hd + 2));
+        let (joint_q, q) = q.split_at(joint * hd);
+        for (states, q) in joint_states
+            .chunks_exact_mut(JOINT_ROWS * (hd + 2))
+            .zip(joint_q.chunks_exact(JOINT_ROWS * hd))
+        {
+            let mut rest = [0f32; (JOINT_ROWS - 1) * super::TILE_POSITIONS];
+            joint_rows(states, q, keys, values, scores, &mut rest, scale, softcap);
+        }
         for (state, q) in states.chunks_exact_mut(hd + 2).zip(q.chunks_exact(hd)) {
             page_with(state, q, keys, values, scores, scale, softcap);
+        }
+    }
+
+    /// Query rows [`rows_with`] takes through the keys and values together.
+    const JOINT_ROWS: usize = 4;
+
+    /// [`page_with`] for [`JOINT_ROWS`] query rows at once: the scores of row 0 in `scores`,
+    /// of the others in `rest`; every score and every element of a state computed with the
+    /// operations of [`page_with`], in its order.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn joint_rows(
+        states: &mut [f32],
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        scores: &mut [f32],
+        rest: &mut [f32],
+        scale: f32,
+        softcap: Option<f32>,
+    ) {
+        let n = scores.len();
+        let hd = keys.len() / n;
+        let (r1, rest) = rest.split_at_mut(n);
+        let (r2, rest) = rest.split_at_mut(n);
+        let r3 = &mut rest[..n];
+        let mut rows: [&mut [f32]; JOINT_ROWS] = [scores, r1, r2, r3];
+        let qr: [&[f32]; JOINT_ROWS] = [&q[..hd], &q[hd..2 * hd], &q[2 * hd..3 * hd], &q[3 * hd..]];
+        // The scores: each key's chunks loaded once for the four rows, each row's sums as
+        // `dot` makes them.
+        let [q0, q1, q2, q3] = qr.map(|q| q.as_chunks::<16>().0);
+        for (j, key) in keys.chunks_exact(hd).enumerate() {
+            let mut acc = [[0f32; 16]; JOINT_ROWS];
+            let (k16, k_tail) = key.as_chunks::<16>();
+            for ((((y, x0), x1), x2), x3) in k16.iter().zip(q0).zip(q1).zip(q2).zip(q3) {
+                for i in 0..16 {
+                    acc[0][i] += x0[i] * y[i];
+                    acc[1][i] += x1[i] * y[i];
+                    acc[2][i] += x2[i] * y[i];
+                    acc[3][i] += x3[i] * y[i];
+                }
+            }
+            let done = k16.len() * 16;
+            for ((row, acc), q) in rows.iter_mut().zip(&acc).zip(&qr) {
+                let tail: f32 = q[done..].iter().zip(k_tail).map(|(x, y)| x * y).sum();
+                row[j] = acc.iter().sum::<f32>() + tail;
+            }
+        }
+        // The softmax of each row, as `page_with`.
+        let mut alphas = [0f32; JOINT_ROWS];
+        for ((row, state), alpha) in rows
+            .iter_mut()
+            .zip(states.chunks_exact_mut(hd + 2))
+            .zip(&mut alphas)
+        {
+            let mut page_max = f32::NEG_INFINITY;
+            for s in row.iter_mut() {
+                *s *= scale;
+                if let Some(cap) = softcap {
+                    *s = cap * (*s / cap).tanh();
+                }
+                page_max = page_max.max(*s);
+            }
+            let new_max = state[0].max(page_max);
+            *alpha = exp(state[0] - new_max);
+            let mut sum = 0.0;
+            for s in row.iter_mut() {
+                *s = exp(*s - new_max);
+                sum += *s;
+            }
+            state[1] = state[1] * *alpha + sum;
+            state[0] = new_max;
+        }
+        // The values: a block of 16 elements of the four rows in registers across the
+        // positions, each value chunk loaded once for the four.
+        let mut accs = states.chunks_exact_mut(hd + 2).map(|s| &mut s[2..]);
+        let mut accs: [&mut [f32]; JOINT_ROWS] = [
+            accs.next().unwrap(),
+            accs.next().unwrap(),
+            accs.next().unwrap(),
+            accs.next().unwrap(),
+        ];
+        let mut at = 0;
+        while at + 16 <= hd {
+            let mut sums = [[0f32; 16]; JOINT_ROWS];
+            for ((sums, acc), alpha) in sums.iter_mut().zip(&accs).zip(alphas) {
+                for i in 0..16 {
+                    sums[i] = acc[at + i] * alpha;
+                }
+            }
+            let [w0, w1, w2, w3] = [&*rows[0], &*rows[1], &*rows[2], &*rows[3]];
+            for ((((v, &w0), &w1), &w2), &w3) in
+                values.chunks_exact(hd).zip(w0).zip(w1).zip(w2).zip(w3)
+            {
+                let x: &[f32; 16] = v[at..at + 16].try_into().unwrap();
+                for i in 0..16 {
+                    sums[0][i] += w0 * x[i];
+                    sums[1][i] += w1 * x[i];
+                    sums[2][i] += w2 * x[i];
+                    sums[3][i] += w3 * x[i];
+                }
+            }
+            for (sums, acc) in sums.iter().zip(&mut accs) {
+                acc[at..at + 16].copy_from_slice(sums);
+            }
+            at += 16;
+        }
+        for ((acc, alpha), row) in accs.iter_mut().zip(alphas).zip(&rows) {
+            let scores: &[f32] = row;
+            weighted_values::<1>(acc, at, alpha, scores, values);
         }
     }
 
