@@ -327,12 +327,17 @@ impl PackedMatrix {
     }
 
     /// The outputs of the row groups `range` for every token, in tiles of up to
-    /// [`TILE_LANES`] tokens. One tile runs over all the groups in one call; more run group
-    /// by group, every tile while the group's blocks are in the L1 cache.
+    /// [`TILE_LANES`] tokens. One tile runs over all the groups in one call; more run a few
+    /// groups at a time (as many as [`L1_WEIGHT_BYTES`] hold), every tile while the groups'
+    /// blocks are in the L1 cache.
     fn groups_into(&self, range: Range<usize>, acts: &QuantizedActs<'_>, out: &DisjointSlice<f32>) {
         let n_tokens = acts.n_tokens();
         let tiles = n_tokens.div_ceil(TILE_LANES);
-        let step = if tiles == 1 { range.len() } else { 1 };
+        let step = if tiles == 1 {
+            range.len()
+        } else {
+            (L1_WEIGHT_BYTES / self.group_bytes).max(1)
+        };
         for start in range.clone().step_by(step.max(1)) {
             let groups = start..range.end.min(start + step);
             let bytes =
@@ -358,6 +363,10 @@ impl PackedMatrix {
         }
     }
 }
+
+/// Weight bytes a product of several tiles keeps in the L1 cache while every tile takes them
+/// (half of a 32 KiB L1, the rest for the tile's activations and outputs).
+const L1_WEIGHT_BYTES: usize = 16 * 1024;
 
 /// Guided self-scheduling of `total` row groups over `threads` threads: each claim takes a
 /// `threads`-th of what is left (at least one group), so the first claims are few and large
