@@ -752,7 +752,7 @@ fn kernels() -> Kernels {
             }
             if Isa::detected() >= Isa::Avx2 {
                 return Kernels {
-                    widen: widen_portable,
+                    widen: x86::widen_f16c,
                     page: x86::page_avx2,
                     f16_pages: None,
                     merge: x86::merge_avx2,
@@ -1123,6 +1123,24 @@ macro_rules! compiled_with {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// f16 to f32 with F16C, eight values per instruction (exact, as every f16 conversion).
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn widen_f16c(src: &[f16], out: &mut [f32]) {
+        assert_eq!(src.len(), out.len());
+        let (src8, src_tail) = src.as_chunks::<8>();
+        let (out8, out_tail) = out.as_chunks_mut::<8>();
+        for (s, o) in src8.iter().zip(out8) {
+            let halves = _mm_loadu_si128(s.as_ptr().cast());
+            _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(halves));
+        }
+        for (s, o) in src_tail.iter().zip(out_tail) {
+            *o = s.to_f32();
+        }
+    }
+
     compiled_with!("avx512f,avx2,fma":
         merge_avx512 => merge(state: &mut [f32], other: &[f32]);
         general_avx512 => rows_with(
