@@ -20,6 +20,7 @@ from conftest import run_cli
 
 import tallow
 from tallow import _core
+from tallow.engine import Engine, EngineConfig, SamplingParams
 
 # (folder, tolerance of the F32 file). The README allows 5e-3 for the GELU models (llama.cpp's
 # GELU goes through an f16 table); tallow's exact GELU meets 1e-4 there too.
@@ -110,6 +111,38 @@ def test_sliding_window_layers_give_back_their_pages_and_keep_the_logits(
     assert kv.stats()["pages_used"] == pages_used
     kv.free(seq)
     assert kv.n_free == kv.n_pages
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_engine_with_a_pool_smaller_than_the_context_still_matches_transformers(
+    arch_dir: Path, prompt: list[int], arch: str
+) -> None:
+    """Through the engine (scheduler, batched steps, several requests): three requests
+    prefilled together in a pool of pages of 4 positions too small to keep every layer's 48
+    positions for the three, which fits because the sliding-window layers give their pages
+    back; every request's greedy tokens are transformers', with no preemption."""
+    model = _core.Model(str(arch_dir / arch / f"{arch}-f32.gguf"))
+    expected = [int(t) for t in np.load(arch_dir / arch / "ref_greedy.npy")]
+    every_position = 3 * model.kv_pages_to_hold(48, page_size=4, chunk=48)
+    # Without prefix caching, so that the three requests share no page.
+    config = EngineConfig(
+        max_num_seqs=3,
+        max_tokens_per_step=3 * len(prompt),
+        page_size=4,
+        kv_pages=every_position * 3 // 4,
+        prefix_caching=False,
+    )
+    engine = Engine(model, config)
+    params = SamplingParams(max_tokens=len(expected), temperature=0.0, ignore_eos=True)
+    for i in range(3):
+        engine.add(f"r{i}", prompt, params)
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(3)}
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None
+            tokens[out.request_id] += out.new_token_ids
+    assert all(t == expected for t in tokens.values()), tokens
+    assert engine.scheduler.num_preemptions == 0
 
 
 @pytest.mark.parametrize(("arch", "f32_tolerance"), ARCHITECTURES)
