@@ -107,6 +107,10 @@ pub(crate) struct Plan {
     /// Tokens per block (the longest chunk's length, up to [`TOKEN_BLOCK`]).
     block_tokens: usize,
     split: bool,
+    /// Parts the query heads of a KV head are cut into, one unit each (more than one where
+    /// the batch has fewer units than threads and the units are not split by segment: one
+    /// decoding sequence).
+    head_parts: usize,
 }
 
 impl Plan {
@@ -132,6 +136,14 @@ impl Plan {
                 SEGMENT_PAGES.is_multiple_of(pages) && pages * page_size <= TILE_POSITIONS
             })
             .unwrap_or(1);
+        let split = units < UNITS_PER_THREAD * threads && longest_seq > segment_len;
+        // A row's result does not depend on the rows computed with it, so the query heads of
+        // a KV head can go to different threads with the same bits.
+        let head_parts = if split || units >= threads {
+            1
+        } else {
+            threads.div_ceil(units).min(heads.group())
+        };
         Plan {
             heads,
             page_size,
@@ -139,7 +151,8 @@ impl Plan {
             blocks: longest_chunk.div_ceil(TOKEN_BLOCK),
             segments: longest_seq.div_ceil(segment_len),
             block_tokens: longest_chunk.min(TOKEN_BLOCK),
-            split: units < UNITS_PER_THREAD * threads && longest_seq > segment_len,
+            split,
+            head_parts,
         }
     }
 
@@ -177,12 +190,14 @@ impl Plan {
     }
 }
 
-/// One unit of work: the tokens `tokens` (indices in their chunk) of chunk `chunk` for KV head
-/// `kv_head`, over the segments `segments`.
+/// One unit of work: the tokens `tokens` (indices in their chunk) of chunk `chunk` for the
+/// query heads `heads` (of the group, `0..group` unless cut) of KV head `kv_head`, over the
+/// segments `segments`.
 struct Unit {
     chunk: usize,
     tokens: Range<usize>,
     kv_head: usize,
+    heads: Range<usize>,
     segments: Range<usize>,
 }
 
@@ -220,9 +235,16 @@ impl Attention<'_> {
         let n_tasks = if plan.split {
             plan.grid(n_chunks)
         } else {
-            n_chunks * plan.blocks * n_kv
+            n_chunks * plan.blocks * n_kv * plan.head_parts
         };
+        let group = plan.heads.group();
         pool.run(n_tasks, &|task, worker| {
+            let (task, part) = (task / plan.head_parts, task % plan.head_parts);
+            let part_len = group.div_ceil(plan.head_parts);
+            let heads = (part * part_len).min(group)..((part + 1) * part_len).min(group);
+            if heads.is_empty() {
+                return;
+            }
             let segments = if plan.split { plan.segments } else { 1 };
             let (rest, segment) = (task / segments, task % segments);
             let (rest, kv_head) = (rest / n_kv, rest % n_kv);
@@ -246,6 +268,7 @@ impl Attention<'_> {
                 chunk,
                 tokens,
                 kv_head,
+                heads,
                 segments,
             };
             // SAFETY: no two tasks running at once have the same worker index.
@@ -286,11 +309,13 @@ impl Attention<'_> {
             return self.unit_general(unit, scratch, sink);
         }
         let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
+        // The unit's query heads: their states side by side per token.
+        let hg = unit.heads.len();
         let (keys, rest) = scratch.split_at_mut(plan.tile_len() * hd);
         let (values, rest) = rest.split_at_mut(plan.tile_len() * hd);
         let (scores, rest) = rest.split_at_mut(plan.tile_len());
         let (queries, rest) = rest.split_at_mut(plan.block_tokens * group * hd);
-        let n_states = unit.tokens.len() * group;
+        let n_states = unit.tokens.len() * hg;
         let (running, rest) = rest.split_at_mut(n_states * state_len);
         let segment_states = &mut rest[..n_states * state_len];
         let chunk = &self.batch.chunks[unit.chunk];
@@ -346,7 +371,8 @@ impl Attention<'_> {
                 // The query heads of this KV head for a token, side by side like their states.
                 let q_of = |i: usize| {
                     let token = chunk.start + i;
-                    &self.q[token * h.q_dim() + unit.kv_head * group * hd..][..group * hd]
+                    let head = unit.kv_head * group + unit.heads.start;
+                    &self.q[token * h.q_dim() + head * hd..][..hg * hd]
                 };
                 // The tokens that see the whole tile (the last ones) go in one call, their
                 // rows gathered side by side; those before see part of it, one at a time.
@@ -358,22 +384,18 @@ impl Attention<'_> {
                 for (ti, i) in unit.tokens.clone().enumerate().take(whole) {
                     let visible = first + i + 1;
                     if visible > tile_start {
-                        let states = &mut segment_states[ti * group * state_len..];
-                        attend(
-                            &mut states[..group * state_len],
-                            q_of(i),
-                            visible - tile_start,
-                        );
+                        let states = &mut segment_states[ti * hg * state_len..];
+                        attend(&mut states[..hg * state_len], q_of(i), visible - tile_start);
                     }
                 }
-                let states = &mut segment_states[whole * group * state_len..];
+                let states = &mut segment_states[whole * hg * state_len..];
                 match unit.tokens.len() - whole {
                     0 => {}
                     1 => attend(states, q_of(unit.tokens.end - 1), rows),
                     count => {
-                        let gathered = &mut queries[..count * group * hd];
+                        let gathered = &mut queries[..count * hg * hd];
                         for (rows, i) in gathered
-                            .chunks_exact_mut(group * hd)
+                            .chunks_exact_mut(hg * hd)
                             .zip(unit.tokens.clone().skip(whole))
                         {
                             rows.copy_from_slice(q_of(i));
@@ -400,11 +422,12 @@ impl Attention<'_> {
         let plan = self.plan;
         let h = &plan.heads;
         let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
+        let hg = unit.heads.len();
         let (keys, rest) = scratch.split_at_mut(plan.tile_len() * hd);
         let (values, rest) = rest.split_at_mut(plan.tile_len() * hd);
         let (scores, rest) = rest.split_at_mut(plan.tile_len());
         let rest = &mut rest[plan.block_tokens * group * hd..];
-        let n_states = unit.tokens.len() * group;
+        let n_states = unit.tokens.len() * hg;
         let (running, rest) = rest.split_at_mut(n_states * state_len);
         let segment_states = &mut rest[..n_states * state_len];
         let chunk = &self.batch.chunks[unit.chunk];
@@ -437,10 +460,11 @@ impl Attention<'_> {
                         continue;
                     }
                     let token = chunk.start + i;
-                    let q = &self.q[token * h.q_dim() + unit.kv_head * group * hd..];
+                    let head = unit.kv_head * group + unit.heads.start;
+                    let q = &self.q[token * h.q_dim() + head * hd..];
                     kernel.general(
-                        &mut segment_states[ti * group * state_len..][..group * state_len],
-                        &q[..group * hd],
+                        &mut segment_states[ti * hg * state_len..][..hg * state_len],
+                        &q[..hg * hd],
                         &keys[lo * hd..hi * hd],
                         &values[lo * hd..hi * hd],
                         &mut scores[..hi - lo],
@@ -491,7 +515,7 @@ impl Attention<'_> {
         running: &mut [f32],
     ) {
         let h = &self.plan.heads;
-        let (group, state_len) = (h.group(), h.state_len());
+        let (hg, state_len) = (unit.heads.len(), h.state_len());
         match sink {
             Sink::Partials(partials, task) => {
                 let at = task * n_states_max(self.plan) * state_len;
@@ -505,8 +529,8 @@ impl Attention<'_> {
                     if !self.sees_segment(first + i, segment) {
                         continue;
                     }
-                    for g in 0..group {
-                        let at = (ti * group + g) * state_len;
+                    for g in 0..hg {
+                        let at = (ti * hg + g) * state_len;
                         let seg = &segment_states[at..at + state_len];
                         kernels().merge(&mut running[at..at + state_len], seg);
                     }
@@ -520,15 +544,16 @@ impl Attention<'_> {
         let Sink::Out(out) = sink else { return };
         let h = &self.plan.heads;
         let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
+        let hg = unit.heads.len();
         let chunk = &self.batch.chunks[unit.chunk];
         for (ti, i) in unit.tokens.clone().enumerate() {
             let token = chunk.start + i;
-            for g in 0..group {
-                let head = unit.kv_head * group + g;
+            for g in 0..hg {
+                let head = unit.kv_head * group + unit.heads.start + g;
                 let at = token * h.q_dim() + head * hd;
                 // SAFETY: the columns of this unit's heads for its tokens are its own.
                 let dst = unsafe { out.range_mut(at..at + hd) };
-                finish(&running[(ti * group + g) * state_len..][..state_len], dst);
+                finish(&running[(ti * hg + g) * state_len..][..state_len], dst);
             }
         }
     }
