@@ -1365,7 +1365,7 @@ mod tests {
             attention
                 .run(&mut scratch, &mut partials, &mut out)
                 .unwrap();
-            (plan.split, out)
+            (plan.split, plan.head_parts > 1, out)
         };
 
         let check = |pos: usize, out: &[f32]| {
@@ -1390,16 +1390,17 @@ mod tests {
         let threads = tallow_threads::global().threads();
         let mut alone = Vec::new();
         for pos in 0..total {
-            let (_, out) = run(&[(pos, 1)], threads);
+            let (_, _, out) = run(&[(pos, 1)], threads);
             check(pos, &out);
             alone.push(out);
         }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        let mut saw_split = [false; 2];
+        let (mut saw_split, mut saw_parts) = ([false; 2], false);
         for chunks in chunk_sets {
             for threads in [1, 8] {
-                let (split, out) = run(chunks, threads);
+                let (split, parts, out) = run(chunks, threads);
                 saw_split[usize::from(split)] = true;
+                saw_parts |= parts;
                 let mut rows = out.chunks_exact(q_dim);
                 for &(first, len) in chunks {
                     for (pos, want) in alone.iter().enumerate().skip(first).take(len) {
@@ -1410,6 +1411,7 @@ mod tests {
             }
         }
         assert_eq!(saw_split, [true, true], "both ways of splitting are tested");
+        assert!(saw_parts, "query heads cut between threads are tested");
     }
 
     /// The kernels picked for this CPU agree with the generic loops (the ones a CPU without
