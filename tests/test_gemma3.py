@@ -109,3 +109,20 @@ def test_local_layers_keep_only_their_window_of_kv(gemma3_path: Path, reference_
     assert 2 * (every + 5 * local) < 6 * every
     kv.free(seq)
     assert kv.n_free == kv.n_pages
+
+
+def test_a_cached_prefix_longer_than_the_window_gives_the_same_tokens(
+    gemma3_path: Path, reference_dir: Path
+) -> None:
+    """A 900-token prompt (past the local layers' window of 512), then the same prompt again:
+    the second attaches the cached prefix, the global layers' pages and only the local layers'
+    pages that its end sees, and generates the same greedy tokens."""
+    text = (reference_dir / "perplexity" / "apache-2.0.txt").read_text()
+    with tallow.LLM(gemma3_path, n_ctx=1024) as llm:
+        prompt = llm.tokenize(text, add_special=True)[:900]
+        first = llm.generate(prompt, max_tokens=8, temperature=0).token_ids
+        before = llm.stats()["prefix_hit_tokens"]
+        again = llm.generate(prompt, max_tokens=8, temperature=0).token_ids
+        hit = llm.stats()["prefix_hit_tokens"] - before
+    assert hit >= 800, hit
+    assert again == first
