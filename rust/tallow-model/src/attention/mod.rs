@@ -870,9 +870,6 @@ mod generic {
         softcap: Option<f32>,
     ) {
         let hd = q.len();
-        let (m, rest) = state.split_first_mut().unwrap();
-        let (l, acc) = rest.split_first_mut().unwrap();
-        let mut page_max = f32::NEG_INFINITY;
         let (fours, rest) = scores.as_chunks_mut::<4>();
         for (s, k) in fours.iter_mut().zip(keys.chunks_exact(4 * hd)) {
             *s = dots4(q, k);
@@ -881,6 +878,20 @@ mod generic {
         for (s, k) in rest.iter_mut().zip(keys[done * hd..].chunks_exact(hd)) {
             *s = dot(q, k);
         }
+        let alpha = softmax(state, scores, scale, softcap);
+        let acc = &mut state[2..];
+        let done = weighted_values::<64>(acc, 0, alpha, scores, values);
+        let done = weighted_values::<16>(acc, done, alpha, scores, values);
+        weighted_values::<1>(acc, done, alpha, scores, values);
+    }
+
+    /// The scores of one page taken into a state `[max, sum, acc...]`: scaled (and
+    /// soft-capped), turned into weights `exp(score - new max)` in place, their sum added to
+    /// the state's rescaled sum; returns the factor `alpha` that rescales the state's
+    /// accumulated values to the new max.
+    #[inline(always)]
+    fn softmax(state: &mut [f32], scores: &mut [f32], scale: f32, softcap: Option<f32>) -> f32 {
+        let mut page_max = f32::NEG_INFINITY;
         for s in scores.iter_mut() {
             *s *= scale;
             if let Some(cap) = softcap {
@@ -888,18 +899,16 @@ mod generic {
             }
             page_max = page_max.max(*s);
         }
-        let new_max = m.max(page_max);
-        let alpha = exp(*m - new_max);
+        let new_max = state[0].max(page_max);
+        let alpha = exp(state[0] - new_max);
         let mut sum = 0.0;
         for s in scores.iter_mut() {
             *s = exp(*s - new_max);
             sum += *s;
         }
-        *l = *l * alpha + sum;
-        *m = new_max;
-        let done = weighted_values::<64>(acc, 0, alpha, scores, values);
-        let done = weighted_values::<16>(acc, done, alpha, scores, values);
-        weighted_values::<1>(acc, done, alpha, scores, values);
+        state[1] = state[1] * alpha + sum;
+        state[0] = new_max;
+        alpha
     }
 
     /// `acc = acc * alpha + sum(p * v)` over the positions' weights `scores` and value rows
@@ -1033,23 +1042,7 @@ mod generic {
             .zip(states.chunks_exact_mut(hd + 2))
             .zip(&mut alphas)
         {
-            let mut page_max = f32::NEG_INFINITY;
-            for s in row.iter_mut() {
-                *s *= scale;
-                if let Some(cap) = softcap {
-                    *s = cap * (*s / cap).tanh();
-                }
-                page_max = page_max.max(*s);
-            }
-            let new_max = state[0].max(page_max);
-            *alpha = exp(state[0] - new_max);
-            let mut sum = 0.0;
-            for s in row.iter_mut() {
-                *s = exp(*s - new_max);
-                sum += *s;
-            }
-            state[1] = state[1] * *alpha + sum;
-            state[0] = new_max;
+            *alpha = softmax(state, row, scale, softcap);
         }
         // The values: a block of 16 elements of the four rows in registers across the
         // positions, each value chunk loaded once for the four.
