@@ -140,6 +140,11 @@ impl ModelConfig {
         self.sliding_window.is_some() && self.arch.sliding.slides(layer)
     }
 
+    /// The positions layer `layer` sees (itself included), `None` for global attention.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.sliding_window.filter(|_| self.slides(layer))
+    }
+
     /// Width of the K (and V) rows of one layer: all KV heads side by side.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim

@@ -139,7 +139,7 @@ impl Forward<'_> {
             let scores = Scores {
                 scale: cfg.attn_scale,
                 softcap: cfg.attn_softcap,
-                window: cfg.sliding_window.filter(|_| cfg.slides(l)),
+                window: cfg.window(l),
             };
             layer_arena.reset();
             let arena: &Arena = layer_arena;

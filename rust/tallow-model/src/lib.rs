@@ -83,9 +83,7 @@ impl Model {
         // Everything needed from the header is parsed by now.
         file.release_header();
         let rope = Ropes::new(&config, weights.rope_freqs.as_deref());
-        let windows: Vec<_> = (0..config.n_layer)
-            .map(|l| config.sliding_window.filter(|_| config.slides(l)))
-            .collect();
+        let windows: Vec<_> = (0..config.n_layer).map(|l| config.window(l)).collect();
         let kv_groups = LayerGroups::from_windows(&windows)?;
         Ok(Model {
             file,
