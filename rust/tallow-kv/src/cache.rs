@@ -4,7 +4,7 @@ use crate::error::{KvError, Result};
 use crate::groups::LayerGroups;
 use crate::layout::{pages_for_budget, KvBudget, KvKind, KvLayout};
 use crate::sequences::{KvStats, PrefixMatch, Sequences};
-use crate::storage::{check_groups, KvStorage};
+use crate::storage::KvStorage;
 use crate::{PageId, SeqId, Slot};
 
 /// A paged KV cache: [`Sequences`] (page tables, refcounts, free list) over a [`KvStorage`]
@@ -32,10 +32,9 @@ impl PagedKvCache {
     /// A cache whose pages each hold one of `groups` (`layout.page_layers` must be their
     /// size; see [`LayerGroups`]).
     pub fn grouped(layout: KvLayout, groups: LayerGroups, budget: KvBudget) -> Result<Self> {
-        layout.validate()?;
-        check_groups(&layout, &groups)?;
         let n_pages = pages_for_budget(&layout, budget)?;
-        // The values first: they are the large allocation, the one that fails first.
+        // The values first: they are the large allocation, the one that fails first. The
+        // storage checks that the groups fit the layout.
         let storage = KvStorage::grouped(layout, &groups, n_pages)?;
         Ok(PagedKvCache {
             seqs: Sequences::grouped(layout.page_size, n_pages, &groups.windows())?,
