@@ -5,6 +5,45 @@
 //! first use. Each set has one table of kernels, a row per format, built once with the gaps
 //! filled from the next set down and finally the scalar reference (see [`table`]).
 
+/// The row quantizers `q8_0` and `q8_1`, compiled with `$features`, over the calling module's
+/// `q8_block(&[f32; 32]) -> Option<(d, quants, sum)>` (`None`: the block takes the scalar
+/// quantizer), so that every instruction set's quantizers write blocks the same way.
+#[cfg(target_arch = "x86_64")]
+macro_rules! q8_row_quantizers {
+    ($features:literal) => {
+        /// Q8_0 blocks of the row `x` into `dst`.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn q8_0(x: &[f32], dst: &mut [u8]) {
+            let blocks = crate::blocks::as_blocks_mut::<crate::blocks::BlockQ8_0>(dst);
+            for (xs, b) in x.as_chunks::<32>().0.iter().zip(blocks) {
+                match q8_block(xs) {
+                    Some((d, qs, _)) => {
+                        b.d = crate::fp16::f32_to_f16(d);
+                        b.qs = qs;
+                    }
+                    None => crate::reference::quantize::q8_0(xs, b),
+                }
+            }
+        }
+
+        /// Q8_1 blocks of the row `x` into `dst`.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn q8_1(x: &[f32], dst: &mut [u8]) {
+            let blocks = crate::blocks::as_blocks_mut::<crate::blocks::BlockQ8_1>(dst);
+            for (xs, b) in x.as_chunks::<32>().0.iter().zip(blocks) {
+                match q8_block(xs) {
+                    Some((d, qs, sum)) => {
+                        b.d = crate::fp16::f32_to_f16(d);
+                        b.s = crate::fp16::f32_to_f16(sum as f32 * d);
+                        b.qs = qs;
+                    }
+                    None => crate::reference::quantize::q8_1(xs, b),
+                }
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

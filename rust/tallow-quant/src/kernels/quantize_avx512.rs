@@ -9,10 +9,6 @@
 
 use std::arch::x86_64::*;
 
-use crate::blocks::{as_blocks_mut, BlockQ8_0, BlockQ8_1};
-use crate::fp16::f32_to_f16;
-use crate::reference::quantize as reference;
-
 /// The scale `d` and the 32 quants of a block, with their sum, as the scalar
 /// `q8_symmetric` computes them; `None` where the block takes the scalar path.
 #[inline]
@@ -58,41 +54,4 @@ unsafe fn q8_block(x: &[f32; 32]) -> Option<(f32, [i8; 32], i32)> {
     Some((d, qs, _mm512_reduce_add_epi32(sum)))
 }
 
-/// Q8_0 blocks of the row `x` into `dst`.
-#[target_feature(enable = "avx512f,avx512bw")]
-pub(super) unsafe fn q8_0(x: &[f32], dst: &mut [u8]) {
-    for (xs, b) in x
-        .as_chunks::<32>()
-        .0
-        .iter()
-        .zip(as_blocks_mut::<BlockQ8_0>(dst))
-    {
-        match q8_block(xs) {
-            Some((d, qs, _)) => {
-                b.d = f32_to_f16(d);
-                b.qs = qs;
-            }
-            None => reference::q8_0(xs, b),
-        }
-    }
-}
-
-/// Q8_1 blocks of the row `x` into `dst`.
-#[target_feature(enable = "avx512f,avx512bw")]
-pub(super) unsafe fn q8_1(x: &[f32], dst: &mut [u8]) {
-    for (xs, b) in x
-        .as_chunks::<32>()
-        .0
-        .iter()
-        .zip(as_blocks_mut::<BlockQ8_1>(dst))
-    {
-        match q8_block(xs) {
-            Some((d, qs, sum)) => {
-                b.d = f32_to_f16(d);
-                b.s = f32_to_f16(sum as f32 * d);
-                b.qs = qs;
-            }
-            None => reference::q8_1(xs, b),
-        }
-    }
-}
+q8_row_quantizers!("avx512f,avx512bw");
