@@ -170,17 +170,6 @@ def test_info_describes_the_architecture(arch_dir: Path) -> None:
     assert "architecture: phi3 (NeoX RoPE, fused QKV, fused gate/up)" in proc.stdout.decode()
 
 
-def test_phi3_long_rope_factors_are_refused_by_name(arch_dir: Path, tmp_path: Path) -> None:
-    # A tensor renamed, same length, into the long-context factors of Phi-3 128k models.
-    data = (arch_dir / "phi3" / "phi3-f32.gguf").read_bytes()
-    old, new = b"blk.1.attn_output.weight", b"rope_factors_long.weight"
-    assert len(old) == len(new) and data.count(old) == 1
-    patched = tmp_path / "phi3-long.gguf"
-    patched.write_bytes(data.replace(old, new))
-    with pytest.raises(tallow.UnsupportedError, match="rope_factors_long"):
-        tallow.LLM(patched)
-
-
 CAPPED = """
 import sys, numpy as np
 from tallow import _core

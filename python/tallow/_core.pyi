@@ -64,8 +64,12 @@ def dequantize(type_name: str, data: bytes) -> numpy.typing.NDArray[numpy.float3
 class Model:
     """A GGUF model loaded from disk (memory-mapped): weights, hyper-parameters and tokenizer."""
 
-    def __new__(cls, path: str | os.PathLike[str]) -> Self:
+    def __new__(cls, path: str | os.PathLike[str], *, n_ctx: int | None = None) -> Self:
         """Open and check the GGUF file at ``path`` and prepare the model.
+
+        ``n_ctx`` is the longest context it will run at: a model with long-context RoPE
+        factors (Phi-3 128k) uses them when ``n_ctx`` exceeds its original training context,
+        and its short ones otherwise (``None``: the original context).
 
         Raises ModelNotFoundError, GgufError, UnsupportedError, TokenizerError or ModelError.
         """
@@ -85,6 +89,11 @@ class Model:
     @property
     def n_ctx_train(self) -> int:
         """The context length the model was trained with."""
+    @property
+    def n_ctx_max(self) -> int:
+        """The most positions a sequence may hold: ``n_ctx_train``, or the original training
+        context where the model has long-context RoPE factors and was loaded for a context
+        within it."""
     @property
     def bos_id(self) -> int | None:
         """Beginning-of-sequence token id, if the vocabulary has one."""

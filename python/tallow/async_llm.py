@@ -25,7 +25,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from tallow import _core, checks
 from tallow.catalog import DEFAULT_MODEL, resolve_model
-from tallow.engine import Engine, EngineConfig, SamplingParams, sampling_params
+from tallow.engine import Engine, EngineConfig, SamplingParams, load_model, sampling_params
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
 from tallow.prompt import Prompts
 from tallow.scheduler import RequestOutput, TokenLogprob
@@ -93,7 +93,7 @@ class AsyncLLM:
         prefix_caching: bool = True,
         speculative: object = None,
     ) -> None:
-        self._model = _core.Model(str(resolve_model(model)))
+        self._model = load_model(resolve_model(model), n_ctx)
         self._engine = Engine(
             self._model,
             EngineConfig(

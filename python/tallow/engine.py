@@ -229,17 +229,34 @@ DEFAULT_N_CTX = 4096
 (llama.cpp's default is 4096 too)."""
 
 
+def load_model(path: str | os.PathLike[str], n_ctx: object = None) -> _core.Model:
+    """The model at ``path``, prepared for requests of up to ``n_ctx`` positions (a positive
+    integer, or ``None`` for the default): a model with long-context RoPE factors uses them
+    only when ``n_ctx`` asks for more than its original training context."""
+    if n_ctx is not None:
+        n_ctx = checks.integer("n_ctx", n_ctx, 1)
+        if n_ctx > 2**32:
+            # Beyond any model: context_size refuses it, in the model's terms.
+            n_ctx = None
+    return _core.Model(os.fspath(path), n_ctx=n_ctx)
+
+
 def context_size(model: _core.Model, n_ctx: object) -> int:
     """The context of requests on ``model``: ``n_ctx`` checked (a positive integer, at most
-    the model's training context), or the default."""
-    trained = model.n_ctx_train
+    what the model was loaded for), or the default."""
+    most = model.n_ctx_max
     if n_ctx is None:
-        return min(trained, DEFAULT_N_CTX) if trained > 0 else DEFAULT_N_CTX
+        return min(most, DEFAULT_N_CTX)
     n_ctx = checks.integer("n_ctx", n_ctx, 1)
-    if trained > 0 and n_ctx > trained:
+    if n_ctx > most:
+        shown = checks.describe(n_ctx)
+        if most < model.n_ctx_train:
+            raise InvalidArgumentError(
+                f"n_ctx={shown} is beyond the {most} positions this model was loaded for: "
+                f"load it with n_ctx={shown} to use its long-context RoPE factors"
+            )
         raise InvalidArgumentError(
-            f"n_ctx={checks.describe(n_ctx)} is beyond the {trained} positions this model was "
-            "trained with"
+            f"n_ctx={shown} is beyond the {most} positions this model was trained with"
         )
     return n_ctx
 
@@ -306,7 +323,7 @@ class Engine:
         if spec is not None:
             self._proposers["ngram"] = NgramProposer.from_config(spec)
             if spec.draft_model is not None:
-                draft = _core.Model(str(resolve_model(spec.draft_model)))
+                draft = load_model(resolve_model(spec.draft_model))
                 self._proposers["draft"] = DraftModelProposer(
                     draft,
                     n_vocab=model.n_vocab,

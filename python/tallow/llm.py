@@ -19,7 +19,14 @@ import numpy.typing as npt
 from tallow import _core, checks
 from tallow.catalog import DEFAULT_MODEL, resolve_model
 from tallow.chat_template import ChatTemplate
-from tallow.engine import Engine, EngineConfig, SamplingParams, context_size, sampling_params
+from tallow.engine import (
+    Engine,
+    EngineConfig,
+    SamplingParams,
+    context_size,
+    load_model,
+    sampling_params,
+)
 from tallow.errors import InvalidArgumentError, ModelError
 from tallow.prompt import Prompts
 from tallow.scheduler import RequestOutput
@@ -125,7 +132,7 @@ class LLM:
         path = resolve_model(model, progress=progress)
         self.model_name = os.fspath(model)
         """The name or path given."""
-        self._model = _core.Model(str(path))
+        self._model = load_model(path, n_ctx)
         n_ctx = context_size(self._model, n_ctx)
         self.n_ctx = n_ctx
         """Context size of generations (prompt plus completion)."""

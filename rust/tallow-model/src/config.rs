@@ -4,6 +4,7 @@ use tallow_gguf::{Array, GgufFile, Value};
 
 use crate::arch::{Architecture, SlidingLayers, ARCHITECTURES};
 use crate::error::ModelError;
+use crate::rope::RopeScaling;
 
 /// The names of the architectures (`general.architecture`) this crate can run.
 pub fn supported_architectures() -> Vec<&'static str> {
@@ -27,8 +28,13 @@ pub struct ModelConfig {
     pub rope_base: f32,
     /// Number of leading dimensions of each head that RoPE rotates.
     pub rope_dim: usize,
-    /// Linear RoPE scaling of the layers that attend globally: positions are divided by it.
-    pub rope_scale: f32,
+    /// How the layers that attend globally stretch RoPE past `rope_original_context`.
+    pub rope_scaling: RopeScaling,
+    /// The context the model was trained on before its RoPE was stretched
+    /// (`rope.scaling.original_context_length`; the training context when absent).
+    pub rope_original_context: usize,
+    /// Multiplies RoPE's cosines and sines (`rope.scaling.attn_factor`).
+    pub rope_attn_factor: f32,
     /// The RoPE base of sliding-window layers.
     pub rope_base_swa: f32,
     /// Positions a sliding-window layer sees (itself included); `None` when no layer slides.
@@ -90,10 +96,7 @@ impl ModelConfig {
                 .map(Array::len)
                 .ok_or_else(|| ModelError::MissingMetadata(format!("{architecture}.vocab_size")))?,
         };
-        let rope_scale = match md.get("rope.scaling.type").and_then(Value::as_str) {
-            Some("linear") => md.f32_or("rope.scaling.factor", 1.0)?,
-            _ => 1.0,
-        };
+        let n_ctx_train = md.usize_or("context_length", 2048)?;
         let sliding_window = match arch.sliding {
             SlidingLayers::None => None,
             _ => Some(md.usize("attention.sliding_window")?).filter(|&w| w > 0),
@@ -109,11 +112,14 @@ impl ModelConfig {
             n_head_kv,
             head_dim,
             n_vocab,
-            n_ctx_train: md.usize_or("context_length", 2048)?,
+            n_ctx_train,
             rms_eps: md.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?,
             rope_base: md.f32_or("rope.freq_base", 10_000.0)?,
             rope_dim,
-            rope_scale,
+            rope_scaling: rope_scaling(&md)?,
+            rope_original_context: md
+                .usize_or("rope.scaling.original_context_length", n_ctx_train)?,
+            rope_attn_factor: md.f32_or("rope.scaling.attn_factor", 1.0)?,
             rope_base_swa: md.f32_or("rope.freq_base_swa", 10_000.0)?,
             sliding_window,
             attn_scale: md.f32_or("attention.scale", 1.0 / (head_dim as f32).sqrt())?,
@@ -127,6 +133,10 @@ impl ModelConfig {
             ("feed_forward_length", config.n_ff),
             ("vocab_size", config.n_vocab),
             ("context_length", config.n_ctx_train),
+            (
+                "rope.scaling.original_context_length",
+                config.rope_original_context,
+            ),
         ] {
             if value == 0 {
                 return Err(md.bad(key, "must be positive".into()));
@@ -153,6 +163,43 @@ impl ModelConfig {
     /// Width of the Q rows of one layer.
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
+    }
+}
+
+/// `rope.scaling.type` and the parameters of that type.
+fn rope_scaling(md: &Metadata<'_>) -> Result<RopeScaling, ModelError> {
+    let key = "rope.scaling.type";
+    let kind = match md.get(key) {
+        None => return Ok(RopeScaling::None),
+        Some(value) => value
+            .as_str()
+            .ok_or_else(|| md.bad(key, format!("expected a string, found {value:?}")))?,
+    };
+    let factor = || md.f32_or("rope.scaling.factor", 1.0);
+    match kind {
+        // Phi-3's long-context factors are tensors (`rope_factors_long`), read with the weights.
+        "none" | "longrope" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear { factor: factor()? }),
+        "yarn" => {
+            // DeepSeek's variant of the YaRN magnitude; no architecture here uses it.
+            let log_mul = "rope.scaling.yarn_log_multiplier";
+            if md
+                .get(log_mul)
+                .and_then(Value::as_f64)
+                .is_some_and(|v| v != 0.0)
+            {
+                return Err(ModelError::Unsupported(format!(
+                    "YaRN with {}",
+                    md.key(log_mul)
+                )));
+            }
+            Ok(RopeScaling::Yarn {
+                factor: factor()?,
+                beta_fast: md.f32_or("rope.scaling.yarn_beta_fast", 32.0)?,
+                beta_slow: md.f32_or("rope.scaling.yarn_beta_slow", 1.0)?,
+            })
+        }
+        other => Err(ModelError::Unsupported(format!("RoPE scaling '{other}'"))),
     }
 }
 

@@ -9,7 +9,8 @@ use crate::attention::{Attention, Heads, Plan, Scores};
 use crate::batch::{Batch, Logits};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::ops::{add_in_place, add_rows, gated, rms_norm, rms_norm_in_place, Ropes};
+use crate::ops::{add_in_place, add_rows, gated, rms_norm, rms_norm_in_place};
+use crate::rope::Ropes;
 use crate::scratch::{take, Failure, Scratch, Which};
 use crate::weights::{Matrix, Weights};
 

@@ -8,6 +8,7 @@ mod config;
 mod error;
 mod forward;
 mod ops;
+mod rope;
 mod sampling;
 mod scratch;
 mod sequence;
@@ -24,13 +25,14 @@ pub use arch::{
 pub use batch::{Batch, Logits, SeqChunk};
 pub use config::{supported_architectures, ModelConfig};
 pub use error::ModelError;
+pub use rope::RopeScaling;
 pub use sampling::{argmax, sample_batch, Sampled, Sampler, SamplingParams};
 pub use scratch::Scratch;
 pub use sequence::SingleSequence;
 pub use tallow_kv::{KvBudget, KvDtype, KvLayout, KvStats, LayerGroups, PagedKvCache, SeqId};
 
 use forward::Forward;
-use ops::Ropes;
+use rope::Ropes;
 use weights::Weights;
 
 /// A loaded model: its file (memory-mapped weights), configuration and tokenizer.
@@ -42,6 +44,8 @@ pub struct Model {
     tokenizer: Tokenizer,
     /// How the layers share KV page tables (sliding-window layers apart).
     kv_groups: LayerGroups,
+    /// The most positions a sequence may hold with the RoPE chosen at load.
+    max_context: usize,
 }
 
 /// How [`Model::load_with`] prepares the weights.
@@ -51,11 +55,18 @@ pub struct LoadOptions {
     /// layout ([`tallow_quant::PackedMatrix`]): faster products, as much memory as the
     /// file's copy (whose pages are then released). On by default.
     pub pack_weights: bool,
+    /// The longest context the model will run at. A model trained to stretch its context with
+    /// long-context RoPE factors (Phi-3 128k) uses them when this exceeds its original
+    /// training context, and its short ones otherwise; `None` means the original context.
+    pub context: Option<usize>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { pack_weights: true }
+        LoadOptions {
+            pack_weights: true,
+            context: None,
+        }
     }
 }
 
@@ -82,7 +93,22 @@ impl Model {
         let tokenizer = Tokenizer::from_gguf(&file)?;
         // Everything needed from the header is parsed by now.
         file.release_header();
-        let rope = Ropes::new(&config, weights.rope_freqs.as_deref());
+        let trained = config.n_ctx_train;
+        let original = config.rope_original_context.min(trained);
+        let context = match options.context {
+            None => original,
+            Some(n) if (1..=trained).contains(&n) => n,
+            Some(n) => {
+                return Err(ModelError::InvalidArgument(format!(
+                    "n_ctx={n} is beyond the {trained} positions this model was trained with"
+                )))
+            }
+        };
+        let rope = Ropes::new(&config, weights.rope_factors(&config, context));
+        let max_context = match weights.long_rope {
+            Some(_) if context <= original => original,
+            _ => trained,
+        };
         let windows: Vec<_> = (0..config.n_layer).map(|l| config.window(l)).collect();
         let kv_groups = LayerGroups::from_windows(&windows)?;
         Ok(Model {
@@ -92,11 +118,19 @@ impl Model {
             rope,
             tokenizer,
             kv_groups,
+            max_context,
         })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The most positions a sequence may hold: the training context, or the original one where
+    /// the model has long-context RoPE factors and was loaded for a context within it
+    /// ([`LoadOptions::context`]).
+    pub fn max_context(&self) -> usize {
+        self.max_context
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {

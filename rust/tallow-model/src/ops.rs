@@ -1,7 +1,6 @@
 //! Element-wise and row-wise operations of the forward pass.
 
-use crate::arch::{Activation, RopeStyle};
-use crate::config::ModelConfig;
+use crate::arch::Activation;
 
 /// `out = x / rms(x) * weight` for each row of `x`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -35,119 +34,6 @@ pub fn add_rows(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {
         add_in_place(row, bias);
     }
-}
-
-/// Rotary position embedding: pair `i` of the first `rope_dim` dimensions of each head (which
-/// dimensions pair up is the [`RopeStyle`]) rotates by `pos * base^(-2i / rope_dim) /
-/// freq_factor[i]`. The cosines and sines of a position are computed once per step
-/// ([`Rope::angles`]) and applied to every head of every layer ([`Rope::apply`]).
-pub struct Rope {
-    style: RopeStyle,
-    /// `base^(-2i / rope_dim) / freq_factor[i]` for each rotated pair.
-    inv_freq: Vec<f32>,
-    head_dim: usize,
-}
-
-impl Rope {
-    /// `scale` divides every position (linear RoPE scaling; 1 for none).
-    pub fn new(
-        style: RopeStyle,
-        base: f32,
-        rope_dim: usize,
-        head_dim: usize,
-        freq_factors: Option<&[f32]>,
-        scale: f32,
-    ) -> Self {
-        let inv_freq = (0..rope_dim / 2)
-            .map(|i| {
-                let f = base.powf(-((2 * i) as f32) / rope_dim as f32);
-                f / freq_factors.map_or(1.0, |factors| factors[i]) / scale
-            })
-            .collect();
-        Rope {
-            style,
-            inv_freq,
-            head_dim,
-        }
-    }
-
-    /// Floats of one position's angles: a cosine and a sine per rotated pair.
-    pub fn angles_len(&self) -> usize {
-        2 * self.inv_freq.len()
-    }
-
-    /// Writes the cosine and sine of each rotated pair at `pos` to `out`
-    /// ([`Rope::angles_len`] floats).
-    pub fn angles(&self, pos: usize, out: &mut [f32]) {
-        for (cs, &inv_freq) in out.chunks_exact_mut(2).zip(&self.inv_freq) {
-            let (sin, cos) = (pos as f32 * inv_freq).sin_cos();
-            cs[0] = cos;
-            cs[1] = sin;
-        }
-    }
-
-    /// Rotates every head of `x` (one row of `n_heads * head_dim` values) by `angles`, from
-    /// [`Rope::angles`] of the row's position.
-    pub fn apply(&self, x: &mut [f32], angles: &[f32]) {
-        let half = self.inv_freq.len();
-        for head in x.chunks_exact_mut(self.head_dim) {
-            match self.style {
-                RopeStyle::Interleaved => {
-                    for (pair, cs) in head.chunks_exact_mut(2).zip(angles.chunks_exact(2)) {
-                        (pair[0], pair[1]) = rotate(pair[0], pair[1], cs);
-                    }
-                }
-                RopeStyle::Halves => {
-                    let (low, high) = head[..2 * half].split_at_mut(half);
-                    for ((a, b), cs) in low.iter_mut().zip(high).zip(angles.chunks_exact(2)) {
-                        (*a, *b) = rotate(*a, *b, cs);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The RoPE of each layer of a model: the layers that attend globally use the model's base,
-/// frequency factors and scaling; sliding-window layers may use their own base, unscaled.
-pub struct Ropes {
-    ropes: Vec<Rope>,
-}
-
-impl Ropes {
-    pub fn new(config: &ModelConfig, freq_factors: Option<&[f32]>) -> Self {
-        let rope = |base, factors, scale| {
-            let style = config.arch.rope;
-            Rope::new(
-                style,
-                base,
-                config.rope_dim,
-                config.head_dim,
-                factors,
-                scale,
-            )
-        };
-        let mut ropes = vec![rope(config.rope_base, freq_factors, config.rope_scale)];
-        if config.sliding_window.is_some() {
-            ropes.push(rope(config.rope_base_swa, None, 1.0));
-        }
-        Ropes { ropes }
-    }
-
-    /// Every distinct RoPE; [`Ropes::index`] says which one a layer uses.
-    pub fn all(&self) -> &[Rope] {
-        &self.ropes
-    }
-
-    pub fn index(&self, config: &ModelConfig, layer: usize) -> usize {
-        usize::from(config.slides(layer))
-    }
-}
-
-/// `(a, b)` rotated by the angle whose cosine and sine are `cs`.
-#[inline(always)]
-fn rotate(a: f32, b: f32, cs: &[f32]) -> (f32, f32) {
-    (a * cs[0] - b * cs[1], a * cs[1] + b * cs[0])
 }
 
 /// `exp(x)`, as Cephes' single-precision polynomial (relative error about 1e-7), written
@@ -291,39 +177,6 @@ mod tests {
         rms_norm(&x, &[1.0, 2.0, 1.0, 1.0], 0.0, &mut out);
         assert!((out[0] - 1.2).abs() < 1e-6 && (out[1] + 3.2).abs() < 1e-6);
         assert_eq!(&out[4..], &[1.0, 2.0, 1.0, 1.0]);
-    }
-
-    #[test]
-    fn rope_rotates_pairs_and_keeps_norms() {
-        let rope = Rope::new(RopeStyle::Interleaved, 10_000.0, 4, 4, None, 1.0);
-        let mut angles = vec![0.0; rope.angles_len()];
-        let mut x = [1.0, 0.0, 0.0, 1.0];
-        rope.angles(0, &mut angles);
-        rope.apply(&mut x, &angles);
-        assert_eq!(x, [1.0, 0.0, 0.0, 1.0]);
-        rope.angles(1, &mut angles);
-        rope.apply(&mut x, &angles);
-        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
-        let theta = 10_000f32.powf(-0.5);
-        assert!((x[2] + theta.sin()).abs() < 1e-6 && (x[3] - theta.cos()).abs() < 1e-6);
-    }
-
-    #[test]
-    fn rope_in_halves_pairs_i_with_i_plus_half() {
-        let rope = Rope::new(RopeStyle::Halves, 10_000.0, 4, 6, None, 1.0);
-        let mut angles = vec![0.0; rope.angles_len()];
-        rope.angles(1, &mut angles);
-        // Two heads of 6; the last 2 dimensions of each are not rotated.
-        let mut x = [1.0, 0.0, 0.0, 1.0, 7.0, 8.0, 0.0, 2.0, 0.0, 0.0, 9.0, 9.0];
-        rope.apply(&mut x, &angles);
-        let theta = 10_000f32.powf(-0.5);
-        let close = |a: f32, b: f32| (a - b).abs() < 1e-6;
-        // Pair (0, 2) turns by 1 radian, pair (1, 3) by theta.
-        assert!(close(x[0], 1f32.cos()) && close(x[2], 1f32.sin()));
-        assert!(close(x[1], -theta.sin()) && close(x[3], theta.cos()));
-        assert_eq!(&x[4..6], &[7.0, 8.0]);
-        assert!(close(x[7], 2.0 * theta.cos()) && close(x[9], 2.0 * theta.sin()));
-        assert_eq!(&x[10..], &[9.0, 9.0]);
     }
 
     #[test]

@@ -18,8 +18,11 @@ pub struct SingleSequence {
 impl SingleSequence {
     /// A sequence of at most `n_ctx` positions, with exactly the pages that many need.
     pub fn new(model: &Model, n_ctx: usize) -> Result<Self, ModelError> {
-        if n_ctx == 0 {
-            return Err(ModelError::InvalidArgument("n_ctx must be positive".into()));
+        let max = model.max_context();
+        if !(1..=max).contains(&n_ctx) {
+            return Err(ModelError::InvalidArgument(format!(
+                "n_ctx must be from 1 to {max} (the context this model was loaded for), not {n_ctx}"
+            )));
         }
         let layout = model.kv_layout();
         // Any number of the positions may come in one evaluation.

@@ -137,6 +137,31 @@ pub struct Weights {
     pub output: Matrix,
     /// Per-dimension RoPE frequency divisors (Llama 3.1 style long-context scaling).
     pub rope_freqs: Option<Vec<f32>>,
+    /// Phi-3's RoPE frequency divisors for short and for long contexts.
+    pub long_rope: Option<LongRopeFactors>,
+}
+
+const LONG_FACTORS: &str = "rope_factors_long.weight";
+const SHORT_FACTORS: &str = "rope_factors_short.weight";
+
+/// RoPE frequency divisors of models trained to stretch their context (Phi-3 128k, LongRoPE):
+/// `short` up to the original training context, `long` beyond it.
+pub struct LongRopeFactors {
+    pub short: Vec<f32>,
+    pub long: Vec<f32>,
+}
+
+impl Weights {
+    /// The RoPE frequency divisors of the global layers for contexts of up to `context`
+    /// positions (long-context factors beyond the original context, as transformers and
+    /// llama.cpp choose).
+    pub fn rope_factors(&self, config: &ModelConfig, context: usize) -> Option<&[f32]> {
+        match &self.long_rope {
+            Some(f) if context > config.rope_original_context => Some(&f.long),
+            Some(f) => Some(&f.short),
+            None => self.rope_freqs.as_deref(),
+        }
+    }
 }
 
 impl Weights {
@@ -152,15 +177,6 @@ impl Weights {
             matrix(file, "output.weight", vocab, d)?
         };
         let arch = config.arch;
-        if let Some(name) = ["rope_factors_long.weight", "rope_factors_short.weight"]
-            .into_iter()
-            .find(|name| file.tensor(name).is_some())
-        {
-            return Err(ModelError::Unsupported(format!(
-                "{} models with long-context RoPE factors ({name})",
-                arch.name
-            )));
-        }
         let (q_dim, kv_dim) = (config.q_dim(), config.kv_dim());
         let mut layers: Vec<LayerWeights> = (0..config.n_layer)
             .map(|i| {
@@ -239,9 +255,22 @@ impl Weights {
                 token_embd.packed = output.packed.clone();
             }
         }
+        let pairs = config.rope_dim / 2;
         let rope_freqs = match file.tensor("rope_freqs.weight") {
-            Some(_) => Some(vector(file, "rope_freqs.weight", config.rope_dim / 2)?),
+            Some(_) => Some(vector(file, "rope_freqs.weight", pairs)?),
             None => None,
+        };
+        let long_rope = match (file.tensor(LONG_FACTORS), file.tensor(SHORT_FACTORS)) {
+            (None, None) => None,
+            (Some(_), _) | (_, Some(_)) if rope_freqs.is_some() => {
+                return Err(ModelError::Unsupported(
+                    "both rope_freqs and long-context RoPE factors".into(),
+                ))
+            }
+            _ => Some(LongRopeFactors {
+                long: vector(file, LONG_FACTORS, pairs)?,
+                short: vector(file, SHORT_FACTORS, pairs)?,
+            }),
         };
         Ok(Weights {
             token_embd,
@@ -249,6 +278,7 @@ impl Weights {
             output_norm: vector(file, "output_norm.weight", d)?,
             output,
             rope_freqs,
+            long_rope,
         })
     }
 }

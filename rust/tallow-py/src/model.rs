@@ -11,7 +11,9 @@ use numpy::{
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 use tallow_gguf::{Array, Value};
-use tallow_model::{Batch, Logits, ModelConfig, SamplingParams, SeqId, SingleSequence};
+use tallow_model::{
+    Batch, LoadOptions, Logits, ModelConfig, SamplingParams, SeqId, SingleSequence,
+};
 
 use crate::kv::KvCache;
 
@@ -33,10 +35,16 @@ impl Model {
 #[pymethods]
 impl Model {
     #[new]
-    fn new(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Self> {
+    #[pyo3(signature = (path, *, n_ctx = None))]
+    fn new(py: Python<'_>, path: std::path::PathBuf, n_ctx: Option<usize>) -> PyResult<Self> {
         let display = path.display().to_string();
-        let inner =
-            py.detach(|| guard(|| tallow_model::Model::load(&path).map_err(model_error)))?;
+        let options = LoadOptions {
+            context: n_ctx,
+            ..LoadOptions::default()
+        };
+        let inner = py.detach(|| {
+            guard(|| tallow_model::Model::load_with(&path, options).map_err(model_error))
+        })?;
         Ok(Model {
             inner: Arc::new(inner),
             path: display,
@@ -67,6 +75,11 @@ impl Model {
     #[getter]
     fn n_ctx_train(&self) -> usize {
         self.config().n_ctx_train
+    }
+
+    #[getter]
+    fn n_ctx_max(&self) -> usize {
+        self.inner.max_context()
     }
 
     #[getter]
