@@ -104,6 +104,9 @@ unsafe fn packed<F: Format, const T: usize>(
         // Per half, the outputs of each token.
         let mut acc = [[_mm256_setzero_ps(); T]; 2];
         for (b, (fields, words)) in blocks.enumerate() {
+            if T == 1 {
+                prefetch_ahead::<F>(fields);
+            }
             for (h, acc) in acc.iter_mut().enumerate() {
                 let half = F::half(fields, words, h);
                 let mut isum = [_mm256_setzero_si256(); T];
@@ -130,6 +133,24 @@ unsafe fn packed<F: Format, const T: usize>(
                 _mm256_storeu_ps(rows.as_mut_ptr(), *acc);
             }
         }
+    }
+}
+
+/// How far ahead of the block it reads a one-token product asks for the weights. A
+/// matrix-vector product is one stream of weights read once; on Zen 3 the hardware prefetcher
+/// alone left 10-20% of the memory bandwidth of two threads unused (Q8_0 262144 x 640: 28.8
+/// against 33-35 GB/s with 512-2048 bytes ahead; 8 KiB ahead gained nothing). Tiles of several
+/// tokens compute long enough on each block for the hardware prefetcher to keep up.
+const PREFETCH_AHEAD: usize = 768;
+
+/// Asks for the cache lines [`PREFETCH_AHEAD`] bytes after each line of the block at `fields`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn prefetch_ahead<F: Format>(fields: &F::Fields) {
+    let block = (fields as *const F::Fields).cast::<i8>();
+    for line in (0..F::Fields::LEN + F::Words::LEN).step_by(64) {
+        // A prefetch reads nothing and never faults, past the end of the weights included.
+        _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_AHEAD + line));
     }
 }
 
