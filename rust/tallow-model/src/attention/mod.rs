@@ -30,6 +30,8 @@ use crate::batch::Batch;
 use crate::error::ModelError;
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 
 /// Pages per segment.
@@ -778,10 +780,10 @@ fn kernels() -> Kernels {
             if Isa::detected() >= Isa::Avx2 {
                 return Kernels {
                     widen: x86::widen_f16c,
-                    page: x86::page_avx2,
+                    page: avx2::rows,
                     f16_pages: None,
                     merge: x86::merge_avx2,
-                    general: x86::general_avx2,
+                    general: avx2::rows_with,
                 };
             }
         }
@@ -890,7 +892,12 @@ mod generic {
     /// the state's rescaled sum; returns the factor `alpha` that rescales the state's
     /// accumulated values to the new max.
     #[inline(always)]
-    fn softmax(state: &mut [f32], scores: &mut [f32], scale: f32, softcap: Option<f32>) -> f32 {
+    pub(super) fn softmax(
+        state: &mut [f32],
+        scores: &mut [f32],
+        scale: f32,
+        softcap: Option<f32>,
+    ) -> f32 {
         let mut page_max = f32::NEG_INFINITY;
         for s in scores.iter_mut() {
             *s *= scale;
@@ -1168,13 +1175,6 @@ mod x86 {
     );
     compiled_with!("avx2,fma":
         merge_avx2 => merge(state: &mut [f32], other: &[f32]);
-        page_avx2 => rows(
-            states: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32]
-        );
-        general_avx2 => rows_with(
-            states: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32],
-            scale: f32, softcap: Option<f32>
-        );
     );
 }
 
@@ -1453,7 +1453,16 @@ mod tests {
     fn rows_together_equal_rows_alone() {
         let mut rng = Lcg(12);
         let kernel = super::kernels();
-        for (hd, rows) in [(64, 3), (64, 4), (64, 7), (128, 2), (128, 3), (40, 2)] {
+        for (hd, rows) in [
+            (64, 3),
+            (64, 4),
+            (64, 7),
+            (128, 2),
+            (128, 3),
+            (40, 2),
+            (256, 5),
+            (24, 6),
+        ] {
             for n in [1, 5, 16, 17, 40, 64] {
                 let q: Vec<f32> = (0..rows * hd).map(|_| rng.next()).collect();
                 let keys: Vec<f32> = (0..n * hd).map(|_| rng.next()).collect();
