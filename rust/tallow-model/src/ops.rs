@@ -23,10 +23,19 @@ pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
-/// `1 / sqrt(mean(row²) + eps)`.
+/// `1 / sqrt(mean(row²) + eps)`. The squares go into sixteen running sums, which the compiler
+/// vectorizes: one running sum is a chain of dependent adds, a few cycles per element (the
+/// per-head Q/K norms and the four norms of a Gemma layer made it a tenth of a prefill).
 fn inv_rms(row: &[f32], eps: f32) -> f32 {
-    let mean_square = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
-    1.0 / (mean_square + eps).sqrt()
+    let mut sums = [0f32; 16];
+    let (chunks, tail) = row.as_chunks::<16>();
+    for chunk in chunks {
+        for (sum, v) in sums.iter_mut().zip(chunk) {
+            *sum += v * v;
+        }
+    }
+    let square_sum = sums.iter().sum::<f32>() + tail.iter().map(|v| v * v).sum::<f32>();
+    1.0 / (square_sum / row.len() as f32 + eps).sqrt()
 }
 
 /// Adds `bias` to each row of `x` (rows as long as `bias`).
