@@ -898,24 +898,38 @@ mod generic {
         scale: f32,
         softcap: Option<f32>,
     ) -> f32 {
-        let mut page_max = f32::NEG_INFINITY;
         for s in scores.iter_mut() {
             *s *= scale;
             if let Some(cap) = softcap {
                 *s = cap * (*s / cap).tanh();
             }
-            page_max = page_max.max(*s);
         }
+        let page_max = lanes(scores, f32::NEG_INFINITY, f32::max);
         let new_max = state[0].max(page_max);
         let alpha = exp(state[0] - new_max);
-        let mut sum = 0.0;
         for s in scores.iter_mut() {
             *s = exp(*s - new_max);
-            sum += *s;
         }
+        let sum = lanes(scores, 0.0, |a, b| a + b);
         state[1] = state[1] * alpha + sum;
         state[0] = new_max;
         alpha
+    }
+
+    /// `values` folded by `op` in eight running results, then those in order and the values
+    /// past the last eight: a loop with one running result is a chain of dependent operations
+    /// that does not vectorize. (A maximum is the same in any order.)
+    #[inline(always)]
+    fn lanes(values: &[f32], start: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
+        let mut running = [start; 8];
+        let (chunks, tail) = values.as_chunks::<8>();
+        for chunk in chunks {
+            for (r, &v) in running.iter_mut().zip(chunk) {
+                *r = op(*r, v);
+            }
+        }
+        let folded = running.into_iter().fold(start, &op);
+        tail.iter().fold(folded, |a, &v| op(a, v))
     }
 
     /// `acc = acc * alpha + sum(p * v)` over the positions' weights `scores` and value rows
