@@ -46,3 +46,6 @@ cargo test --workspace
 
 step "pytest"
 python -m pytest "$@"
+
+step "NEON: the kernel, KV and model crates' tests built for aarch64, run under qemu"
+bash scripts/test-aarch64.sh

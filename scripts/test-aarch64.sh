@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The tests of the crates with per-architecture code (tallow-quant's kernels, tallow-kv,
+# tallow-model's attention and forward) built for aarch64 and run under qemu's user-mode
+# emulator, which runs the NEON kernels. Installs qemu-user and an aarch64 cross linker
+# (Debian packages) and the Rust aarch64 target where they are missing; where they cannot be
+# had (no apt-get, no rustup target), says so and stops without failing.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+target=aarch64-unknown-linux-gnu
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then
+    sudo="sudo -n"
+fi
+if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-gcc >/dev/null; then
+    packages=(qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+    if ! command -v apt-get >/dev/null; then
+        echo "skipped: no apt-get to install ${packages[*]}"
+        exit 0
+    fi
+    if ! $sudo apt-get install -y -q "${packages[@]}" >/dev/null; then
+        $sudo apt-get update -q >/dev/null
+        $sudo apt-get install -y -q "${packages[@]}" >/dev/null
+    fi
+fi
+if ! rustup target list --installed | grep -qx "$target"; then
+    if ! rustup target add "$target"; then
+        echo "skipped: the Rust standard library for $target cannot be installed here"
+        exit 0
+    fi
+fi
+
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
+cargo test --release --target "$target" -p tallow-quant -p tallow-kv -p tallow-model
