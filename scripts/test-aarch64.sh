@@ -3,7 +3,7 @@
 # tallow-model's attention and forward) built for aarch64 and run under qemu's user-mode
 # emulator, which runs the NEON kernels. Installs qemu-user and an aarch64 cross linker
 # (Debian packages) and the Rust aarch64 target where they are missing; where they cannot be
-# had (no apt-get, no rustup target), says so and stops without failing.
+# had (no apt-get or no package mirror, no rustup target), says so and stops without failing.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,8 +20,11 @@ if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-gcc >/
         exit 0
     fi
     if ! $sudo apt-get install -y -q "${packages[@]}" >/dev/null; then
-        $sudo apt-get update -q >/dev/null
-        $sudo apt-get install -y -q "${packages[@]}" >/dev/null
+        if ! { $sudo apt-get update -q && $sudo apt-get install -y -q "${packages[@]}"; } >/dev/null
+        then
+            echo "skipped: apt-get could not install ${packages[*]}"
+            exit 0
+        fi
     fi
 fi
 if ! rustup target list --installed | grep -qx "$target"; then
