@@ -774,7 +774,9 @@ fn kernels() -> Kernels {
                         fits: avx512::fits_f16_pages,
                     }),
                     merge: x86::merge_avx512,
-                    general: x86::general_avx512,
+                    // The AVX2 kernel's fused multiply-adds in registers, where the generic
+                    // loops compiled for AVX-512 multiply and add apart.
+                    general: avx2::rows_with,
                 };
             }
             if Isa::detected() >= Isa::Avx2 {
@@ -1182,10 +1184,6 @@ mod x86 {
 
     compiled_with!("avx512f,avx2,fma":
         merge_avx512 => merge(state: &mut [f32], other: &[f32]);
-        general_avx512 => rows_with(
-            states: &mut [f32], q: &[f32], keys: &[f32], values: &[f32], scores: &mut [f32],
-            scale: f32, softcap: Option<f32>
-        );
     );
     compiled_with!("avx2,fma":
         merge_avx2 => merge(state: &mut [f32], other: &[f32]);
