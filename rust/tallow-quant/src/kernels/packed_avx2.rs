@@ -3,17 +3,17 @@
 //! columns) of all 16 rows; AVX2 takes it as two halves of 8 rows, one i32 lane per row of a
 //! 256-bit vector, so that 32 columns of 8 rows against one token are 8 byte dot products
 //! with the token's activation bytes broadcast four at a time, and need no horizontal sum.
-//! Each block is read half by half, the second half while the block is in the L1 cache, so
-//! that the weights stream from memory once, in order (a K-quant block of 16 rows is 2-3 KiB,
-//! and a whole group of them would not stay in the L1 cache).
+//! A sub-block goes in passes of four steps (two for Q8_0, whose steps are two vectors): the
+//! pass's steps of both halves are unpacked into registers, and each activation broadcast
+//! serves both halves. A block is one stream read once, in order.
 //!
 //! Every format runs through one loop, [`packed`]; a [`Format`] says how a block's steps and
 //! scales unpack and how its integer sums become floats. Products use `vpmaddubsw` (unsigned
 //! weight bytes against signed activation bytes within -127..=127), whose i16 pair sums are
-//! added as i16 for as many steps as cannot overflow (8 for 4-bit quants, up to
-//! 8 * 2 * 15 * 127 = 30480; 4 for 5-bit ones; 2 for 6-bit ones) and then widened by
-//! `vpmaddwd` against the sub-block's integer scale (1 where the format has none), so that
-//! a block's integer sum is exact. Q8_0's stored quants (`q + 128`, up to 255) would
+//! added as i16 for the steps of a pass (4; 2 for the 6-bit quants, whose pairs reach
+//! 2 * 63 * 127 and whose scale changes every 16 columns) and then widened by `vpmaddwd`
+//! against the sub-block's integer scale (1 where the format has none), so that a block's
+//! integer sum is exact. Q8_0's stored quants (`q + 128`, up to 255) would
 //! saturate the pair sums, so its steps take the signed `q` back and move its sign onto the
 //! activations (`|q|` against `sign(q) * y`: pairs within 2 * 128 * 127).
 //!
@@ -65,18 +65,22 @@ trait Format {
     /// Step `c` of sub-block `s` of half `h`. (One step per call: a call the compiler can
     /// always inline, where a whole sub-block's did not get inlined.)
     unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> Self::Step;
-    /// Per row (i32 lane), the sub-block's dot product with the token's 32 activation bytes
-    /// `y`, times the sub-block's integer scale.
-    unsafe fn sub_sum(
-        steps: &[Self::Step; 8],
+    /// Steps of a pass: both halves' steps of a pass are held at once (in at most 8
+    /// registers), so that each activation broadcast serves both halves.
+    const PASS: usize;
+    /// Per row (i32 lane), the dot product of steps `first..first + PASS` of sub-block `s`
+    /// (`steps`) with the token's activation bytes `y`, times the steps' integer scale.
+    unsafe fn pass_sum(
+        steps: &[Self::Step],
         y: &[i8; 32],
         half: &Self::Half,
         s: usize,
+        first: usize,
     ) -> __m256i;
     /// The activation bytes of sub-block `s`.
     fn y(act: &Self::Act, s: usize) -> &[i8; 32];
-    /// `acc` plus the block's products for one token: `isum` is the sum of its sub-blocks'
-    /// [`Format::sub_sum`]s, `da` and `sa` the token's f32 block scale and sum.
+    /// `acc` plus the block's products for one token: `isum` is the sum of its
+    /// [`Format::pass_sum`]s, `da` and `sa` the token's f32 block scale and sum.
     unsafe fn finish(
         acc: __m256,
         isum: __m256i,
@@ -107,23 +111,31 @@ unsafe fn packed<F: Format, const T: usize>(
             if T == 1 {
                 prefetch_ahead::<F>(fields);
             }
-            for (h, acc) in acc.iter_mut().enumerate() {
-                let half = F::half(fields, words, h);
-                let mut isum = [_mm256_setzero_si256(); T];
-                for s in 0..F::SUBS {
-                    let mut steps = [F::step(words, h, s, 0); 8];
-                    for (c, step) in steps.iter_mut().enumerate().skip(1) {
-                        *step = F::step(words, h, s, c);
+            let halves = [F::half(fields, words, 0), F::half(fields, words, 1)];
+            let mut isum = [[_mm256_setzero_si256(); T]; 2];
+            for s in 0..F::SUBS {
+                for first in (0..8).step_by(F::PASS) {
+                    let mut steps = [[F::step(words, 0, s, first); 4]; 2];
+                    for (h, steps) in steps.iter_mut().enumerate() {
+                        for (i, step) in steps.iter_mut().enumerate().take(F::PASS) {
+                            *step = F::step(words, h, s, first + i);
+                        }
                     }
                     for t in 0..T {
-                        let sum = F::sub_sum(&steps, F::y(&acts[t][b], s), &half, s);
-                        isum[t] = _mm256_add_epi32(isum[t], sum);
+                        let y = F::y(&acts[t][b], s);
+                        for (h, isum) in isum.iter_mut().enumerate() {
+                            let steps = &steps[h][..F::PASS];
+                            let sum = F::pass_sum(steps, y, &halves[h], s, first);
+                            isum[t] = _mm256_add_epi32(isum[t], sum);
+                        }
                     }
                 }
+            }
+            for ((acc, isum), half) in acc.iter_mut().zip(&isum).zip(&halves) {
                 for t in 0..T {
                     let lane = ops.lane0 + t;
                     let (d, s) = (da[b][lane], sa[b][lane]);
-                    acc[t] = F::finish(acc[t], isum[t], &half, &acts[t][b], d, s);
+                    acc[t] = F::finish(acc[t], isum[t], half, &acts[t][b], d, s);
                 }
             }
         }
@@ -228,20 +240,23 @@ unsafe fn quad(y: &[i8; 32], j: usize) -> __m256i {
     _mm256_set1_epi32(act_quad(y, j))
 }
 
-/// Per row (i32 lane), the dot product of 8 steps of unsigned weight bytes with `y`, summed
-/// as i16 in runs of `N` steps, run `r` widened against the i16 pairs `scale(r)`.
+/// Per row (i32 lane), the dot product of the steps `first..` (`steps`) of unsigned weight
+/// bytes with `y`, summed as i16 in runs of `N` steps, run `r` of the sub-block widened against
+/// the i16 pairs `scale(r)`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn weighted_sum<const N: usize>(
-    steps: &[__m256i; 8],
+    steps: &[__m256i],
     y: &[i8; 32],
+    first: usize,
     scale: impl Fn(usize) -> __m256i,
 ) -> __m256i {
     let mut sums = _mm256_setzero_si256();
     for (r, run) in steps.chunks_exact(N).enumerate() {
-        let product = |i: usize| _mm256_maddubs_epi16(run[i], quad(y, r * N + i));
+        let at = first + r * N;
+        let product = |i: usize| _mm256_maddubs_epi16(run[i], quad(y, at + i));
         let pairs = (1..N).fold(product(0), |pairs, i| _mm256_add_epi16(pairs, product(i)));
-        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, scale(r)));
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, scale(at / N)));
     }
     sums
 }
@@ -295,6 +310,7 @@ impl Format for Q40 {
     type Fields = [u8; 32];
     type Words = [u8; 256];
     const SUBS: usize = 1;
+    const PASS: usize = 4;
     type Half = __m256;
     type Step = __m256i;
 
@@ -310,8 +326,14 @@ impl Format for Q40 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sub_sum(steps: &[__m256i; 8], y: &[i8; 32], _: &__m256, _: usize) -> __m256i {
-        weighted_sum::<8>(steps, y, |_| _mm256_set1_epi16(1))
+    unsafe fn pass_sum(
+        steps: &[__m256i],
+        y: &[i8; 32],
+        _: &__m256,
+        _: usize,
+        first: usize,
+    ) -> __m256i {
+        weighted_sum::<4>(steps, y, first, |_| _mm256_set1_epi16(1))
     }
     fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
         &act.qs
@@ -338,6 +360,7 @@ impl Format for Q41 {
     type Fields = [u8; 64];
     type Words = [u8; 256];
     const SUBS: usize = 1;
+    const PASS: usize = 4;
     type Half = (__m256, __m256);
     type Step = __m256i;
 
@@ -353,8 +376,14 @@ impl Format for Q41 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sub_sum(steps: &[__m256i; 8], y: &[i8; 32], _: &Self::Half, _: usize) -> __m256i {
-        weighted_sum::<8>(steps, y, |_| _mm256_set1_epi16(1))
+    unsafe fn pass_sum(
+        steps: &[__m256i],
+        y: &[i8; 32],
+        _: &Self::Half,
+        _: usize,
+        first: usize,
+    ) -> __m256i {
+        weighted_sum::<4>(steps, y, first, |_| _mm256_set1_epi16(1))
     }
     fn y(act: &BlockQ8_1, _: usize) -> &[i8; 32] {
         &act.qs
@@ -383,6 +412,7 @@ impl Format for Q50 {
     type Fields = [u8; 32];
     type Words = [u8; 320];
     const SUBS: usize = 1;
+    const PASS: usize = 4;
     type Half = __m256;
     type Step = __m256i;
 
@@ -399,8 +429,14 @@ impl Format for Q50 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sub_sum(steps: &[__m256i; 8], y: &[i8; 32], _: &__m256, _: usize) -> __m256i {
-        weighted_sum::<4>(steps, y, |_| _mm256_set1_epi16(1))
+    unsafe fn pass_sum(
+        steps: &[__m256i],
+        y: &[i8; 32],
+        _: &__m256,
+        _: usize,
+        first: usize,
+    ) -> __m256i {
+        weighted_sum::<4>(steps, y, first, |_| _mm256_set1_epi16(1))
     }
     fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
         &act.qs
@@ -427,6 +463,7 @@ impl Format for Q80 {
     type Fields = [u8; 32];
     type Words = [u8; 512];
     const SUBS: usize = 1;
+    const PASS: usize = 2;
     type Half = __m256;
     type Step = (__m256i, __m256i);
 
@@ -443,16 +480,18 @@ impl Format for Q80 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sub_sum(
-        steps: &[(__m256i, __m256i); 8],
+    unsafe fn pass_sum(
+        steps: &[(__m256i, __m256i)],
         y: &[i8; 32],
         _: &__m256,
         _: usize,
+        first: usize,
     ) -> __m256i {
         let ones = _mm256_set1_epi16(1);
         let mut sums = _mm256_setzero_si256();
         for (j, &(signed, magnitude)) in steps.iter().enumerate() {
-            let pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(quad(y, j), signed));
+            let y = _mm256_sign_epi8(quad(y, first + j), signed);
+            let pairs = _mm256_maddubs_epi16(magnitude, y);
             sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
         }
         sums
@@ -537,6 +576,7 @@ impl Format for Q4K {
     type Fields = [u8; 64];
     type Words = [u8; 35 * 64];
     const SUBS: usize = 8;
+    const PASS: usize = 4;
     type Half = K4Half;
     type Step = __m256i;
 
@@ -552,8 +592,14 @@ impl Format for Q4K {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sub_sum(steps: &[__m256i; 8], y: &[i8; 32], half: &K4Half, s: usize) -> __m256i {
-        weighted_sum::<8>(steps, y, |_| half.scales[s])
+    unsafe fn pass_sum(
+        steps: &[__m256i],
+        y: &[i8; 32],
+        half: &K4Half,
+        s: usize,
+        first: usize,
+    ) -> __m256i {
+        weighted_sum::<4>(steps, y, first, |_| half.scales[s])
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
@@ -581,6 +627,7 @@ impl Format for Q5K {
     type Fields = [u8; 64];
     type Words = [u8; 43 * 64];
     const SUBS: usize = 8;
+    const PASS: usize = 4;
     type Half = K4Half;
     type Step = __m256i;
 
@@ -597,8 +644,14 @@ impl Format for Q5K {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sub_sum(steps: &[__m256i; 8], y: &[i8; 32], half: &K4Half, s: usize) -> __m256i {
-        weighted_sum::<4>(steps, y, |_| half.scales[s])
+    unsafe fn pass_sum(
+        steps: &[__m256i],
+        y: &[i8; 32],
+        half: &K4Half,
+        s: usize,
+        first: usize,
+    ) -> __m256i {
+        weighted_sum::<4>(steps, y, first, |_| half.scales[s])
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
@@ -637,6 +690,7 @@ impl Format for Q6K {
     type Fields = [u8; 32];
     type Words = [u8; 52 * 64];
     const SUBS: usize = 8;
+    const PASS: usize = 4;
     type Half = Q6Half;
     type Step = __m256i;
 
@@ -665,9 +719,15 @@ impl Format for Q6K {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sub_sum(steps: &[__m256i; 8], y: &[i8; 32], half: &Q6Half, s: usize) -> __m256i {
+    unsafe fn pass_sum(
+        steps: &[__m256i],
+        y: &[i8; 32],
+        half: &Q6Half,
+        s: usize,
+        first: usize,
+    ) -> __m256i {
         // Runs of 2 steps: runs 0 and 1 are group 2s, runs 2 and 3 group 2s + 1.
-        weighted_sum::<2>(steps, y, |r| half.scales[2 * s + r / 2])
+        weighted_sum::<2>(steps, y, first, |r| half.scales[2 * s + r / 2])
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
