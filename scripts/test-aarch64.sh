@@ -19,16 +19,20 @@ if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-gcc >/
         echo "skipped: no apt-get to install ${packages[*]}"
         exit 0
     fi
-    if ! $sudo apt-get install -y -q "${packages[@]}" >/dev/null; then
-        if ! { $sudo apt-get update -q && $sudo apt-get install -y -q "${packages[@]}"; } >/dev/null
-        then
+    install() { timeout 600 $sudo apt-get install -y -q "${packages[@]}" >/dev/null; }
+    if ! install; then
+        if ! { timeout 600 $sudo apt-get update -q >/dev/null && install; }; then
             echo "skipped: apt-get could not install ${packages[*]}"
             exit 0
         fi
     fi
 fi
+if ! command -v rustup >/dev/null; then
+    echo "skipped: no rustup to install the Rust standard library for $target"
+    exit 0
+fi
 if ! rustup target list --installed | grep -qx "$target"; then
-    if ! rustup target add "$target"; then
+    if ! timeout 600 rustup target add "$target"; then
         echo "skipped: the Rust standard library for $target cannot be installed here"
         exit 0
     fi
