@@ -273,3 +273,41 @@ def test_an_unknown_rope_scaling_is_refused(arch_dir: Path, tmp_path: Path) -> N
     )
     with pytest.raises(tallow.UnsupportedError, match="RoPE scaling 'dynamic'"):
         _core.Model(path)
+
+
+@pytest.mark.parametrize(
+    ("fields", "tensors", "error", "match"),
+    [
+        ({"phi3.rope.scaling.type": 3}, {}, tallow.ModelError, "rope.scaling.type"),
+        ({"phi3.rope.scaling.attn_factor": -1.0}, {}, tallow.ModelError, "attn_factor"),
+        ({"phi3.rope.scaling.original_context_length": 0}, {}, tallow.ModelError, "original"),
+        ({}, {"rope_factors_long.weight": np.ones(8)}, tallow.ModelError, "rope_factors_short"),
+        (
+            {},
+            {"rope_factors_long.weight": np.ones(7), "rope_factors_short.weight": np.ones(7)},
+            tallow.ModelError,
+            "rope_factors_long",
+        ),
+        (
+            {
+                "phi3.rope.scaling.type": "yarn",
+                "phi3.rope.scaling.factor": 4.0,
+                "phi3.rope.scaling.yarn_log_multiplier": 0.1,
+            },
+            {},
+            tallow.UnsupportedError,
+            "yarn_log_multiplier",
+        ),
+    ],
+)
+def test_bad_rope_scaling_metadata_is_a_clear_error(
+    arch_dir: Path,
+    tmp_path: Path,
+    fields: dict[str, object],
+    tensors: dict[str, F64],
+    error: type[Exception],
+    match: str,
+) -> None:
+    path = rewrite(arch_dir / "phi3" / "phi3-f32.gguf", tmp_path / "bad.gguf", fields, tensors)
+    with pytest.raises(error, match=match):
+        _core.Model(path)
