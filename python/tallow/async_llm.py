@@ -73,7 +73,8 @@ class AsyncLLM:
     are freed at the next step.
 
     ``max_num_seqs`` requests run at once (more wait); the KV pool holds ``kv_pages`` pages of
-    ``page_size`` tokens, or ``kv_bytes`` of memory; ``n_ctx`` bounds each request's context.
+    ``page_size`` tokens, or ``kv_bytes`` of memory; ``n_ctx`` bounds each request's context
+    (and, as for :class:`tallow.LLM`, picks a Phi-3 128k model's long or short RoPE factors).
     ``prefix_caching`` reuses the KV of prompt prefixes already computed; ``speculative`` turns
     on speculative decoding (``True`` or ``"ngram"`` for prompt lookup, or
     ``{"method": "draft", "draft_model": "...", "num_tokens": 4}``; see

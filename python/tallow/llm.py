@@ -109,7 +109,9 @@ class LLM:
     ``model`` is a path to a ``.gguf`` file or the name of a catalog model (pulled into the
     cache on first use; see :mod:`tallow.catalog`). ``n_ctx`` is the number of positions of the
     context used by :meth:`generate` and :meth:`stream` (prompt plus generated tokens); by
-    default the model's training context, capped at 4096. ``speculative`` turns on speculative
+    default the model's training context, capped at 4096. A model with long-context RoPE factors
+    (Phi-3 128k) uses its long factors only when ``n_ctx`` exceeds its original training
+    context, as transformers and llama.cpp do. ``speculative`` turns on speculative
     decoding (see :mod:`tallow.speculative`): the same tokens (greedy) or the same distribution
     (sampling), in fewer steps.
 
