@@ -17,9 +17,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
+import numpy as np
+import numpy.typing as npt
 import pytest
 
 import tallow
+from tallow import _core
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("TALLOW_SHARED_DIR", REPO.parent / "shared"))
@@ -31,6 +34,32 @@ def reference_dir() -> Path:
     """``shared/reference``: llama.cpp's outputs (read-only)."""
     assert REFERENCE.is_dir(), f"reference directory not found: {REFERENCE} (set TALLOW_SHARED_DIR)"
     return REFERENCE
+
+
+@pytest.fixture(scope="session")
+def arch_dir(reference_dir: Path) -> Path:
+    """``shared/reference/arch``: tiny models of each architecture and transformers' outputs."""
+    return reference_dir / "arch"
+
+
+@pytest.fixture(scope="session")
+def prompt(arch_dir: Path) -> list[int]:
+    """The token ids whose logits ``arch/*/ref_logits.npy`` hold."""
+    return [int(t) for t in np.load(arch_dir / "prompt_ids.npy")]
+
+
+def f32_pool(model: _core.Model) -> _core.KvCache:
+    """An f32 KV pool for 64 positions computed in one chunk: no f16 rounding of the cache, so
+    that a comparison with transformers is about the forward pass alone."""
+    return model.new_kv_cache(dtype="f32", max_pages=model.kv_pages_to_hold(64, chunk=64))
+
+
+def all_logits(model: _core.Model, ids: list[int]) -> npt.NDArray[np.float32]:
+    """The logits of every position of ``ids``, one forward from an empty ``f32_pool``."""
+    kv = f32_pool(model)
+    seq = kv.create()
+    kv.reserve(seq, len(ids))
+    return model.forward(kv, [(seq, ids, "all")])
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 import pytest
-from conftest import run_cli
+from conftest import all_logits, f32_pool, run_cli
 
 import tallow
 from tallow import _core
@@ -30,30 +29,8 @@ TOLERANCE = {"f16": 2e-2, "q8_0": 0.3}
 GGUF_NAMES = {"llama3": "llama", "mistral": "llama"}
 
 
-@pytest.fixture(scope="module")
-def arch_dir(reference_dir: Path) -> Path:
-    return reference_dir / "arch"
-
-
-@pytest.fixture(scope="module")
-def prompt(arch_dir: Path) -> list[int]:
-    return [int(t) for t in np.load(arch_dir / "prompt_ids.npy")]
-
-
-def _pool(model: _core.Model) -> _core.KvCache:
-    """An f32 pool for 64 positions computed in one chunk."""
-    return model.new_kv_cache(dtype="f32", max_pages=model.kv_pages_to_hold(64, chunk=64))
-
-
-def _logits(model: _core.Model, ids: list[int]) -> npt.NDArray[np.float32]:
-    kv = _pool(model)
-    seq = kv.create()
-    kv.reserve(seq, len(ids))
-    return model.forward(kv, [(seq, ids, "all")])
-
-
 def _greedy(model: _core.Model, ids: list[int], n: int) -> list[int]:
-    kv = _pool(model)
+    kv = f32_pool(model)
     seq = kv.create()
     kv.reserve(seq, len(ids))
     tokens: list[int] = []
@@ -72,7 +49,7 @@ def test_logits_match_transformers(
 ) -> None:
     model = _core.Model(str(arch_dir / arch / f"{arch}-{file_type}.gguf"))
     reference = np.load(arch_dir / arch / "ref_logits.npy")
-    diff = float(np.abs(_logits(model, prompt) - reference).max())
+    diff = float(np.abs(all_logits(model, prompt) - reference).max())
     assert diff <= TOLERANCE.get(file_type, f32_tolerance), diff
 
 

@@ -16,6 +16,7 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 import pytest
+from conftest import all_logits
 
 import tallow
 from tallow import _core
@@ -152,23 +153,6 @@ def hf_yarn(base: float, dim: int, factor: float, original: int) -> tuple[F64, f
     return inv_freq, 0.1 * math.log(factor) + 1.0
 
 
-def _logits(model: _core.Model, ids: list[int]) -> F64:
-    kv = model.new_kv_cache(dtype="f32", max_pages=model.kv_pages_to_hold(64, chunk=64))
-    seq = kv.create()
-    kv.reserve(seq, len(ids))
-    return model.forward(kv, [(seq, ids, "all")]).astype(np.float64)
-
-
-@pytest.fixture(scope="module")
-def arch_dir(reference_dir: Path) -> Path:
-    return reference_dir / "arch"
-
-
-@pytest.fixture(scope="module")
-def prompt(arch_dir: Path) -> list[int]:
-    return [int(t) for t in np.load(arch_dir / "prompt_ids.npy")]
-
-
 @pytest.mark.parametrize("arch", ["mistral", "phi3"])
 def test_the_numpy_forward_matches_transformers(
     arch_dir: Path, prompt: list[int], arch: str
@@ -198,7 +182,7 @@ def test_yarn_matches_the_reference_formula(
     inv_freq, magnitude = hf_yarn(reference.base, reference.head_dim, factor, original)
     expected = reference.forward(prompt, inv_freq, magnitude)
     unscaled = reference.forward(prompt, reference.plain_inv_freq())
-    got = _logits(_core.Model(path), prompt)
+    got = all_logits(_core.Model(path), prompt).astype(np.float64)
     assert np.max(np.abs(got - expected)) < 1e-4
     # YaRN moves the logits far more than the tolerance.
     assert np.max(np.abs(unscaled - expected)) > 0.05
@@ -242,7 +226,7 @@ def test_long_rope_uses_the_factors_of_the_context(phi3_long: Path, prompt: list
         factors, attn_factor = _long_rope(phi3_long, which)
         expected = reference.forward(prompt, plain / factors, attn_factor)
         model = _core.Model(phi3_long, n_ctx=n_ctx)
-        got = _logits(model, prompt)
+        got = all_logits(model, prompt).astype(np.float64)
         assert np.max(np.abs(got - expected)) < 1e-4, which
         outputs[which] = expected
     assert np.max(np.abs(outputs["short"] - outputs["long"])) > 0.05
