@@ -194,29 +194,50 @@ pub(super) unsafe fn rows_with(
     let (r2, r3) = rest.split_at_mut(TILE_POSITIONS);
     let m = n.min(TILE_POSITIONS);
     let mut four = [&mut scores[..], &mut r1[..m], &mut r2[..m], &mut r3[..m]];
-    let (states4, states) = states.split_at_mut(fours * 4 * (hd + 2));
-    let (q4, q) = q.split_at(fours * 4 * hd);
-    for (states, q) in states4
-        .chunks_exact_mut(4 * (hd + 2))
-        .zip(q4.chunks_exact(4 * hd))
-    {
-        rows_of::<4, 3, 2>(states, q, keys, values, &mut four, scale, softcap);
-    }
+    let (states, q) =
+        groups_of::<4, 3, 2>(states, q, fours, keys, values, &mut four, scale, softcap);
     let [s0, s1, ..] = four;
     let mut two = [s0, s1];
-    let (states2, states) = states.split_at_mut(twos * 2 * (hd + 2));
-    let (q2, q) = q.split_at(twos * 2 * hd);
-    for (states, q) in states2
-        .chunks_exact_mut(2 * (hd + 2))
-        .zip(q2.chunks_exact(2 * hd))
-    {
-        rows_of::<2, 4, 4>(states, q, keys, values, &mut two, scale, softcap);
-    }
+    let (states, q) = groups_of::<2, 4, 4>(states, q, twos, keys, values, &mut two, scale, softcap);
     let [s0, _] = two;
-    let mut one = [s0];
-    for (state, q) in states.chunks_exact_mut(hd + 2).zip(q.chunks_exact(hd)) {
-        rows_of::<1, 8, 8>(state, q, keys, values, &mut one, scale, softcap);
+    let rows_left = q.len() / hd;
+    groups_of::<1, 8, 8>(
+        states,
+        q,
+        rows_left,
+        keys,
+        values,
+        &mut [s0],
+        scale,
+        softcap,
+    );
+}
+
+/// [`rows_of`] for the first `count` groups of `R` query rows of `states` and `q`; returns the
+/// states and queries of the rows after them.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn groups_of<'s, 'q, const R: usize, const K: usize, const V: usize>(
+    states: &'s mut [f32],
+    q: &'q [f32],
+    count: usize,
+    keys: &[f32],
+    values: &[f32],
+    scores: &mut [&mut [f32]; R],
+    scale: f32,
+    softcap: Option<f32>,
+) -> (&'s mut [f32], &'q [f32]) {
+    let hd = keys.len() / scores[0].len();
+    let (grouped, states) = states.split_at_mut(count * R * (hd + 2));
+    let (grouped_q, q) = q.split_at(count * R * hd);
+    for (group, q) in grouped
+        .chunks_exact_mut(R * (hd + 2))
+        .zip(grouped_q.chunks_exact(R * hd))
+    {
+        rows_of::<R, K, V>(group, q, keys, values, scores, scale, softcap);
     }
+    (states, q)
 }
 
 /// [`rows_with`] with the plain scale `1 / sqrt(head_dim)`.
