@@ -40,4 +40,4 @@ fi
 
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
-cargo test --release --target "$target" -p tallow-quant -p tallow-kv -p tallow-model
+cargo test --release --target "$target" -p tallow-quant -p tallow-kv -p tallow-backend -p tallow-backend-cpu -p tallow-model

@@ -4,11 +4,38 @@ use crate::error::{KvError, Result};
 use crate::groups::LayerGroups;
 use crate::layout::{pages_for_budget, KvBudget, KvKind, KvLayout};
 use crate::sequences::{KvStats, PrefixMatch, Sequences};
-use crate::storage::KvStorage;
+use crate::storage::{check_groups, KvStorage};
 use crate::{PageId, SeqId, Slot};
 
-/// A paged KV cache: [`Sequences`] (page tables, refcounts, free list) over a [`KvStorage`]
-/// pool, applying copy-on-write copies as they happen.
+/// Where a cache's K/V values live: host memory ([`KvStorage`]) or a device's, behind a
+/// backend. The page tables only need the store to copy a page when a shared one is
+/// written (copy-on-write).
+pub trait PageStore {
+    /// The geometry.
+    fn layout(&self) -> &KvLayout;
+    /// Pages in the store.
+    fn n_pages(&self) -> usize;
+    /// Copies every value of page `src` to page `dst`.
+    fn copy_page(&mut self, src: PageId, dst: PageId) -> Result<()>;
+}
+
+impl PageStore for KvStorage {
+    fn layout(&self) -> &KvLayout {
+        KvStorage::layout(self)
+    }
+
+    fn n_pages(&self) -> usize {
+        KvStorage::n_pages(self)
+    }
+
+    fn copy_page(&mut self, src: PageId, dst: PageId) -> Result<()> {
+        KvStorage::copy_page(self, src, dst)
+    }
+}
+
+/// A paged KV cache: [`Sequences`] (page tables, refcounts, free list) over a pool of pages
+/// ([`KvStorage`] in host memory, or another [`PageStore`]), applying copy-on-write copies as
+/// they happen.
 ///
 /// Typical step: [`PagedKvCache::append_slots`] for each scheduled sequence, the forward pass
 /// writes each layer's K/V rows to those slots ([`PagedKvCache::write`]) and reads each
@@ -17,10 +44,10 @@ use crate::{PageId, SeqId, Slot};
 /// [`PagedKvCache::truncate`] drops rejected speculative tokens, [`PagedKvCache::free`]
 /// ends a sequence.
 #[derive(Debug, Clone)]
-pub struct PagedKvCache {
+pub struct PagedKvCache<S = KvStorage> {
     groups: LayerGroups,
     seqs: Sequences,
-    storage: KvStorage,
+    storage: S,
 }
 
 impl PagedKvCache {
@@ -36,8 +63,17 @@ impl PagedKvCache {
         // The values first: they are the large allocation, the one that fails first. The
         // storage checks that the groups fit the layout.
         let storage = KvStorage::grouped(layout, &groups, n_pages)?;
+        Self::over(groups, storage)
+    }
+}
+
+impl<S: PageStore> PagedKvCache<S> {
+    /// Empty page tables over every page of `storage`, whose pages each hold one of `groups`.
+    pub fn over(groups: LayerGroups, storage: S) -> Result<Self> {
+        let layout = storage.layout();
+        check_groups(layout, &groups)?;
         Ok(PagedKvCache {
-            seqs: Sequences::grouped(layout.page_size, n_pages, &groups.windows())?,
+            seqs: Sequences::grouped(layout.page_size, storage.n_pages(), &groups.windows())?,
             groups,
             storage,
         })
@@ -59,8 +95,13 @@ impl PagedKvCache {
     }
 
     /// The K/V values.
-    pub fn storage(&self) -> &KvStorage {
+    pub fn storage(&self) -> &S {
         &self.storage
+    }
+
+    /// The page tables, and the K/V values to write through them.
+    pub fn parts_mut(&mut self) -> (&Sequences, &LayerGroups, &mut S) {
+        (&self.seqs, &self.groups, &mut self.storage)
     }
 
     /// A new empty sequence.
@@ -147,6 +188,22 @@ impl PagedKvCache {
         self.seqs.stats()
     }
 
+    /// The slot of position `pos` of `seq` in `layer`'s pages, refusing
+    /// ([`KvError::SharedPage`]) a page other sequences share.
+    pub fn writable_slot(&self, seq: SeqId, pos: usize, layer: usize) -> Result<Slot> {
+        let slot = self.seqs.slot(seq, self.groups.place(layer)?.0, pos)?;
+        let refcount = self.seqs.allocator().refcount(slot.page)?;
+        if refcount > 1 {
+            return Err(KvError::SharedPage {
+                page: slot.page,
+                refcount,
+            });
+        }
+        Ok(slot)
+    }
+}
+
+impl PagedKvCache<KvStorage> {
     /// Writes the K/V rows of tokens of `layer` to their slots in the layer's group (see
     /// [`KvStorage::write_tokens`]). The slots should come from
     /// [`PagedKvCache::append_slots`]; writing is not checked against sharing.
@@ -176,14 +233,7 @@ impl PagedKvCache {
         keys: &[f32],
         values: &[f32],
     ) -> Result<()> {
-        let slot = self.seqs.slot(seq, self.groups.place(layer)?.0, pos)?;
-        let refcount = self.seqs.allocator().refcount(slot.page)?;
-        if refcount > 1 {
-            return Err(KvError::SharedPage {
-                page: slot.page,
-                refcount,
-            });
-        }
+        let slot = self.writable_slot(seq, pos, layer)?;
         self.storage.write_token(slot, layer, keys, values)
     }
 

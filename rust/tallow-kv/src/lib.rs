@@ -31,7 +31,7 @@ mod storage;
 use std::fmt;
 
 pub use allocator::PageAllocator;
-pub use cache::PagedKvCache;
+pub use cache::{PageStore, PagedKvCache};
 pub use error::{KvError, Result};
 pub use groups::{LayerGroup, LayerGroups};
 pub use layout::{pages_for_budget, KvBudget, KvDtype, KvKind, KvLayout, MAX_PAGES};

@@ -316,7 +316,7 @@ impl KvStorage {
 }
 
 /// Checks that `groups` cut `layout`'s layers into pages of `layout.page_layers`.
-fn check_groups(layout: &KvLayout, groups: &LayerGroups) -> Result<()> {
+pub(crate) fn check_groups(layout: &KvLayout, groups: &LayerGroups) -> Result<()> {
     if (groups.n_layer(), groups.page_layers()) != (layout.n_layer, layout.page_layers) {
         return Err(KvError::InvalidLayout(format!(
             "layer groups of {} layers in pages of {} do not fit a layout of {} layers in \

@@ -2,14 +2,7 @@
 //! ([`crate::forward`]) is written once and reads these descriptions, as llama.cpp keeps its
 //! architecture tables apart from its graph.
 
-/// How RoPE pairs the dimensions of a head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Dimensions `2i` and `2i + 1` rotate together (GGML's "normal" mode: Llama, Mistral).
-    Interleaved,
-    /// Dimension `i` rotates with `i + rope_dim / 2` (GPT-NeoX: Qwen, Phi-3, Gemma).
-    Halves,
-}
+pub use tallow_backend::{Activation, RopeStyle};
 
 /// Where a layer's Q, K and V projections are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,15 +20,6 @@ pub enum GateUpTensors {
     Separate,
     /// One `ffn_up` matrix whose rows are the gate's, then the up projection's.
     Fused,
-}
-
-/// The function of the gate in a gated feed-forward block: `down(act(gate) * up)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// `x * sigmoid(x)` (SwiGLU).
-    Silu,
-    /// GELU with the tanh approximation (GeGLU, Gemma).
-    GeluTanh,
 }
 
 /// Which layers attend only within the sliding window (`attention.sliding_window`).

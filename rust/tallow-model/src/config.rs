@@ -4,7 +4,7 @@ use tallow_gguf::{Array, GgufFile, Value};
 
 use crate::arch::{Architecture, SlidingLayers, ARCHITECTURES};
 use crate::error::ModelError;
-use crate::rope::RopeScaling;
+use tallow_backend::RopeScaling;
 
 /// The names of the architectures (`general.architecture`) this crate can run.
 pub fn supported_architectures() -> Vec<&'static str> {

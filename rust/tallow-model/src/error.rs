@@ -1,5 +1,6 @@
 //! Errors of model loading and inference.
 
+use tallow_backend::BackendError;
 use tallow_gguf::GgufError;
 use tallow_kv::KvError;
 use tallow_quant::QuantError;
@@ -41,4 +42,20 @@ pub enum ModelError {
     TokenOutOfRange { id: u32, n_vocab: usize },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The device the model runs on failed, or is not there.
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+impl From<BackendError> for ModelError {
+    fn from(e: BackendError) -> Self {
+        match e {
+            BackendError::Gguf(e) => ModelError::Gguf(e),
+            BackendError::Quant(e) => ModelError::Quant(e),
+            BackendError::Kv(e) => ModelError::Kv(e),
+            BackendError::Unsupported(what) => ModelError::Unsupported(what),
+            BackendError::InvalidArgument(what) => ModelError::InvalidArgument(what),
+            BackendError::Device(what) => ModelError::Device(what),
+        }
+    }
 }

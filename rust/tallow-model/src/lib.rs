@@ -2,45 +2,46 @@
 //! sampling. Knows nothing of Python.
 
 mod arch;
-mod attention;
-mod batch;
 mod config;
 mod error;
 mod forward;
-mod ops;
-mod rope;
+mod ropes;
 mod sampling;
-mod scratch;
 mod sequence;
 mod weights;
 
 use std::path::Path;
+use std::sync::Arc;
 
+use tallow_backend::{Backend, Heads};
 use tallow_gguf::GgufFile;
 use tallow_tokenizer::Tokenizer;
 
 pub use arch::{
     Activation, Architecture, GateUpTensors, QkvTensors, RopeStyle, SlidingLayers, ARCHITECTURES,
 };
-pub use batch::{Batch, Logits, SeqChunk};
 pub use config::{supported_architectures, ModelConfig};
 pub use error::ModelError;
-pub use rope::RopeScaling;
+pub use forward::Scratch;
 pub use sampling::{argmax, sample_batch, Sampled, Sampler, SamplingParams};
-pub use scratch::Scratch;
 pub use sequence::SingleSequence;
-pub use tallow_kv::{KvBudget, KvDtype, KvLayout, KvStats, LayerGroups, PagedKvCache, SeqId};
+pub use tallow_backend::{Batch, Logits, RopeScaling, SeqChunk};
+pub use tallow_backend_cpu::CpuBackend;
+pub use tallow_kv::{
+    pages_for_budget, KvBudget, KvDtype, KvLayout, KvStats, LayerGroups, PagedKvCache, SeqId,
+};
 
 use forward::Forward;
-use rope::Ropes;
 use weights::Weights;
 
-/// A loaded model: its file (memory-mapped weights), configuration and tokenizer.
-pub struct Model {
-    file: GgufFile,
+/// A loaded model: its file (memory-mapped), configuration, tokenizer, and weights on the
+/// backend `B` runs on (the CPU unless told otherwise).
+pub struct Model<B: Backend = CpuBackend> {
+    backend: B,
+    file: Arc<GgufFile>,
     config: ModelConfig,
-    weights: Weights,
-    rope: Ropes,
+    weights: Weights<B>,
+    ropes: B::Ropes,
     tokenizer: Tokenizer,
     /// How the layers share KV page tables (sliding-window layers apart).
     kv_groups: LayerGroups,
@@ -48,48 +49,55 @@ pub struct Model {
     max_context: usize,
 }
 
-/// How [`Model::load_with`] prepares the weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How [`Model::load_with`] prepares the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LoadOptions {
-    /// Repack the weight matrices that this CPU has packed kernels for into its interleaved
-    /// layout ([`tallow_quant::PackedMatrix`]): faster products, as much memory as the
-    /// file's copy (whose pages are then released). On by default.
-    pub pack_weights: bool,
     /// The longest context the model will run at. A model trained to stretch its context with
     /// long-context RoPE factors (Phi-3 128k) uses them when this exceeds its original
     /// training context, and its short ones otherwise; `None` means the original context.
     pub context: Option<usize>,
 }
 
-impl Default for LoadOptions {
-    fn default() -> Self {
-        LoadOptions {
-            pack_weights: true,
-            context: None,
-        }
-    }
-}
-
 impl Model {
-    /// Opens a GGUF file and checks that it holds a model tallow can run.
+    /// Opens a GGUF file and checks that it holds a model tallow can run, on the CPU.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
         Self::load_with(path, LoadOptions::default())
     }
 
     /// [`Model::load`] with explicit options.
     pub fn load_with(path: impl AsRef<Path>, options: LoadOptions) -> Result<Self, ModelError> {
-        Self::from_gguf_with(GgufFile::open(path)?, options)
+        Self::load_on(CpuBackend::default(), path, options)
     }
 
     pub fn from_gguf(file: GgufFile) -> Result<Self, ModelError> {
-        Self::from_gguf_with(file, LoadOptions::default())
+        Self::from_gguf_on(CpuBackend::default(), file, LoadOptions::default())
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// [`Model::load_with`] on `backend`.
+    pub fn load_on(
+        backend: B,
+        path: impl AsRef<Path>,
+        options: LoadOptions,
+    ) -> Result<Self, ModelError> {
+        Self::from_gguf_on(backend, GgufFile::open(path)?, options)
     }
 
-    /// [`Model::from_gguf`] with explicit options.
-    pub fn from_gguf_with(file: GgufFile, options: LoadOptions) -> Result<Self, ModelError> {
+    /// [`Model::from_gguf`] on `backend`, with explicit options.
+    pub fn from_gguf_on(
+        backend: B,
+        file: GgufFile,
+        options: LoadOptions,
+    ) -> Result<Self, ModelError> {
+        let file = Arc::new(file);
         let config = ModelConfig::from_gguf(&file)?;
-        attention::check_head_dim(config.head_dim)?;
-        let weights = Weights::load(&file, &config, options.pack_weights)?;
+        backend.check_heads(Heads {
+            n_head: config.n_head,
+            n_head_kv: config.n_head_kv,
+            head_dim: config.head_dim,
+        })?;
+        let weights = Weights::load(&backend, &file, &config)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         // Everything needed from the header is parsed by now.
         file.release_header();
@@ -104,7 +112,8 @@ impl Model {
                 )))
             }
         };
-        let rope = Ropes::new(&config, weights.rope_factors(&config, context));
+        let ropes = ropes::ropes(&config, weights.rope_factors(&config, context));
+        let ropes = backend.upload_ropes(ropes)?;
         let max_context = match weights.long_rope {
             Some(_) if context <= original => original,
             _ => trained,
@@ -112,10 +121,11 @@ impl Model {
         let windows: Vec<_> = (0..config.n_layer).map(|l| config.window(l)).collect();
         let kv_groups = LayerGroups::from_windows(&windows)?;
         Ok(Model {
+            backend,
             file,
             config,
             weights,
-            rope,
+            ropes,
             tokenizer,
             kv_groups,
             max_context,
@@ -124,6 +134,11 @@ impl Model {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// What the model runs on.
+    pub fn backend(&self) -> &B {
+        &self.backend
     }
 
     /// The most positions a sequence may hold: the training context, or the original one where
@@ -161,13 +176,11 @@ impl Model {
         &self,
         layout: KvLayout,
         budget: KvBudget,
-    ) -> Result<PagedKvCache, ModelError> {
+    ) -> Result<PagedKvCache<B::Pages>, ModelError> {
         self.check_kv_layout(&layout)?;
-        Ok(PagedKvCache::grouped(
-            layout,
-            self.kv_groups.clone(),
-            budget,
-        )?)
+        let n_pages = pages_for_budget(&layout, budget)?;
+        let pages = self.backend.new_pages(layout, &self.kv_groups, n_pages)?;
+        Ok(PagedKvCache::over(self.kv_groups.clone(), pages)?)
     }
 
     fn check_kv_layout(&self, layout: &KvLayout) -> Result<(), ModelError> {
@@ -195,7 +208,7 @@ impl Model {
         Ok(())
     }
 
-    fn check_kv_cache(&self, cache: &PagedKvCache) -> Result<(), ModelError> {
+    fn check_kv_cache(&self, cache: &PagedKvCache<B::Pages>) -> Result<(), ModelError> {
         self.check_kv_layout(cache.layout())?;
         if cache.groups() != &self.kv_groups {
             return Err(ModelError::InvalidArgument(
@@ -212,8 +225,12 @@ impl Model {
     ///
     /// Uses fresh scratch memory; an engine that steps repeatedly keeps a [`Scratch`] and calls
     /// [`Model::forward_into`] instead.
-    pub fn forward(&self, cache: &mut PagedKvCache, batch: &Batch) -> Result<Vec<f32>, ModelError> {
-        let mut logits = vec![0.0; batch.n_logits() * self.weights.token_embd.rows];
+    pub fn forward(
+        &self,
+        cache: &mut PagedKvCache<B::Pages>,
+        batch: &Batch,
+    ) -> Result<Vec<f32>, ModelError> {
+        let mut logits = vec![0.0; batch.n_logits() * self.config.n_vocab];
         self.forward_into(cache, batch, &mut Scratch::new(), &mut logits)?;
         Ok(logits)
     }
@@ -224,17 +241,17 @@ impl Model {
     /// makes no heap allocation.
     pub fn forward_into(
         &self,
-        cache: &mut PagedKvCache,
+        cache: &mut PagedKvCache<B::Pages>,
         batch: &Batch,
-        scratch: &mut Scratch,
+        scratch: &mut Scratch<B>,
         logits: &mut [f32],
     ) -> Result<(), ModelError> {
         self.check_kv_cache(cache)?;
         let forward = Forward {
-            file: &self.file,
+            backend: &self.backend,
             config: &self.config,
             weights: &self.weights,
-            rope: &self.rope,
+            ropes: &self.ropes,
         };
         forward.run(cache, batch, scratch, logits)
     }

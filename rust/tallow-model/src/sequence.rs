@@ -1,23 +1,23 @@
 //! One sequence with a KV cache of its own: the simplest way to run a model (perplexity,
 //! one-request generation), built on the same batched forward and paged cache as the engine.
 
+use tallow_backend::{Backend, Batch, Logits};
 use tallow_kv::{KvBudget, PagedKvCache, SeqId};
 
-use crate::batch::{Batch, Logits};
 use crate::error::ModelError;
-use crate::scratch::Scratch;
-use crate::Model;
+use crate::forward::Scratch;
+use crate::{CpuBackend, Model};
 
-pub struct SingleSequence {
-    cache: PagedKvCache,
+pub struct SingleSequence<B: Backend = CpuBackend> {
+    cache: PagedKvCache<B::Pages>,
     seq: SeqId,
     n_ctx: usize,
-    scratch: Scratch,
+    scratch: Scratch<B>,
 }
 
-impl SingleSequence {
+impl<B: Backend> SingleSequence<B> {
     /// A sequence of at most `n_ctx` positions, with exactly the pages that many need.
-    pub fn new(model: &Model, n_ctx: usize) -> Result<Self, ModelError> {
+    pub fn new(model: &Model<B>, n_ctx: usize) -> Result<Self, ModelError> {
         let max = model.max_context();
         if !(1..=max).contains(&n_ctx) {
             return Err(ModelError::InvalidArgument(format!(
@@ -56,7 +56,7 @@ impl SingleSequence {
     /// Evaluates `tokens` at the next positions; returns the logits `logits` asks for.
     pub fn eval(
         &mut self,
-        model: &Model,
+        model: &Model<B>,
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Vec<f32>, ModelError> {

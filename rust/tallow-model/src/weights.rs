@@ -1,140 +1,45 @@
-//! The tensors of a llama-family model, located in the GGUF file and checked against the
-//! configuration when the model is loaded.
+//! The tensors of a model, located in the GGUF file, checked against the configuration and
+//! uploaded to the backend when the model is loaded.
 
 use std::sync::Arc;
 
-use tallow_gguf::{GgmlType, GgufFile, TensorInfo};
-use tallow_quant::{PackedMatrix, QuantError, QuantizedActs, WeightSource};
+use tallow_backend::{Backend, MatrixSpec, MatrixUse};
+use tallow_gguf::{GgufFile, TensorInfo};
 
 use crate::arch::{GateUpTensors, QkvTensors};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 
-/// A weight matrix of `rows` output features by `cols` input features: row-major in a GGML
-/// block format inside the model file, or packed at load time for this CPU's kernels
-/// ([`PackedMatrix`]), after which the file's copy is no longer read.
-#[derive(Debug, Clone)]
-pub struct Matrix {
-    pub ty: GgmlType,
-    pub rows: usize,
-    pub cols: usize,
-    tensor: TensorInfo,
-    /// Shared by the token embedding and the LM head when the model ties them.
-    packed: Option<Arc<PackedMatrix>>,
-}
-
-impl Matrix {
-    /// `out[t * rows + r] = dot(row r, activations of token t)`.
-    pub fn matmul(
-        &self,
-        file: &GgufFile,
-        acts: &QuantizedActs<'_>,
-        out: &mut [f32],
-    ) -> Result<(), QuantError> {
-        match &self.packed {
-            Some(packed) => packed.matmul(acts, out),
-            None => {
-                let bytes = file.tensor_data(&self.tensor);
-                tallow_quant::matmul(self.ty, bytes, self.rows, self.cols, acts, out)
-            }
-        }
-    }
-
-    /// [`Matrix::matmul`] of several matrices that read the same activations: in one
-    /// parallel loop when all are packed, else one after the other.
-    pub fn matmul_many<const N: usize>(
-        matrices: [&Matrix; N],
-        file: &GgufFile,
-        acts: &QuantizedActs<'_>,
-        outs: [&mut [f32]; N],
-    ) -> Result<(), QuantError> {
-        if matrices.iter().all(|m| m.packed.is_some()) {
-            let packed = matrices.map(|m| m.packed.as_deref().expect("all are packed"));
-            return PackedMatrix::matmul_many(packed, acts, outs);
-        }
-        for (m, out) in matrices.into_iter().zip(outs) {
-            m.matmul(file, acts, out)?;
-        }
-        Ok(())
-    }
-
-    /// Row `row` as f32 values (`cols` of them).
-    pub fn dequantize_row(
-        &self,
-        file: &GgufFile,
-        row: usize,
-        out: &mut [f32],
-    ) -> Result<(), QuantError> {
-        match &self.packed {
-            Some(packed) => packed.dequantize_row(row, out),
-            None => {
-                let row_bytes = self.tensor.size as usize / self.rows;
-                let bytes = &file.tensor_data(&self.tensor)[row * row_bytes..][..row_bytes];
-                tallow_quant::dequantize(self.ty, bytes, out)
-            }
-        }
-    }
-
-    fn source<'a>(&self, file: &'a GgufFile) -> WeightSource<'a> {
-        WeightSource {
-            ty: self.ty,
-            bytes: file.tensor_data(&self.tensor),
-            rows: self.rows,
-            cols: self.cols,
-        }
-    }
-}
-
-/// Packs every matrix this CPU can pack into one allocation ([`PackedMatrix::pack_many`]),
-/// letting the OS drop the file's pages of each part as soon as it is packed: the file's copy
-/// and the packed one are never both resident, beyond a MiB or so.
-fn pack_all(file: &GgufFile, matrices: &mut [&mut Matrix]) -> Result<(), ModelError> {
-    let sources: Vec<WeightSource<'_>> = matrices.iter().map(|m| m.source(file)).collect();
-    // A read maps the pages around it too (the kernel's fault-around), some of them already
-    // released: each release starts from the beginning of the tensor, and a last sweep
-    // catches pages that reading one tensor mapped in its neighbour.
-    let packed = PackedMatrix::pack_many(&sources, |i, bytes| {
-        file.release(&matrices[i].tensor, 0..bytes.end)
-    })?;
-    for (m, packed) in matrices.iter_mut().zip(packed) {
-        if packed.is_some() {
-            file.release(&m.tensor, 0..m.tensor.size as usize);
-        }
-        m.packed = packed.map(Arc::new);
-    }
-    Ok(())
-}
-
-pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
-    pub wq: Matrix,
-    pub wk: Matrix,
-    pub wv: Matrix,
+pub struct LayerWeights<B: Backend> {
+    pub attn_norm: B::Vector,
+    pub wq: B::Matrix,
+    pub wk: B::Matrix,
+    pub wv: B::Matrix,
     /// Added to the Q, K and V projections, where the file has them.
-    pub q_bias: Option<Vec<f32>>,
-    pub k_bias: Option<Vec<f32>>,
-    pub v_bias: Option<Vec<f32>>,
+    pub q_bias: Option<B::Vector>,
+    pub k_bias: Option<B::Vector>,
+    pub v_bias: Option<B::Vector>,
     /// RMSNorm gains over each head of Q and of K (`head_dim` values), where the architecture
     /// has them.
-    pub q_norm: Option<Vec<f32>>,
-    pub k_norm: Option<Vec<f32>>,
-    pub wo: Matrix,
+    pub q_norm: Option<B::Vector>,
+    pub k_norm: Option<B::Vector>,
+    pub wo: B::Matrix,
     /// Normalizes the attention output before the residual add, where the architecture does.
-    pub post_attn_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
-    pub w_gate: Matrix,
-    pub w_up: Matrix,
-    pub w_down: Matrix,
+    pub post_attn_norm: Option<B::Vector>,
+    pub ffn_norm: B::Vector,
+    pub w_gate: B::Matrix,
+    pub w_up: B::Matrix,
+    pub w_down: B::Matrix,
     /// Normalizes the feed-forward output before the residual add.
-    pub post_ffn_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<B::Vector>,
 }
 
-pub struct Weights {
-    pub token_embd: Matrix,
-    pub layers: Vec<LayerWeights>,
-    pub output_norm: Vec<f32>,
-    /// The LM head; the token embedding itself when the model ties them.
-    pub output: Matrix,
+pub struct Weights<B: Backend> {
+    pub token_embd: B::Matrix,
+    pub layers: Vec<LayerWeights<B>>,
+    pub output_norm: B::Vector,
+    /// The LM head, unless the model ties it to the token embedding.
+    output: Option<B::Matrix>,
     /// Per-dimension RoPE frequency divisors (Llama 3.1 style long-context scaling).
     pub rope_freqs: Option<Vec<f32>>,
     /// Phi-3's RoPE frequency divisors for short and for long contexts.
@@ -151,7 +56,7 @@ pub struct LongRopeFactors {
     pub long: Vec<f32>,
 }
 
-impl Weights {
+impl<B: Backend> Weights<B> {
     /// The RoPE frequency divisors of the global layers for contexts of up to `context`
     /// positions (long-context factors beyond the original context, as transformers and
     /// llama.cpp choose).
@@ -162,102 +67,104 @@ impl Weights {
             None => self.rope_freqs.as_deref(),
         }
     }
-}
 
-impl Weights {
-    /// Locates and checks every tensor; with `pack`, packs the matrices that this CPU has
-    /// packed kernels for (all but the token embedding, unless it is also the LM head).
-    pub fn load(file: &GgufFile, config: &ModelConfig, pack: bool) -> Result<Self, ModelError> {
+    /// The LM head.
+    pub fn output(&self) -> &B::Matrix {
+        self.output.as_ref().unwrap_or(&self.token_embd)
+    }
+
+    /// Locates and checks every tensor and uploads it to `backend`.
+    pub fn load(
+        backend: &B,
+        file: &Arc<GgufFile>,
+        config: &ModelConfig,
+    ) -> Result<Self, ModelError> {
         let (d, ff, vocab) = (config.n_embd, config.n_ff, config.n_vocab);
-        let mut token_embd = matrix(file, "token_embd.weight", vocab, d)?;
         let tied = file.tensor("output.weight").is_none();
-        let mut output = if tied {
-            token_embd.clone()
+        let embd_use = if tied {
+            MatrixUse::RowsAndProduct
         } else {
-            matrix(file, "output.weight", vocab, d)?
+            MatrixUse::Rows
         };
+        // Every matrix, uploaded at once: the embedding, the LM head unless tied, then each
+        // layer's seven.
+        let mut specs = vec![matrix(file, "token_embd.weight", vocab, d, embd_use)?];
+        if !tied {
+            specs.push(matrix(file, "output.weight", vocab, d, MatrixUse::Product)?);
+        }
         let arch = config.arch;
         let (q_dim, kv_dim) = (config.q_dim(), config.kv_dim());
-        let mut layers: Vec<LayerWeights> = (0..config.n_layer)
+        let product = MatrixUse::Product;
+        for i in 0..config.n_layer {
+            let name = |t: &str| format!("blk.{i}.{t}.weight");
+            let qkv = match arch.qkv {
+                QkvTensors::Separate => [
+                    matrix(file, &name("attn_q"), q_dim, d, product)?,
+                    matrix(file, &name("attn_k"), kv_dim, d, product)?,
+                    matrix(file, &name("attn_v"), kv_dim, d, product)?,
+                ],
+                QkvTensors::Fused => {
+                    split_rows(file, &name("attn_qkv"), d, [q_dim, kv_dim, kv_dim])?
+                }
+            };
+            let gate_up = match arch.gate_up {
+                GateUpTensors::Separate => [
+                    matrix(file, &name("ffn_gate"), ff, d, product)?,
+                    matrix(file, &name("ffn_up"), ff, d, product)?,
+                ],
+                GateUpTensors::Fused => split_rows(file, &name("ffn_up"), d, [ff, ff])?,
+            };
+            specs.extend(qkv);
+            specs.push(matrix(file, &name("attn_output"), d, q_dim, product)?);
+            specs.extend(gate_up);
+            specs.push(matrix(file, &name("ffn_down"), d, ff, product)?);
+        }
+        let mut matrices = backend.upload_matrices(file, &specs)?.into_iter();
+        let mut next = || matrices.next().expect("one matrix per spec");
+        let token_embd = next();
+        let output = (!tied).then(&mut next);
+
+        let vector = |name: &str, len: usize| {
+            backend
+                .upload_vector(&host_vector(file, name, len)?)
+                .map_err(ModelError::from)
+        };
+        let layers: Vec<LayerWeights<B>> = (0..config.n_layer)
             .map(|i| {
                 let name = |t: &str| format!("blk.{i}.{t}.weight");
                 let bias = |t: &str, len: usize| {
                     let name = format!("blk.{i}.{t}.bias");
-                    file.tensor(&name)
-                        .map(|_| vector(file, &name, len))
-                        .transpose()
+                    file.tensor(&name).map(|_| vector(&name, len)).transpose()
                 };
-                let [wq, wk, wv] = match arch.qkv {
-                    QkvTensors::Separate => [
-                        matrix(file, &name("attn_q"), q_dim, d)?,
-                        matrix(file, &name("attn_k"), kv_dim, d)?,
-                        matrix(file, &name("attn_v"), kv_dim, d)?,
-                    ],
-                    QkvTensors::Fused => {
-                        split_rows(file, &name("attn_qkv"), d, [q_dim, kv_dim, kv_dim])?
-                    }
-                };
-                let [w_gate, w_up] = match arch.gate_up {
-                    GateUpTensors::Separate => [
-                        matrix(file, &name("ffn_gate"), ff, d)?,
-                        matrix(file, &name("ffn_up"), ff, d)?,
-                    ],
-                    GateUpTensors::Fused => split_rows(file, &name("ffn_up"), d, [ff, ff])?,
-                };
-                let post_norm = |t: &str| {
-                    arch.post_norms
-                        .then(|| vector(file, &name(t), d))
-                        .transpose()
-                };
+                let post_norm = |t: &str| arch.post_norms.then(|| vector(&name(t), d)).transpose();
                 let head_norm = |t: &str| {
                     arch.qk_norm
-                        .then(|| vector(file, &name(t), config.head_dim))
+                        .then(|| vector(&name(t), config.head_dim))
                         .transpose()
                 };
                 Ok(LayerWeights {
-                    attn_norm: vector(file, &name("attn_norm"), d)?,
-                    wq,
-                    wk,
-                    wv,
+                    attn_norm: vector(&name("attn_norm"), d)?,
+                    wq: next(),
+                    wk: next(),
+                    wv: next(),
                     q_bias: bias("attn_q", q_dim)?,
                     k_bias: bias("attn_k", kv_dim)?,
                     v_bias: bias("attn_v", kv_dim)?,
                     q_norm: head_norm("attn_q_norm")?,
                     k_norm: head_norm("attn_k_norm")?,
-                    wo: matrix(file, &name("attn_output"), d, q_dim)?,
+                    wo: next(),
                     post_attn_norm: post_norm("post_attention_norm")?,
-                    ffn_norm: vector(file, &name("ffn_norm"), d)?,
-                    w_gate,
-                    w_up,
-                    w_down: matrix(file, &name("ffn_down"), d, ff)?,
+                    ffn_norm: vector(&name("ffn_norm"), d)?,
+                    w_gate: next(),
+                    w_up: next(),
+                    w_down: next(),
                     post_ffn_norm: post_norm("post_ffw_norm")?,
                 })
             })
             .collect::<Result<_, ModelError>>()?;
-        if pack {
-            let mut matrices: Vec<&mut Matrix> = layers
-                .iter_mut()
-                .flat_map(|l| {
-                    [
-                        &mut l.wq,
-                        &mut l.wk,
-                        &mut l.wv,
-                        &mut l.wo,
-                        &mut l.w_gate,
-                        &mut l.w_up,
-                        &mut l.w_down,
-                    ]
-                })
-                .collect();
-            matrices.push(&mut output);
-            pack_all(file, &mut matrices)?;
-            if tied {
-                token_embd.packed = output.packed.clone();
-            }
-        }
         let pairs = config.rope_dim / 2;
         let rope_freqs = match file.tensor("rope_freqs.weight") {
-            Some(_) => Some(vector(file, "rope_freqs.weight", pairs)?),
+            Some(_) => Some(host_vector(file, "rope_freqs.weight", pairs)?),
             None => None,
         };
         let long_rope = match (file.tensor(LONG_FACTORS), file.tensor(SHORT_FACTORS)) {
@@ -268,14 +175,14 @@ impl Weights {
                 ))
             }
             _ => Some(LongRopeFactors {
-                long: vector(file, LONG_FACTORS, pairs)?,
-                short: vector(file, SHORT_FACTORS, pairs)?,
+                long: host_vector(file, LONG_FACTORS, pairs)?,
+                short: host_vector(file, SHORT_FACTORS, pairs)?,
             }),
         };
         Ok(Weights {
             token_embd,
             layers,
-            output_norm: vector(file, "output_norm.weight", d)?,
+            output_norm: vector("output_norm.weight", d)?,
             output,
             rope_freqs,
             long_rope,
@@ -297,14 +204,19 @@ fn tensor<'a>(file: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a Tensor
     Ok(info)
 }
 
-fn matrix(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
+fn matrix(
+    file: &GgufFile,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    usage: MatrixUse,
+) -> Result<MatrixSpec, ModelError> {
     let info = tensor(file, name, &[cols as u64, rows as u64])?;
-    Ok(Matrix {
-        ty: info.ty,
+    Ok(MatrixSpec {
+        tensor: info.clone(),
         rows,
         cols,
-        tensor: info.clone(),
-        packed: None,
+        usage,
     })
 }
 
@@ -315,8 +227,8 @@ fn split_rows<const N: usize>(
     name: &str,
     cols: usize,
     parts: [usize; N],
-) -> Result<[Matrix; N], ModelError> {
-    let whole = matrix(file, name, parts.iter().sum(), cols)?;
+) -> Result<[MatrixSpec; N], ModelError> {
+    let whole = matrix(file, name, parts.iter().sum(), cols, MatrixUse::Product)?;
     let row_bytes = whole.tensor.size / whole.rows as u64;
     let mut first = 0;
     Ok(parts.map(|rows| {
@@ -325,7 +237,7 @@ fn split_rows<const N: usize>(
         tensor.size = rows as u64 * row_bytes;
         tensor.dims = vec![cols as u64, rows as u64];
         first += rows;
-        Matrix {
+        MatrixSpec {
             rows,
             tensor,
             ..whole.clone()
@@ -333,8 +245,8 @@ fn split_rows<const N: usize>(
     }))
 }
 
-/// A one-dimensional tensor, converted to f32 (norm weights are small and read every step).
-fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+/// A one-dimensional tensor, converted to f32 in host memory.
+fn host_vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let info = tensor(file, name, &[len as u64])?;
     let mut out = vec![0.0; len];
     tallow_quant::dequantize(info.ty, file.tensor_data(info), &mut out)?;

@@ -128,11 +128,11 @@ fn scratch_grows_for_larger_batches_and_results_do_not_depend_on_it() {
     };
     let mut warm = Scratch::new();
     let first = run(&mut warm);
-    let capacity = warm.capacity();
+    let capacity = warm.backend().capacity();
     assert!(capacity > 0);
     let again = run(&mut warm);
     assert_eq!(
-        warm.capacity(),
+        warm.backend().capacity(),
         capacity,
         "the same batch needs no more scratch"
     );

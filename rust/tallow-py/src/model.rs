@@ -38,10 +38,7 @@ impl Model {
     #[pyo3(signature = (path, *, n_ctx = None))]
     fn new(py: Python<'_>, path: std::path::PathBuf, n_ctx: Option<usize>) -> PyResult<Self> {
         let display = path.display().to_string();
-        let options = LoadOptions {
-            context: n_ctx,
-            ..LoadOptions::default()
-        };
+        let options = LoadOptions { context: n_ctx };
         let inner = py.detach(|| {
             guard(|| tallow_model::Model::load_with(&path, options).map_err(model_error))
         })?;

@@ -26,8 +26,7 @@ use half::f16;
 use tallow_kv::{KvBlock, KvDtype, KvKind, KvLayout, PageId, PagedKvCache};
 use tallow_threads::DisjointSlice;
 
-use crate::batch::Batch;
-use crate::error::ModelError;
+use tallow_backend::{BackendError, Batch, Heads, Scores};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -44,55 +43,9 @@ const TOKEN_BLOCK: usize = 16;
 /// Split units by segment when there are fewer than this many units per thread.
 const UNITS_PER_THREAD: usize = 2;
 
-/// The shape of the attention of one model.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Heads {
-    pub n_head: usize,
-    pub n_head_kv: usize,
-    pub head_dim: usize,
-}
-
-impl Heads {
-    fn group(&self) -> usize {
-        self.n_head / self.n_head_kv
-    }
-
-    fn q_dim(&self) -> usize {
-        self.n_head * self.head_dim
-    }
-
-    /// Floats of one online-softmax state: the maximum, the sum, the weighted values.
-    fn state_len(&self) -> usize {
-        self.head_dim + 2
-    }
-}
-
-/// How a layer turns query-key products into weights, beyond causal softmax attention with
-/// scores scaled by `1 / sqrt(head_dim)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Scores {
-    /// Multiplies every query-key product.
-    pub scale: f32,
-    /// Scores go through `cap * tanh(score / cap)` (Gemma 2).
-    pub softcap: Option<f32>,
-    /// A token sees only the last `window` positions, itself included (sliding-window layers).
-    pub window: Option<usize>,
-}
-
-impl Scores {
-    /// Plain causal attention for heads of `head_dim`.
-    pub(crate) fn plain(head_dim: usize) -> Scores {
-        Scores {
-            scale: 1.0 / (head_dim as f32).sqrt(),
-            softcap: None,
-            window: None,
-        }
-    }
-
-    /// The first position a token at `pos` sees.
-    fn first_visible(&self, pos: usize) -> usize {
-        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
-    }
+/// Floats of one online-softmax state: the maximum, the sum, the weighted values.
+fn state_len(heads: &Heads) -> usize {
+    heads.head_dim + 2
 }
 
 /// How one batch's attention is split, and the scratch it needs.
@@ -166,7 +119,7 @@ impl Plan {
         2 * self.tile_len() * h.head_dim
             + self.tile_len()
             + self.block_tokens * h.group() * h.head_dim
-            + 2 * self.block_tokens * h.group() * h.state_len()
+            + 2 * self.block_tokens * h.group() * state_len(h)
     }
 
     /// Positions per tile.
@@ -179,7 +132,7 @@ impl Plan {
         if !self.split {
             return 0;
         }
-        self.grid(n_chunks) * self.block_tokens * self.heads.group() * self.heads.state_len()
+        self.grid(n_chunks) * self.block_tokens * self.heads.group() * state_len(&self.heads)
     }
 
     /// Units of work in the split grid: (chunk, token block, KV head, segment).
@@ -224,7 +177,7 @@ impl Attention<'_> {
         scratch: &mut [f32],
         partials: &mut [f32],
         out: &mut [f32],
-    ) -> Result<(), ModelError> {
+    ) -> Result<(), BackendError> {
         let plan = self.plan;
         let pool = tallow_threads::global();
         let per_thread = plan.thread_scratch_len();
@@ -302,7 +255,7 @@ impl Attention<'_> {
     }
 
     /// Runs one unit: its segments one after the other, each tile converted once.
-    fn unit(&self, unit: &Unit, scratch: &mut [f32], sink: Sink<'_>) -> Result<(), ModelError> {
+    fn unit(&self, unit: &Unit, scratch: &mut [f32], sink: Sink<'_>) -> Result<(), BackendError> {
         let plan = self.plan;
         let h = &plan.heads;
         // The path depends on the layer only, never on the batch: a token's bits stay the same
@@ -310,7 +263,7 @@ impl Attention<'_> {
         if self.scores != Scores::plain(h.head_dim) {
             return self.unit_general(unit, scratch, sink);
         }
-        let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
+        let (hd, group, state_len) = (h.head_dim, h.group(), state_len(h));
         // The unit's query heads: their states side by side per token.
         let hg = unit.heads.len();
         let (keys, rest) = scratch.split_at_mut(plan.tile_len() * hd);
@@ -420,10 +373,10 @@ impl Attention<'_> {
         unit: &Unit,
         scratch: &mut [f32],
         sink: Sink<'_>,
-    ) -> Result<(), ModelError> {
+    ) -> Result<(), BackendError> {
         let plan = self.plan;
         let h = &plan.heads;
-        let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
+        let (hd, group, state_len) = (h.head_dim, h.group(), state_len(h));
         let hg = unit.heads.len();
         let (keys, rest) = scratch.split_at_mut(plan.tile_len() * hd);
         let (values, rest) = rest.split_at_mut(plan.tile_len() * hd);
@@ -490,7 +443,7 @@ impl Attention<'_> {
         tile_start: usize,
         keys: &mut [f32],
         values: &mut [f32],
-    ) -> Result<(), ModelError> {
+    ) -> Result<(), BackendError> {
         let hd = self.plan.heads.head_dim;
         let rows = (positions.start - tile_start) * hd..(positions.end - tile_start) * hd;
         let storage = self.cache.storage();
@@ -517,7 +470,7 @@ impl Attention<'_> {
         running: &mut [f32],
     ) {
         let h = &self.plan.heads;
-        let (hg, state_len) = (unit.heads.len(), h.state_len());
+        let (hg, state_len) = (unit.heads.len(), state_len(h));
         match sink {
             Sink::Partials(partials, task) => {
                 let at = task * n_states_max(self.plan) * state_len;
@@ -545,7 +498,7 @@ impl Attention<'_> {
     fn write_out(&self, unit: &Unit, sink: Sink<'_>, running: &[f32]) {
         let Sink::Out(out) = sink else { return };
         let h = &self.plan.heads;
-        let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
+        let (hd, group, state_len) = (h.head_dim, h.group(), state_len(h));
         let hg = unit.heads.len();
         let chunk = &self.batch.chunks[unit.chunk];
         for (ti, i) in unit.tokens.clone().enumerate() {
@@ -565,7 +518,7 @@ impl Attention<'_> {
     fn merge_partials(&self, partials: &[f32], out: &mut [f32]) {
         let plan = self.plan;
         let h = &plan.heads;
-        let (hd, group, state_len) = (h.head_dim, h.group(), h.state_len());
+        let (hd, group, state_len) = (h.head_dim, h.group(), state_len(h));
         let slot_len = n_states_max(plan) * state_len;
         let kernel = kernels();
         let mut running = [0f32; MAX_STATE];
@@ -603,9 +556,9 @@ impl Attention<'_> {
 const MAX_HEAD_DIM: usize = 512;
 
 /// Whether these kernels take heads of `head_dim` (checked when a model loads).
-pub(crate) fn check_head_dim(head_dim: usize) -> Result<(), ModelError> {
+pub(crate) fn check_head_dim(head_dim: usize) -> Result<(), BackendError> {
     if head_dim > MAX_HEAD_DIM {
-        return Err(ModelError::Unsupported(format!(
+        return Err(BackendError::Unsupported(format!(
             "attention heads of {head_dim} dimensions (at most {MAX_HEAD_DIM})"
         )));
     }
@@ -1192,7 +1145,7 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::Scores;
+    use tallow_backend::Scores;
 
     /// A reference softmax attention in f64.
     fn reference(q: &[f32], keys: &[f32], values: &[f32]) -> Vec<f64> {
@@ -1310,10 +1263,10 @@ mod tests {
         chunk_sets: &[Vec<(usize, usize)>],
         params: Scores,
     ) {
-        use crate::batch::{Batch, Logits};
+        use tallow_backend::{Batch, Logits};
         use tallow_kv::{KvBudget, KvDtype, KvLayout, PagedKvCache};
 
-        let heads = super::Heads {
+        let heads = tallow_backend::Heads {
             n_head: 9,
             n_head_kv: 3,
             head_dim: 64,

@@ -1,6 +1,6 @@
 //! Element-wise and row-wise operations of the forward pass.
 
-use crate::arch::Activation;
+use tallow_backend::Activation;
 
 /// `out = x / rms(x) * weight` for each row of `x`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {

@@ -2,8 +2,14 @@
 //! trained on: frequency factors (Llama 3's `rope_freqs`, Phi-3's long and short factors),
 //! linear interpolation and YaRN.
 
-use crate::arch::RopeStyle;
-use crate::config::ModelConfig;
+/// How RoPE pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Dimensions `2i` and `2i + 1` rotate together (GGML's "normal" mode: Llama, Mistral).
+    Interleaved,
+    /// Dimension `i` rotates with `i + rope_dim / 2` (GPT-NeoX: Qwen, Phi-3, Gemma).
+    Halves,
+}
 
 /// How the layers that attend globally stretch RoPE beyond the original training context
 /// (`rope.scaling.type`).
@@ -96,6 +102,24 @@ impl Rope {
         }
     }
 
+    pub fn style(&self) -> RopeStyle {
+        self.style
+    }
+
+    /// The angle per position of each rotated pair (`rope_dim / 2` of them).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    /// What the cosines and sines are multiplied by.
+    pub fn magnitude(&self) -> f32 {
+        self.magnitude
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
     /// Floats of one position's angles: a cosine and a sine per rotated pair.
     pub fn angles_len(&self) -> usize {
         2 * self.inv_freq.len()
@@ -166,48 +190,6 @@ impl YarnRamp {
 #[inline(always)]
 fn rotate(a: f32, b: f32, cs: &[f32]) -> (f32, f32) {
     (a * cs[0] - b * cs[1], a * cs[1] + b * cs[0])
-}
-
-/// The RoPE of each layer of a model: the layers that attend globally use the model's base,
-/// frequency factors and scaling; sliding-window layers may use their own base, unscaled.
-pub struct Ropes {
-    ropes: Vec<Rope>,
-}
-
-impl Ropes {
-    /// `freq_factors` are the global layers' frequency divisors, if the model has them.
-    pub fn new(config: &ModelConfig, freq_factors: Option<&[f32]>) -> Self {
-        let global = RopeParams {
-            style: config.arch.rope,
-            base: config.rope_base,
-            rope_dim: config.rope_dim,
-            head_dim: config.head_dim,
-            freq_factors,
-            scaling: config.rope_scaling,
-            original_context: config.rope_original_context,
-            attn_factor: config.rope_attn_factor,
-        };
-        let mut ropes = vec![Rope::new(global)];
-        if config.sliding_window.is_some() {
-            ropes.push(Rope::new(RopeParams {
-                base: config.rope_base_swa,
-                freq_factors: None,
-                scaling: RopeScaling::None,
-                attn_factor: 1.0,
-                ..global
-            }));
-        }
-        Ropes { ropes }
-    }
-
-    /// Every distinct RoPE; [`Ropes::index`] says which one a layer uses.
-    pub fn all(&self) -> &[Rope] {
-        &self.ropes
-    }
-
-    pub fn index(&self, config: &ModelConfig, layer: usize) -> usize {
-        usize::from(config.slides(layer))
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,103 @@
+//! The CPU backend: weights packed at load into the interleaved layouts of this CPU's
+//! quantized kernels (picked at run time per instruction set, in tallow-quant), attention over
+//! f16 pages in host memory, and every step's buffers from two arenas reused between steps.
+
+mod attention;
+mod matrix;
+mod ops;
+mod scratch;
+mod step;
+
+use std::sync::Arc;
+
+use tallow_backend::{
+    Backend, BackendError, DeviceInfo, Heads, MatrixSpec, Rope, StepError, StepInput,
+};
+use tallow_gguf::GgufFile;
+use tallow_kv::{KvLayout, KvStorage, LayerGroups};
+
+pub use matrix::Matrix;
+pub use scratch::Scratch;
+pub use step::CpuStep;
+
+/// The CPU, with this machine's best kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuBackend {
+    /// Repack the weight matrices that this CPU has packed kernels for into its interleaved
+    /// layout ([`tallow_quant::PackedMatrix`]): faster products, as much memory as the
+    /// file's copy (whose pages are then released). On by default.
+    pub pack_weights: bool,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        CpuBackend { pack_weights: true }
+    }
+}
+
+impl Backend for CpuBackend {
+    type Matrix = Matrix;
+    type Vector = Vec<f32>;
+    type Ropes = Vec<Rope>;
+    type Pages = KvStorage;
+    type Scratch = Scratch;
+    type Step<'s> = CpuStep<'s>;
+
+    fn device(&self) -> DeviceInfo {
+        DeviceInfo {
+            name: format!("CPU ({})", tallow_quant::Isa::detected().name()),
+            backend: "cpu".into(),
+            memory: None,
+        }
+    }
+
+    fn check_heads(&self, heads: Heads) -> Result<(), BackendError> {
+        attention::check_head_dim(heads.head_dim)
+    }
+
+    fn upload_matrices(
+        &self,
+        file: &Arc<GgufFile>,
+        specs: &[MatrixSpec],
+    ) -> Result<Vec<Matrix>, BackendError> {
+        matrix::upload(file, specs, self.pack_weights)
+    }
+
+    fn upload_vector(&self, values: &[f32]) -> Result<Vec<f32>, BackendError> {
+        Ok(values.to_vec())
+    }
+
+    fn upload_ropes(&self, ropes: Vec<Rope>) -> Result<Vec<Rope>, BackendError> {
+        Ok(ropes)
+    }
+
+    fn new_pages(
+        &self,
+        layout: KvLayout,
+        groups: &LayerGroups,
+        n_pages: usize,
+    ) -> Result<KvStorage, BackendError> {
+        Ok(KvStorage::grouped(layout, groups, n_pages)?)
+    }
+
+    fn run_step<F>(
+        &self,
+        scratch: &mut Scratch,
+        input: &StepInput<'_, Self>,
+        mut f: F,
+    ) -> Result<(), BackendError>
+    where
+        F: for<'s> FnMut(&mut CpuStep<'s>) -> Result<(), StepError>,
+    {
+        loop {
+            let Scratch { step, layer } = scratch;
+            step.reset();
+            let result = CpuStep::begin(step, layer, input).and_then(|mut s| f(&mut s));
+            match result {
+                Ok(()) => return Ok(()),
+                Err(StepError::Failed(e)) => return Err(e),
+                Err(StepError::OutOfScratch { arena, needed }) => scratch.grow(arena, needed)?,
+            }
+        }
+    }
+}

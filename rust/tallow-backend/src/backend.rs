@@ -1,0 +1,212 @@
+//! The [`Backend`] trait: what the forward pass asks of a device.
+
+use std::sync::Arc;
+
+use tallow_gguf::{GgufFile, TensorInfo};
+use tallow_kv::{KvLayout, LayerGroups, PageStore, PagedKvCache};
+
+use crate::batch::Batch;
+use crate::error::{BackendError, StepError};
+use crate::ops::{Activation, Heads, Scores};
+use crate::rope::Rope;
+
+/// A device the model runs on, as `tallow info --devices` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// What the driver calls it.
+    pub name: String,
+    /// The backend that drives it (`"cpu"`, `"wgpu"`, ...) and, for GPUs, through what
+    /// (`"wgpu (Vulkan)"`).
+    pub backend: String,
+    /// Memory it has, in bytes, where the driver says.
+    pub memory: Option<u64>,
+}
+
+/// How the forward pass reads a weight matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixUse {
+    /// In products with the activations.
+    Product,
+    /// One row at a time: the token embedding.
+    Rows,
+    /// Both: a token embedding that is also the LM head.
+    RowsAndProduct,
+}
+
+/// A weight matrix of `rows` output features by `cols` input features, stored row-major in
+/// the GGML block format of `tensor` (a fused tensor's part is a run of its rows).
+#[derive(Debug, Clone)]
+pub struct MatrixSpec {
+    pub tensor: TensorInfo,
+    pub rows: usize,
+    pub cols: usize,
+    pub usage: MatrixUse,
+}
+
+/// What a step runs on: the batch, the position of each chunk's first token, and the model's
+/// RoPEs (see [`Backend::upload_ropes`]).
+pub struct StepInput<'a, B: Backend> {
+    pub batch: &'a Batch,
+    /// Position of each chunk's first token in its sequence.
+    pub first_pos: &'a [usize],
+    pub heads: Heads,
+    /// Positions per KV page.
+    pub page_size: usize,
+    pub ropes: &'a B::Ropes,
+}
+
+/// A device the forward pass runs on. The forward is written once against this trait: weights
+/// are uploaded once in their GGUF block formats, KV pages live in the backend's
+/// [`PageStore`] (the page tables stay in [`PagedKvCache`], on the host), and a step is a
+/// sequence of a transformer's operations ([`Step`]) over the tokens of a ragged batch. How a
+/// backend lays out weights, picks kernels or records the operations is its own.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// A weight matrix on the device.
+    type Matrix: Send + Sync;
+    /// A vector of f32 on the device (norm gains, biases).
+    type Vector: Send + Sync;
+    /// A model's RoPEs, as the device applies them.
+    type Ropes: Send + Sync;
+    /// The KV pages.
+    type Pages: PageStore + Send + Sync;
+    /// Memory that a step takes and the next one reuses; one per KV cache. Empty when made,
+    /// sized by the first steps.
+    type Scratch: Send + Default;
+    /// One step's operations.
+    type Step<'s>: Step<Self>
+    where
+        Self: 's;
+
+    /// The device.
+    fn device(&self) -> DeviceInfo;
+
+    /// Checks, when a model loads, that the backend's kernels take its attention heads.
+    fn check_heads(&self, heads: Heads) -> Result<(), BackendError>;
+
+    /// Uploads the matrices of `file` that `specs` describe, all at once (so that a backend
+    /// can give back the file's pages as it goes).
+    fn upload_matrices(
+        &self,
+        file: &Arc<GgufFile>,
+        specs: &[MatrixSpec],
+    ) -> Result<Vec<Self::Matrix>, BackendError>;
+
+    fn upload_vector(&self, values: &[f32]) -> Result<Self::Vector, BackendError>;
+
+    /// The distinct RoPEs of a model; a step's [`Step::rope`] names one by its index here.
+    fn upload_ropes(&self, ropes: Vec<Rope>) -> Result<Self::Ropes, BackendError>;
+
+    /// A pool of `n_pages` zeroed pages of `layout`, each holding the layers of one of `groups`.
+    fn new_pages(
+        &self,
+        layout: KvLayout,
+        groups: &LayerGroups,
+        n_pages: usize,
+    ) -> Result<Self::Pages, BackendError>;
+
+    /// Runs `f` over a step of `input`, taking its memory from `scratch`. A backend may run
+    /// `f` more than once (see [`StepError::OutOfScratch`]).
+    fn run_step<F>(
+        &self,
+        scratch: &mut Self::Scratch,
+        input: &StepInput<'_, Self>,
+        f: F,
+    ) -> Result<(), BackendError>
+    where
+        F: for<'s> FnMut(&mut Self::Step<'s>) -> Result<(), StepError>;
+}
+
+/// The operations of one step, over [`Step::Rows`]: activations of the step's tokens (or of
+/// the rows that produce logits), `width` floats a row, in the device's memory. A backend may
+/// run each operation as it comes or record them and run them when the result is read
+/// ([`Step::logits`]).
+pub trait Step<B: Backend> {
+    type Rows;
+
+    /// `n` rows of `width` floats, each written before it is read.
+    fn rows(&mut self, n: usize, width: usize) -> Result<Self::Rows, StepError>;
+
+    /// Row `t` of `out` is row `tokens[t]` of `table`, times `scale`.
+    fn embed(
+        &mut self,
+        table: &B::Matrix,
+        scale: f32,
+        out: &mut Self::Rows,
+    ) -> Result<(), StepError>;
+
+    /// `out = x / rms(x) * gain`, row by row.
+    fn rms_norm(
+        &mut self,
+        x: &Self::Rows,
+        gain: &B::Vector,
+        eps: f32,
+        out: &mut Self::Rows,
+    ) -> Result<(), StepError>;
+
+    /// [`Step::rms_norm`] in place, over runs of `gain.len()` values (one per head when
+    /// `gain` is a head long).
+    fn rms_norm_in_place(
+        &mut self,
+        x: &mut Self::Rows,
+        gain: &B::Vector,
+        eps: f32,
+    ) -> Result<(), StepError>;
+
+    /// `outs[i] = input · matrices[i]ᵀ`.
+    fn matmul<const N: usize>(
+        &mut self,
+        input: &Self::Rows,
+        matrices: [&B::Matrix; N],
+        outs: [&mut Self::Rows; N],
+    ) -> Result<(), StepError>;
+
+    /// Adds `bias` to every row.
+    fn add_bias(&mut self, x: &mut Self::Rows, bias: &B::Vector) -> Result<(), StepError>;
+
+    /// Rotates every head of each token's row by RoPE `rope` at the token's position.
+    fn rope(&mut self, rope: usize, x: &mut Self::Rows) -> Result<(), StepError>;
+
+    /// Writes each token's keys and values of `layer` at its position in `cache`.
+    fn write_kv(
+        &mut self,
+        cache: &mut PagedKvCache<B::Pages>,
+        layer: usize,
+        k: &Self::Rows,
+        v: &Self::Rows,
+    ) -> Result<(), StepError>;
+
+    /// Causal attention of each token's queries over its sequence's keys and values of
+    /// `layer` up to its own position.
+    fn attention(
+        &mut self,
+        cache: &PagedKvCache<B::Pages>,
+        layer: usize,
+        scores: Scores,
+        q: &Self::Rows,
+        out: &mut Self::Rows,
+    ) -> Result<(), StepError>;
+
+    /// `gate = act(gate) * up`.
+    fn gated(
+        &mut self,
+        activation: Activation,
+        gate: &mut Self::Rows,
+        up: &Self::Rows,
+    ) -> Result<(), StepError>;
+
+    /// `x += y`.
+    fn add(&mut self, x: &mut Self::Rows, y: &Self::Rows) -> Result<(), StepError>;
+
+    /// Copies the rows of `x` whose tokens produce logits (as the batch's chunks ask), in
+    /// order, to `out`.
+    fn logit_rows(&mut self, x: &Self::Rows, out: &mut Self::Rows) -> Result<(), StepError>;
+
+    /// `out = softcap(x · mᵀ)`, in host memory (`cap * tanh(v / cap)` when `softcap` is set).
+    fn logits(
+        &mut self,
+        x: &Self::Rows,
+        m: &B::Matrix,
+        softcap: Option<f32>,
+        out: &mut [f32],
+    ) -> Result<(), StepError>;
+}

@@ -1,0 +1,16 @@
+//! The seam between a model and the device it runs on: the [`Backend`] and [`Step`] traits,
+//! and what their operations take (a ragged [`Batch`], [`Rope`], [`Scores`], ...). The forward
+//! pass (tallow-model) is written once against them; each device (the CPU, wgpu) implements
+//! them in a crate of its own.
+
+mod backend;
+mod batch;
+mod error;
+mod ops;
+mod rope;
+
+pub use backend::{Backend, DeviceInfo, MatrixSpec, MatrixUse, Step, StepInput};
+pub use batch::{Batch, Logits, SeqChunk};
+pub use error::{BackendError, StepError};
+pub use ops::{Activation, Heads, Scores};
+pub use rope::{Rope, RopeParams, RopeScaling, RopeStyle};
