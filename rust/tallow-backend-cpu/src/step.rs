@@ -40,12 +40,7 @@ impl<'s> CpuStep<'s> {
         let angles_len = ropes.first().map_or(0, Rope::angles_len);
         let angles = take::<f32>(arena, STEP, ropes.len() * n * angles_len)?;
         for (rope, table) in ropes.iter().zip(angles.chunks_exact_mut(n * angles_len)) {
-            for (c, chunk) in batch.chunks.iter().enumerate() {
-                for i in 0..chunk.len {
-                    let row = &mut table[(chunk.start + i) * angles_len..][..angles_len];
-                    rope.angles(first_pos[c] + i, row);
-                }
-            }
+            rope.batch_angles(batch, first_pos, table);
         }
         let threads = tallow_threads::global().threads();
         let plan = Plan::new(input.heads, input.page_size, batch, first_pos, threads);
@@ -88,6 +83,17 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
 
     fn rows(&mut self, n: usize, width: usize) -> Result<Self::Rows, StepError> {
         take(self.arena, STEP, n * width)
+    }
+
+    fn upload(&mut self, values: &[f32], _width: usize) -> Result<Self::Rows, StepError> {
+        let rows = take(self.arena, STEP, values.len())?;
+        rows.copy_from_slice(values);
+        Ok(rows)
+    }
+
+    fn read(&mut self, x: &Self::Rows, out: &mut [f32]) -> Result<(), StepError> {
+        out.copy_from_slice(&x[..out.len()]);
+        Ok(())
     }
 
     fn embed(&mut self, table: &Matrix, scale: f32, out: &mut Self::Rows) -> Result<(), StepError> {

@@ -126,6 +126,12 @@ pub trait Step<B: Backend> {
     /// `n` rows of `width` floats, each written before it is read.
     fn rows(&mut self, n: usize, width: usize) -> Result<Self::Rows, StepError>;
 
+    /// Rows holding `values`, `width` floats a row.
+    fn upload(&mut self, values: &[f32], width: usize) -> Result<Self::Rows, StepError>;
+
+    /// Copies `x` to `out` in host memory (`out.len()` floats from the first).
+    fn read(&mut self, x: &Self::Rows, out: &mut [f32]) -> Result<(), StepError>;
+
     /// Row `t` of `out` is row `tokens[t]` of `table`, times `scale`.
     fn embed(
         &mut self,

@@ -2,6 +2,8 @@
 //! trained on: frequency factors (Llama 3's `rope_freqs`, Phi-3's long and short factors),
 //! linear interpolation and YaRN.
 
+use crate::batch::Batch;
+
 /// How RoPE pairs the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -132,6 +134,17 @@ impl Rope {
             let (sin, cos) = (pos as f32 * inv_freq).sin_cos();
             cs[0] = cos * self.magnitude;
             cs[1] = sin * self.magnitude;
+        }
+    }
+
+    /// [`Rope::angles`] of the position of every token of `batch` (whose chunks start at
+    /// `first_pos`), one after the other in `out` (`tokens * angles_len` floats).
+    pub fn batch_angles(&self, batch: &Batch, first_pos: &[usize], out: &mut [f32]) {
+        let len = self.angles_len();
+        for (chunk, &first) in batch.chunks.iter().zip(first_pos) {
+            for i in 0..chunk.len {
+                self.angles(first + i, &mut out[(chunk.start + i) * len..][..len]);
+            }
         }
     }
 

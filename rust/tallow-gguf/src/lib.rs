@@ -8,6 +8,7 @@
 mod error;
 mod reader;
 mod value;
+mod writer;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -20,6 +21,7 @@ pub use tallow_quant::GgmlType;
 pub use error::GgufError;
 use reader::Reader;
 pub use value::{Array, Strings, Value};
+pub use writer::{tensors_image, TensorData};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;

@@ -28,6 +28,9 @@ pub enum KvError {
         /// The largest pool of this page size.
         max: usize,
     },
+    /// The device that holds the pages (a GPU) failed.
+    #[error("KV pages on the device: {0}")]
+    Device(String),
     /// The memory of the pool could not be allocated.
     #[error("cannot allocate {bytes} bytes for the KV cache: not enough memory")]
     OutOfMemory {

@@ -17,6 +17,8 @@ mod matmul;
 mod packed;
 mod reference;
 mod sizes;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod types;
 
 #[cfg(test)]

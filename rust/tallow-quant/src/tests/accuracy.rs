@@ -1,11 +1,11 @@
 //! The formats against their error bounds: integer dot products against float dot products
 //! of the dequantized values, and quantize/dequantize round trips.
 
-use super::data::{dequantized, exact_dot, magnitude, random_acts, random_blocks};
-use super::rng::Rng;
 use crate::blocks::{as_blocks, BlockQ4_1, BlockQ5_1, BlockQ8_1};
 use crate::fp16::f16_to_f32;
 use crate::kernels::reference_kernel;
+use crate::testing::Rng;
+use crate::testing::{dequantized, exact_dot, magnitude, random_acts, random_blocks};
 use crate::{dequantize, quantize_row, vec_dot, GgmlType, QuantError};
 
 /// f32 rounding of the reference, relative to `sum(|w| * |a|)`.

@@ -1,7 +1,7 @@
 //! The activation quantizers of every instruction set give the scalar quantizer's bytes, on
 //! random rows and on the cases where rounding or scaling is delicate.
 
-use super::rng::Rng;
+use crate::testing::Rng;
 use crate::{quantize_row, GgmlType, Isa};
 
 /// Rows of 64 values that test rounding and scaling: random magnitudes, values that scale to

@@ -3,8 +3,8 @@
 //! oracle's verdict without Python. tests/test_quant.py checks the same thing through the
 //! Python binding on fresh data.
 
-use super::data::f16_fields;
-use super::rng::Rng;
+use crate::testing::f16_fields;
+use crate::testing::Rng;
 use crate::GgmlType;
 
 /// `blocks` blocks of random bytes whose f16 fields hold random finite halves (any finite
@@ -56,7 +56,7 @@ fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
 #[test]
 fn dequantize_is_bit_identical_to_gguf() {
     for (ty, expected) in GGUF_HASHES {
-        let out = super::data::dequantized(ty, &golden_blocks(ty, 64));
+        let out = crate::testing::dequantized(ty, &golden_blocks(ty, 64));
         assert_eq!(out.len(), 64 * ty.block_len());
         let hash = fnv1a(out.iter().flat_map(|v| v.to_le_bytes()));
         assert_eq!(

@@ -1,8 +1,8 @@
 //! Every SIMD kernel against the scalar reference, on random blocks.
 
-use super::data::{dequantized, f16_fields, magnitude, random_acts, random_blocks};
-use super::rng::Rng;
 use crate::kernels::{reference_kernel, Isa, RawVecDot};
+use crate::testing::Rng;
+use crate::testing::{dequantized, f16_fields, magnitude, random_acts, random_blocks};
 use crate::GgmlType;
 
 /// Allowed |simd - reference| relative to `sum(|w| * |a|)`: the kernels differ from the

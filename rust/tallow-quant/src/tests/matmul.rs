@@ -3,9 +3,9 @@
 
 use proptest::prelude::*;
 
-use super::data::{dequantized, magnitude, random_blocks};
-use super::rng::Rng;
 use crate::kernels::reference_kernel;
+use crate::testing::Rng;
+use crate::testing::{dequantized, magnitude, random_blocks};
 use crate::{
     matmul, matmul_with, quantize_row, vec_dot, ActsBuffer, GgmlType, Isa, QuantError,
     QuantizedActs,

@@ -3,9 +3,7 @@
 
 mod accuracy;
 mod acts;
-mod data;
 mod golden;
 mod kernels;
 mod matmul;
 mod packed;
-mod rng;

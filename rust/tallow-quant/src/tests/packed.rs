@@ -2,8 +2,8 @@
 //! kernel, a token's outputs do not depend on the tokens beside it, rows unpack to their
 //! exact bytes, and bad operands are errors.
 
-use super::data::{dequantized, magnitude, random_blocks};
-use super::rng::Rng;
+use crate::testing::Rng;
+use crate::testing::{dequantized, magnitude, random_blocks};
 use crate::{
     matmul_with, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantError, WeightSource, PACKED_FORMATS,
 };

@@ -1,13 +1,13 @@
 //! A small seeded generator (SplitMix64): reproducible test data without extra crates.
 
-pub(crate) struct Rng(u64);
+pub struct Rng(u64);
 
 impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
+    pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -15,22 +15,22 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    pub(crate) fn bytes(&mut self, n: usize) -> Vec<u8> {
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next_u64() as u8).collect()
     }
 
     /// Uniform in [0, 1).
-    pub(crate) fn unit(&mut self) -> f32 {
+    pub fn unit(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
     }
 
     /// Uniform in [lo, hi).
-    pub(crate) fn range(&mut self, lo: f32, hi: f32) -> f32 {
+    pub fn range(&mut self, lo: f32, hi: f32) -> f32 {
         lo + (hi - lo) * self.unit()
     }
 
     /// Activation-like values: mostly within +-1, with an occasional outlier up to +-8.
-    pub(crate) fn activations(&mut self, n: usize) -> Vec<f32> {
+    pub fn activations(&mut self, n: usize) -> Vec<f32> {
         (0..n)
             .map(|_| {
                 let v = self.range(-1.0, 1.0);

@@ -6,7 +6,7 @@ use crate::fp16::{f32_to_bf16, f32_to_f16};
 use crate::{dequantize, quantize_row, GgmlType};
 
 /// Byte offsets of the f16 scale fields inside one block.
-pub(crate) fn f16_fields(ty: GgmlType) -> &'static [usize] {
+pub fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q8_1 => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
@@ -20,7 +20,7 @@ pub(crate) fn f16_fields(ty: GgmlType) -> &'static [usize] {
 /// `blocks` random blocks of `ty`: random bytes, then every scale (and every element of the
 /// float formats) replaced by a finite value of moderate size and random sign, so that
 /// products neither overflow nor vanish.
-pub(crate) fn random_blocks(rng: &mut Rng, ty: GgmlType, blocks: usize) -> Vec<u8> {
+pub fn random_blocks(rng: &mut Rng, ty: GgmlType, blocks: usize) -> Vec<u8> {
     let mut bytes = rng.bytes(blocks * ty.block_bytes());
     let scale = |rng: &mut Rng| {
         let magnitude = 2f32.powf(rng.range(-10.0, -2.0));
@@ -58,7 +58,7 @@ pub(crate) fn random_blocks(rng: &mut Rng, ty: GgmlType, blocks: usize) -> Vec<u
 }
 
 /// Random activations for `n` elements, and their quantization to `ty`'s `vec_dot_type`.
-pub(crate) fn random_acts(rng: &mut Rng, ty: GgmlType, n: usize) -> (Vec<f32>, Vec<u8>) {
+pub fn random_acts(rng: &mut Rng, ty: GgmlType, n: usize) -> (Vec<f32>, Vec<u8>) {
     let x = rng.activations(n);
     let act_ty = ty.vec_dot_type();
     let mut q = vec![0u8; n / act_ty.block_len() * act_ty.block_bytes()];
@@ -66,21 +66,21 @@ pub(crate) fn random_acts(rng: &mut Rng, ty: GgmlType, n: usize) -> (Vec<f32>, V
     (x, q)
 }
 
-pub(crate) fn dequantized(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
+pub fn dequantized(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
     let mut out = vec![0f32; bytes.len() / ty.block_bytes() * ty.block_len()];
     dequantize(ty, bytes, &mut out).unwrap();
     out
 }
 
 /// `sum(|w| * |a|)` in f64: the scale of the rounding error of any order of summation.
-pub(crate) fn magnitude(w: &[f32], a: &[f32]) -> f64 {
+pub fn magnitude(w: &[f32], a: &[f32]) -> f64 {
     w.iter()
         .zip(a)
         .map(|(&w, &a)| (f64::from(w) * f64::from(a)).abs())
         .sum()
 }
 
-pub(crate) fn exact_dot(w: &[f32], a: &[f32]) -> f64 {
+pub fn exact_dot(w: &[f32], a: &[f32]) -> f64 {
     w.iter()
         .zip(a)
         .map(|(&w, &a)| f64::from(w) * f64::from(a))

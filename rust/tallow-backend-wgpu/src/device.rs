@@ -1,0 +1,78 @@
+//! Finding GPUs and opening one.
+
+use tallow_backend::{BackendError, DeviceInfo};
+
+use crate::gpu::Gpu;
+
+fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends: wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
+        ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
+    })
+}
+
+/// The adapters that can run compute shaders, real GPUs first, then software ones (Mesa's
+/// llvmpipe), each kind in the driver's order.
+fn adapters() -> Vec<wgpu::Adapter> {
+    let mut adapters: Vec<wgpu::Adapter> =
+        pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()))
+            .into_iter()
+            .filter(|a| {
+                a.get_downlevel_capabilities()
+                    .flags
+                    .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+            })
+            .collect();
+    adapters.sort_by_key(|a| a.get_info().device_type == wgpu::DeviceType::Cpu);
+    adapters
+}
+
+fn describe(adapter: &wgpu::Adapter) -> DeviceInfo {
+    let info = adapter.get_info();
+    let kind = match info.device_type {
+        wgpu::DeviceType::Cpu => ", software",
+        _ => "",
+    };
+    DeviceInfo {
+        name: info.name.clone(),
+        backend: format!("wgpu ({:?}{kind})", info.backend),
+        memory: None,
+    }
+}
+
+/// Every GPU wgpu finds, in the order `wgpu:N` numbers them.
+pub fn devices() -> Vec<DeviceInfo> {
+    adapters().iter().map(describe).collect()
+}
+
+/// Opens GPU `index` of [`devices`].
+pub(crate) fn open(index: usize) -> Result<Gpu, BackendError> {
+    let adapters = adapters();
+    let n = adapters.len();
+    let adapter = adapters.into_iter().nth(index).ok_or_else(|| {
+        BackendError::Device(match n {
+            0 => "no GPU found (wgpu sees no Vulkan, Metal or DX12 adapter)".to_string(),
+            n => format!(
+                "there is no GPU wgpu:{index} ({n} found: wgpu:0 to wgpu:{})",
+                n - 1
+            ),
+        })
+    })?;
+    let limits = adapter.limits();
+    let descriptor = wgpu::DeviceDescriptor {
+        label: Some("tallow"),
+        required_features: wgpu::Features::empty(),
+        // As large as the adapter allows: weights and KV pages are large buffers.
+        required_limits: limits.clone(),
+        ..Default::default()
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&descriptor)).map_err(|e| {
+        BackendError::Device(format!("cannot open {}: {e}", adapter.get_info().name))
+    })?;
+    Ok(Gpu::new(
+        device,
+        queue,
+        describe(&adapter),
+        u64::from(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size),
+    ))
+}

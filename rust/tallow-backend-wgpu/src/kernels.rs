@@ -1,0 +1,154 @@
+//! The WGSL kernels (in the repository's `kernels-wgsl/`), compiled into pipelines on first
+//! use: the quantized ones once per GGUF format, each the format's `dequant32` with the
+//! kernel's body.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tallow_backend::BackendError;
+use tallow_quant::GgmlType;
+
+use crate::gpu::Gpu;
+
+const BYTES: &str = include_str!("../../../kernels-wgsl/bytes.wgsl");
+const MATMUL: &str = include_str!("../../../kernels-wgsl/matmul.wgsl");
+const EMBED: &str = include_str!("../../../kernels-wgsl/embed.wgsl");
+const NORM: &str = include_str!("../../../kernels-wgsl/norm.wgsl");
+const ELEMENTWISE: &str = include_str!("../../../kernels-wgsl/elementwise.wgsl");
+const ROPE: &str = include_str!("../../../kernels-wgsl/rope.wgsl");
+const KV: &str = include_str!("../../../kernels-wgsl/kv.wgsl");
+const ATTENTION: &str = include_str!("../../../kernels-wgsl/attention.wgsl");
+
+/// The weight formats the kernels read, with the source of each one's `dequant32`.
+const FORMATS: [(GgmlType, &str); 9] = [
+    (
+        GgmlType::F32,
+        include_str!("../../../kernels-wgsl/formats/f32.wgsl"),
+    ),
+    (
+        GgmlType::F16,
+        include_str!("../../../kernels-wgsl/formats/f16.wgsl"),
+    ),
+    (
+        GgmlType::Q4_0,
+        include_str!("../../../kernels-wgsl/formats/q4_0.wgsl"),
+    ),
+    (
+        GgmlType::Q4_1,
+        include_str!("../../../kernels-wgsl/formats/q4_1.wgsl"),
+    ),
+    (
+        GgmlType::Q5_0,
+        include_str!("../../../kernels-wgsl/formats/q5_0.wgsl"),
+    ),
+    (
+        GgmlType::Q8_0,
+        include_str!("../../../kernels-wgsl/formats/q8_0.wgsl"),
+    ),
+    (
+        GgmlType::Q4_K,
+        include_str!("../../../kernels-wgsl/formats/q4_k.wgsl"),
+    ),
+    (
+        GgmlType::Q5_K,
+        include_str!("../../../kernels-wgsl/formats/q5_k.wgsl"),
+    ),
+    (
+        GgmlType::Q6_K,
+        include_str!("../../../kernels-wgsl/formats/q6_k.wgsl"),
+    ),
+];
+
+/// Whether the kernels read weights in format `ty`.
+pub(crate) fn reads(ty: GgmlType) -> bool {
+    FORMATS.iter().any(|&(t, _)| t == ty)
+}
+
+/// One entry point of one kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kernel {
+    Matmul(GgmlType),
+    Embed(GgmlType),
+    Norm,
+    NormInPlace,
+    Add,
+    AddBias,
+    Gated,
+    Softcap,
+    Rope,
+    WriteKv,
+    Attention,
+}
+
+impl Kernel {
+    /// The binding of the kernel's uniform parameters (after its buffers).
+    pub(crate) fn params_binding(self) -> u32 {
+        match self {
+            Kernel::Add | Kernel::AddBias | Kernel::Gated | Kernel::Softcap | Kernel::Rope => 2,
+            Kernel::Matmul(_) | Kernel::Embed(_) | Kernel::Norm | Kernel::NormInPlace => 3,
+            Kernel::WriteKv => 4,
+            Kernel::Attention => 5,
+        }
+    }
+
+    /// The kernel's source and entry point.
+    fn source(self) -> Result<(String, &'static str), BackendError> {
+        let with_format = |ty: GgmlType, body: &str| {
+            let (_, format) = FORMATS.iter().find(|&&(t, _)| t == ty).ok_or_else(|| {
+                BackendError::Unsupported(format!("{} weights on wgpu", ty.name()))
+            })?;
+            Ok::<_, BackendError>(format!("{BYTES}\n{format}\n{body}"))
+        };
+        Ok(match self {
+            Kernel::Matmul(ty) => (with_format(ty, MATMUL)?, "main"),
+            Kernel::Embed(ty) => (with_format(ty, EMBED)?, "main"),
+            Kernel::Norm => (NORM.into(), "norm"),
+            Kernel::NormInPlace => (NORM.into(), "norm_in_place"),
+            Kernel::Add => (ELEMENTWISE.into(), "add"),
+            Kernel::AddBias => (ELEMENTWISE.into(), "add_bias"),
+            Kernel::Gated => (ELEMENTWISE.into(), "gated"),
+            Kernel::Softcap => (ELEMENTWISE.into(), "softcap"),
+            Kernel::Rope => (ROPE.into(), "main"),
+            Kernel::WriteKv => (KV.into(), "write"),
+            Kernel::Attention => (ATTENTION.into(), "main"),
+        })
+    }
+}
+
+/// The pipelines built so far.
+#[derive(Default)]
+pub(crate) struct Kernels {
+    pipelines: Mutex<HashMap<Kernel, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl Kernels {
+    /// The pipeline of `kernel`, compiled on first use.
+    pub(crate) fn get(
+        &self,
+        gpu: &Gpu,
+        kernel: Kernel,
+    ) -> Result<Arc<wgpu::ComputePipeline>, BackendError> {
+        let mut pipelines = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = pipelines.get(&kernel) {
+            return Ok(Arc::clone(p));
+        }
+        let (source, entry) = kernel.source()?;
+        let pipeline = gpu.checked(|device| {
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(entry),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        })?;
+        let pipeline = Arc::new(pipeline);
+        pipelines.insert(kernel, Arc::clone(&pipeline));
+        Ok(pipeline)
+    }
+}

@@ -1,0 +1,129 @@
+//! The wgpu backend: NVIDIA, AMD and Intel GPUs through Vulkan, Apple GPUs through Metal,
+//! Windows through DX12, and Mesa's software rasterizer (llvmpipe) where there is no GPU.
+//! Weights stay in their GGUF block formats in GPU memory and the WGSL kernels (the
+//! repository's `kernels-wgsl/`) read them as they are; a step's operations are recorded into
+//! one command encoder and the logits alone come back to the host.
+
+mod device;
+mod gpu;
+mod kernels;
+mod matrix;
+mod pages;
+mod step;
+
+use std::sync::Arc;
+
+use tallow_backend::{
+    Backend, BackendError, DeviceInfo, Heads, MatrixSpec, Rope, StepError, StepInput,
+};
+use tallow_gguf::GgufFile;
+use tallow_kv::{KvLayout, LayerGroups};
+
+pub use device::devices;
+pub use matrix::Matrix;
+pub use pages::Pages;
+pub use step::{Rows, Scratch, WgpuStep};
+
+use gpu::Gpu;
+use kernels::Kernels;
+
+/// The largest attention head the attention kernel takes (its workgroup memory holds one
+/// query head).
+const MAX_HEAD_DIM: usize = 512;
+
+/// One GPU, through wgpu.
+#[derive(Clone)]
+pub struct WgpuBackend {
+    gpu: Arc<Gpu>,
+    kernels: Arc<Kernels>,
+    /// The most bytes of one part of a matrix (larger ones are split by rows).
+    max_part: u64,
+}
+
+impl WgpuBackend {
+    /// Opens GPU `index` of [`devices`].
+    pub fn open(index: usize) -> Result<Self, BackendError> {
+        Self::open_capped(index, u64::MAX)
+    }
+
+    /// [`WgpuBackend::open`], splitting weight matrices by rows into parts of at most
+    /// `max_part` bytes (or what the adapter allows, if less).
+    pub fn open_capped(index: usize, max_part: u64) -> Result<Self, BackendError> {
+        let gpu = device::open(index)?;
+        Ok(WgpuBackend {
+            max_part: gpu.max_binding.min(max_part),
+            gpu: Arc::new(gpu),
+            kernels: Arc::new(Kernels::default()),
+        })
+    }
+}
+
+impl Backend for WgpuBackend {
+    type Matrix = Matrix;
+    type Vector = Rows;
+    type Ropes = Vec<Rope>;
+    type Pages = Pages;
+    type Scratch = Scratch;
+    type Step<'s> = WgpuStep<'s>;
+
+    fn device(&self) -> DeviceInfo {
+        self.gpu.info.clone()
+    }
+
+    fn check_heads(&self, heads: Heads) -> Result<(), BackendError> {
+        if heads.head_dim > MAX_HEAD_DIM || !heads.head_dim.is_multiple_of(2) {
+            return Err(BackendError::Unsupported(format!(
+                "attention heads of {} dimensions on wgpu (even, at most {MAX_HEAD_DIM})",
+                heads.head_dim
+            )));
+        }
+        Ok(())
+    }
+
+    fn upload_matrices(
+        &self,
+        file: &Arc<GgufFile>,
+        specs: &[MatrixSpec],
+    ) -> Result<Vec<Matrix>, BackendError> {
+        specs
+            .iter()
+            .map(|spec| matrix::upload(&self.gpu, file, spec, self.max_part))
+            .collect()
+    }
+
+    fn upload_vector(&self, values: &[f32]) -> Result<Rows, BackendError> {
+        step::upload(&self.gpu, values)
+    }
+
+    fn upload_ropes(&self, ropes: Vec<Rope>) -> Result<Vec<Rope>, BackendError> {
+        Ok(ropes)
+    }
+
+    fn new_pages(
+        &self,
+        layout: KvLayout,
+        groups: &LayerGroups,
+        n_pages: usize,
+    ) -> Result<Pages, BackendError> {
+        Pages::new(Arc::clone(&self.gpu), layout, groups, n_pages)
+    }
+
+    fn run_step<F>(
+        &self,
+        scratch: &mut Scratch,
+        input: &StepInput<'_, Self>,
+        mut f: F,
+    ) -> Result<(), BackendError>
+    where
+        F: for<'s> FnMut(&mut WgpuStep<'s>) -> Result<(), StepError>,
+    {
+        let mut step = WgpuStep::begin(self, scratch, input)?;
+        match f(&mut step) {
+            Ok(()) => step.finish(),
+            Err(StepError::Failed(e)) => Err(e),
+            Err(StepError::OutOfScratch { .. }) => Err(BackendError::Device(
+                "a GPU step ran out of scratch memory".into(),
+            )),
+        }
+    }
+}

@@ -1,0 +1,496 @@
+//! One step on the GPU: the operations are recorded into one command encoder and submitted
+//! when a result is read back (the logits) or the step ends.
+
+use std::sync::Arc;
+
+use tallow_backend::{Activation, BackendError, Logits, Scores, Step, StepError, StepInput};
+use tallow_kv::{PageStore, PagedKvCache};
+
+use crate::gpu::{device_error, Gpu};
+use crate::kernels::{Kernel, Kernels};
+use crate::matrix::Matrix;
+use crate::pages::Pages;
+use crate::WgpuBackend;
+
+/// Activations on the GPU: `len` floats.
+pub struct Rows {
+    buffer: wgpu::Buffer,
+    len: usize,
+}
+
+/// The buffers of the last step, for the next to reuse.
+#[derive(Default)]
+pub struct Scratch {
+    free: Vec<wgpu::Buffer>,
+}
+
+/// Where each token's keys and values go, and what its attention reads, in one layer group.
+#[derive(Default)]
+struct GroupBuffers {
+    /// (page, position in the page) of each token.
+    slots: Option<wgpu::Buffer>,
+    /// Per token, where its sequence's page table starts in `tables`, and its position.
+    tokens: Option<wgpu::Buffer>,
+    tables: Option<wgpu::Buffer>,
+}
+
+pub struct WgpuStep<'s> {
+    gpu: &'s Arc<Gpu>,
+    kernels: &'s Kernels,
+    input: &'s StepInput<'s, WgpuBackend>,
+    scratch: &'s mut Scratch,
+    /// Buffers handed out by this step, which go back to the scratch at its end.
+    used: Vec<wgpu::Buffer>,
+    encoder: wgpu::CommandEncoder,
+    ids: wgpu::Buffer,
+    /// The cosines and sines of every token's position, per RoPE.
+    angles: Vec<wgpu::Buffer>,
+    groups: Vec<GroupBuffers>,
+}
+
+/// Workgroups for `units` units of work: along x up to the limit of a dimension, the rest
+/// along y. Returns (x, y).
+fn grid(units: usize) -> (u32, u32) {
+    const MAX: usize = 65_535;
+    let x = units.clamp(1, MAX);
+    (x as u32, units.div_ceil(x).max(1) as u32)
+}
+
+/// Rows holding `values`.
+pub(crate) fn upload(gpu: &Gpu, values: &[f32]) -> Result<Rows, BackendError> {
+    Ok(Rows {
+        buffer: gpu.buffer_with(&bytes_of(values))?,
+        len: values.len(),
+    })
+}
+
+fn bytes_of(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn words_of(values: impl IntoIterator<Item = u32>) -> Vec<u8> {
+    values.into_iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+impl<'s> WgpuStep<'s> {
+    pub(crate) fn begin(
+        backend: &'s WgpuBackend,
+        scratch: &'s mut Scratch,
+        input: &'s StepInput<'s, WgpuBackend>,
+    ) -> Result<Self, BackendError> {
+        let gpu = &backend.gpu;
+        let batch = input.batch;
+        let n = batch.tokens.len();
+        let ids = gpu.buffer_with(&words_of(batch.tokens.iter().copied()))?;
+        let angles = input
+            .ropes
+            .iter()
+            .map(|rope| {
+                let mut table = vec![0.0; n * rope.angles_len()];
+                rope.batch_angles(batch, input.first_pos, &mut table);
+                gpu.buffer_with(&bytes_of(&table))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(WgpuStep {
+            gpu,
+            kernels: &backend.kernels,
+            input,
+            scratch,
+            used: Vec::new(),
+            encoder: gpu.device.create_command_encoder(&Default::default()),
+            ids,
+            angles,
+            groups: Vec::new(),
+        })
+    }
+
+    /// Submits what is recorded and gives this step's buffers to the next.
+    pub(crate) fn finish(self) -> Result<(), BackendError> {
+        let WgpuStep {
+            gpu,
+            scratch,
+            used,
+            encoder,
+            ..
+        } = self;
+        gpu.checked(|_| gpu.queue.submit([encoder.finish()]))?;
+        scratch.free = used;
+        Ok(())
+    }
+
+    fn n_tokens(&self) -> usize {
+        self.input.batch.tokens.len()
+    }
+
+    /// Records one dispatch of `kernel` over `groups` workgroups, with `buffers` at their
+    /// binding numbers and `params` (words) in the kernel's uniform.
+    fn dispatch(
+        &mut self,
+        kernel: Kernel,
+        buffers: &[(u32, &wgpu::Buffer)],
+        params: &[u32],
+        groups: (u32, u32, u32),
+    ) -> Result<(), StepError> {
+        let pipeline = self.kernels.get(self.gpu, kernel)?;
+        let device = &self.gpu.device;
+        let uniform = device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: (params.len() * 4).next_multiple_of(16) as u64,
+            usage: wgpu::BufferUsages::UNIFORM,
+            mapped_at_creation: true,
+        });
+        uniform
+            .get_mapped_range_mut(..)
+            .map_err(device_error)?
+            .slice(..params.len() * 4)
+            .copy_from_slice(&words_of(params.iter().copied()));
+        uniform.unmap();
+        let mut entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+            .iter()
+            .map(|&(binding, buffer)| wgpu::BindGroupEntry {
+                binding,
+                resource: buffer.as_entire_binding(),
+            })
+            .collect();
+        entries.push(wgpu::BindGroupEntry {
+            binding: kernel.params_binding(),
+            resource: uniform.as_entire_binding(),
+        });
+        let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut pass = self.encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+        Ok(())
+    }
+
+    /// A dispatch of one invocation per value of `n`, 64 to a workgroup, whose parameters
+    /// start with `n` and the invocations per row of the grid, then `params`.
+    fn dispatch_each(
+        &mut self,
+        kernel: Kernel,
+        buffers: &[(u32, &wgpu::Buffer)],
+        n: usize,
+        params: &[u32],
+    ) -> Result<(), StepError> {
+        let (x, y) = grid(n.div_ceil(64));
+        let mut words = vec![n as u32, x * 64];
+        words.extend_from_slice(params);
+        self.dispatch(kernel, buffers, &words, (x, y, 1))
+    }
+
+    /// Submits what is recorded, and reads the first `out.len()` floats of `buffer`.
+    fn read_back(&mut self, buffer: &wgpu::Buffer, out: &mut [f32]) -> Result<(), StepError> {
+        let fresh = self.gpu.device.create_command_encoder(&Default::default());
+        let encoder = std::mem::replace(&mut self.encoder, fresh);
+        self.gpu.read(encoder, buffer, out)?;
+        Ok(())
+    }
+
+    /// The buffers of layer group `group`, made on first use.
+    fn group(&mut self, group: usize) -> &mut GroupBuffers {
+        if self.groups.len() <= group {
+            self.groups.resize_with(group + 1, GroupBuffers::default);
+        }
+        &mut self.groups[group]
+    }
+
+    /// Each token's (page, position in the page) in `layer`'s pages, refusing pages other
+    /// sequences share.
+    fn slots(
+        &mut self,
+        cache: &PagedKvCache<Pages>,
+        layer: usize,
+    ) -> Result<wgpu::Buffer, StepError> {
+        let group = cache.groups().place(layer)?.0;
+        if let Some(slots) = &self.group(group).slots {
+            return Ok(slots.clone());
+        }
+        let mut words = Vec::with_capacity(2 * self.n_tokens());
+        for (chunk, &first) in self.input.batch.chunks.iter().zip(self.input.first_pos) {
+            for i in 0..chunk.len {
+                let slot = cache.writable_slot(chunk.seq, first + i, layer)?;
+                words.extend([slot.page.0, slot.offset as u32]);
+            }
+        }
+        let buffer = self.gpu.buffer_with(&words_of(words))?;
+        self.group(group).slots = Some(buffer.clone());
+        Ok(buffer)
+    }
+
+    /// The page tables of `layer`'s group for the step's sequences, and where each token's
+    /// starts with its position.
+    fn tables(
+        &mut self,
+        cache: &PagedKvCache<Pages>,
+        layer: usize,
+    ) -> Result<(wgpu::Buffer, wgpu::Buffer), StepError> {
+        let group = cache.groups().place(layer)?.0;
+        if let GroupBuffers {
+            tokens: Some(tokens),
+            tables: Some(tables),
+            ..
+        } = self.group(group)
+        {
+            return Ok((tokens.clone(), tables.clone()));
+        }
+        let (mut tokens, mut tables) = (Vec::new(), Vec::new());
+        for (chunk, &first) in self.input.batch.chunks.iter().zip(self.input.first_pos) {
+            let start = tables.len() as u32;
+            tables.extend(cache.page_table(chunk.seq, layer)?.iter().map(|p| p.0));
+            for i in 0..chunk.len {
+                tokens.extend([start, (first + i) as u32]);
+            }
+        }
+        let tokens = self.gpu.buffer_with(&words_of(tokens))?;
+        let tables = self.gpu.buffer_with(&words_of(tables))?;
+        let g = self.group(group);
+        g.tokens = Some(tokens.clone());
+        g.tables = Some(tables.clone());
+        Ok((tokens, tables))
+    }
+
+    fn products(&mut self, input: &Rows, m: &Matrix, out: &Rows) -> Result<(), StepError> {
+        let n = input.len / m.cols;
+        for part in &m.parts {
+            let (x, y) = grid(part.rows);
+            let params = [
+                part.rows as u32,
+                m.cols as u32,
+                n as u32,
+                m.row_bytes as u32,
+                part.first_row as u32,
+                m.rows as u32,
+                x,
+            ];
+            let buffers = [(0, &part.buffer), (1, &input.buffer), (2, &out.buffer)];
+            self.dispatch(
+                Kernel::Matmul(m.ty),
+                &buffers,
+                &params,
+                (x, y, n.div_ceil(8) as u32),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
+    type Rows = Rows;
+
+    fn rows(&mut self, n: usize, width: usize) -> Result<Rows, StepError> {
+        let size = ((n * width * 4).max(4)) as u64;
+        let buffer = match self.scratch.free.iter().position(|b| b.size() == size) {
+            Some(i) => self.scratch.free.swap_remove(i),
+            None => self.gpu.zeroed(size)?,
+        };
+        self.used.push(buffer.clone());
+        Ok(Rows {
+            buffer,
+            len: n * width,
+        })
+    }
+
+    fn upload(&mut self, values: &[f32], _width: usize) -> Result<Rows, StepError> {
+        Ok(upload(self.gpu, values)?)
+    }
+
+    fn read(&mut self, x: &Rows, out: &mut [f32]) -> Result<(), StepError> {
+        let n = out.len().min(x.len);
+        self.read_back(&x.buffer.clone(), &mut out[..n])
+    }
+
+    fn embed(&mut self, table: &Matrix, scale: f32, out: &mut Rows) -> Result<(), StepError> {
+        let n = self.n_tokens();
+        let ids = self.ids.clone();
+        for part in &table.parts {
+            let (x, y) = grid((n * table.cols / 32).div_ceil(64));
+            let params = [
+                part.rows as u32,
+                table.cols as u32,
+                n as u32,
+                table.row_bytes as u32,
+                part.first_row as u32,
+                scale.to_bits(),
+                x * 64,
+            ];
+            let buffers = [(0, &part.buffer), (1, &ids), (2, &out.buffer)];
+            self.dispatch(Kernel::Embed(table.ty), &buffers, &params, (x, y, 1))?;
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &mut self,
+        x: &Rows,
+        gain: &Rows,
+        eps: f32,
+        out: &mut Rows,
+    ) -> Result<(), StepError> {
+        let runs = x.len / gain.len;
+        let (gx, gy) = grid(runs);
+        let params = [gain.len as u32, runs as u32, eps.to_bits(), gx];
+        let buffers = [(0, &x.buffer), (1, &gain.buffer), (2, &out.buffer)];
+        self.dispatch(Kernel::Norm, &buffers, &params, (gx, gy, 1))
+    }
+
+    fn rms_norm_in_place(&mut self, x: &mut Rows, gain: &Rows, eps: f32) -> Result<(), StepError> {
+        let runs = x.len / gain.len;
+        let (gx, gy) = grid(runs);
+        let params = [gain.len as u32, runs as u32, eps.to_bits(), gx];
+        let buffers = [(1, &gain.buffer), (2, &x.buffer)];
+        self.dispatch(Kernel::NormInPlace, &buffers, &params, (gx, gy, 1))
+    }
+
+    fn matmul<const N: usize>(
+        &mut self,
+        input: &Rows,
+        matrices: [&Matrix; N],
+        outs: [&mut Rows; N],
+    ) -> Result<(), StepError> {
+        for (m, out) in matrices.into_iter().zip(outs) {
+            self.products(input, m, out)?;
+        }
+        Ok(())
+    }
+
+    fn add_bias(&mut self, x: &mut Rows, bias: &Rows) -> Result<(), StepError> {
+        let buffers = [(0, &x.buffer), (1, &bias.buffer)];
+        self.dispatch_each(Kernel::AddBias, &buffers, x.len, &[bias.len as u32])
+    }
+
+    fn rope(&mut self, rope: usize, x: &mut Rows) -> Result<(), StepError> {
+        let n = self.n_tokens();
+        let r = &self.input.ropes[rope];
+        let pairs = r.inv_freq().len();
+        let heads = x.len / n / r.head_dim();
+        let (gx, gy) = grid((n * heads * pairs).div_ceil(64));
+        let params = [
+            n as u32,
+            heads as u32,
+            r.head_dim() as u32,
+            pairs as u32,
+            u32::from(r.style() == tallow_backend::RopeStyle::Halves),
+            gx * 64,
+        ];
+        let angles = self.angles[rope].clone();
+        let buffers = [(0, &x.buffer), (1, &angles)];
+        self.dispatch(Kernel::Rope, &buffers, &params, (gx, gy, 1))
+    }
+
+    fn write_kv(
+        &mut self,
+        cache: &mut PagedKvCache<Pages>,
+        layer: usize,
+        k: &Rows,
+        v: &Rows,
+    ) -> Result<(), StepError> {
+        let slots = self.slots(cache, layer)?;
+        let l = *cache.layout();
+        let n = self.n_tokens();
+        let (gx, gy) = grid((n * l.n_head_kv * l.head_dim / 2).div_ceil(64));
+        let params = [
+            n as u32,
+            l.n_head_kv as u32,
+            l.head_dim as u32,
+            l.page_size as u32,
+            cache.storage().n_pages() as u32,
+            gx * 64,
+        ];
+        let pages = cache.storage().of_layer(layer).clone();
+        let buffers = [(0, &k.buffer), (1, &v.buffer), (2, &slots), (3, &pages)];
+        self.dispatch(Kernel::WriteKv, &buffers, &params, (gx, gy, 1))
+    }
+
+    fn attention(
+        &mut self,
+        cache: &PagedKvCache<Pages>,
+        layer: usize,
+        scores: Scores,
+        q: &Rows,
+        out: &mut Rows,
+    ) -> Result<(), StepError> {
+        let (tokens, tables) = self.tables(cache, layer)?;
+        let l = *cache.layout();
+        let n = self.n_tokens();
+        let n_head = q.len / n / l.head_dim;
+        let (gx, gy) = grid(n * n_head);
+        let params = [
+            n_head as u32,
+            l.n_head_kv as u32,
+            l.head_dim as u32,
+            l.page_size as u32,
+            cache.storage().n_pages() as u32,
+            scores.scale.to_bits(),
+            scores.softcap.unwrap_or(0.0).to_bits(),
+            scores.window.unwrap_or(0) as u32,
+            gx,
+        ];
+        let pages = cache.storage().of_layer(layer).clone();
+        let buffers = [
+            (0, &q.buffer),
+            (1, &tokens),
+            (2, &tables),
+            (3, &pages),
+            (4, &out.buffer),
+        ];
+        self.dispatch(Kernel::Attention, &buffers, &params, (gx, gy, 1))
+    }
+
+    fn gated(
+        &mut self,
+        activation: Activation,
+        gate: &mut Rows,
+        up: &Rows,
+    ) -> Result<(), StepError> {
+        let gelu = u32::from(activation == Activation::GeluTanh);
+        let buffers = [(0, &gate.buffer), (1, &up.buffer)];
+        self.dispatch_each(Kernel::Gated, &buffers, gate.len, &[gelu])
+    }
+
+    fn add(&mut self, x: &mut Rows, y: &Rows) -> Result<(), StepError> {
+        let buffers = [(0, &x.buffer), (1, &y.buffer)];
+        self.dispatch_each(Kernel::Add, &buffers, x.len, &[0])
+    }
+
+    fn logit_rows(&mut self, x: &Rows, out: &mut Rows) -> Result<(), StepError> {
+        let d = (x.len / self.n_tokens()) as u64 * 4;
+        let mut row = 0;
+        for chunk in &self.input.batch.chunks {
+            let (first, len) = match chunk.logits {
+                Logits::None => continue,
+                Logits::Last => (chunk.start + chunk.len - 1, 1),
+                Logits::All => (chunk.start, chunk.len),
+            };
+            self.encoder.copy_buffer_to_buffer(
+                &x.buffer,
+                first as u64 * d,
+                &out.buffer,
+                row * d,
+                len as u64 * d,
+            );
+            row += len as u64;
+        }
+        Ok(())
+    }
+
+    fn logits(
+        &mut self,
+        x: &Rows,
+        m: &Matrix,
+        softcap: Option<f32>,
+        out: &mut [f32],
+    ) -> Result<(), StepError> {
+        let logits = self.rows(x.len / m.cols, m.rows)?;
+        self.products(x, m, &logits)?;
+        if let Some(cap) = softcap {
+            let buffers = [(0, &logits.buffer)];
+            self.dispatch_each(Kernel::Softcap, &buffers, logits.len, &[cap.to_bits()])?;
+        }
+        self.read_back(&logits.buffer, out)
+    }
+}

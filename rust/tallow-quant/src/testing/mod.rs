@@ -1,0 +1,8 @@
+//! Reproducible random data in every format, for the tests of this crate and of the crates
+//! whose kernels read these formats (the `testing` feature).
+
+mod data;
+mod rng;
+
+pub use data::{dequantized, exact_dot, f16_fields, magnitude, random_acts, random_blocks};
+pub use rng::Rng;
