@@ -39,8 +39,8 @@ impl<'s> CpuStep<'s> {
         // The rotary angles of each token's position, per RoPE, shared by the layers.
         let angles_len = ropes.first().map_or(0, Rope::angles_len);
         let angles = take::<f32>(arena, STEP, ropes.len() * n * angles_len)?;
-        for (rope, table) in ropes.iter().zip(angles.chunks_exact_mut(n * angles_len)) {
-            rope.batch_angles(batch, first_pos, table);
+        for (r, rope) in ropes.iter().enumerate() {
+            rope.batch_angles(batch, first_pos, &mut angles[r * n * angles_len..]);
         }
         let threads = tallow_threads::global().threads();
         let plan = Plan::new(input.heads, input.page_size, batch, first_pos, threads);

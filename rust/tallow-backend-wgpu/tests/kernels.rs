@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tallow_backend::{
     Activation, Backend, Batch, Heads, Logits, MatrixSpec, MatrixUse, Rope, RopeParams,
-    RopeScaling, RopeStyle, Scores, Step, StepInput,
+    RopeScaling, RopeStyle, Scores, Step, StepError, StepInput,
 };
 use tallow_backend_cpu::CpuBackend;
 use tallow_backend_wgpu::WgpuBackend;
@@ -167,4 +167,252 @@ fn matrices_past_the_buffer_limit_are_split_by_rows() {
     let got = products(&capped, &m, &x, 3, rows);
     let (want, scale) = reference_products(&w, &x, 3, rows);
     assert_close(&got, &want, &scale, 1e-6, "split Q8_0");
+}
+
+/// Runs `f` as one step of `backend` over `batch` (chunks starting at `first_pos`).
+fn run<B: Backend>(
+    backend: &B,
+    batch: &Batch,
+    first_pos: &[usize],
+    ropes: &B::Ropes,
+    f: impl for<'s> FnMut(&mut B::Step<'s>) -> Result<(), StepError>,
+) {
+    let mut scratch = B::Scratch::default();
+    backend
+        .run_step(&mut scratch, &input(batch, first_pos, ropes), f)
+        .unwrap();
+}
+
+#[test]
+fn embeddings_are_the_dequantized_rows_in_every_format() {
+    let gpu = gpu();
+    for (f, ty) in FORMATS.into_iter().enumerate() {
+        let cols = if ty.block_len() == 256 { 256 } else { 96 };
+        let rows = 23;
+        let (file, w) = matrix_file(ty, rows, cols, 30 + f as u64);
+        let m = upload(&gpu, &file, rows, cols);
+        let ids = [3u32, 0, 22, 3, 17];
+        let batch = batch(&ids);
+        let mut got = vec![0f32; ids.len() * cols];
+        run(&gpu, &batch, &[0], &Vec::new(), |step| {
+            let mut out = step.rows(ids.len(), cols)?;
+            step.embed(&m, 1.5, &mut out)?;
+            step.read(&out, &mut got)
+        });
+        let want: Vec<f64> = ids
+            .iter()
+            .flat_map(|&id| &w[id as usize * cols..][..cols])
+            .map(|&v| f64::from(v) * 1.5)
+            .collect();
+        let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
+        assert_close(&got, &want, &scale, 1e-6, ty.name());
+    }
+}
+
+/// The operations on rows of `width`, on `backend`: RMSNorm into new rows and in place per
+/// head, bias, residual add and both gated activations.
+fn row_ops<B: Backend>(backend: &B, n: usize, width: usize, head: usize) -> Vec<Vec<f32>> {
+    let x = random(1, n * width);
+    let y = random(2, n * width);
+    let gain = backend.upload_vector(&random(3, width)).unwrap();
+    let head_gain = backend.upload_vector(&random(4, head)).unwrap();
+    let bias = backend.upload_vector(&random(5, width)).unwrap();
+    let tokens = vec![1u32; n];
+    let batch = batch(&tokens);
+    let mut outs = vec![vec![0f32; n * width]; 6];
+    run(backend, &batch, &[0], &backend.upload_ropes(Vec::new()).unwrap(), |step| {
+        let xs = step.upload(&x, width)?;
+        let ys = step.upload(&y, width)?;
+        let mut normed = step.rows(n, width)?;
+        step.rms_norm(&xs, &gain, 1e-5, &mut normed)?;
+        step.read(&normed, &mut outs[0])?;
+        step.rms_norm_in_place(&mut normed, &head_gain, 1e-6)?;
+        step.read(&normed, &mut outs[1])?;
+        let mut z = step.upload(&x, width)?;
+        step.add_bias(&mut z, &bias)?;
+        step.read(&z, &mut outs[2])?;
+        step.add(&mut z, &ys)?;
+        step.read(&z, &mut outs[3])?;
+        for (i, activation) in [Activation::Silu, Activation::GeluTanh].into_iter().enumerate() {
+            let mut g = step.upload(&x, width)?;
+            step.gated(activation, &mut g, &ys)?;
+            step.read(&g, &mut outs[4 + i])?;
+        }
+        Ok(())
+    });
+    outs
+}
+
+#[test]
+fn row_operations_match_the_cpu_backend() {
+    let (cpu, gpu) = (CpuBackend::default(), gpu());
+    for (n, width, head) in [(1, 64, 32), (7, 320, 64), (3, 1088, 64)] {
+        let want = row_ops(&cpu, n, width, head);
+        let got = row_ops(&gpu, n, width, head);
+        let names = ["norm", "head norm", "bias", "add", "silu", "gelu"];
+        for ((name, got), want) in names.iter().zip(&got).zip(&want) {
+            let want: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+            let scale = vec![1.0; want.len()];
+            assert_close(got, &want, &scale, 2e-5, &format!("{name} {n}x{width}"));
+        }
+    }
+}
+
+/// Both RoPE styles, with a base, frequency factors and YaRN, at positions past 4096.
+#[test]
+fn rope_matches_the_cpu_backend() {
+    let (cpu, gpu) = (CpuBackend::default(), gpu());
+    let (head_dim, heads) = (64, 3);
+    let factors: Vec<f32> = (0..24).map(|i| 1.0 + i as f32 / 8.0).collect();
+    for style in [RopeStyle::Interleaved, RopeStyle::Halves] {
+        let params = RopeParams {
+            style,
+            base: 10_000.0,
+            rope_dim: 48,
+            head_dim,
+            freq_factors: Some(&factors),
+            scaling: RopeScaling::Yarn {
+                factor: 4.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+            },
+            original_context: 2048,
+            attn_factor: 1.0,
+        };
+        let mut batch = Batch::new();
+        batch.push(SeqId(0), &[1; 5], Logits::None);
+        batch.push(SeqId(1), &[1; 2], Logits::None);
+        let first_pos = [4097, 3];
+        let x = random(9, 7 * heads * head_dim);
+        let mut got = vec![0f32; x.len()];
+        let ropes = gpu.upload_ropes(vec![Rope::new(params)]).unwrap();
+        run(&gpu, &batch, &first_pos, &ropes, |step| {
+            let mut rows = step.upload(&x, heads * head_dim)?;
+            step.rope(0, &mut rows)?;
+            step.read(&rows, &mut got)
+        });
+        let mut want = vec![0f32; x.len()];
+        let ropes = cpu.upload_ropes(vec![Rope::new(params)]).unwrap();
+        run(&cpu, &batch, &first_pos, &ropes, |step| {
+            let mut rows = step.upload(&x, heads * head_dim)?;
+            step.rope(0, &mut rows)?;
+            step.read(&rows, &mut want)
+        });
+        let want: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+        assert_close(&got, &want, &vec![1.0; want.len()], 1e-6, &format!("{style:?}"));
+    }
+}
+
+/// The LM head's soft-capped logits, copied back to the host.
+#[test]
+fn logits_are_soft_capped_products() {
+    let gpu = gpu();
+    let (rows, cols, n, cap) = (300, 128, 3, 30.0f32);
+    let (file, w) = matrix_file(GgmlType::Q6_K, rows, cols * 2, 11);
+    let m = upload(&gpu, &file, rows, cols * 2);
+    let x = random(12, n * cols * 2);
+    let batch = batch(&[0; 3]);
+    let mut got = vec![0f32; n * rows];
+    run(&gpu, &batch, &[0], &Vec::new(), |step| {
+        let xs = step.upload(&x, cols * 2)?;
+        step.logits(&xs, &m, Some(cap), &mut got)
+    });
+    let (exact, scale) = reference_products(&w, &x, n, rows);
+    let c = f64::from(cap);
+    let want: Vec<f64> = exact.iter().map(|v| c * (v / c).tanh()).collect();
+    assert!(exact.iter().any(|v| v.abs() > c), "some logits are capped");
+    assert_close(&got, &want, &scale, 1e-6, "logits");
+}
+
+/// Causal attention on `backend` over sequences that prefill `(prompt, then)` tokens and then
+/// add `then` more, one of them forked after its prompt (its next tokens copy the shared,
+/// partly filled page first): the outputs of both steps, token after token.
+fn attention_on<B: Backend>(backend: &B, heads: Heads, scores: Scores) -> Vec<f32> {
+    let page_size = 16;
+    let layout = KvLayout::new(1, heads.n_head_kv, heads.head_dim).with_page_size(page_size);
+    let groups = LayerGroups::global(1).unwrap();
+    let pages = backend.new_pages(layout, &groups, 32).unwrap();
+    let mut cache = PagedKvCache::over(groups, pages).unwrap();
+    let seqs = [(45, 1), (3, 2), (70, 3)];
+    let mut ids: Vec<SeqId> = seqs.iter().map(|_| cache.create()).collect();
+    let mut outputs = Vec::new();
+    let ropes = backend.upload_ropes(Vec::new()).unwrap();
+    for phase in 0..2 {
+        if phase == 1 {
+            ids.push(cache.fork(ids[0]).unwrap());
+        }
+        let (mut batch, mut first_pos) = (Batch::new(), Vec::new());
+        for (i, &id) in ids.iter().enumerate() {
+            let (prompt, then) = seqs[i.min(seqs.len() - 1) % seqs.len()];
+            let len = if phase == 0 { prompt } else { then + i / 3 };
+            first_pos.push(cache.seq_len(id).unwrap());
+            cache.append_slots(id, len).unwrap();
+            batch.push(id, &vec![0; len], Logits::None);
+        }
+        let n = batch.tokens.len();
+        let q = random(20 + phase, n * heads.q_dim());
+        let k = random(30 + phase, n * heads.kv_dim());
+        let v = random(40 + phase, n * heads.kv_dim());
+        let mut out = vec![0f32; q.len()];
+        let input = StepInput {
+            batch: &batch,
+            first_pos: &first_pos,
+            heads,
+            page_size,
+            ropes: &ropes,
+        };
+        let mut scratch = B::Scratch::default();
+        backend
+            .run_step(&mut scratch, &input, |step| {
+                let (q, k, v) = (
+                    step.upload(&q, heads.q_dim())?,
+                    step.upload(&k, heads.kv_dim())?,
+                    step.upload(&v, heads.kv_dim())?,
+                );
+                let mut o = step.rows(n, heads.q_dim())?;
+                step.write_kv(&mut cache, 0, &k, &v)?;
+                step.attention(&cache, 0, scores, &q, &mut o)?;
+                step.read(&o, &mut out)
+            })
+            .unwrap();
+        outputs.extend(out);
+    }
+    outputs
+}
+
+#[test]
+fn paged_attention_matches_the_cpu_backend() {
+    let (cpu, gpu) = (CpuBackend::default(), gpu());
+    let shapes = [
+        Heads {
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+        },
+        Heads {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 256,
+        },
+    ];
+    for heads in shapes {
+        let windowed = Scores {
+            scale: 0.1,
+            softcap: Some(1.5),
+            window: Some(37),
+        };
+        let short_window = Scores {
+            window: Some(7),
+            ..Scores::plain(heads.head_dim)
+        };
+        for scores in [Scores::plain(heads.head_dim), windowed, short_window] {
+            let want: Vec<f64> = attention_on(&cpu, heads, scores)
+                .iter()
+                .map(|&v| f64::from(v))
+                .collect();
+            let got = attention_on(&gpu, heads, scores);
+            let what = format!("{heads:?} {scores:?}");
+            assert_close(&got, &want, &vec![1.0; want.len()], 1e-5, &what);
+        }
+    }
 }
