@@ -1,6 +1,6 @@
-// out = x · Wᵀ for up to 8 tokens a workgroup: W (rows x cols) in a GGUF block format, read as
-// it lies (the format's `dequant32`), x and out f32. A workgroup takes one row and a block of
-// tokens; its threads take the row's runs of 32 values in turn and sum with a tree.
+// out = x · Wᵀ: W (rows x cols) in a GGUF block format, read as it lies (the format's
+// `dequant32`), x and out f32. Each invocation takes one row of W for up to 8 tokens; a
+// workgroup takes 64 rows.
 
 struct Params {
     rows: u32,
@@ -13,7 +13,7 @@ struct Params {
     first_row: u32,
     // Floats of one token's row of out.
     out_stride: u32,
-    // Workgroups along x (rows beyond 65535 go along y).
+    // Workgroups along x (more go along y).
     groups_x: u32,
 }
 
@@ -22,44 +22,26 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
-const THREADS: u32 = 64u;
 const TOKENS: u32 = 8u;
-
-var<workgroup> sums: array<array<f32, THREADS>, TOKENS>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let row = wg.x + wg.y * p.groups_x;
+    let row = (wg.x + wg.y * p.groups_x) * 64u + tid;
+    if (row >= p.rows) {
+        return;
+    }
     let t0 = wg.z * TOKENS;
     let n_tok = min(TOKENS, p.tokens - t0);
-    var acc: array<f32, TOKENS>;
-    if (row < p.rows) {
-        let base = row * p.row_bytes;
-        for (var c = tid; c < p.cols / 32u; c += THREADS) {
+    let base = row * p.row_bytes;
+    for (var t = 0u; t < n_tok; t++) {
+        var s = 0.0;
+        for (var c = 0u; c < p.cols / 32u; c++) {
             let w = dequant32(base, c);
-            for (var t = 0u; t < n_tok; t++) {
-                let xs = (t0 + t) * p.cols + c * 32u;
-                var s = 0.0;
-                for (var i = 0u; i < 32u; i++) {
-                    s += w[i] * x[xs + i];
-                }
-                acc[t] += s;
+            let xs = (t0 + t) * p.cols + c * 32u;
+            for (var i = 0u; i < 32u; i++) {
+                s += w[i] * x[xs + i];
             }
         }
-    }
-    for (var t = 0u; t < TOKENS; t++) {
-        sums[t][tid] = acc[t];
-    }
-    workgroupBarrier();
-    for (var half = THREADS / 2u; half > 0u; half /= 2u) {
-        if (tid < half) {
-            for (var t = 0u; t < TOKENS; t++) {
-                sums[t][tid] += sums[t][tid + half];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (tid < n_tok && row < p.rows) {
-        out[(t0 + tid) * p.out_stride + p.first_row + row] = sums[tid][0];
+        out[(t0 + t) * p.out_stride + p.first_row + row] = s;
     }
 }

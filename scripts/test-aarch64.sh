@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The tests of the crates with per-architecture code (tallow-quant's kernels, tallow-kv,
-# tallow-model's attention and forward) built for aarch64 and run under qemu's user-mode
+# The tests of the crates with per-architecture code (tallow-quant's kernels, tallow-kv, the
+# CPU backend's attention, tallow-model's forward) built for aarch64 and run under qemu's user-mode
 # emulator, which runs the NEON kernels. Installs qemu-user and an aarch64 cross linker
 # (Debian packages) and the Rust aarch64 target where they are missing; where they cannot be
 # had (no apt-get or no package mirror, no rustup target), says so and stops without failing.
@@ -9,22 +9,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 target=aarch64-unknown-linux-gnu
-sudo=""
-if [[ $(id -u) -ne 0 ]]; then
-    sudo="sudo -n"
-fi
 if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-gcc >/dev/null; then
     packages=(qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
-    if ! command -v apt-get >/dev/null; then
-        echo "skipped: no apt-get to install ${packages[*]}"
+    if ! bash scripts/apt-install.sh "${packages[@]}"; then
+        echo "skipped: ${packages[*]} cannot be installed here"
         exit 0
-    fi
-    install() { timeout 600 $sudo apt-get install -y -q "${packages[@]}" >/dev/null; }
-    if ! install; then
-        if ! { timeout 600 $sudo apt-get update -q >/dev/null && install; }; then
-            echo "skipped: apt-get could not install ${packages[*]}"
-            exit 0
-        fi
     fi
 fi
 if ! command -v rustup >/dev/null; then

@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it (.ci/run calls this script). Works on a fresh machine that
 # has only a Rust toolchain and CPython >= 3.10 with pip: it makes a virtual environment in .venv,
 # installs the test tools there, builds the extension in release mode (inference in a debug
-# build is far too slow to test), pulls the test models, then runs every check.
+# build is far too slow to test), pulls the test models, installs Mesa's software Vulkan driver
+# for the GPU tests where it is missing (Debian packages), then runs every check.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -38,8 +39,15 @@ step "pulling the test models (the default one and gemma3-270m)"
 tallow pull
 tallow pull gemma3-270m
 
+step "a Vulkan driver for the wgpu tests (Mesa's llvmpipe where there is no GPU)"
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+    bash scripts/apt-install.sh mesa-vulkan-drivers libvulkan1
+fi
+
 step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+# The module without GPU support (the wgpu feature off) builds as well.
+cargo clippy -p tallow-py --no-default-features -- -D warnings
 
 step "cargo test"
 cargo test --workspace

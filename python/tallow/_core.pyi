@@ -56,6 +56,11 @@ def isa() -> str:
     """The instruction set whose kernels run: ``"avx512vnni"``, ``"avx512"``, ``"avx2"``,
     ``"neon"`` or ``"scalar"`` (the best this CPU has, capped by ``TALLOW_ISA``)."""
 
+def devices() -> list[tuple[str, str, str, int | None]]:
+    """The CPU and every GPU found: ``(device, name, backend, memory)`` where ``device`` is what
+    ``Model(..., device=...)`` takes (``"cpu"``, ``"wgpu:0"``, ...) and ``memory`` is in bytes
+    where the driver says."""
+
 def dequantize(type_name: str, data: bytes) -> numpy.typing.NDArray[numpy.float32]:
     """Dequantize ``data``, whole blocks of the GGML type ``type_name`` (e.g. ``"Q4_1"``), to a
     1-D float32 array."""
@@ -64,15 +69,25 @@ def dequantize(type_name: str, data: bytes) -> numpy.typing.NDArray[numpy.float3
 class Model:
     """A GGUF model loaded from disk (memory-mapped): weights, hyper-parameters and tokenizer."""
 
-    def __new__(cls, path: str | os.PathLike[str], *, n_ctx: int | None = None) -> Self:
-        """Open and check the GGUF file at ``path`` and prepare the model.
+    def __new__(
+        cls, path: str | os.PathLike[str], *, n_ctx: int | None = None, device: str = "cpu"
+    ) -> Self:
+        """Open and check the GGUF file at ``path`` and prepare the model on ``device``:
+        ``"cpu"``, ``"gpu"`` (the first GPU) or ``"wgpu:N"`` (see :func:`devices`).
 
         ``n_ctx`` is the longest context it will run at: a model with long-context RoPE
         factors (Phi-3 128k) uses them when ``n_ctx`` exceeds its original training context,
         and its short ones otherwise (``None``: the original context).
 
-        Raises ModelNotFoundError, GgufError, UnsupportedError, TokenizerError or ModelError.
+        Raises ModelNotFoundError, GgufError, UnsupportedError, TokenizerError, ModelError (no
+        such GPU, or it failed) or InvalidArgumentError (a malformed device name).
         """
+    @property
+    def device(self) -> str:
+        """The device the model runs on: ``"cpu"`` or ``"wgpu:N"``."""
+    @property
+    def device_info(self) -> tuple[str, str]:
+        """``(name, backend)`` of the device the model runs on, as its driver names it."""
     @property
     def path(self) -> str:
         """The file the model was loaded from."""

@@ -79,6 +79,7 @@ class AsyncLLM:
     on speculative decoding (``True`` or ``"ngram"`` for prompt lookup, or
     ``{"method": "draft", "draft_model": "...", "num_tokens": 4}``; see
     :mod:`tallow.speculative`), which a request may override with its ``speculative`` option.
+    ``device`` is where the model runs, as for :class:`tallow.LLM`.
     """
 
     def __init__(
@@ -93,8 +94,9 @@ class AsyncLLM:
         n_ctx: int | None = None,
         prefix_caching: bool = True,
         speculative: object = None,
+        device: str | None = None,
     ) -> None:
-        self._model = load_model(resolve_model(model), n_ctx)
+        self._model = load_model(resolve_model(model), n_ctx, device)
         self._engine = Engine(
             self._model,
             EngineConfig(

@@ -120,13 +120,14 @@ def _check_arg_text(text: str) -> str:
     return text
 
 
-def _load(model: str, n_ctx: int | None = None) -> LLM:
+def _load(model: str, n_ctx: int | None = None, device: str | None = None) -> LLM:
     from tallow.llm import LLM
 
     start = time.perf_counter()
-    llm = LLM(model, n_ctx=n_ctx)
+    llm = LLM(model, n_ctx=n_ctx, device=device)
+    on = "" if llm.device == "cpu" else f" on {llm.device} ({llm.device_name})"
     _status(
-        f"loaded {model} ({llm.architecture}, {llm.n_vocab} tokens of vocabulary) "
+        f"loaded {model} ({llm.architecture}, {llm.n_vocab} tokens of vocabulary){on} "
         f"in {time.perf_counter() - start:.2f} s"
     )
     return llm
@@ -162,7 +163,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     max_tokens = None if args.max_tokens == -1 else args.max_tokens
     # Check the sampling arguments before spending time on loading the model.
     sampling_params(max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.stop)
-    llm = _load(args.model, args.ctx)
+    llm = _load(args.model, args.ctx, args.device)
     stream = llm.stream(
         prompt,
         max_tokens=max_tokens,
@@ -204,7 +205,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     max_tokens = None if args.max_tokens == -1 else args.max_tokens
     sampling_params(max_tokens, args.temperature, args.top_k, args.top_p, args.seed, None)
     _stdin()
-    llm = _load(args.model, args.ctx)
+    llm = _load(args.model, args.ctx, args.device)
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
     start: list[dict[str, str]] = []
@@ -315,6 +316,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         kv_memory=kv_memory,
         n_ctx=args.ctx,
+        device=args.device,
         log_level=args.log_level,
         options=options,
         on_ready=lambda url: _status(f"serving {args.model} on {url}"),
@@ -334,9 +336,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import numpy as np
 
     from tallow import _core, bench, catalog
+    from tallow.engine import load_model
 
     path = catalog.resolve_model(args.model)
-    model = _core.Model(str(path))
+    model = load_model(path, device=args.device)
     params = sum(int(np.prod(dims)) for _, _, dims in model.tensors())
     size = Path(model.path).stat().st_size
     # Warm-up: threads, page tables and kernels' first touches.
@@ -352,7 +355,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         tests.append(
             (name, lambda seed: bench.batched(model, args.npp, args.ntg, args.npl, seed).total_tps)
         )
-    _status(f"kernels: {_core.isa()} (TALLOW_ISA caps them)")
+    if model.device == "cpu":
+        _status(f"kernels: {_core.isa()} (TALLOW_ISA caps them)")
+    else:
+        name, backend = model.device_info
+        _status(f"device: {model.device}, {name} ({backend})")
     print("| model | size | params | threads | test | t/s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, run in tests:
@@ -387,7 +394,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
 def _cmd_perplexity(args: argparse.Namespace) -> int:
     text = _read_file(args.file)
-    llm = _load(args.model)
+    llm = _load(args.model, device=args.device)
     start = time.perf_counter()
     _status(f"perplexity of {args.file} with a context of {args.ctx} tokens")
 
@@ -475,6 +482,13 @@ def _write_info(llm: LLM, out: TextIO) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    if args.devices:
+        from tallow import _core
+
+        for device, name, backend, memory in _core.devices():
+            size = "" if memory is None else f", {format_bytes(memory)}"
+            print(f"{device:<8} {name} ({backend}{size})")
+        return 0
     llm = _load(args.model)
     _write_info(llm, sys.stdout)
     return 0
@@ -489,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="tallow",
-        description="Run GGUF language models on the CPU.",
+        description="Run GGUF language models on the CPU or a GPU.",
         epilog=(
             "MODEL is a path to a .gguf file or a catalog name (see `tallow list`); catalog "
             "models are pulled into $TALLOW_HOME (default ~/.cache/tallow) on first use."
@@ -504,6 +518,14 @@ def build_parser() -> argparse.ArgumentParser:
             "--model",
             default=catalog.DEFAULT_MODEL,
             help=f"model file or catalog name (default: {catalog.DEFAULT_MODEL})",
+        )
+
+    def device_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--device",
+            default=None,
+            help="where the model runs: cpu, gpu (the first GPU) or wgpu:N (see `tallow info "
+            "--devices`; default: $TALLOW_DEVICE, else cpu)",
         )
 
     p = sub.add_parser("pull", help="download a catalog model into the cache")
@@ -522,6 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("prompt", metavar="PROMPT")
     model_arg(p)
+    device_arg(p)
     p.add_argument(
         "-n",
         "--max-tokens",
@@ -550,6 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
         "as it is generated. " + _CHAT_HELP + ".",
     )
     model_arg(p)
+    device_arg(p)
     p.add_argument("--system", default=None, help="a system message to start with")
     p.add_argument(
         "-n",
@@ -572,6 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
         "models), with /health and Prometheus /metrics.",
     )
     model_arg(p)
+    device_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
     p.add_argument(
@@ -637,6 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one when --npp or --ntg is 0).",
     )
     model_arg(p)
+    device_arg(p)
     p.add_argument("-p", "--prompt", type=int, default=512, help="prompt tokens (default 512)")
     p.add_argument("-n", "--gen", type=int, default=128, help="generated tokens (default 128)")
     p.add_argument("--npp", type=int, default=128, help="batched: prompt tokens (default 128)")
@@ -670,12 +696,21 @@ def build_parser() -> argparse.ArgumentParser:
         "second half of each scored. Prints `PPL = x` on stdout, progress on stderr.",
     )
     model_arg(p)
+    device_arg(p)
     p.add_argument("-f", "--file", required=True, help="UTF-8 text file ('-': stdin)")
     p.add_argument("--ctx", type=int, default=512, help="chunk size in tokens (default 512)")
     p.set_defaults(func=_cmd_perplexity)
 
-    p = sub.add_parser("info", help="show a model's metadata and tensor summary")
+    p = sub.add_parser(
+        "info",
+        help="show a model's metadata and tensor summary, or the devices",
+        description="Show MODEL's metadata, hyper-parameters and tensors; with --devices, "
+        "the devices models can run on.",
+    )
     model_arg(p)
+    p.add_argument(
+        "--devices", action="store_true", help="list the CPU and the GPUs found, and exit"
+    )
     p.set_defaults(func=_cmd_info)
     return parser
 

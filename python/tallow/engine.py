@@ -229,16 +229,30 @@ DEFAULT_N_CTX = 4096
 (llama.cpp's default is 4096 too)."""
 
 
-def load_model(path: str | os.PathLike[str], n_ctx: object = None) -> _core.Model:
-    """The model at ``path``, prepared for requests of up to ``n_ctx`` positions (a positive
-    integer, or ``None`` for the default): a model with long-context RoPE factors uses them
-    only when ``n_ctx`` asks for more than its original training context."""
+def device_name(device: object) -> str:
+    """The device to run on: ``device`` if given, else ``TALLOW_DEVICE``, else ``"cpu"``."""
+    if device is None:
+        device = os.environ.get("TALLOW_DEVICE") or "cpu"
+    if not isinstance(device, str):
+        raise InvalidArgumentError(
+            f"device must be a string such as 'cpu' or 'gpu', not {device!r}"
+        )
+    return device
+
+
+def load_model(
+    path: str | os.PathLike[str], n_ctx: object = None, device: object = None
+) -> _core.Model:
+    """The model at ``path`` on ``device`` (see :func:`device_name`), prepared for requests of
+    up to ``n_ctx`` positions (a positive integer, or ``None`` for the default): a model with
+    long-context RoPE factors uses them only when ``n_ctx`` asks for more than its original
+    training context."""
     if n_ctx is not None:
         n_ctx = checks.integer("n_ctx", n_ctx, 1)
         if n_ctx > 2**32:
             # Beyond any model: context_size refuses it, in the model's terms.
             n_ctx = None
-    return _core.Model(os.fspath(path), n_ctx=n_ctx)
+    return _core.Model(os.fspath(path), n_ctx=n_ctx, device=device_name(device))
 
 
 def context_size(model: _core.Model, n_ctx: object) -> int:
@@ -323,7 +337,8 @@ class Engine:
         if spec is not None:
             self._proposers["ngram"] = NgramProposer.from_config(spec)
             if spec.draft_model is not None:
-                draft = load_model(resolve_model(spec.draft_model))
+                # On the model's device: the draft runs beside it, step after step.
+                draft = load_model(resolve_model(spec.draft_model), device=model.device)
                 self._proposers["draft"] = DraftModelProposer(
                     draft,
                     n_vocab=model.n_vocab,

@@ -113,7 +113,9 @@ class LLM:
     (Phi-3 128k) uses its long factors only when ``n_ctx`` exceeds its original training
     context, as transformers and llama.cpp do. ``speculative`` turns on speculative
     decoding (see :mod:`tallow.speculative`): the same tokens (greedy) or the same distribution
-    (sampling), in fewer steps.
+    (sampling), in fewer steps. ``device`` is where the model runs: ``"cpu"``, ``"gpu"`` (the
+    first GPU) or ``"wgpu:N"`` (see ``tallow info --devices``); by default ``TALLOW_DEVICE``,
+    else the CPU.
 
     Generations run on the engine :class:`AsyncLLM` uses (continuous batching over a paged KV
     pool). An ``LLM`` is not meant to be shared between threads; nested or interleaved streams
@@ -130,11 +132,12 @@ class LLM:
         *,
         progress: bool = True,
         speculative: object = None,
+        device: str | None = None,
     ) -> None:
         path = resolve_model(model, progress=progress)
         self.model_name = os.fspath(model)
         """The name or path given."""
-        self._model = load_model(path, n_ctx)
+        self._model = load_model(path, n_ctx, device)
         n_ctx = context_size(self._model, n_ctx)
         self.n_ctx = n_ctx
         """Context size of generations (prompt plus completion)."""
@@ -187,6 +190,16 @@ class LLM:
     def path(self) -> Path:
         """The GGUF file."""
         return Path(self._model.path)
+
+    @property
+    def device(self) -> str:
+        """The device the model runs on: ``"cpu"`` or ``"wgpu:N"``."""
+        return self._model.device
+
+    @property
+    def device_name(self) -> str:
+        """The name of the device as its driver gives it."""
+        return self._model.device_info[0]
 
     @property
     def architecture(self) -> str:

@@ -42,6 +42,7 @@ def serve(
     max_batch: int = 64,
     kv_memory: int | None = None,
     n_ctx: int | None = None,
+    device: str | None = None,
     log_level: str = "info",
     options: ServerOptions | None = None,
     on_ready: Callable[[str], None] | None = None,
@@ -51,7 +52,8 @@ def serve(
     ``max_batch`` is the most requests generated at once (more wait in a queue); ``kv_memory``
     the bytes of the KV cache pool (by default enough for ``max_batch`` full contexts, up to
     8192 pages); ``n_ctx`` the context of each request (default: the model's, up to 4096);
-    ``options`` the API key, CORS origins and request limits (see :class:`ServerOptions`).
+    ``device`` where the model runs (as for :class:`tallow.AsyncLLM`); ``options`` the API
+    key, CORS origins and request limits (see :class:`ServerOptions`).
     The port is taken before the model loads, so that a busy port fails at once; then
     ``on_ready`` gets the URL. Raises :class:`~tallow.TallowError` when the port cannot be
     had, the model cannot be loaded, or the server cannot start.
@@ -63,7 +65,9 @@ def serve(
     options = options or ServerOptions()
     sock = bind(host, port)
     try:
-        llm = AsyncLLM(model, max_num_seqs=max_batch, kv_bytes=kv_memory, n_ctx=n_ctx)
+        llm = AsyncLLM(
+            model, max_num_seqs=max_batch, kv_bytes=kv_memory, n_ctx=n_ctx, device=device
+        )
         name = os.fspath(model)
         aliases = [os.path.basename(llm.model.path), llm.model.path]
         app = create_app(llm, name, [a for a in aliases if a != name], options)

@@ -176,7 +176,7 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
 
     fn write_kv(
         &mut self,
-        cache: &mut PagedKvCache<KvStorage>,
+        cache: &mut PagedKvCache,
         layer: usize,
         k: &Self::Rows,
         v: &Self::Rows,
@@ -193,7 +193,7 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
 
     fn attention(
         &mut self,
-        cache: &PagedKvCache<KvStorage>,
+        cache: &PagedKvCache,
         layer: usize,
         scores: Scores,
         q: &Self::Rows,
@@ -202,6 +202,7 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         let attention = Attention {
             plan: &self.plan,
             cache,
+            storage: cache.store::<KvStorage>()?,
             layer,
             batch: self.batch,
             first_pos: self.first_pos,

@@ -73,6 +73,8 @@ pub(crate) fn open(index: usize) -> Result<Gpu, BackendError> {
         device,
         queue,
         describe(&adapter),
-        u64::from(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size),
+        limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size),
     ))
 }

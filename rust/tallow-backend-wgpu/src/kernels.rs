@@ -134,10 +134,11 @@ impl Kernels {
         }
         let (source, entry) = kernel.source()?;
         let pipeline = gpu.checked(|device| {
-            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(entry),
                 source: wgpu::ShaderSource::Wgsl(source.into()),
-            });
+            };
+            let module = device.create_shader_module(desc);
             device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(entry),
                 layout: None,

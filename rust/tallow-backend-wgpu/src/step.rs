@@ -201,11 +201,7 @@ impl<'s> WgpuStep<'s> {
 
     /// Each token's (page, position in the page) in `layer`'s pages, refusing pages other
     /// sequences share.
-    fn slots(
-        &mut self,
-        cache: &PagedKvCache<Pages>,
-        layer: usize,
-    ) -> Result<wgpu::Buffer, StepError> {
+    fn slots(&mut self, cache: &PagedKvCache, layer: usize) -> Result<wgpu::Buffer, StepError> {
         let group = cache.groups().place(layer)?.0;
         if let Some(slots) = &self.group(group).slots {
             return Ok(slots.clone());
@@ -226,7 +222,7 @@ impl<'s> WgpuStep<'s> {
     /// starts with its position.
     fn tables(
         &mut self,
-        cache: &PagedKvCache<Pages>,
+        cache: &PagedKvCache,
         layer: usize,
     ) -> Result<(wgpu::Buffer, wgpu::Buffer), StepError> {
         let group = cache.groups().place(layer)?.0;
@@ -257,7 +253,7 @@ impl<'s> WgpuStep<'s> {
     fn products(&mut self, input: &Rows, m: &Matrix, out: &Rows) -> Result<(), StepError> {
         let n = input.len / m.cols;
         for part in &m.parts {
-            let (x, y) = grid(part.rows);
+            let (x, y) = grid(part.rows.div_ceil(64));
             let params = [
                 part.rows as u32,
                 m.cols as u32,
@@ -384,12 +380,13 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
 
     fn write_kv(
         &mut self,
-        cache: &mut PagedKvCache<Pages>,
+        cache: &mut PagedKvCache,
         layer: usize,
         k: &Rows,
         v: &Rows,
     ) -> Result<(), StepError> {
         let slots = self.slots(cache, layer)?;
+        let store = cache.store::<Pages>()?;
         let l = *cache.layout();
         let n = self.n_tokens();
         let (gx, gy) = grid((n * l.n_head_kv * l.head_dim / 2).div_ceil(64));
@@ -398,23 +395,24 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
             l.n_head_kv as u32,
             l.head_dim as u32,
             l.page_size as u32,
-            cache.storage().n_pages() as u32,
+            store.n_pages() as u32,
             gx * 64,
         ];
-        let pages = cache.storage().of_layer(layer).clone();
+        let pages = store.of_layer(layer).clone();
         let buffers = [(0, &k.buffer), (1, &v.buffer), (2, &slots), (3, &pages)];
         self.dispatch(Kernel::WriteKv, &buffers, &params, (gx, gy, 1))
     }
 
     fn attention(
         &mut self,
-        cache: &PagedKvCache<Pages>,
+        cache: &PagedKvCache,
         layer: usize,
         scores: Scores,
         q: &Rows,
         out: &mut Rows,
     ) -> Result<(), StepError> {
         let (tokens, tables) = self.tables(cache, layer)?;
+        let store = cache.store::<Pages>()?;
         let l = *cache.layout();
         let n = self.n_tokens();
         let n_head = q.len / n / l.head_dim;
@@ -424,13 +422,13 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
             l.n_head_kv as u32,
             l.head_dim as u32,
             l.page_size as u32,
-            cache.storage().n_pages() as u32,
+            store.n_pages() as u32,
             scores.scale.to_bits(),
             scores.softcap.unwrap_or(0.0).to_bits(),
             scores.window.unwrap_or(0) as u32,
             gx,
         ];
-        let pages = cache.storage().of_layer(layer).clone();
+        let pages = store.of_layer(layer).clone();
         let buffers = [
             (0, &q.buffer),
             (1, &tokens),

@@ -220,26 +220,35 @@ fn row_ops<B: Backend>(backend: &B, n: usize, width: usize, head: usize) -> Vec<
     let tokens = vec![1u32; n];
     let batch = batch(&tokens);
     let mut outs = vec![vec![0f32; n * width]; 6];
-    run(backend, &batch, &[0], &backend.upload_ropes(Vec::new()).unwrap(), |step| {
-        let xs = step.upload(&x, width)?;
-        let ys = step.upload(&y, width)?;
-        let mut normed = step.rows(n, width)?;
-        step.rms_norm(&xs, &gain, 1e-5, &mut normed)?;
-        step.read(&normed, &mut outs[0])?;
-        step.rms_norm_in_place(&mut normed, &head_gain, 1e-6)?;
-        step.read(&normed, &mut outs[1])?;
-        let mut z = step.upload(&x, width)?;
-        step.add_bias(&mut z, &bias)?;
-        step.read(&z, &mut outs[2])?;
-        step.add(&mut z, &ys)?;
-        step.read(&z, &mut outs[3])?;
-        for (i, activation) in [Activation::Silu, Activation::GeluTanh].into_iter().enumerate() {
-            let mut g = step.upload(&x, width)?;
-            step.gated(activation, &mut g, &ys)?;
-            step.read(&g, &mut outs[4 + i])?;
-        }
-        Ok(())
-    });
+    run(
+        backend,
+        &batch,
+        &[0],
+        &backend.upload_ropes(Vec::new()).unwrap(),
+        |step| {
+            let xs = step.upload(&x, width)?;
+            let ys = step.upload(&y, width)?;
+            let mut normed = step.rows(n, width)?;
+            step.rms_norm(&xs, &gain, 1e-5, &mut normed)?;
+            step.read(&normed, &mut outs[0])?;
+            step.rms_norm_in_place(&mut normed, &head_gain, 1e-6)?;
+            step.read(&normed, &mut outs[1])?;
+            let mut z = step.upload(&x, width)?;
+            step.add_bias(&mut z, &bias)?;
+            step.read(&z, &mut outs[2])?;
+            step.add(&mut z, &ys)?;
+            step.read(&z, &mut outs[3])?;
+            for (i, activation) in [Activation::Silu, Activation::GeluTanh]
+                .into_iter()
+                .enumerate()
+            {
+                let mut g = step.upload(&x, width)?;
+                step.gated(activation, &mut g, &ys)?;
+                step.read(&g, &mut outs[4 + i])?;
+            }
+            Ok(())
+        },
+    );
     outs
 }
 
@@ -299,7 +308,13 @@ fn rope_matches_the_cpu_backend() {
             step.read(&rows, &mut want)
         });
         let want: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
-        assert_close(&got, &want, &vec![1.0; want.len()], 1e-6, &format!("{style:?}"));
+        assert_close(
+            &got,
+            &want,
+            &vec![1.0; want.len()],
+            1e-6,
+            &format!("{style:?}"),
+        );
     }
 }
 
@@ -324,9 +339,9 @@ fn logits_are_soft_capped_products() {
     assert_close(&got, &want, &scale, 1e-6, "logits");
 }
 
-/// Causal attention on `backend` over sequences that prefill `(prompt, then)` tokens and then
-/// add `then` more, one of them forked after its prompt (its next tokens copy the shared,
-/// partly filled page first): the outputs of both steps, token after token.
+/// Causal attention on `backend` over sequences that prefill `prompt` tokens and then add
+/// `then` more, and a fork of the first made after its prompt (its next tokens copy the
+/// shared, partly filled page first): the outputs of both steps, token after token.
 fn attention_on<B: Backend>(backend: &B, heads: Heads, scores: Scores) -> Vec<f32> {
     let page_size = 16;
     let layout = KvLayout::new(1, heads.n_head_kv, heads.head_dim).with_page_size(page_size);
@@ -343,8 +358,9 @@ fn attention_on<B: Backend>(backend: &B, heads: Heads, scores: Scores) -> Vec<f3
         }
         let (mut batch, mut first_pos) = (Batch::new(), Vec::new());
         for (i, &id) in ids.iter().enumerate() {
-            let (prompt, then) = seqs[i.min(seqs.len() - 1) % seqs.len()];
-            let len = if phase == 0 { prompt } else { then + i / 3 };
+            // The fork (after the three) adds 4 tokens.
+            let (prompt, then) = seqs.get(i).copied().unwrap_or((0, 4));
+            let len = if phase == 0 { prompt } else { then };
             first_pos.push(cache.seq_len(id).unwrap());
             cache.append_slots(id, len).unwrap();
             batch.push(id, &vec![0; len], Logits::None);

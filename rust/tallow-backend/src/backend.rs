@@ -68,10 +68,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// A model's RoPEs, as the device applies them.
     type Ropes: Send + Sync;
     /// The KV pages.
-    type Pages: PageStore + Send + Sync;
+    type Pages: PageStore;
     /// Memory that a step takes and the next one reuses; one per KV cache. Empty when made,
     /// sized by the first steps.
-    type Scratch: Send + Default;
+    type Scratch: Send + Sync + Default;
     /// One step's operations.
     type Step<'s>: Step<Self>
     where
@@ -175,7 +175,7 @@ pub trait Step<B: Backend> {
     /// Writes each token's keys and values of `layer` at its position in `cache`.
     fn write_kv(
         &mut self,
-        cache: &mut PagedKvCache<B::Pages>,
+        cache: &mut PagedKvCache,
         layer: usize,
         k: &Self::Rows,
         v: &Self::Rows,
@@ -185,7 +185,7 @@ pub trait Step<B: Backend> {
     /// `layer` up to its own position.
     fn attention(
         &mut self,
-        cache: &PagedKvCache<B::Pages>,
+        cache: &PagedKvCache,
         layer: usize,
         scores: Scores,
         q: &Self::Rows,

@@ -1,5 +1,7 @@
 //! Page tables and K/V storage together: the cache the engine holds.
 
+use std::any::Any;
+
 use crate::error::{KvError, Result};
 use crate::groups::LayerGroups;
 use crate::layout::{pages_for_budget, KvBudget, KvKind, KvLayout};
@@ -9,8 +11,9 @@ use crate::{PageId, SeqId, Slot};
 
 /// Where a cache's K/V values live: host memory ([`KvStorage`]) or a device's, behind a
 /// backend. The page tables only need the store to copy a page when a shared one is
-/// written (copy-on-write).
-pub trait PageStore {
+/// written (copy-on-write); the backend that reads and writes the values gets its own kind of
+/// store back with [`PagedKvCache::store`].
+pub trait PageStore: Any + Send + Sync {
     /// The geometry.
     fn layout(&self) -> &KvLayout;
     /// Pages in the store.
@@ -43,11 +46,19 @@ impl PageStore for KvStorage {
 /// [`KvStorage::block`], or [`PagedKvCache::read_head_f32`]);
 /// [`PagedKvCache::truncate`] drops rejected speculative tokens, [`PagedKvCache::free`]
 /// ends a sequence.
-#[derive(Debug, Clone)]
-pub struct PagedKvCache<S = KvStorage> {
+pub struct PagedKvCache {
     groups: LayerGroups,
     seqs: Sequences,
-    storage: S,
+    storage: Box<dyn PageStore>,
+}
+
+impl std::fmt::Debug for PagedKvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PagedKvCache")
+            .field("groups", &self.groups)
+            .field("seqs", &self.seqs)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PagedKvCache {
@@ -65,17 +76,15 @@ impl PagedKvCache {
         let storage = KvStorage::grouped(layout, &groups, n_pages)?;
         Self::over(groups, storage)
     }
-}
 
-impl<S: PageStore> PagedKvCache<S> {
     /// Empty page tables over every page of `storage`, whose pages each hold one of `groups`.
-    pub fn over(groups: LayerGroups, storage: S) -> Result<Self> {
+    pub fn over(groups: LayerGroups, storage: impl PageStore) -> Result<Self> {
         let layout = storage.layout();
         check_groups(layout, &groups)?;
         Ok(PagedKvCache {
             seqs: Sequences::grouped(layout.page_size, storage.n_pages(), &groups.windows())?,
             groups,
-            storage,
+            storage: Box::new(storage),
         })
     }
 
@@ -94,14 +103,19 @@ impl<S: PageStore> PagedKvCache<S> {
         &self.seqs
     }
 
-    /// The K/V values.
-    pub fn storage(&self) -> &S {
-        &self.storage
+    /// The K/V values, in the store of kind `S` that holds them, or
+    /// [`KvError::WrongStore`] if they are held elsewhere (on another device).
+    pub fn store<S: PageStore>(&self) -> Result<&S> {
+        (self.storage.as_ref() as &dyn Any)
+            .downcast_ref()
+            .ok_or(KvError::WrongStore)
     }
 
-    /// The page tables, and the K/V values to write through them.
-    pub fn parts_mut(&mut self) -> (&Sequences, &LayerGroups, &mut S) {
-        (&self.seqs, &self.groups, &mut self.storage)
+    /// [`PagedKvCache::store`], to write the values.
+    pub fn store_mut<S: PageStore>(&mut self) -> Result<&mut S> {
+        (self.storage.as_mut() as &mut dyn Any)
+            .downcast_mut()
+            .ok_or(KvError::WrongStore)
     }
 
     /// A new empty sequence.
@@ -201,9 +215,12 @@ impl<S: PageStore> PagedKvCache<S> {
         }
         Ok(slot)
     }
-}
 
-impl PagedKvCache<KvStorage> {
+    /// The values in host memory.
+    pub fn storage(&self) -> Result<&KvStorage> {
+        self.store()
+    }
+
     /// Writes the K/V rows of tokens of `layer` to their slots in the layer's group (see
     /// [`KvStorage::write_tokens`]). The slots should come from
     /// [`PagedKvCache::append_slots`]; writing is not checked against sharing.
@@ -220,7 +237,8 @@ impl PagedKvCache<KvStorage> {
             index: group,
             len: slots.len(),
         })?;
-        self.storage.write_tokens(slots, layer, keys, values)
+        self.store_mut::<KvStorage>()?
+            .write_tokens(slots, layer, keys, values)
     }
 
     /// Writes the K/V rows of position `pos` of `seq` in `layer`. Refuses
@@ -234,7 +252,8 @@ impl PagedKvCache<KvStorage> {
         values: &[f32],
     ) -> Result<()> {
         let slot = self.writable_slot(seq, pos, layer)?;
-        self.storage.write_token(slot, layer, keys, values)
+        self.store_mut::<KvStorage>()?
+            .write_token(slot, layer, keys, values)
     }
 
     /// The keys and values of the first `n_tokens` positions of `seq` for one (layer, KV
@@ -258,10 +277,9 @@ impl PagedKvCache<KvStorage> {
             });
         }
         let pages = self.page_table(seq, layer)?;
-        self.storage
-            .gather_f32(pages, n_tokens, layer, head, KvKind::Key, keys)?;
-        self.storage
-            .gather_f32(pages, n_tokens, layer, head, KvKind::Value, values)
+        let storage = self.storage()?;
+        storage.gather_f32(pages, n_tokens, layer, head, KvKind::Key, keys)?;
+        storage.gather_f32(pages, n_tokens, layer, head, KvKind::Value, values)
     }
 }
 
@@ -369,7 +387,11 @@ mod tests {
         c.append_slots(a, 1).unwrap();
         let k: Vec<f32> = (0..16).map(|i| 0.1 * i as f32 + 1e-4).collect();
         c.write_pos(a, 0, 1, &k, &k).unwrap();
-        let block = c.storage().block_f16(PageId(0), 1, 1, KvKind::Key).unwrap();
+        let block = c
+            .storage()
+            .unwrap()
+            .block_f16(PageId(0), 1, 1, KvKind::Key)
+            .unwrap();
         for d in 0..8 {
             assert_eq!(block[d], half::f16::from_f32(k[8 + d]));
         }
@@ -404,7 +426,7 @@ mod tests {
         let l = layout(KvDtype::F16); // 2*2*2*8*4*2 = 512 bytes a page
         let c = PagedKvCache::new(l, KvBudget::Bytes(512 * 10 + 511)).unwrap();
         assert_eq!(c.stats().pages_total, 10);
-        assert_eq!(c.storage().n_bytes(), 5120);
+        assert_eq!(c.storage().unwrap().n_bytes(), 5120);
         let err = PagedKvCache::new(l, KvBudget::Bytes(511)).unwrap_err();
         assert!(
             matches!(

@@ -28,6 +28,10 @@ pub enum KvError {
         /// The largest pool of this page size.
         max: usize,
     },
+    /// The cache's values are held by another kind of store (another device) than the one
+    /// asked for.
+    #[error("the KV cache's pages live on another device")]
+    WrongStore,
     /// The device that holds the pages (a GPU) failed.
     #[error("KV pages on the device: {0}")]
     Device(String),

@@ -293,7 +293,7 @@ fn k_and_v_blocks_are_separate() {
     let s = c.create();
     let slots = c.append_slots(s, 1).unwrap();
     c.write(&slots, 0, &[1.0, 1.5], &[-1.0, -1.5]).unwrap();
-    let st = c.storage();
+    let st = c.storage().unwrap();
     assert_eq!(
         &st.block_f32(PageId(0), 0, 0, KvKind::Key).unwrap()[..2],
         &[1.0, 1.5]

@@ -79,9 +79,9 @@ fn check(c: &PagedKvCache, seqs: &BTreeMap<SeqId, Vec<f32>>) -> Result<(), TestC
             let table = c.page_table(seq, layer)?;
             for (pos, &v) in vals.iter().enumerate().skip(from) {
                 let page = table[pos / PAGE_SIZE];
-                let block = c.storage().block_f32(page, layer, 0, KvKind::Key)?;
+                let block = c.storage()?.block_f32(page, layer, 0, KvKind::Key)?;
                 prop_assert_eq!(block[pos % PAGE_SIZE], value(v, layer));
-                let block = c.storage().block_f32(page, layer, 0, KvKind::Value)?;
+                let block = c.storage()?.block_f32(page, layer, 0, KvKind::Value)?;
                 prop_assert_eq!(block[pos % PAGE_SIZE], -value(v, layer));
             }
         }

@@ -58,7 +58,7 @@ impl<B: Backend> Forward<'_, B> {
     /// chunk) to `logits`, which must hold exactly that many.
     pub fn run(
         &self,
-        cache: &mut PagedKvCache<B::Pages>,
+        cache: &mut PagedKvCache,
         batch: &Batch,
         scratch: &mut Scratch<B>,
         logits: &mut [f32],
@@ -113,7 +113,7 @@ impl<B: Backend> Forward<'_, B> {
     fn layers<S: Step<B>>(
         &self,
         step: &mut S,
-        cache: &mut PagedKvCache<B::Pages>,
+        cache: &mut PagedKvCache,
         batch: &Batch,
         logits: &mut [f32],
     ) -> Result<(), StepError> {

@@ -1,6 +1,7 @@
 //! Transformer architectures over GGUF weights: loading, the forward pass, its KV cache and
 //! sampling. Knows nothing of Python.
 
+mod any;
 mod arch;
 mod config;
 mod error;
@@ -13,10 +14,11 @@ mod weights;
 use std::path::Path;
 use std::sync::Arc;
 
-use tallow_backend::{Backend, Heads};
+use tallow_backend::Heads;
 use tallow_gguf::GgufFile;
 use tallow_tokenizer::Tokenizer;
 
+pub use any::{AnyModel, AnyScratch};
 pub use arch::{
     Activation, Architecture, GateUpTensors, QkvTensors, RopeStyle, SlidingLayers, ARCHITECTURES,
 };
@@ -25,7 +27,7 @@ pub use error::ModelError;
 pub use forward::Scratch;
 pub use sampling::{argmax, sample_batch, Sampled, Sampler, SamplingParams};
 pub use sequence::SingleSequence;
-pub use tallow_backend::{Batch, Logits, RopeScaling, SeqChunk};
+pub use tallow_backend::{Backend, Batch, DeviceInfo, Logits, RopeScaling, SeqChunk};
 pub use tallow_backend_cpu::CpuBackend;
 pub use tallow_kv::{
     pages_for_budget, KvBudget, KvDtype, KvLayout, KvStats, LayerGroups, PagedKvCache, SeqId,
@@ -176,7 +178,7 @@ impl<B: Backend> Model<B> {
         &self,
         layout: KvLayout,
         budget: KvBudget,
-    ) -> Result<PagedKvCache<B::Pages>, ModelError> {
+    ) -> Result<PagedKvCache, ModelError> {
         self.check_kv_layout(&layout)?;
         let n_pages = pages_for_budget(&layout, budget)?;
         let pages = self.backend.new_pages(layout, &self.kv_groups, n_pages)?;
@@ -208,8 +210,14 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    fn check_kv_cache(&self, cache: &PagedKvCache<B::Pages>) -> Result<(), ModelError> {
+    fn check_kv_cache(&self, cache: &PagedKvCache) -> Result<(), ModelError> {
         self.check_kv_layout(cache.layout())?;
+        if cache.store::<B::Pages>().is_err() {
+            return Err(ModelError::InvalidArgument(format!(
+                "the KV cache's pages are not on this model's device ({})",
+                self.backend.device().name
+            )));
+        }
         if cache.groups() != &self.kv_groups {
             return Err(ModelError::InvalidArgument(
                 "the KV cache's layer groups (sliding windows) are not this model's".into(),
@@ -225,11 +233,7 @@ impl<B: Backend> Model<B> {
     ///
     /// Uses fresh scratch memory; an engine that steps repeatedly keeps a [`Scratch`] and calls
     /// [`Model::forward_into`] instead.
-    pub fn forward(
-        &self,
-        cache: &mut PagedKvCache<B::Pages>,
-        batch: &Batch,
-    ) -> Result<Vec<f32>, ModelError> {
+    pub fn forward(&self, cache: &mut PagedKvCache, batch: &Batch) -> Result<Vec<f32>, ModelError> {
         let mut logits = vec![0.0; batch.n_logits() * self.config.n_vocab];
         self.forward_into(cache, batch, &mut Scratch::new(), &mut logits)?;
         Ok(logits)
@@ -241,7 +245,7 @@ impl<B: Backend> Model<B> {
     /// makes no heap allocation.
     pub fn forward_into(
         &self,
-        cache: &mut PagedKvCache<B::Pages>,
+        cache: &mut PagedKvCache,
         batch: &Batch,
         scratch: &mut Scratch<B>,
         logits: &mut [f32],

@@ -1,23 +1,23 @@
 //! One sequence with a KV cache of its own: the simplest way to run a model (perplexity,
 //! one-request generation), built on the same batched forward and paged cache as the engine.
 
-use tallow_backend::{Backend, Batch, Logits};
+use tallow_backend::{Batch, Logits};
 use tallow_kv::{KvBudget, PagedKvCache, SeqId};
 
+use crate::any::{AnyModel, AnyScratch};
 use crate::error::ModelError;
-use crate::forward::Scratch;
-use crate::{CpuBackend, Model};
 
-pub struct SingleSequence<B: Backend = CpuBackend> {
-    cache: PagedKvCache<B::Pages>,
+pub struct SingleSequence {
+    cache: PagedKvCache,
     seq: SeqId,
     n_ctx: usize,
-    scratch: Scratch<B>,
+    scratch: AnyScratch,
 }
 
-impl<B: Backend> SingleSequence<B> {
-    /// A sequence of at most `n_ctx` positions, with exactly the pages that many need.
-    pub fn new(model: &Model<B>, n_ctx: usize) -> Result<Self, ModelError> {
+impl SingleSequence {
+    /// A sequence of at most `n_ctx` positions, with exactly the pages that many need, on
+    /// `model`'s device.
+    pub fn new(model: &dyn AnyModel, n_ctx: usize) -> Result<Self, ModelError> {
         let max = model.max_context();
         if !(1..=max).contains(&n_ctx) {
             return Err(ModelError::InvalidArgument(format!(
@@ -35,7 +35,7 @@ impl<B: Backend> SingleSequence<B> {
             cache,
             seq,
             n_ctx,
-            scratch: Scratch::new(),
+            scratch: AnyScratch::new(),
         })
     }
 
@@ -56,7 +56,7 @@ impl<B: Backend> SingleSequence<B> {
     /// Evaluates `tokens` at the next positions; returns the logits `logits` asks for.
     pub fn eval(
         &mut self,
-        model: &Model<B>,
+        model: &dyn AnyModel,
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Vec<f32>, ModelError> {

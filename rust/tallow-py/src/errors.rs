@@ -137,7 +137,7 @@ pub fn quant_error(err: QuantError) -> PyErr {
 /// is a caller's bad argument.
 pub fn kv_error(err: KvError) -> PyErr {
     match err {
-        KvError::OutOfPages { .. } => raise(|e| &e.model, err.to_string()),
+        KvError::OutOfPages { .. } | KvError::Device(_) => raise(|e| &e.model, err.to_string()),
         _ => raise(|e| &e.invalid_argument, err.to_string()),
     }
 }

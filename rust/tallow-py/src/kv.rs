@@ -4,7 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tallow_kv::{KvBudget, KvDtype, KvLayout, LayerGroups, PagedKvCache, SeqId};
-use tallow_model::Scratch;
+use tallow_model::AnyScratch;
 
 use crate::errors::{invalid_argument, kv_error};
 
@@ -12,7 +12,7 @@ use crate::errors::{invalid_argument, kv_error};
 pub struct KvCache {
     pub(crate) inner: PagedKvCache,
     /// The forward pass's scratch memory for steps over this pool, kept between steps.
-    pub(crate) scratch: Scratch,
+    pub(crate) scratch: AnyScratch,
 }
 
 fn page_ids(pages: Vec<tallow_kv::PageId>) -> Vec<u32> {
@@ -57,16 +57,16 @@ impl KvCache {
             .map_err(kv_error)
     }
 
-    /// The pool for `groups` of layers with `(n_head_kv, head_dim)` heads; shared by the
-    /// constructor and `Model.new_kv_cache`.
-    pub(crate) fn create_pool(
-        groups: LayerGroups,
+    /// The layout and budget of a pool for `groups` of layers with `(n_head_kv, head_dim)`
+    /// heads; shared by the constructor and `Model.new_kv_cache`.
+    pub(crate) fn shape(
+        groups: &LayerGroups,
         heads: (usize, usize),
         page_size: usize,
         dtype: &str,
         max_pages: Option<usize>,
         max_bytes: Option<u64>,
-    ) -> PyResult<Self> {
+    ) -> PyResult<(KvLayout, KvBudget)> {
         let budget = match (max_pages, max_bytes) {
             (Some(pages), None) => KvBudget::Pages(pages),
             (None, Some(bytes)) => KvBudget::Bytes(bytes),
@@ -76,12 +76,14 @@ impl KvCache {
                 ))
             }
         };
-        let layout = layout(&groups, heads, page_size, dtype)?;
-        let inner = PagedKvCache::grouped(layout, groups, budget).map_err(kv_error)?;
-        Ok(KvCache {
+        Ok((layout(groups, heads, page_size, dtype)?, budget))
+    }
+
+    pub(crate) fn new_with(inner: PagedKvCache) -> Self {
+        KvCache {
             inner,
-            scratch: Scratch::new(),
-        })
+            scratch: AnyScratch::new(),
+        }
     }
 }
 
@@ -111,14 +113,17 @@ impl KvCache {
                 windows.len()
             )));
         }
-        Self::create_pool(
-            LayerGroups::from_windows(&windows).map_err(kv_error)?,
+        let groups = LayerGroups::from_windows(&windows).map_err(kv_error)?;
+        let (layout, budget) = Self::shape(
+            &groups,
             (n_head_kv, head_dim),
             page_size,
             dtype,
             max_pages,
             max_bytes,
-        )
+        )?;
+        let inner = PagedKvCache::grouped(layout, groups, budget).map_err(kv_error)?;
+        Ok(Self::new_with(inner))
     }
 
     /// Tokens per page.

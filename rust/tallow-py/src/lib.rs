@@ -1,6 +1,7 @@
 //! The extension module `tallow._core`: thin wrappers over the core crates. No model logic
 //! lives here; every call that computes releases the GIL.
 
+mod device;
 mod errors;
 mod kv;
 mod model;
@@ -45,6 +46,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(isa, m)?)?;
     m.add_function(wrap_pyfunction!(model::sample_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(device::devices, m)?)?;
     m.add_class::<kv::KvCache>()?;
     m.add_class::<model::Model>()?;
     m.add_class::<model::Context>()?;

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 use tallow_gguf::{Array, Value};
 use tallow_model::{
-    Batch, LoadOptions, Logits, ModelConfig, SamplingParams, SeqId, SingleSequence,
+    AnyModel, Batch, LoadOptions, Logits, ModelConfig, SamplingParams, SeqId, SingleSequence,
 };
 
 use crate::kv::KvCache;
@@ -22,8 +22,10 @@ use crate::errors::{guard, model_error};
 /// A GGUF model loaded for inference: weights (memory-mapped), configuration and tokenizer.
 #[pyclass(module = "tallow._core", frozen)]
 pub struct Model {
-    inner: Arc<tallow_model::Model>,
+    inner: Arc<dyn AnyModel>,
     path: String,
+    /// The device's canonical name.
+    device: String,
 }
 
 impl Model {
@@ -35,17 +37,37 @@ impl Model {
 #[pymethods]
 impl Model {
     #[new]
-    #[pyo3(signature = (path, *, n_ctx = None))]
-    fn new(py: Python<'_>, path: std::path::PathBuf, n_ctx: Option<usize>) -> PyResult<Self> {
+    #[pyo3(signature = (path, *, n_ctx = None, device = "cpu"))]
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        n_ctx: Option<usize>,
+        device: &str,
+    ) -> PyResult<Self> {
+        let device = crate::device::canonical(device)?;
         let display = path.display().to_string();
         let options = LoadOptions { context: n_ctx };
         let inner = py.detach(|| {
-            guard(|| tallow_model::Model::load_with(&path, options).map_err(model_error))
+            guard(|| crate::device::load(&path, options, &device)?.map_err(model_error))
         })?;
         Ok(Model {
-            inner: Arc::new(inner),
+            inner,
             path: display,
+            device,
         })
+    }
+
+    /// The device the model runs on: `"cpu"` or `"wgpu:N"`.
+    #[getter]
+    fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// `(name, backend)` of the device the model runs on, as its driver names it.
+    #[getter]
+    fn device_info(&self) -> (String, String) {
+        let d = self.inner.device();
+        (d.name, d.backend)
     }
 
     #[getter]
@@ -177,7 +199,7 @@ impl Model {
 
     fn new_context(&self, n_ctx: usize) -> PyResult<Context> {
         Ok(Context {
-            sequence: SingleSequence::new(&self.inner, n_ctx).map_err(model_error)?,
+            sequence: SingleSequence::new(&*self.inner, n_ctx).map_err(model_error)?,
             model: self.inner.clone(),
         })
     }
@@ -216,14 +238,19 @@ impl Model {
         max_bytes: Option<u64>,
     ) -> PyResult<KvCache> {
         let c = self.config();
-        KvCache::create_pool(
-            self.inner.kv_groups().clone(),
+        let (layout, budget) = KvCache::shape(
+            self.inner.kv_groups(),
             (c.n_head_kv, c.head_dim),
             page_size,
             dtype,
             max_pages,
             max_bytes,
-        )
+        )?;
+        let cache = self
+            .inner
+            .new_kv_cache(layout, budget)
+            .map_err(model_error)?;
+        Ok(KvCache::new_with(cache))
     }
 
     /// Runs one ragged batch: `(seq, tokens, logits)` per sequence, where `tokens` take the last
@@ -333,7 +360,7 @@ fn array_to_py<'py>(py: Python<'py>, array: &Array) -> PyResult<Bound<'py, PyAny
 /// One sequence: its KV cache and the positions evaluated so far.
 #[pyclass(module = "tallow._core")]
 pub struct Context {
-    model: Arc<tallow_model::Model>,
+    model: Arc<dyn AnyModel>,
     sequence: SingleSequence,
 }
 
@@ -365,7 +392,7 @@ impl Context {
         };
         let (model, sequence) = (&self.model, &mut self.sequence);
         let logits =
-            py.detach(|| guard(|| sequence.eval(model, &tokens, mode).map_err(model_error)))?;
+            py.detach(|| guard(|| sequence.eval(&**model, &tokens, mode).map_err(model_error)))?;
         let array = logits.into_pyarray(py);
         if all_logits {
             let shape = [tokens.len(), self.model.config().n_vocab];
@@ -389,7 +416,7 @@ impl Context {
 /// Turns token ids into text one at a time, emitting only complete UTF-8 characters.
 #[pyclass(module = "tallow._core")]
 pub struct StreamDecoder {
-    model: Arc<tallow_model::Model>,
+    model: Arc<dyn AnyModel>,
     state: tallow_tokenizer::StreamDecoder,
 }
 

@@ -23,7 +23,7 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use half::f16;
-use tallow_kv::{KvBlock, KvDtype, KvKind, KvLayout, PageId, PagedKvCache};
+use tallow_kv::{KvBlock, KvDtype, KvKind, KvLayout, KvStorage, PageId, PagedKvCache};
 use tallow_threads::DisjointSlice;
 
 use tallow_backend::{BackendError, Batch, Heads, Scores};
@@ -160,6 +160,8 @@ struct Unit {
 pub(crate) struct Attention<'a> {
     pub plan: &'a Plan,
     pub cache: &'a PagedKvCache,
+    /// The cache's values (in host memory).
+    pub storage: &'a KvStorage,
     pub layer: usize,
     pub batch: &'a Batch,
     pub first_pos: &'a [usize],
@@ -276,7 +278,7 @@ impl Attention<'_> {
         let chunk = &self.batch.chunks[unit.chunk];
         let first = self.first_pos[unit.chunk];
         let pages = self.cache.page_table(chunk.seq, self.layer)?;
-        let storage = self.cache.storage();
+        let storage = self.storage;
         let visible_max = first + unit.tokens.end;
         let kernel = kernels();
         // f16 pages go to the kernel as they are, without a widened copy, where it takes them.
@@ -446,7 +448,7 @@ impl Attention<'_> {
     ) -> Result<(), BackendError> {
         let hd = self.plan.heads.head_dim;
         let rows = (positions.start - tile_start) * hd..(positions.end - tile_start) * hd;
-        let storage = self.cache.storage();
+        let storage = self.storage;
         let block = |kind| storage.block(page, self.layer, kv_head, kind);
         kernels().read(block(KvKind::Key)?, &mut keys[rows.clone()]);
         kernels().read(block(KvKind::Value)?, &mut values[rows]);
@@ -1314,6 +1316,7 @@ mod tests {
             let attention = super::Attention {
                 plan: &plan,
                 cache: &cache,
+                storage: cache.storage().unwrap(),
                 layer: 0,
                 batch: &batch,
                 first_pos: &first_pos,

@@ -1,0 +1,186 @@
+"""The wgpu backend, on whatever adapter wgpu finds (Mesa's llvmpipe on a machine without a GPU;
+the test command installs it): every architecture's logits and greedy tokens against
+transformers and the CPU backend, the engine's continuous batching, prefix cache and speculation
+on the GPU, and the device option's errors. Tiny models keep llvmpipe's slow kernels quick.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from test_architectures import ARCHITECTURES
+
+import tallow
+from tallow import _core
+from tallow.engine import Engine, EngineConfig, SamplingParams
+
+# An f16 KV pool rounds keys and values: transformers' logits within this on the F32 files
+# (the CPU backend's f16 pool is as far); the Q8_0 files keep the architecture test's bound.
+TOLERANCE = {"f32": 5e-3, "q8_0": 0.3}
+
+
+def _f16_logits(model: _core.Model, ids: list[int]) -> np.ndarray:
+    kv = model.new_kv_cache(max_pages=model.kv_pages_to_hold(64, chunk=64))
+    seq = kv.create()
+    kv.reserve(seq, len(ids))
+    return model.forward(kv, [(seq, ids, "all")])
+
+
+def test_devices_list_the_cpu_and_a_gpu() -> None:
+    devices = _core.devices()
+    assert devices[0][0] == "cpu" and devices[0][2] == "cpu"
+    gpus = [d for d in devices if d[0].startswith("wgpu:")]
+    assert gpus, "no GPU adapter: install mesa-vulkan-drivers"
+    assert [d[0] for d in gpus] == [f"wgpu:{i}" for i in range(len(gpus))]
+    assert all(d[2].startswith("wgpu (") for d in gpus)
+
+
+@pytest.mark.parametrize(("arch", "f32_tolerance"), ARCHITECTURES)
+@pytest.mark.parametrize("file_type", ["f32", "q8_0"])
+def test_every_architecture_matches_transformers_and_the_cpu(
+    arch_dir: Path, prompt: list[int], arch: str, f32_tolerance: float, file_type: str
+) -> None:
+    path = str(arch_dir / arch / f"{arch}-{file_type}.gguf")
+    gpu = _core.Model(path, device="gpu")
+    assert gpu.device == "wgpu:0"
+    reference = np.load(arch_dir / arch / "ref_logits.npy")
+    on_gpu = _f16_logits(gpu, prompt)
+    assert float(np.abs(on_gpu - reference).max()) <= TOLERANCE[file_type]
+    on_cpu = _f16_logits(_core.Model(path), prompt)
+    # The CPU's products read activations quantized to 8 bits where the weights are
+    # quantized; the GPU's read them in f32.
+    cpu_bound = 1e-3 if file_type == "f32" else 0.3
+    assert float(np.abs(on_gpu - on_cpu).max()) <= cpu_bound
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen3", "phi3", "gemma3"])
+def test_greedy_tokens_match_transformers(arch_dir: Path, prompt: list[int], arch: str) -> None:
+    """Token by token through the engine on the GPU, as transformers decodes."""
+    model = _core.Model(str(arch_dir / arch / f"{arch}-f32.gguf"), device="gpu")
+    expected = [int(t) for t in np.load(arch_dir / arch / "ref_greedy.npy")]
+    pages = model.kv_pages_to_hold(64, chunk=64)
+    engine = Engine(model, EngineConfig(max_num_seqs=1, n_ctx=64, kv_pages=pages))
+    assert _run(engine, {"r": prompt}, len(expected)) == {"r": expected}
+
+
+def _run(engine: Engine, requests: dict[str, list[int]], n: int) -> dict[str, list[int]]:
+    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    for rid, ids in requests.items():
+        engine.add(rid, ids, params)
+    tokens: dict[str, list[int]] = {rid: [] for rid in requests}
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None
+            tokens[out.request_id] += out.new_token_ids
+    return tokens
+
+
+def test_engine_batches_caches_prefixes_and_speculates_on_the_gpu(
+    arch_dir: Path, prompt: list[int]
+) -> None:
+    """Eight concurrent requests (shared prefixes among them) give each one's tokens alone;
+    the prefix cache serves a repeated prompt; prompt-lookup speculation keeps greedy tokens."""
+    model = _core.Model(str(arch_dir / "gemma3" / "gemma3-q8_0.gguf"), device="gpu")
+    requests = {f"r{i}": prompt[: 8 + 3 * i] for i in range(8)}
+    pages = model.kv_pages_to_hold(64, chunk=64)
+
+    def config(n: int, **kwargs: object) -> EngineConfig:
+        return EngineConfig(max_num_seqs=n, n_ctx=64, kv_pages=n * pages, **kwargs)
+
+    alone = {
+        rid: _run(Engine(model, config(1)), {rid: ids}, 6)[rid] for rid, ids in requests.items()
+    }
+    engine = Engine(model, config(8))
+    assert _run(engine, requests, 6) == alone
+    stats = engine.kv.stats()
+    before = stats["prefix_hit_tokens"]
+    assert _run(engine, {"again": requests["r7"]}, 6) == {"again": alone["r7"]}
+    assert engine.kv.stats()["prefix_hit_tokens"] > before
+    repetitive = (prompt[:6] * 4)[:24]
+    plain = _run(Engine(model, config(1)), {"p": repetitive}, 12)
+    ngram = Engine(model, config(1, speculative="ngram"))
+    assert _run(ngram, {"p": repetitive}, 12) == plain
+
+
+def test_llm_runs_on_the_gpu_through_the_public_api(arch_dir: Path) -> None:
+    path = arch_dir / "qwen2" / "qwen2-q8_0.gguf"
+    with tallow.LLM(path, n_ctx=64, device="gpu") as gpu, tallow.LLM(path, n_ctx=64) as cpu:
+        assert gpu.device == "wgpu:0" and cpu.device == "cpu"
+        assert gpu.device_name
+        result = gpu.generate("Hello there", max_tokens=8, temperature=0)
+        assert result.completion_tokens > 0
+
+
+def test_bad_devices_are_clear_errors(arch_dir: Path) -> None:
+    path = str(arch_dir / "llama3" / "llama3-f32.gguf")
+    with pytest.raises(tallow.InvalidArgumentError, match="device must be"):
+        _core.Model(path, device="tpu")
+    with pytest.raises(tallow.ModelError, match="no GPU wgpu:99"):
+        _core.Model(path, device="wgpu:99")
+    gpu = _core.Model(path, device="gpu")
+    with pytest.raises(tallow.UnsupportedError, match="f16 pages"):
+        gpu.new_kv_cache(dtype="f32", max_pages=4)
+    # A pool on the CPU cannot serve a model on the GPU.
+    kv = _core.Model(path).new_kv_cache(max_pages=4)
+    seq = kv.create()
+    kv.reserve(seq, 2)
+    with pytest.raises(tallow.InvalidArgumentError, match="not on this model's device"):
+        gpu.forward(kv, [(seq, [1, 2], "last")])
+
+
+def test_tallow_device_picks_the_default_device(arch_dir: Path) -> None:
+    code = "import sys, tallow; print(tallow.LLM(sys.argv[1], n_ctx=32, progress=False).device)"
+    path = str(arch_dir / "mistral" / "mistral-q8_0.gguf")
+    env = {**os.environ, "TALLOW_DEVICE": "gpu"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, path], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "wgpu:0"
+
+
+def test_cli_lists_devices_and_generates_on_the_gpu(arch_dir: Path) -> None:
+    proc = run_cli("info", "--devices")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.decode().splitlines()
+    assert lines[0].startswith("cpu ") and any(line.startswith("wgpu:0 ") for line in lines)
+    path = str(arch_dir / "phi3" / "phi3-q8_0.gguf")
+    proc = run_cli("generate", "-m", path, "--device", "gpu", "-n", "4", "--temperature", "0", "Hi")
+    assert proc.returncode == 0, proc.stderr
+    assert "on wgpu:0" in proc.stderr.decode()
+
+
+def test_without_a_gpu_driver_the_cpu_still_runs(arch_dir: Path) -> None:
+    """With no Vulkan driver to be found, the module imports, lists only the CPU, and a GPU is
+    a clear error while the CPU runs."""
+    code = (
+        "import sys, tallow\n"
+        "from tallow import _core\n"
+        "print([d[0] for d in _core.devices()])\n"
+        "try:\n"
+        "    _core.Model(sys.argv[1], device='gpu')\n"
+        "except tallow.ModelError as e:\n"
+        "    print('error:', e)\n"
+        "print(_core.Model(sys.argv[1]).device)\n"
+    )
+    path = str(arch_dir / "qwen3" / "qwen3-q8_0.gguf")
+    env = {
+        **os.environ,
+        "VK_ICD_FILENAMES": "/nonexistent.json",
+        "VK_DRIVER_FILES": "/nonexistent.json",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code, path], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "['cpu']",
+        "error: device error: no GPU found (wgpu sees no Vulkan, Metal or DX12 adapter)",
+        "cpu",
+    ]
