@@ -25,6 +25,7 @@ __all__ = [
     "TokenizerError",
     "UnsupportedError",
     "dequantize",
+    "devices",
     "isa",
     "sample_batch",
 ]
