@@ -805,6 +805,8 @@ mod generic {
         [total(0), total(1), total(2), total(3)]
     }
 
+    /// One page for one query head (the AVX-512 kernel's fallback for heads it does not take).
+    #[cfg(any(test, target_arch = "x86_64"))]
     #[inline(always)]
     pub(super) fn page(
         state: &mut [f32],
