@@ -16,7 +16,7 @@ fn word_at(b: u32) -> u32 {
 }
 
 fn f16_at(b: u32) -> f32 {
-    return unpack2x16float(byte_at(b) | (byte_at(b + 1u) << 8u)).x;
+    return unpack2x16float(word_at(b) & 0xffffu).x;
 }
 
 // Byte `i` (0..3) of `w` as a signed integer.

@@ -3,8 +3,9 @@
 fn dequant32(row: u32, chunk: u32) -> array<f32, 32> {
     var out: array<f32, 32>;
     let b = row + chunk * 20u;
-    let d = f16_at(b);
-    let m = f16_at(b + 2u);
+    let dm = unpack2x16float(word_at(b));
+    let d = dm.x;
+    let m = dm.y;
     for (var w = 0u; w < 4u; w++) {
         let q = word_at(b + 4u + 4u * w);
         for (var i = 0u; i < 4u; i++) {

@@ -67,7 +67,8 @@ pub(crate) fn reads(ty: GgmlType) -> bool {
 /// One entry point of one kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kernel {
-    Matmul(GgmlType),
+    /// Products of weights in a format, for blocks of 1 or 4 tokens (see matmul.wgsl).
+    Matmul(GgmlType, u32),
     Embed(GgmlType),
     Norm,
     NormInPlace,
@@ -85,9 +86,17 @@ impl Kernel {
     pub(crate) fn params_binding(self) -> u32 {
         match self {
             Kernel::Add | Kernel::AddBias | Kernel::Gated | Kernel::Softcap | Kernel::Rope => 2,
-            Kernel::Matmul(_) | Kernel::Embed(_) | Kernel::Norm | Kernel::NormInPlace => 3,
+            Kernel::Matmul(..) | Kernel::Embed(_) | Kernel::Norm | Kernel::NormInPlace => 3,
             Kernel::WriteKv => 4,
             Kernel::Attention => 5,
+        }
+    }
+
+    /// The values of the kernel's `override` constants.
+    fn constants(self) -> Vec<(&'static str, f64)> {
+        match self {
+            Kernel::Matmul(_, tokens) => vec![("TOKENS", f64::from(tokens))],
+            _ => Vec::new(),
         }
     }
 
@@ -100,7 +109,7 @@ impl Kernel {
             Ok::<_, BackendError>(format!("{BYTES}\n{format}\n{body}"))
         };
         Ok(match self {
-            Kernel::Matmul(ty) => (with_format(ty, MATMUL)?, "main"),
+            Kernel::Matmul(ty, _) => (with_format(ty, MATMUL)?, "main"),
             Kernel::Embed(ty) => (with_format(ty, EMBED)?, "main"),
             Kernel::Norm => (NORM.into(), "norm"),
             Kernel::NormInPlace => (NORM.into(), "norm_in_place"),
@@ -144,7 +153,10 @@ impl Kernels {
                 layout: None,
                 module: &module,
                 entry_point: Some(entry),
-                compilation_options: Default::default(),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &kernel.constants(),
+                    ..Default::default()
+                },
                 cache: None,
             })
         })?;

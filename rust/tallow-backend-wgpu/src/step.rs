@@ -253,7 +253,7 @@ impl<'s> WgpuStep<'s> {
     fn products(&mut self, input: &Rows, m: &Matrix, out: &Rows) -> Result<(), StepError> {
         let n = input.len / m.cols;
         for part in &m.parts {
-            let (x, y) = grid(part.rows.div_ceil(64));
+            let (x, y) = grid(part.rows.div_ceil(8 * 64));
             let params = [
                 part.rows as u32,
                 m.cols as u32,
@@ -264,12 +264,11 @@ impl<'s> WgpuStep<'s> {
                 x,
             ];
             let buffers = [(0, &part.buffer), (1, &input.buffer), (2, &out.buffer)];
-            self.dispatch(
-                Kernel::Matmul(m.ty),
-                &buffers,
-                &params,
-                (x, y, n.div_ceil(8) as u32),
-            )?;
+            // Blocks of 4 tokens, unless there are only a few (decoding).
+            let tokens = if n < 4 { 1 } else { 4 };
+            let kernel = Kernel::Matmul(m.ty, tokens);
+            let blocks = n.div_ceil(tokens as usize) as u32;
+            self.dispatch(kernel, &buffers, &params, (x, y, blocks))?;
         }
         Ok(())
     }
