@@ -36,7 +36,8 @@ const MAX_HEAD_DIM: usize = 512;
 pub struct WgpuBackend {
     gpu: Arc<Gpu>,
     kernels: Arc<Kernels>,
-    /// The most bytes of one part of a matrix (larger ones are split by rows).
+    /// The most bytes of one part of a matrix (larger ones are split by rows) or of one block
+    /// of logits.
     max_part: u64,
 }
 
@@ -47,7 +48,8 @@ impl WgpuBackend {
     }
 
     /// [`WgpuBackend::open`], splitting weight matrices by rows into parts of at most
-    /// `max_part` bytes (or what the adapter allows, if less).
+    /// `max_part` bytes (or what the adapter allows, if less), and computing logits in blocks
+    /// of rows of at most that many bytes.
     pub fn open_capped(index: usize, max_part: u64) -> Result<Self, BackendError> {
         let gpu = device::open(index)?;
         Ok(WgpuBackend {

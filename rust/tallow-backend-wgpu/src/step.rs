@@ -36,6 +36,8 @@ struct GroupBuffers {
 
 pub struct WgpuStep<'s> {
     gpu: &'s Arc<Gpu>,
+    /// The most bytes of one block of logits.
+    max_part: u64,
     kernels: &'s Kernels,
     input: &'s StepInput<'s, WgpuBackend>,
     scratch: &'s mut Scratch,
@@ -93,6 +95,7 @@ impl<'s> WgpuStep<'s> {
             .collect::<Result<_, _>>()?;
         Ok(WgpuStep {
             gpu,
+            max_part: backend.max_part,
             kernels: &backend.kernels,
             input,
             scratch,
@@ -482,12 +485,38 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         softcap: Option<f32>,
         out: &mut [f32],
     ) -> Result<(), StepError> {
-        let logits = self.rows(x.len / m.cols, m.rows)?;
-        self.products(x, m, &logits)?;
-        if let Some(cap) = softcap {
-            let buffers = [(0, &logits.buffer)];
-            self.dispatch_each(Kernel::Softcap, &buffers, logits.len, &[cap.to_bits()])?;
+        // Blocks of rows whose logits fit one buffer (a large vocabulary's rows of a long
+        // chunk do not), each read back as it is done.
+        let n = x.len / m.cols;
+        let per_block = (self.max_part as usize / (m.rows * 4)).clamp(1, n.max(1));
+        for first in (0..n).step_by(per_block) {
+            let rows = per_block.min(n - first);
+            let input = if rows == n {
+                Rows {
+                    buffer: x.buffer.clone(),
+                    len: x.len,
+                }
+            } else {
+                let block = self.rows(rows, m.cols)?;
+                let row_bytes = (m.cols * 4) as u64;
+                self.encoder.copy_buffer_to_buffer(
+                    &x.buffer,
+                    first as u64 * row_bytes,
+                    &block.buffer,
+                    0,
+                    rows as u64 * row_bytes,
+                );
+                block
+            };
+            let logits = self.rows(rows, m.rows)?;
+            self.products(&input, m, &logits)?;
+            if let Some(cap) = softcap {
+                let buffers = [(0, &logits.buffer)];
+                self.dispatch_each(Kernel::Softcap, &buffers, logits.len, &[cap.to_bits()])?;
+            }
+            let out = &mut out[first * m.rows..(first + rows) * m.rows];
+            self.read_back(&logits.buffer, out)?;
         }
-        self.read_back(&logits.buffer, out)
+        Ok(())
     }
 }

@@ -318,17 +318,23 @@ fn rope_matches_the_cpu_backend() {
     }
 }
 
-/// The LM head's soft-capped logits, copied back to the host.
+/// The LM head's soft-capped logits, copied back to the host: in one block, and in blocks of
+/// one row when a cap keeps a row's logits the most one buffer may hold.
 #[test]
 fn logits_are_soft_capped_products() {
-    let gpu = gpu();
+    for gpu in [gpu(), WgpuBackend::open_capped(0, 300 * 4).unwrap()] {
+        soft_capped_logits(&gpu);
+    }
+}
+
+fn soft_capped_logits(gpu: &WgpuBackend) {
     let (rows, cols, n, cap) = (300, 128, 3, 30.0f32);
     let (file, w) = matrix_file(GgmlType::Q6_K, rows, cols * 2, 11);
-    let m = upload(&gpu, &file, rows, cols * 2);
+    let m = upload(gpu, &file, rows, cols * 2);
     let x = random(12, n * cols * 2);
     let batch = batch(&[0; 3]);
     let mut got = vec![0f32; n * rows];
-    run(&gpu, &batch, &[0], &Vec::new(), |step| {
+    run(gpu, &batch, &[0], &Vec::new(), |step| {
         let xs = step.upload(&x, cols * 2)?;
         step.logits(&xs, &m, Some(cap), &mut got)
     });
