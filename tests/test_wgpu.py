@@ -6,6 +6,7 @@ on the GPU, and the device option's errors. Tiny models keep llvmpipe's slow ker
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -184,3 +185,67 @@ def test_without_a_gpu_driver_the_cpu_still_runs(arch_dir: Path) -> None:
         "error: device error: no GPU found (wgpu sees no Vulkan, Metal or DX12 adapter)",
         "cpu",
     ]
+
+
+REAL_MODELS = ["smollm2-135m", "gemma3-270m"]
+NEAR_TIE = 0.5
+"""How far behind the GPU's choice llama.cpp's may be where the two part (as in
+test_gemma3.py): the GPU reads activations in f32 where llama.cpp's CPU quantizes them."""
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z.astype(np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_real_models_logits_agree_with_the_cpu(name: str, reference_dir: Path) -> None:
+    """Every position of a 64-token prompt: the GPU's next-token distribution within a KL
+    divergence of 0.03 nats of the CPU's on average (the CPU quantizes activations to 8 bits;
+    both keep f16 KV), and the same most likely token at nine positions in ten or more."""
+    path = str(tallow.resolve_model(name))
+    text = (reference_dir / "perplexity" / "apache-2.0.txt").read_text()[:2000]
+    logits = []
+    for device in ("cpu", "gpu"):
+        model = _core.Model(path, device=device)
+        ids = model.tokenize(text, True, False)[:64]
+        logits.append(model.new_context(64).eval(ids, all_logits=True))
+    cpu, gpu = (_log_softmax(z) for z in logits)
+    kld = (np.exp(cpu) * (cpu - gpu)).sum(axis=1)
+    assert float(kld.mean()) < 0.03, kld
+    assert float((cpu.argmax(1) == gpu.argmax(1)).mean()) >= 0.9
+
+
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_real_models_greedy_continuations_match_llama_cpp(name: str, reference_dir: Path) -> None:
+    """The first two prompts of llama.cpp's greedy continuations, decoded token by token on
+    the GPU: the same tokens, or a near tie where they part (never at the first token)."""
+    cases = json.loads((reference_dir / "greedy" / "llamacpp_greedy.json").read_text())[name]
+    model = _core.Model(str(tallow.resolve_model(name)), device="gpu")
+    for case in cases[:2]:
+        prompt = model.tokenize(case["prompt"], model.add_bos, False)
+        want = model.tokenize(case["greedy_continuation_16_tokens"], False, False)
+        context = model.new_context(64)
+        logits = context.eval(prompt)
+        for step, theirs in enumerate(want):
+            ours = int(np.argmax(logits))
+            if ours != theirs:
+                gap = float(logits[ours] - logits[theirs])
+                assert gap < NEAR_TIE and step >= 1, (case["prompt"], step, gap)
+                break
+            logits = context.eval([ours])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "llama_cpp"), [("smollm2-135m", 17.7438), ("gemma3-270m", 8.5524)]
+)
+def test_real_models_perplexity_on_the_gpu_within_one_percent_of_llama_cpp(
+    name: str, llama_cpp: float, reference_dir: Path
+) -> None:
+    """llama-perplexity -c 256 on apache-2.0.txt (the reference README), on the GPU."""
+    text = (reference_dir / "perplexity" / "apache-2.0.txt").read_text()
+    with tallow.LLM(name, n_ctx=256, device="gpu", progress=False) as llm:
+        ppl = llm.perplexity(text, ctx=256)
+    assert abs(ppl / llama_cpp - 1) < 0.01, ppl

@@ -503,9 +503,12 @@ class LLM:
             if bos is not None:
                 chunk[0] = bos
             context.reset()
-            logits = context.eval(chunk, all_logits=True)
+            # The first half in one evaluation whose logits are not needed (the LM head of a
+            # large vocabulary costs as much as the layers), the scored half in another.
+            context.eval(chunk[:first])
+            logits = context.eval(chunk[first:], all_logits=True)
             targets = np.asarray(chunk[first + 1 :], dtype=np.int64)
-            nll += _nll_sum(logits[first : ctx - 1], targets)
+            nll += _nll_sum(logits[:-1], targets)
             count += len(targets)
             if progress is not None:
                 progress(i + 1, n_chunks, math.exp(nll / count))
