@@ -24,6 +24,12 @@ fn i8_of(w: u32, i: u32) -> i32 {
     return bitcast<i32>(w << (24u - 8u * i)) >> 24u;
 }
 
+// d * scale and dmin * min of sub-block `j` (0..7) of the Q4_K or Q5_K super-block at `b`
+// (f16 d and dmin, then the 12 bytes of 6-bit scales and mins).
+fn k4_sub_scales(b: u32, j: u32) -> vec2<f32> {
+    return unpack2x16float(word_at(b)) * k4_scale_min(b + 4u, j);
+}
+
 // The 6-bit scale and min of sub-block `j` (0..7) of a Q4_K or Q5_K super-block whose 12
 // scale bytes start at `s`.
 fn k4_scale_min(s: u32, j: u32) -> vec2<f32> {

@@ -6,9 +6,9 @@ fn dequant32(row: u32, chunk: u32) -> array<f32, 32> {
     var out: array<f32, 32>;
     let b = row + (chunk / 8u) * 144u;
     let j = chunk % 8u;
-    let sm = k4_scale_min(b + 4u, j);
-    let dl = f16_at(b) * sm.x;
-    let ml = f16_at(b + 2u) * sm.y;
+    let sub = k4_sub_scales(b, j);
+    let dl = sub.x;
+    let ml = sub.y;
     let shift = 4u * (j & 1u);
     let qs = b + 16u + 32u * (j / 2u);
     for (var w = 0u; w < 8u; w++) {

@@ -59,9 +59,14 @@ const FORMATS: [(GgmlType, &str); 9] = [
     ),
 ];
 
+/// The weight formats the kernels read.
+pub fn weight_formats() -> impl Iterator<Item = GgmlType> {
+    FORMATS.iter().map(|&(ty, _)| ty)
+}
+
 /// Whether the kernels read weights in format `ty`.
 pub(crate) fn reads(ty: GgmlType) -> bool {
-    FORMATS.iter().any(|&(t, _)| t == ty)
+    weight_formats().any(|t| t == ty)
 }
 
 /// One entry point of one kernel.

@@ -20,6 +20,7 @@ use tallow_gguf::GgufFile;
 use tallow_kv::{KvLayout, LayerGroups};
 
 pub use device::devices;
+pub use kernels::weight_formats;
 pub use matrix::Matrix;
 pub use pages::Pages;
 pub use step::{Rows, Scratch, WgpuStep};

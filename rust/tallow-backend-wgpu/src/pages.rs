@@ -32,9 +32,8 @@ impl Pages {
                 layout.dtype, layout.head_dim
             )));
         }
-        let slot_of = (0..layout.n_layer)
-            .map(|l| groups.place(l).map(|(_, slot)| slot))
-            .collect::<Result<Vec<_>, _>>()?;
+        groups.check_layout(&layout)?;
+        let slot_of = groups.slots();
         let bytes = 2 * (layout.n_head_kv * n_pages * layout.block_len() * 2) as u64;
         let slots = (0..layout.page_layers)
             .map(|_| gpu.zeroed(bytes))

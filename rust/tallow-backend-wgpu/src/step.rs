@@ -186,6 +186,20 @@ impl<'s> WgpuStep<'s> {
         self.dispatch(kernel, buffers, &words, (x, y, 1))
     }
 
+    /// A norm kernel over `runs` runs of `width` values, one workgroup each.
+    fn norm(
+        &mut self,
+        kernel: Kernel,
+        buffers: &[(u32, &wgpu::Buffer)],
+        runs: usize,
+        width: usize,
+        eps: f32,
+    ) -> Result<(), StepError> {
+        let (gx, gy) = grid(runs);
+        let params = [width as u32, runs as u32, eps.to_bits(), gx];
+        self.dispatch(kernel, buffers, &params, (gx, gy, 1))
+    }
+
     /// Submits what is recorded, and reads the first `out.len()` floats of `buffer`.
     fn read_back(&mut self, buffer: &wgpu::Buffer, out: &mut [f32]) -> Result<(), StepError> {
         let fresh = self.gpu.device.create_command_encoder(&Default::default());
@@ -329,19 +343,19 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         eps: f32,
         out: &mut Rows,
     ) -> Result<(), StepError> {
-        let runs = x.len / gain.len;
-        let (gx, gy) = grid(runs);
-        let params = [gain.len as u32, runs as u32, eps.to_bits(), gx];
         let buffers = [(0, &x.buffer), (1, &gain.buffer), (2, &out.buffer)];
-        self.dispatch(Kernel::Norm, &buffers, &params, (gx, gy, 1))
+        self.norm(Kernel::Norm, &buffers, x.len / gain.len, gain.len, eps)
     }
 
     fn rms_norm_in_place(&mut self, x: &mut Rows, gain: &Rows, eps: f32) -> Result<(), StepError> {
-        let runs = x.len / gain.len;
-        let (gx, gy) = grid(runs);
-        let params = [gain.len as u32, runs as u32, eps.to_bits(), gx];
         let buffers = [(1, &gain.buffer), (2, &x.buffer)];
-        self.dispatch(Kernel::NormInPlace, &buffers, &params, (gx, gy, 1))
+        self.norm(
+            Kernel::NormInPlace,
+            &buffers,
+            x.len / gain.len,
+            gain.len,
+            eps,
+        )
     }
 
     fn matmul<const N: usize>(

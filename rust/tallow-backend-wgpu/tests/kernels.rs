@@ -10,7 +10,7 @@ use tallow_backend::{
     RopeScaling, RopeStyle, Scores, Step, StepError, StepInput,
 };
 use tallow_backend_cpu::CpuBackend;
-use tallow_backend_wgpu::WgpuBackend;
+use tallow_backend_wgpu::{weight_formats, WgpuBackend};
 use tallow_gguf::{tensors_image, GgmlType, GgufFile, TensorData};
 use tallow_kv::{KvLayout, LayerGroups, PagedKvCache, SeqId};
 use tallow_quant::testing::{dequantized, magnitude, random_blocks, Rng};
@@ -23,19 +23,6 @@ fn random(seed: u64, n: usize) -> Vec<f32> {
 fn gpu() -> WgpuBackend {
     WgpuBackend::open(0).unwrap_or_else(|e| panic!("{e} (install mesa-vulkan-drivers)"))
 }
-
-/// The formats the WGSL kernels read.
-const FORMATS: [GgmlType; 9] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
 
 /// A matrix of `rows` x `cols` random weights in `ty`, as a one-tensor file, and the values
 /// its blocks hold.
@@ -139,7 +126,7 @@ fn products<B: Backend>(backend: &B, m: &B::Matrix, x: &[f32], n: usize, rows: u
 #[test]
 fn products_match_the_dequantized_weights_in_every_format() {
     let gpu = gpu();
-    for (f, ty) in FORMATS.into_iter().enumerate() {
+    for (f, ty) in weight_formats().enumerate() {
         // Rows whose bytes are not whole words (3 Q4_0 blocks are 54 bytes), 37 rows, and
         // token counts around the kernel's blocks of 8.
         let cols = if ty.block_len() == 256 { 512 } else { 96 };
@@ -186,7 +173,7 @@ fn run<B: Backend>(
 #[test]
 fn embeddings_are_the_dequantized_rows_in_every_format() {
     let gpu = gpu();
-    for (f, ty) in FORMATS.into_iter().enumerate() {
+    for (f, ty) in weight_formats().enumerate() {
         let cols = if ty.block_len() == 256 { 256 } else { 96 };
         let rows = 23;
         let (file, w) = matrix_file(ty, rows, cols, 30 + f as u64);

@@ -6,7 +6,7 @@ use crate::error::{KvError, Result};
 use crate::groups::LayerGroups;
 use crate::layout::{pages_for_budget, KvBudget, KvKind, KvLayout};
 use crate::sequences::{KvStats, PrefixMatch, Sequences};
-use crate::storage::{check_groups, KvStorage};
+use crate::storage::KvStorage;
 use crate::{PageId, SeqId, Slot};
 
 /// Where a cache's K/V values live: host memory ([`KvStorage`]) or a device's, behind a
@@ -80,7 +80,7 @@ impl PagedKvCache {
     /// Empty page tables over every page of `storage`, whose pages each hold one of `groups`.
     pub fn over(groups: LayerGroups, storage: impl PageStore) -> Result<Self> {
         let layout = storage.layout();
-        check_groups(layout, &groups)?;
+        groups.check_layout(layout)?;
         Ok(PagedKvCache {
             seqs: Sequences::grouped(layout.page_size, storage.n_pages(), &groups.windows())?,
             groups,

@@ -12,6 +12,7 @@
 //! at 8k context the local groups keep about `window / page_size + 2` pages each.
 
 use crate::error::{KvError, Result};
+use crate::layout::KvLayout;
 
 /// The layers of one group and the window they attend within.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +110,26 @@ impl LayerGroups {
     /// The window of each group, in order.
     pub fn windows(&self) -> Vec<Option<usize>> {
         self.groups.iter().map(|g| g.window).collect()
+    }
+
+    /// Checks that these groups cut `layout`'s layers into pages of `layout.page_layers`.
+    pub fn check_layout(&self, layout: &KvLayout) -> Result<()> {
+        if (self.n_layer(), self.page_layers()) != (layout.n_layer, layout.page_layers) {
+            return Err(KvError::InvalidLayout(format!(
+                "layer groups of {} layers in pages of {} do not fit a layout of {} layers in \
+                 pages of {}",
+                self.n_layer(),
+                self.page_layers(),
+                layout.n_layer,
+                layout.page_layers
+            )));
+        }
+        Ok(())
+    }
+
+    /// The page slot of every model layer, in layer order.
+    pub fn slots(&self) -> Vec<usize> {
+        self.place.iter().map(|&(_, slot)| slot).collect()
     }
 
     /// The group and page slot of model layer `layer`.

@@ -53,7 +53,7 @@ impl KvStorage {
     /// A zeroed pool of `n_pages` pages, each holding the layers of one of `groups`.
     pub fn grouped(layout: KvLayout, groups: &LayerGroups, n_pages: usize) -> Result<Self> {
         layout.validate()?;
-        check_groups(&layout, groups)?;
+        groups.check_layout(&layout)?;
         let page_elems = layout.elems_per_page()?;
         let max = isize::MAX as usize / layout.bytes_per_page()?;
         if n_pages > max {
@@ -69,9 +69,7 @@ impl KvStorage {
         };
         Ok(KvStorage {
             layout,
-            slot_of: (0..layout.n_layer)
-                .map(|l| groups.place(l).map(|(_, slot)| slot))
-                .collect::<Result<_>>()?,
+            slot_of: groups.slots(),
             n_pages,
             page_elems,
             data,
@@ -313,21 +311,6 @@ impl KvStorage {
         }
         Ok(())
     }
-}
-
-/// Checks that `groups` cut `layout`'s layers into pages of `layout.page_layers`.
-pub(crate) fn check_groups(layout: &KvLayout, groups: &LayerGroups) -> Result<()> {
-    if (groups.n_layer(), groups.page_layers()) != (layout.n_layer, layout.page_layers) {
-        return Err(KvError::InvalidLayout(format!(
-            "layer groups of {} layers in pages of {} do not fit a layout of {} layers in \
-             pages of {}",
-            groups.n_layer(),
-            groups.page_layers(),
-            layout.n_layer,
-            layout.page_layers
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -57,11 +57,6 @@ impl AnyScratch {
             .and_then(|s| s.downcast_mut())
             .expect("just made for B")
     }
-
-    /// The CPU backend's part, if the CPU used it.
-    pub fn cpu(&self) -> Option<&Scratch> {
-        self.0.as_ref().and_then(|s| s.downcast_ref())
-    }
 }
 
 impl<B: Backend> AnyModel for Model<B> {

@@ -4,7 +4,7 @@ use tallow_gguf::{Array, GgufFile, Value};
 
 use crate::arch::{Architecture, SlidingLayers, ARCHITECTURES};
 use crate::error::ModelError;
-use tallow_backend::RopeScaling;
+use tallow_backend::{Heads, RopeScaling};
 
 /// The names of the architectures (`general.architecture`) this crate can run.
 pub fn supported_architectures() -> Vec<&'static str> {
@@ -163,6 +163,15 @@ impl ModelConfig {
     /// Width of the Q rows of one layer.
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
+    }
+
+    /// The shape of the attention.
+    pub fn heads(&self) -> Heads {
+        Heads {
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            head_dim: self.head_dim,
+        }
     }
 }
 

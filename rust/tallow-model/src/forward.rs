@@ -1,7 +1,7 @@
 //! The forward pass over a ragged batch of sequences, written once against the [`Backend`]
 //! seam and driven by the architecture's description.
 
-use tallow_backend::{Backend, Batch, Heads, Scores, Step, StepError, StepInput};
+use tallow_backend::{Backend, Batch, Scores, Step, StepError, StepInput};
 use tallow_backend_cpu::CpuBackend;
 use tallow_kv::PagedKvCache;
 
@@ -95,11 +95,7 @@ impl<B: Backend> Forward<'_, B> {
         let input = StepInput {
             batch,
             first_pos,
-            heads: Heads {
-                n_head: cfg.n_head,
-                n_head_kv: cfg.n_head_kv,
-                head_dim: cfg.head_dim,
-            },
+            heads: cfg.heads(),
             page_size: cache.layout().page_size,
             ropes: self.ropes,
         };

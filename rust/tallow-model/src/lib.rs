@@ -14,7 +14,6 @@ mod weights;
 use std::path::Path;
 use std::sync::Arc;
 
-use tallow_backend::Heads;
 use tallow_gguf::GgufFile;
 use tallow_tokenizer::Tokenizer;
 
@@ -94,11 +93,7 @@ impl<B: Backend> Model<B> {
     ) -> Result<Self, ModelError> {
         let file = Arc::new(file);
         let config = ModelConfig::from_gguf(&file)?;
-        backend.check_heads(Heads {
-            n_head: config.n_head,
-            n_head_kv: config.n_head_kv,
-            head_dim: config.head_dim,
-        })?;
+        backend.check_heads(config.heads())?;
         let weights = Weights::load(&backend, &file, &config)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         // Everything needed from the header is parsed by now.
