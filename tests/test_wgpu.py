@@ -70,8 +70,12 @@ def test_greedy_tokens_match_transformers(arch_dir: Path, prompt: list[int], arc
     assert _run(engine, {"r": prompt}, len(expected)) == {"r": expected}
 
 
-def _run(engine: Engine, requests: dict[str, list[int]], n: int) -> dict[str, list[int]]:
-    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+def _run(
+    engine: Engine, requests: dict[str, list[int]], n: int, logprobs: bool = False
+) -> dict[str, list[int]]:
+    """Greedy tokens of each request, run to the end; with ``logprobs`` the engine samples
+    from the logits on the host instead of taking the device's argmax."""
+    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=logprobs)
     for rid, ids in requests.items():
         engine.add(rid, ids, params)
     tokens: dict[str, list[int]] = {rid: [] for rid in requests}
@@ -80,6 +84,31 @@ def _run(engine: Engine, requests: dict[str, list[int]], n: int) -> dict[str, li
             assert out.error is None
             tokens[out.request_id] += out.new_token_ids
     return tokens
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_greedy_tokens_chosen_on_the_device_are_the_argmax_of_the_logits(
+    arch_dir: Path, prompt: list[int], device: str
+) -> None:
+    """``output="argmax"`` gives the first largest of the logits the same batch gives (gemma2
+    soft-caps them), row by row over chunks that ask for all, the last or no logits."""
+    model = _core.Model(str(arch_dir / "gemma2" / "gemma2-q8_0.gguf"), device=device)
+    chunks = [(prompt[:8], "last"), (prompt[8:13], "all"), (prompt[13:17], "none")]
+
+    def forward(output: str) -> np.ndarray:
+        kv = model.new_kv_cache(max_pages=3 * model.kv_pages_to_hold(16, chunk=16))
+        batch = []
+        for ids, logits in chunks:
+            seq = kv.create()
+            kv.reserve(seq, len(ids))
+            batch.append((seq, ids, logits))
+        return model.forward(kv, batch, output)  # type: ignore[call-overload, no-any-return]
+
+    logits, tokens = forward("logits"), forward("argmax")
+    assert tokens.dtype == np.uint32 and tokens.shape == (6,)
+    assert tokens.tolist() == np.argmax(logits, axis=1).tolist()
+    with pytest.raises(tallow.InvalidArgumentError, match="output must be 'logits' or 'argmax'"):
+        forward("tokens")
 
 
 def test_engine_batches_caches_prefixes_and_speculates_on_the_gpu(
@@ -217,24 +246,70 @@ def test_real_models_logits_agree_with_the_cpu(name: str, reference_dir: Path) -
     assert float((cpu.argmax(1) == gpu.argmax(1)).mean()) >= 0.9
 
 
+def _greedy_tokens(model: _core.Model, prompt: list[int], n: int) -> list[int]:
+    context = model.new_context(64)
+    logits = context.eval(prompt)
+    tokens = []
+    for _ in range(n):
+        tokens.append(int(np.argmax(logits)))
+        logits = context.eval(tokens[-1:])
+    return tokens
+
+
 @pytest.mark.parametrize("name", REAL_MODELS)
-def test_real_models_greedy_continuations_match_llama_cpp(name: str, reference_dir: Path) -> None:
+def test_real_models_greedy_continuations_match_llama_cpp_and_the_cpu(
+    name: str, reference_dir: Path
+) -> None:
     """The first two prompts of llama.cpp's greedy continuations, decoded token by token on
-    the GPU: the same tokens, or a near tie where they part (never at the first token)."""
+    the GPU: the same tokens as llama.cpp's and as the CPU backend's, or a near tie where they
+    part (never at the first token)."""
     cases = json.loads((reference_dir / "greedy" / "llamacpp_greedy.json").read_text())[name]
-    model = _core.Model(str(tallow.resolve_model(name)), device="gpu")
+    path = str(tallow.resolve_model(name))
+    model, cpu = _core.Model(path, device="gpu"), _core.Model(path)
     for case in cases[:2]:
         prompt = model.tokenize(case["prompt"], model.add_bos, False)
-        want = model.tokenize(case["greedy_continuation_16_tokens"], False, False)
-        context = model.new_context(64)
-        logits = context.eval(prompt)
-        for step, theirs in enumerate(want):
-            ours = int(np.argmax(logits))
-            if ours != theirs:
-                gap = float(logits[ours] - logits[theirs])
-                assert gap < NEAR_TIE and step >= 1, (case["prompt"], step, gap)
-                break
-            logits = context.eval([ours])
+        theirs = model.tokenize(case["greedy_continuation_16_tokens"], False, False)
+        for want in (theirs, _greedy_tokens(cpu, prompt, len(theirs))):
+            context = model.new_context(64)
+            logits = context.eval(prompt)
+            for step, other in enumerate(want):
+                ours = int(np.argmax(logits))
+                if ours != other:
+                    gap = float(logits[ours] - logits[other])
+                    assert gap < NEAR_TIE and step >= 1, (case["prompt"], step, gap)
+                    break
+                logits = context.eval([ours])
+
+
+def test_engine_on_a_real_model_on_the_gpu(reference_dir: Path) -> None:
+    """smollm2 on the GPU: eight concurrent requests give each one's greedy tokens alone (the
+    device's argmax, and the host's sampling from logits when log probabilities are asked
+    for), a repeated prompt is served from the prefix cache, and prompt-lookup speculation
+    keeps the greedy tokens."""
+    model = _core.Model(str(tallow.resolve_model("smollm2-135m")), device="gpu")
+    text = (reference_dir / "perplexity" / "apache-2.0.txt").read_text()[:600]
+    ids = model.tokenize(text, False, False)
+    requests = {f"r{i}": ids[3 * i : 3 * i + 6 + 2 * i] for i in range(8)}
+    pages = model.kv_pages_to_hold(64, chunk=64)
+
+    def config(n: int, **kwargs: object) -> EngineConfig:
+        return EngineConfig(max_num_seqs=n, n_ctx=64, kv_pages=n * pages, **kwargs)
+
+    alone = {
+        rid: _run(Engine(model, config(1)), {rid: prompt}, 4)[rid]
+        for rid, prompt in requests.items()
+    }
+    engine = Engine(model, config(8))
+    assert _run(engine, requests, 4) == alone
+    assert _run(Engine(model, config(8)), requests, 4, logprobs=True) == alone
+    before = engine.kv.stats()["prefix_hit_tokens"]
+    assert _run(engine, {"again": requests["r7"]}, 4) == {"again": alone["r7"]}
+    assert engine.kv.stats()["prefix_hit_tokens"] > before
+    repetitive = (ids[:5] * 5)[:24]
+    plain = _run(Engine(model, config(1)), {"p": repetitive}, 10)
+    ngram = Engine(model, config(1, speculative="ngram"))
+    assert _run(ngram, {"p": repetitive}, 10) == plain
+    assert ngram.stats()["spec_accepted_tokens"] > 0
 
 
 @pytest.mark.slow

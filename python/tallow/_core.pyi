@@ -5,7 +5,7 @@ which wraps these classes. Calls that compute release the GIL.
 """
 
 import os
-from typing import final
+from typing import Literal, final, overload
 
 import numpy
 import numpy.typing
@@ -161,15 +161,28 @@ class Model:
         max_bytes: int | None = None,
     ) -> KvCache:
         """A paged KV pool shaped for this model (see :class:`KvCache`)."""
+    @overload
     def forward(
-        self, cache: KvCache, batch: list[tuple[int, list[int], str]]
+        self,
+        cache: KvCache,
+        batch: list[tuple[int, list[int], str]],
+        output: Literal["logits"] = "logits",
     ) -> numpy.typing.NDArray[numpy.float32]:
         """Run one ragged batch of ``(seq, tokens, logits)`` chunks.
 
         Each chunk's ``tokens`` take the last ``len(tokens)`` positions reserved for ``seq``
         (:meth:`KvCache.reserve`); ``logits`` is ``"none"``, ``"last"`` or ``"all"``. Returns
-        float32 logits of shape ``(rows, n_vocab)``, chunk by chunk.
+        float32 logits of shape ``(rows, n_vocab)``, chunk by chunk; with
+        ``output="argmax"`` only each row's greedy token (uint32, shape ``(rows,)``, the first
+        largest logit, NaN never), chosen on the model's device.
         """
+    @overload
+    def forward(
+        self,
+        cache: KvCache,
+        batch: list[tuple[int, list[int], str]],
+        output: Literal["argmax"],
+    ) -> numpy.typing.NDArray[numpy.uint32]: ...
 
 @final
 class KvCache:
@@ -321,6 +334,16 @@ class Sampler:
         distribution each draft token was drawn from (None: proposed with certainty). Returns
         ``(token, logprob, top_logprobs)`` for the accepted draft tokens and one more, with the
         distribution :meth:`sample` gives."""
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Whether the choice is a row's argmax and nothing more (greedy, no penalties, bias
+        or log probabilities): ``Model.forward(..., output="argmax")`` then serves it."""
+    def take_argmax(
+        self, argmaxes: list[int], draft: list[int]
+    ) -> list[tuple[int, float, list[tuple[int, float]]]]:
+        """:meth:`verify` (or :meth:`sample` with no draft) given only each row's greedy token
+        (``len(draft) + 1`` of them): the draft tokens kept while they equal the argmax, then
+        one more; log probabilities NaN. Only for a plain greedy sampler."""
     def draft(
         self, logits: numpy.typing.NDArray[numpy.float32]
     ) -> tuple[int, numpy.typing.NDArray[numpy.float32]]:

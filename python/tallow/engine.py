@@ -426,8 +426,12 @@ class Engine:
         sampled: dict[str, list[tuple[int, float, list[tuple[int, float]]]]] = {}
         if step:
             try:
-                logits = self.model.forward(self.kv, step.batch())
-                sampled = self._sample(step, logits, proposals)
+                if self._greedy_on_device(step):
+                    tokens = self.model.forward(self.kv, step.batch(), output="argmax")
+                    sampled = self._take_argmax(step, tokens)
+                else:
+                    logits = self.model.forward(self.kv, step.batch())
+                    sampled = self._sample(step, logits, proposals)
             except TallowError as e:
                 return self._forget(self.scheduler.fail(step, str(e)))
             self.tokens_computed += step.num_tokens
@@ -469,6 +473,29 @@ class Engine:
         for method, requests in wanted.items():
             proposals.update(self._proposers[method].propose(requests))
         return {r: p for r, p in proposals.items() if p.tokens}
+
+    def _greedy_on_device(self, step: Step) -> bool:
+        """Whether every request that takes tokens in ``step`` takes the argmax and nothing
+        more: then the device picks them and only one token per row comes back."""
+        ids = step.sample_ids
+        return bool(ids) and all(self._samplers[r].is_plain_greedy for r in ids)
+
+    def _take_argmax(
+        self, step: Step, argmaxes: npt.NDArray[np.uint32]
+    ) -> dict[str, list[tuple[int, float, list[tuple[int, float]]]]]:
+        """The tokens of every request in ``step`` from each row's greedy token: drafts kept
+        while they agree, as ``_sample`` verifies them."""
+        sampled = {}
+        row = 0
+        for chunk in step.chunks:
+            if not chunk.logits:
+                continue
+            rows = argmaxes[row : row + chunk.n_rows].tolist()
+            sampled[chunk.request_id] = self._samplers[chunk.request_id].take_argmax(
+                rows, chunk.draft
+            )
+            row += chunk.n_rows
+        return sampled
 
     def _sample(
         self, step: Step, logits: npt.NDArray[np.float32], proposals: dict[str, Proposal]

@@ -2,7 +2,9 @@
 //! the step's arena.
 
 use tallow_arena::Arena;
-use tallow_backend::{Activation, Batch, Logits, Rope, Scores, Step, StepError, StepInput};
+use tallow_backend::{
+    argmax, Activation, Batch, Logits, Output, Rope, Scores, Step, StepError, StepInput,
+};
 use tallow_kv::{KvStorage, PagedKvCache};
 use tallow_quant::QuantizedActs;
 
@@ -249,14 +251,28 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         x: &Self::Rows,
         m: &Matrix,
         softcap: Option<f32>,
-        out: &mut [f32],
+        out: Output<'_>,
     ) -> Result<(), StepError> {
         self.layer.reset();
-        let acts = Self::quantize(self.layer, m, x, x.len() / m.cols)?;
-        m.matmul(&acts, out)?;
-        if let Some(cap) = softcap {
-            out.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+        let n = x.len() / m.cols;
+        let acts = Self::quantize(self.layer, m, x, n)?;
+        let product = |logits: &mut [f32]| -> Result<(), StepError> {
+            m.matmul(&acts, logits)?;
+            if let Some(cap) = softcap {
+                logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+            }
+            Ok(())
+        };
+        match out {
+            Output::Logits(logits) => product(logits),
+            Output::Argmax(tokens) => {
+                let logits = take::<f32>(self.layer, LAYER, n * m.rows)?;
+                product(logits)?;
+                for (token, row) in tokens.iter_mut().zip(logits.chunks_exact(m.rows)) {
+                    *token = argmax(row);
+                }
+                Ok(())
+            }
         }
-        Ok(())
     }
 }

@@ -103,12 +103,12 @@ impl Gpu {
         Ok(())
     }
 
-    /// Copies the first `out.len()` floats of `src` to `out`, after everything submitted.
-    pub(crate) fn read(
+    /// Copies the first `out.len()` values of `src` to `out`, after everything submitted.
+    pub(crate) fn read<T: Word>(
         &self,
         mut encoder: wgpu::CommandEncoder,
         src: &wgpu::Buffer,
-        out: &mut [f32],
+        out: &mut [T],
     ) -> Result<(), BackendError> {
         let size = (out.len() * 4) as u64;
         let staging = self.checked(|device| {
@@ -137,11 +137,28 @@ impl Gpu {
             .map_err(device_error)?;
         let bytes = slice.get_mapped_range().map_err(device_error)?;
         for (v, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            *v = T::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }
         drop(bytes);
         staging.unmap();
         Ok(())
+    }
+}
+
+/// A value of four bytes that the kernels write.
+pub(crate) trait Word: Copy {
+    fn from_le_bytes(bytes: [u8; 4]) -> Self;
+}
+
+impl Word for f32 {
+    fn from_le_bytes(bytes: [u8; 4]) -> Self {
+        f32::from_le_bytes(bytes)
+    }
+}
+
+impl Word for u32 {
+    fn from_le_bytes(bytes: [u8; 4]) -> Self {
+        u32::from_le_bytes(bytes)
     }
 }
 

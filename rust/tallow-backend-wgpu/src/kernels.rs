@@ -18,6 +18,7 @@ const ELEMENTWISE: &str = include_str!("../../../kernels-wgsl/elementwise.wgsl")
 const ROPE: &str = include_str!("../../../kernels-wgsl/rope.wgsl");
 const KV: &str = include_str!("../../../kernels-wgsl/kv.wgsl");
 const ATTENTION: &str = include_str!("../../../kernels-wgsl/attention.wgsl");
+const ARGMAX: &str = include_str!("../../../kernels-wgsl/argmax.wgsl");
 
 /// The weight formats the kernels read, with the source of each one's `dequant32`.
 const FORMATS: [(GgmlType, &str); 9] = [
@@ -84,13 +85,19 @@ pub(crate) enum Kernel {
     Rope,
     WriteKv,
     Attention,
+    Argmax,
 }
 
 impl Kernel {
     /// The binding of the kernel's uniform parameters (after its buffers).
     pub(crate) fn params_binding(self) -> u32 {
         match self {
-            Kernel::Add | Kernel::AddBias | Kernel::Gated | Kernel::Softcap | Kernel::Rope => 2,
+            Kernel::Add
+            | Kernel::AddBias
+            | Kernel::Gated
+            | Kernel::Softcap
+            | Kernel::Rope
+            | Kernel::Argmax => 2,
             Kernel::Matmul(..) | Kernel::Embed(_) | Kernel::Norm | Kernel::NormInPlace => 3,
             Kernel::WriteKv => 4,
             Kernel::Attention => 5,
@@ -125,6 +132,7 @@ impl Kernel {
             Kernel::Rope => (ROPE.into(), "main"),
             Kernel::WriteKv => (KV.into(), "write"),
             Kernel::Attention => (ATTENTION.into(), "main"),
+            Kernel::Argmax => (ARGMAX.into(), "main"),
         })
     }
 }

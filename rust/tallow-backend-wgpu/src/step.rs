@@ -3,10 +3,12 @@
 
 use std::sync::Arc;
 
-use tallow_backend::{Activation, BackendError, Logits, Scores, Step, StepError, StepInput};
+use tallow_backend::{
+    Activation, BackendError, Logits, Output, Scores, Step, StepError, StepInput,
+};
 use tallow_kv::{PageStore, PagedKvCache};
 
-use crate::gpu::{device_error, Gpu};
+use crate::gpu::{device_error, Gpu, Word};
 use crate::kernels::{Kernel, Kernels};
 use crate::matrix::Matrix;
 use crate::pages::Pages;
@@ -200,8 +202,12 @@ impl<'s> WgpuStep<'s> {
         self.dispatch(kernel, buffers, &params, (gx, gy, 1))
     }
 
-    /// Submits what is recorded, and reads the first `out.len()` floats of `buffer`.
-    fn read_back(&mut self, buffer: &wgpu::Buffer, out: &mut [f32]) -> Result<(), StepError> {
+    /// Submits what is recorded, and reads the first `out.len()` values of `buffer`.
+    fn read_back<T: Word>(
+        &mut self,
+        buffer: &wgpu::Buffer,
+        out: &mut [T],
+    ) -> Result<(), StepError> {
         let fresh = self.gpu.device.create_command_encoder(&Default::default());
         let encoder = std::mem::replace(&mut self.encoder, fresh);
         self.gpu.read(encoder, buffer, out)?;
@@ -497,11 +503,16 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         x: &Rows,
         m: &Matrix,
         softcap: Option<f32>,
-        out: &mut [f32],
+        mut out: Output<'_>,
     ) -> Result<(), StepError> {
         // Blocks of rows whose logits fit one buffer (a large vocabulary's rows of a long
-        // chunk do not), each read back as it is done.
+        // chunk do not): each block's logits are read back as it is done, or its greedy
+        // tokens gathered on the device and read back once at the end.
         let n = x.len / m.cols;
+        let tokens = match out {
+            Output::Argmax(_) => Some(self.rows(n, 1)?),
+            Output::Logits(_) => None,
+        };
         let per_block = (self.max_part as usize / (m.rows * 4)).clamp(1, n.max(1));
         for first in (0..n).step_by(per_block) {
             let rows = per_block.min(n - first);
@@ -528,8 +539,18 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
                 let buffers = [(0, &logits.buffer)];
                 self.dispatch_each(Kernel::Softcap, &buffers, logits.len, &[cap.to_bits()])?;
             }
-            let out = &mut out[first * m.rows..(first + rows) * m.rows];
-            self.read_back(&logits.buffer, out)?;
+            if let Some(tokens) = &tokens {
+                let (gx, gy) = grid(rows);
+                let buffers = [(0, &logits.buffer), (1, &tokens.buffer)];
+                let params = [m.rows as u32, rows as u32, first as u32, gx];
+                self.dispatch(Kernel::Argmax, &buffers, &params, (gx, gy, 1))?;
+            } else if let Output::Logits(out) = &mut out {
+                let out = &mut out[first * m.rows..(first + rows) * m.rows];
+                self.read_back(&logits.buffer, out)?;
+            }
+        }
+        if let (Output::Argmax(out), Some(tokens)) = (out, tokens) {
+            self.read_back(&tokens.buffer, out)?;
         }
         Ok(())
     }

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use tallow_backend::{
-    Activation, Backend, Batch, Heads, Logits, MatrixSpec, MatrixUse, Rope, RopeParams,
-    RopeScaling, RopeStyle, Scores, Step, StepError, StepInput,
+    argmax, Activation, Backend, Batch, Heads, Logits, MatrixSpec, MatrixUse, Output, Rope,
+    RopeParams, RopeScaling, RopeStyle, Scores, Step, StepError, StepInput,
 };
 use tallow_backend_cpu::CpuBackend;
 use tallow_backend_wgpu::{weight_formats, WgpuBackend};
@@ -323,13 +323,47 @@ fn soft_capped_logits(gpu: &WgpuBackend) {
     let mut got = vec![0f32; n * rows];
     run(gpu, &batch, &[0], &Vec::new(), |step| {
         let xs = step.upload(&x, cols * 2)?;
-        step.logits(&xs, &m, Some(cap), &mut got)
+        step.logits(&xs, &m, Some(cap), Output::Logits(&mut got))
     });
     let (exact, scale) = reference_products(&w, &x, n, rows);
     let c = f64::from(cap);
     let want: Vec<f64> = exact.iter().map(|v| c * (v / c).tanh()).collect();
     assert!(exact.iter().any(|v| v.abs() > c), "some logits are capped");
     assert_close(&got, &want, &scale, 1e-6, "logits");
+}
+
+/// Greedy tokens chosen on the device are the host's argmax of the logits the same step
+/// copies back: the first of equal values (rows 150.. repeat rows ..150, and a cap makes
+/// large logits equal), never a NaN (rows 7 and 157); in one block and in blocks of one row.
+#[test]
+fn greedy_tokens_are_the_argmax_of_the_logits() {
+    let (rows, cols, n) = (300, 64, 5);
+    let mut w = random(21, rows / 2 * cols);
+    w[7 * cols] = f32::NAN;
+    w.extend_from_within(..);
+    let data: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let image = tensors_image(&[TensorData {
+        name: "w",
+        ty: GgmlType::F32,
+        dims: &[cols as u64, rows as u64],
+        data: &data,
+    }]);
+    let file = Arc::new(GgufFile::from_bytes(image).unwrap());
+    let x = random(22, n * cols);
+    for backend in [gpu(), WgpuBackend::open_capped(0, rows as u64 * 4).unwrap()] {
+        let m = upload(&backend, &file, rows, cols);
+        for cap in [None, Some(0.05)] {
+            let (mut logits, mut tokens) = (vec![0f32; n * rows], vec![0u32; n]);
+            run(&backend, &batch(&[0; 5]), &[0], &Vec::new(), |step| {
+                let xs = step.upload(&x, cols)?;
+                step.logits(&xs, &m, cap, Output::Logits(&mut logits))?;
+                step.logits(&xs, &m, cap, Output::Argmax(&mut tokens))
+            });
+            let want: Vec<u32> = logits.chunks_exact(rows).map(argmax).collect();
+            assert_eq!(tokens, want, "cap {cap:?}");
+            assert!(want.iter().all(|&t| t < 150 && t != 7), "{want:?}");
+        }
+    }
 }
 
 /// Causal attention on `backend` over sequences that prefill `prompt` tokens and then add

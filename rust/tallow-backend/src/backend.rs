@@ -8,6 +8,7 @@ use tallow_kv::{KvLayout, LayerGroups, PageStore, PagedKvCache};
 use crate::batch::Batch;
 use crate::error::{BackendError, StepError};
 use crate::ops::{Activation, Heads, Scores};
+use crate::output::Output;
 use crate::rope::Rope;
 
 /// A device the model runs on, as `tallow info --devices` lists it.
@@ -207,12 +208,13 @@ pub trait Step<B: Backend> {
     /// order, to `out`.
     fn logit_rows(&mut self, x: &Self::Rows, out: &mut Self::Rows) -> Result<(), StepError>;
 
-    /// `out = softcap(x · mᵀ)`, in host memory (`cap * tanh(v / cap)` when `softcap` is set).
+    /// The logits `softcap(x · mᵀ)` (`cap * tanh(v / cap)` when `softcap` is set) to host
+    /// memory, or only each row's [`crate::argmax`] of them.
     fn logits(
         &mut self,
         x: &Self::Rows,
         m: &B::Matrix,
         softcap: Option<f32>,
-        out: &mut [f32],
+        out: Output<'_>,
     ) -> Result<(), StepError>;
 }

@@ -7,10 +7,12 @@ mod backend;
 mod batch;
 mod error;
 mod ops;
+mod output;
 mod rope;
 
 pub use backend::{Backend, DeviceInfo, MatrixSpec, MatrixUse, Step, StepInput};
 pub use batch::{Batch, Logits, SeqChunk};
 pub use error::{BackendError, StepError};
 pub use ops::{Activation, Heads, Scores};
+pub use output::{argmax, Output};
 pub use rope::{Rope, RopeParams, RopeScaling, RopeStyle};

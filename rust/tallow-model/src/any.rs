@@ -3,7 +3,7 @@
 
 use std::any::Any;
 
-use tallow_backend::{Backend, Batch, DeviceInfo};
+use tallow_backend::{Backend, Batch, DeviceInfo, Output};
 use tallow_gguf::GgufFile;
 use tallow_kv::{KvBudget, KvLayout, LayerGroups, PagedKvCache};
 use tallow_tokenizer::Tokenizer;
@@ -34,7 +34,7 @@ pub trait AnyModel: Send + Sync {
         cache: &mut PagedKvCache,
         batch: &Batch,
         scratch: &mut AnyScratch,
-        logits: &mut [f32],
+        out: Output<'_>,
     ) -> Result<(), ModelError>;
 }
 
@@ -97,8 +97,8 @@ impl<B: Backend> AnyModel for Model<B> {
         cache: &mut PagedKvCache,
         batch: &Batch,
         scratch: &mut AnyScratch,
-        logits: &mut [f32],
+        out: Output<'_>,
     ) -> Result<(), ModelError> {
-        Model::forward_into(self, cache, batch, scratch.of::<B>(), logits)
+        Model::forward_into(self, cache, batch, scratch.of::<B>(), out)
     }
 }

@@ -1,7 +1,7 @@
 //! The forward pass over a ragged batch of sequences, written once against the [`Backend`]
 //! seam and driven by the architecture's description.
 
-use tallow_backend::{Backend, Batch, Scores, Step, StepError, StepInput};
+use tallow_backend::{Backend, Batch, Output, Scores, Step, StepError, StepInput};
 use tallow_backend_cpu::CpuBackend;
 use tallow_kv::PagedKvCache;
 
@@ -54,24 +54,24 @@ impl<B: Backend> Scratch<B> {
 impl<B: Backend> Forward<'_, B> {
     /// Runs every chunk of `batch` at the positions reserved for it: the last `len`
     /// positions of its sequence in `cache` (see [`PagedKvCache::append_slots`]). Writes their
-    /// keys and values there and the requested logits (`n_vocab` floats per row, chunk by
-    /// chunk) to `logits`, which must hold exactly that many.
+    /// keys and values there and, for the rows that ask for logits (chunk by chunk), their
+    /// logits or greedy tokens to `out`, which must hold exactly that many.
     pub fn run(
         &self,
         cache: &mut PagedKvCache,
         batch: &Batch,
         scratch: &mut Scratch<B>,
-        logits: &mut [f32],
+        mut out: Output<'_>,
     ) -> Result<(), ModelError> {
         let n_vocab = self.config.n_vocab;
         if let Some(&id) = batch.tokens.iter().find(|&&id| id as usize >= n_vocab) {
             return Err(ModelError::TokenOutOfRange { id, n_vocab });
         }
-        let expected = batch.n_logits() * n_vocab;
-        if logits.len() != expected {
+        let expected = out.len_for(batch.n_logits(), n_vocab);
+        if out.len() != expected {
             return Err(ModelError::InvalidArgument(format!(
-                "the logits buffer holds {} values; this batch produces {expected}",
-                logits.len()
+                "the output buffer holds {} values; this batch produces {expected}",
+                out.len()
             )));
         }
         let Scratch {
@@ -100,7 +100,7 @@ impl<B: Backend> Forward<'_, B> {
             ropes: self.ropes,
         };
         self.backend.run_step(backend_scratch, &input, |step| {
-            self.layers(step, cache, batch, logits)
+            self.layers(step, cache, batch, out.reborrow())
         })?;
         Ok(())
     }
@@ -111,7 +111,7 @@ impl<B: Backend> Forward<'_, B> {
         step: &mut S,
         cache: &mut PagedKvCache,
         batch: &Batch,
-        logits: &mut [f32],
+        out: Output<'_>,
     ) -> Result<(), StepError> {
         let (cfg, w) = (self.config, self.weights);
         let (n, d) = (batch.tokens.len(), cfg.n_embd);
@@ -187,7 +187,7 @@ impl<B: Backend> Forward<'_, B> {
             let mut normed = step.rows(n_logits, d)?;
             step.logit_rows(&x, &mut rows)?;
             step.rms_norm(&rows, &w.output_norm, cfg.rms_eps, &mut normed)?;
-            step.logits(&normed, w.output(), cfg.final_softcap, logits)?;
+            step.logits(&normed, w.output(), cfg.final_softcap, out)?;
         }
         Ok(())
     }

@@ -24,9 +24,11 @@ pub use arch::{
 pub use config::{supported_architectures, ModelConfig};
 pub use error::ModelError;
 pub use forward::Scratch;
-pub use sampling::{argmax, sample_batch, Sampled, Sampler, SamplingParams};
+pub use sampling::{sample_batch, Sampled, Sampler, SamplingParams};
 pub use sequence::SingleSequence;
-pub use tallow_backend::{Backend, Batch, DeviceInfo, Logits, RopeScaling, SeqChunk};
+pub use tallow_backend::{
+    argmax, Backend, Batch, DeviceInfo, Logits, Output, RopeScaling, SeqChunk,
+};
 pub use tallow_backend_cpu::CpuBackend;
 pub use tallow_kv::{
     pages_for_budget, KvBudget, KvDtype, KvLayout, KvStats, LayerGroups, PagedKvCache, SeqId,
@@ -230,20 +232,25 @@ impl<B: Backend> Model<B> {
     /// [`Model::forward_into`] instead.
     pub fn forward(&self, cache: &mut PagedKvCache, batch: &Batch) -> Result<Vec<f32>, ModelError> {
         let mut logits = vec![0.0; batch.n_logits() * self.config.n_vocab];
-        self.forward_into(cache, batch, &mut Scratch::new(), &mut logits)?;
+        self.forward_into(
+            cache,
+            batch,
+            &mut Scratch::new(),
+            Output::Logits(&mut logits),
+        )?;
         Ok(logits)
     }
 
-    /// [`Model::forward`] writing the logits to `logits` (exactly `batch.n_logits() * n_vocab`
-    /// floats) and taking every intermediate buffer from `scratch`. Once `scratch` has served a
-    /// batch of this shape (tokens per chunk, sequence lengths no longer than before), the call
-    /// makes no heap allocation.
+    /// [`Model::forward`] writing its result to `out` (exactly `batch.n_logits() * n_vocab`
+    /// logits, or `batch.n_logits()` greedy tokens) and taking every intermediate buffer from
+    /// `scratch`. Once `scratch` has served a batch of this shape (tokens per chunk, sequence
+    /// lengths no longer than before), the call makes no heap allocation on the CPU.
     pub fn forward_into(
         &self,
         cache: &mut PagedKvCache,
         batch: &Batch,
         scratch: &mut Scratch<B>,
-        logits: &mut [f32],
+        out: Output<'_>,
     ) -> Result<(), ModelError> {
         self.check_kv_cache(cache)?;
         let forward = Forward {
@@ -252,6 +259,6 @@ impl<B: Backend> Model<B> {
             weights: &self.weights,
             ropes: &self.ropes,
         };
-        forward.run(cache, batch, scratch, logits)
+        forward.run(cache, batch, scratch, out)
     }
 }

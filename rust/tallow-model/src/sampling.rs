@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use rayon::prelude::*;
+use tallow_backend::argmax;
 
 use crate::error::ModelError;
 
@@ -223,6 +224,53 @@ impl Sampler {
         Ok(out)
     }
 
+    /// Whether this sampler's choice from a row is the row's [`argmax`] and nothing more:
+    /// greedy, with no penalty or bias that changes the logits and no log probability that
+    /// needs them. Its tokens can then be chosen on the device ([`crate::Output::Argmax`]).
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0
+            && p.repetition_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+            && p.logit_bias.is_empty()
+            && !p.logprobs
+            && p.top_logprobs == 0
+    }
+
+    /// [`Sampler::verify`] (or, with no draft, [`Sampler::sample`]) for a plain greedy sampler
+    /// ([`Sampler::is_plain_greedy`]) given only each row's argmax: the draft's tokens while
+    /// they equal the argmax, then the argmax where they part (or after the last). Records
+    /// them; their log probabilities are NaN, as when none are asked for.
+    pub fn take_argmax(
+        &mut self,
+        argmaxes: &[u32],
+        draft: &[u32],
+    ) -> Result<Vec<Sampled>, ModelError> {
+        if !self.is_plain_greedy() {
+            return Err(ModelError::InvalidArgument(
+                "only a greedy sampler with no penalties, bias or log probabilities takes \
+                 the device's argmax"
+                    .into(),
+            ));
+        }
+        if argmaxes.len() != draft.len() + 1 {
+            return Err(ModelError::InvalidArgument(format!(
+                "{} greedy tokens for a draft of {}: expected one more",
+                argmaxes.len(),
+                draft.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(argmaxes.len());
+        for (i, &token) in argmaxes.iter().enumerate() {
+            out.push(self.record(&[], token));
+            if draft.get(i) != Some(&token) {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     /// Draws a token to propose from one row of logits (a draft model's), with this
     /// sampler's parameters and random state but without recording it; returns it with the
     /// distribution it was drawn from (`logits.len()` probabilities; one-hot when greedy).
@@ -416,28 +464,6 @@ pub fn sample_batch(
         .collect()
 }
 
-/// Index of the largest logit (the first one on ties), ignoring NaN.
-pub fn argmax(logits: &[f32]) -> u32 {
-    // The largest value first, with sixteen independent running maxima (they vectorize),
-    // then its first position; NaN is never the largest (f32::max skips it).
-    let (chunks, tail) = logits.as_chunks::<16>();
-    let mut lanes = [f32::NEG_INFINITY; 16];
-    for chunk in chunks {
-        for (m, &l) in lanes.iter_mut().zip(chunk) {
-            *m = m.max(l);
-        }
-    }
-    let max = lanes
-        .iter()
-        .chain(tail)
-        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    if let Some(i) = logits.iter().position(|&l| l == max) {
-        return i as u32;
-    }
-    // Every value is NaN: the last one, as a scan that replaces a NaN best would pick.
-    logits.len().saturating_sub(1) as u32
-}
-
 /// The log probability of `token` and the `n` most likely tokens with theirs, from raw logits.
 fn logprobs(logits: &[f32], token: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -530,34 +556,36 @@ mod tests {
     fn greedy_takes_the_first_maximum() {
         let mut s = sampling(0.0, 0, 1.0, 1);
         assert_eq!(s.sample(&[0.1, 3.0, -1.0, 3.0]).unwrap().token, 1);
-        assert_eq!(argmax(&[f32::NAN, 1.0, 0.5]), 1);
-        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 1);
-        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), 0);
-        // Long rows, with ties, NaN and infinities, against a plain scan for the first
-        // largest value.
-        let mut state = 5u64;
-        for len in [1, 15, 16, 17, 40, 1000] {
-            for _ in 0..50 {
-                let row: Vec<f32> = (0..len)
-                    .map(|_| {
-                        state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
-                        match state >> 60 {
-                            0 => f32::NAN,
-                            1 => f32::NEG_INFINITY,
-                            2 => 7.0,
-                            _ => ((state >> 40) % 64) as f32 / 8.0,
-                        }
-                    })
-                    .collect();
-                let max = row
-                    .iter()
-                    .copied()
-                    .filter(|v| !v.is_nan())
-                    .fold(f32::NEG_INFINITY, f32::max);
-                let want = row.iter().position(|&v| v == max).unwrap_or(len - 1);
-                assert_eq!(argmax(&row), want as u32, "{row:?}");
-            }
+    }
+
+    #[test]
+    fn device_argmax_takes_what_verify_takes() {
+        let n_vocab = 6;
+        let rows: Vec<f32> = (0..4 * n_vocab).map(|i| ((i * 7) % 11) as f32).collect();
+        let argmaxes: Vec<u32> = rows.chunks_exact(n_vocab).map(argmax).collect();
+        for draft in [vec![], argmaxes[..3].to_vec(), vec![argmaxes[0], 5, 0]] {
+            let rows = &rows[..(draft.len() + 1) * n_vocab];
+            let want = sampling(0.0, 0, 1.0, 1).verify(rows, n_vocab, &draft, None);
+            let got = sampling(0.0, 0, 1.0, 1).take_argmax(&argmaxes[..=draft.len()], &draft);
+            let tokens = |s: Vec<Sampled>| s.iter().map(|s| s.token).collect::<Vec<_>>();
+            assert_eq!(tokens(got.unwrap()), tokens(want.unwrap()), "{draft:?}");
         }
+        let biased = SamplingParams {
+            logit_bias: vec![(1, 2.0)],
+            ..SamplingParams::default()
+        };
+        for params in [
+            biased,
+            SamplingParams {
+                temperature: 1.0,
+                ..Default::default()
+            },
+        ] {
+            let mut s = sampler(params);
+            assert!(!s.is_plain_greedy());
+            assert!(s.take_argmax(&[0], &[]).is_err());
+        }
+        assert!(sampling(0.0, 0, 1.0, 1).take_argmax(&[0, 1], &[]).is_err());
     }
 
     #[test]

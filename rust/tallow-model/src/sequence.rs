@@ -1,7 +1,7 @@
 //! One sequence with a KV cache of its own: the simplest way to run a model (perplexity,
 //! one-request generation), built on the same batched forward and paged cache as the engine.
 
-use tallow_backend::{Batch, Logits};
+use tallow_backend::{Batch, Logits, Output};
 use tallow_kv::{KvBudget, PagedKvCache, SeqId};
 
 use crate::any::{AnyModel, AnyScratch};
@@ -83,7 +83,12 @@ impl SingleSequence {
         logits.resize(n, 0.0);
         self.cache.append_slots(self.seq, tokens.len())?;
         let result = model
-            .forward_into(&mut self.cache, &batch, &mut self.scratch, &mut logits)
+            .forward_into(
+                &mut self.cache,
+                &batch,
+                &mut self.scratch,
+                Output::Logits(&mut logits),
+            )
             .map(|()| logits);
         if result.is_err() {
             self.truncate(used);

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use common::model;
-use tallow_model::{Batch, KvBudget, Logits, Scratch};
+use tallow_model::{Batch, KvBudget, Logits, Output, Scratch};
 
 struct Counting;
 
@@ -68,7 +68,12 @@ fn decode_steps_allocate_nothing_once_warm() {
     }
     let mut logits = vec![0.0; seqs.len() * n_vocab];
     model
-        .forward_into(&mut cache, &batch, &mut scratch, &mut logits)
+        .forward_into(
+            &mut cache,
+            &batch,
+            &mut scratch,
+            Output::Logits(&mut logits),
+        )
         .unwrap();
 
     let mut next: Vec<u32> = logits
@@ -87,7 +92,12 @@ fn decode_steps_allocate_nothing_once_warm() {
         }
         let before = ALLOCATIONS.load(Ordering::SeqCst);
         model
-            .forward_into(&mut cache, &batch, &mut scratch, &mut logits)
+            .forward_into(
+                &mut cache,
+                &batch,
+                &mut scratch,
+                Output::Logits(&mut logits),
+            )
             .unwrap();
         let made = ALLOCATIONS.load(Ordering::SeqCst) - before;
         for (token, row) in next.iter_mut().zip(logits.chunks_exact(n_vocab)) {
@@ -122,7 +132,7 @@ fn scratch_grows_for_larger_batches_and_results_do_not_depend_on_it() {
         batch.push(seq, &ids, Logits::All);
         let mut logits = vec![0.0; ids.len() * n_vocab];
         model
-            .forward_into(&mut cache, &batch, scratch, &mut logits)
+            .forward_into(&mut cache, &batch, scratch, Output::Logits(&mut logits))
             .unwrap();
         logits
     };

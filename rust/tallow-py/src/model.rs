@@ -12,7 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 use tallow_gguf::{Array, Value};
 use tallow_model::{
-    AnyModel, Batch, LoadOptions, Logits, ModelConfig, SamplingParams, SeqId, SingleSequence,
+    AnyModel, Batch, LoadOptions, Logits, ModelConfig, Output, SamplingParams, SeqId,
+    SingleSequence,
 };
 
 use crate::kv::KvCache;
@@ -255,12 +256,16 @@ impl Model {
 
     /// Runs one ragged batch: `(seq, tokens, logits)` per sequence, where `tokens` take the last
     /// `len(tokens)` positions reserved for `seq` in `cache` and `logits` is `"none"`, `"last"`
-    /// or `"all"`. Returns float32 logits of shape `(rows, n_vocab)`, chunk by chunk.
+    /// or `"all"`. With `output="logits"`, returns float32 logits of shape `(rows, n_vocab)`,
+    /// chunk by chunk; with `output="argmax"`, only each row's greedy token (uint32, shape
+    /// `(rows,)`), chosen on the model's device.
+    #[pyo3(signature = (cache, batch, output = "logits"))]
     fn forward<'py>(
         &self,
         py: Python<'py>,
         mut cache: PyRefMut<'_, KvCache>,
         batch: Vec<(u64, Vec<u32>, String)>,
+        output: &str,
     ) -> PyResult<Bound<'py, PyUntypedArray>> {
         let mut flat = Batch::new();
         for (seq, tokens, logits) in &batch {
@@ -277,27 +282,41 @@ impl Model {
             flat.push(SeqId(*seq), tokens, logits);
         }
         let (rows, n_vocab) = (flat.n_logits(), self.config().n_vocab);
-        // Not zeroed (a megabyte a step for a few rows of a large vocabulary): the forward
-        // pass writes every value, and on an error the array is dropped unseen.
-        // SAFETY: f32 has no invalid bit patterns, and no Python code sees the array before
-        // it is filled.
-        let array = unsafe { PyArray2::<f32>::new(py, [rows, n_vocab], false) };
-        // SAFETY: the array was just created here and no Python code has seen it yet, so this
-        // is the only reference to its (contiguous) data.
-        let out = unsafe { array.as_slice_mut()? };
         let model = &self.inner;
         let KvCache {
             inner: pool,
             scratch,
         } = &mut *cache;
-        py.detach(|| {
-            guard(|| {
-                model
-                    .forward_into(pool, &flat, scratch, out)
-                    .map_err(model_error)
+        let mut run = |out: Output<'_>| {
+            py.detach(|| {
+                guard(|| {
+                    model
+                        .forward_into(pool, &flat, scratch, out)
+                        .map_err(model_error)
+                })
             })
-        })?;
-        Ok(array.as_untyped().clone())
+        };
+        match output {
+            "logits" => {
+                // Not zeroed (a megabyte a step for a few rows of a large vocabulary): the
+                // forward pass writes every value, and on an error the array is dropped unseen.
+                // SAFETY: f32 has no invalid bit patterns, and no Python code sees the array
+                // before it is filled.
+                let array = unsafe { PyArray2::<f32>::new(py, [rows, n_vocab], false) };
+                // SAFETY: the array was just created here and no Python code has seen it yet,
+                // so this is the only reference to its (contiguous) data.
+                run(Output::Logits(unsafe { array.as_slice_mut()? }))?;
+                Ok(array.as_untyped().clone())
+            }
+            "argmax" => {
+                let mut tokens = vec![0u32; rows];
+                run(Output::Argmax(&mut tokens))?;
+                Ok(tokens.into_pyarray(py).as_untyped().clone())
+            }
+            other => Err(crate::errors::invalid_argument(format!(
+                "output must be 'logits' or 'argmax', got {other:?}"
+            ))),
+        }
     }
 
     fn __repr__(&self) -> String {
@@ -513,6 +532,27 @@ impl Sampler {
         let inner = &mut self.inner;
         let sampled =
             py.detach(|| guard(|| inner.verify(rows, n_vocab, &draft, q).map_err(model_error)))?;
+        Ok(sampled
+            .into_iter()
+            .map(|s| (s.token, s.logprob, s.top))
+            .collect())
+    }
+
+    /// Whether the sampler's choice is a row's argmax and nothing more (greedy, no penalties,
+    /// bias or log probabilities), so that `Model.forward(..., output="argmax")` serves it.
+    #[getter]
+    fn is_plain_greedy(&self) -> bool {
+        self.inner.is_plain_greedy()
+    }
+
+    /// `verify` (or, with no draft, `sample`) given only each row's greedy token from
+    /// `Model.forward(..., output="argmax")`: `len(draft) + 1` of them. Returns
+    /// `(token, nan, [])` for the accepted draft tokens and one more.
+    fn take_argmax(&mut self, argmaxes: Vec<u32>, draft: Vec<u32>) -> PyResult<Vec<SampledRow>> {
+        let sampled = self
+            .inner
+            .take_argmax(&argmaxes, &draft)
+            .map_err(model_error)?;
         Ok(sampled
             .into_iter()
             .map(|s| (s.token, s.logprob, s.top))

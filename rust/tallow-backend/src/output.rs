@@ -1,0 +1,103 @@
+//! What a step leaves in host memory for the rows that produce logits: the logits
+//! themselves, or only the token a greedy choice takes from each row.
+
+/// Where a step writes its result, one entry per row that produces logits.
+pub enum Output<'o> {
+    /// `n_vocab` logits per row, row after row.
+    Logits(&'o mut [f32]),
+    /// Each row's greedy token, the [`argmax`] of its logits, chosen on the device so that
+    /// only one number per row comes back.
+    Argmax(&'o mut [u32]),
+}
+
+impl Output<'_> {
+    /// How many values it holds.
+    pub fn len(&self) -> usize {
+        match self {
+            Output::Logits(l) => l.len(),
+            Output::Argmax(t) => t.len(),
+        }
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The same buffer, borrowed again (for a step that may run more than once).
+    pub fn reborrow(&mut self) -> Output<'_> {
+        match self {
+            Output::Logits(l) => Output::Logits(l),
+            Output::Argmax(t) => Output::Argmax(t),
+        }
+    }
+
+    /// How many values `rows` rows of `n_vocab` logits make here.
+    pub fn len_for(&self, rows: usize, n_vocab: usize) -> usize {
+        match self {
+            Output::Logits(_) => rows * n_vocab,
+            Output::Argmax(_) => rows,
+        }
+    }
+}
+
+/// Index of the largest logit (the first one on ties), ignoring NaN; the last index when every
+/// value is NaN. Every backend's greedy choice follows this rule.
+pub fn argmax(logits: &[f32]) -> u32 {
+    // The largest value first, with sixteen independent running maxima (they vectorize),
+    // then its first position; NaN is never the largest (f32::max skips it).
+    let (chunks, tail) = logits.as_chunks::<16>();
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    for chunk in chunks {
+        for (m, &l) in lanes.iter_mut().zip(chunk) {
+            *m = m.max(l);
+        }
+    }
+    let max = lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    if let Some(i) = logits.iter().position(|&l| l == max) {
+        return i as u32;
+    }
+    // Every value is NaN: the last one, as a scan that replaces a NaN best would pick.
+    logits.len().saturating_sub(1) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::argmax;
+
+    #[test]
+    fn argmax_takes_the_first_largest_value_and_skips_nan() {
+        assert_eq!(argmax(&[0.1, 3.0, -1.0, 3.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0, 0.5]), 1);
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 1);
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), 0);
+        // Long rows, with ties, NaN and infinities, against a plain scan for the first
+        // largest value.
+        let mut state = 5u64;
+        for len in [1, 15, 16, 17, 40, 1000] {
+            for _ in 0..50 {
+                let row: Vec<f32> = (0..len)
+                    .map(|_| {
+                        state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        match state >> 60 {
+                            0 => f32::NAN,
+                            1 => f32::NEG_INFINITY,
+                            2 => 7.0,
+                            _ => ((state >> 40) % 64) as f32 / 8.0,
+                        }
+                    })
+                    .collect();
+                let max = row
+                    .iter()
+                    .copied()
+                    .filter(|v| !v.is_nan())
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let want = row.iter().position(|&v| v == max).unwrap_or(len - 1);
+                assert_eq!(argmax(&row), want as u32, "{row:?}");
+            }
+        }
+    }
+}
