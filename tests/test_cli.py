@@ -284,6 +284,8 @@ def test_bench_prints_a_row_per_test(smollm2_path: Path) -> None:
     assert lines[0] == "| model | size | params | threads | test | t/s |"
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
     assert [r[4] for r in rows] == ["pp32", "tg8", "pp16+tg4 x2"]
+    # The process's memory; nothing on a device for the CPU.
+    assert re.search(r"memory: host [\d.]+ MiB peak RSS \([\d.]+ MiB now\)\n", proc.stderr.decode())
     for r in rows:
         assert r[0] == smollm2_path.name and r[3] == "2"
         assert r[2] == "134.52 M"

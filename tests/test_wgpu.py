@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 from conftest import run_cli
@@ -184,6 +186,14 @@ def test_cli_lists_devices_and_generates_on_the_gpu(arch_dir: Path) -> None:
     proc = run_cli("generate", "-m", path, "--device", "gpu", "-n", "4", "--temperature", "0", "Hi")
     assert proc.returncode == 0, proc.stderr
     assert "on wgpu:0" in proc.stderr.decode()
+    bench = ("bench", "-m", path, "-p", "8", "-n", "2", "--npp", "0", "-r", "1")
+    proc = run_cli(*bench, "--device", "gpu")
+    assert proc.returncode == 0, proc.stderr
+    rows = proc.stdout.decode().splitlines()[2:]
+    assert [r.strip("|").split("|")[4].strip() for r in rows] == ["pp8", "tg2"]
+    pattern = r"memory: host ([\d.]+) MiB peak RSS .*device ([\d.]+) MiB in use"
+    memory = re.search(pattern, proc.stderr.decode())
+    assert memory and float(memory[1]) > 0 and float(memory[2]) > 0, proc.stderr
 
 
 def test_without_a_gpu_driver_the_cpu_still_runs(arch_dir: Path) -> None:
@@ -310,6 +320,37 @@ def test_engine_on_a_real_model_on_the_gpu(reference_dir: Path) -> None:
     ngram = Engine(model, config(1, speculative="ngram"))
     assert _run(ngram, {"p": repetitive}, 10) == plain
     assert ngram.stats()["spec_accepted_tokens"] > 0
+
+
+def _file_pages_resident(path: Path) -> int:
+    """Bytes of ``path``'s memory mapping resident in this process (Linux's smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        first = line.split(maxsplit=1)[0]
+        if "-" in first and not first.endswith(":"):
+            inside = line.endswith(str(path))
+        elif inside and first == "Rss:":
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_weights_go_to_the_device_and_leave_the_host() -> None:
+    """The GPU holds each tensor of the file once, as its GGUF blocks (the gguf package's byte
+    counts); KV pages add their bytes and give them back; the host keeps the file's pages
+    released (a fraction of the weights resident: metadata and the tokenizer)."""
+    path = tallow.resolve_model("smollm2-135m")
+    weights = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
+    model = _core.Model(str(path), device="gpu")
+    assert model.device_memory is not None
+    in_use, peak = model.device_memory
+    assert weights <= in_use <= weights + 2**20 and peak >= in_use
+    kv = model.new_kv_cache(max_pages=64)
+    assert model.device_memory[0] == in_use + 64 * model.kv_page_bytes()
+    del kv
+    assert model.device_memory == (in_use, in_use + 64 * model.kv_page_bytes())
+    if sys.platform == "linux":
+        assert _file_pages_resident(path) < weights / 3
+    assert _core.Model(str(path)).device_memory is None
 
 
 @pytest.mark.slow

@@ -90,6 +90,11 @@ class Model:
     def device_info(self) -> tuple[str, str]:
         """``(name, backend)`` of the device the model runs on, as its driver names it."""
     @property
+    def device_memory(self) -> tuple[int, int] | None:
+        """``(in_use, peak)`` bytes the model's backend holds in device memory (weights, KV
+        pages, step buffers; the peak since the device was opened), or None on the CPU, whose
+        memory is the process's."""
+    @property
     def path(self) -> str:
         """The file the model was loaded from."""
     @property

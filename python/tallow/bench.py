@@ -8,6 +8,8 @@
   through the engine, as ``llama-batched-bench -npp -ntg -npl`` runs them.
 - :func:`served`: the same requests sent concurrently to :class:`tallow.AsyncLLM`, all tokens
   over the wall time.
+- :func:`memory`: the process's peak and current resident memory, and what a model holds in
+  its device's memory.
 
 Before :func:`prefill` and :func:`decode` time anything, an untimed prefill writes every page
 of their KV cache once, as llama-bench's cache is allocated, cleared and warmed up before it
@@ -18,6 +20,7 @@ generation ignores end-of-generation tokens.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -29,7 +32,7 @@ from tallow import _core
 from tallow.async_llm import AsyncLLM
 from tallow.engine import Engine, EngineConfig, SamplingParams
 
-__all__ = ["Batched", "batched", "decode", "prefill", "served"]
+__all__ = ["Batched", "Memory", "batched", "decode", "memory", "prefill", "served"]
 
 
 def _random_tokens(model: _core.Model, n: int, seed: int) -> list[int]:
@@ -68,8 +71,7 @@ def decode(model: _core.Model, n_tokens: int, seed: int = 0) -> float:
     start = time.perf_counter()
     for _ in range(n_tokens):
         kv.reserve(seq, 1)
-        logits = model.forward(kv, [(seq, [token], "last")])
-        token = int(np.argmax(logits[0]))
+        token = int(model.forward(kv, [(seq, [token], "last")], "argmax")[0])
     return n_tokens / (time.perf_counter() - start)
 
 
@@ -143,3 +145,46 @@ def served(model: str | os.PathLike[str], npp: int, ntg: int, npl: int, seed: in
         return (npp + ntg) * npl / seconds
 
     return anyio.run(run)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes of memory, None where the platform does not say."""
+
+    host_peak: int | None
+    """The most this process has held resident (its peak RSS)."""
+    host_now: int | None
+    """What it holds resident now."""
+    device_in_use: int | None
+    """What the model's backend holds in device memory now (None on the CPU)."""
+    device_peak: int | None
+    """The most it has held since the device was opened."""
+
+    def __str__(self) -> str:
+        def mib(n: int | None) -> str:
+            return "?" if n is None else f"{n / 2**20:.1f} MiB"
+
+        text = f"host {mib(self.host_peak)} peak RSS ({mib(self.host_now)} now)"
+        if self.device_in_use is not None:
+            text += f", device {mib(self.device_in_use)} in use ({mib(self.device_peak)} peak)"
+        return text
+
+
+def memory(model: _core.Model) -> Memory:
+    """This process's resident memory, peak and now, and ``model``'s device memory."""
+    peak = now = None
+    try:
+        import resource
+
+        # ru_maxrss is in KiB on Linux, in bytes on macOS.
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak *= 1 if sys.platform == "darwin" else 1024
+    except ImportError:  # Windows
+        pass
+    try:
+        with open("/proc/self/statm") as statm:
+            now = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux
+        pass
+    device = model.device_memory
+    return Memory(peak, now, *(device if device is not None else (None, None)))

@@ -370,6 +370,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             f"{name} | {float(np.mean(rates)):.2f} ± {spread:.2f} |",
             flush=True,
         )
+    _status(f"memory: {bench.memory(model)}")
     return 0
 
 

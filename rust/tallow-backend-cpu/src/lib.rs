@@ -11,7 +11,7 @@ mod step;
 use std::sync::Arc;
 
 use tallow_backend::{
-    Backend, BackendError, DeviceInfo, Heads, MatrixSpec, Rope, StepError, StepInput,
+    Backend, BackendError, DeviceInfo, DeviceMemory, Heads, MatrixSpec, Rope, StepError, StepInput,
 };
 use tallow_gguf::GgufFile;
 use tallow_kv::{KvLayout, KvStorage, LayerGroups};
@@ -49,6 +49,10 @@ impl Backend for CpuBackend {
             backend: "cpu".into(),
             memory: None,
         }
+    }
+
+    fn memory(&self) -> Option<DeviceMemory> {
+        None
     }
 
     fn check_heads(&self, heads: Heads) -> Result<(), BackendError> {

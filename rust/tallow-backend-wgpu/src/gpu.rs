@@ -1,9 +1,11 @@
 //! An opened GPU: its device and queue, errors caught instead of panicking, and the buffer
 //! helpers the rest of the backend uses.
 
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tallow_backend::{BackendError, DeviceInfo};
+use tallow_backend::{BackendError, DeviceInfo, DeviceMemory};
 
 pub(crate) struct Gpu {
     pub device: wgpu::Device,
@@ -13,6 +15,41 @@ pub(crate) struct Gpu {
     pub max_binding: u64,
     /// Errors wgpu reported outside any error scope (it would panic on them otherwise).
     uncaptured: Arc<Mutex<Vec<String>>>,
+    /// Bytes in the buffers made here.
+    memory: Arc<Counter>,
+}
+
+/// Bytes in live buffers, and the most there have been.
+#[derive(Default)]
+struct Counter {
+    live: AtomicU64,
+    peak: AtomicU64,
+}
+
+/// A buffer whose bytes count in its GPU's [`DeviceMemory`] until the last clone is dropped.
+#[derive(Clone)]
+pub(crate) struct Buffer {
+    raw: wgpu::Buffer,
+    _held: Arc<Held>,
+}
+
+struct Held {
+    size: u64,
+    memory: Arc<Counter>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.memory.live.fetch_sub(self.size, Ordering::Relaxed);
+    }
+}
+
+impl Deref for Buffer {
+    type Target = wgpu::Buffer;
+
+    fn deref(&self) -> &wgpu::Buffer {
+        &self.raw
+    }
 }
 
 impl Gpu {
@@ -35,7 +72,30 @@ impl Gpu {
             info,
             max_binding,
             uncaptured,
+            memory: Arc::default(),
         }
+    }
+
+    /// Bytes in buffers now, and the most since the device was opened.
+    pub(crate) fn memory(&self) -> DeviceMemory {
+        DeviceMemory {
+            in_use: self.memory.live.load(Ordering::Relaxed),
+            peak: self.memory.peak.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A buffer made as `desc` says, counted in [`Gpu::memory`].
+    pub(crate) fn create(&self, desc: &wgpu::BufferDescriptor<'_>) -> Result<Buffer, BackendError> {
+        let raw = self.checked(|device| device.create_buffer(desc))?;
+        let live = self.memory.live.fetch_add(desc.size, Ordering::Relaxed) + desc.size;
+        self.memory.peak.fetch_max(live, Ordering::Relaxed);
+        Ok(Buffer {
+            raw,
+            _held: Arc::new(Held {
+                size: desc.size,
+                memory: Arc::clone(&self.memory),
+            }),
+        })
     }
 
     /// Runs `f`, turning the validation and out-of-memory errors it causes into an error.
@@ -59,16 +119,14 @@ impl Gpu {
 
     /// A storage buffer holding `bytes` (padded to whole words), usable as a copy source and
     /// destination.
-    pub(crate) fn buffer_with(&self, bytes: &[u8]) -> Result<wgpu::Buffer, BackendError> {
+    pub(crate) fn buffer_with(&self, bytes: &[u8]) -> Result<Buffer, BackendError> {
         let size = (bytes.len().max(4).next_multiple_of(4)) as u64;
         self.check_size(size)?;
-        let buffer = self.checked(|device| {
-            device.create_buffer(&wgpu::BufferDescriptor {
-                label: None,
-                size,
-                usage: storage_usage(),
-                mapped_at_creation: true,
-            })
+        let buffer = self.create(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage: storage_usage(),
+            mapped_at_creation: true,
         })?;
         buffer
             .get_mapped_range_mut(..)
@@ -80,16 +138,14 @@ impl Gpu {
     }
 
     /// A zeroed storage buffer of `size` bytes.
-    pub(crate) fn zeroed(&self, size: u64) -> Result<wgpu::Buffer, BackendError> {
+    pub(crate) fn zeroed(&self, size: u64) -> Result<Buffer, BackendError> {
         let size = size.max(4).next_multiple_of(4);
         self.check_size(size)?;
-        self.checked(|device| {
-            device.create_buffer(&wgpu::BufferDescriptor {
-                label: None,
-                size,
-                usage: storage_usage(),
-                mapped_at_creation: false,
-            })
+        self.create(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage: storage_usage(),
+            mapped_at_creation: false,
         })
     }
 
@@ -111,13 +167,11 @@ impl Gpu {
         out: &mut [T],
     ) -> Result<(), BackendError> {
         let size = (out.len() * 4) as u64;
-        let staging = self.checked(|device| {
-            device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("readback"),
-                size: size.max(4),
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
+        let staging = self.create(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: size.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
         })?;
         if size > 0 {
             encoder.copy_buffer_to_buffer(src, 0, &staging, 0, size);

@@ -14,7 +14,7 @@ mod step;
 use std::sync::Arc;
 
 use tallow_backend::{
-    Backend, BackendError, DeviceInfo, Heads, MatrixSpec, Rope, StepError, StepInput,
+    Backend, BackendError, DeviceInfo, DeviceMemory, Heads, MatrixSpec, Rope, StepError, StepInput,
 };
 use tallow_gguf::GgufFile;
 use tallow_kv::{KvLayout, LayerGroups};
@@ -71,6 +71,10 @@ impl Backend for WgpuBackend {
 
     fn device(&self) -> DeviceInfo {
         self.gpu.info.clone()
+    }
+
+    fn memory(&self) -> Option<DeviceMemory> {
+        Some(self.gpu.memory())
     }
 
     fn check_heads(&self, heads: Heads) -> Result<(), BackendError> {

@@ -7,7 +7,7 @@ use tallow_backend::{BackendError, MatrixSpec};
 use tallow_gguf::GgufFile;
 use tallow_quant::GgmlType;
 
-use crate::gpu::Gpu;
+use crate::gpu::{Buffer, Gpu};
 use crate::kernels;
 
 pub struct Matrix {
@@ -20,7 +20,7 @@ pub struct Matrix {
 
 /// Rows `first_row..first_row + rows` of a matrix.
 pub(crate) struct Part {
-    pub buffer: wgpu::Buffer,
+    pub buffer: Buffer,
     pub first_row: usize,
     pub rows: usize,
 }

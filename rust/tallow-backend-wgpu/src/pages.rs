@@ -6,14 +6,14 @@ use std::sync::Arc;
 use tallow_backend::BackendError;
 use tallow_kv::{KvDtype, KvError, KvLayout, LayerGroups, PageId, PageStore};
 
-use crate::gpu::Gpu;
+use crate::gpu::{Buffer, Gpu};
 
 pub struct Pages {
     gpu: Arc<Gpu>,
     layout: KvLayout,
     n_pages: usize,
     /// The buffer of each page slot.
-    slots: Vec<wgpu::Buffer>,
+    slots: Vec<Buffer>,
     /// The page slot of each layer.
     slot_of: Vec<usize>,
 }
@@ -48,7 +48,7 @@ impl Pages {
     }
 
     /// The buffer holding `layer`'s pages.
-    pub(crate) fn of_layer(&self, layer: usize) -> &wgpu::Buffer {
+    pub(crate) fn of_layer(&self, layer: usize) -> &Buffer {
         &self.slots[self.slot_of[layer]]
     }
 

@@ -8,7 +8,7 @@ use tallow_backend::{
 };
 use tallow_kv::{PageStore, PagedKvCache};
 
-use crate::gpu::{device_error, Gpu, Word};
+use crate::gpu::{device_error, Buffer, Gpu, Word};
 use crate::kernels::{Kernel, Kernels};
 use crate::matrix::Matrix;
 use crate::pages::Pages;
@@ -16,24 +16,24 @@ use crate::WgpuBackend;
 
 /// Activations on the GPU: `len` floats.
 pub struct Rows {
-    buffer: wgpu::Buffer,
+    buffer: Buffer,
     len: usize,
 }
 
 /// The buffers of the last step, for the next to reuse.
 #[derive(Default)]
 pub struct Scratch {
-    free: Vec<wgpu::Buffer>,
+    free: Vec<Buffer>,
 }
 
 /// Where each token's keys and values go, and what its attention reads, in one layer group.
 #[derive(Default)]
 struct GroupBuffers {
     /// (page, position in the page) of each token.
-    slots: Option<wgpu::Buffer>,
+    slots: Option<Buffer>,
     /// Per token, where its sequence's page table starts in `tables`, and its position.
-    tokens: Option<wgpu::Buffer>,
-    tables: Option<wgpu::Buffer>,
+    tokens: Option<Buffer>,
+    tables: Option<Buffer>,
 }
 
 pub struct WgpuStep<'s> {
@@ -44,11 +44,11 @@ pub struct WgpuStep<'s> {
     input: &'s StepInput<'s, WgpuBackend>,
     scratch: &'s mut Scratch,
     /// Buffers handed out by this step, which go back to the scratch at its end.
-    used: Vec<wgpu::Buffer>,
+    used: Vec<Buffer>,
     encoder: wgpu::CommandEncoder,
-    ids: wgpu::Buffer,
+    ids: Buffer,
     /// The cosines and sines of every token's position, per RoPE.
-    angles: Vec<wgpu::Buffer>,
+    angles: Vec<Buffer>,
     groups: Vec<GroupBuffers>,
 }
 
@@ -132,7 +132,7 @@ impl<'s> WgpuStep<'s> {
     fn dispatch(
         &mut self,
         kernel: Kernel,
-        buffers: &[(u32, &wgpu::Buffer)],
+        buffers: &[(u32, &Buffer)],
         params: &[u32],
         groups: (u32, u32, u32),
     ) -> Result<(), StepError> {
@@ -178,7 +178,7 @@ impl<'s> WgpuStep<'s> {
     fn dispatch_each(
         &mut self,
         kernel: Kernel,
-        buffers: &[(u32, &wgpu::Buffer)],
+        buffers: &[(u32, &Buffer)],
         n: usize,
         params: &[u32],
     ) -> Result<(), StepError> {
@@ -192,7 +192,7 @@ impl<'s> WgpuStep<'s> {
     fn norm(
         &mut self,
         kernel: Kernel,
-        buffers: &[(u32, &wgpu::Buffer)],
+        buffers: &[(u32, &Buffer)],
         runs: usize,
         width: usize,
         eps: f32,
@@ -203,11 +203,7 @@ impl<'s> WgpuStep<'s> {
     }
 
     /// Submits what is recorded, and reads the first `out.len()` values of `buffer`.
-    fn read_back<T: Word>(
-        &mut self,
-        buffer: &wgpu::Buffer,
-        out: &mut [T],
-    ) -> Result<(), StepError> {
+    fn read_back<T: Word>(&mut self, buffer: &Buffer, out: &mut [T]) -> Result<(), StepError> {
         let fresh = self.gpu.device.create_command_encoder(&Default::default());
         let encoder = std::mem::replace(&mut self.encoder, fresh);
         self.gpu.read(encoder, buffer, out)?;
@@ -224,7 +220,7 @@ impl<'s> WgpuStep<'s> {
 
     /// Each token's (page, position in the page) in `layer`'s pages, refusing pages other
     /// sequences share.
-    fn slots(&mut self, cache: &PagedKvCache, layer: usize) -> Result<wgpu::Buffer, StepError> {
+    fn slots(&mut self, cache: &PagedKvCache, layer: usize) -> Result<Buffer, StepError> {
         let group = cache.groups().place(layer)?.0;
         if let Some(slots) = &self.group(group).slots {
             return Ok(slots.clone());
@@ -247,7 +243,7 @@ impl<'s> WgpuStep<'s> {
         &mut self,
         cache: &PagedKvCache,
         layer: usize,
-    ) -> Result<(wgpu::Buffer, wgpu::Buffer), StepError> {
+    ) -> Result<(Buffer, Buffer), StepError> {
         let group = cache.groups().place(layer)?.0;
         if let GroupBuffers {
             tokens: Some(tokens),

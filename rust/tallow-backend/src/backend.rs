@@ -23,6 +23,15 @@ pub struct DeviceInfo {
     pub memory: Option<u64>,
 }
 
+/// Bytes a backend holds in its device's memory: weights, KV pages and step buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// In buffers now.
+    pub in_use: u64,
+    /// The most at any time since the device was opened.
+    pub peak: u64,
+}
+
 /// How the forward pass reads a weight matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatrixUse {
@@ -80,6 +89,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// The device.
     fn device(&self) -> DeviceInfo;
+
+    /// What the backend holds in device memory; None where it computes in host memory (the
+    /// CPU: the process's resident memory tells).
+    fn memory(&self) -> Option<DeviceMemory>;
 
     /// Checks, when a model loads, that the backend's kernels take its attention heads.
     fn check_heads(&self, heads: Heads) -> Result<(), BackendError>;

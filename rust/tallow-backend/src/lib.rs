@@ -10,7 +10,7 @@ mod ops;
 mod output;
 mod rope;
 
-pub use backend::{Backend, DeviceInfo, MatrixSpec, MatrixUse, Step, StepInput};
+pub use backend::{Backend, DeviceInfo, DeviceMemory, MatrixSpec, MatrixUse, Step, StepInput};
 pub use batch::{Batch, Logits, SeqChunk};
 pub use error::{BackendError, StepError};
 pub use ops::{Activation, Heads, Scores};

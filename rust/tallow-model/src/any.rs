@@ -3,7 +3,7 @@
 
 use std::any::Any;
 
-use tallow_backend::{Backend, Batch, DeviceInfo, Output};
+use tallow_backend::{Backend, Batch, DeviceInfo, DeviceMemory, Output};
 use tallow_gguf::GgufFile;
 use tallow_kv::{KvBudget, KvLayout, LayerGroups, PagedKvCache};
 use tallow_tokenizer::Tokenizer;
@@ -20,6 +20,8 @@ pub trait AnyModel: Send + Sync {
     fn gguf(&self) -> &GgufFile;
     /// The device the model runs on.
     fn device(&self) -> DeviceInfo;
+    /// See [`Backend::memory`].
+    fn device_memory(&self) -> Option<DeviceMemory>;
     /// See [`Model::max_context`].
     fn max_context(&self) -> usize;
     /// See [`Model::kv_layout`].
@@ -74,6 +76,10 @@ impl<B: Backend> AnyModel for Model<B> {
 
     fn device(&self) -> DeviceInfo {
         self.backend().device()
+    }
+
+    fn device_memory(&self) -> Option<DeviceMemory> {
+        self.backend().memory()
     }
 
     fn max_context(&self) -> usize {

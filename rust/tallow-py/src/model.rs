@@ -71,6 +71,14 @@ impl Model {
         (d.name, d.backend)
     }
 
+    /// `(in_use, peak)` bytes the model's backend holds in device memory (weights, KV pages,
+    /// step buffers; the peak since the device was opened), or None on the CPU, whose memory
+    /// is the process's.
+    #[getter]
+    fn device_memory(&self) -> Option<(u64, u64)> {
+        self.inner.device_memory().map(|m| (m.in_use, m.peak))
+    }
+
     #[getter]
     fn path(&self) -> &str {
         &self.path
