@@ -6,9 +6,11 @@ on the GPU, and the device option's errors. Tiny models keep llvmpipe's slow ker
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -224,6 +226,70 @@ def test_without_a_gpu_driver_the_cpu_still_runs(arch_dir: Path) -> None:
         "error: device error: no GPU found (wgpu sees no Vulkan, Metal or DX12 adapter)",
         "cpu",
     ]
+
+
+def _without_the_vulkan_loader(command: list[str]) -> list[str]:
+    """``command`` in a mount namespace where the Vulkan loader library is an empty file (as
+    on a machine that never installed it): loading it fails."""
+    loader = ctypes.util.find_library("vulkan")
+    assert loader, "libvulkan1 is installed by the test command"
+    found = subprocess.run(
+        ["sh", "-c", f"ldconfig -p | sed -n 's/.*{loader} .*=> //p' | head -1"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    real = os.path.realpath(found)
+    hide = f"mount --bind /dev/null {shlex.quote(real)} && exec " + shlex.join(command)
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", hide]
+
+
+@pytest.mark.slow
+def test_cpu_only_wheel_builds_and_imports_without_a_vulkan_loader(
+    arch_dir: Path, tmp_path: Path
+) -> None:
+    """The wheel built without the wgpu feature links no Vulkan library; with the loader gone
+    it imports, lists the CPU alone, runs a model, and a GPU is a clear error. The default
+    build, too, imports and runs on the CPU there."""
+    root = Path(__file__).resolve().parents[1]
+    build = subprocess.run(
+        ["maturin", "build", "--release", "--no-default-features", "-o", str(tmp_path / "dist")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("tallow-*.whl")
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
+    subprocess.run([*pip, "--target", str(site), str(wheel)], check=True)
+    (module,) = (site / "tallow").glob("_core*.so")
+    needed = subprocess.run(["readelf", "-d", str(module)], capture_output=True, text=True)
+    assert "NEEDED" in needed.stdout and "vulkan" not in needed.stdout
+    code = (
+        "import sys, tallow\n"
+        "from tallow import _core\n"
+        "print(tallow.__file__.startswith(sys.argv[2]), [d[0] for d in _core.devices()])\n"
+        "try:\n"
+        "    _core.Model(sys.argv[1], device='gpu')\n"
+        "except tallow.ModelError as e:\n"
+        "    print('error:', e)\n"
+        "llm = tallow.LLM(sys.argv[1], n_ctx=64)\n"
+        "print(llm.device, llm.generate('Hi', max_tokens=3, temperature=0).completion_tokens)\n"
+    )
+    path = str(arch_dir / "llama3" / "llama3-q8_0.gguf")
+    for pythonpath, gpu_error in [
+        (site, "this build of tallow has no GPU support (it was built without the wgpu feature)"),
+        (root / "python", "no GPU found (wgpu sees no Vulkan, Metal or DX12 adapter)"),
+    ]:
+        env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+        run = _without_the_vulkan_loader([sys.executable, "-c", code, path, str(pythonpath)])
+        proc = subprocess.run(run, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines() == [
+            "True ['cpu']",
+            f"error: device error: {gpu_error}",
+            "cpu 3",
+        ]
 
 
 REAL_MODELS = ["smollm2-135m", "gemma3-270m"]
