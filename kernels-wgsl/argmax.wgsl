@@ -1,6 +1,7 @@
 // The greedy token of each row of logits, as the host's argmax picks it: the index of the
 // largest value, the first on ties, NaN never the largest (the last index when every value is
-// NaN). One workgroup per row; row r's token goes to tokens[offset + r].
+// NaN). One workgroup per row; row r's token goes to tokens[offset + r]. Needs a
+// reduce/*.wgsl before it.
 
 struct Params {
     width: u32,
@@ -15,52 +16,44 @@ struct Params {
 
 const NONE: u32 = 0xffffffffu;
 
-var<workgroup> best_values: array<f32, 64>;
-var<workgroup> best_indices: array<u32, 64>;
+// A key that orders values as floats (-0 as +0), from 1 up; NaN never gets one (callers
+// skip it), so 0 means no value.
+fn key(v: f32) -> u32 {
+    var bits = bitcast<u32>(v);
+    if (bits == 0x80000000u) {
+        bits = 0u;
+    }
+    if ((bits & 0x80000000u) != 0u) {
+        return ~bits;
+    }
+    return bits | 0x80000000u;
+}
 
 // By its bits: the GPU need not keep NaN's comparison rules.
 fn is_nan(v: f32) -> bool {
     return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
 }
 
-// Whether value v at index i goes before value b at index j (NONE: no value yet).
-fn before(v: f32, i: u32, b: f32, j: u32) -> bool {
-    return i != NONE && (j == NONE || v > b || (v == b && i < j));
-}
-
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
     let run = wg.x + wg.y * p.groups_x;
     let start = min(run, p.runs - 1u) * p.width;
-    var best = 0.0;
+    var best = 0u;
     var index = NONE;
     // Each invocation's indices rise, so only a larger value replaces its best.
-    for (var i = tid; i < p.width; i += 64u) {
+    for (var i = lanes.tid; i < p.width; i += 64u) {
         let v = logits[start + i];
-        if (!is_nan(v) && (index == NONE || v > best)) {
-            best = v;
+        if (!is_nan(v) && key(v) > best) {
+            best = key(v);
             index = i;
         }
     }
-    best_values[tid] = best;
-    best_indices[tid] = index;
-    workgroupBarrier();
-    for (var half = 32u; half > 0u; half /= 2u) {
-        if (tid < half) {
-            let v = best_values[tid + half];
-            let i = best_indices[tid + half];
-            if (before(v, i, best_values[tid], best_indices[tid])) {
-                best_values[tid] = v;
-                best_indices[tid] = i;
-            }
-        }
-        workgroupBarrier();
+    let top = workgroup_u32(lanes, best, MAX);
+    var token = workgroup_u32(lanes, select(NONE, index, best == top), MIN);
+    if (token == NONE) {
+        token = p.width - 1u;
     }
-    if (tid == 0u && run < p.runs) {
-        var token = best_indices[0];
-        if (token == NONE) {
-            token = p.width - 1u;
-        }
+    if (lanes.tid == 0u && run < p.runs) {
         tokens[p.offset + run] = token;
     }
 }

@@ -1,7 +1,7 @@
 // Causal attention over paged f16 keys and values, one workgroup per (token, query head): the
 // token's visible positions go 64 at a time, each thread scoring one, with an online softmax
 // (a running maximum, the sum of exponentials below it and their weighted sum of values,
-// rescaled when the maximum grows).
+// rescaled when the maximum grows). Needs a reduce/*.wgsl before it.
 
 struct Params {
     n_head: u32,
@@ -32,36 +32,7 @@ const PER_THREAD: u32 = MAX_HEAD_DIM / THREADS;
 
 var<workgroup> qs: array<f32, MAX_HEAD_DIM>;
 var<workgroup> weights: array<f32, THREADS>;
-var<workgroup> reduce: array<f32, THREADS>;
 var<workgroup> token_info: vec2<u32>;
-
-fn reduce_max(tid: u32, v: f32) -> f32 {
-    reduce[tid] = v;
-    workgroupBarrier();
-    for (var half = THREADS / 2u; half > 0u; half /= 2u) {
-        if (tid < half) {
-            reduce[tid] = max(reduce[tid], reduce[tid + half]);
-        }
-        workgroupBarrier();
-    }
-    let m = reduce[0];
-    workgroupBarrier();
-    return m;
-}
-
-fn reduce_sum(tid: u32, v: f32) -> f32 {
-    reduce[tid] = v;
-    workgroupBarrier();
-    for (var half = THREADS / 2u; half > 0u; half /= 2u) {
-        if (tid < half) {
-            reduce[tid] += reduce[tid + half];
-        }
-        workgroupBarrier();
-    }
-    let s = reduce[0];
-    workgroupBarrier();
-    return s;
-}
 
 // Word `w` (two values) of position `pos`'s row of KV head `head`, kind 0 (K) or 1 (V).
 fn kv_word(kind: u32, head: u32, table: u32, pos: u32, w: u32) -> vec2<f32> {
@@ -73,7 +44,8 @@ fn kv_word(kind: u32, head: u32, table: u32, pos: u32, w: u32) -> vec2<f32> {
 }
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    let tid = lanes.tid;
     let unit = wg.x + wg.y * p.groups_x;
     let token = unit / p.n_head;
     let head = unit % p.n_head;
@@ -111,14 +83,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             }
             score = s;
         }
-        let new_max = max(running_max, reduce_max(tid, score));
+        let new_max = max(running_max, workgroup_f32(lanes, score, MAX));
         var e = 0.0;
         if (mine <= pos) {
             e = exp(score - new_max);
         }
         weights[tid] = e;
         let rescale = exp(running_max - new_max);
-        sum = sum * rescale + reduce_sum(tid, e);
+        sum = sum * rescale + workgroup_f32(lanes, e, SUM);
         running_max = new_max;
         let n = min(THREADS, pos + 1u - tile);
         for (var j = 0u; j < PER_THREAD; j++) {

@@ -1,5 +1,5 @@
 // RMSNorm over runs of `width` values (a row, or a head): out = x / rms(x) * gain. One
-// workgroup per run.
+// workgroup per run. Needs a reduce/*.wgsl before it.
 
 struct Params {
     width: u32,
@@ -13,30 +13,21 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
-var<workgroup> sums: array<f32, 64>;
-
-// 1 / rms of the run starting at `start` of `values`, reduced over the workgroup.
-fn inv_rms(start: u32, tid: u32, square_sum: f32) -> f32 {
-    sums[tid] = square_sum;
-    workgroupBarrier();
-    for (var half = 32u; half > 0u; half /= 2u) {
-        if (tid < half) {
-            sums[tid] += sums[tid + half];
-        }
-        workgroupBarrier();
-    }
-    return 1.0 / sqrt(sums[0] / f32(p.width) + p.eps);
+// 1 / rms of a run whose squares this invocation summed to `square_sum`.
+fn inv_rms(l: Lanes, square_sum: f32) -> f32 {
+    return 1.0 / sqrt(workgroup_f32(l, square_sum, SUM) / f32(p.width) + p.eps);
 }
 
 @compute @workgroup_size(64)
-fn norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+fn norm(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    let tid = lanes.tid;
     let run = wg.x + wg.y * p.groups_x;
     let start = min(run, p.runs - 1u) * p.width;
     var s = 0.0;
     for (var i = tid; i < p.width; i += 64u) {
         s += x[start + i] * x[start + i];
     }
-    let scale = inv_rms(start, tid, s);
+    let scale = inv_rms(lanes, s);
     if (run < p.runs) {
         for (var i = tid; i < p.width; i += 64u) {
             out[start + i] = x[start + i] * scale * gain[i];
@@ -45,14 +36,15 @@ fn norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 }
 
 @compute @workgroup_size(64)
-fn norm_in_place(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+fn norm_in_place(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
+    let tid = lanes.tid;
     let run = wg.x + wg.y * p.groups_x;
     let start = min(run, p.runs - 1u) * p.width;
     var s = 0.0;
     for (var i = tid; i < p.width; i += 64u) {
         s += out[start + i] * out[start + i];
     }
-    let scale = inv_rms(start, tid, s);
+    let scale = inv_rms(lanes, s);
     workgroupBarrier();
     if (run < p.runs) {
         for (var i = tid; i < p.width; i += 64u) {

@@ -179,6 +179,31 @@ def test_tallow_device_picks_the_default_device(arch_dir: Path) -> None:
     assert proc.stdout.strip() == "wgpu:0"
 
 
+def test_reductions_without_subgroup_operations_give_the_same_logits(
+    arch_dir: Path, prompt: list[int], tmp_path: Path
+) -> None:
+    """TALLOW_WGPU_SUBGROUPS=0 (for a driver whose subgroup operations misbehave) reduces
+    through workgroup memory instead: the same logits up to the order of the sums (which can
+    round a key or value to the next f16, hence the f16 pool's bound)."""
+    path = str(arch_dir / "gemma3" / "gemma3-f32.gguf")
+    code = (
+        "import sys, numpy as np\n"
+        "from tallow import _core\n"
+        "model = _core.Model(sys.argv[1], device='gpu')\n"
+        "ids = [int(t) for t in sys.argv[3].split(',')]\n"
+        "np.save(sys.argv[2], model.new_context(64).eval(ids, all_logits=True))\n"
+    )
+    out = tmp_path / "logits.npy"
+    env = {**os.environ, "TALLOW_WGPU_SUBGROUPS": "0"}
+    ids = ",".join(map(str, prompt))
+    proc = subprocess.run(
+        [sys.executable, "-c", code, path, str(out), ids], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    with_subgroups = _core.Model(path, device="gpu").new_context(64).eval(prompt, all_logits=True)
+    assert float(np.abs(np.load(out) - with_subgroups).max()) < TOLERANCE["f32"]
+
+
 def test_cli_lists_devices_and_generates_on_the_gpu(arch_dir: Path) -> None:
     proc = run_cli("info", "--devices")
     assert proc.returncode == 0, proc.stderr

@@ -45,8 +45,9 @@ pub fn devices() -> Vec<DeviceInfo> {
     adapters().iter().map(describe).collect()
 }
 
-/// Opens GPU `index` of [`devices`].
-pub(crate) fn open(index: usize) -> Result<Gpu, BackendError> {
+/// Opens GPU `index` of [`devices`], with subgroup operations if `subgroups` and the adapter
+/// has them.
+pub(crate) fn open(index: usize, subgroups: bool) -> Result<Gpu, BackendError> {
     let adapters = adapters();
     let n = adapters.len();
     let adapter = adapters.into_iter().nth(index).ok_or_else(|| {
@@ -59,9 +60,13 @@ pub(crate) fn open(index: usize) -> Result<Gpu, BackendError> {
         })
     })?;
     let limits = adapter.limits();
+    let mut features = wgpu::Features::empty();
+    if subgroups {
+        features |= adapter.features() & wgpu::Features::SUBGROUP;
+    }
     let descriptor = wgpu::DeviceDescriptor {
         label: Some("tallow"),
-        required_features: wgpu::Features::empty(),
+        required_features: features,
         // As large as the adapter allows: weights and KV pages are large buffers.
         required_limits: limits.clone(),
         ..Default::default()

@@ -19,6 +19,9 @@ const ROPE: &str = include_str!("../../../kernels-wgsl/rope.wgsl");
 const KV: &str = include_str!("../../../kernels-wgsl/kv.wgsl");
 const ATTENTION: &str = include_str!("../../../kernels-wgsl/attention.wgsl");
 const ARGMAX: &str = include_str!("../../../kernels-wgsl/argmax.wgsl");
+/// Workgroup reductions for the kernels that need them, with subgroup operations or without.
+const REDUCE_SUBGROUP: &str = include_str!("../../../kernels-wgsl/reduce/subgroup.wgsl");
+const REDUCE_SHARED: &str = include_str!("../../../kernels-wgsl/reduce/shared.wgsl");
 
 /// The weight formats the kernels read, with the source of each one's `dequant32`.
 const FORMATS: [(GgmlType, &str); 9] = [
@@ -112,38 +115,59 @@ impl Kernel {
         }
     }
 
-    /// The kernel's source and entry point.
-    fn source(self) -> Result<(String, &'static str), BackendError> {
+    /// The kernel's source and entry point; reductions with subgroup operations if
+    /// `subgroups`.
+    fn source(self, subgroups: bool) -> Result<(String, &'static str), BackendError> {
         let with_format = |ty: GgmlType, body: &str| {
             let (_, format) = FORMATS.iter().find(|&&(t, _)| t == ty).ok_or_else(|| {
                 BackendError::Unsupported(format!("{} weights on wgpu", ty.name()))
             })?;
             Ok::<_, BackendError>(format!("{BYTES}\n{format}\n{body}"))
         };
+        let reducing = |body: &str| {
+            let reduce = if subgroups {
+                REDUCE_SUBGROUP
+            } else {
+                REDUCE_SHARED
+            };
+            format!("{reduce}\n{body}")
+        };
         Ok(match self {
             Kernel::Matmul(ty, _) => (with_format(ty, MATMUL)?, "main"),
             Kernel::Embed(ty) => (with_format(ty, EMBED)?, "main"),
-            Kernel::Norm => (NORM.into(), "norm"),
-            Kernel::NormInPlace => (NORM.into(), "norm_in_place"),
+            Kernel::Norm => (reducing(NORM), "norm"),
+            Kernel::NormInPlace => (reducing(NORM), "norm_in_place"),
             Kernel::Add => (ELEMENTWISE.into(), "add"),
             Kernel::AddBias => (ELEMENTWISE.into(), "add_bias"),
             Kernel::Gated => (ELEMENTWISE.into(), "gated"),
             Kernel::Softcap => (ELEMENTWISE.into(), "softcap"),
             Kernel::Rope => (ROPE.into(), "main"),
             Kernel::WriteKv => (KV.into(), "write"),
-            Kernel::Attention => (ATTENTION.into(), "main"),
-            Kernel::Argmax => (ARGMAX.into(), "main"),
+            Kernel::Attention => (reducing(ATTENTION), "main"),
+            Kernel::Argmax => (reducing(ARGMAX), "main"),
         })
     }
 }
 
 /// The pipelines built so far.
-#[derive(Default)]
 pub(crate) struct Kernels {
     pipelines: Mutex<HashMap<Kernel, Arc<wgpu::ComputePipeline>>>,
+    /// Whether reductions use subgroup operations (the device has them enabled).
+    subgroups: bool,
 }
 
 impl Kernels {
+    pub(crate) fn new(subgroups: bool) -> Self {
+        Kernels {
+            pipelines: Mutex::default(),
+            subgroups,
+        }
+    }
+
+    pub(crate) fn subgroups(&self) -> bool {
+        self.subgroups
+    }
+
     /// The pipeline of `kernel`, compiled on first use.
     pub(crate) fn get(
         &self,
@@ -154,7 +178,7 @@ impl Kernels {
         if let Some(p) = pipelines.get(&kernel) {
             return Ok(Arc::clone(p));
         }
-        let (source, entry) = kernel.source()?;
+        let (source, entry) = kernel.source(self.subgroups)?;
         let pipeline = gpu.checked(|device| {
             let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(entry),

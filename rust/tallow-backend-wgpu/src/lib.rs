@@ -42,22 +42,46 @@ pub struct WgpuBackend {
     max_part: u64,
 }
 
+/// How [`WgpuBackend::open_with`] opens a GPU. The default takes everything it offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// The most bytes of one part of a weight matrix (larger ones are split by rows) and of one
+    /// block of logits; the adapter's binding limit where that is less.
+    pub max_part: u64,
+    /// Workgroup reductions (norms, attention's softmax, argmax) with subgroup operations
+    /// where the adapter has them; through workgroup memory otherwise.
+    pub subgroups: bool,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        WgpuOptions {
+            max_part: u64::MAX,
+            subgroups: true,
+        }
+    }
+}
+
 impl WgpuBackend {
     /// Opens GPU `index` of [`devices`].
     pub fn open(index: usize) -> Result<Self, BackendError> {
-        Self::open_capped(index, u64::MAX)
+        Self::open_with(index, WgpuOptions::default())
     }
 
-    /// [`WgpuBackend::open`], splitting weight matrices by rows into parts of at most
-    /// `max_part` bytes (or what the adapter allows, if less), and computing logits in blocks
-    /// of rows of at most that many bytes.
-    pub fn open_capped(index: usize, max_part: u64) -> Result<Self, BackendError> {
-        let gpu = device::open(index)?;
+    /// Opens GPU `index` of [`devices`] as `options` say.
+    pub fn open_with(index: usize, options: WgpuOptions) -> Result<Self, BackendError> {
+        let gpu = device::open(index, options.subgroups)?;
+        let subgroups = gpu.device.features().contains(wgpu::Features::SUBGROUP);
         Ok(WgpuBackend {
-            max_part: gpu.max_binding.min(max_part),
+            max_part: gpu.max_binding.min(options.max_part),
             gpu: Arc::new(gpu),
-            kernels: Arc::new(Kernels::default()),
+            kernels: Arc::new(Kernels::new(subgroups)),
         })
+    }
+
+    /// Whether its reductions use subgroup operations.
+    pub fn uses_subgroups(&self) -> bool {
+        self.kernels.subgroups()
     }
 }
 

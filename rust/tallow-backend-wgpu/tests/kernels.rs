@@ -10,7 +10,7 @@ use tallow_backend::{
     RopeParams, RopeScaling, RopeStyle, Scores, Step, StepError, StepInput,
 };
 use tallow_backend_cpu::CpuBackend;
-use tallow_backend_wgpu::{weight_formats, WgpuBackend};
+use tallow_backend_wgpu::{weight_formats, WgpuBackend, WgpuOptions};
 use tallow_gguf::{tensors_image, GgmlType, GgufFile, TensorData};
 use tallow_kv::{KvLayout, LayerGroups, PagedKvCache, SeqId};
 use tallow_quant::testing::{dequantized, magnitude, random_blocks, Rng};
@@ -22,6 +22,25 @@ fn random(seed: u64, n: usize) -> Vec<f32> {
 
 fn gpu() -> WgpuBackend {
     WgpuBackend::open(0).unwrap_or_else(|e| panic!("{e} (install mesa-vulkan-drivers)"))
+}
+
+/// The GPU with its reductions in subgroup operations (llvmpipe has them), and without.
+fn both_reductions() -> [WgpuBackend; 2] {
+    let without = WgpuOptions {
+        subgroups: false,
+        ..WgpuOptions::default()
+    };
+    let gpus = [gpu(), WgpuBackend::open_with(0, without).unwrap()];
+    assert!(gpus[0].uses_subgroups() && !gpus[1].uses_subgroups());
+    gpus
+}
+
+fn capped(max_part: u64) -> WgpuBackend {
+    let options = WgpuOptions {
+        max_part,
+        ..WgpuOptions::default()
+    };
+    WgpuBackend::open_with(0, options).unwrap()
 }
 
 /// A matrix of `rows` x `cols` random weights in `ty`, as a one-tensor file, and the values
@@ -147,7 +166,7 @@ fn products_match_the_dequantized_weights_in_every_format() {
 fn matrices_past_the_buffer_limit_are_split_by_rows() {
     let (ty, rows, cols) = (GgmlType::Q8_0, 50, 64);
     // 68 bytes a row: parts of 7 rows under a limit of 500 bytes.
-    let capped = WgpuBackend::open_capped(0, 500).unwrap();
+    let capped = capped(500);
     let (file, w) = matrix_file(ty, rows, cols, 7);
     let m = upload(&capped, &file, rows, cols);
     let x = random(8, 3 * cols);
@@ -241,15 +260,18 @@ fn row_ops<B: Backend>(backend: &B, n: usize, width: usize, head: usize) -> Vec<
 
 #[test]
 fn row_operations_match_the_cpu_backend() {
-    let (cpu, gpu) = (CpuBackend::default(), gpu());
-    for (n, width, head) in [(1, 64, 32), (7, 320, 64), (3, 1088, 64)] {
-        let want = row_ops(&cpu, n, width, head);
-        let got = row_ops(&gpu, n, width, head);
-        let names = ["norm", "head norm", "bias", "add", "silu", "gelu"];
-        for ((name, got), want) in names.iter().zip(&got).zip(&want) {
-            let want: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
-            let scale = vec![1.0; want.len()];
-            assert_close(got, &want, &scale, 2e-5, &format!("{name} {n}x{width}"));
+    let cpu = CpuBackend::default();
+    for gpu in both_reductions() {
+        for (n, width, head) in [(1, 64, 32), (7, 320, 64), (3, 1088, 64)] {
+            let want = row_ops(&cpu, n, width, head);
+            let got = row_ops(&gpu, n, width, head);
+            let names = ["norm", "head norm", "bias", "add", "silu", "gelu"];
+            for ((name, got), want) in names.iter().zip(&got).zip(&want) {
+                let want: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+                let scale = vec![1.0; want.len()];
+                let what = format!("{name} {n}x{width}, subgroups {}", gpu.uses_subgroups());
+                assert_close(got, &want, &scale, 2e-5, &what);
+            }
         }
     }
 }
@@ -309,7 +331,7 @@ fn rope_matches_the_cpu_backend() {
 /// one row when a cap keeps a row's logits the most one buffer may hold.
 #[test]
 fn logits_are_soft_capped_products() {
-    for gpu in [gpu(), WgpuBackend::open_capped(0, 300 * 4).unwrap()] {
+    for gpu in [gpu(), capped(300 * 4)] {
         soft_capped_logits(&gpu);
     }
 }
@@ -350,7 +372,8 @@ fn greedy_tokens_are_the_argmax_of_the_logits() {
     }]);
     let file = Arc::new(GgufFile::from_bytes(image).unwrap());
     let x = random(22, n * cols);
-    for backend in [gpu(), WgpuBackend::open_capped(0, rows as u64 * 4).unwrap()] {
+    let [with, without] = both_reductions();
+    for backend in [with, without, capped(rows as u64 * 4)] {
         let m = upload(&backend, &file, rows, cols);
         for cap in [None, Some(0.05)] {
             let (mut logits, mut tokens) = (vec![0f32; n * rows], vec![0u32; n]);
@@ -425,7 +448,13 @@ fn attention_on<B: Backend>(backend: &B, heads: Heads, scores: Scores) -> Vec<f3
 
 #[test]
 fn paged_attention_matches_the_cpu_backend() {
-    let (cpu, gpu) = (CpuBackend::default(), gpu());
+    let cpu = CpuBackend::default();
+    for gpu in both_reductions() {
+        attention_matches(&cpu, &gpu);
+    }
+}
+
+fn attention_matches(cpu: &CpuBackend, gpu: &WgpuBackend) {
     let shapes = [
         Heads {
             n_head: 4,
@@ -449,12 +478,12 @@ fn paged_attention_matches_the_cpu_backend() {
             ..Scores::plain(heads.head_dim)
         };
         for scores in [Scores::plain(heads.head_dim), windowed, short_window] {
-            let want: Vec<f64> = attention_on(&cpu, heads, scores)
+            let want: Vec<f64> = attention_on(cpu, heads, scores)
                 .iter()
                 .map(|&v| f64::from(v))
                 .collect();
-            let got = attention_on(&gpu, heads, scores);
-            let what = format!("{heads:?} {scores:?}");
+            let got = attention_on(gpu, heads, scores);
+            let what = format!("{heads:?} {scores:?}, subgroups {}", gpu.uses_subgroups());
             assert_close(&got, &want, &vec![1.0; want.len()], 1e-5, &what);
         }
     }

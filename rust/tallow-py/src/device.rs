@@ -58,7 +58,13 @@ fn load_wgpu(
     options: LoadOptions,
     index: usize,
 ) -> Result<Arc<dyn AnyModel>, ModelError> {
-    let backend = tallow_backend_wgpu::WgpuBackend::open(index)?;
+    // TALLOW_WGPU_SUBGROUPS=0 keeps subgroup operations off, for a driver that gets them
+    // wrong.
+    let gpu_options = tallow_backend_wgpu::WgpuOptions {
+        subgroups: std::env::var("TALLOW_WGPU_SUBGROUPS").map_or(true, |v| v != "0"),
+        ..Default::default()
+    };
+    let backend = tallow_backend_wgpu::WgpuBackend::open_with(index, gpu_options)?;
     Ok(Arc::new(Model::load_on(backend, path, options)?))
 }
 
