@@ -413,35 +413,53 @@ def test_engine_on_a_real_model_on_the_gpu(reference_dir: Path) -> None:
     assert ngram.stats()["spec_accepted_tokens"] > 0
 
 
-def _file_pages_resident(path: Path) -> int:
-    """Bytes of ``path``'s memory mapping resident in this process (Linux's smaps)."""
+_DEVICE_MEMORY = """
+import json, sys
+from pathlib import Path
+from tallow import _core
+
+def file_pages_resident(path):
+    # Bytes of the file's memory mappings resident in this process (Linux's smaps).
     total, inside = 0, False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         first = line.split(maxsplit=1)[0]
         if "-" in first and not first.endswith(":"):
-            inside = line.endswith(str(path))
+            inside = line.endswith(path)
         elif inside and first == "Rss:":
             total += int(line.split()[1]) * 1024
     return total
+
+model = _core.Model(sys.argv[1], device="gpu")
+loaded = model.device_memory
+kv = model.new_kv_cache(max_pages=64)
+with_kv = model.device_memory
+del kv
+print(json.dumps({
+    "loaded": loaded, "with_kv": with_kv, "dropped": model.device_memory,
+    "page": model.kv_page_bytes(), "resident": file_pages_resident(sys.argv[1]),
+    "cpu": _core.Model(sys.argv[1]).device_memory,
+}))
+"""
 
 
 def test_weights_go_to_the_device_and_leave_the_host() -> None:
     """The GPU holds each tensor of the file once, as its GGUF blocks (the gguf package's byte
     counts); KV pages add their bytes and give them back; the host keeps the file's pages
-    released (a fraction of the weights resident: metadata and the tokenizer)."""
+    released (a fraction of the weights resident: metadata and the tokenizer). In a process of
+    its own, where no other model maps the file."""
     path = tallow.resolve_model("smollm2-135m")
     weights = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
-    model = _core.Model(str(path), device="gpu")
-    assert model.device_memory is not None
-    in_use, peak = model.device_memory
+    proc = subprocess.run(
+        [sys.executable, "-c", _DEVICE_MEMORY, str(path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    in_use, peak = got["loaded"]
     assert weights <= in_use <= weights + 2**20 and peak >= in_use
-    kv = model.new_kv_cache(max_pages=64)
-    assert model.device_memory[0] == in_use + 64 * model.kv_page_bytes()
-    del kv
-    assert model.device_memory == (in_use, in_use + 64 * model.kv_page_bytes())
-    if sys.platform == "linux":
-        assert _file_pages_resident(path) < weights / 3
-    assert _core.Model(str(path)).device_memory is None
+    assert got["with_kv"][0] == in_use + 64 * got["page"]
+    assert got["dropped"] == [in_use, in_use + 64 * got["page"]]
+    assert got["resident"] < weights / 3
+    assert got["cpu"] is None
 
 
 @pytest.mark.slow
