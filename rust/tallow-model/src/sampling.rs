@@ -229,13 +229,16 @@ impl Sampler {
     /// needs them. Its tokens can then be chosen on the device ([`crate::Output::Argmax`]).
     pub fn is_plain_greedy(&self) -> bool {
         let p = &self.params;
-        p.temperature == 0.0
-            && p.repetition_penalty == 1.0
-            && p.frequency_penalty == 0.0
-            && p.presence_penalty == 0.0
-            && p.logit_bias.is_empty()
-            && !p.logprobs
-            && p.top_logprobs == 0
+        p.temperature == 0.0 && !self.changes_logits() && !p.logprobs && p.top_logprobs == 0
+    }
+
+    /// Whether penalties or a logit bias change the logits before a token is chosen.
+    fn changes_logits(&self) -> bool {
+        let p = &self.params;
+        p.repetition_penalty != 1.0
+            || p.frequency_penalty != 0.0
+            || p.presence_penalty != 0.0
+            || !p.logit_bias.is_empty()
     }
 
     /// [`Sampler::verify`] (or, with no draft, [`Sampler::sample`]) for a plain greedy sampler
@@ -294,15 +297,11 @@ impl Sampler {
 
     /// The logits after the penalties for the tokens seen so far and the logit bias.
     fn adjusted<'l>(&self, logits: &'l [f32]) -> Cow<'l, [f32]> {
-        let p = &self.params;
-        let neutral = p.repetition_penalty == 1.0
-            && p.frequency_penalty == 0.0
-            && p.presence_penalty == 0.0
-            && p.logit_bias.is_empty();
-        if neutral {
+        if !self.changes_logits() {
             // Nothing to change: no copy of a whole vocabulary's row.
             return Cow::Borrowed(logits);
         }
+        let p = &self.params;
         let mut adjusted = logits.to_vec();
         for (&token, &count) in &self.counts {
             let Some(l) = adjusted.get_mut(token as usize) else {
