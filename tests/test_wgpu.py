@@ -445,8 +445,8 @@ print(json.dumps({
 def test_weights_go_to_the_device_and_leave_the_host() -> None:
     """The GPU holds each tensor of the file once, as its GGUF blocks (the gguf package's byte
     counts); KV pages add their bytes and give them back; the host keeps the file's pages
-    released (a fraction of the weights resident: metadata and the tokenizer). In a process of
-    its own, where no other model maps the file."""
+    released (under 2% of the weights resident, though reading a tensor maps its neighbours'
+    pages too). In a process of its own, where no other model maps the file."""
     path = tallow.resolve_model("smollm2-135m")
     weights = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
     proc = subprocess.run(
@@ -458,7 +458,7 @@ def test_weights_go_to_the_device_and_leave_the_host() -> None:
     assert weights <= in_use <= weights + 2**20 and peak >= in_use
     assert got["with_kv"][0] == in_use + 64 * got["page"]
     assert got["dropped"] == [in_use, in_use + 64 * got["page"]]
-    assert got["resident"] < weights / 3
+    assert got["resident"] < weights / 50
     assert got["cpu"] is None
 
 

@@ -116,10 +116,16 @@ impl Backend for WgpuBackend {
         file: &Arc<GgufFile>,
         specs: &[MatrixSpec],
     ) -> Result<Vec<Matrix>, BackendError> {
-        specs
+        let matrices = specs
             .iter()
             .map(|spec| matrix::upload(&self.gpu, file, spec, self.max_part))
-            .collect()
+            .collect();
+        // Reading a matrix maps the file's pages around it too, some of them a neighbour's
+        // already released: a last sweep gives back every matrix's pages.
+        for spec in specs {
+            file.release(&spec.tensor, 0..spec.tensor.size as usize);
+        }
+        matrices
     }
 
     fn upload_vector(&self, values: &[f32]) -> Result<Rows, BackendError> {

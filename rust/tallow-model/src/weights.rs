@@ -119,17 +119,16 @@ impl<B: Backend> Weights<B> {
             specs.extend(gate_up);
             specs.push(matrix(file, &name("ffn_down"), d, ff, product)?);
         }
-        let mut matrices = backend.upload_matrices(file, &specs)?.into_iter();
-        let mut next = || matrices.next().expect("one matrix per spec");
-        let token_embd = next();
-        let output = (!tied).then(&mut next);
-
+        // The vectors are read (and copied) before the matrices are uploaded, so that the
+        // matrices' upload is the last read of the file: a read maps the file's pages around
+        // it too (fault-around, large folios), and a backend that copies the matrices releases
+        // them after its last read.
         let vector = |name: &str, len: usize| {
             backend
                 .upload_vector(&host_vector(file, name, len)?)
                 .map_err(ModelError::from)
         };
-        let layers: Vec<LayerWeights<B>> = (0..config.n_layer)
+        let layers: Vec<_> = (0..config.n_layer)
             .map(|i| {
                 let name = |t: &str| format!("blk.{i}.{t}.weight");
                 let bias = |t: &str, len: usize| {
@@ -142,26 +141,37 @@ impl<B: Backend> Weights<B> {
                         .then(|| vector(&name(t), config.head_dim))
                         .transpose()
                 };
-                Ok(LayerWeights {
-                    attn_norm: vector(&name("attn_norm"), d)?,
+                let attn_norm = vector(&name("attn_norm"), d)?;
+                let q_bias = bias("attn_q", q_dim)?;
+                let k_bias = bias("attn_k", kv_dim)?;
+                let v_bias = bias("attn_v", kv_dim)?;
+                let q_norm = head_norm("attn_q_norm")?;
+                let k_norm = head_norm("attn_k_norm")?;
+                let post_attn_norm = post_norm("post_attention_norm")?;
+                let ffn_norm = vector(&name("ffn_norm"), d)?;
+                let post_ffn_norm = post_norm("post_ffw_norm")?;
+                // The layer, once its matrices (in the order of `specs`) are uploaded.
+                Ok(move |next: &mut dyn FnMut() -> B::Matrix| LayerWeights {
+                    attn_norm,
                     wq: next(),
                     wk: next(),
                     wv: next(),
-                    q_bias: bias("attn_q", q_dim)?,
-                    k_bias: bias("attn_k", kv_dim)?,
-                    v_bias: bias("attn_v", kv_dim)?,
-                    q_norm: head_norm("attn_q_norm")?,
-                    k_norm: head_norm("attn_k_norm")?,
+                    q_bias,
+                    k_bias,
+                    v_bias,
+                    q_norm,
+                    k_norm,
                     wo: next(),
-                    post_attn_norm: post_norm("post_attention_norm")?,
-                    ffn_norm: vector(&name("ffn_norm"), d)?,
+                    post_attn_norm,
+                    ffn_norm,
                     w_gate: next(),
                     w_up: next(),
                     w_down: next(),
-                    post_ffn_norm: post_norm("post_ffw_norm")?,
+                    post_ffn_norm,
                 })
             })
             .collect::<Result<_, ModelError>>()?;
+        let output_norm = vector("output_norm.weight", d)?;
         let pairs = config.rope_dim / 2;
         let rope_freqs = match file.tensor("rope_freqs.weight") {
             Some(_) => Some(host_vector(file, "rope_freqs.weight", pairs)?),
@@ -179,10 +189,15 @@ impl<B: Backend> Weights<B> {
                 short: host_vector(file, SHORT_FACTORS, pairs)?,
             }),
         };
+        let mut matrices = backend.upload_matrices(file, &specs)?.into_iter();
+        let mut next = || matrices.next().expect("one matrix per spec");
+        let token_embd = next();
+        let output = (!tied).then(&mut next);
+        let layers = layers.into_iter().map(|layer| layer(&mut next)).collect();
         Ok(Weights {
             token_embd,
             layers,
-            output_norm: vector("output_norm.weight", d)?,
+            output_norm,
             output,
             rope_freqs,
             long_rope,
@@ -245,10 +260,11 @@ fn split_rows<const N: usize>(
     }))
 }
 
-/// A one-dimensional tensor, converted to f32 in host memory.
+/// A one-dimensional tensor, converted to f32 in host memory (the file's pages released).
 fn host_vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let info = tensor(file, name, &[len as u64])?;
     let mut out = vec![0.0; len];
     tallow_quant::dequantize(info.ty, file.tensor_data(info), &mut out)?;
+    file.release(info, 0..info.size as usize);
     Ok(out)
 }
