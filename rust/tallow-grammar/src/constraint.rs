@@ -1,0 +1,56 @@
+//! One request's constraint as it generates.
+
+use llguidance::Matcher;
+
+use crate::error::GrammarError;
+
+/// Which tokens may come next for one request, advanced by each token it takes.
+#[derive(Clone)]
+pub struct Constraint {
+    matcher: Matcher,
+    /// The model's end-of-generation tokens: all allowed where the grammar may end.
+    eog: Vec<u32>,
+}
+
+impl Constraint {
+    pub(crate) fn new(matcher: Matcher, eog: Vec<u32>) -> Self {
+        Constraint { matcher, eog }
+    }
+
+    /// Sets to -inf the logits of the tokens that may not come next. The model's
+    /// end-of-generation tokens may come only where the output is complete.
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
+        let allowed = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(GrammarError::matcher)?;
+        let words = allowed.as_slice();
+        for (i, chunk) in logits.chunks_mut(32).enumerate() {
+            let word = words.get(i).copied().unwrap_or(0);
+            if word == u32::MAX {
+                continue;
+            }
+            for (bit, logit) in chunk.iter_mut().enumerate() {
+                if word & (1 << bit) == 0 {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes `token` as the next one of the output (end-of-generation tokens end it).
+    pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
+        if self.eog.contains(&token) {
+            return Ok(());
+        }
+        self.matcher
+            .consume_token(token)
+            .map_err(GrammarError::matcher)
+    }
+
+    /// Whether the output so far is complete (the grammar allows it to end here).
+    pub fn is_complete(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+}

@@ -1,0 +1,73 @@
+//! What a request's output must match, and its grammar in llguidance's terms.
+
+use llguidance::api::TopLevelGrammar;
+use serde_json::{json, Value};
+
+/// The shape a request's output must take.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Structured {
+    /// JSON that validates against this JSON Schema.
+    JsonSchema(Value),
+    /// Any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// Text that matches this regular expression, whole.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// Text in the language of this Lark grammar (llguidance's dialect).
+    Lark(String),
+}
+
+impl Structured {
+    /// What it is, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Structured::JsonSchema(_) => "JSON schema",
+            Structured::JsonObject => "JSON object",
+            Structured::Regex(_) => "regular expression",
+            Structured::Choice(_) => "choice",
+            Structured::Lark(_) => "grammar",
+        }
+    }
+
+    pub(crate) fn grammar(&self) -> Result<TopLevelGrammar, String> {
+        Ok(match self {
+            Structured::JsonSchema(schema) => {
+                if !(schema.is_object() || schema.is_boolean()) {
+                    return Err("a JSON schema is an object (or true/false)".into());
+                }
+                TopLevelGrammar::from_json_schema(with_layout(schema.clone()))
+            }
+            Structured::JsonObject => {
+                TopLevelGrammar::from_json_schema(with_layout(json!({"type": "object"})))
+            }
+            Structured::Regex(pattern) => TopLevelGrammar::from_regex(pattern),
+            Structured::Choice(choices) => {
+                if choices.is_empty() {
+                    return Err("a choice needs at least one string".into());
+                }
+                let alternatives: Vec<String> =
+                    choices.iter().map(|c| regex_syntax::escape(c)).collect();
+                TopLevelGrammar::from_regex(&format!("({})", alternatives.join("|")))
+            }
+            Structured::Lark(grammar) => TopLevelGrammar::from_lark(grammar.clone()),
+        })
+    }
+}
+
+/// `schema` with llguidance's JSON options set, unless it sets them itself: one space after
+/// each `,` and `:` and no other whitespace between tokens (a model left free to add
+/// whitespace may add it forever), and `oneOf` read as `anyOf` (as most engines do).
+fn with_layout(mut schema: Value) -> Value {
+    if let Some(object) = schema.as_object_mut() {
+        object.entry("x-guidance").or_insert_with(|| {
+            json!({
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": ",
+                "coerce_one_of": true,
+            })
+        });
+    }
+    schema
+}
