@@ -508,6 +508,10 @@ _FIELDS = [
     "tools",
     "functions",
     "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
 ]
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tallow.errors import (
         CatalogError,
         GgufError,
+        GrammarError,
         InvalidArgumentError,
         ModelError,
         ModelNotFoundError,
@@ -45,6 +46,7 @@ _WHERE = {
     "SamplingParams": "tallow.engine",
     "CatalogError": "tallow.errors",
     "GgufError": "tallow.errors",
+    "GrammarError": "tallow.errors",
     "InvalidArgumentError": "tallow.errors",
     "ModelError": "tallow.errors",
     "ModelNotFoundError": "tallow.errors",
@@ -64,6 +66,7 @@ __all__ = [
     "Completion",
     "GenerationResult",
     "GgufError",
+    "GrammarError",
     "InvalidArgumentError",
     "ModelError",
     "ModelNotFoundError",

@@ -13,7 +13,9 @@ from typing_extensions import Self
 
 __all__ = [
     "Context",
+    "Constraint",
     "GgufError",
+    "GrammarError",
     "InvalidArgumentError",
     "KvCache",
     "Model",
@@ -52,6 +54,10 @@ class ModelError(TallowError):
 
 class InvalidArgumentError(TallowError, ValueError):
     """An argument is out of range or of the wrong kind."""
+
+class GrammarError(InvalidArgumentError):
+    """A constraint on the output (JSON schema, regular expression, choice, grammar) cannot
+    be compiled, is beyond the limits on its size and work, or failed while generating."""
 
 def isa() -> str:
     """The instruction set whose kernels run: ``"avx512vnni"``, ``"avx512"``, ``"avx2"``,
@@ -188,6 +194,16 @@ class Model:
         batch: list[tuple[int, list[int], str]],
         output: Literal["argmax"],
     ) -> numpy.typing.NDArray[numpy.uint32]: ...
+    def constraint(
+        self,
+        kind: Literal["json_schema", "json_object", "regex", "choice", "grammar"],
+        spec: str | list[str] | None = None,
+    ) -> Constraint:
+        """Compile a constraint on an output of this model against its vocabulary: ``kind``
+        ``"json_schema"`` (``spec``: the schema as JSON text), ``"json_object"`` (any JSON
+        object), ``"regex"`` (the whole output matches it), ``"choice"`` (a list of strings,
+        exactly one of them) or ``"grammar"`` (a Lark grammar, llguidance's dialect). Raises
+        GrammarError where it cannot be compiled or exceeds the limits on its size and work."""
 
 @final
 class KvCache:
@@ -318,12 +334,15 @@ class Sampler:
         logit_bias: dict[int, float] | None = None,
         top_logprobs: int = 0,
         logprobs: bool = False,
+        constraint: Constraint | None = None,
     ) -> Self:
         """``temperature`` 0 means greedy (argmax); ``top_k`` 0, ``top_p`` 1.0 and ``min_p``
         0 are off; ``seed`` None draws a random seed. Penalties apply to tokens this sampler
         has produced or been given with :meth:`accept`; ``logit_bias`` is added to the logits
         of its tokens (``-inf`` bans one). Log probabilities of the chosen tokens are computed
-        only with ``logprobs`` or ``top_logprobs`` > 0 (NaN otherwise)."""
+        only with ``logprobs`` or ``top_logprobs`` > 0 (NaN otherwise). With ``constraint``
+        (which it takes over: one sampler per constraint) only the tokens it allows are
+        chosen, and each chosen token advances it."""
     def sample(self, logits: numpy.typing.NDArray[numpy.float32]) -> int:
         """The sampled token id (remembered for the penalties)."""
     def accept(self, tokens: list[int]) -> None:
@@ -357,7 +376,13 @@ class Sampler:
 
 def sample_batch(
     samplers: list[Sampler], logits: numpy.typing.NDArray[numpy.float32]
-) -> list[tuple[int, float, list[tuple[int, float]]]]:
+) -> list[tuple[int, float, list[tuple[int, float]]] | TallowError]:
     """Sample row ``i`` of ``logits`` (shape ``(len(samplers), n_vocab)``) with
     ``samplers[i]``, all rows in parallel. Returns ``(token, logprob, top_logprobs)`` per row:
-    log probabilities of the raw logits, the most likely tokens first."""
+    log probabilities of the raw logits, the most likely tokens first; for a row that could
+    not be sampled (its constraint failed, every token banned) the exception, unraised."""
+
+@final
+class Constraint:
+    """A compiled constraint on one request's output (:meth:`Model.constraint`), for the
+    :class:`Sampler` that takes it over."""

@@ -252,7 +252,11 @@ class AsyncLLM:
         """
         self._check_open()
         ids = checks.token_ids("prompt", prompt_ids, self._model.n_vocab)
-        sampler = self._engine.sampler(params)
+        if params.structured is None:
+            sampler = self._engine.sampler(params)
+        else:
+            # Compiling a constraint may take a while (large schemas): not on the event loop.
+            sampler = await anyio.to_thread.run_sync(self._engine.sampler, params)
         request_id = f"req-{next(self._ids)}"
         send, receive = anyio.create_memory_object_stream[RequestOutput](math.inf)
         self._streams[request_id] = send
@@ -310,7 +314,9 @@ class AsyncLLM:
         """Yield the generated text piece by piece (whole characters; a stop string is never
         emitted). ``options`` are further :class:`~tallow.engine.SamplingParams` fields
         (``min_p``, penalties, ``logit_bias``, ``stop_token_ids``, ``ignore_eos``,
-        ``logprobs``, ``top_logprobs``)."""
+        ``logprobs``, ``top_logprobs``, ``speculative``) and one constraint on the output:
+        ``json_schema``, ``json_object``, ``regex``, ``choice`` or ``grammar`` (see
+        :mod:`tallow.structured`)."""
         self._check_open()
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
         async for piece in self._text(self.prompt_ids(prompt), params):

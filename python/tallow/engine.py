@@ -33,8 +33,12 @@ from tallow.speculative import (
     Proposer,
     speculative_config,
 )
+from tallow.structured import STRUCTURED_OPTIONS, Structured, structured_output
 
 __all__ = ["Engine", "EngineConfig", "SamplingParams", "sampling_params"]
+
+SampledRow = tuple[int, float, list[tuple[int, float]]]
+"""A sampled token, its log probability and the most likely tokens with theirs."""
 
 
 @dataclass(frozen=True)
@@ -63,13 +67,19 @@ class SamplingParams:
     """Speculative decoding for this request: None follows the engine's setting; False or 0
     turns it off; otherwise what :func:`tallow.speculative.speculative_config` takes (a token
     count, a method name, a dict or a :class:`~tallow.speculative.SpeculativeConfig`)."""
+    structured: Structured | None = None
+    """What the output must match (a JSON schema, a regular expression, a choice, a
+    grammar); see :mod:`tallow.structured`."""
 
-    def new_sampler(self, n_vocab: int) -> _core.Sampler:
-        """A sampler with these settings for a vocabulary of ``n_vocab`` tokens; raises
-        :class:`InvalidArgumentError` for a token id (``logit_bias``, ``stop_token_ids``)
-        outside the vocabulary."""
+    def new_sampler(self, model: _core.Model) -> _core.Sampler:
+        """A sampler with these settings for ``model``, its constraint (if any) compiled
+        against the model's vocabulary; raises :class:`InvalidArgumentError` for a token id
+        (``logit_bias``, ``stop_token_ids``) outside the vocabulary and
+        :class:`~tallow.GrammarError` for a constraint that cannot be compiled."""
+        n_vocab = model.n_vocab
         checks.token_ids("logit_bias", list(self.logit_bias), n_vocab)
         checks.token_ids("stop_token_ids", self.stop_token_ids, n_vocab)
+        constraint = None if self.structured is None else self.structured.compile(model)
         return _core.Sampler(
             self.temperature,
             min(self.top_k, n_vocab),
@@ -82,6 +92,7 @@ class SamplingParams:
             logit_bias=dict(self.logit_bias),
             top_logprobs=self.top_logprobs,
             logprobs=self.logprobs,
+            constraint=constraint,
         )
 
 
@@ -102,11 +113,15 @@ def sampling_params(
     :class:`InvalidArgumentError`). ``options`` are further :class:`SamplingParams` fields.
     Token ids are checked against the vocabulary when the request reaches a model
     (:meth:`SamplingParams.new_sampler`)."""
-    unknown = sorted(set(options) - _OPTIONS)
+    unknown = sorted(set(options) - _OPTIONS - set(STRUCTURED_OPTIONS))
     if unknown:
+        known = sorted(_OPTIONS | set(STRUCTURED_OPTIONS))
         raise InvalidArgumentError(
-            f"unknown generation option {unknown[0]!r} (known: {', '.join(sorted(_OPTIONS))})"
+            f"unknown generation option {unknown[0]!r} (known: {', '.join(known)})"
         )
+    constraint = structured_output(
+        **{name: options.pop(name) for name in STRUCTURED_OPTIONS if name in options}
+    )
     fields: dict[str, object] = {
         "max_tokens": None if max_tokens is None else checks.integer("max_tokens", max_tokens, 0),
         "temperature": checks.number("temperature", temperature, 0.0),
@@ -117,6 +132,7 @@ def sampling_params(
     }
     for name, value in options.items():
         fields[name] = _check_option(name, value)
+    fields["structured"] = constraint
     return SamplingParams(**fields)  # type: ignore[arg-type]
 
 
@@ -365,7 +381,7 @@ class Engine:
         (token ids against the vocabulary, the speculation asked for); raises
         :class:`InvalidArgumentError`. May be called from any thread."""
         self._speculation(params)
-        return params.new_sampler(self.model.n_vocab)
+        return params.new_sampler(self.model)
 
     def add(
         self,
@@ -379,7 +395,7 @@ class Engine:
         if request_id in self._samplers:
             raise InvalidArgumentError(f"request {request_id!r} is already in the engine")
         checks.token_ids("prompt", prompt_token_ids, self.model.n_vocab)
-        sampler = sampler or params.new_sampler(self.model.n_vocab)
+        sampler = sampler or params.new_sampler(self.model)
         speculate = self._speculation(params)
         self.scheduler.add(Request(request_id, list(prompt_token_ids), params))
         self._samplers[request_id] = sampler
@@ -423,7 +439,8 @@ class Engine:
     def _step(self) -> list[RequestOutput]:
         proposals = self._propose()
         step = self.scheduler.schedule({r: p.tokens for r, p in proposals.items()})
-        sampled: dict[str, list[tuple[int, float, list[tuple[int, float]]]]] = {}
+        sampled: dict[str, list[SampledRow]] = {}
+        failed: dict[str, str] = {}
         if step:
             try:
                 if self._greedy_on_device(step):
@@ -431,13 +448,13 @@ class Engine:
                     sampled = self._take_argmax(step, tokens)
                 else:
                     logits = self.model.forward(self.kv, step.batch())
-                    sampled = self._sample(step, logits, proposals)
+                    sampled, failed = self._sample(step, logits, proposals)
             except TallowError as e:
                 return self._forget(self.scheduler.fail(step, str(e)))
             self.tokens_computed += step.num_tokens
             self._recent.append((time.perf_counter(), step.num_tokens))
         outputs = self.scheduler.update(
-            step, {r: [t[0] for t in rows] for r, rows in sampled.items()}
+            step, {r: [t[0] for t in rows] for r, rows in sampled.items()}, failed
         )
         for i, out in enumerate(outputs):
             if out.new_token_ids and out.request_id in self._logprobs:
@@ -482,7 +499,7 @@ class Engine:
 
     def _take_argmax(
         self, step: Step, argmaxes: npt.NDArray[np.uint32]
-    ) -> dict[str, list[tuple[int, float, list[tuple[int, float]]]]]:
+    ) -> dict[str, list[SampledRow]]:
         """The tokens of every request in ``step`` from each row's greedy token: drafts kept
         while they agree, as ``_sample`` verifies them."""
         sampled = {}
@@ -499,10 +516,12 @@ class Engine:
 
     def _sample(
         self, step: Step, logits: npt.NDArray[np.float32], proposals: dict[str, Proposal]
-    ) -> dict[str, list[tuple[int, float, list[tuple[int, float]]]]]:
+    ) -> tuple[dict[str, list[SampledRow]], dict[str, str]]:
         """The tokens of every request in ``step``: verification for chunks with a draft, one
-        batched draw for the others."""
+        batched draw for the others; and the error of each request that could not take one
+        (its constraint failed)."""
         sampled = {}
+        failed = {}
         plain_ids: list[str] = []
         plain_rows: list[int] = []
         row = 0
@@ -513,9 +532,12 @@ class Engine:
                 probs = proposals[chunk.request_id].probs
                 q = None if probs is None else np.ascontiguousarray(probs[: len(chunk.draft)])
                 block = logits[row : row + chunk.n_rows]
-                sampled[chunk.request_id] = self._samplers[chunk.request_id].verify(
-                    block, chunk.draft, q
-                )
+                try:
+                    sampled[chunk.request_id] = self._samplers[chunk.request_id].verify(
+                        block, chunk.draft, q
+                    )
+                except TallowError as e:
+                    failed[chunk.request_id] = str(e)
             else:
                 plain_ids.append(chunk.request_id)
                 plain_rows.append(row)
@@ -523,8 +545,12 @@ class Engine:
         if plain_ids:
             rows = logits if len(plain_rows) == row else logits[plain_rows]
             drawn = _core.sample_batch([self._samplers[r] for r in plain_ids], rows)
-            sampled.update({r: [one] for r, one in zip(plain_ids, drawn, strict=True)})
-        return sampled
+            for r, one in zip(plain_ids, drawn, strict=True):
+                if isinstance(one, TallowError):
+                    failed[r] = str(one)
+                else:
+                    sampled[r] = [one]
+        return sampled, failed
 
     def _forget(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """Drop the samplers of the requests that finished in ``outputs``."""

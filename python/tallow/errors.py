@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from tallow._core import (
     GgufError,
+    GrammarError,
     InvalidArgumentError,
     ModelError,
     ModelNotFoundError,
@@ -20,6 +21,7 @@ from tallow._core import (
 __all__ = [
     "CatalogError",
     "GgufError",
+    "GrammarError",
     "InvalidArgumentError",
     "ModelError",
     "ModelNotFoundError",

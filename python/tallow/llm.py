@@ -29,7 +29,7 @@ from tallow.engine import (
 )
 from tallow.errors import InvalidArgumentError, ModelError
 from tallow.prompt import Prompts
-from tallow.scheduler import RequestOutput
+from tallow.scheduler import RequestOutput, TokenLogprob
 
 __all__ = ["LLM", "GenerationResult", "TextStream"]
 
@@ -64,6 +64,9 @@ class GenerationResult:
     """Wall time spent evaluating the prompt."""
     completion_seconds: float = 0.0
     """Wall time spent generating after the prompt."""
+    logprobs: list[TokenLogprob] | None = None
+    """With the ``logprobs`` option: each generated token's log probability (and the most
+    likely tokens with theirs, with ``top_logprobs``), one per token of :attr:`token_ids`."""
 
 
 class TextStream(Iterator[str]):
@@ -314,6 +317,7 @@ class LLM:
             self._open_engine().add(request_id, prompt_ids, params, sampler)
             self._outputs[request_id] = deque()
         token_ids: list[int] = []
+        logprobs: list[TokenLogprob] | None = [] if params.logprobs else None
         chunks: list[str] = []
         finish: FinishReason = "length"
         t0 = time.perf_counter()
@@ -324,6 +328,8 @@ class LLM:
                 out = self._next_output(request_id)
                 t1 = t1 or time.perf_counter()
                 token_ids.extend(out.new_token_ids)
+                if logprobs is not None and out.logprobs:
+                    logprobs.extend(out.logprobs)
                 finished = out.finished
                 if finished:
                     if out.error is not None and not token_ids and params.max_tokens != 0:
@@ -347,6 +353,7 @@ class LLM:
             completion_tokens=len(token_ids),
             prompt_seconds=t1 - t0,
             completion_seconds=t2 - t1,
+            logprobs=logprobs,
         )
 
     def stream(
@@ -360,13 +367,14 @@ class LLM:
         stop: str | Sequence[str] | None = None,
         *,
         parse_special: bool = True,
+        **options: object,
     ) -> TextStream:
         """Like :meth:`generate`, but returns an iterator over pieces of text as they are
         generated. Pieces are whole UTF-8 characters; text that could be the start of a stop
         string is held back until it is known not to be one, and a stop string is never
         emitted. The arguments are checked before this returns.
         """
-        params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop)
+        params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
         parse = checks.boolean("parse_special", parse_special)
         ids = self._prompts.ids(prompt, parse_special=parse)
         return TextStream(self._completion(ids, params))
@@ -382,6 +390,7 @@ class LLM:
         stop: str | Sequence[str] | None = None,
         *,
         parse_special: bool = True,
+        **options: object,
     ) -> GenerationResult:
         """Continue ``prompt`` (text, or token ids used as they are) and return the generated
         text with its token ids.
@@ -397,11 +406,26 @@ class LLM:
         ``parse_special`` treats control-token text in the prompt (``<|im_start|>``) as those
         tokens, as llama.cpp does.
 
-        Raises :class:`InvalidArgumentError` for arguments out of range or of the wrong type
-        and :class:`ModelError` when the prompt leaves no room in the context.
+        ``options`` are the further generation options :class:`AsyncLLM` and the server take:
+        ``min_p``, ``repetition_penalty``, ``frequency_penalty``, ``presence_penalty``,
+        ``logit_bias``, ``stop_token_ids``, ``ignore_eos``, ``logprobs``, ``top_logprobs``,
+        ``speculative``, and one constraint on the output: ``json_schema``, ``json_object``,
+        ``regex``, ``choice`` or ``grammar`` (see :mod:`tallow.structured`).
+
+        Raises :class:`InvalidArgumentError` for arguments out of range or of the wrong type,
+        :class:`~tallow.GrammarError` for a constraint that cannot be compiled and
+        :class:`ModelError` when the prompt leaves no room in the context.
         """
         stream = self.stream(
-            prompt, max_tokens, temperature, top_k, top_p, seed, stop, parse_special=parse_special
+            prompt,
+            max_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            stop,
+            parse_special=parse_special,
+            **options,
         )
         for _ in stream:
             pass
@@ -419,10 +443,11 @@ class LLM:
         stop: str | Sequence[str] | None = None,
         *,
         parse_special: bool = False,
+        **options: object,
     ) -> TextStream:
         """Like :meth:`chat`, but returns an iterator over pieces of the reply as they are
         generated (see :meth:`stream`)."""
-        params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop)
+        params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
         ids = self._prompts.chat_ids(
             messages, parse_special=checks.boolean("parse_special", parse_special)
         )
@@ -439,6 +464,7 @@ class LLM:
         stop: str | Sequence[str] | None = None,
         *,
         parse_special: bool = False,
+        **options: object,
     ) -> GenerationResult:
         """The assistant's reply to a conversation: ``messages`` is a list of
         ``{"role": "system" | "user" | "assistant", "content": text}``, rendered with the
@@ -457,6 +483,7 @@ class LLM:
             seed,
             stop,
             parse_special=parse_special,
+            **options,
         )
         for _ in stream:
             pass

@@ -580,17 +580,23 @@ class Scheduler:
         return step
 
     def update(
-        self, step: Step, sampled: Mapping[str, Sampled] | Sequence[Sampled]
+        self,
+        step: Step,
+        sampled: Mapping[str, Sampled] | Sequence[Sampled],
+        failed: Mapping[str, str] | None = None,
     ) -> list[RequestOutput]:
-        """Take the tokens sampled for ``step`` (by request id, or aligned with
-        ``step.sample_ids``): one token per request, or for a chunk with a draft the accepted
-        draft tokens then one more. Return the outputs: first those of requests finished
-        outside a step (aborted, rejected, out of pages), then one per sampled request, in step
-        order. The KV of rejected draft tokens is dropped.
+        """Take the tokens sampled for ``step`` (by request id, or aligned with the
+        ``step.sample_ids`` not in ``failed``): one token per request, or for a chunk with a
+        draft the accepted draft tokens then one more. The requests of ``failed`` could not
+        take a token (their constraint failed): they end with reason ``"abort"`` and the error
+        it maps them to. Return the outputs: first those of requests finished outside a step
+        (aborted, rejected, out of pages), then one per sampled request, in step order. The KV
+        of rejected draft tokens is dropped.
         """
         if step is not self._inflight:
             raise RuntimeError("update() takes the step returned by the last schedule()")
-        ids = step.sample_ids
+        failed = failed or {}
+        ids = [r for r in step.sample_ids if r not in failed]
         if isinstance(sampled, Mapping):
             missing = [r for r in ids if r not in sampled]
             if missing:
@@ -619,7 +625,7 @@ class Scheduler:
         for chunk in step.chunks:
             kept = len(chunk.token_ids)
             if chunk.draft:
-                accepted = len(tokens[chunk.request_id]) - 1
+                accepted = len(tokens.get(chunk.request_id, [0])) - 1
                 kept -= len(chunk.draft) - accepted
                 # The KV of rejected draft tokens goes.
                 self.kv.truncate(chunk.seq, chunk.start_pos + kept)
@@ -635,6 +641,8 @@ class Scheduler:
             req = self._requests[chunk.request_id]
             if req.abort_pending:
                 outputs.append(self._finish(req, "abort"))
+            elif chunk.request_id in failed:
+                outputs.append(self._finish(req, "abort", error=failed[chunk.request_id]))
             elif chunk.logits:
                 outputs.append(self._append_all(req, chunk, tokens[chunk.request_id]))
         return outputs

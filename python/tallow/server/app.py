@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from tallow.async_llm import AsyncLLM
 from tallow.engine import SamplingParams
-from tallow.errors import InvalidArgumentError, ModelError, TallowError
+from tallow.errors import GrammarError, InvalidArgumentError, ModelError, TallowError
 from tallow.scheduler import RequestOutput, TokenLogprob
 from tallow.server.metrics import CONTENT_TYPE, Metrics
 from tallow.server.protocol import (
@@ -262,6 +262,13 @@ class _Server:
         parse = parse_chat if kind == "chat" else parse_completion
         req = parse(body, self.llm.model.n_vocab, self.llm.n_ctx)
         check_model(req.model, self.names)
+        structured = req.params.structured
+        if structured is not None:
+            # Compiled here so that a bad one is a 400 (and kept compiled for the requests).
+            try:
+                structured.compile(self.llm.model)
+            except GrammarError as e:
+                raise invalid(req.structured_field or "response_format", str(e)) from None
         return req, self._prompt_ids(req)
 
     def _prompt_ids(self, req: GenerationRequest) -> list[list[int]]:

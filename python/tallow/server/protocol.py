@@ -15,6 +15,8 @@ from typing import Any
 
 from tallow import checks
 from tallow.engine import SamplingParams
+from tallow.errors import InvalidArgumentError
+from tallow.structured import Structured, structured_output
 
 MAX_N = 16
 """Most choices one request may ask for."""
@@ -128,6 +130,9 @@ class GenerationRequest:
     logprobs: int | None = None
     """None: no log probabilities; k >= 0: the chosen token's and the k most likely ones."""
     echo: bool = False
+    structured_field: str | None = None
+    """The field that constrains the output (``response_format`` or a ``guided_*``), if one
+    does: a constraint that does not compile is a 400 naming it."""
     prompts: list[str | list[int]] = field(default_factory=list)
     """Completions: one or more prompts (text or token ids)."""
     messages: list[Mapping[str, Any]] | None = None
@@ -231,8 +236,61 @@ class _Fields:
         return out
 
 
+GUIDED_FIELDS = {
+    "guided_json": "json_schema",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+"""vLLM's fields that constrain the output, and the generation option each one is."""
+
+
+def _structured(f: _Fields) -> tuple[Structured | None, str | None]:
+    """The constraint on the output that the request asks for (OpenAI's ``response_format``
+    or one of vLLM's ``guided_*`` fields), and the field that asks."""
+    given: list[tuple[str, str, object]] = []
+    fmt = f.body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict):
+            raise invalid("response_format", "'response_format' must be an object", "invalid_type")
+        kind = fmt.get("type")
+        if kind == "json_object":
+            given.append(("response_format", "json_object", True))
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, (dict, bool)):
+                raise invalid(
+                    "response_format",
+                    "'response_format' of type 'json_schema' needs 'json_schema': "
+                    "{'name': ..., 'schema': {...}}",
+                )
+            given.append(("response_format", "json_schema", schema))
+        elif kind != "text":
+            raise invalid(
+                "response_format",
+                "'response_format.type' must be 'text', 'json_object' or 'json_schema'",
+            )
+    for name, option in GUIDED_FIELDS.items():
+        if f.present(name):
+            given.append((name, option, f.body[name]))
+    if not given:
+        return None, None
+    if len(given) > 1:
+        raise invalid(given[1][0], f"'{given[0][0]}' and '{given[1][0]}' cannot be combined")
+    ((name, option, value),) = given
+    try:
+        return structured_output(**{option: value}), name
+    except InvalidArgumentError as e:
+        raise invalid(name, str(e)) from None
+
+
 def _sampling(
-    f: _Fields, n_vocab: int, max_tokens: int | None, top_logprobs: int
+    f: _Fields,
+    n_vocab: int,
+    max_tokens: int | None,
+    top_logprobs: int,
+    structured: Structured | None,
 ) -> SamplingParams:
     temperature = f.number("temperature", 1.0, 0.0, 2.0)
     top_p = f.number("top_p", 1.0, 0.0, 1.0)
@@ -256,6 +314,7 @@ def _sampling(
         ignore_eos=f.boolean("ignore_eos", False),
         logprobs=top_logprobs >= 0,
         top_logprobs=max(top_logprobs, 0),
+        structured=structured,
     )
 
 
@@ -297,14 +356,18 @@ def parse_completion(body: object, n_vocab: int, n_ctx: int) -> GenerationReques
         raise invalid("best_of", "'best_of' other than 'n' is not supported")
     if f.present("suffix"):
         raise invalid("suffix", "'suffix' is not supported")
+    structured, structured_field = _structured(f)
     return GenerationRequest(
         model=model,
-        params=_sampling(f, n_vocab, max_tokens, -1 if logprobs is None else logprobs),
+        params=_sampling(
+            f, n_vocab, max_tokens, -1 if logprobs is None else logprobs, structured
+        ),
         n=n,
         stream=stream,
         include_usage=include_usage,
         logprobs=logprobs,
         echo=echo,
+        structured_field=structured_field,
         prompts=_prompts(f.body.get("prompt"), n_vocab),
     )
 
@@ -366,16 +429,17 @@ def parse_chat(body: object, n_vocab: int, n_ctx: int) -> GenerationRequest:
     for key in ("tools", "functions"):
         if f.body.get(key):
             raise invalid(key, f"'{key}' is not supported")
-    fmt = f.body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise invalid("response_format", "only the 'text' response format is supported")
+    structured, structured_field = _structured(f)
     return GenerationRequest(
         model=model,
-        params=_sampling(f, n_vocab, max_tokens, -1 if logprobs is None else logprobs),
+        params=_sampling(
+            f, n_vocab, max_tokens, -1 if logprobs is None else logprobs, structured
+        ),
         n=n,
         stream=stream,
         include_usage=include_usage,
         logprobs=logprobs,
+        structured_field=structured_field,
         messages=messages,
     )
 

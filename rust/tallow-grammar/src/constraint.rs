@@ -12,6 +12,14 @@ pub struct Constraint {
     eog: Vec<u32>,
 }
 
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("eog", &self.eog)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Constraint {
     pub(crate) fn new(matcher: Matcher, eog: Vec<u32>) -> Self {
         Constraint { matcher, eog }

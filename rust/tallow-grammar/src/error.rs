@@ -14,17 +14,20 @@ pub enum GrammarError {
 
 impl GrammarError {
     /// llguidance's error without the parser state it appends (the tokens so far, counters
-    /// and the grammar): its first line.
+    /// and the grammar).
     pub(crate) fn matcher(error: impl std::fmt::Display) -> Self {
-        GrammarError::Matcher(first_line(&error.to_string()))
+        GrammarError::Matcher(without_state(&error.to_string()))
     }
 }
 
-pub(crate) fn first_line(message: &str) -> String {
-    message
+/// llguidance's `message` on one line, without the parser state it appends to some (from a
+/// `<state>` line on): a regex parser's error spreads its pointer and reason over lines.
+pub(crate) fn without_state(message: &str) -> String {
+    let lines: Vec<&str> = message
         .lines()
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_string()
+        .take_while(|line| !line.trim_start().starts_with("<state>"))
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect();
+    lines.join(" ")
 }

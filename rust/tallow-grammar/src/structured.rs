@@ -30,6 +30,17 @@ impl Structured {
         }
     }
 
+    /// A text that names this output exactly (for caching what it compiles to).
+    pub(crate) fn key(&self) -> String {
+        match self {
+            Structured::JsonSchema(schema) => format!("json_schema\0{schema}"),
+            Structured::JsonObject => "json_object".into(),
+            Structured::Regex(pattern) => format!("regex\0{pattern}"),
+            Structured::Choice(choices) => format!("choice\0{}", json!(choices)),
+            Structured::Lark(grammar) => format!("lark\0{grammar}"),
+        }
+    }
+
     pub(crate) fn grammar(&self) -> Result<TopLevelGrammar, String> {
         Ok(match self {
             Structured::JsonSchema(schema) => {

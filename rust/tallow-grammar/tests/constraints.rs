@@ -252,3 +252,31 @@ fn an_exploding_grammar_fails_within_its_limits_instead_of_slowing_down() {
         "{message}"
     );
 }
+
+#[test]
+fn a_constraint_compiled_again_starts_from_the_beginning() {
+    let tokenizer = tokenizer(SMOLLM2);
+    let compiler = GrammarCompiler::new(Arc::clone(&tokenizer)).unwrap();
+    let choice = Structured::Choice(vec!["alpha".into(), "beta".into()]);
+    let allowed = |constraint: &mut tallow_grammar::Constraint| {
+        let mut logits = vec![0.0; tokenizer.vocab_size()];
+        constraint.mask(&mut logits).unwrap();
+        logits.iter().filter(|l| l.is_finite()).count()
+    };
+    let mut first = compiler.compile(&choice).unwrap();
+    let at_start = allowed(&mut first);
+    for token in tokenizer.encode("alpha", false, false) {
+        allowed(&mut first);
+        first.accept(token).unwrap();
+    }
+    assert!(first.is_complete());
+    // The same choice again (from the compiler's cache) is unstarted; another is not mixed up
+    // with it.
+    let mut again = compiler.compile(&choice).unwrap();
+    assert!(!again.is_complete());
+    assert_eq!(allowed(&mut again), at_start);
+    let mut other = compiler
+        .compile(&Structured::Choice(vec!["alpha\0beta".into()]))
+        .unwrap();
+    assert!(allowed(&mut other) < at_start);
+}

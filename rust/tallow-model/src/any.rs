@@ -5,6 +5,7 @@ use std::any::Any;
 
 use tallow_backend::{Backend, Batch, DeviceInfo, DeviceMemory, Output};
 use tallow_gguf::GgufFile;
+use tallow_grammar::{Constraint, Structured};
 use tallow_kv::{KvBudget, KvLayout, LayerGroups, PagedKvCache};
 use tallow_tokenizer::Tokenizer;
 
@@ -18,6 +19,8 @@ pub trait AnyModel: Send + Sync {
     fn config(&self) -> &ModelConfig;
     fn tokenizer(&self) -> &Tokenizer;
     fn gguf(&self) -> &GgufFile;
+    /// See [`Model::constraint`].
+    fn constraint(&self, structured: &Structured) -> Result<Constraint, ModelError>;
     /// The device the model runs on.
     fn device(&self) -> DeviceInfo;
     /// See [`Backend::memory`].
@@ -72,6 +75,10 @@ impl<B: Backend> AnyModel for Model<B> {
 
     fn gguf(&self) -> &GgufFile {
         Model::gguf(self)
+    }
+
+    fn constraint(&self, structured: &Structured) -> Result<Constraint, ModelError> {
+        Model::constraint(self, structured)
     }
 
     fn device(&self) -> DeviceInfo {

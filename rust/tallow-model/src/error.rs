@@ -2,6 +2,7 @@
 
 use tallow_backend::BackendError;
 use tallow_gguf::GgufError;
+use tallow_grammar::GrammarError;
 use tallow_kv::KvError;
 use tallow_quant::QuantError;
 use tallow_tokenizer::TokenizerError;
@@ -16,6 +17,9 @@ pub enum ModelError {
     Quant(#[from] QuantError),
     #[error(transparent)]
     Kv(#[from] KvError),
+    /// A constraint on the output cannot be compiled, or failed while generating.
+    #[error(transparent)]
+    Grammar(#[from] GrammarError),
     #[error("unknown architecture '{0}' (supported: {supported})", supported = crate::config::supported_architectures().join(", "))]
     UnknownArchitecture(String),
     #[error("not supported yet: {0}")]

@@ -12,9 +12,10 @@ mod sequence;
 mod weights;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tallow_gguf::GgufFile;
+use tallow_grammar::GrammarCompiler;
 use tallow_tokenizer::Tokenizer;
 
 pub use any::{AnyModel, AnyScratch};
@@ -30,6 +31,7 @@ pub use tallow_backend::{
     argmax, Backend, Batch, DeviceInfo, Logits, Output, RopeScaling, SeqChunk,
 };
 pub use tallow_backend_cpu::CpuBackend;
+pub use tallow_grammar::{Constraint, GrammarError, Structured};
 pub use tallow_kv::{
     pages_for_budget, KvBudget, KvDtype, KvLayout, KvStats, LayerGroups, PagedKvCache, SeqId,
 };
@@ -45,7 +47,9 @@ pub struct Model<B: Backend = CpuBackend> {
     config: ModelConfig,
     weights: Weights<B>,
     ropes: B::Ropes,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
+    /// Compiles constraints on outputs; built on first use (it indexes the vocabulary).
+    grammar: OnceLock<Result<GrammarCompiler, GrammarError>>,
     /// How the layers share KV page tables (sliding-window layers apart).
     kv_groups: LayerGroups,
     /// The most positions a sequence may hold with the RoPE chosen at load.
@@ -97,7 +101,7 @@ impl<B: Backend> Model<B> {
         let config = ModelConfig::from_gguf(&file)?;
         backend.check_heads(config.heads())?;
         let weights = Weights::load(&backend, &file, &config)?;
-        let tokenizer = Tokenizer::from_gguf(&file)?;
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&file)?);
         // Everything needed from the header is parsed by now.
         file.release_header();
         let trained = config.n_ctx_train;
@@ -126,6 +130,7 @@ impl<B: Backend> Model<B> {
             weights,
             ropes,
             tokenizer,
+            grammar: OnceLock::new(),
             kv_groups,
             max_context,
         })
@@ -149,6 +154,17 @@ impl<B: Backend> Model<B> {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The constraint that `structured` puts on an output of this model, compiled against its
+    /// vocabulary (the first call indexes the vocabulary).
+    pub fn constraint(&self, structured: &Structured) -> Result<Constraint, ModelError> {
+        let compiler = self
+            .grammar
+            .get_or_init(|| GrammarCompiler::new(Arc::clone(&self.tokenizer)))
+            .as_ref()
+            .map_err(|e| ModelError::Grammar(e.clone()))?;
+        Ok(compiler.compile(structured)?)
     }
 
     pub fn gguf(&self) -> &GgufFile {

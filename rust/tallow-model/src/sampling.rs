@@ -1,5 +1,6 @@
-//! Choosing the next token from logits, per request: penalties and logit bias, then greedy
-//! or seeded sampling with temperature, top-k, top-p and min-p; optionally the log
+//! Choosing the next token from logits, per request: penalties and logit bias, the tokens a
+//! constraint on the output allows, then greedy or seeded sampling with temperature, top-k,
+//! top-p and min-p; optionally the log
 //! probabilities of the chosen and the most likely tokens. A batch of rows is sampled in
 //! parallel, each row with its own request's parameters and random state, so a request's
 //! output does not depend on what else is in the batch.
@@ -9,6 +10,7 @@ use std::collections::HashMap;
 
 use rayon::prelude::*;
 use tallow_backend::argmax;
+use tallow_grammar::Constraint;
 
 use crate::error::ModelError;
 
@@ -114,6 +116,8 @@ pub struct Sampler {
     rng: Xoshiro256,
     /// Occurrences of each token so far (for the penalties).
     counts: HashMap<u32, u32>,
+    /// What the output must match, where the request constrains it.
+    constraint: Option<Constraint>,
 }
 
 impl Sampler {
@@ -123,7 +127,20 @@ impl Sampler {
             rng: Xoshiro256::seeded(params.seed),
             params,
             counts: HashMap::new(),
+            constraint: None,
         })
+    }
+
+    /// This sampler, choosing only tokens that `constraint` allows (and advancing it with
+    /// each token chosen), from the first token it samples.
+    pub fn with_constraint(mut self, constraint: Constraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// Whether a constraint limits the tokens this sampler chooses.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -140,14 +157,14 @@ impl Sampler {
     /// Picks a token from one row of logits and records it.
     pub fn sample(&mut self, logits: &[f32]) -> Result<Sampled, ModelError> {
         check_row(logits)?;
-        let adjusted = self.adjusted(logits);
+        let adjusted = self.adjusted(logits)?;
         let token = if self.params.temperature == 0.0 {
             argmax(&adjusted)
         } else {
             let (candidates, total) = self.candidates(&adjusted)?;
             self.pick(&candidates, total)
         };
-        Ok(self.record(logits, token))
+        self.record(logits, token)
     }
 
     /// Verifies tokens a proposer guessed after the last token (speculative decoding, the
@@ -161,8 +178,9 @@ impl Sampler {
     /// accepted with probability `min(1, p(d) / q(d))`; at the first rejection a token is
     /// drawn from the residual `max(0, p - q)` (normalized) instead and verification stops;
     /// when all are accepted, a last token is drawn from the final row. Greedy requests keep
-    /// draft tokens while they equal the argmax. Returns the accepted tokens then that last
-    /// one, each recorded as [`Sampler::sample`] records its token.
+    /// draft tokens while they equal the argmax. A constrained sampler rejects a draft token
+    /// its constraint does not allow. Returns the accepted tokens then that last one, each
+    /// recorded as [`Sampler::sample`] records its token.
     pub fn verify(
         &mut self,
         rows: &[f32],
@@ -192,7 +210,7 @@ impl Sampler {
         let mut out = Vec::with_capacity(k + 1);
         for (i, row) in rows.chunks_exact(n_vocab).enumerate() {
             check_row(row)?;
-            let adjusted = self.adjusted(row);
+            let adjusted = self.adjusted(row)?;
             let proposed = draft.get(i).copied();
             let token = if self.params.temperature == 0.0 {
                 argmax(&adjusted)
@@ -216,7 +234,7 @@ impl Sampler {
                     }
                 }
             };
-            out.push(self.record(row, token));
+            out.push(self.record(row, token)?);
             if proposed != Some(token) {
                 break;
             }
@@ -225,11 +243,16 @@ impl Sampler {
     }
 
     /// Whether this sampler's choice from a row is the row's [`argmax`] and nothing more:
-    /// greedy, with no penalty or bias that changes the logits and no log probability that
-    /// needs them. Its tokens can then be chosen on the device ([`crate::Output::Argmax`]).
+    /// greedy, with no penalty, bias or constraint that changes the logits and no log
+    /// probability that needs them. Its tokens can then be chosen on the device
+    /// ([`crate::Output::Argmax`]).
     pub fn is_plain_greedy(&self) -> bool {
         let p = &self.params;
-        p.temperature == 0.0 && !self.changes_logits() && !p.logprobs && p.top_logprobs == 0
+        p.temperature == 0.0
+            && !self.changes_logits()
+            && !self.is_constrained()
+            && !p.logprobs
+            && p.top_logprobs == 0
     }
 
     /// Whether penalties or a logit bias change the logits before a token is chosen.
@@ -266,7 +289,7 @@ impl Sampler {
         }
         let mut out = Vec::with_capacity(argmaxes.len());
         for (i, &token) in argmaxes.iter().enumerate() {
-            out.push(self.record(&[], token));
+            out.push(self.record(&[], token)?);
             if draft.get(i) != Some(&token) {
                 break;
             }
@@ -277,9 +300,11 @@ impl Sampler {
     /// Draws a token to propose from one row of logits (a draft model's), with this
     /// sampler's parameters and random state but without recording it; returns it with the
     /// distribution it was drawn from (`logits.len()` probabilities; one-hot when greedy).
+    /// A constraint does not apply: it has not seen the tokens drafted before this one (the
+    /// target's verification rejects what it does not allow).
     pub fn draft(&mut self, logits: &[f32]) -> Result<(u32, Vec<f32>), ModelError> {
         check_row(logits)?;
-        let adjusted = self.adjusted(logits);
+        let adjusted = self.penalized(logits);
         let mut q = vec![0.0; logits.len()];
         let token = if self.params.temperature == 0.0 {
             let token = argmax(&adjusted);
@@ -295,8 +320,20 @@ impl Sampler {
         Ok((token, q))
     }
 
+    /// The logits after the penalties and the logit bias, with the tokens the constraint does
+    /// not allow next set to -inf.
+    fn adjusted<'l>(&mut self, logits: &'l [f32]) -> Result<Cow<'l, [f32]>, ModelError> {
+        let penalized = self.penalized(logits);
+        let Some(constraint) = &mut self.constraint else {
+            return Ok(penalized);
+        };
+        let mut masked = penalized.into_owned();
+        constraint.mask(&mut masked)?;
+        Ok(Cow::Owned(masked))
+    }
+
     /// The logits after the penalties for the tokens seen so far and the logit bias.
-    fn adjusted<'l>(&self, logits: &'l [f32]) -> Cow<'l, [f32]> {
+    fn penalized<'l>(&self, logits: &'l [f32]) -> Cow<'l, [f32]> {
         if !self.changes_logits() {
             // Nothing to change: no copy of a whole vocabulary's row.
             return Cow::Borrowed(logits);
@@ -324,8 +361,12 @@ impl Sampler {
         Cow::Owned(adjusted)
     }
 
-    /// Records `token` and, if asked for, its log probabilities under the raw `logits`.
-    fn record(&mut self, logits: &[f32], token: u32) -> Sampled {
+    /// Records `token` (advancing the constraint) and, if asked for, its log probabilities
+    /// under the raw `logits`.
+    fn record(&mut self, logits: &[f32], token: u32) -> Result<Sampled, ModelError> {
+        if let Some(constraint) = &mut self.constraint {
+            constraint.accept(token)?;
+        }
         self.accept(&[token]);
         let p = &self.params;
         let (logprob, top) = if p.logprobs || p.top_logprobs > 0 {
@@ -333,11 +374,11 @@ impl Sampler {
         } else {
             (f32::NAN, Vec::new())
         };
-        Sampled {
+        Ok(Sampled {
             token,
             logprob,
             top,
-        }
+        })
     }
 
     /// The tokens a draw can pick after temperature, top-k, min-p and top-p, most likely
@@ -443,12 +484,13 @@ fn check_row(logits: &[f32]) -> Result<(), ModelError> {
 }
 
 /// Samples every row of `logits` (`samplers.len()` rows of `n_vocab`) with its own sampler,
-/// in parallel.
+/// in parallel. A row that cannot be sampled (its constraint failed, every token banned) is
+/// an error of that row alone.
 pub fn sample_batch(
     samplers: &mut [&mut Sampler],
     logits: &[f32],
     n_vocab: usize,
-) -> Result<Vec<Sampled>, ModelError> {
+) -> Result<Vec<Result<Sampled, ModelError>>, ModelError> {
     if n_vocab == 0 || logits.len() != samplers.len() * n_vocab {
         return Err(ModelError::InvalidArgument(format!(
             "{} logits are not {} rows of {n_vocab}",
@@ -456,11 +498,11 @@ pub fn sample_batch(
             samplers.len()
         )));
     }
-    samplers
+    Ok(samplers
         .par_iter_mut()
         .zip(logits.par_chunks_exact(n_vocab))
         .map(|(sampler, row)| sampler.sample(row))
-        .collect()
+        .collect())
 }
 
 /// The log probability of `token` and the `n` most likely tokens with theirs, from raw logits.
@@ -718,7 +760,10 @@ mod tests {
             }
             let mut all: Vec<&mut Sampler> = std::iter::once(&mut a).collect();
             all.extend(others.iter_mut());
-            batched.push(sample_batch(&mut all, &rows, n_vocab).unwrap()[0].token);
+            let first = sample_batch(&mut all, &rows, n_vocab)
+                .unwrap()
+                .swap_remove(0);
+            batched.push(first.unwrap().token);
         }
         assert_eq!(solo, batched);
         assert!(sample_batch(&mut [&mut a], &row(0)[..10], n_vocab).is_err());

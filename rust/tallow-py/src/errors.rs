@@ -21,12 +21,13 @@ pub struct Exceptions {
     pub tokenizer: Py<PyType>,
     pub model: Py<PyType>,
     pub invalid_argument: Py<PyType>,
+    pub grammar: Py<PyType>,
 }
 
 static EXCEPTIONS: PyOnceLock<Exceptions> = PyOnceLock::new();
 
 /// (name, doc) of each class; the bases are set in [`create`].
-const DOCS: [(&str, &str); 7] = [
+const DOCS: [(&str, &str); 8] = [
     ("TallowError", "Base class of every error raised by tallow."),
     (
         "GgufError",
@@ -49,6 +50,11 @@ const DOCS: [(&str, &str); 7] = [
         "InvalidArgumentError",
         "An argument is out of range or of the wrong kind.",
     ),
+    (
+        "GrammarError",
+        "A constraint on the output (JSON schema, regular expression, choice, grammar) cannot \
+         be compiled, is beyond the limits on its size and work, or failed while generating.",
+    ),
 ];
 
 fn new_class<'py>(
@@ -70,6 +76,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = module.py();
     let tallow = new_class(py, 0, &[py.get_type::<PyException>()])?;
     let child = |i: usize| new_class(py, i, std::slice::from_ref(&tallow));
+    let invalid_argument = new_class(py, 6, &[tallow.clone(), py.get_type::<PyValueError>()])?;
     let exceptions = Exceptions {
         gguf: child(1)?.unbind(),
         not_found: new_class(
@@ -81,8 +88,8 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
         unsupported: child(3)?.unbind(),
         tokenizer: child(4)?.unbind(),
         model: child(5)?.unbind(),
-        invalid_argument: new_class(py, 6, &[tallow.clone(), py.get_type::<PyValueError>()])?
-            .unbind(),
+        grammar: new_class(py, 7, std::slice::from_ref(&invalid_argument))?.unbind(),
+        invalid_argument: invalid_argument.unbind(),
         tallow: tallow.unbind(),
     };
     for (class, (name, _)) in [
@@ -93,6 +100,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
         &exceptions.tokenizer,
         &exceptions.model,
         &exceptions.invalid_argument,
+        &exceptions.grammar,
     ]
     .into_iter()
     .zip(DOCS)
@@ -153,6 +161,7 @@ pub fn model_error(err: ModelError) -> PyErr {
             raise(|e| &e.unsupported, message)
         }
         ModelError::InvalidArgument(_) => raise(|e| &e.invalid_argument, message),
+        ModelError::Grammar(_) => raise(|e| &e.grammar, message),
         _ => raise(|e| &e.model, message),
     }
 }

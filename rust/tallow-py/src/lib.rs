@@ -1,6 +1,7 @@
 //! The extension module `tallow._core`: thin wrappers over the core crates. No model logic
 //! lives here; every call that computes releases the GIL.
 
+mod constraint;
 mod device;
 mod errors;
 mod kv;
@@ -52,5 +53,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<model::Context>()?;
     m.add_class::<model::StreamDecoder>()?;
     m.add_class::<model::Sampler>()?;
+    m.add_class::<constraint::Constraint>()?;
     Ok(())
 }

@@ -16,6 +16,7 @@ use tallow_model::{
     SingleSequence,
 };
 
+use crate::constraint::{structured, Constraint};
 use crate::kv::KvCache;
 
 use crate::errors::{guard, model_error};
@@ -327,6 +328,25 @@ impl Model {
         }
     }
 
+    /// Compiles a constraint on an output of this model against its vocabulary: `kind` is
+    /// `"json_schema"` (`spec`: the schema as JSON text), `"json_object"` (any JSON object;
+    /// `spec` unused), `"regex"` (the whole output matches it), `"choice"` (a list of strings,
+    /// exactly one of them) or `"grammar"` (a Lark grammar in llguidance's dialect). Raises
+    /// GrammarError where it cannot be compiled or exceeds the limits on its size and work.
+    #[pyo3(signature = (kind, spec = None))]
+    fn constraint(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        spec: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Constraint> {
+        let spec = spec.unwrap_or_else(|| py.None().into_bound(py));
+        let structured = structured(kind, &spec)?;
+        let model = &self.inner;
+        let inner = py.detach(|| guard(|| model.constraint(&structured).map_err(model_error)))?;
+        Ok(Constraint { inner: Some(inner) })
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Model(path={:?}, architecture={:?})",
@@ -474,7 +494,7 @@ impl Sampler {
     #[pyo3(signature = (
         temperature, top_k, top_p, seed = None, *, min_p = 0.0, repetition_penalty = 1.0,
         frequency_penalty = 0.0, presence_penalty = 0.0, logit_bias = None, top_logprobs = 0,
-        logprobs = false
+        logprobs = false, constraint = None
     ))]
     fn new(
         temperature: f32,
@@ -488,6 +508,7 @@ impl Sampler {
         logit_bias: Option<HashMap<u32, f32>>,
         top_logprobs: usize,
         logprobs: bool,
+        constraint: Option<PyRefMut<'_, Constraint>>,
     ) -> PyResult<Self> {
         let mut logit_bias: Vec<(u32, f32)> = logit_bias.unwrap_or_default().into_iter().collect();
         logit_bias.sort_by_key(|&(token, _)| token);
@@ -504,7 +525,10 @@ impl Sampler {
             logprobs,
             top_logprobs,
         };
-        let inner = tallow_model::Sampler::new(params).map_err(model_error)?;
+        let mut inner = tallow_model::Sampler::new(params).map_err(model_error)?;
+        if let Some(mut constraint) = constraint {
+            inner = inner.with_constraint(constraint.take()?);
+        }
         Ok(Sampler { inner })
     }
 
@@ -584,13 +608,14 @@ impl Sampler {
 type SampledRow = (u32, f32, Vec<(u32, f32)>);
 
 /// Samples row `i` of `logits` with `samplers[i]`, all rows in parallel. Returns
-/// `(token, logprob, top_logprobs)` per row.
+/// `(token, logprob, top_logprobs)` per row, or for a row that could not be sampled (its
+/// constraint failed) the exception, unraised.
 #[pyfunction]
 pub fn sample_batch(
     py: Python<'_>,
     samplers: Vec<PyRefMut<'_, Sampler>>,
     logits: PyReadonlyArray2<'_, f32>,
-) -> PyResult<Vec<SampledRow>> {
+) -> PyResult<Vec<Py<PyAny>>> {
     let n_vocab = logits.shape()[1];
     let logits = logits.as_slice()?;
     let mut samplers = samplers;
@@ -599,10 +624,16 @@ pub fn sample_batch(
     let sampled = py.detach(|| {
         guard(|| tallow_model::sample_batch(&mut inner, logits, n_vocab).map_err(model_error))
     })?;
-    Ok(sampled
+    sampled
         .into_iter()
-        .map(|s| (s.token, s.logprob, s.top))
-        .collect())
+        .map(|row| match row {
+            Ok(s) => Ok((s.token, s.logprob, s.top)
+                .into_pyobject(py)?
+                .into_any()
+                .unbind()),
+            Err(e) => Ok(model_error(e).into_value(py).into_any()),
+        })
+        .collect()
 }
 
 /// A seed for requests that give none: different for every sampler.
