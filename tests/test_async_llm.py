@@ -168,3 +168,18 @@ async def test_logprobs(smollm2_path: Path) -> None:
         assert lp.top[0][0] == lp.token_id
         assert lp.top[0][1] == pytest.approx(lp.logprob)
         assert 0 >= lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
+
+
+@pytest.mark.anyio
+async def test_tokenize_and_detokenize_as_llm_does(smollm2: tallow.LLM, smollm2_path: Path) -> None:
+    text = "Hello <|im_start|> world"
+    async with AsyncLLM(smollm2_path) as llm:
+        for add, parse in [(True, False), (False, True)]:
+            ids = llm.tokenize(text, add, parse)
+            assert ids == smollm2.tokenize(text, add, parse)
+            assert llm.detokenize(ids) == smollm2.detokenize(ids)
+        assert llm.tokenize(text, False, True) != llm.tokenize(text, False, False)
+        with pytest.raises(tallow.InvalidArgumentError):
+            llm.detokenize([10**9])
+        with pytest.raises(tallow.InvalidArgumentError):
+            llm.tokenize(b"bytes")  # type: ignore[arg-type]

@@ -226,6 +226,18 @@ class AsyncLLM:
         """The loaded model (its tokenizer and metadata)."""
         return self._model
 
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
+        """Token ids of ``text`` (as :meth:`tallow.LLM.tokenize`): BOS (and EOS) where the
+        model's metadata asks for them with ``add_special``; control-token text as those
+        tokens with ``parse_special``."""
+        return self._prompts.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of token ids (the inverse of :meth:`tokenize` without special tokens)."""
+        return self._prompts.detokenize(ids)
+
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """The token ids ``prompt`` runs as (see :meth:`tallow.prompt.Prompts.ids`): text is
         tokenized with control-token text parsed and BOS added where the model asks for it; ids

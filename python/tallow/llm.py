@@ -271,15 +271,11 @@ class LLM:
         ``parse_special`` turns control-token text such as ``<|im_start|>`` into those tokens
         instead of tokenizing it as plain text.
         """
-        return self._model.tokenize(
-            checks.text("text", text),
-            checks.boolean("add_special", add_special),
-            checks.boolean("parse_special", parse_special),
-        )
+        return self._prompts.tokenize(text, add_special, parse_special)
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """The text of token ids (the inverse of :meth:`tokenize` without special tokens)."""
-        return self._model.detokenize(checks.token_ids("ids", ids, self._model.n_vocab))
+        return self._prompts.detokenize(ids)
 
     # -- generation -----------------------------------------------------------------------------
 

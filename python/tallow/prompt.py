@@ -28,6 +28,22 @@ class Prompts:
             self._chat_template = ChatTemplate.for_model(self.model)
         return self._chat_template
 
+    def tokenize(
+        self, text: object, add_special: object = True, parse_special: object = False
+    ) -> list[int]:
+        """Token ids of ``text``: BOS (and EOS) where the model's metadata asks for them with
+        ``add_special``; control-token text such as ``<|im_start|>`` as those tokens with
+        ``parse_special`` (plain text otherwise)."""
+        return self.model.tokenize(
+            checks.text("text", text),
+            checks.boolean("add_special", add_special),
+            checks.boolean("parse_special", parse_special),
+        )
+
+    def detokenize(self, ids: object) -> str:
+        """The text of token ids (the inverse of :meth:`tokenize` without special tokens)."""
+        return self.model.detokenize(checks.token_ids("ids", ids, self.model.n_vocab))
+
     def ids(self, prompt: object, *, parse_special: bool = True) -> list[int]:
         """The token ids ``prompt`` runs as. Text is tokenized (control-token text such as
         ``<|im_start|>`` parsed as those tokens when ``parse_special``) and starts with BOS when
