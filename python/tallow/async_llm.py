@@ -14,7 +14,7 @@ import math
 import os
 import queue
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 
 import anyio
@@ -27,8 +27,9 @@ from tallow import _core, checks
 from tallow.catalog import DEFAULT_MODEL, resolve_model
 from tallow.engine import Engine, EngineConfig, SamplingParams, load_model, sampling_params
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
-from tallow.prompt import Prompts
+from tallow.prompt import ChatPrompt, Prompts
 from tallow.scheduler import RequestOutput, TokenLogprob
+from tallow.tools import ToolCall
 
 __all__ = ["AsyncLLM", "Completion"]
 
@@ -40,11 +41,14 @@ class Completion:
     text: str
     token_ids: list[int]
     finish_reason: str
-    """``"stop"``, ``"length"`` or ``"abort"``."""
+    """``"stop"``, ``"length"``, ``"abort"`` or ``"tool_calls"``."""
     prompt_tokens: int
     completion_tokens: int
     logprobs: list[TokenLogprob] | None = None
     """Per generated token, when asked for with ``logprobs=True`` (and ``top_logprobs=k``)."""
+    tool_calls: list[ToolCall] | None = None
+    """The calls of the tools the reply made (:meth:`AsyncLLM.chat` with ``tools``); ``text``
+    is then the reply's text outside them, and ``finish_reason`` ``"tool_calls"``."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,8 @@ class AsyncLLM:
     on speculative decoding (``True`` or ``"ngram"`` for prompt lookup, or
     ``{"method": "draft", "draft_model": "...", "num_tokens": 4}``; see
     :mod:`tallow.speculative`), which a request may override with its ``speculative`` option.
-    ``device`` is where the model runs, as for :class:`tallow.LLM`.
+    ``device`` is where the model runs, as for :class:`tallow.LLM`. ``chat_template`` (Jinja
+    source) replaces the model's own chat template.
     """
 
     def __init__(
@@ -95,6 +100,7 @@ class AsyncLLM:
         prefix_caching: bool = True,
         speculative: object = None,
         device: str | None = None,
+        chat_template: str | None = None,
     ) -> None:
         self._model = load_model(resolve_model(model), n_ctx, device)
         self._engine = Engine(
@@ -116,7 +122,7 @@ class AsyncLLM:
         self._task_group: TaskGroup | None = None
         self._closed = False
         self._failure: BaseException | None = None
-        self._prompts = Prompts(self._model, self._engine.n_ctx)
+        self._prompts = Prompts(self._model, self._engine.n_ctx, chat_template)
         self.chat_template = self._prompts.chat_template
         """The model's chat template, used by :meth:`chat` (see :mod:`tallow.chat_template`)."""
 
@@ -244,6 +250,22 @@ class AsyncLLM:
         are checked against the vocabulary. Raises :class:`InvalidArgumentError` for an invalid
         prompt and :class:`ModelError` for one that leaves no room in the context."""
         return self._prompts.ids(prompt)
+
+    def chat_prompt(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        params: SamplingParams,
+        *,
+        parse_special: bool = False,
+        tools: object = None,
+        tool_choice: object = None,
+    ) -> ChatPrompt:
+        """A chat request for :meth:`outputs`: its prompt with ``tools`` described to the
+        model, and ``params`` constrained where ``tool_choice`` requires a call (see
+        :meth:`tallow.prompt.Prompts.chat`)."""
+        return self._prompts.chat(
+            messages, params, parse_special=parse_special, tools=tools, tool_choice=tool_choice
+        )
 
     def chat_ids(
         self, messages: Sequence[Mapping[str, object]], *, parse_special: bool = False
@@ -381,16 +403,27 @@ class AsyncLLM:
         stop: str | Sequence[str] | None = None,
         *,
         parse_special: bool = False,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        tool_choice: object = None,
         **options: object,
     ) -> Completion:
         """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts), rendered with
         the model's chat template; the reply ends at its end-of-turn token. Control-token text
-        in the messages stays text unless ``parse_special``. The other arguments are those of
-        :meth:`stream`."""
+        in the messages stays text unless ``parse_special``. ``tools`` and ``tool_choice`` are
+        those of :meth:`tallow.LLM.chat`: the calls come back in ``tool_calls``. The other
+        arguments are those of :meth:`stream`."""
         self._check_open()
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
-        ids = self.chat_ids(messages, parse_special=parse_special)
-        return await self._complete(ids, params)
+        chat = self._prompts.chat(
+            messages, params, parse_special=parse_special, tools=tools, tool_choice=tool_choice
+        )
+        done = await self._complete(chat.ids, chat.params)
+        if chat.tools is None:
+            return done
+        text, calls = chat.tools.parse(done.text)
+        if not calls:
+            return done
+        return replace(done, text=text, tool_calls=calls, finish_reason="tool_calls")
 
     def stats(self) -> dict[str, float]:
         """KV pages total / used / free, tokens cached, slot utilization, running and waiting

@@ -23,6 +23,7 @@ import jinja2.sandbox
 
 from tallow import _core
 from tallow.errors import InvalidArgumentError
+from tallow.tools import message_tool_fields
 
 __all__ = ["DEFAULT_TEMPLATE", "ChatTemplate", "Message", "check_messages"]
 
@@ -61,9 +62,10 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
-def check_messages(messages: object) -> list[dict[str, str]]:
-    """The messages as plain ``{"role", "content"}`` dicts with string content, or
-    :class:`InvalidArgumentError` naming what is wrong."""
+def check_messages(messages: object) -> list[dict[str, Any]]:
+    """The messages as plain ``{"role", "content"}`` dicts with string content (and the
+    tool fields of :func:`tallow.tools.message_tool_fields`), or :class:`InvalidArgumentError`
+    naming what is wrong."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise InvalidArgumentError("messages must be a list of {'role', 'content'} objects")
     if not messages:
@@ -77,7 +79,9 @@ def check_messages(messages: object) -> list[dict[str, str]]:
             raise InvalidArgumentError(
                 f"messages[{i}].role must be one of {', '.join(_ROLES)}, got {role!r}"
             )
-        out.append({"role": role, "content": _content_text(m.get("content"), i)})
+        out.append(
+            {"role": role, "content": _content_text(m.get("content"), i), **message_tool_fields(m)}
+        )
     return out
 
 
@@ -125,10 +129,14 @@ class ChatTemplate:
             raise InvalidArgumentError(f"the chat template does not compile: {e}") from None
 
     @classmethod
-    def for_model(cls, model: _core.Model) -> ChatTemplate:
-        """The model's own template (``tokenizer.chat_template``), or :data:`DEFAULT_TEMPLATE`."""
+    def for_model(cls, model: _core.Model, source: str | None = None) -> ChatTemplate:
+        """``source`` (a template that replaces the model's own), or the model's own template
+        (``tokenizer.chat_template``), or :data:`DEFAULT_TEMPLATE`; with the model's BOS and EOS
+        texts."""
         metadata = model.metadata()
-        source = metadata.get("tokenizer.chat_template")
+        own = metadata.get("tokenizer.chat_template")
+        if source is None and isinstance(own, str):
+            source = own
         tokens = metadata.get("tokenizer.ggml.tokens")
 
         def token_text(token_id: int | None) -> str:
@@ -137,7 +145,7 @@ class ChatTemplate:
             return str(tokens[token_id])
 
         return cls(
-            source if isinstance(source, str) and source.strip() else DEFAULT_TEMPLATE,
+            source if source is not None and source.strip() else DEFAULT_TEMPLATE,
             bos_token=token_text(model.bos_id),
             eos_token=token_text(model.eos_id),
         )
@@ -148,12 +156,14 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         *,
         quote: Callable[[str], str] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The prompt text of ``messages``, ending with the opening of the assistant's turn
         when ``add_generation_prompt``. ``quote`` is applied to the content of each message
         first (``Model.quote_special``, which marks the control tokens a message spells so that
         they are tokenized as text). Raises :class:`InvalidArgumentError` for malformed
-        messages, or when the template itself refuses them (``raise_exception``)."""
+        messages, or when the template itself refuses them (``raise_exception``). ``tools``
+        (OpenAI's function tools, checked) reach the template as ``tools``."""
         checked = check_messages(messages)
         if quote is not None:
             if any(mark in self.source for mark in _QUOTE_MARKS):
@@ -166,6 +176,7 @@ class ChatTemplate:
             text: str = self._template.render(
                 messages=checked,
                 add_generation_prompt=add_generation_prompt,
+                tools=tools,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
             )

@@ -309,8 +309,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         read_timeout=args.read_timeout,
         parse_special_in_messages=args.parse_special_in_messages,
     )
+    chat_template = None
+    if args.chat_template is not None:
+        try:
+            chat_template = Path(args.chat_template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidArgumentError(f"cannot read the chat template: {e}") from None
     serve(
         args.model,
+        chat_template=chat_template,
         host=args.host,
         port=args.port,
         max_batch=args.max_batch,
@@ -638,6 +645,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         metavar="SECONDS",
         help="time a client has to send a request's headers, and again its body (default 30)",
+    )
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template to use instead of the model's own (e.g. one that "
+        "describes tools)",
     )
     p.add_argument(
         "--parse-special-in-messages",

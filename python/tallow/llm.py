@@ -9,7 +9,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -30,10 +30,11 @@ from tallow.engine import (
 from tallow.errors import InvalidArgumentError, ModelError
 from tallow.prompt import Prompts
 from tallow.scheduler import RequestOutput, TokenLogprob
+from tallow.tools import ToolCall, ToolStream, ToolUse
 
 __all__ = ["LLM", "GenerationResult", "TextStream"]
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 # Streams of one LLM that may be open at once (interleaved generators share engine steps).
 _MAX_STREAMS = 4
@@ -55,7 +56,8 @@ class GenerationResult:
     string matched, the tokens that spelled it are included although its text is not."""
     finish_reason: FinishReason = "length"
     """``"stop"``: an end-of-generation token was sampled or a stop string matched;
-    ``"length"``: ``max_tokens`` was reached or the context is full."""
+    ``"length"``: ``max_tokens`` was reached or the context is full; ``"tool_calls"``: the
+    reply ended with calls of the tools (:attr:`tool_calls`)."""
     prompt_tokens: int = 0
     """Number of prompt tokens (including BOS when the model adds one)."""
     completion_tokens: int = 0
@@ -67,6 +69,9 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None
     """With the ``logprobs`` option: each generated token's log probability (and the most
     likely tokens with theirs, with ``top_logprobs``), one per token of :attr:`token_ids`."""
+    tool_calls: list[ToolCall] | None = None
+    """The calls of the tools the reply made (:meth:`LLM.chat` with ``tools``); :attr:`text`
+    is then the reply's text outside them."""
 
 
 class TextStream(Iterator[str]):
@@ -136,6 +141,7 @@ class LLM:
         progress: bool = True,
         speculative: object = None,
         device: str | None = None,
+        chat_template: str | None = None,
     ) -> None:
         path = resolve_model(model, progress=progress)
         self.model_name = os.fspath(model)
@@ -159,7 +165,7 @@ class LLM:
                 speculative=speculative,
             ),
         )
-        self._prompts = Prompts(self._model, n_ctx)
+        self._prompts = Prompts(self._model, n_ctx, chat_template)
         self._outputs: dict[str, deque[RequestOutput]] = {}
         self._ids = itertools.count()
         # Threads may share an LLM: one engine step at a time, each thread's outputs kept for
@@ -439,15 +445,21 @@ class LLM:
         stop: str | Sequence[str] | None = None,
         *,
         parse_special: bool = False,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        tool_choice: object = None,
         **options: object,
     ) -> TextStream:
         """Like :meth:`chat`, but returns an iterator over pieces of the reply as they are
-        generated (see :meth:`stream`)."""
+        generated (see :meth:`stream`). With ``tools``, the text of a call is not among the
+        pieces: the calls are in the result's ``tool_calls``."""
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
-        ids = self._prompts.chat_ids(
-            messages, parse_special=checks.boolean("parse_special", parse_special)
+        chat = self._prompts.chat(
+            messages, params, parse_special=parse_special, tools=tools, tool_choice=tool_choice
         )
-        return TextStream(self._completion(ids, params))
+        completion = self._completion(chat.ids, chat.params)
+        if chat.tools is not None:
+            completion = _with_tool_calls(completion, chat.tools)
+        return TextStream(completion)
 
     def chat(
         self,
@@ -460,15 +472,25 @@ class LLM:
         stop: str | Sequence[str] | None = None,
         *,
         parse_special: bool = False,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        tool_choice: object = None,
         **options: object,
     ) -> GenerationResult:
         """The assistant's reply to a conversation: ``messages`` is a list of
-        ``{"role": "system" | "user" | "assistant", "content": text}``, rendered with the
-        model's chat template (:attr:`chat_template`). Control tokens come only from the
+        ``{"role": "system" | "user" | "assistant" | "tool", "content": text}``, rendered with
+        the model's chat template (:attr:`chat_template`). Control tokens come only from the
         template: text in a message that spells one (``<|im_end|>``) is tokenized as plain
         text, unless ``parse_special``. The reply ends at the model's end-of-turn token;
         ``max_tokens`` ``None`` lets it run to the end of the context. The other arguments are
         those of :meth:`generate`.
+
+        ``tools`` (OpenAI's ``[{"type": "function", "function": {...}}]``) are described to
+        the model by its template; the calls it makes come back parsed in ``tool_calls``
+        (``finish_reason="tool_calls"``). ``tool_choice`` is ``"auto"`` (the default),
+        ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``; a
+        required or named call is constrained to the model's call syntax and to the function's
+        parameters (see :mod:`tallow.tools`). An assistant message may carry its
+        ``tool_calls`` and a ``"tool"`` message the result, as in OpenAI's API.
         """
         stream = self.chat_stream(
             messages,
@@ -479,6 +501,8 @@ class LLM:
             seed,
             stop,
             parse_special=parse_special,
+            tools=tools,
+            tool_choice=tool_choice,
             **options,
         )
         for _ in stream:
@@ -536,6 +560,32 @@ class LLM:
             if progress is not None:
                 progress(i + 1, n_chunks, math.exp(nll / count))
         return math.exp(nll / count)
+
+
+def _with_tool_calls(
+    completion: Generator[str, None, GenerationResult], use: ToolUse
+) -> Generator[str, None, GenerationResult]:
+    """``completion`` with the text of the tool calls held back from its pieces and parsed
+    into its result."""
+    stream = ToolStream(use)
+    try:
+        while True:
+            try:
+                piece = stream.feed(next(completion))
+            except StopIteration as done:
+                result: GenerationResult = done.value
+                break
+            if piece:
+                yield piece
+    finally:
+        completion.close()  # closed early: the request is aborted
+    rest, calls = stream.finish()
+    if rest:
+        yield rest
+    if not calls:
+        return result
+    text, _ = use.parse(result.text)
+    return replace(result, text=text, tool_calls=calls, finish_reason="tool_calls")
 
 
 def _nll_sum(logits: npt.NDArray[np.float32], targets: npt.NDArray[np.int64]) -> float:

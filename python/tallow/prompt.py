@@ -5,25 +5,44 @@ the server: text, token ids or chat messages in, checked token ids out.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from tallow import _core, checks
 from tallow.chat_template import ChatTemplate
+from tallow.engine import SamplingParams
 from tallow.errors import InvalidArgumentError, ModelError
+from tallow.tools import ToolUse, tool_use
 
-__all__ = ["Prompts"]
+__all__ = ["ChatPrompt", "Prompts"]
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat request ready for the engine: its prompt, its parameters (constrained where
+    tool calls are required) and its tools."""
+
+    ids: list[int]
+    params: SamplingParams
+    tools: ToolUse | None = None
 
 
 class Prompts:
     """The prompt processor of one model with a context of ``n_ctx`` positions."""
 
-    def __init__(self, model: _core.Model, n_ctx: int) -> None:
+    def __init__(self, model: _core.Model, n_ctx: int, chat_template: object = None) -> None:
         self.model = model
         self.n_ctx = n_ctx
         self._chat_template: ChatTemplate | None = None
+        if chat_template is not None:
+            self._chat_template = ChatTemplate.for_model(
+                model, checks.text("chat_template", chat_template)
+            )
 
     @property
     def chat_template(self) -> ChatTemplate:
-        """The model's chat template (read from its metadata on first use)."""
+        """The chat template: the one given, else the model's own (read from its metadata on
+        first use)."""
         if self._chat_template is None:
             self._chat_template = ChatTemplate.for_model(self.model)
         return self._chat_template
@@ -62,16 +81,50 @@ class Prompts:
             ids = checks.token_ids("prompt", prompt, self.model.n_vocab)
         return self.check_fits(ids)
 
-    def chat_ids(self, messages: object, *, parse_special: bool = False) -> list[int]:
+    def chat(
+        self,
+        messages: object,
+        params: SamplingParams,
+        *,
+        parse_special: object = False,
+        tools: object = None,
+        tool_choice: object = None,
+    ) -> ChatPrompt:
+        """A chat request: the prompt of ``messages`` with ``tools`` described to the model
+        (see :mod:`tallow.tools`), and ``params`` constrained to the model's call syntax where
+        ``tool_choice`` requires or names a call (which no other constraint may join)."""
+        use = tool_use(tools, tool_choice, self.chat_template.source)
+        constraint = None if use is None else use.constraint()
+        if constraint is not None:
+            if params.structured is not None:
+                raise InvalidArgumentError(
+                    f"tool_choice {use.choice!r} constrains the reply already: it cannot be "  # type: ignore[union-attr]
+                    f"combined with {params.structured.kind}"
+                )
+            params = replace(params, structured=constraint)
+        ids = self.chat_ids(
+            messages,
+            parse_special=checks.boolean("parse_special", parse_special),
+            tools=None if use is None else use.tools,
+        )
+        return ChatPrompt(ids, params, use)
+
+    def chat_ids(
+        self,
+        messages: object,
+        *,
+        parse_special: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """The token ids of a conversation rendered with :attr:`chat_template`, ending with the
         opening of the assistant's turn. Control tokens come only from the template: text in
         the messages that spells one (``<|im_end|>``) is tokenized as plain text, unless
         ``parse_special``. As Hugging Face's ``apply_chat_template``, the template writes any
         BOS itself."""
         if parse_special:
-            text = self.chat_template.render(messages)
+            text = self.chat_template.render(messages, tools=tools)
             return self.check_fits(self.model.tokenize(text, False, True))
-        text = self.chat_template.render(messages, quote=self.model.quote_special)
+        text = self.chat_template.render(messages, quote=self.model.quote_special, tools=tools)
         return self.check_fits(self.model.tokenize_quoted(text, False))
 
     def check_fits(self, ids: list[int]) -> list[int]:

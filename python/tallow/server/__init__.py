@@ -43,6 +43,7 @@ def serve(
     kv_memory: int | None = None,
     n_ctx: int | None = None,
     device: str | None = None,
+    chat_template: str | None = None,
     log_level: str = "info",
     options: ServerOptions | None = None,
     on_ready: Callable[[str], None] | None = None,
@@ -52,7 +53,8 @@ def serve(
     ``max_batch`` is the most requests generated at once (more wait in a queue); ``kv_memory``
     the bytes of the KV cache pool (by default enough for ``max_batch`` full contexts, up to
     8192 pages); ``n_ctx`` the context of each request (default: the model's, up to 4096);
-    ``device`` where the model runs (as for :class:`tallow.AsyncLLM`); ``options`` the API
+    ``device`` where the model runs (as for :class:`tallow.AsyncLLM`); ``chat_template`` a
+    Jinja chat template that replaces the model's own; ``options`` the API
     key, CORS origins and request limits (see :class:`ServerOptions`).
     The port is taken before the model loads, so that a busy port fails at once; then
     ``on_ready`` gets the URL. Raises :class:`~tallow.TallowError` when the port cannot be
@@ -66,7 +68,12 @@ def serve(
     sock = bind(host, port)
     try:
         llm = AsyncLLM(
-            model, max_num_seqs=max_batch, kv_bytes=kv_memory, n_ctx=n_ctx, device=device
+            model,
+            max_num_seqs=max_batch,
+            kv_bytes=kv_memory,
+            n_ctx=n_ctx,
+            device=device,
+            chat_template=chat_template,
         )
         name = os.fspath(model)
         aliases = [os.path.basename(llm.model.path), llm.model.path]

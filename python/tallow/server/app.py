@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from tallow.async_llm import AsyncLLM
 from tallow.engine import SamplingParams
 from tallow.errors import GrammarError, InvalidArgumentError, ModelError, TallowError
+from tallow.prompt import ChatPrompt
 from tallow.scheduler import RequestOutput, TokenLogprob
 from tallow.server.metrics import CONTENT_TYPE, Metrics
 from tallow.server.protocol import (
@@ -42,6 +43,7 @@ from tallow.server.protocol import (
     usage,
 )
 from tallow.server.security import security_middleware
+from tallow.tools import ToolCall, ToolStream
 
 __all__ = ["ServerOptions", "create_app"]
 
@@ -262,25 +264,45 @@ class _Server:
         parse = parse_chat if kind == "chat" else parse_completion
         req = parse(body, self.llm.model.n_vocab, self.llm.n_ctx)
         check_model(req.model, self.names)
+        prompts = self._prompt_ids(req)
         structured = req.params.structured
         if structured is not None:
             # Compiled here so that a bad one is a 400 (and kept compiled for the requests).
             try:
                 structured.compile(self.llm.model)
             except GrammarError as e:
-                raise invalid(req.structured_field or "response_format", str(e)) from None
-        return req, self._prompt_ids(req)
+                field = req.structured_field or ("tools" if req.tool_use else "response_format")
+                raise invalid(field, str(e)) from None
+        return req, prompts
+
+    def _chat_prompt(self, req: GenerationRequest) -> ChatPrompt:
+        """The chat request's prompt and parameters, its tools checked (each problem a 400
+        naming ``tools`` or ``tool_choice``)."""
+        assert req.messages is not None
+        try:
+            return self.llm.chat_prompt(
+                req.messages,
+                req.params,
+                parse_special=self.options.parse_special_in_messages,
+                tools=req.tools,
+                tool_choice=req.tool_choice,
+            )
+        except InvalidArgumentError as e:
+            message = str(e)
+            if message.startswith("tool_choice"):
+                raise invalid("tool_choice", message) from None
+            if message.startswith("tools"):
+                raise invalid("tools", message) from None
+            raise
 
     def _prompt_ids(self, req: GenerationRequest) -> list[list[int]]:
         """Token ids of every prompt, each checked to leave room for ``max_tokens``."""
         param = "messages" if req.messages is not None else "prompt"
         try:
             if req.messages is not None:
-                prompts = [
-                    self.llm.chat_ids(
-                        req.messages, parse_special=self.options.parse_special_in_messages
-                    )
-                ]
+                chat = self._chat_prompt(req)
+                prompts = [chat.ids]
+                req.params, req.tool_use = chat.params, chat.tools
             else:
                 prompts = [self.llm.prompt_ids(p) for p in req.prompts]
         except InvalidArgumentError as e:
@@ -380,15 +402,34 @@ class _Server:
                     )
                 )
 
+        # With tools, the text of a call is held back and sent parsed at the end.
+        tool_streams = {
+            c.index: ToolStream(req.tool_use) for c in choices if req.tool_use is not None
+        }
+
         async def on_output(c: _Choice, out: RequestOutput) -> None:
             finish = ("stop" if out.finish_reason == "stop" else "length") if out.finished else None
-            if not out.text and not out.logprobs and finish is None:
+            text = out.text
+            calls: list[ToolCall] = []
+            tools = tool_streams.get(c.index)
+            if tools is not None:
+                text = tools.feed(text)
+                if out.finished:
+                    rest, calls = tools.finish()
+                    text += rest
+                    if calls:
+                        finish = "tool_calls"
+            if not text and not out.logprobs and finish is None:
                 return
             logprobs = (
                 self._logprobs(kind, c, out.logprobs or []) if req.logprobs is not None else None
             )
             if kind == "chat":
-                delta = {"content": out.text} if out.text else {}
+                delta: dict[str, Any] = {"content": text} if text else {}
+                if calls:
+                    delta["tool_calls"] = [
+                        {"index": i, **call.to_openai()} for i, call in enumerate(calls)
+                    ]
                 body = {
                     "index": c.index,
                     "delta": delta,
@@ -423,11 +464,22 @@ class _Server:
         c.offset = len(echoed)
         logprobs = self._logprobs(kind, c, c.logprobs) if req.logprobs is not None else None
         if kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            finish = c.finish_reason
+            if req.tool_use is not None:
+                content, calls = req.tool_use.parse(text)
+                if calls:
+                    message = {
+                        "role": "assistant",
+                        "content": content or None,
+                        "tool_calls": [call.to_openai() for call in calls],
+                    }
+                    finish = "tool_calls"
             return {
                 "index": c.index,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": logprobs,
-                "finish_reason": c.finish_reason,
+                "finish_reason": finish,
             }
         return {
             "index": c.index,

@@ -17,6 +17,7 @@ from tallow import checks
 from tallow.engine import SamplingParams
 from tallow.errors import InvalidArgumentError
 from tallow.structured import Structured, structured_output
+from tallow.tools import ToolUse
 
 MAX_N = 16
 """Most choices one request may ask for."""
@@ -130,6 +131,11 @@ class GenerationRequest:
     logprobs: int | None = None
     """None: no log probabilities; k >= 0: the chosen token's and the k most likely ones."""
     echo: bool = False
+    tools: object = None
+    """Chat: the functions offered to the model, as sent (checked with its chat template)."""
+    tool_choice: object = None
+    tool_use: ToolUse | None = None
+    """The checked tools, once the prompt is made (:meth:`tallow.prompt.Prompts.chat`)."""
     structured_field: str | None = None
     """The field that constrains the output (``response_format`` or a ``guided_*``), if one
     does: a constraint that does not compile is a 400 naming it."""
@@ -359,9 +365,7 @@ def parse_completion(body: object, n_vocab: int, n_ctx: int) -> GenerationReques
     structured, structured_field = _structured(f)
     return GenerationRequest(
         model=model,
-        params=_sampling(
-            f, n_vocab, max_tokens, -1 if logprobs is None else logprobs, structured
-        ),
+        params=_sampling(f, n_vocab, max_tokens, -1 if logprobs is None else logprobs, structured),
         n=n,
         stream=stream,
         include_usage=include_usage,
@@ -426,21 +430,23 @@ def parse_chat(body: object, n_vocab: int, n_ctx: int) -> GenerationRequest:
     messages = f.body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "'messages' must be a non-empty list", "invalid_type")
-    for key in ("tools", "functions"):
-        if f.body.get(key):
-            raise invalid(key, f"'{key}' is not supported")
+    if f.body.get("functions"):
+        raise invalid("functions", "'functions' is not supported: use 'tools'")
+    tools = f.body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise invalid("tools", "'tools' must be a list of function tools", "invalid_type")
     structured, structured_field = _structured(f)
     return GenerationRequest(
         model=model,
-        params=_sampling(
-            f, n_vocab, max_tokens, -1 if logprobs is None else logprobs, structured
-        ),
+        params=_sampling(f, n_vocab, max_tokens, -1 if logprobs is None else logprobs, structured),
         n=n,
         stream=stream,
         include_usage=include_usage,
         logprobs=logprobs,
         structured_field=structured_field,
         messages=messages,
+        tools=tools or None,
+        tool_choice=f.body.get("tool_choice"),
     )
 
 

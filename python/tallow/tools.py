@@ -1,0 +1,413 @@
+"""Tool calls: functions an application offers the model, described to it by its chat template,
+and the calls it writes parsed back out of its reply.
+
+``tools`` follow OpenAI's format, ``[{"type": "function", "function": {"name", "description",
+"parameters"}}]`` (``parameters`` a JSON schema), and reach the chat template as the ``tools``
+variable, as Hugging Face's templates expect. ``tool_choice`` is ``"auto"`` (the model decides;
+its calls are parsed out of the reply), ``"none"`` (the reply is text), ``"required"`` (the reply
+is one or more calls) or ``{"type": "function", "function": {"name": ...}}`` (one call of that
+function). A required or named call is constrained while it is generated (see
+:mod:`tallow.structured`): the reply is the model's own call syntax, and each call's arguments
+validate against its function's ``parameters``.
+
+The syntax is the one the model's chat template teaches, told from the template's text:
+
+- ``hermes`` (Qwen 2/2.5/3, Hermes, SmolLM3 and most others): ``<tool_call>{"name": ...,
+  "arguments": {...}}</tool_call>`` blocks, text allowed around them;
+- ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``;
+- ``llama3``: the whole reply a JSON object ``{"name": ..., "parameters": {...}}``, after an
+  optional ``<|python_tag|>``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tallow.errors import InvalidArgumentError
+from tallow.structured import Structured
+
+__all__ = ["ToolCall", "ToolUse", "message_tool_fields", "tool_use"]
+
+Syntax = Literal["hermes", "mistral", "llama3"]
+
+MAX_CALLS = 4
+"""Most calls of a reply whose calls are required (the llama3 syntax has room for one): a
+small model may otherwise repeat calls until it runs out of tokens."""
+
+_JSON_LAYOUT = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "coerce_one_of": True,
+}
+"""How constrained calls lay out their JSON (as :mod:`tallow.structured` does)."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made: the function's name and its arguments as JSON text."""
+
+    name: str
+    arguments: str
+    id: str = ""
+
+    def to_openai(self) -> dict[str, Any]:
+        """The call as OpenAI's ``tool_calls`` entries are."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+def _call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
+def syntax_of(template: str) -> Syntax:
+    """The tool-call syntax a chat template teaches (``hermes`` where it says nothing)."""
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<tool_call>" not in template and (
+        "<|python_tag|>" in template or '"parameters": ' in template
+    ):
+        return "llama3"
+    return "hermes"
+
+
+def check_tools(tools: object) -> list[dict[str, Any]]:
+    """The tools as plain dicts, or :class:`InvalidArgumentError` naming what is wrong."""
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise InvalidArgumentError("tools must be a list of {'type': 'function', ...} objects")
+    out = []
+    names = set()
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(tool, Mapping) or tool.get("type") != "function" or not function:
+            raise InvalidArgumentError(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}"
+            )
+        if not isinstance(function, Mapping):
+            raise InvalidArgumentError(f"tools[{i}].function must be an object")
+        name = function.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", name):
+            raise InvalidArgumentError(
+                f"tools[{i}].function.name must be 1 to 64 letters, digits, '_', '.', ':' or '-'"
+            )
+        if name in names:
+            raise InvalidArgumentError(f"tools[{i}]: the function {name!r} is given twice")
+        names.add(name)
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, Mapping):
+            raise InvalidArgumentError(f"tools[{i}].function.parameters must be a JSON schema")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise InvalidArgumentError(f"tools[{i}].function.description must be a string")
+        checked: dict[str, Any] = {"name": name, "parameters": dict(parameters)}
+        if description is not None:
+            checked["description"] = description
+        out.append({"type": "function", "function": checked})
+    return out
+
+
+def _check_choice(choice: object, names: list[str]) -> str | None:
+    """``tool_choice`` as ``"auto"``, ``"none"``, ``"required"`` or ``None`` for a named
+    function (whose name is returned second by :func:`tool_use`)."""
+    if choice in ("auto", "none", "required"):
+        return str(choice)
+    function = choice.get("function") if isinstance(choice, Mapping) else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if not isinstance(choice, Mapping) or choice.get("type") != "function" or name is None:
+        raise InvalidArgumentError(
+            "tool_choice must be 'auto', 'none', 'required' or "
+            "{'type': 'function', 'function': {'name': ...}}"
+        )
+    if name not in names:
+        raise InvalidArgumentError(f"tool_choice names {name!r}, which is not one of the tools")
+    return None
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """The tools of one chat request, how the model is to use them, and the syntax its calls
+    take."""
+
+    tools: list[dict[str, Any]]
+    choice: Literal["auto", "none", "required", "named"]
+    syntax: Syntax
+    named: str | None = None
+    """The function a named ``tool_choice`` calls."""
+
+    @property
+    def parses(self) -> bool:
+        """Whether calls are parsed out of the reply (every choice but ``"none"``)."""
+        return self.choice != "none"
+
+    def constraint(self) -> Structured | None:
+        """The grammar of the reply where calls are required (one to :data:`MAX_CALLS`) or
+        named (one): the model's syntax around JSON that validates against each allowed
+        function (``None`` otherwise)."""
+        if self.choice not in ("required", "named"):
+            return None
+        allowed = [
+            t["function"]
+            for t in self.tools
+            if self.named is None or t["function"]["name"] == self.named
+        ]
+        key = "parameters" if self.syntax == "llama3" else "arguments"
+        call = {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": f["name"]}, key: f["parameters"]},
+                    "required": ["name", key],
+                    "additionalProperties": False,
+                }
+                for f in allowed
+            ],
+            "x-guidance": _JSON_LAYOUT,
+        }
+        most = 1 if self.choice == "named" else MAX_CALLS
+        if self.syntax == "mistral":
+            calls = {
+                "type": "array",
+                "items": call,
+                "minItems": 1,
+                "maxItems": most,
+                "x-guidance": _JSON_LAYOUT,
+            }
+            grammar = f'start: "[TOOL_CALLS]" calls\ncalls: %json {json.dumps(calls)}'
+        elif self.syntax == "llama3":
+            grammar = f"start: call\ncall: %json {json.dumps(call)}"
+        else:
+            more = ' ("\\n" block)?' * (most - 1)
+            grammar = (
+                f"start: block{more}\n"
+                'block: "<tool_call>\\n" call "\\n</tool_call>"\n'
+                f"call: %json {json.dumps(call)}"
+            )
+        return Structured("grammar", grammar)
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """The reply's text outside its calls, and the calls (with fresh ids); a reply with no
+        well-formed call, or one that calls a function not among the tools, is all text."""
+        if not self.parses:
+            return text, []
+        if self.syntax == "hermes":
+            content, calls = _parse_hermes(text)
+        elif self.syntax == "mistral":
+            content, calls = _parse_mistral(text)
+        else:
+            content, calls = _parse_llama3(text)
+        names = {t["function"]["name"] for t in self.tools}
+        if any(c.name not in names for c in calls):
+            # A call of a function the request did not offer: not a call the application can
+            # make, so the reply stays text.
+            return text, []
+        return content, calls
+
+
+def tool_use(tools: object, tool_choice: object, template: str) -> ToolUse | None:
+    """The checked tools of a request whose model has chat template ``template`` (``None``
+    when it gives none); ``tool_choice`` ``None`` means ``"auto"``. Raises
+    :class:`InvalidArgumentError` for malformed tools or a choice that names none of them."""
+    if tools is None:
+        if tool_choice not in (None, "none", "auto"):
+            raise InvalidArgumentError("tool_choice needs tools")
+        return None
+    checked = check_tools(tools)
+    if not checked:
+        return None
+    names = [t["function"]["name"] for t in checked]
+    choice = _check_choice("auto" if tool_choice is None else tool_choice, names)
+    named = None
+    if choice is None:
+        assert isinstance(tool_choice, Mapping)
+        named = str(tool_choice["function"]["name"])
+    return ToolUse(
+        checked,
+        "named" if choice is None else choice,  # type: ignore[arg-type]
+        syntax_of(template),
+        named,
+    )
+
+
+def _call(value: object, key: str = "arguments") -> ToolCall | None:
+    """A call from its JSON object form, ``{"name": ..., key: {...}}``."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = value.get(key, value.get("arguments", value.get("parameters", {})))
+    if isinstance(arguments, str):
+        # Some models write the arguments as JSON text.
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False), _call_id())
+
+
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+def _parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
+    calls = []
+    for match in _HERMES.finditer(text):
+        try:
+            call = _call(json.loads(match.group(1)))
+        except json.JSONDecodeError:
+            call = None
+        if call is None:
+            return text, []
+        calls.append(call)
+    if not calls:
+        return text, []
+    return _HERMES.sub("", text).strip(), calls
+
+
+def _parse_mistral(text: str) -> tuple[str, list[ToolCall]]:
+    head, marker, tail = text.partition("[TOOL_CALLS]")
+    if not marker:
+        return text, []
+    try:
+        value, _ = json.JSONDecoder().raw_decode(tail.strip())
+    except json.JSONDecodeError:
+        return text, []
+    values = value if isinstance(value, list) else [value]
+    calls = [_call(v) for v in values]
+    if not calls or any(c is None for c in calls):
+        return text, []
+    return head.strip(), [c for c in calls if c is not None]
+
+
+def _parse_llama3(text: str) -> tuple[str, list[ToolCall]]:
+    body = text.strip().removeprefix("<|python_tag|>").strip()
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return text, []
+    call = _call(value, "parameters")
+    return ("", [call]) if call is not None else (text, [])
+
+
+def message_tool_fields(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool fields of a chat message, as Hugging Face's templates read them: an
+    assistant's ``tool_calls`` with their arguments as objects (OpenAI sends JSON text), a tool
+    reply's ``tool_call_id`` and ``name``."""
+    out: dict[str, Any] = {}
+    calls = message.get("tool_calls")
+    if calls:
+        if isinstance(calls, (str, bytes, Mapping)) or not isinstance(calls, Sequence):
+            raise InvalidArgumentError("an assistant's tool_calls must be a list")
+        out["tool_calls"] = [_template_call(c) for c in calls]
+    for key in ("tool_call_id", "name"):
+        if isinstance(message.get(key), str):
+            out[key] = message[key]
+    return out
+
+
+def _template_call(call: object) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise InvalidArgumentError(
+            "an assistant's tool_calls must be {'type': 'function', 'function': "
+            "{'name': ..., 'arguments': ...}} objects"
+        )
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            raise InvalidArgumentError(
+                f"the arguments of a call of {function['name']!r} are not JSON"
+            ) from None
+    out = {
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments},
+    }
+    if isinstance(call, Mapping) and isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
+
+
+_OPENERS: dict[Syntax, str] = {
+    "hermes": "<tool_call>",
+    "mistral": "[TOOL_CALLS]",
+    "llama3": "<|python_tag|>",
+}
+
+
+class ToolStream:
+    """The text of a streamed reply that may hold calls: :meth:`feed` gives back what may be
+    shown as it comes (text before a call; what could be the start of one is held back),
+    :meth:`finish` the rest of the text and the calls once the reply is complete."""
+
+    def __init__(self, use: ToolUse) -> None:
+        self.use = use
+        self._text: list[str] = []
+        self._shown = 0
+        self._held = False
+        """A call has started: nothing more is shown until the end."""
+        self._plain = not use.parses
+        """The reply is text alone (no calls parsed, or a llama3 reply that is no call)."""
+
+    def feed(self, piece: str) -> str:
+        """Take the next piece of the reply; return the text that can be shown now."""
+        self._text.append(piece)
+        text = self._whole()
+        if self._plain:
+            return self._show(len(text))
+        if self._held:
+            return ""
+        opener = _OPENERS[self.use.syntax]
+        if self.use.syntax == "llama3":
+            # A call is the whole reply: hold the reply while it may still be one.
+            body = text.lstrip()
+            if body.startswith(("{", opener)):
+                self._held = True
+            elif not opener.startswith(body):
+                self._plain = True
+                return self._show(len(text))
+            return ""
+        start = text.find(opener, self._shown)
+        if start >= 0:
+            self._held = True
+            return self._show(len(text[:start].rstrip()))
+        # Hold back a tail that could be the beginning of the opener.
+        keep = next(
+            (
+                n
+                for n in range(min(len(opener) - 1, len(text)), 0, -1)
+                if opener.startswith(text[-n:])
+            ),
+            0,
+        )
+        # And whitespace, which the text before a call does not keep.
+        return self._show(len(text[: len(text) - keep].rstrip()))
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """The text not shown yet and the calls, once the reply is complete."""
+        content, calls = ("", []) if self._plain else self.use.parse(self._whole())
+        if not calls:
+            return self._show(len(self._whole())), []
+        shown = self._whole()[: self._shown]
+        rest = content[len(shown) :] if content.startswith(shown) else ""
+        return rest, calls
+
+    def _whole(self) -> str:
+        if len(self._text) > 1:
+            self._text = ["".join(self._text)]
+        return self._text[0] if self._text else ""
+
+    def _show(self, end: int) -> str:
+        text = self._whole()
+        end = max(end, self._shown)
+        piece = text[self._shown : end]
+        self._shown = max(self._shown, end)
+        return piece
