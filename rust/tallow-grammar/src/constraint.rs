@@ -5,11 +5,21 @@ use llguidance::Matcher;
 use crate::error::GrammarError;
 
 /// Which tokens may come next for one request, advanced by each token it takes.
-#[derive(Clone)]
 pub struct Constraint {
     matcher: Matcher,
     /// The model's end-of-generation tokens: all allowed where the grammar may end.
     eog: Vec<u32>,
+}
+
+impl Clone for Constraint {
+    /// A copy that goes on independently: its own parser and lexer caches (a shallow copy of
+    /// llguidance's matcher would share the lexer's behind a lock with every other copy).
+    fn clone(&self) -> Self {
+        Constraint {
+            matcher: self.matcher.deep_clone(),
+            eog: self.eog.clone(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Constraint {

@@ -19,7 +19,8 @@ impl TokenizerEnv for Vocabulary {
 
     fn tokenize_bytes(&self, bytes: &[u8]) -> Vec<TokenId> {
         match std::str::from_utf8(bytes) {
-            Ok(text) => self.tokenizer.encode(text, false, false),
+            // The bytes continue the output: no SentencePiece space prefix.
+            Ok(text) => self.tokenizer.encode_continuation(text),
             // Not text (a grammar's lexeme may end inside a character): the longest tokens
             // that spell the bytes.
             Err(_) => self.trie.greedy_tokenize(bytes),

@@ -212,7 +212,13 @@ impl Tokenizer {
     /// written in the text (`<|im_end|>`) become their ids; without it they are tokenized as
     /// plain text. User-defined tokens are always matched.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
-        self.encode_with_literals(text, add_special, parse_special, &[])
+        self.encode_with_literals(text, add_special, parse_special, &[], true)
+    }
+
+    /// The ids of `text` as it is tokenized where it follows earlier text: no BOS, no
+    /// SentencePiece space prefix, control tokens as plain text.
+    pub fn encode_continuation(&self, text: &str) -> Vec<u32> {
+        self.encode_with_literals(text, false, false, &[], false)
     }
 
     /// `text` with every control token written in it put between [`QUOTE_OPEN`] and
@@ -274,7 +280,7 @@ impl Tokenizer {
         if let Some(start) = open {
             literal.push(start..plain.len());
         }
-        self.encode_with_literals(&plain, add_special, true, &literal)
+        self.encode_with_literals(&plain, add_special, true, &literal, true)
     }
 
     fn encode_with_literals(
@@ -283,6 +289,7 @@ impl Tokenizer {
         add_special: bool,
         parse_special: bool,
         literal: &[Range<usize>],
+        starts_text: bool,
     ) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
@@ -303,8 +310,8 @@ impl Tokenizer {
                 let mut scratch = sentencepiece_bpe::Scratch::default();
                 let mut escaped = String::new();
                 // As llama.cpp: every text fragment that follows a special token (or starts
-                // the input) gets the space prefix.
-                let mut after_special = true;
+                // the input, unless it continues earlier text) gets the space prefix.
+                let mut after_special = starts_text;
                 self.special_tokens
                     .partition(text, parse_special, literal, |fragment| match fragment {
                         Fragment::Text(text) => {

@@ -136,6 +136,9 @@ fn sentencepiece_prefix_fallback_and_decode() {
         t.encode("hi</s>hi", false, true),
         [id(&t, "▁hi"), 2, id(&t, "▁hi")]
     );
+    // Text that continues earlier text gets none.
+    assert_eq!(t.encode_continuation("hi"), [id(&t, "h"), id(&t, "i")]);
+    assert_eq!(t.encode_continuation(" hi"), [id(&t, "▁hi")]);
 
     let mut config = spm_config();
     config.add_space_prefix = Some(false);
