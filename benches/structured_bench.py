@@ -1,9 +1,9 @@
 """What constrained decoding costs: generated tokens per second of requests whose output must
 follow a JSON schema, against the same requests unconstrained, on the same prompts.
 
-Each request is a chat turn asking for a JSON description (greedy, ``max_tokens`` tokens, the
-end-of-generation token ignored: each schema asks for more than that, so constrained and free
-requests generate the same number of tokens). One request at a time goes through
+Each request is a chat turn asking for a JSON description (greedy, ``max_tokens`` tokens: each
+schema asks for more than that, and free requests ignore the end-of-generation token, so both
+generate the same number of tokens). One request at a time goes through
 :class:`tallow.LLM` (tokens/s of its decode phase); several at once through one
 :class:`tallow.AsyncLLM` (generated tokens over the wall time of the whole batch). The ratio
 constrained/free is what the token masks cost.
@@ -61,12 +61,18 @@ def requests(n: int) -> list[tuple[list[dict[str, str]], dict[str, Any]]]:
     return out
 
 
+def free_or(constrained: bool, schema: dict[str, Any]) -> dict[str, Any]:
+    """A request's options: the schema, or none and the end-of-generation token ignored (so
+    that free requests run to their last token as constrained ones do)."""
+    return {"json_schema": schema} if constrained else {"ignore_eos": True}
+
+
 def one_at_a_time(llm: tallow.LLM, n: int, max_tokens: int, constrained: bool) -> float:
     """Decode tokens/s over ``n`` requests run one after another."""
     tokens, seconds = 0, 0.0
     for messages, schema in requests(n):
-        options = {"json_schema": schema} if constrained else {}
-        out = llm.chat(messages, max_tokens=max_tokens, temperature=0, ignore_eos=True, **options)
+        options = free_or(constrained, schema)
+        out = llm.chat(messages, max_tokens=max_tokens, temperature=0, **options)
         tokens += out.completion_tokens
         seconds += out.completion_seconds
     return tokens / seconds
@@ -80,10 +86,8 @@ def concurrent(path: Path, n: int, max_tokens: int, constrained: bool) -> float:
         async with AsyncLLM(path, max_num_seqs=n) as llm:
 
             async def one(messages: list[dict[str, str]], schema: dict[str, Any]) -> None:
-                options = {"json_schema": schema} if constrained else {}
-                done = await llm.chat(
-                    messages, max_tokens=max_tokens, temperature=0, ignore_eos=True, **options
-                )
+                options = free_or(constrained, schema)
+                done = await llm.chat(messages, max_tokens=max_tokens, temperature=0, **options)
                 counts.append(done.completion_tokens)
 
             # Compiled once before timing, as a server sees the same schemas again.

@@ -454,6 +454,8 @@ def test_bad_constraints_are_grammar_errors_and_400s(
         ({"guided_choice": []}, "guided_choice"),
         ({"guided_regex": 5}, "guided_regex"),
         ({"guided_json": "{not json"}, "guided_json"),
+        ({"guided_json": '{"type": "number", "maximum": NaN}'}, "guided_json"),
+        ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
         ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
     ],
 )

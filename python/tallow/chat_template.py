@@ -85,6 +85,18 @@ def check_messages(messages: object) -> list[dict[str, Any]]:
     return out
 
 
+def _quoted(value: Any, quote: Callable[[str], str]) -> Any:
+    """``value`` (strings, lists and dicts of them) with ``quote`` applied to every string,
+    dict keys included."""
+    if isinstance(value, str):
+        return quote(value)
+    if isinstance(value, Mapping):
+        return {quote(k) if isinstance(k, str) else k: _quoted(v, quote) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_quoted(v, quote) for v in value]
+    return value
+
+
 def _content_text(content: object, i: int) -> str:
     if content is None:
         return ""
@@ -159,9 +171,9 @@ class ChatTemplate:
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The prompt text of ``messages``, ending with the opening of the assistant's turn
-        when ``add_generation_prompt``. ``quote`` is applied to the content of each message
-        first (``Model.quote_special``, which marks the control tokens a message spells so that
-        they are tokenized as text). Raises :class:`InvalidArgumentError` for malformed
+        when ``add_generation_prompt``. ``quote`` is applied to every string of the messages and
+        the tools first (``Model.quote_special``, which marks the control tokens they spell so
+        that they are tokenized as text). Raises :class:`InvalidArgumentError` for malformed
         messages, or when the template itself refuses them (``raise_exception``). ``tools``
         (OpenAI's function tools, checked) reach the template as ``tools``."""
         checked = check_messages(messages)
@@ -170,8 +182,10 @@ class ChatTemplate:
                 raise InvalidArgumentError(
                     "the chat template holds U+FDD0 or U+FDD1, which mark message text"
                 )
-            for m in checked:
-                m["content"] = quote(m["content"])
+            # Every string a message or a tool brings, not only the content: a tool's
+            # description or a call's arguments may spell a control token too.
+            checked = [_quoted(m, quote) for m in checked]
+            tools = None if tools is None else _quoted(tools, quote)
         try:
             text: str = self._template.render(
                 messages=checked,

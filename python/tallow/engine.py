@@ -71,12 +71,23 @@ class SamplingParams:
     """What the output must match (a JSON schema, a regular expression, a choice, a
     grammar); see :mod:`tallow.structured`."""
 
+    def check_constraint(self) -> None:
+        """Raises :class:`InvalidArgumentError` where the constraint on the output cannot
+        hold: with ``ignore_eos``, a complete output could only go on with the end-of-generation
+        token, again and again."""
+        if self.structured is not None and self.ignore_eos:
+            raise InvalidArgumentError(
+                "ignore_eos cannot be combined with a constraint on the output (which ends "
+                "at the end-of-generation token once complete)"
+            )
+
     def new_sampler(self, model: _core.Model) -> _core.Sampler:
         """A sampler with these settings for ``model``, its constraint (if any) compiled
         against the model's vocabulary; raises :class:`InvalidArgumentError` for a token id
         (``logit_bias``, ``stop_token_ids``) outside the vocabulary and
         :class:`~tallow.GrammarError` for a constraint that cannot be compiled."""
         n_vocab = model.n_vocab
+        self.check_constraint()
         checks.token_ids("logit_bias", list(self.logit_bias), n_vocab)
         checks.token_ids("stop_token_ids", self.stop_token_ids, n_vocab)
         constraint = None if self.structured is None else self.structured.compile(model)
@@ -133,7 +144,9 @@ def sampling_params(
     for name, value in options.items():
         fields[name] = _check_option(name, value)
     fields["structured"] = constraint
-    return SamplingParams(**fields)  # type: ignore[arg-type]
+    params = SamplingParams(**fields)  # type: ignore[arg-type]
+    params.check_constraint()
+    return params
 
 
 _OPTIONS = frozenset(

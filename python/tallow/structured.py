@@ -108,6 +108,6 @@ def _schema_text(schema: object) -> str:
             f"model_json_schema(), not {type(schema).__name__}"
         )
     try:
-        return json.dumps(schema)
+        return json.dumps(schema, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise InvalidArgumentError(f"json_schema is not JSON: {e}") from None

@@ -25,7 +25,7 @@ import json
 import re
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from tallow.errors import InvalidArgumentError
@@ -65,8 +65,15 @@ class ToolCall:
         }
 
 
-def _call_id() -> str:
+def _call_id(syntax: Syntax) -> str:
+    """A fresh call id, in the form the syntax's templates accept (Mistral's refuse any but
+    nine letters and digits)."""
+    if syntax == "mistral":
+        return "".join(secrets.choice(_ALNUM) for _ in range(9))
     return f"call_{secrets.token_hex(12)}"
+
+
+_ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
 def syntax_of(template: str) -> Syntax:
@@ -78,6 +85,9 @@ def syntax_of(template: str) -> Syntax:
     ):
         return "llama3"
     return "hermes"
+
+
+_NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 def check_tools(tools: object) -> list[dict[str, Any]]:
@@ -102,9 +112,16 @@ def check_tools(tools: object) -> list[dict[str, Any]]:
         if name in names:
             raise InvalidArgumentError(f"tools[{i}]: the function {name!r} is given twice")
         names.add(name)
-        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        # Without parameters, a function takes none (as OpenAI reads it).
+        parameters = function.get("parameters", _NO_PARAMETERS)
         if not isinstance(parameters, Mapping):
             raise InvalidArgumentError(f"tools[{i}].function.parameters must be a JSON schema")
+        # The arguments are an object, whatever the schema leaves open.
+        parameters = {"type": "object", **parameters}
+        try:
+            json.dumps(parameters, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"tools[{i}].function.parameters is not JSON: {e}") from None
         description = function.get("description")
         if description is not None and not isinstance(description, str):
             raise InvalidArgumentError(f"tools[{i}].function.description must be a string")
@@ -160,38 +177,22 @@ class ToolUse:
             if self.named is None or t["function"]["name"] == self.named
         ]
         key = "parameters" if self.syntax == "llama3" else "arguments"
-        call = {
-            "anyOf": [
-                {
-                    "type": "object",
-                    "properties": {"name": {"const": f["name"]}, key: f["parameters"]},
-                    "required": ["name", key],
-                    "additionalProperties": False,
-                }
-                for f in allowed
-            ],
-            "x-guidance": _JSON_LAYOUT,
-        }
+        # One JSON rule per function: each its own schema root, where the references of its
+        # parameters ("#/$defs/...") resolve.
+        rules = [
+            f"call_{i}: %json {json.dumps(_call_schema(f, key))}" for i, f in enumerate(allowed)
+        ]
+        call = "call: " + " | ".join(f"call_{i}" for i in range(len(allowed)))
         most = 1 if self.choice == "named" else MAX_CALLS
         if self.syntax == "mistral":
-            calls = {
-                "type": "array",
-                "items": call,
-                "minItems": 1,
-                "maxItems": most,
-                "x-guidance": _JSON_LAYOUT,
-            }
-            grammar = f'start: "[TOOL_CALLS]" calls\ncalls: %json {json.dumps(calls)}'
+            more = ' (", " call)?' * (most - 1)
+            start = f'start: "[TOOL_CALLS][" call{more} "]"'
         elif self.syntax == "llama3":
-            grammar = f"start: call\ncall: %json {json.dumps(call)}"
+            start = "start: call"
         else:
             more = ' ("\\n" block)?' * (most - 1)
-            grammar = (
-                f"start: block{more}\n"
-                'block: "<tool_call>\\n" call "\\n</tool_call>"\n'
-                f"call: %json {json.dumps(call)}"
-            )
-        return Structured("grammar", grammar)
+            start = f'start: block{more}\nblock: "<tool_call>\\n" call "\\n</tool_call>"'
+        return Structured("grammar", "\n".join([start, call, *rules]))
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """The reply's text outside its calls, and the calls (with fresh ids); a reply with no
@@ -209,7 +210,7 @@ class ToolUse:
             # A call of a function the request did not offer: not a call the application can
             # make, so the reply stays text.
             return text, []
-        return content, calls
+        return content, [replace(c, id=_call_id(self.syntax)) for c in calls]
 
 
 def tool_use(tools: object, tool_choice: object, template: str) -> ToolUse | None:
@@ -222,6 +223,8 @@ def tool_use(tools: object, tool_choice: object, template: str) -> ToolUse | Non
         return None
     checked = check_tools(tools)
     if not checked:
+        if tool_choice not in (None, "none", "auto"):
+            raise InvalidArgumentError("tool_choice needs tools")
         return None
     names = [t["function"]["name"] for t in checked]
     choice = _check_choice("auto" if tool_choice is None else tool_choice, names)
@@ -237,6 +240,23 @@ def tool_use(tools: object, tool_choice: object, template: str) -> ToolUse | Non
     )
 
 
+def _call_schema(function: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The JSON schema of a call of ``function``: its name, and its parameters under ``key``
+    (with their definitions lifted to the root, where their references point)."""
+    parameters = dict(function["parameters"])
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, key: parameters},
+        "required": ["name", key],
+        "additionalProperties": False,
+        "x-guidance": _JSON_LAYOUT,
+    }
+    for defs in ("$defs", "definitions"):
+        if defs in parameters:
+            schema[defs] = parameters.pop(defs)
+    return schema
+
+
 def _call(value: object, key: str = "arguments") -> ToolCall | None:
     """A call from its JSON object form, ``{"name": ..., key: {...}}``."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
@@ -250,7 +270,7 @@ def _call(value: object, key: str = "arguments") -> ToolCall | None:
             return None
     if not isinstance(arguments, dict):
         return None
-    return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False), _call_id())
+    return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -268,7 +288,7 @@ def _parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
         calls.append(call)
     if not calls:
         return text, []
-    return _HERMES.sub("", text).strip(), calls
+    return _HERMES.sub("", text).rstrip(), calls
 
 
 def _parse_mistral(text: str) -> tuple[str, list[ToolCall]]:
@@ -283,7 +303,7 @@ def _parse_mistral(text: str) -> tuple[str, list[ToolCall]]:
     calls = [_call(v) for v in values]
     if not calls or any(c is None for c in calls):
         return text, []
-    return head.strip(), [c for c in calls if c is not None]
+    return head.rstrip(), [c for c in calls if c is not None]
 
 
 def _parse_llama3(text: str) -> tuple[str, list[ToolCall]]:

@@ -266,6 +266,10 @@ class _Server:
         check_model(req.model, self.names)
         prompts = self._prompt_ids(req)
         structured = req.params.structured
+        try:
+            req.params.check_constraint()
+        except InvalidArgumentError as e:
+            raise invalid("ignore_eos", str(e)) from None
         if structured is not None:
             # Compiled here so that a bad one is a 400 (and kept compiled for the requests).
             try:
