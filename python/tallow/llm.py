@@ -568,6 +568,7 @@ def _with_tool_calls(
     """``completion`` with the text of the tool calls held back from its pieces and parsed
     into its result."""
     stream = ToolStream(use)
+    shown: list[str] = []
     try:
         while True:
             try:
@@ -576,6 +577,7 @@ def _with_tool_calls(
                 result: GenerationResult = done.value
                 break
             if piece:
+                shown.append(piece)
                 yield piece
     finally:
         completion.close()  # closed early: the request is aborted
@@ -584,7 +586,8 @@ def _with_tool_calls(
         yield rest
     if not calls:
         return result
-    text, _ = use.parse(result.text)
+    # The text outside the calls is what the stream showed.
+    text = "".join(shown) + rest
     return replace(result, text=text, tool_calls=calls, finish_reason="tool_calls")
 
 
