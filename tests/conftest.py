@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import numpy.typing as npt
+import openai
 import pytest
 
 import tallow
@@ -146,3 +147,18 @@ def serving(*args: str, env: Mapping[str, str] | None = None) -> Iterator[str]:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server(smollm2_path: Path) -> Iterator[str]:
+    """The base URL of a ``tallow serve`` of the default model (a context of 512 positions,
+    32 requests at once), shared by the modules that test through HTTP; a module may define
+    its own (another template, other limits)."""
+    with serving("-m", "smollm2-135m", "--ctx", "512", "--max-batch", "32") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> openai.OpenAI:
+    """The official ``openai`` client of the module's server."""
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)

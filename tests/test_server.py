@@ -1,8 +1,8 @@
 """``tallow serve`` driven over HTTP by the official ``openai`` client (sync and async) and by
 raw requests for the error cases.
 
-One server process runs for the module, on a free port of 127.0.0.1, with a context of 512
-positions. Greedy answers are compared with :class:`tallow.LLM` on the same model.
+The server is the session's (conftest's ``server``: a free port of 127.0.0.1, a context of 512
+positions). Greedy answers are compared with :class:`tallow.LLM` on the same model.
 """
 
 from __future__ import annotations
@@ -11,34 +11,20 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import openai
 import pytest
-from conftest import serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tallow
 
 N_CTX = 512
+"""The context of conftest's ``server``."""
 MODEL = "smollm2-135m"
-
-
-@pytest.fixture(scope="module")
-def server(smollm2_path: Path) -> Iterator[str]:
-    """The base URL of a running ``tallow serve``."""
-    with serving("-m", MODEL, "--ctx", str(N_CTX), "--max-batch", "32") as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def client(server: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
 
 
 def metric(server: str, name: str) -> float:

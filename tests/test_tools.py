@@ -429,11 +429,6 @@ def server(smollm2_path: Path) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="module")
-def client(server: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_server_tool_calls_match_the_python_api(
     client: openai.OpenAI, llm: tallow.LLM, stream: bool
