@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from tallow.async_llm import AsyncLLM
 from tallow.engine import SamplingParams
-from tallow.errors import GrammarError, InvalidArgumentError, ModelError, TallowError
+from tallow.errors import InvalidArgumentError, ModelError, TallowError
 from tallow.prompt import ChatPrompt
 from tallow.scheduler import RequestOutput, TokenLogprob
 from tallow.server.metrics import CONTENT_TYPE, Metrics
@@ -274,7 +274,7 @@ class _Server:
             # Compiled here so that a bad one is a 400 (and kept compiled for the requests).
             try:
                 structured.compile(self.llm.model)
-            except GrammarError as e:
+            except InvalidArgumentError as e:  # GrammarError, or a schema Rust cannot read
                 field = req.structured_field or ("tools" if req.tool_use else "response_format")
                 raise invalid(field, str(e)) from None
         return req, prompts
