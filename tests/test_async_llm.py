@@ -9,7 +9,8 @@ import anyio
 import pytest
 
 import tallow
-from tallow.async_llm import AsyncLLM, Completion
+from tallow.async_llm import AsyncLLM
+from tallow.output import GenerationResult
 
 PROMPTS = [
     "Hello, my name is",
@@ -28,8 +29,10 @@ def prompts(n: int) -> list[tuple[str, int]]:
     return [(f"{PROMPTS[i % len(PROMPTS)]} ({i})", 4 + (i * 5) % 13) for i in range(n)]
 
 
-async def run_all(llm: AsyncLLM, cases: list[tuple[str, int]], **kw: object) -> list[Completion]:
-    results: list[Completion | None] = [None] * len(cases)
+async def run_all(
+    llm: AsyncLLM, cases: list[tuple[str, int]], **kw: object
+) -> list[GenerationResult]:
+    results: list[GenerationResult | None] = [None] * len(cases)
 
     async def one(i: int, prompt: str, n: int) -> None:
         results[i] = await llm.generate(prompt, max_tokens=n, **kw)  # type: ignore[arg-type]

@@ -256,7 +256,7 @@ def test_an_empty_prompt_is_bos_alone_on_both_apis(smollm2_path: Path, smollm2: 
     one = smollm2.generate("", max_tokens=3, temperature=0)
     assert one.prompt_tokens == 1
 
-    async def main() -> tallow.Completion:
+    async def main() -> tallow.GenerationResult:
         async with tallow.AsyncLLM(smollm2_path, n_ctx=64) as llm:
             assert llm.prompt_ids("") == [smollm2.bos_id]
             return await llm.generate("", max_tokens=3, temperature=0)
@@ -510,7 +510,7 @@ def _address_space_capped(extra: int) -> Iterator[None]:
 
 
 def test_infinite_bias_bans_a_token(smollm2_path: Path) -> None:
-    async def main() -> tuple[tallow.Completion, tallow.Completion]:
+    async def main() -> tuple[tallow.GenerationResult, tallow.GenerationResult]:
         async with tallow.AsyncLLM(smollm2_path, n_ctx=64) as llm:
             free = await llm.generate("The capital of France is", max_tokens=1, temperature=0)
             banned = await llm.generate(

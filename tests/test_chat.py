@@ -97,7 +97,7 @@ def test_async_chat_matches_llm_chat(smollm2_path: Path, smollm2: tallow.LLM) ->
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     expected = smollm2.chat(messages, max_tokens=16, temperature=0)
 
-    async def main() -> tuple[tallow.Completion, str]:
+    async def main() -> tuple[tallow.GenerationResult, str]:
         async with tallow.AsyncLLM(smollm2_path, n_ctx=512) as llm:
             done = await llm.chat(messages, max_tokens=16, temperature=0)
             pieces = [p async for p in llm.chat_stream(messages, max_tokens=16, temperature=0)]

@@ -85,7 +85,8 @@ def run_to_end(engine: Engine) -> dict[str, tuple[list[int], str | None, str | N
     while engine.has_work():
         for o in engine.step():
             tokens, _, _ = out.get(o.request_id, ([], None, None))
-            out[o.request_id] = (tokens + o.new_token_ids, o.finish_reason, o.error)
+            error = None if o.error is None else str(o.error)
+            out[o.request_id] = (tokens + o.new_token_ids, o.finish_reason, error)
     return out
 
 
@@ -109,7 +110,7 @@ def test_a_failed_step_ends_only_its_requests(smollm2_path: Path) -> None:
     first = engine.step()  # both prompts
     assert [o.request_id for o in first] == ["The sky is", "One, two,"]
     failed = engine.step()  # their first decode step fails
-    assert [(o.request_id, o.finish_reason, o.error) for o in failed] == [
+    assert [(o.request_id, o.finish_reason, str(o.error)) for o in failed] == [
         ("The sky is", "abort", "injected failure"),
         ("One, two,", "abort", "injected failure"),
     ]

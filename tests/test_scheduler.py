@@ -16,9 +16,9 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from tallow import _core
-from tallow.errors import InvalidArgumentError
-from tallow.scheduler import Request, RequestOutput, RequestStatus, Scheduler, Step
-from tallow.stopping import DetokenizeDecoder, StopConditions
+from tallow.errors import InvalidArgumentError, ModelError
+from tallow.scheduler import Request, RequestStatus, Scheduler, SchedulerOutput, Step
+from tallow.stopping import StopConditions
 
 KvCache: Any = getattr(_core, "KvCache", None)
 pytestmark = pytest.mark.skipif(KvCache is None, reason="tallow._core has no KvCache yet")
@@ -112,9 +112,9 @@ class FakeModel:
 
 def run(
     s: Scheduler, model: FakeModel, max_steps: int = 1000, check: Callable[[], None] | None = None
-) -> dict[str, list[RequestOutput]]:
+) -> dict[str, list[SchedulerOutput]]:
     """Run until every request is done; outputs per request."""
-    outs: dict[str, list[RequestOutput]] = {}
+    outs: dict[str, list[SchedulerOutput]] = {}
     for _ in range(max_steps):
         if not s.has_work():
             return outs
@@ -126,7 +126,7 @@ def run(
     raise AssertionError("did not finish")
 
 
-def tokens_of(outs: list[RequestOutput]) -> list[int]:
+def tokens_of(outs: list[SchedulerOutput]) -> list[int]:
     return [t for o in outs for t in o.new_token_ids]
 
 
@@ -257,7 +257,7 @@ def test_pages_are_freed_the_moment_a_request_finishes() -> None:
     step = s.schedule()
     assert tables(kv, s) == {"a": [0, 1], "b": [2]}
     outs = s.update(step, [5, 6])
-    assert outs[0] == RequestOutput("a", [5], "", True, "length")
+    assert outs[0] == SchedulerOutput("a", [5], True, "length")
     assert s.running == ["b"]
     # Released last page first, to the tail of the FIFO free list.
     assert kv.free_pages() == [3, 4, 5, 6, 7, 1, 0]
@@ -272,9 +272,9 @@ def test_eos_stop_token_ids_and_ignore_eos() -> None:
     step = s.schedule()
     outs = s.update(step, [EOS, EOS, 7])
     assert outs == [
-        RequestOutput("eos", [], "", True, "stop", EOS),
-        RequestOutput("ignore", [EOS], "", False),
-        RequestOutput("stopid", [], "", True, "stop", 7),
+        SchedulerOutput("eos", [], True, "stop", EOS),
+        SchedulerOutput("ignore", [EOS], False),
+        SchedulerOutput("stopid", [], True, "stop", 7),
     ]
     assert s.running == ["ignore"]
 
@@ -293,11 +293,11 @@ def test_max_tokens_zero_and_prompts_that_can_never_fit() -> None:
         ("ok", False, None),
     ]
     assert outs[0].error is None
-    assert outs[1].error is not None and "KV pool" in outs[1].error
+    assert isinstance(outs[1].error, ModelError) and "KV pool" in str(outs[1].error)
     _, s2 = make(8, max_model_len=4)
     s2.add(req("long", 5))
     out = s2.update(s2.schedule(), [])
-    assert out[0].finish_reason == "length" and "max_model_len" in (out[0].error or "")
+    assert out[0].finish_reason == "length" and "max_model_len" in str(out[0].error)
     assert kv.stats()["pages_used"] == 2
 
 
@@ -328,7 +328,7 @@ def test_max_model_len_ends_with_length() -> None:
     _, s2 = make(8, max_model_len=6)
     s2.add(req("full", 6))
     out = s2.update(s2.schedule(), [])
-    assert out[0].finish_reason == "length" and "no room" in (out[0].error or "")
+    assert out[0].finish_reason == "length" and "no room" in str(out[0].error)
 
 
 # -- preemption -----------------------------------------------------------------------------------
@@ -358,7 +358,7 @@ def test_preempts_the_youngest_and_recomputes_it_to_the_same_state() -> None:
     assert (c_req.status, c_req.seq, c_req.num_computed) == (RequestStatus.PREEMPTED, None, 0)
     assert c_req.output_token_ids == c_tokens
     assert s.waiting == ["c"] and s.stats()["preemptions"] == 1
-    outs: dict[str, list[RequestOutput]] = {}
+    outs: dict[str, list[SchedulerOutput]] = {}
     for o in s.update(step, model.forward(step)):
         outs.setdefault(o.request_id, []).append(o)
     step = s.schedule()
@@ -402,7 +402,7 @@ def test_a_decode_preempts_the_youngest_after_a_chunked_prompt() -> None:
     assert chunks(step) == [("a", 12, [1], True)]
     assert tables(kv, s) == {"a": [0, 1, 2, 3]}
     outs = s.update(step, [3])
-    assert outs == [RequestOutput("a", [3], "", True, "length")]
+    assert outs == [SchedulerOutput("a", [3], True, "length")]
     assert kv.free_pages() == [3, 2, 1, 0]
     step = s.schedule()
     assert chunks(step) == [("b", 0, [200, 201, 202, 2], True)]
@@ -454,11 +454,12 @@ def test_a_failed_step_ends_its_requests_and_frees_their_reserved_pages() -> Non
     ]
     assert tables(kv, s) == {"a": [0], "b": [1], "c": [2, 3]}
     s.add(req("w", 2))  # waiting, not in the step
-    outs = s.fail(step, "the forward pass failed")
+    failure = ModelError("the forward pass failed")
+    outs = s.fail(step, failure)
     assert [(o.request_id, o.finish_reason, o.error) for o in outs] == [
-        ("a", "abort", "the forward pass failed"),
-        ("b", "abort", "the forward pass failed"),
-        ("c", "abort", "the forward pass failed"),
+        ("a", "abort", failure),
+        ("b", "abort", failure),
+        ("c", "abort", failure),
     ]
     assert all(o.finished and o.new_token_ids == [] for o in outs)
     assert kv.stats()["pages_used"] == 0
@@ -474,7 +475,7 @@ def test_a_failed_step_ends_its_requests_and_frees_their_reserved_pages() -> Non
 # -- prefix caching -------------------------------------------------------------------------------
 
 
-def run_one(s: Scheduler, model: FakeModel, r: Request) -> list[RequestOutput]:
+def run_one(s: Scheduler, model: FakeModel, r: Request) -> list[SchedulerOutput]:
     s.add(r)
     return run(s, model)[r.request_id]
 
@@ -571,8 +572,8 @@ def test_without_prefix_caching_nothing_is_cached() -> None:
 
 def run_with_drafts(
     s: Scheduler, model: FakeModel, propose: Callable[[Request], list[int]]
-) -> dict[str, list[RequestOutput]]:
-    outs: dict[str, list[RequestOutput]] = {}
+) -> dict[str, list[SchedulerOutput]]:
+    outs: dict[str, list[SchedulerOutput]] = {}
     while s.has_work():
         step = s.schedule({r.request_id: propose(r) for r in s.decoding()})
         for o in s.update(step, model.forward(step)):
@@ -665,72 +666,6 @@ def test_a_draft_is_cut_to_the_free_pages() -> None:
     assert kv.seq_len(r.seq) == r.num_computed == 6
 
 
-# -- stop strings ---------------------------------------------------------------------------------
-
-PIECES = {1: "Hel", 2: "lo", 3: " wo", 4: "rld", 5: "!", 6: "\xe2", 7: "\x82\xac"}
-
-
-def detok(ids: list[int]) -> str:
-    raw = "".join(PIECES[i] for i in ids).encode("latin-1")
-    return raw.decode("utf-8", errors="replace")
-
-
-def text_sched(**kw: Any) -> Scheduler:
-    _, s = make(8, decoder_factory=lambda: DetokenizeDecoder(detok), **kw)
-    return s
-
-
-def feed(s: Scheduler, rid: str, tokens: list[int]) -> list[RequestOutput]:
-    outs = []
-    for t in tokens:
-        step = s.schedule()
-        assert step.sample_ids == [rid]
-        outs += s.update(step, [t])
-        if outs[-1].finished:
-            break
-    return outs
-
-
-def test_stop_string_across_token_boundaries_is_held_back_and_not_emitted() -> None:
-    s = text_sched()
-    s.add(req("a", 1, stop=["o wor"]))
-    outs = feed(s, "a", [1, 2, 3, 4, 5])
-    assert [o.text for o in outs] == ["Hel", "l", "", ""]
-    last = outs[-1]
-    assert (last.finished, last.finish_reason, last.stop_reason) == (True, "stop", "o wor")
-    assert tokens_of(outs) == [1, 2, 3, 4]
-
-
-def test_held_back_text_is_released_when_the_stop_does_not_complete() -> None:
-    s = text_sched()
-    s.add(req("a", 1, max_tokens=4, stop=["lo!", "rld?"]))
-    outs = feed(s, "a", [1, 2, 3, 4])
-    # "l", "lo" and "rld" are held back while they may start a stop string; max_tokens flushes.
-    assert [o.text for o in outs] == ["He", "l", "lo wo", "rld"]
-    assert outs[-1].finish_reason == "length"
-    assert "".join(o.text for o in outs) == "Hello world"
-
-
-def test_eos_flushes_held_back_text_and_utf8_is_never_split() -> None:
-    s = text_sched()
-    s.add(req("a", 1, stop=["€!"]))
-    outs = feed(s, "a", [1, 2, 6, 7, EOS])
-    # "\xe2" alone is half of "€": held back by the decoder until "\x82\xac" completes it;
-    # then "€" is held back as the start of "€!" until the end of generation releases it.
-    assert [o.text for o in outs] == ["Hel", "lo", "", "", "€"]
-    assert (outs[-1].finish_reason, outs[-1].stop_reason, outs[-1].new_token_ids) == (
-        "stop",
-        EOS,
-        [],
-    )
-
-
-def test_stop_strings_need_a_decoder() -> None:
-    _, s = make(8)
-    with pytest.raises(InvalidArgumentError):
-        s.add(req("a", 1, stop=["x"]))
-
-
 # -- protocol errors ------------------------------------------------------------------------------
 
 
@@ -744,6 +679,8 @@ def test_protocol_misuse_is_an_error() -> None:
     step = s.schedule()
     with pytest.raises(RuntimeError):
         s.schedule()
+    with pytest.raises(RuntimeError):
+        s.stop("a")  # the output processor ends requests between update() and schedule()
     with pytest.raises(InvalidArgumentError):
         s.update(step, [])
     with pytest.raises(RuntimeError):
@@ -780,7 +717,7 @@ def test_random_workloads_never_leak_pages_or_exceed_the_budget(
 ) -> None:
     kv, s = make(n_pages, budget=budget, max_num_seqs=max_num_seqs)
     model = FakeModel(kv)
-    outs: dict[str, list[RequestOutput]] = {}
+    outs: dict[str, list[SchedulerOutput]] = {}
     aborted: set[str] = set()
     for t in range(3000):
         for i, (arrive, n, max_tokens, _) in enumerate(reqs):

@@ -18,7 +18,7 @@ import importlib
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at startup
 if TYPE_CHECKING:
-    from tallow.async_llm import AsyncLLM, Completion
+    from tallow.async_llm import AsyncLLM
     from tallow.catalog import DEFAULT_MODEL, pull, resolve_model
     from tallow.engine import SamplingParams
     from tallow.errors import (
@@ -32,14 +32,14 @@ if TYPE_CHECKING:
         TokenizerError,
         UnsupportedError,
     )
-    from tallow.llm import LLM, GenerationResult, TextStream
+    from tallow.llm import LLM, TextStream
+    from tallow.output import GenerationResult
 
     __version__: str
 
 # Each public name and the module that defines it.
 _WHERE = {
     "AsyncLLM": "tallow.async_llm",
-    "Completion": "tallow.async_llm",
     "DEFAULT_MODEL": "tallow.catalog",
     "pull": "tallow.catalog",
     "resolve_model": "tallow.catalog",
@@ -54,7 +54,7 @@ _WHERE = {
     "TokenizerError": "tallow.errors",
     "UnsupportedError": "tallow.errors",
     "LLM": "tallow.llm",
-    "GenerationResult": "tallow.llm",
+    "GenerationResult": "tallow.output",
     "TextStream": "tallow.llm",
 }
 
@@ -63,7 +63,6 @@ __all__ = [
     "LLM",
     "AsyncLLM",
     "CatalogError",
-    "Completion",
     "GenerationResult",
     "GgufError",
     "GrammarError",

@@ -14,7 +14,7 @@ import math
 import os
 import queue
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import TracebackType
 
 import anyio
@@ -27,28 +27,10 @@ from tallow import _core, checks
 from tallow.catalog import DEFAULT_MODEL, resolve_model
 from tallow.engine import Engine, EngineConfig, SamplingParams, load_model, sampling_params
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
+from tallow.output import GenerationResult, RequestOutput, ResultBuilder
 from tallow.prompt import ChatPrompt, Prompts
-from tallow.scheduler import RequestOutput, TokenLogprob
-from tallow.tools import ToolCall
 
-__all__ = ["AsyncLLM", "Completion"]
-
-
-@dataclass(frozen=True)
-class Completion:
-    """The outcome of :meth:`AsyncLLM.generate`."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    """``"stop"``, ``"length"``, ``"abort"`` or ``"tool_calls"``."""
-    prompt_tokens: int
-    completion_tokens: int
-    logprobs: list[TokenLogprob] | None = None
-    """Per generated token, when asked for with ``logprobs=True`` (and ``top_logprobs=k``)."""
-    tool_calls: list[ToolCall] | None = None
-    """The calls of the tools the reply made (:meth:`AsyncLLM.chat` with ``tools``); ``text``
-    is then the reply's text outside them, and ``finish_reason`` ``"tool_calls"``."""
+__all__ = ["AsyncLLM"]
 
 
 @dataclass(frozen=True)
@@ -175,9 +157,7 @@ class AsyncLLM:
                             message.request_id, message.prompt, message.params, message.sampler
                         )
                     except TallowError as e:
-                        rejected = RequestOutput(
-                            message.request_id, [], "", True, "abort", error=str(e)
-                        )
+                        rejected = RequestOutput(message.request_id, [], "", True, "abort", error=e)
                         anyio.from_thread.run_sync(self._deliver, [rejected])
             except queue.Empty:
                 pass
@@ -282,8 +262,9 @@ class AsyncLLM:
     ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one request (from :meth:`prompt_ids` or :meth:`chat_ids`),
         as its steps produce them; the last has ``finished`` set. Leaving the loop early, or
-        being cancelled, aborts the request. Raises :class:`ModelError` if the request fails.
-        """
+        being cancelled, aborts the request. Raises the request's error if it fails
+        (:class:`~tallow.GrammarError` where its constraint cannot go on, :class:`ModelError`
+        where the model cannot run it)."""
         self._check_open()
         ids = checks.token_ids("prompt", prompt_ids, self._model.n_vocab)
         if params.structured is None:
@@ -300,12 +281,8 @@ class AsyncLLM:
             async with receive:
                 async for out in receive:
                     finished = out.finished
-                    if (
-                        out.error is not None
-                        and not out.new_token_ids
-                        and out.finish_reason == "abort"
-                    ):
-                        raise ModelError(out.error)
+                    if out.error is not None:
+                        raise out.error
                     yield out
             if not finished:
                 self._check_open()
@@ -315,24 +292,21 @@ class AsyncLLM:
                 self._streams.pop(request_id, None)
                 self._inbox.put(request_id)
 
-    async def _text(self, ids: list[int], params: SamplingParams) -> AsyncIterator[str]:
+    async def _text(
+        self, ids: list[int], params: SamplingParams, result: ResultBuilder | None = None
+    ) -> AsyncIterator[str]:
+        """The text pieces of a request, its outputs gathered into ``result``."""
+        result = result or ResultBuilder(len(ids), params.logprobs)
         async for out in self.outputs(ids, params):
-            if out.text:
-                yield out.text
+            text = result.add(out)
+            if text:
+                yield text
 
-    async def _complete(self, ids: list[int], params: SamplingParams) -> Completion:
-        text: list[str] = []
-        tokens: list[int] = []
-        logprobs: list[TokenLogprob] | None = [] if params.logprobs else None
-        reason = "abort"
-        async for out in self.outputs(ids, params):
-            text.append(out.text)
-            tokens.extend(out.new_token_ids)
-            if logprobs is not None and out.logprobs:
-                logprobs.extend(out.logprobs)
-            if out.finished:
-                reason = out.finish_reason or "stop"
-        return Completion("".join(text), tokens, reason, len(ids), len(tokens), logprobs)
+    async def _complete(self, ids: list[int], params: SamplingParams) -> GenerationResult:
+        result = ResultBuilder(len(ids), params.logprobs)
+        async for _ in self._text(ids, params, result):
+            pass
+        return result.result()
 
     async def stream(
         self,
@@ -343,17 +317,20 @@ class AsyncLLM:
         top_p: float = 0.95,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        *,
+        parse_special: bool = True,
         **options: object,
     ) -> AsyncIterator[str]:
         """Yield the generated text piece by piece (whole characters; a stop string is never
-        emitted). ``options`` are further :class:`~tallow.engine.SamplingParams` fields
-        (``min_p``, penalties, ``logit_bias``, ``stop_token_ids``, ``ignore_eos``,
-        ``logprobs``, ``top_logprobs``, ``speculative``) and one constraint on the output:
-        ``json_schema``, ``json_object``, ``regex``, ``choice`` or ``grammar`` (see
-        :mod:`tallow.structured`)."""
+        emitted). The arguments are those of :meth:`tallow.LLM.generate`, with the same
+        defaults: ``options`` are ``min_p``, penalties, ``logit_bias``, ``stop_token_ids``,
+        ``ignore_eos``, ``logprobs``, ``top_logprobs``, ``speculative`` and one constraint on
+        the output: ``json_schema``, ``json_object``, ``regex``, ``choice`` or ``grammar``
+        (see :mod:`tallow.structured`)."""
         self._check_open()
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
-        async for piece in self._text(self.prompt_ids(prompt), params):
+        ids = self._prompts.ids(prompt, parse_special=parse_special)
+        async for piece in self._text(ids, params):
             yield piece
 
     async def generate(
@@ -365,12 +342,15 @@ class AsyncLLM:
         top_p: float = 0.95,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
+        *,
+        parse_special: bool = True,
         **options: object,
-    ) -> Completion:
+    ) -> GenerationResult:
         """Generate a whole completion (see :meth:`stream` for the arguments)."""
         self._check_open()
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
-        return await self._complete(self.prompt_ids(prompt), params)
+        ids = self._prompts.ids(prompt, parse_special=parse_special)
+        return await self._complete(ids, params)
 
     async def chat_stream(
         self,
@@ -383,13 +363,18 @@ class AsyncLLM:
         stop: str | Sequence[str] | None = None,
         *,
         parse_special: bool = False,
+        tools: Sequence[Mapping[str, object]] | None = None,
+        tool_choice: object = None,
         **options: object,
     ) -> AsyncIterator[str]:
-        """Like :meth:`chat`, yielding the reply piece by piece."""
+        """Like :meth:`chat`, yielding the reply piece by piece; the text of tool calls is
+        not among the pieces."""
         self._check_open()
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
-        ids = self.chat_ids(messages, parse_special=parse_special)
-        async for piece in self._text(ids, params):
+        chat = self.chat_prompt(
+            messages, params, parse_special=parse_special, tools=tools, tool_choice=tool_choice
+        )
+        async for piece in self._text(chat.ids, chat.params):
             yield piece
 
     async def chat(
@@ -406,24 +391,16 @@ class AsyncLLM:
         tools: Sequence[Mapping[str, object]] | None = None,
         tool_choice: object = None,
         **options: object,
-    ) -> Completion:
-        """The assistant's reply to ``messages`` (``{"role", "content"}`` dicts), rendered with
-        the model's chat template; the reply ends at its end-of-turn token. Control-token text
-        in the messages stays text unless ``parse_special``. ``tools`` and ``tool_choice`` are
-        those of :meth:`tallow.LLM.chat`: the calls come back in ``tool_calls``. The other
-        arguments are those of :meth:`stream`."""
+    ) -> GenerationResult:
+        """The assistant's reply to ``messages``, as :meth:`tallow.LLM.chat` (the same
+        arguments and defaults): rendered with the model's chat template, ending at its
+        end-of-turn token; the calls of ``tools`` come back in ``tool_calls``."""
         self._check_open()
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
-        chat = self._prompts.chat(
+        chat = self.chat_prompt(
             messages, params, parse_special=parse_special, tools=tools, tool_choice=tool_choice
         )
-        done = await self._complete(chat.ids, chat.params)
-        if chat.tools is None:
-            return done
-        text, calls = chat.tools.parse(done.text)
-        if not calls:
-            return done
-        return replace(done, text=text, tool_calls=calls, finish_reason="tool_calls")
+        return await self._complete(chat.ids, chat.params)
 
     def stats(self) -> dict[str, float]:
         """KV pages total / used / free, tokens cached, slot utilization, running and waiting

@@ -3,8 +3,13 @@ time. Synchronous and single-threaded; :class:`tallow.AsyncLLM` runs it in a thr
 
 One step is: the scheduler picks the tokens (``Scheduler.schedule``), the model runs them as one
 ragged batch (``Model.forward``, GIL released), every request that needs a token samples it with
-its own sampler (``sample_batch``, parallel, per-request seeds), and the scheduler appends the
-tokens, checks stop conditions and frees the pages of finished requests (``Scheduler.update``).
+its own sampler (``sample_batch``, parallel, per-request seeds), the scheduler appends the
+tokens, checks the stop conditions of token ids and frees the pages of finished requests
+(``Scheduler.update``), and each request's output state turns its tokens into text, stop
+strings and tool calls included (:mod:`tallow.output`).
+
+Everything a request carries lives on its :class:`EngineRequest`: what the scheduler tracks,
+its sampler, its speculation and its output state.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +29,8 @@ from tallow import _core, checks
 from tallow._progress import format_bytes
 from tallow.catalog import resolve_model
 from tallow.errors import InvalidArgumentError, TallowError
-from tallow.scheduler import Request, RequestOutput, Scheduler, Step, TokenLogprob
+from tallow.output import OutputState, RequestOutput, SampledRow
+from tallow.scheduler import Request, Scheduler, SchedulerOutput, Step
 from tallow.speculative import (
     DraftModelProposer,
     DraftRequest,
@@ -34,11 +40,9 @@ from tallow.speculative import (
     speculative_config,
 )
 from tallow.structured import STRUCTURED_OPTIONS, Structured, structured_output
+from tallow.tools import ToolUse
 
-__all__ = ["Engine", "EngineConfig", "SamplingParams", "sampling_params"]
-
-SampledRow = tuple[int, float, list[tuple[int, float]]]
-"""A sampled token, its log probability and the most likely tokens with theirs."""
+__all__ = ["Engine", "EngineConfig", "EngineRequest", "SamplingParams", "sampling_params"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,9 @@ class SamplingParams:
     structured: Structured | None = None
     """What the output must match (a JSON schema, a regular expression, a choice, a
     grammar); see :mod:`tallow.structured`."""
+    tools: ToolUse | None = None
+    """The tools a chat reply may call (set by :meth:`tallow.prompt.Prompts.chat`): their
+    calls are held back from the text and parsed (see :mod:`tallow.tools`)."""
 
     def check_constraint(self) -> None:
         """Raises :class:`InvalidArgumentError` where the constraint on the output cannot
@@ -324,6 +331,18 @@ def _check_pool_fits(pages: int, page_bytes: int, asked: str) -> None:
         )
 
 
+@dataclass(eq=False, kw_only=True)
+class EngineRequest(Request):
+    """A request as the engine holds it: the scheduler's part (:class:`Request`, whose
+    ``params`` are the request's :class:`SamplingParams`), its sampler, its speculation and
+    its output state."""
+
+    sampler: _core.Sampler = field(repr=False)
+    speculation: tuple[str, int] | None = None
+    """(method, draft tokens per step) when the request speculates."""
+    output: OutputState = field(repr=False)
+
+
 class Engine:
     """A model with its KV pool and scheduler. Not thread-safe: one thread drives it."""
 
@@ -357,7 +376,6 @@ class Engine:
             max_tokens_per_step=config.max_tokens_per_step,
             eog_ids=model.eog_ids,
             max_model_len=self.n_ctx,
-            decoder_factory=model.stream_decoder,
             prefix_caching=config.prefix_caching,
         )
         self.speculative = speculative_config(config.speculative)
@@ -379,10 +397,7 @@ class Engine:
                     ),
                     page_size=config.page_size,
                 )
-        self._speculate: dict[str, tuple[str, int]] = {}
-        """(method, tokens) of the requests that speculate."""
-        self._samplers: dict[str, _core.Sampler] = {}
-        self._logprobs: set[str] = set()
+        self._requests: dict[str, EngineRequest] = {}
         # (time, tokens computed) of recent steps, for the throughput in stats().
         self._recent: deque[tuple[float, int]] = deque(maxlen=64)
         self.tokens_computed = 0
@@ -405,17 +420,24 @@ class Engine:
     ) -> None:
         """Queue a request, with ``sampler`` or a new one from ``params`` (so bad parameters
         raise here)."""
-        if request_id in self._samplers:
+        if request_id in self._requests:
             raise InvalidArgumentError(f"request {request_id!r} is already in the engine")
         checks.token_ids("prompt", prompt_token_ids, self.model.n_vocab)
-        sampler = sampler or params.new_sampler(self.model)
-        speculate = self._speculation(params)
-        self.scheduler.add(Request(request_id, list(prompt_token_ids), params))
-        self._samplers[request_id] = sampler
-        if params.logprobs:
-            self._logprobs.add(request_id)
-        if speculate is not None:
-            self._speculate[request_id] = speculate
+        request = EngineRequest(
+            request_id,
+            list(prompt_token_ids),
+            params,
+            sampler=sampler or params.new_sampler(self.model),
+            speculation=self._speculation(params),
+            output=OutputState(
+                self.model.stream_decoder(),
+                params.stop,
+                logprobs=params.logprobs,
+                tools=params.tools,
+            ),
+        )
+        self.scheduler.add(request)
+        self._requests[request_id] = request
 
     def _speculation(self, params: SamplingParams) -> tuple[str, int] | None:
         """(method, tokens) of a request's speculation, or None. What the request leaves out
@@ -453,7 +475,7 @@ class Engine:
         proposals = self._propose()
         step = self.scheduler.schedule({r: p.tokens for r, p in proposals.items()})
         sampled: dict[str, list[SampledRow]] = {}
-        failed: dict[str, str] = {}
+        failed: dict[str, TallowError] = {}
         if step:
             try:
                 if self._greedy_on_device(step):
@@ -463,28 +485,42 @@ class Engine:
                     logits = self.model.forward(self.kv, step.batch())
                     sampled, failed = self._sample(step, logits, proposals)
             except TallowError as e:
-                return self._forget(self.scheduler.fail(step, str(e)))
+                return self._process(self.scheduler.fail(step, e), {})
             self.tokens_computed += step.num_tokens
             self._recent.append((time.perf_counter(), step.num_tokens))
         outputs = self.scheduler.update(
             step, {r: [t[0] for t in rows] for r, rows in sampled.items()}, failed
         )
-        for i, out in enumerate(outputs):
-            if out.new_token_ids and out.request_id in self._logprobs:
-                rows = sampled[out.request_id][: len(out.new_token_ids)]
-                outputs[i] = replace(out, logprobs=[TokenLogprob(*row) for row in rows])
-        return self._forget(outputs)
+        return self._process(outputs, sampled)
+
+    def _process(
+        self, outputs: list[SchedulerOutput], sampled: Mapping[str, list[SampledRow]]
+    ) -> list[RequestOutput]:
+        """Each request's output state turns its tokens into text; a request whose stop string
+        matched ends now, and finished requests are forgotten."""
+        results = []
+        for out in outputs:
+            req = self._requests[out.request_id]
+            result = req.output.process(out, sampled.get(out.request_id, ()))
+            if result.finished:
+                if not out.finished:
+                    self.scheduler.stop(out.request_id)
+                del self._requests[out.request_id]
+                if req.speculation is not None:
+                    self._proposers[req.speculation[0]].finish(out.request_id)
+            results.append(result)
+        return results
 
     def _propose(self) -> dict[str, Proposal]:
         """Draft tokens for the decoding requests that speculate, by method."""
-        if not self._speculate:
+        if not self._proposers:
             return {}
         wanted: dict[str, list[DraftRequest]] = {}
         for req in self.scheduler.decoding():
-            speculate = self._speculate.get(req.request_id)
-            if speculate is None or req.abort_pending:
+            assert isinstance(req, EngineRequest)
+            if req.speculation is None or req.abort_pending:
                 continue
-            method, k = speculate
+            method, k = req.speculation
             p = req.params
             assert isinstance(p, SamplingParams)
             wanted.setdefault(method, []).append(
@@ -508,7 +544,7 @@ class Engine:
         """Whether every request that takes tokens in ``step`` takes the argmax and nothing
         more: then the device picks them and only one token per row comes back."""
         ids = step.sample_ids
-        return bool(ids) and all(self._samplers[r].is_plain_greedy for r in ids)
+        return bool(ids) and all(self._requests[r].sampler.is_plain_greedy for r in ids)
 
     def _take_argmax(
         self, step: Step, argmaxes: npt.NDArray[np.uint32]
@@ -521,7 +557,7 @@ class Engine:
             if not chunk.logits:
                 continue
             rows = argmaxes[row : row + chunk.n_rows].tolist()
-            sampled[chunk.request_id] = self._samplers[chunk.request_id].take_argmax(
+            sampled[chunk.request_id] = self._requests[chunk.request_id].sampler.take_argmax(
                 rows, chunk.draft
             )
             row += chunk.n_rows
@@ -529,7 +565,7 @@ class Engine:
 
     def _sample(
         self, step: Step, logits: npt.NDArray[np.float32], proposals: dict[str, Proposal]
-    ) -> tuple[dict[str, list[SampledRow]], dict[str, str]]:
+    ) -> tuple[dict[str, list[SampledRow]], dict[str, TallowError]]:
         """The tokens of every request in ``step``: verification for chunks with a draft, one
         batched draw for the others; and the error of each request that could not take one
         (its constraint failed)."""
@@ -546,35 +582,24 @@ class Engine:
                 q = None if probs is None else np.ascontiguousarray(probs[: len(chunk.draft)])
                 block = logits[row : row + chunk.n_rows]
                 try:
-                    sampled[chunk.request_id] = self._samplers[chunk.request_id].verify(
+                    sampled[chunk.request_id] = self._requests[chunk.request_id].sampler.verify(
                         block, chunk.draft, q
                     )
                 except TallowError as e:
-                    failed[chunk.request_id] = str(e)
+                    failed[chunk.request_id] = e
             else:
                 plain_ids.append(chunk.request_id)
                 plain_rows.append(row)
             row += chunk.n_rows
         if plain_ids:
             rows = logits if len(plain_rows) == row else logits[plain_rows]
-            drawn = _core.sample_batch([self._samplers[r] for r in plain_ids], rows)
+            drawn = _core.sample_batch([self._requests[r].sampler for r in plain_ids], rows)
             for r, one in zip(plain_ids, drawn, strict=True):
                 if isinstance(one, TallowError):
-                    failed[r] = str(one)
+                    failed[r] = one
                 else:
                     sampled[r] = [one]
         return sampled, failed
-
-    def _forget(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
-        """Drop the samplers of the requests that finished in ``outputs``."""
-        for out in outputs:
-            if out.finished:
-                self._samplers.pop(out.request_id, None)
-                self._logprobs.discard(out.request_id)
-                speculate = self._speculate.pop(out.request_id, None)
-                if speculate is not None:
-                    self._proposers[speculate[0]].finish(out.request_id)
-        return outputs
 
     def stats(self) -> dict[str, float]:
         """KV pages total / used / free, tokens cached, slot utilization, running and waiting

@@ -6,12 +6,9 @@ import itertools
 import math
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -27,14 +24,11 @@ from tallow.engine import (
     load_model,
     sampling_params,
 )
-from tallow.errors import InvalidArgumentError, ModelError
+from tallow.errors import InvalidArgumentError
+from tallow.output import GenerationResult, RequestOutput, ResultBuilder
 from tallow.prompt import Prompts
-from tallow.scheduler import RequestOutput, TokenLogprob
-from tallow.tools import ToolCall, ToolStream, ToolUse
 
 __all__ = ["LLM", "GenerationResult", "TextStream"]
-
-FinishReason = Literal["stop", "length", "tool_calls"]
 
 # Streams of one LLM that may be open at once (interleaved generators share engine steps).
 _MAX_STREAMS = 4
@@ -43,35 +37,6 @@ _PAGE_SIZE = 16
 # Rows of logits converted to float64 at a time by perplexity(), to bound memory for large
 # vocabularies.
 _PPL_ROWS = 32
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """The outcome of :meth:`LLM.generate` (and of a finished :class:`TextStream`)."""
-
-    text: str
-    """The generated text, without the prompt and without the stop string (if one matched)."""
-    token_ids: list[int] = field(default_factory=list)
-    """Every sampled token, in order. An end-of-generation token is not included; when a stop
-    string matched, the tokens that spelled it are included although its text is not."""
-    finish_reason: FinishReason = "length"
-    """``"stop"``: an end-of-generation token was sampled or a stop string matched;
-    ``"length"``: ``max_tokens`` was reached or the context is full; ``"tool_calls"``: the
-    reply ended with calls of the tools (:attr:`tool_calls`)."""
-    prompt_tokens: int = 0
-    """Number of prompt tokens (including BOS when the model adds one)."""
-    completion_tokens: int = 0
-    """Number of generated tokens (``len(token_ids)``)."""
-    prompt_seconds: float = 0.0
-    """Wall time spent evaluating the prompt."""
-    completion_seconds: float = 0.0
-    """Wall time spent generating after the prompt."""
-    logprobs: list[TokenLogprob] | None = None
-    """With the ``logprobs`` option: each generated token's log probability (and the most
-    likely tokens with theirs, with ``top_logprobs``), one per token of :attr:`token_ids`."""
-    tool_calls: list[ToolCall] | None = None
-    """The calls of the tools the reply made (:meth:`LLM.chat` with ``tools``); :attr:`text`
-    is then the reply's text outside them."""
 
 
 class TextStream(Iterator[str]):
@@ -318,45 +283,21 @@ class LLM:
         with self._lock:
             self._open_engine().add(request_id, prompt_ids, params, sampler)
             self._outputs[request_id] = deque()
-        token_ids: list[int] = []
-        logprobs: list[TokenLogprob] | None = [] if params.logprobs else None
-        chunks: list[str] = []
-        finish: FinishReason = "length"
-        t0 = time.perf_counter()
-        t1: float | None = None
+        result = ResultBuilder(len(prompt_ids), params.logprobs)
         finished = False
         try:
             while not finished:
                 out = self._next_output(request_id)
-                t1 = t1 or time.perf_counter()
-                token_ids.extend(out.new_token_ids)
-                if logprobs is not None and out.logprobs:
-                    logprobs.extend(out.logprobs)
                 finished = out.finished
-                if finished:
-                    if out.error is not None and not token_ids and params.max_tokens != 0:
-                        raise ModelError(out.error)
-                    finish = "stop" if out.finish_reason == "stop" else "length"
-                if out.text:
-                    chunks.append(out.text)
-                    yield out.text
+                text = result.add(out)
+                if text:
+                    yield text
         finally:
             with self._lock:
                 del self._outputs[request_id]
                 if not finished and self._engine is not None:
                     self._engine.abort(request_id)
-        t2 = time.perf_counter()
-        t1 = t1 or t2
-        return GenerationResult(
-            text="".join(chunks),
-            token_ids=token_ids,
-            finish_reason=finish,
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=len(token_ids),
-            prompt_seconds=t1 - t0,
-            completion_seconds=t2 - t1,
-            logprobs=logprobs,
-        )
+        return result.result()
 
     def stream(
         self,
@@ -377,8 +318,7 @@ class LLM:
         emitted. The arguments are checked before this returns.
         """
         params = sampling_params(max_tokens, temperature, top_k, top_p, seed, stop, **options)
-        parse = checks.boolean("parse_special", parse_special)
-        ids = self._prompts.ids(prompt, parse_special=parse)
+        ids = self._prompts.ids(prompt, parse_special=parse_special)
         return TextStream(self._completion(ids, params))
 
     def generate(
@@ -456,10 +396,7 @@ class LLM:
         chat = self._prompts.chat(
             messages, params, parse_special=parse_special, tools=tools, tool_choice=tool_choice
         )
-        completion = self._completion(chat.ids, chat.params)
-        if chat.tools is not None:
-            completion = _with_tool_calls(completion, chat.tools)
-        return TextStream(completion)
+        return TextStream(self._completion(chat.ids, chat.params))
 
     def chat(
         self,
@@ -560,35 +497,6 @@ class LLM:
             if progress is not None:
                 progress(i + 1, n_chunks, math.exp(nll / count))
         return math.exp(nll / count)
-
-
-def _with_tool_calls(
-    completion: Generator[str, None, GenerationResult], use: ToolUse
-) -> Generator[str, None, GenerationResult]:
-    """``completion`` with the text of the tool calls held back from its pieces and parsed
-    into its result."""
-    stream = ToolStream(use)
-    shown: list[str] = []
-    try:
-        while True:
-            try:
-                piece = stream.feed(next(completion))
-            except StopIteration as done:
-                result: GenerationResult = done.value
-                break
-            if piece:
-                shown.append(piece)
-                yield piece
-    finally:
-        completion.close()  # closed early: the request is aborted
-    rest, calls = stream.finish()
-    if rest:
-        yield rest
-    if not calls:
-        return result
-    # The text outside the calls is what the stream showed.
-    text = "".join(shown) + rest
-    return replace(result, text=text, tool_calls=calls, finish_reason="tool_calls")
 
 
 def _nll_sum(logits: npt.NDArray[np.float32], targets: npt.NDArray[np.int64]) -> float:

@@ -12,19 +12,18 @@ from tallow import _core, checks
 from tallow.chat_template import ChatTemplate
 from tallow.engine import SamplingParams
 from tallow.errors import InvalidArgumentError, ModelError
-from tallow.tools import ToolUse, tool_use
+from tallow.tools import tool_use
 
 __all__ = ["ChatPrompt", "Prompts"]
 
 
 @dataclass(frozen=True)
 class ChatPrompt:
-    """A chat request ready for the engine: its prompt, its parameters (constrained where
-    tool calls are required) and its tools."""
+    """A chat request ready for the engine: its prompt, and its parameters with its tools
+    (constrained where a tool call is required)."""
 
     ids: list[int]
     params: SamplingParams
-    tools: ToolUse | None = None
 
 
 class Prompts:
@@ -63,13 +62,14 @@ class Prompts:
         """The text of token ids (the inverse of :meth:`tokenize` without special tokens)."""
         return self.model.detokenize(checks.token_ids("ids", ids, self.model.n_vocab))
 
-    def ids(self, prompt: object, *, parse_special: bool = True) -> list[int]:
+    def ids(self, prompt: object, *, parse_special: object = True) -> list[int]:
         """The token ids ``prompt`` runs as. Text is tokenized (control-token text such as
         ``<|im_start|>`` parsed as those tokens when ``parse_special``) and starts with BOS when
         the model's metadata asks for it, or when it is empty (BOS is then the whole prompt);
         token ids are checked against the vocabulary and used as they are."""
         if isinstance(prompt, str):
-            ids = self.model.tokenize(checks.text("prompt", prompt), False, parse_special)
+            parse = checks.boolean("parse_special", parse_special)
+            ids = self.model.tokenize(checks.text("prompt", prompt), False, parse)
             bos = self.model.bos_id
             if bos is not None and (self.model.add_bos or not ids):
                 ids = [bos, *ids]
@@ -91,23 +91,24 @@ class Prompts:
         tool_choice: object = None,
     ) -> ChatPrompt:
         """A chat request: the prompt of ``messages`` with ``tools`` described to the model
-        (see :mod:`tallow.tools`), and ``params`` constrained to the model's call syntax where
-        ``tool_choice`` requires or names a call (which no other constraint may join)."""
+        (see :mod:`tallow.tools`), and ``params`` with the tools whose calls the reply's text
+        is parsed for, constrained to the model's call syntax where ``tool_choice`` requires or
+        names a call (which no other constraint may join)."""
         use = tool_use(tools, tool_choice, self.chat_template.source)
-        constraint = None if use is None else use.constraint()
-        if constraint is not None:
-            if params.structured is not None:
+        if use is not None:
+            constraint = use.constraint()
+            if constraint is not None and params.structured is not None:
                 raise InvalidArgumentError(
-                    f"tool_choice {use.choice!r} constrains the reply already: it cannot be "  # type: ignore[union-attr]
+                    f"tool_choice {use.choice!r} constrains the reply already: it cannot be "
                     f"combined with {params.structured.kind}"
                 )
-            params = replace(params, structured=constraint)
+            params = replace(params, tools=use, structured=constraint or params.structured)
         ids = self.chat_ids(
             messages,
             parse_special=checks.boolean("parse_special", parse_special),
             tools=None if use is None else use.tools,
         )
-        return ChatPrompt(ids, params, use)
+        return ChatPrompt(ids, params)
 
     def chat_ids(
         self,

@@ -3,8 +3,7 @@
 Plain synchronous Python with explicit inputs and outputs and no I/O (the shape of vLLM's v1
 ``SchedulerInterface``), so it is tested without a model::
 
-    sched = Scheduler(kv, max_num_seqs=16, max_tokens_per_step=512, eog_ids=model.eog_ids,
-                      decoder_factory=model.stream_decoder)
+    sched = Scheduler(kv, max_num_seqs=16, max_tokens_per_step=512, eog_ids=model.eog_ids)
     sched.add(Request("a", prompt_ids, params))
     while sched.has_work():
         step = sched.schedule()                 # reserves the step's KV positions
@@ -46,10 +45,10 @@ leaving no room for a token) finishes at once the same way, with no tokens. Page
 are freed the moment it finishes or is aborted.
 
 **Stops** (checked in ``update``): a stop token id, or an end-of-generation id unless
-``ignore_eos``, ends with ``"stop"`` and is not part of the output; a stop string ends with
-``"stop"``, its tokens are part of the output but its text is not, and text that may be the
-start of a stop string is held back until it is known not to be one; ``max_tokens`` or
-``max_model_len`` end with ``"length"``. An aborted request ends with ``"abort"``.
+``ignore_eos``, ends with ``"stop"`` and is not part of the output; ``max_tokens`` or
+``max_model_len`` end with ``"length"``. An aborted request ends with ``"abort"``. The scheduler
+sees token ids only: text, and so stop strings, are the output processor's
+(:mod:`tallow.output`), which ends a request whose stop string matched with :meth:`stop`.
 
 The scheduler assumes it alone creates, grows and frees the sequences of ``kv``.
 """
@@ -59,23 +58,22 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
-from tallow.errors import InvalidArgumentError
-from tallow.stopping import StopMatcher, StopParams, TokenDecoder
+from tallow.errors import InvalidArgumentError, ModelError, TallowError
+from tallow.stopping import StopParams
 
 __all__ = [
     "FinishReason",
     "PagePool",
     "Request",
-    "RequestOutput",
     "RequestStatus",
     "ScheduledChunk",
     "Scheduler",
+    "SchedulerOutput",
     "Step",
-    "TokenLogprob",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -173,9 +171,9 @@ class Request:
     """One generation request.
 
     ``params`` is opaque to the scheduler except for the fields of
-    :class:`~tallow.stopping.StopParams` (``max_tokens``, ``stop``, ``stop_token_ids``,
-    ``ignore_eos``); the engine keeps its sampling settings there. The other fields are set
-    by the scheduler.
+    :class:`~tallow.stopping.StopParams` (``max_tokens``, ``stop_token_ids``, ``ignore_eos``);
+    the engine keeps its sampling settings there. The other fields are set by the scheduler
+    (the engine's requests add their own state: see :class:`tallow.engine.EngineRequest`).
     """
 
     request_id: str
@@ -193,12 +191,10 @@ class Request:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
-    """The stop string or stop token id that ended the request."""
-    error: str | None = None
+    """The stop token id that ended the request."""
+    error: TallowError | None = None
     """Why the request could not run to a normal end (the pool or context is too small)."""
     abort_pending: bool = field(default=False, repr=False)
-    decoder: TokenDecoder | None = field(default=None, repr=False)
-    matcher: StopMatcher | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -274,31 +270,20 @@ class Step:
 
 
 @dataclass(frozen=True)
-class RequestOutput:
-    """What one :meth:`Scheduler.update` produced for one request."""
+class SchedulerOutput:
+    """What one :meth:`Scheduler.update` produced for one request (token ids only: the output
+    processor, :mod:`tallow.output`, turns them into text)."""
 
     request_id: str
     new_token_ids: list[int]
-    """Tokens generated in this step (0 or 1)."""
-    text: str
-    """New text (empty without a ``decoder_factory``); held-back text comes out later."""
+    """Tokens generated in this step (several when a draft was accepted)."""
     finished: bool
     finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None
-    error: str | None = None
-    logprobs: list[TokenLogprob] | None = None
-    """For each new token: its log probability and the most likely alternatives (filled in
-    by the engine when the request asks for log probabilities)."""
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """The log probability of a generated token, and the ``top_logprobs`` most likely tokens
-    at its position with theirs (most likely first)."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
+    stop_reason: int | None = None
+    """The stop or end-of-generation token id that ended the request."""
+    error: TallowError | None = None
+    """Why the request failed (``"abort"``), or why it ended short (``"length"``: the pool or
+    the context is too small)."""
 
 
 @dataclass
@@ -318,8 +303,6 @@ class Scheduler:
     - ``eog_ids``: the model's end-of-generation token ids (EOS, end of turn).
     - ``max_model_len``: most tokens per request, prompt plus generated (the model's
       context); ``None``: no limit.
-    - ``decoder_factory``: a new incremental detokenizer per request (``model.stream_decoder``
-      or ``lambda: DetokenizeDecoder(detokenize)``); needed for stop strings and text output.
     - ``prefix_caching``: admit a request with the KV of the longest cached prefix of its
       tokens (whole pages, the last token always computed), and commit the tokens of every
       step so the pages they fill are cached (see :mod:`tallow._core`'s ``KvCache``).
@@ -333,7 +316,6 @@ class Scheduler:
         max_tokens_per_step: int = 512,
         eog_ids: Iterable[int] = (),
         max_model_len: int | None = None,
-        decoder_factory: Callable[[], TokenDecoder] | None = None,
         prefix_caching: bool = True,
     ) -> None:
         for name, value in (
@@ -353,7 +335,6 @@ class Scheduler:
         self.max_tokens_per_step = max_tokens_per_step
         self.eog_ids = frozenset(eog_ids)
         self.max_model_len = max_model_len
-        self.decoder_factory = decoder_factory
         self.prefix_caching = prefix_caching
         self.num_preemptions = 0
         """Preemptions so far."""
@@ -369,7 +350,7 @@ class Scheduler:
         self._requests: dict[str, Request] = {}
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
-        self._pending: list[RequestOutput] = []
+        self._pending: list[SchedulerOutput] = []
         self._inflight: Step | None = None
         self._arrivals = 0
         self._steps = 0
@@ -432,22 +413,16 @@ class Scheduler:
         params = request.params
         if params.max_tokens is not None and params.max_tokens < 0:
             raise InvalidArgumentError(f"max_tokens must be >= 0, got {params.max_tokens}")
-        stops = tuple(params.stop)
-        if stops and self.decoder_factory is None:
-            raise InvalidArgumentError("stop strings need a scheduler with a decoder_factory")
         request.prompt_token_ids = list(request.prompt_token_ids)
         request.arrival = self._arrivals
         self._arrivals += 1
-        if self.decoder_factory is not None:
-            request.decoder = self.decoder_factory()
-            request.matcher = StopMatcher(stops)
         self._requests[request.request_id] = request
         if params.max_tokens == 0:
             self._pending.append(self._finish(request, "length"))
             return
         error = self._never_fits(request)
         if error is not None:
-            self._pending.append(self._finish(request, "length", error=error))
+            self._pending.append(self._finish(request, "length", error=ModelError(error)))
             return
         self._waiting.append(request)
 
@@ -511,7 +486,7 @@ class Scheduler:
                             f"the KV pool ({self.kv.n_pages} pages of {self._page_size} tokens) "
                             f"is full with this request alone"
                         )
-                        self._pending.append(self._finish(req, "length", error=full))
+                        self._pending.append(self._finish(req, "length", error=ModelError(full)))
                         break
                     refund, freed = self._preempt(victim, planned, step)
                     budget += refund
@@ -539,7 +514,7 @@ class Scheduler:
             error = self._never_fits(req)
             if error is not None:
                 self._waiting.popleft()
-                self._pending.append(self._finish(req, "length", error=error))
+                self._pending.append(self._finish(req, "length", error=ModelError(error)))
                 continue
             tokens = req.token_slice(0, req.num_tokens)
             # The last token is always computed: its logits give the next token.
@@ -583,8 +558,8 @@ class Scheduler:
         self,
         step: Step,
         sampled: Mapping[str, Sampled] | Sequence[Sampled],
-        failed: Mapping[str, str] | None = None,
-    ) -> list[RequestOutput]:
+        failed: Mapping[str, TallowError] | None = None,
+    ) -> list[SchedulerOutput]:
         """Take the tokens sampled for ``step`` (by request id, or aligned with the
         ``step.sample_ids`` not in ``failed``): one token per request, or for a chunk with a
         draft the accepted draft tokens then one more. The requests of ``failed`` could not
@@ -647,23 +622,23 @@ class Scheduler:
                 outputs.append(self._append_all(req, chunk, tokens[chunk.request_id]))
         return outputs
 
-    def _append_all(self, req: Request, chunk: ScheduledChunk, tokens: list[int]) -> RequestOutput:
+    def _append_all(
+        self, req: Request, chunk: ScheduledChunk, tokens: list[int]
+    ) -> SchedulerOutput:
         """Append the tokens sampled for ``chunk`` one by one, stopping where one ends the
         request; one output for them all."""
         known = chunk.start_pos + len(chunk.token_ids) - len(chunk.draft)
         new: list[int] = []
-        text: list[str] = []
         for j, token in enumerate(tokens):
             # Positions with KV before this token: the known ones and the accepted draft.
             req.num_computed = known + j
             out = self._append(req, token)
             new += out.new_token_ids
-            text.append(out.text)
             if out.finished:
-                return replace(out, new_token_ids=new, text="".join(text))
-        return RequestOutput(req.request_id, new, "".join(text), False)
+                return replace(out, new_token_ids=new)
+        return SchedulerOutput(req.request_id, new, False)
 
-    def fail(self, step: Step, error: str) -> list[RequestOutput]:
+    def fail(self, step: Step, error: TallowError) -> list[SchedulerOutput]:
         """Instead of :meth:`update`, when ``step`` could not be computed: end every request in
         it with reason ``"abort"`` and ``error``, freeing its pages (the positions the step
         reserved included). Requests outside the step are untouched. Returns the outputs, with
@@ -677,6 +652,16 @@ class Scheduler:
             if req is not None:
                 outputs.append(self._finish(req, "abort", error=error))
         return outputs
+
+    def stop(self, request_id: str) -> None:
+        """End a request that its output processor stopped (a stop string matched in the
+        tokens of the last :meth:`update`): its pages are freed now, and no output comes for
+        it (the processor made its last one)."""
+        if self._inflight is not None:
+            raise RuntimeError("stop() comes between update() and the next schedule()")
+        req = self._requests.get(request_id)
+        if req is not None:
+            self._finish(req, "stop")
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -746,10 +731,9 @@ class Scheduler:
         reason: FinishReason,
         *,
         new: Sequence[int] = (),
-        text: str = "",
-        stop_reason: str | int | None = None,
-        error: str | None = None,
-    ) -> RequestOutput:
+        stop_reason: int | None = None,
+        error: TallowError | None = None,
+    ) -> SchedulerOutput:
         """End ``req`` now: free its pages, drop it from the queues; return its output."""
         if req.seq is not None:
             self.kv.free(req.seq)
@@ -758,11 +742,6 @@ class Scheduler:
             self._running.remove(req)
         elif req in self._waiting:
             self._waiting.remove(req)
-        if reason in ("stop", "length") and stop_reason is None:
-            tail, stopped = self._flush(req)
-            text += tail
-            if stopped and req.matcher is not None:
-                reason, stop_reason = "stop", req.matcher.matched
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.stop_reason = stop_reason
@@ -770,32 +749,16 @@ class Scheduler:
         req.abort_pending = False
         del self._requests[req.request_id]
         self.num_finished += 1
-        return RequestOutput(req.request_id, list(new), text, True, reason, stop_reason, error)
+        return SchedulerOutput(req.request_id, list(new), True, reason, stop_reason, error)
 
-    @staticmethod
-    def _flush(req: Request) -> tuple[str, bool]:
-        """The held-back text at the end of a request, and whether it completed a stop."""
-        if req.decoder is None or req.matcher is None or req.matcher.stopped:
-            return "", False
-        out = req.matcher.push(req.decoder.finish())
-        return out + req.matcher.flush(), req.matcher.stopped
-
-    def _append(self, req: Request, token: int) -> RequestOutput:
+    def _append(self, req: Request, token: int) -> SchedulerOutput:
         """Add a sampled token to ``req`` and check its stop conditions."""
         params = req.params
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eog_ids):
-            tail, _ = self._flush(req)
-            return self._finish(req, "stop", text=tail, stop_reason=token)
+            return self._finish(req, "stop", stop_reason=token)
         req.output_token_ids.append(token)
-        text = ""
-        if req.decoder is not None and req.matcher is not None:
-            text = req.matcher.push(req.decoder.push(token))
-            if req.matcher.stopped:
-                return self._finish(
-                    req, "stop", new=[token], text=text, stop_reason=req.matcher.matched
-                )
         if (params.max_tokens is not None and len(req.output_token_ids) >= params.max_tokens) or (
             self.max_model_len is not None and req.num_tokens >= self.max_model_len
         ):
-            return self._finish(req, "length", new=[token], text=text)
-        return RequestOutput(req.request_id, [token], text, False)
+            return self._finish(req, "length", new=[token])
+        return SchedulerOutput(req.request_id, [token], False)

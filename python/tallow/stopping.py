@@ -1,4 +1,5 @@
-"""Stop conditions shared by :class:`tallow.LLM` and the continuous batcher.
+"""Stop conditions: those of text for the output processor (:mod:`tallow.output`), those of
+token ids for the continuous batcher (:mod:`tallow.scheduler`).
 
 - :class:`StopMatcher` finds stop strings in streamed text, across token boundaries, and holds
   back text that may be the start of one.
@@ -141,11 +142,6 @@ class StopParams(Protocol):
         ...
 
     @property
-    def stop(self) -> Sequence[str]:
-        """Stop strings: the text ends just before the first match, which is not emitted."""
-        ...
-
-    @property
     def stop_token_ids(self) -> Sequence[int]:
         """Token ids that end the generation (not included in the output)."""
         ...
@@ -161,6 +157,5 @@ class StopConditions:
     """A plain :class:`StopParams`."""
 
     max_tokens: int | None = 16
-    stop: Sequence[str] = ()
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False

@@ -28,8 +28,8 @@ from starlette.types import Receive, Scope, Send
 from tallow.async_llm import AsyncLLM
 from tallow.engine import SamplingParams
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
+from tallow.output import RequestOutput, TokenLogprob
 from tallow.prompt import ChatPrompt
-from tallow.scheduler import RequestOutput, TokenLogprob
 from tallow.server.metrics import CONTENT_TYPE, Metrics
 from tallow.server.protocol import (
     APIError,
@@ -43,7 +43,7 @@ from tallow.server.protocol import (
     usage,
 )
 from tallow.server.security import security_middleware
-from tallow.tools import ToolCall, ToolStream
+from tallow.tools import ToolCall
 
 __all__ = ["ServerOptions", "create_app"]
 
@@ -74,6 +74,7 @@ class _Choice:
     tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    tool_calls: list[ToolCall] | None = None
     offset: int = 0
     """Characters of the token texts reported so far (``text_offset`` of completions)."""
 
@@ -207,9 +208,15 @@ class _Server:
             return _EventStream(
                 lambda emit: self._stream(emit, kind, req, response_id, choices, prompts, arrival)
             )
-        completed = await _unless_disconnected(request, lambda: self._run(choices, arrival, None))
-        if not completed:
+        failure: list[TallowError | None] = []
+
+        async def run() -> None:
+            failure.append(await self._run(choices, arrival, None))
+
+        if not await _unless_disconnected(request, run):
             return Response(status_code=499)
+        if failure[0] is not None:
+            return error_response(self._failure(req, failure[0]))
         completion_tokens = sum(c.tokens for c in choices)
         return JSONResponse(
             {
@@ -274,10 +281,17 @@ class _Server:
             # Compiled here so that a bad one is a 400 (and kept compiled for the requests).
             try:
                 structured.compile(self.llm.model)
-            except InvalidArgumentError as e:  # GrammarError, or a schema Rust cannot read
-                field = req.structured_field or ("tools" if req.tool_use else "response_format")
-                raise invalid(field, str(e)) from None
+            except InvalidArgumentError as e:  # GrammarError
+                raise invalid(_constraint_field(req), str(e)) from None
         return req, prompts
+
+    @staticmethod
+    def _failure(req: GenerationRequest, error: TallowError) -> APIError:
+        """The answer to a request whose generation failed: a 400 where its constraint could
+        not go on (a grammar beyond the limits on its work), a 500 where the model failed."""
+        if isinstance(error, InvalidArgumentError):
+            return invalid(_constraint_field(req), str(error))
+        return APIError(500, str(error), type="server_error")
 
     def _chat_prompt(self, req: GenerationRequest) -> ChatPrompt:
         """The chat request's prompt and parameters, its tools checked (each problem a 400
@@ -306,7 +320,7 @@ class _Server:
             if req.messages is not None:
                 chat = self._chat_prompt(req)
                 prompts = [chat.ids]
-                req.params, req.tool_use = chat.params, chat.tools
+                req.params = chat.params
             else:
                 prompts = [self.llm.prompt_ids(p) for p in req.prompts]
         except InvalidArgumentError as e:
@@ -330,8 +344,9 @@ class _Server:
         choices: list[_Choice],
         arrival: float,
         on_output: Callable[[_Choice, RequestOutput], Awaitable[None]] | None,
-    ) -> None:
-        """Run every choice to its end, concurrently, recording what each produced."""
+    ) -> TallowError | None:
+        """Run every choice to its end, concurrently, recording what each produced; return
+        the error of the first that failed, if one did."""
         failures: list[TallowError] = []
 
         async def one(choice: _Choice) -> None:
@@ -353,7 +368,8 @@ class _Server:
                     if out.logprobs:
                         choice.logprobs.extend(out.logprobs)
                     if out.finished:
-                        choice.finish_reason = "stop" if out.finish_reason == "stop" else "length"
+                        choice.finish_reason = out.finish_reason
+                        choice.tool_calls = out.tool_calls
                         self.metrics.request_duration.observe(now - arrival)
                     if on_output is not None:
                         await on_output(choice, out)
@@ -363,8 +379,7 @@ class _Server:
         async with anyio.create_task_group() as tg:
             for choice in choices:
                 tg.start_soon(one, choice)
-        if failures:
-            raise failures[0]
+        return failures[0] if failures else None
 
     async def _stream(
         self,
@@ -406,23 +421,9 @@ class _Server:
                     )
                 )
 
-        # With tools, the text of a call is held back and sent parsed at the end.
-        tool_streams = {
-            c.index: ToolStream(req.tool_use) for c in choices if req.tool_use is not None
-        }
-
         async def on_output(c: _Choice, out: RequestOutput) -> None:
-            finish = ("stop" if out.finish_reason == "stop" else "length") if out.finished else None
-            text = out.text
-            calls: list[ToolCall] = []
-            tools = tool_streams.get(c.index)
-            if tools is not None:
-                text = tools.feed(text)
-                if out.finished:
-                    rest, calls = tools.finish()
-                    text += rest
-                    if calls:
-                        finish = "tool_calls"
+            # With tools, the text of a call is held back and comes parsed at the end.
+            text, finish, calls = out.text, out.finish_reason, out.tool_calls
             if not text and not out.logprobs and finish is None:
                 return
             logprobs = (
@@ -449,10 +450,9 @@ class _Server:
                 }
             await emit(chunk([body]))
 
-        try:
-            await self._run(choices, arrival, on_output)
-        except TallowError as e:
-            await emit(APIError(500, str(e), type="server_error").body())
+        failure = await self._run(choices, arrival, on_output)
+        if failure is not None:
+            await emit(self._failure(req, failure).body())
             return
         if req.include_usage:
             tokens = sum(c.tokens for c in choices)
@@ -469,21 +469,17 @@ class _Server:
         logprobs = self._logprobs(kind, c, c.logprobs) if req.logprobs is not None else None
         if kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text}
-            finish = c.finish_reason
-            if req.tool_use is not None:
-                content, calls = req.tool_use.parse(text)
-                if calls:
-                    message = {
-                        "role": "assistant",
-                        "content": content or None,
-                        "tool_calls": [call.to_openai() for call in calls],
-                    }
-                    finish = "tool_calls"
+            if c.tool_calls:
+                message = {
+                    "role": "assistant",
+                    "content": text or None,
+                    "tool_calls": [call.to_openai() for call in c.tool_calls],
+                }
             return {
                 "index": c.index,
                 "message": message,
                 "logprobs": logprobs,
-                "finish_reason": finish,
+                "finish_reason": c.finish_reason,
             }
         return {
             "index": c.index,
@@ -531,6 +527,11 @@ class _Server:
             "top_logprobs": [{self._text_of(t): lp for t, lp in e.top} for e in entries],
             "text_offset": offsets,
         }
+
+
+def _constraint_field(req: GenerationRequest) -> str:
+    """The request's field that constrains its output, for errors that name it."""
+    return req.structured_field or ("tools" if req.params.tools else "response_format")
 
 
 async def _unless_disconnected(request: Request, work: Callable[[], Awaitable[None]]) -> bool:

@@ -17,7 +17,6 @@ from tallow import checks
 from tallow.engine import SamplingParams
 from tallow.errors import InvalidArgumentError
 from tallow.structured import Structured, structured_output
-from tallow.tools import ToolUse
 
 MAX_N = 16
 """Most choices one request may ask for."""
@@ -134,8 +133,6 @@ class GenerationRequest:
     tools: object = None
     """Chat: the functions offered to the model, as sent (checked with its chat template)."""
     tool_choice: object = None
-    tool_use: ToolUse | None = None
-    """The checked tools, once the prompt is made (:meth:`tallow.prompt.Prompts.chat`)."""
     structured_field: str | None = None
     """The field that constrains the output (``response_format`` or a ``guided_*``), if one
     does: a constraint that does not compile is a 400 naming it."""

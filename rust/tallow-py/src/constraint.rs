@@ -4,7 +4,7 @@
 use pyo3::prelude::*;
 use tallow_model::Structured;
 
-use crate::errors::invalid_argument;
+use crate::errors::{grammar_error, invalid_argument};
 
 /// What a request's output must match (see `Model.constraint`), compiled. A sampler made with
 /// it takes it over: each constraint serves one request.
@@ -31,7 +31,7 @@ pub(crate) fn structured(kind: &str, spec: &Bound<'_, PyAny>) -> PyResult<Struct
     Ok(match kind {
         "json_schema" => {
             let schema = serde_json::from_str(&text()?)
-                .map_err(|e| invalid_argument(format!("the JSON schema is not JSON: {e}")))?;
+                .map_err(|e| grammar_error(format!("the JSON schema cannot be read: {e}")))?;
             Structured::JsonSchema(schema)
         }
         "json_object" => Structured::JsonObject,

@@ -124,6 +124,11 @@ pub fn invalid_argument(message: impl Into<String>) -> PyErr {
     raise(|e| &e.invalid_argument, message.into())
 }
 
+/// A constraint on the output that cannot be read or compiled.
+pub fn grammar_error(message: impl Into<String>) -> PyErr {
+    raise(|e| &e.grammar, message.into())
+}
+
 pub fn gguf_error(err: GgufError) -> PyErr {
     let message = err.to_string();
     match err {
