@@ -432,6 +432,61 @@ def test_bad_constraints_are_grammar_errors_and_400s(
     assert error["param"] == next(iter(fields))
 
 
+AMBIGUOUS = 'start: a\na: a a | "x" | a a a\n'
+"""A grammar whose parse grows with every token: it goes beyond the limits on its work after
+about a hundred tokens, while generating."""
+
+
+def test_a_grammar_that_explodes_while_generating_fails_its_request(
+    smollm2: tallow.LLM, smollm2_path: Path, server: str
+) -> None:
+    """Every front end reports the failure as the constraint's error, never as a normal end
+    of the text: GrammarError in Python, a 400 naming the field from the server (an error
+    event once a stream has begun)."""
+    bias = {t: -100.0 for t in smollm2.eog_ids}  # no way out: the parse must grow
+    kw: dict[str, Any] = {"max_tokens": 400, "temperature": 0, "logit_bias": bias}
+    with pytest.raises(tallow.GrammarError, match="max is 500"):
+        smollm2.generate("x", grammar=AMBIGUOUS, **kw)
+    stream = smollm2.stream("x", grammar=AMBIGUOUS, **kw)
+    with pytest.raises(tallow.GrammarError, match="max is 500"):
+        for _ in stream:
+            pass
+    assert stream.result is None
+
+    async def main() -> None:
+        async with AsyncLLM(smollm2_path, n_ctx=N_CTX) as llm:
+            with pytest.raises(tallow.GrammarError, match="max is 500"):
+                await llm.generate("x", grammar=AMBIGUOUS, **kw)
+            # The engine goes on serving.
+            done = await llm.generate("x", max_tokens=3, temperature=0)
+            assert done.completion_tokens == 3
+
+    anyio.run(main)
+    body = {
+        "model": MODEL,
+        "prompt": "x",
+        "max_tokens": 400,
+        "temperature": 0,
+        "logit_bias": {str(t): -100 for t in bias},
+        "guided_grammar": AMBIGUOUS,
+    }
+    r = httpx.post(f"{server}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "guided_grammar"
+    assert "max is 500" in r.json()["error"]["message"]
+    with httpx.stream(
+        "POST", f"{server}/v1/completions", json={**body, "stream": True}, timeout=120
+    ) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["param"] == "guided_grammar" and "max is 500" in error["message"]
+    # Text before the failure was streamed, and no event claimed a normal end.
+    texts = [json.loads(e)["choices"][0] for e in events[:-2]]
+    assert texts and all(c["finish_reason"] is None for c in texts)
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [

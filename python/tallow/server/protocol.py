@@ -213,6 +213,17 @@ class _Fields:
             )
         return tuple(stops)
 
+    def token_ids(self, name: str, n_vocab: int) -> tuple[int, ...]:
+        value = self.body.get(name, [])
+        if not isinstance(value, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in value
+        ):
+            raise invalid(name, f"'{name}' must be a list of token ids", "invalid_type")
+        bad = next((t for t in value if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise invalid(name, f"token id {bad} is out of range (0..{n_vocab - 1})")
+        return tuple(value)
+
     def logit_bias(self, n_vocab: int) -> dict[int, float]:
         value = self.body.get("logit_bias")
         if value is None:
@@ -314,6 +325,7 @@ def _sampling(
         frequency_penalty=f.number("frequency_penalty", 0.0, -2.0, 2.0),
         logit_bias=f.logit_bias(n_vocab),
         stop=f.stop(),
+        stop_token_ids=f.token_ids("stop_token_ids", n_vocab),
         ignore_eos=f.boolean("ignore_eos", False),
         logprobs=top_logprobs >= 0,
         top_logprobs=max(top_logprobs, 0),
