@@ -412,6 +412,20 @@ def _raw(field: str, value: bytes) -> bytes:
             "logit_bias",
             "invalid_value",
         ),
+        (
+            "/v1/completions",
+            {**COMPLETION, "stop_token_ids": [2, 10**6]},
+            400,
+            "stop_token_ids",
+            "invalid_value",
+        ),
+        (
+            "/v1/completions",
+            {**COMPLETION, "stop_token_ids": "2"},
+            400,
+            "stop_token_ids",
+            "invalid_type",
+        ),
         ("/v1/completions", {**COMPLETION, "logprobs": 99}, 400, "logprobs", "invalid_value"),
         ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),
         (
