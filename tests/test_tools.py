@@ -284,6 +284,31 @@ def test_a_named_call_is_always_a_valid_call_of_that_function(
             called(name, out.tool_calls[0].arguments)
 
 
+def test_call_markers_that_are_tokens_are_asked_for_as_those_tokens(llm: tallow.LLM) -> None:
+    """Where the vocabulary holds a marker of the syntax as one token (a model trained on
+    calls writes ``[TOOL_CALLS]`` as a control token), a required call asks for that token,
+    which no text could spell. smollm2 has no such markers: two of its control tokens stand in
+    for ``<tool_call>`` and ``</tool_call>``."""
+    use = tool_use(TOOLS, {"type": "function", "function": {"name": "add"}}, HERMES)
+    assert use is not None and use.markers == ("<tool_call>", "</tool_call>")
+    plain = use.constraint()
+    assert plain is not None and '"<tool_call>" "\\n" call' in str(plain.spec)
+    opener, closer = llm.tokenize("<|im_start|>", False, True) + llm.tokenize(
+        "<repo_name>", False, True
+    )
+    marked = use.constraint({"<tool_call>": opener, "</tool_call>": closer})
+    assert marked is not None and isinstance(marked.spec, str)
+    assert f'<[{opener}]> "\\n" call "\\n" <[{closer}]>' in marked.spec
+    prompt = llm.tokenize("Add 2 and 40.", True, False)
+    out = llm.generate(prompt, max_tokens=120, temperature=0, grammar=marked.spec)
+    assert out.finish_reason == "stop", out.text
+    assert out.token_ids[0] == opener and out.token_ids[-1] == closer
+    body = llm.detokenize(out.token_ids[1:-1])
+    call = json.loads(body)
+    assert call["name"] == "add"
+    called("add", json.dumps(call["arguments"]))
+
+
 def test_parameters_with_definitions_or_none_are_constrained_as_given(llm: tallow.LLM) -> None:
     """Parameters that refer to their own definitions ($defs, as pydantic writes them), and a
     function that takes none: named calls of each are valid calls."""

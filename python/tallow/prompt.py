@@ -96,7 +96,7 @@ class Prompts:
         names a call (which no other constraint may join)."""
         use = tool_use(tools, tool_choice, self.chat_template.source)
         if use is not None:
-            constraint = use.constraint()
+            constraint = use.constraint(self._single_tokens(use.markers))
             if constraint is not None and params.structured is not None:
                 raise InvalidArgumentError(
                     f"tool_choice {use.choice!r} constrains the reply already: it cannot be "
@@ -109,6 +109,11 @@ class Prompts:
             tools=None if use is None else use.tools,
         )
         return ChatPrompt(ids, params)
+
+    def _single_tokens(self, texts: Sequence[str]) -> dict[str, int]:
+        """Each of ``texts`` that the vocabulary holds as one token, with its id."""
+        ids = {text: self.model.tokenize(text, False, True) for text in texts}
+        return {text: found[0] for text, found in ids.items() if len(found) == 1}
 
     def chat_ids(
         self,

@@ -165,12 +165,25 @@ class ToolUse:
         """Whether calls are parsed out of the reply (every choice but ``"none"``)."""
         return self.choice != "none"
 
-    def constraint(self) -> Structured | None:
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The texts of the syntax that mark a call (a model's vocabulary may hold each as one
+        token, often a control token)."""
+        return _MARKERS[self.syntax]
+
+    def constraint(self, marker_ids: Mapping[str, int] | None = None) -> Structured | None:
         """The grammar of the reply where calls are required (one to :data:`MAX_CALLS`) or
         named (one): the model's syntax around JSON that validates against each allowed
-        function (``None`` otherwise)."""
+        function (``None`` otherwise). ``marker_ids`` maps each of :attr:`markers` that is one
+        token of the model's vocabulary to its id: the grammar asks for that token, as the
+        model was trained to write it (a control token cannot be spelled as text at all)."""
         if self.choice not in ("required", "named"):
             return None
+        ids = marker_ids or {}
+
+        def marker(text: str) -> str:
+            return f"<[{ids[text]}]>" if text in ids else json.dumps(text)
+
         allowed = [
             t["function"]
             for t in self.tools
@@ -186,12 +199,13 @@ class ToolUse:
         most = 1 if self.choice == "named" else MAX_CALLS
         if self.syntax == "mistral":
             more = ' (", " call)?' * (most - 1)
-            start = f'start: "[TOOL_CALLS][" call{more} "]"'
+            start = f'start: {marker("[TOOL_CALLS]")} "[" call{more} "]"'
         elif self.syntax == "llama3":
             start = "start: call"
         else:
             more = ' ("\\n" block)?' * (most - 1)
-            start = f'start: block{more}\nblock: "<tool_call>\\n" call "\\n</tool_call>"'
+            block = f'{marker("<tool_call>")} "\\n" call "\\n" {marker("</tool_call>")}'
+            start = f"start: block{more}\nblock: {block}"
         return Structured("grammar", "\n".join([start, call, *rules]))
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
@@ -355,6 +369,12 @@ def _template_call(call: object) -> dict[str, Any]:
         out["id"] = call["id"]
     return out
 
+
+_MARKERS: dict[Syntax, tuple[str, ...]] = {
+    "hermes": ("<tool_call>", "</tool_call>"),
+    "mistral": ("[TOOL_CALLS]",),
+    "llama3": (),
+}
 
 _OPENERS: dict[Syntax, str] = {
     "hermes": "<tool_call>",
