@@ -3,7 +3,8 @@
 # has only a Rust toolchain and CPython >= 3.10 with pip: it makes a virtual environment in .venv,
 # installs the test tools there, builds the extension in release mode (inference in a debug
 # build is far too slow to test), pulls the test models, installs Mesa's software Vulkan driver
-# for the GPU tests where it is missing (Debian packages), then runs every check.
+# for the GPU tests and Chromium for the chat page's where they are missing (Debian packages),
+# then runs every check.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -42,6 +43,11 @@ tallow pull gemma3-270m
 step "a Vulkan driver for the wgpu tests (Mesa's llvmpipe where there is no GPU)"
 if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
     bash scripts/apt-install.sh mesa-vulkan-drivers libvulkan1
+fi
+
+step "Chromium for the chat page tests (Debian's package, driven by Playwright)"
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+    bash scripts/apt-install.sh chromium
 fi
 
 step "cargo clippy"

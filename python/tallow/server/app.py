@@ -15,14 +15,16 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from tallow.async_llm import AsyncLLM
@@ -49,6 +51,20 @@ __all__ = ["ServerOptions", "create_app"]
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 
+
+STATIC = Path(__file__).parent / "static"
+"""The chat page's files."""
+
+# The page runs its own script alone, and talks to this server alone: whatever a model writes
+# cannot load or run anything.
+PAGE_HEADERS = {
+    "content-security-policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+}
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
 DEFAULT_READ_TIMEOUT = 30.0
@@ -150,6 +166,9 @@ class _Server:
         self._token_text: dict[int, str] = {}
 
     # -- plain endpoints ----------------------------------------------------------------------
+
+    async def chat_page(self, request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -582,6 +601,8 @@ def create_app(
 
     return Starlette(
         routes=[
+            Route("/", server.chat_page, methods=["GET"]),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
             Route("/health", server.health, methods=["GET"]),
             Route("/metrics", server.metrics_endpoint, methods=["GET"]),
             Route("/v1/models", server.models, methods=["GET"]),
