@@ -572,3 +572,30 @@ def test_a_huge_prompt_does_not_stall_the_server(server: str) -> None:
     assert done and done[0].status_code == 400, done
     assert done[0].json()["error"]["code"] == "context_length_exceeded"
     assert latencies and max(latencies) < 1.0, latencies
+
+
+def test_usage_counts_the_prompt_tokens_served_from_the_prefix_cache(
+    client: openai.OpenAI, smollm2: tallow.LLM
+) -> None:
+    """A prompt seen before is served from the prefix cache in whole pages (16 tokens), short
+    of its last token; OpenAI's usage.prompt_tokens_details.cached_tokens says how many."""
+    prompt = "Caching, once more: " + " ".join(f"item{i}" for i in range(48))
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=2,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    streamed = [chunk.usage for chunk in stream if chunk.usage is not None]
+    assert first.usage is not None and again.usage is not None and len(streamed) == 1
+    n = first.usage.prompt_tokens
+    cached = [u.prompt_tokens_details.cached_tokens for u in (first.usage, again.usage, *streamed)]
+    assert cached == [0, (n - 1) // 16 * 16, (n - 1) // 16 * 16]
+    # The Python API reports the same.
+    results = [smollm2.generate(prompt + " (direct)", max_tokens=1) for _ in range(2)]
+    assert results[0].cached_tokens == 0
+    assert results[1].cached_tokens == (results[1].prompt_tokens - 1) // 16 * 16 > 0

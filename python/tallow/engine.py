@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -503,6 +503,7 @@ class Engine:
             req = self._requests[out.request_id]
             result = req.output.process(out, sampled.get(out.request_id, ()))
             if result.finished:
+                result = replace(result, cached_tokens=req.num_cached_tokens or 0)
                 if not out.finished:
                     self.scheduler.stop(out.request_id)
                 del self._requests[out.request_id]

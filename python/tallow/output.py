@@ -79,6 +79,8 @@ class RequestOutput:
     and the most likely alternatives."""
     tool_calls: list[ToolCall] | None = None
     """With the last output of a chat reply that called tools: the calls."""
+    cached_tokens: int = 0
+    """With the last output: prompt tokens whose KV came from the prefix cache."""
 
 
 class OutputState:
@@ -184,6 +186,8 @@ class GenerationResult:
     likely tokens with theirs, with ``top_logprobs``), one per token of :attr:`token_ids`."""
     tool_calls: list[ToolCall] | None = None
     """The calls of the tools the reply made (chat with ``tools``)."""
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache instead of being computed."""
 
 
 class ResultBuilder:
@@ -226,4 +230,5 @@ class ResultBuilder:
             completion_seconds=end - first,
             logprobs=self._logprobs,
             tool_calls=last.tool_calls,
+            cached_tokens=last.cached_tokens,
         )

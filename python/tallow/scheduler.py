@@ -189,6 +189,8 @@ class Request:
     num_computed: int = 0
     """Tokens (prompt, then generated) whose KV positions are reserved in ``seq``."""
     num_preemptions: int = 0
+    num_cached_tokens: int | None = None
+    """Prompt tokens whose KV came from the prefix cache when the request was first admitted."""
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     """The stop token id that ended the request."""
@@ -535,6 +537,8 @@ class Scheduler:
             self._running.append(req)
             planned[req.request_id] = _Planned(req, n, hit)
             req.num_computed = hit + n
+            if req.num_cached_tokens is None:
+                req.num_cached_tokens = hit
             budget -= n
 
         for p in planned.values():

@@ -91,6 +91,7 @@ class _Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     tool_calls: list[ToolCall] | None = None
+    cached_tokens: int = 0
     offset: int = 0
     """Characters of the token texts reported so far (``text_offset`` of completions)."""
 
@@ -244,7 +245,7 @@ class _Server:
                 "created": int(time.time()),
                 "model": req.model,
                 "choices": [self._final_choice(kind, req, c, prompts) for c in choices],
-                "usage": usage(prompt_tokens, completion_tokens),
+                "usage": usage(prompt_tokens, completion_tokens, _cached(choices, req.n)),
             }
         )
 
@@ -389,6 +390,7 @@ class _Server:
                     if out.finished:
                         choice.finish_reason = out.finish_reason
                         choice.tool_calls = out.tool_calls
+                        choice.cached_tokens = out.cached_tokens
                         self.metrics.request_duration.observe(now - arrival)
                     if on_output is not None:
                         await on_output(choice, out)
@@ -476,7 +478,8 @@ class _Server:
         if req.include_usage:
             tokens = sum(c.tokens for c in choices)
             final = chunk([])
-            final["usage"] = usage(sum(len(ids) for ids in prompts), tokens)
+            prompt_tokens = sum(len(ids) for ids in prompts)
+            final["usage"] = usage(prompt_tokens, tokens, _cached(choices, req.n))
             await emit(final)
 
     def _final_choice(
@@ -546,6 +549,12 @@ class _Server:
             "top_logprobs": [{self._text_of(t): lp for t, lp in e.top} for e in entries],
             "text_offset": offsets,
         }
+
+
+def _cached(choices: list[_Choice], n: int) -> int:
+    """Prompt tokens served from the prefix cache, counted once per prompt as the prompt tokens
+    are (by the first choice of each)."""
+    return sum(c.cached_tokens for c in choices if c.index % n == 0)
 
 
 def _constraint_field(req: GenerationRequest) -> str:

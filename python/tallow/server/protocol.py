@@ -467,11 +467,14 @@ def choice_params(params: SamplingParams, choice: int) -> SamplingParams:
     return replace(params, seed=(params.seed + choice) % 2**64)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached_tokens`` are the prompt tokens served from the prefix
+    cache."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
