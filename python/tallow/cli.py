@@ -315,18 +315,49 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             chat_template = Path(args.chat_template).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise InvalidArgumentError(f"cannot read the chat template: {e}") from None
-    serve(
+    settings = {
+        "max_batch": args.max_batch,
+        "kv_memory": kv_memory,
+        "n_ctx": args.ctx,
+        "device": args.device,
+        "chat_template": chat_template,
+        "options": options,
+    }
+    if args.threads is not None and args.threads < 1:
+        raise InvalidArgumentError(f"--threads must be positive, got {args.threads}")
+    if args.replicas is None:
+        if args.max_replicas is not None or args.routing is not None:
+            raise InvalidArgumentError("--max-replicas and --routing go with --replicas")
+        if args.threads is not None:
+            # Read when the first forward pass starts the thread pool.
+            os.environ["TALLOW_NUM_THREADS"] = str(args.threads)
+        serve(
+            args.model,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            on_ready=lambda url: _status(f"serving {args.model} on {url}"),
+            **settings,
+        )
+        return 0
+    try:
+        import tallow.ray
+    except ImportError as e:
+        raise InvalidArgumentError(
+            f"--replicas runs on Ray Serve, which is not installed ({e}): pip install 'tallow[ray]'"
+        ) from None
+    tallow.ray.run(
         args.model,
-        chat_template=chat_template,
         host=args.host,
         port=args.port,
-        max_batch=args.max_batch,
-        kv_memory=kv_memory,
-        n_ctx=args.ctx,
-        device=args.device,
-        log_level=args.log_level,
-        options=options,
-        on_ready=lambda url: _status(f"serving {args.model} on {url}"),
+        replicas=args.replicas,
+        max_replicas=args.max_replicas,
+        threads=args.threads or 1,
+        routing=args.routing or "prefix",
+        settings=settings,
+        on_ready=lambda url: _status(
+            f"serving {args.model} on {url} ({args.replicas} replicas on Ray Serve)"
+        ),
     )
     return 0
 
@@ -664,6 +695,36 @@ def build_parser() -> argparse.ArgumentParser:
         default="info",
         choices=["critical", "error", "warning", "info", "debug"],
         help="server log level (default info)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run N replicas (processes) on a local Ray Serve cluster, or on the one "
+        "$RAY_ADDRESS names (needs tallow[ray])",
+    )
+    p.add_argument(
+        "--max-replicas",
+        type=int,
+        default=None,
+        metavar="M",
+        help="with --replicas N: scale between N and M replicas with the load",
+    )
+    p.add_argument(
+        "-t",
+        "--threads",
+        type=int,
+        default=None,
+        help="threads of each replica with --replicas (default 1); of the server otherwise "
+        "(default: all cores)",
+    )
+    p.add_argument(
+        "--routing",
+        choices=["prefix", "random"],
+        default=None,
+        help="with --replicas: send requests whose prompts share a prefix to the replica that "
+        "has it cached (prefix, the default), or to replicas at random",
     )
     p.set_defaults(func=_cmd_serve)
 

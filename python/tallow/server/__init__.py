@@ -12,12 +12,14 @@ import os
 import re
 from collections.abc import Callable
 
+from starlette.applications import Starlette
+
 from tallow.errors import TallowError
 from tallow.server.app import ServerOptions, create_app
 from tallow.server.http import bind, protocol_with_header_timeout
 from tallow.server.protocol import APIError
 
-__all__ = ["APIError", "ServerOptions", "create_app", "parse_size", "serve"]
+__all__ = ["APIError", "ServerOptions", "build_app", "create_app", "parse_size", "serve"]
 
 
 def parse_size(text: str) -> int:
@@ -32,6 +34,34 @@ def parse_size(text: str) -> int:
     if not size < 2**63:
         raise ValueError(f"size too large: {text!r}")
     return int(size)
+
+
+def build_app(
+    model: str | os.PathLike[str],
+    *,
+    max_batch: int = 64,
+    kv_memory: int | None = None,
+    n_ctx: int | None = None,
+    device: str | None = None,
+    chat_template: str | None = None,
+    options: ServerOptions | None = None,
+) -> Starlette:
+    """The server app of ``model`` (a path or catalog name), its model loaded (see
+    :func:`serve` for the arguments): what ``tallow serve`` runs, and each of its replicas on
+    Ray Serve (:mod:`tallow.ray`)."""
+    from tallow.async_llm import AsyncLLM
+
+    llm = AsyncLLM(
+        model,
+        max_num_seqs=max_batch,
+        kv_bytes=kv_memory,
+        n_ctx=n_ctx,
+        device=device,
+        chat_template=chat_template,
+    )
+    name = os.fspath(model)
+    aliases = [os.path.basename(llm.model.path), llm.model.path]
+    return create_app(llm, name, [a for a in aliases if a != name], options or ServerOptions())
 
 
 def serve(
@@ -62,22 +92,18 @@ def serve(
     """
     import uvicorn
 
-    from tallow.async_llm import AsyncLLM
-
     options = options or ServerOptions()
     sock = bind(host, port)
     try:
-        llm = AsyncLLM(
+        app = build_app(
             model,
-            max_num_seqs=max_batch,
-            kv_bytes=kv_memory,
+            max_batch=max_batch,
+            kv_memory=kv_memory,
             n_ctx=n_ctx,
             device=device,
             chat_template=chat_template,
+            options=options,
         )
-        name = os.fspath(model)
-        aliases = [os.path.basename(llm.model.path), llm.model.path]
-        app = create_app(llm, name, [a for a in aliases if a != name], options)
         config = uvicorn.Config(
             app,
             log_level=log_level,

@@ -1,0 +1,498 @@
+"""Replicas of ``tallow serve`` on Ray Serve (``pip install tallow[ray]``; ``tallow serve
+--replicas N``).
+
+Each replica is a process of its own (Ray's actor) running the whole server app of
+:func:`tallow.server.build_app` (the OpenAI-compatible routes, the chat page, metrics) over its
+own :class:`~tallow.AsyncLLM`, with ``threads`` compute threads. One ingress deployment takes
+the HTTP requests Ray Serve's proxy hands it, reads each body once for its routing key (a
+completion's prompt, a chat's messages) and passes the request to a replica, whose response it
+streams back as it comes.
+
+**Routing** is prefix-aware (:class:`PrefixAwareRouter`): a request goes to the replica that
+last served the longest prefix of its routing key, whose prefix cache most likely holds that
+prefix's KV, unless that replica's queue is longer than the shortest by more than
+``imbalance`` requests; a new prefix goes to the least loaded replica. ``routing="random"``
+(:class:`RandomRouter`) is there to measure what that gains.
+
+**Failures.** A replica that dies fails its own requests only: a request that had no answer yet
+is a 503 in OpenAI's error shape, a stream that had begun ends with an error event and
+``data: [DONE]``; Ray Serve starts a new replica in its place. On one machine this spreads
+requests over processes and cores; on a cluster, where the replicas run is Ray's own
+scheduling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import signal
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+import ray
+from ray import serve
+from ray.exceptions import RayError
+from ray.serve.config import RequestRouterConfig
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import ASGIApp, Message
+
+from tallow.errors import InvalidArgumentError, TallowError
+
+__all__ = [
+    "PrefixAwareRouter",
+    "ProxiedRequest",
+    "RandomRouter",
+    "build",
+    "routing_key",
+    "run",
+]
+
+Routing = Literal["prefix", "random"]
+
+REPLICA_HEADER = "x-tallow-replica"
+"""The response header naming the replica that answered (Ray's actor name of it)."""
+
+
+@dataclass(frozen=True)
+class ProxiedRequest:
+    """An HTTP request on its way from the ingress to a replica."""
+
+    method: str
+    path: str
+    query: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    routing_key: str = ""
+    """The text whose prefix picks the replica (see :func:`routing_key`)."""
+
+
+def routing_key(path: str, body: bytes) -> str:
+    """The text whose prefix picks a request's replica: a completion's prompt or a chat's
+    messages, as the replica's prefix cache sees them (in order, from the start). Other
+    requests, and bodies that are not what they should be (the replica answers those), have
+    none."""
+    if not path.startswith("/v1/") or not body:
+        return ""
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return ""
+    if not isinstance(request, dict):
+        return ""
+    messages = request.get("messages")
+    if isinstance(messages, list):
+        return "".join(
+            f"{m.get('role')}\n{m.get('content')}\n" for m in messages if isinstance(m, dict)
+        )
+    prompt = request.get("prompt")
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # several prompts: the first
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+# -- routing --------------------------------------------------------------------------------------
+
+
+def _key_of(request: PendingRequest | None) -> str:
+    args = () if request is None else request.args
+    return args[0].routing_key if args and isinstance(args[0], ProxiedRequest) else ""
+
+
+class PrefixAwareRouter(RequestRouter):
+    """Sends a request to the replica that last served the longest prefix of its routing key
+    (in blocks of ``block_chars`` characters), unless that replica's queue is longer than the
+    shortest by more than ``imbalance``; otherwise to the least loaded replica. Remembers the
+    owners of the last ``max_prefixes`` blocks."""
+
+    def initialize_state(
+        self, block_chars: int = 64, imbalance: int = 4, max_prefixes: int = 65536, **_: Any
+    ) -> None:
+        self._block_chars = block_chars
+        self._imbalance = imbalance
+        self._max_prefixes = max_prefixes
+        self._owners: OrderedDict[bytes, ReplicaID] = OrderedDict()
+
+    def _blocks(self, key: str) -> list[bytes]:
+        """Digests of the key's leading whole blocks: of its first block, its first two, ..."""
+        digest = hashlib.blake2b(digest_size=16)
+        out = []
+        data = key.encode()
+        for end in range(self._block_chars, len(data) + 1, self._block_chars):
+            digest.update(data[end - self._block_chars : end])
+            out.append(digest.digest())
+        return out
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        owner = self._owner(_key_of(pending_request), candidate_replicas)
+        if owner is None:
+            # The least loaded of them all (the router probes their queues).
+            return [candidate_replicas]
+        rest = [r for r in candidate_replicas if r is not owner]
+        return [[owner], rest] if rest else [[owner]]
+
+    def _owner(self, key: str, candidates: list[RunningReplica]) -> RunningReplica | None:
+        by_id = {r.replica_id: r for r in candidates}
+        owner = None
+        for block in reversed(self._blocks(key)):
+            owner = by_id.get(self._owners.get(block))  # type: ignore[arg-type]
+            if owner is not None:
+                break
+        if owner is None:
+            return None
+        queues = [self._replica_queue_len_cache.get(r.replica_id) for r in candidates]
+        known = [q for q in queues if q is not None]
+        mine = self._replica_queue_len_cache.get(owner.replica_id)
+        if mine is not None and known and mine - min(known) > self._imbalance:
+            return None
+        return owner
+
+    def on_request_routed(
+        self,
+        pending_request: PendingRequest,
+        replica_id: ReplicaID,
+        result: Any,
+    ) -> None:
+        for block in self._blocks(_key_of(pending_request)):
+            self._owners[block] = replica_id
+            self._owners.move_to_end(block)
+        while len(self._owners) > self._max_prefixes:
+            self._owners.popitem(last=False)
+
+
+class RandomRouter(RequestRouter):
+    """Sends each request to a replica chosen at random (to measure what prefix-aware routing
+    gains)."""
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        return [[random.choice(candidate_replicas)]] if candidate_replicas else []
+
+
+# -- the replicas ---------------------------------------------------------------------------------
+
+
+class _Lifespan:
+    """Runs an ASGI app's lifespan (its startup, and its shutdown on :meth:`stop`) in a task
+    of its own, as a server does."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+        self._inbox: asyncio.Queue[Message] = asyncio.Queue()
+        self._started = asyncio.Event()
+        self._failure: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
+            await self._inbox.put({"type": "lifespan.startup"})
+        await self._started.wait()
+        if self._failure is not None:
+            raise TallowError(f"the server app did not start: {self._failure}")
+
+    async def _run(self) -> None:
+        async def send(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                self._failure = message.get("message", "")
+            if message["type"].startswith("lifespan.startup"):
+                self._started.set()
+
+        await self._app({"type": "lifespan", "asgi": {"version": "3.0"}}, self._inbox.get, send)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await self._inbox.put({"type": "lifespan.shutdown"})
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, 30)
+
+
+async def _call(app: ASGIApp, request: ProxiedRequest) -> AsyncIterator[dict[str, Any]]:
+    """``request`` through ``app``: ``{"status", "headers"}``, then ``{"body"}`` pieces as the
+    app sends them. Closing the iterator early is the client going away: the app sees a
+    disconnect (and aborts what it generates)."""
+    sent: asyncio.Queue[Message] = asyncio.Queue()
+    gone = asyncio.Event()
+    body = [{"type": "http.request", "body": request.body, "more_body": False}]
+
+    async def receive() -> Message:
+        if body:
+            return body.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": request.method,
+        "scheme": "http",
+        "path": request.path,
+        "raw_path": request.path.encode(),
+        "query_string": request.query,
+        "root_path": "",
+        "headers": request.headers,
+        "client": ("127.0.0.1", 0),
+        "server": ("127.0.0.1", 0),
+    }
+
+    async def run_app() -> None:
+        await app(scope, receive, sent.put)
+
+    task = asyncio.create_task(run_app())
+    try:
+        while True:
+            get = asyncio.ensure_future(sent.get())
+            await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
+                get.cancel()
+                task.result()  # the app's exception, if it raised one
+                if sent.empty():
+                    return
+                continue
+            message = get.result()
+            if message["type"] == "http.response.start":
+                yield {"status": message["status"], "headers": list(message.get("headers", []))}
+            elif message["type"] == "http.response.body":
+                yield {"body": message.get("body", b"")}
+                if not message.get("more_body", False):
+                    return
+    finally:
+        gone.set()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+class ServerReplica:
+    """One replica: the app of :func:`tallow.server.build_app`, its model loaded."""
+
+    def __init__(self, model: str, settings: Mapping[str, Any]) -> None:
+        from tallow.server import build_app
+
+        self._app = build_app(model, **settings)
+        self._lifespan = _Lifespan(self._app)
+        self._name = serve.get_replica_context().replica_id.to_full_id_str()
+
+    async def handle(self, request: ProxiedRequest) -> AsyncIterator[dict[str, Any]]:
+        """The app's answer to ``request``, as :func:`_call` gives it, the replica named in a
+        header of the response."""
+        await self._lifespan.start()
+        async for message in _call(self._app, request):
+            if "status" in message:
+                message["headers"].append((REPLICA_HEADER.encode(), self._name.encode()))
+            yield message
+
+    async def __del__(self) -> None:
+        await self._lifespan.stop()
+
+
+# -- the ingress ----------------------------------------------------------------------------------
+
+
+def _error_body(message: str) -> bytes:
+    error = {"message": message, "type": "server_error", "param": None, "code": "replica_failed"}
+    return json.dumps({"error": error}).encode()
+
+
+class Ingress:
+    """Takes every HTTP request and passes it to a replica (chosen by the replicas' router)."""
+
+    def __init__(self, replicas: DeploymentHandle[Any]) -> None:
+        self._replicas = replicas.options(stream=True)
+
+    async def __call__(self, request: Request) -> Response:
+        body = await request.body()
+        path = request.url.path
+        proxied = ProxiedRequest(
+            request.method,
+            path,
+            request.url.query.encode(),
+            list(request.headers.raw),
+            body,
+            routing_key(path, body),
+        )
+        answer = cast(DeploymentResponseGenerator[Any], self._replicas.handle.remote(proxied))
+        try:
+            head = await answer.__anext__()
+        except (RayError, StopAsyncIteration) as e:
+            return Response(
+                _error_body(f"the replica serving this request failed: {e}"),
+                status_code=503,
+                media_type="application/json",
+            )
+        headers = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in head["headers"]
+            if k.lower() not in (b"content-length", b"transfer-encoding", b"connection")
+        }
+        events = headers.get("content-type", "").startswith("text/event-stream")
+        return StreamingResponse(_rest(answer, events), status_code=head["status"], headers=headers)
+
+
+async def _rest(answer: DeploymentResponseGenerator[Any], events: bool) -> AsyncIterator[bytes]:
+    """The body of a replica's answer; if the replica fails in the middle of an event stream,
+    an error event and the stream's end."""
+    try:
+        async for message in answer:
+            yield message["body"]
+    except RayError as e:
+        if not events:
+            raise
+        yield b"data: " + _error_body(f"the replica serving this request failed: {e}") + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+
+# -- the application ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Scaling:
+    replicas: int
+    max_replicas: int | None
+    threads: int
+    max_batch: int
+
+    def options(self) -> dict[str, Any]:
+        if self.max_replicas is None:
+            return {"num_replicas": self.replicas}
+        return {
+            "autoscaling_config": {
+                "min_replicas": self.replicas,
+                "max_replicas": self.max_replicas,
+                # A replica is busy when its batch is half full.
+                "target_ongoing_requests": max(self.max_batch // 2, 1),
+            }
+        }
+
+
+def build(
+    model: str | os.PathLike[str],
+    *,
+    replicas: int = 2,
+    max_replicas: int | None = None,
+    threads: int = 1,
+    routing: Routing = "prefix",
+    settings: Mapping[str, Any] | None = None,
+) -> Any:
+    """The Ray Serve application of ``model``: ``replicas`` replicas (or between ``replicas``
+    and ``max_replicas``, scaled by their load) of ``threads`` threads each, behind one
+    ingress. ``settings`` are :func:`tallow.server.build_app`'s (``max_batch``,
+    ``kv_memory``, ``n_ctx``, ``device``, ``chat_template``, ``options``) for every replica.
+    ``routing`` is ``"prefix"`` or ``"random"`` (see the module's docstring)."""
+    if replicas < 1 or (max_replicas is not None and max_replicas < replicas):
+        raise InvalidArgumentError(
+            f"replicas must be >= 1 and max_replicas >= replicas, got {replicas} and {max_replicas}"
+        )
+    if threads < 1:
+        raise InvalidArgumentError(f"threads must be >= 1, got {threads}")
+    routers = {"prefix": PrefixAwareRouter, "random": RandomRouter}
+    if routing not in routers:
+        raise InvalidArgumentError(f"routing must be 'prefix' or 'random', got {routing!r}")
+    settings = dict(settings or {})
+    max_batch = int(settings.get("max_batch", 64))
+    scaling = _Scaling(replicas, max_replicas, threads, max_batch)
+    replica = serve.deployment(
+        name="tallow-replica",
+        ray_actor_options={
+            "num_cpus": threads,
+            "runtime_env": {"env_vars": {"TALLOW_NUM_THREADS": str(threads)}},
+        },
+        # Beyond its batch, a replica queues some more (so that the router sees the load).
+        max_ongoing_requests=2 * max_batch,
+        # (pydantic's field types confuse mypy: a class path is what the field takes.)
+        request_router_config=RequestRouterConfig(
+            request_router_class=f"{__name__}.{routers[routing].__name__}"  # type: ignore[arg-type]
+        ),
+        **scaling.options(),
+    )(ServerReplica)
+    ingress = serve.deployment(
+        name="tallow-ingress", max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0}
+    )(Ingress)
+    return ingress.bind(replica.bind(os.fspath(model), settings))
+
+
+@dataclass
+class _Cluster:
+    """A local Ray cluster with the application running, until :meth:`stop`."""
+
+    url: str
+    stopped: bool = field(default=False)
+
+    def stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            serve.shutdown()  # type: ignore[no-untyped-call]
+            ray.shutdown()
+
+
+def run(
+    model: str | os.PathLike[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    replicas: int = 2,
+    max_replicas: int | None = None,
+    threads: int = 1,
+    routing: Routing = "prefix",
+    settings: Mapping[str, Any] | None = None,
+    on_ready: Callable[[str], None] | None = None,
+    block: bool = True,
+) -> _Cluster:
+    """Start a local Ray cluster (or join the one ``RAY_ADDRESS`` names) and serve ``model``
+    on ``host:port`` with :func:`build`'s replicas; with ``block``, until interrupted."""
+    app = build(
+        model,
+        replicas=replicas,
+        max_replicas=max_replicas,
+        threads=threads,
+        routing=routing,
+        settings=settings,
+    )
+    if not ray.is_initialized():
+        local = "RAY_ADDRESS" not in os.environ
+        cpus = threads * (max_replicas or replicas)
+        ray.init(
+            num_cpus=cpus if local else None,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(app, name="tallow", route_prefix="/")
+    cluster = _Cluster(f"http://{host}:{port}/v1")
+    if on_ready is not None:
+        on_ready(cluster.url)
+    if block:
+
+        def interrupt(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt
+
+        # Terminated as when interrupted: the cluster's processes go too.
+        signal.signal(signal.SIGTERM, interrupt)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            cluster.stop()
+    return cluster
