@@ -66,9 +66,9 @@ def test_the_routing_key_is_the_prompt_or_the_messages() -> None:
 
 SYSTEMS = [
     f"You are assistant number {i}. " + " ".join(f"rule-{i}-{j} applies." for j in range(24))
-    for i in range(6)
+    for i in range(32)
 ]
-QUESTIONS = ["Hello!", "What can you do?", "Tell me a fact.", "Goodbye."]
+QUESTIONS = ["Hello!", "What can you do?"]
 
 
 def hit_rate(url: str) -> float:
@@ -99,9 +99,10 @@ def test_prefix_routing_raises_the_prefix_cache_hit_rate_over_random_routing() -
     with serving(*ARGS, "--routing", "random") as url:
         random = hit_rate(url)
     print(f"prefix cache hit rate: prefix-aware routing {prefix:.3f}, random routing {random:.3f}")
-    # Each system prompt's first chat computes it; with prefix-aware routing every later one
-    # finds it (3 of 4); at random, a later chat finds it on its replica about half the time.
-    assert prefix > 0.6
+    # Each system prompt's first chat computes it; with prefix-aware routing the second finds
+    # it, at random half of the time (that random routing comes within 0.1 of prefix-aware
+    # routing, 25 lucky draws of 32 or more, has a chance of 1 in 1000).
+    assert prefix > 0.4
     assert prefix > random + 0.1
 
 
