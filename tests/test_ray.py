@@ -7,9 +7,13 @@ prefix-aware routing raises the prefix cache's hit rate over random routing.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -199,3 +203,16 @@ def test_a_replica_killed_mid_stream_fails_only_its_own_requests(
         time.sleep(0.5)
     _, events = stream_events(replicas, {**story, "max_tokens": 8})
     assert events[-1] == "[DONE]" and "error" not in events[-2]
+
+
+def test_the_replica_benchmark_runs() -> None:
+    """``benches/ray_bench.py`` (whose figures are in the README), on a small load: a rate for
+    one server, one replica and two."""
+    bench = Path(__file__).parent.parent / "benches" / "ray_bench.py"
+    args = ["--clients", "4", "--requests", "1", "--tokens", "8"]
+    out = subprocess.run(
+        [sys.executable, str(bench), *args], capture_output=True, text=True, timeout=900
+    )
+    assert out.returncode == 0, out.stderr
+    rates = [float(m.group(1)) for m in re.finditer(r"  +(\d+\.\d)$", out.stdout, re.MULTILINE)]
+    assert len(rates) == 3 and all(rate > 0 for rate in rates), out.stdout
