@@ -59,7 +59,8 @@ step "cargo test"
 cargo test --workspace
 
 step "pytest"
-python -m pytest "$@"
+# The chat page's tests leave their screenshots here.
+TALLOW_SCREENSHOTS="${TALLOW_SCREENSHOTS:-target/screenshots}" python -m pytest "$@"
 
 step "NEON: the kernel, KV and model crates' tests built for aarch64, run under qemu"
 bash scripts/test-aarch64.sh
