@@ -259,6 +259,21 @@ def test_sizes() -> None:
             parse_size(bad)
 
 
+def test_bench_at_depth_names_its_tests_as_llama_bench(smollm2_path: Path) -> None:
+    """``-d N``: pp and tg after N tokens of context, named as llama-bench names them."""
+    args = ("bench", "-m", str(smollm2_path), "-p", "16", "-n", "4", "--npp", "0", "-r", "1")
+    proc = run_cli(*args, "-d", "64")
+    assert proc.returncode == 0, proc.stderr.decode()
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in proc.stdout.decode().splitlines()[2:]
+    ]
+    assert [r[4] for r in rows] == ["pp16 @ d64", "tg4 @ d64"]
+    assert all(float(r[5].split()[0]) > 0 for r in rows)
+    # A depth beyond the model's context (8192 for smollm2) is refused.
+    assert_one_line_error(run_cli(*args, "-d", "8190"), "--depth 8190", "context of 8192")
+
+
 def test_bench_prints_a_row_per_test(smollm2_path: Path) -> None:
     proc = run_cli(
         "bench",

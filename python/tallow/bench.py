@@ -1,9 +1,11 @@
 """Throughput measurements in llama.cpp's shapes (``tallow bench``).
 
-- :func:`prefill`: one forward pass over ``n`` prompt tokens from an empty cache (llama-bench
-  ``pp``).
-- :func:`decode`: ``n`` tokens generated one by one from an empty cache, the next token the
-  argmax of the last (llama-bench ``tg``).
+- :func:`prefill`: one forward pass over ``n`` prompt tokens (llama-bench ``pp``).
+- :func:`decode`: ``n`` tokens generated one by one, the next token the argmax of the last
+  (llama-bench ``tg``).
+
+Both start from an empty cache, or with ``depth`` tokens of context already in it (computed
+untimed), as llama-bench's ``-d``.
 - :func:`batched`: ``npl`` requests of ``npp`` prompt tokens each generating ``ntg`` tokens
   through the engine, as ``llama-batched-bench -npp -ntg -npl`` runs them.
 - :func:`served`: the same requests sent concurrently to :class:`tallow.AsyncLLM`, all tokens
@@ -53,9 +55,18 @@ def _warm_cache(model: _core.Model, n_tokens: int, seed: int) -> tuple[_core.KvC
     return kv, kv.create()
 
 
-def prefill(model: _core.Model, n_tokens: int, seed: int = 0) -> float:
-    """Prompt tokens per second of one forward pass over ``n_tokens`` tokens."""
-    kv, seq = _warm_cache(model, n_tokens, seed)
+def _context(model: _core.Model, kv: _core.KvCache, seq: int, depth: int, seed: int) -> None:
+    """Fill the first ``depth`` positions of ``seq`` with the KV of random tokens (untimed)."""
+    if depth:
+        kv.reserve(seq, depth)
+        model.forward(kv, [(seq, _random_tokens(model, depth, seed + 2), "last")])
+
+
+def prefill(model: _core.Model, n_tokens: int, seed: int = 0, depth: int = 0) -> float:
+    """Prompt tokens per second of one forward pass over ``n_tokens`` tokens after ``depth``
+    tokens of context."""
+    kv, seq = _warm_cache(model, depth + n_tokens, seed)
+    _context(model, kv, seq, depth, seed)
     kv.reserve(seq, n_tokens)
     tokens = _random_tokens(model, n_tokens, seed)
     start = time.perf_counter()
@@ -63,10 +74,11 @@ def prefill(model: _core.Model, n_tokens: int, seed: int = 0) -> float:
     return n_tokens / (time.perf_counter() - start)
 
 
-def decode(model: _core.Model, n_tokens: int, seed: int = 0) -> float:
-    """Tokens per second of generating ``n_tokens`` tokens one at a time, greedily, from an
-    empty cache."""
-    kv, seq = _warm_cache(model, n_tokens, seed)
+def decode(model: _core.Model, n_tokens: int, seed: int = 0, depth: int = 0) -> float:
+    """Tokens per second of generating ``n_tokens`` tokens one at a time, greedily, after
+    ``depth`` tokens of context."""
+    kv, seq = _warm_cache(model, depth + n_tokens, seed)
+    _context(model, kv, seq, depth, seed)
     token = _random_tokens(model, 1, seed)[0]
     start = time.perf_counter()
     for _ in range(n_tokens):

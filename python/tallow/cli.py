@@ -363,7 +363,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    for name in ("prompt", "gen", "npp", "ntg", "npl", "reps", "threads"):
+    for name in ("prompt", "gen", "depth", "npp", "ntg", "npl", "reps", "threads"):
         value = getattr(args, name)
         if value is not None and value < (1 if name in ("reps", "threads", "npl") else 0):
             raise InvalidArgumentError(f"--{name} must be positive, got {value}")
@@ -384,10 +384,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     bench.prefill(model, 16)
     bench.decode(model, 2)
     tests: list[tuple[str, Callable[[int], float]]] = []
+    depth = args.depth
+    if depth + max(args.prompt, args.gen) > model.n_ctx_max:
+        raise InvalidArgumentError(
+            f"--depth {depth} and {max(args.prompt, args.gen)} more tokens go beyond this "
+            f"model's context of {model.n_ctx_max}"
+        )
+    at = f" @ d{depth}" if depth else ""  # llama-bench's names
     if args.prompt:
-        tests.append((f"pp{args.prompt}", lambda seed: bench.prefill(model, args.prompt, seed)))
+        tests.append(
+            (f"pp{args.prompt}{at}", lambda seed: bench.prefill(model, args.prompt, seed, depth))
+        )
     if args.gen:
-        tests.append((f"tg{args.gen}", lambda seed: bench.decode(model, args.gen, seed)))
+        tests.append((f"tg{args.gen}{at}", lambda seed: bench.decode(model, args.gen, seed, depth)))
     if args.npp and args.ntg:
         name = f"pp{args.npp}+tg{args.ntg} x{args.npl}"
         tests.append(
@@ -741,6 +750,14 @@ def build_parser() -> argparse.ArgumentParser:
     device_arg(p)
     p.add_argument("-p", "--prompt", type=int, default=512, help="prompt tokens (default 512)")
     p.add_argument("-n", "--gen", type=int, default=128, help="generated tokens (default 128)")
+    p.add_argument(
+        "-d",
+        "--depth",
+        type=int,
+        default=0,
+        help="tokens of context already in the cache for pp and tg, as llama-bench's -d "
+        "(default 0)",
+    )
     p.add_argument("--npp", type=int, default=128, help="batched: prompt tokens (default 128)")
     p.add_argument("--ntg", type=int, default=128, help="batched: generated tokens (default 128)")
     p.add_argument("--npl", type=int, default=16, help="batched: requests (default 16)")
