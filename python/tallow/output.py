@@ -100,11 +100,6 @@ class OutputState:
         self._tools = None if tools is None else ToolStream(tools)
         self._tokens = 0
 
-    @property
-    def stopped(self) -> bool:
-        """Whether a stop string ended the request."""
-        return self._matcher.stopped
-
     def process(self, out: SchedulerOutput, rows: Sequence[SampledRow] = ()) -> RequestOutput:
         """The output of a step from the scheduler's (``out``) and the rows the sampler drew
         for its tokens (``rows``, aligned with them; needed for log probabilities). When a

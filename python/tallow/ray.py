@@ -47,6 +47,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Message
 
 from tallow.errors import InvalidArgumentError, TallowError
+from tallow.server.app import error_response
+from tallow.server.protocol import APIError
 
 __all__ = [
     "PrefixAwareRouter",
@@ -309,9 +311,13 @@ class ServerReplica:
 # -- the ingress ----------------------------------------------------------------------------------
 
 
-def _error_body(message: str) -> bytes:
-    error = {"message": message, "type": "server_error", "param": None, "code": "replica_failed"}
-    return json.dumps({"error": error}).encode()
+def _replica_failed(error: Exception) -> APIError:
+    return APIError(
+        503,
+        f"the replica serving this request failed: {error}",
+        type="server_error",
+        code="replica_failed",
+    )
 
 
 class Ingress:
@@ -335,11 +341,7 @@ class Ingress:
         try:
             head = await answer.__anext__()
         except (RayError, StopAsyncIteration) as e:
-            return Response(
-                _error_body(f"the replica serving this request failed: {e}"),
-                status_code=503,
-                media_type="application/json",
-            )
+            return error_response(_replica_failed(e))
         headers = {
             k.decode("latin-1"): v.decode("latin-1")
             for k, v in head["headers"]
@@ -358,31 +360,25 @@ async def _rest(answer: DeploymentResponseGenerator[Any], events: bool) -> Async
     except RayError as e:
         if not events:
             raise
-        yield b"data: " + _error_body(f"the replica serving this request failed: {e}") + b"\n\n"
+        yield b"data: " + _replica_failed(e).json_bytes() + b"\n\n"
         yield b"data: [DONE]\n\n"
 
 
 # -- the application ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Scaling:
-    replicas: int
-    max_replicas: int | None
-    threads: int
-    max_batch: int
-
-    def options(self) -> dict[str, Any]:
-        if self.max_replicas is None:
-            return {"num_replicas": self.replicas}
-        return {
-            "autoscaling_config": {
-                "min_replicas": self.replicas,
-                "max_replicas": self.max_replicas,
-                # A replica is busy when its batch is half full.
-                "target_ongoing_requests": max(self.max_batch // 2, 1),
-            }
+def _scaling(replicas: int, max_replicas: int | None, max_batch: int) -> dict[str, Any]:
+    """The deployment options of a fixed number of replicas, or of autoscaling bounds."""
+    if max_replicas is None:
+        return {"num_replicas": replicas}
+    return {
+        "autoscaling_config": {
+            "min_replicas": replicas,
+            "max_replicas": max_replicas,
+            # A replica is busy when its batch is half full.
+            "target_ongoing_requests": max(max_batch // 2, 1),
         }
+    }
 
 
 def build(
@@ -410,7 +406,6 @@ def build(
         raise InvalidArgumentError(f"routing must be 'prefix' or 'random', got {routing!r}")
     settings = dict(settings or {})
     max_batch = int(settings.get("max_batch", 64))
-    scaling = _Scaling(replicas, max_replicas, threads, max_batch)
     replica = serve.deployment(
         name="tallow-replica",
         ray_actor_options={
@@ -423,7 +418,7 @@ def build(
         request_router_config=RequestRouterConfig(
             request_router_class=f"{__name__}.{routers[routing].__name__}"  # type: ignore[arg-type]
         ),
-        **scaling.options(),
+        **_scaling(replicas, max_replicas, max_batch),
     )(ServerReplica)
     ingress = serve.deployment(
         name="tallow-ingress", max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0}

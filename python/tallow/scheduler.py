@@ -192,7 +192,7 @@ class Request:
     num_cached_tokens: int | None = None
     """Prompt tokens whose KV came from the prefix cache when the request was first admitted."""
     finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None
+    stop_reason: int | None = None
     """The stop token id that ended the request."""
     error: TallowError | None = None
     """Why the request could not run to a normal end (the pool or context is too small)."""
