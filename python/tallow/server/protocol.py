@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from tallow import checks
 from tallow.engine import SamplingParams
@@ -142,6 +142,21 @@ class GenerationRequest:
     """Chat: the conversation."""
 
 
+def _is_token_ids(value: object) -> TypeGuard[list[int]]:
+    """Whether ``value`` is a list of integers (booleans are not token ids)."""
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    )
+
+
+def _in_vocab(name: str, ids: list[int], n_vocab: int) -> list[int]:
+    """``ids``, if each is a token of a vocabulary of ``n_vocab`` (a 400 naming ``name``)."""
+    bad = next((t for t in ids if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise invalid(name, f"token id {bad} is out of range (0..{n_vocab - 1})")
+    return list(ids)
+
+
 class _Fields:
     """Typed access to the fields of a JSON object, each failure an :class:`APIError`."""
 
@@ -215,14 +230,9 @@ class _Fields:
 
     def token_ids(self, name: str, n_vocab: int) -> tuple[int, ...]:
         value = self.body.get(name, [])
-        if not isinstance(value, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in value
-        ):
+        if not _is_token_ids(value):
             raise invalid(name, f"'{name}' must be a list of token ids", "invalid_type")
-        bad = next((t for t in value if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise invalid(name, f"token id {bad} is out of range (0..{n_vocab - 1})")
-        return tuple(value)
+        return tuple(_in_vocab(name, value, n_vocab))
 
     def logit_bias(self, n_vocab: int) -> dict[int, float]:
         value = self.body.get("logit_bias")
@@ -389,15 +399,8 @@ def _prompts(value: object, n_vocab: int) -> list[str | list[int]]:
     """A prompt: a string, a list of token ids, or a non-empty list of either."""
 
     def tokens(v: object) -> list[int] | None:
-        if (
-            isinstance(v, list)
-            and v
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
-        ):
-            bad = next((t for t in v if not 0 <= t < n_vocab), None)
-            if bad is not None:
-                raise invalid("prompt", f"token id {bad} is out of range (0..{n_vocab - 1})")
-            return list(v)
+        if v and _is_token_ids(v):
+            return _in_vocab("prompt", v, n_vocab)
         return None
 
     if value is None:
