@@ -5,6 +5,7 @@ which wraps these classes. Calls that compute release the GIL.
 """
 
 import os
+from collections.abc import Sequence
 from typing import Literal, final, overload
 
 import numpy
@@ -176,13 +177,17 @@ class Model:
     def forward(
         self,
         cache: KvCache,
-        batch: list[tuple[int, list[int], str]],
+        batch: Sequence[tuple[int, list[int], str] | tuple[int, list[int], str, int]],
         output: Literal["logits"] = "logits",
     ) -> numpy.typing.NDArray[numpy.float32]:
         """Run one ragged batch of ``(seq, tokens, logits)`` chunks.
 
         Each chunk's ``tokens`` take the last ``len(tokens)`` positions reserved for ``seq``
-        (:meth:`KvCache.reserve`); ``logits`` is ``"none"``, ``"last"`` or ``"all"``. Returns
+        (:meth:`KvCache.reserve`); ``logits`` is ``"none"``, ``"last"`` or ``"all"``. A chunk
+        ``(seq, tokens, logits, parent)`` is a branch: ``seq`` was forked from ``parent``
+        (:meth:`KvCache.fork`) after ``parent`` reserved the positions it computes in this
+        batch, and takes them as ``parent`` writes them, so that one forward computes a text
+        and continuations of it. Returns
         float32 logits of shape ``(rows, n_vocab)``, chunk by chunk; with
         ``output="argmax"`` only each row's greedy token (uint32, shape ``(rows,)``, the first
         largest logit, NaN never), chosen on the model's device.
@@ -191,7 +196,7 @@ class Model:
     def forward(
         self,
         cache: KvCache,
-        batch: list[tuple[int, list[int], str]],
+        batch: Sequence[tuple[int, list[int], str] | tuple[int, list[int], str, int]],
         output: Literal["argmax"],
     ) -> numpy.typing.NDArray[numpy.uint32]: ...
     def constraint(

@@ -3,7 +3,7 @@
 
 use tallow_arena::Arena;
 use tallow_backend::{
-    argmax, Activation, Batch, Logits, Output, Rope, Scores, Step, StepError, StepInput,
+    argmax, Activation, Batch, KvCopy, Logits, Output, Rope, Scores, Step, StepError, StepInput,
 };
 use tallow_kv::{KvStorage, PagedKvCache};
 use tallow_quant::QuantizedActs;
@@ -186,9 +186,28 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         let kv_dim = k.len() / self.n_tokens();
         for (chunk, &first) in self.batch.chunks.iter().zip(self.first_pos) {
             for i in 0..chunk.len {
+                let slot = self.batch.write_slot(cache, chunk, first + i, layer)?;
                 let row = (chunk.start + i) * kv_dim..(chunk.start + i + 1) * kv_dim;
-                cache.write_pos(chunk.seq, first + i, layer, &k[row.clone()], &v[row])?;
+                cache.store_mut::<KvStorage>()?.write_token(
+                    slot,
+                    layer,
+                    &k[row.clone()],
+                    &v[row],
+                )?;
             }
+        }
+        Ok(())
+    }
+
+    fn copy_kv(
+        &mut self,
+        cache: &mut PagedKvCache,
+        layer: usize,
+        copies: &[KvCopy],
+    ) -> Result<(), StepError> {
+        let storage = cache.store_mut::<KvStorage>()?;
+        for c in copies {
+            storage.copy_positions(c.src, c.dst, layer, c.len)?;
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tallow_backend::BackendError;
+use tallow_backend::{BackendError, KvCopy};
 use tallow_kv::{KvDtype, KvError, KvLayout, LayerGroups, PageId, PageStore};
 
 use crate::gpu::{Buffer, Gpu};
@@ -50,6 +50,43 @@ impl Pages {
     /// The buffer holding `layer`'s pages.
     pub(crate) fn of_layer(&self, layer: usize) -> &Buffer {
         &self.slots[self.slot_of[layer]]
+    }
+
+    /// Records into `encoder` the copy of positions `0..len` of page `src` to page `dst` in
+    /// `layer` (through a staging buffer: a buffer cannot be copied onto itself).
+    pub(crate) fn record_copy(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        copy: &KvCopy,
+        layer: usize,
+    ) -> Result<(), BackendError> {
+        for page in [copy.src, copy.dst] {
+            if page.index() >= self.n_pages {
+                return Err(KvError::PageOutOfRange {
+                    page,
+                    n_pages: self.n_pages,
+                }
+                .into());
+            }
+        }
+        if copy.len > self.layout.page_size {
+            return Err(BackendError::InvalidArgument(format!(
+                "copy of {} positions from a page of {}",
+                copy.len, self.layout.page_size
+            )));
+        }
+        let (block, blocks) = (self.block_bytes(), 2 * self.layout.n_head_kv as u64);
+        let bytes = (copy.len * self.layout.head_dim * 2) as u64;
+        let staging = self.gpu.zeroed(bytes * blocks)?;
+        let buffer = self.of_layer(layer);
+        let at = |page: PageId, b: u64| (b * self.n_pages as u64 + page.index() as u64) * block;
+        for b in 0..blocks {
+            encoder.copy_buffer_to_buffer(buffer, at(copy.src, b), &staging, b * bytes, bytes);
+        }
+        for b in 0..blocks {
+            encoder.copy_buffer_to_buffer(&staging, b * bytes, buffer, at(copy.dst, b), bytes);
+        }
+        Ok(())
     }
 
     /// Bytes of one (page, kind, head) block.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tallow_backend::{
-    Activation, BackendError, Logits, Output, Scores, Step, StepError, StepInput,
+    Activation, BackendError, KvCopy, Logits, Output, Scores, Step, StepError, StepInput,
 };
 use tallow_kv::{PageStore, PagedKvCache};
 
@@ -228,7 +228,10 @@ impl<'s> WgpuStep<'s> {
         let mut words = Vec::with_capacity(2 * self.n_tokens());
         for (chunk, &first) in self.input.batch.chunks.iter().zip(self.input.first_pos) {
             for i in 0..chunk.len {
-                let slot = cache.writable_slot(chunk.seq, first + i, layer)?;
+                let slot = self
+                    .input
+                    .batch
+                    .write_slot(cache, chunk, first + i, layer)?;
                 words.extend([slot.page.0, slot.offset as u32]);
             }
         }
@@ -419,6 +422,19 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         let pages = store.of_layer(layer).clone();
         let buffers = [(0, &k.buffer), (1, &v.buffer), (2, &slots), (3, &pages)];
         self.dispatch(Kernel::WriteKv, &buffers, &params, (gx, gy, 1))
+    }
+
+    fn copy_kv(
+        &mut self,
+        cache: &mut PagedKvCache,
+        layer: usize,
+        copies: &[KvCopy],
+    ) -> Result<(), StepError> {
+        let store = cache.store::<Pages>()?;
+        for copy in copies {
+            store.record_copy(&mut self.encoder, copy, layer)?;
+        }
+        Ok(())
     }
 
     fn attention(

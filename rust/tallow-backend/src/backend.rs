@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tallow_gguf::{GgufFile, TensorInfo};
 use tallow_kv::{KvLayout, LayerGroups, PageStore, PagedKvCache};
 
-use crate::batch::Batch;
+use crate::batch::{Batch, KvCopy};
 use crate::error::{BackendError, StepError};
 use crate::ops::{Activation, Heads, Scores};
 use crate::output::Output;
@@ -193,6 +193,16 @@ pub trait Step<B: Backend> {
         layer: usize,
         k: &Self::Rows,
         v: &Self::Rows,
+    ) -> Result<(), StepError>;
+
+    /// Copies, for `layer`, the first `len` positions of page `src` to page `dst` of each
+    /// of `copies` (a branch's share of its parent's last page, see
+    /// [`crate::Batch::push_branch`]), after the keys and values written before.
+    fn copy_kv(
+        &mut self,
+        cache: &mut PagedKvCache,
+        layer: usize,
+        copies: &[KvCopy],
     ) -> Result<(), StepError>;
 
     /// Causal attention of each token's queries over its sequence's keys and values of

@@ -1,6 +1,6 @@
 //! A ragged batch: the new tokens of several sequences, flattened into one forward call.
 
-use tallow_kv::SeqId;
+use tallow_kv::{KvError, PageId, PagedKvCache, SeqId, Slot};
 
 /// Which positions of a sequence's chunk produce logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +21,8 @@ pub struct SeqChunk {
     pub start: usize,
     pub len: usize,
     pub logits: Logits,
+    /// The sequence this one was forked from for this batch (see [`Batch::push_branch`]).
+    pub branch_of: Option<SeqId>,
 }
 
 impl SeqChunk {
@@ -32,6 +34,14 @@ impl SeqChunk {
             Logits::All => self.len,
         }
     }
+}
+
+/// Positions `0..len` of page `src` copied to page `dst` in one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCopy {
+    pub src: PageId,
+    pub dst: PageId,
+    pub len: usize,
 }
 
 /// The flattened tokens of several sequences (each at most once), with per-sequence chunks.
@@ -49,11 +59,38 @@ impl Batch {
 
     /// Adds `tokens` as the next positions of `seq`.
     pub fn push(&mut self, seq: SeqId, tokens: &[u32], logits: Logits) -> &mut Self {
+        self.push_chunk(seq, tokens, logits, None)
+    }
+
+    /// Adds `tokens` as the next positions of `seq`, a fork of `parent` made after `parent`
+    /// reserved the positions it computes in this batch: the positions of `parent` that share
+    /// the page `seq`'s first new token goes to (a copy-on-write copy that could not yet
+    /// hold them) are copied into `seq`'s page layer by layer, once `parent` has written
+    /// them. Several branches of one parent (each a continuation of the same text) are so
+    /// computed in the same forward as the text itself.
+    pub fn push_branch(
+        &mut self,
+        seq: SeqId,
+        parent: SeqId,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> &mut Self {
+        self.push_chunk(seq, tokens, logits, Some(parent))
+    }
+
+    fn push_chunk(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        logits: Logits,
+        branch_of: Option<SeqId>,
+    ) -> &mut Self {
         self.chunks.push(SeqChunk {
             seq,
             start: self.tokens.len(),
             len: tokens.len(),
             logits,
+            branch_of,
         });
         self.tokens.extend_from_slice(tokens);
         self
@@ -67,6 +104,62 @@ impl Batch {
     pub fn clear(&mut self) {
         self.tokens.clear();
         self.chunks.clear();
+    }
+
+    /// Whether a chunk is a branch (see [`Batch::push_branch`]).
+    pub fn has_branches(&self) -> bool {
+        self.chunks.iter().any(|c| c.branch_of.is_some())
+    }
+
+    /// The slot `chunk` writes its position `pos` of `layer` to. A page other sequences
+    /// share is refused ([`KvError::SharedPage`]), unless `chunk` is the parent of a branch
+    /// in this batch: its forks share the positions it computes, and it writes them for all.
+    pub fn write_slot(
+        &self,
+        cache: &PagedKvCache,
+        chunk: &SeqChunk,
+        pos: usize,
+        layer: usize,
+    ) -> Result<Slot, KvError> {
+        if self.chunks.iter().any(|c| c.branch_of == Some(chunk.seq)) {
+            cache.slot(chunk.seq, pos, layer)
+        } else {
+            cache.writable_slot(chunk.seq, pos, layer)
+        }
+    }
+
+    /// The copies `layer` needs once its keys and values are written: for each branch whose
+    /// first new position (`first_pos`, chunk by chunk) is inside a page, the positions
+    /// before it, from its parent's page to its own (none where the two still share it).
+    pub fn branch_copies(
+        &self,
+        cache: &PagedKvCache,
+        first_pos: &[usize],
+        layer: usize,
+        out: &mut Vec<KvCopy>,
+    ) -> Result<(), KvError> {
+        out.clear();
+        let ps = cache.layout().page_size;
+        for (chunk, &first) in self.chunks.iter().zip(first_pos) {
+            let (Some(parent), len) = (chunk.branch_of, first % ps) else {
+                continue;
+            };
+            if len == 0 {
+                continue;
+            }
+            let page = first / ps;
+            let table = cache.page_table(parent, layer)?;
+            let src = *table.get(page).ok_or(KvError::OutOfRange {
+                what: "page of the branch's parent",
+                index: page,
+                len: table.len(),
+            })?;
+            let dst = cache.page_table(chunk.seq, layer)?[page];
+            if src != dst {
+                out.push(KvCopy { src, dst, len });
+            }
+        }
+        Ok(())
     }
 
     /// Rows of logits the batch produces, in chunk order.

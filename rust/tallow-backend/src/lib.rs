@@ -11,7 +11,7 @@ mod output;
 mod rope;
 
 pub use backend::{Backend, DeviceInfo, DeviceMemory, MatrixSpec, MatrixUse, Step, StepInput};
-pub use batch::{Batch, Logits, SeqChunk};
+pub use batch::{Batch, KvCopy, Logits, SeqChunk};
 pub use error::{BackendError, StepError};
 pub use ops::{Activation, Heads, Scores};
 pub use output::{argmax, Output};

@@ -202,10 +202,15 @@ impl PagedKvCache {
         self.seqs.stats()
     }
 
+    /// The slot of position `pos` of `seq` in `layer`'s pages, shared or not.
+    pub fn slot(&self, seq: SeqId, pos: usize, layer: usize) -> Result<Slot> {
+        self.seqs.slot(seq, self.groups.place(layer)?.0, pos)
+    }
+
     /// The slot of position `pos` of `seq` in `layer`'s pages, refusing
     /// ([`KvError::SharedPage`]) a page other sequences share.
     pub fn writable_slot(&self, seq: SeqId, pos: usize, layer: usize) -> Result<Slot> {
-        let slot = self.seqs.slot(seq, self.groups.place(layer)?.0, pos)?;
+        let slot = self.slot(seq, pos, layer)?;
         let refcount = self.seqs.allocator().refcount(slot.page)?;
         if refcount > 1 {
             return Err(KvError::SharedPage {

@@ -294,6 +294,29 @@ impl KvStorage {
         Ok(())
     }
 
+    /// Copies positions `0..len` of page `src` to page `dst` in one layer's blocks.
+    pub fn copy_positions(
+        &mut self,
+        src: PageId,
+        dst: PageId,
+        layer: usize,
+        len: usize,
+    ) -> Result<()> {
+        Self::check_index("position count", len, self.layout.page_size + 1)?;
+        let n = len * self.layout.head_dim;
+        for head in 0..self.layout.n_head_kv {
+            for kind in [KvKind::Key, KvKind::Value] {
+                let s = self.block_start(src, layer, head, kind)?;
+                let d = self.block_start(dst, layer, head, kind)?;
+                match &mut self.data {
+                    Data::F16(v) => v.copy_within(s..s + n, d),
+                    Data::F32(v) => v.copy_within(s..s + n, d),
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Copies every value of page `src` to page `dst` (copy-on-write).
     pub fn copy_page(&mut self, src: PageId, dst: PageId) -> Result<()> {
         self.check_page(src)?;
@@ -469,6 +492,38 @@ mod tests {
             s.gather_f32(&[PageId(0)], 2, 0, 0, KvKind::Key, &mut out),
             Err(KvError::ShapeMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn copy_positions_copies_one_layer_up_to_len() {
+        let mut s = KvStorage::new(layout(KvDtype::F32), 2).unwrap();
+        for layer in 0..2 {
+            for o in 0..4 {
+                let k = row(layer as f32 + o as f32, 12);
+                let v = row(-(layer as f32) - o as f32, 12);
+                let slot = |page| Slot { page, offset: o };
+                s.write_token(slot(PageId(0)), layer, &k, &v).unwrap();
+            }
+        }
+        s.copy_positions(PageId(0), PageId(1), 1, 3).unwrap();
+        for head in 0..3 {
+            for kind in [KvKind::Key, KvKind::Value] {
+                let KvBlock::F32(src) = s.block(PageId(0), 1, head, kind).unwrap() else {
+                    unreachable!()
+                };
+                let KvBlock::F32(dst) = s.block(PageId(1), 1, head, kind).unwrap() else {
+                    unreachable!()
+                };
+                assert_eq!(src[..12], dst[..12]);
+                assert!(dst[12..].iter().all(|&x| x == 0.0));
+                let KvBlock::F32(other) = s.block(PageId(1), 0, head, kind).unwrap() else {
+                    unreachable!()
+                };
+                assert!(other.iter().all(|&x| x == 0.0));
+            }
+        }
+        assert!(s.copy_positions(PageId(0), PageId(1), 0, 5).is_err());
+        assert!(s.copy_positions(PageId(0), PageId(2), 0, 1).is_err());
     }
 
     #[test]

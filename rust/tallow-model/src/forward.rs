@@ -1,7 +1,7 @@
 //! The forward pass over a ragged batch of sequences, written once against the [`Backend`]
 //! seam and driven by the architecture's description.
 
-use tallow_backend::{Backend, Batch, Output, Scores, Step, StepError, StepInput};
+use tallow_backend::{Backend, Batch, KvCopy, Output, Scores, Step, StepError, StepInput};
 use tallow_backend_cpu::CpuBackend;
 use tallow_kv::PagedKvCache;
 
@@ -27,6 +27,8 @@ pub struct Scratch<B: Backend = CpuBackend> {
     first_pos: Vec<usize>,
     /// The batch's sequence ids, sorted to find one that appears twice.
     seqs: Vec<u64>,
+    /// One layer's branch copies (see [`Batch::push_branch`]).
+    copies: Vec<KvCopy>,
 }
 
 impl<B: Backend> Default for Scratch<B> {
@@ -42,6 +44,7 @@ impl<B: Backend> Scratch<B> {
             backend: B::Scratch::default(),
             first_pos: Vec::new(),
             seqs: Vec::new(),
+            copies: Vec::new(),
         }
     }
 
@@ -78,6 +81,7 @@ impl<B: Backend> Forward<'_, B> {
             backend: backend_scratch,
             first_pos,
             seqs,
+            copies,
         } = scratch;
         check_batch(batch, seqs)?;
         first_pos.clear();
@@ -94,13 +98,17 @@ impl<B: Backend> Forward<'_, B> {
         let cfg = self.config;
         let input = StepInput {
             batch,
-            first_pos,
+            first_pos: first_pos.as_slice(),
             heads: cfg.heads(),
             page_size: cache.layout().page_size,
             ropes: self.ropes,
         };
         self.backend.run_step(backend_scratch, &input, |step| {
-            self.layers(step, cache, batch, out.reborrow())
+            let branches = Branches {
+                first_pos: first_pos.as_slice(),
+                copies: &mut *copies,
+            };
+            self.layers(step, cache, batch, branches, out.reborrow())
         })?;
         Ok(())
     }
@@ -111,6 +119,7 @@ impl<B: Backend> Forward<'_, B> {
         step: &mut S,
         cache: &mut PagedKvCache,
         batch: &Batch,
+        branches: Branches<'_>,
         out: Output<'_>,
     ) -> Result<(), StepError> {
         let (cfg, w) = (self.config, self.weights);
@@ -162,6 +171,10 @@ impl<B: Backend> Forward<'_, B> {
             step.rope(rope, &mut q)?;
             step.rope(rope, &mut k)?;
             step.write_kv(cache, l, &k, &v)?;
+            if batch.has_branches() {
+                batch.branch_copies(cache, branches.first_pos, l, branches.copies)?;
+                step.copy_kv(cache, l, branches.copies)?;
+            }
             step.attention(cache, l, scores, &q, &mut attn)?;
 
             step.matmul(&attn, [&layer.wo], [&mut proj])?;
@@ -191,6 +204,13 @@ impl<B: Backend> Forward<'_, B> {
         }
         Ok(())
     }
+}
+
+/// What a batch with branches needs in each layer: each chunk's first position, and room for
+/// the layer's copies.
+struct Branches<'a> {
+    first_pos: &'a [usize],
+    copies: &'a mut Vec<KvCopy>,
 }
 
 /// Checks the batch's shape: chunks tile `tokens` in order, none is empty, and no sequence

@@ -1,5 +1,6 @@
 //! The batched forward over the paged KV cache, on the default model: a ragged batch gives
-//! every sequence the logits it gets alone, bit for bit, and malformed batches are refused.
+//! every sequence the logits it gets alone, bit for bit (branches forked in the batch too), and
+//! malformed batches are refused.
 //!
 //! Needs the default model in the cache (`tallow pull`, which the test script runs first).
 
@@ -79,6 +80,71 @@ fn ragged_batch_matches_sequences_alone() {
     let third_last = &alone[2].0[(prompts[2].len() - 1) * n_vocab..];
     assert_eq!(bits(rows[rows.len() - 1]), bits(third_last));
     assert_eq!(cache.seq_len(seqs[1]).unwrap(), prompts[1].len());
+}
+
+/// Continuations of one text computed as branches in the forward that computes the text
+/// (the text's last chunk, after one chunk computed before) give each continuation's logits
+/// as a sequence holding text and continuation computes them.
+#[test]
+fn branches_match_their_continuations_alone() {
+    let model = model();
+    let n_vocab = model.config().n_vocab;
+    let new_cache = || {
+        model
+            .new_kv_cache(model.kv_layout().with_page_size(4), KvBudget::Pages(64))
+            .unwrap()
+    };
+    let continuations = [
+        encode(&model, " Paris, the city"),
+        encode(&model, " a"),
+        encode(&model, " London and"),
+    ];
+    let full = encode(
+        &model,
+        "The capital of France is a city with a long history",
+    );
+    // Texts ending inside a page and at a page's end.
+    for text in [&full[..7], &full[..8]] {
+        let alone: Vec<Vec<f32>> = continuations
+            .iter()
+            .map(|c| {
+                let mut cache = new_cache();
+                let seq = cache.create();
+                let mut batch = Batch::new();
+                batch.push(seq, &[text, c].concat(), Logits::All);
+                let out = reserve_and_run(&model, &mut cache, &batch);
+                out[(text.len() - 1) * n_vocab..].to_vec()
+            })
+            .collect();
+
+        let mut cache = new_cache();
+        let parent = cache.create();
+        let split = 3;
+        let mut batch = Batch::new();
+        batch.push(parent, &text[..split], Logits::None);
+        reserve_and_run(&model, &mut cache, &batch);
+        cache.append_slots(parent, text.len() - split).unwrap();
+        let mut batch = Batch::new();
+        batch.push(parent, &text[split..], Logits::Last);
+        for c in &continuations {
+            let branch = cache.fork(parent).unwrap();
+            cache.append_slots(branch, c.len()).unwrap();
+            batch.push_branch(branch, parent, c, Logits::All);
+        }
+        let out = model.forward(&mut cache, &batch).unwrap();
+        let mut rows = out.chunks_exact(n_vocab);
+        let last = rows.next().unwrap();
+        for (c, expected) in continuations.iter().zip(&alone) {
+            assert_eq!(bits(last), bits(&expected[..n_vocab]));
+            let got: Vec<f32> = rows.by_ref().take(c.len()).flatten().copied().collect();
+            assert_eq!(
+                bits(&got),
+                bits(&expected[n_vocab..]),
+                "{} tokens",
+                text.len()
+            );
+        }
+    }
 }
 
 #[test]

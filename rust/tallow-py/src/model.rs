@@ -265,7 +265,9 @@ impl Model {
 
     /// Runs one ragged batch: `(seq, tokens, logits)` per sequence, where `tokens` take the last
     /// `len(tokens)` positions reserved for `seq` in `cache` and `logits` is `"none"`, `"last"`
-    /// or `"all"`. With `output="logits"`, returns float32 logits of shape `(rows, n_vocab)`,
+    /// or `"all"`; or `(seq, tokens, logits, parent)` for a branch: `seq` was forked from
+    /// `parent` after `parent` reserved the positions it computes in this batch, and takes
+    /// them as `parent` writes them (one forward computes a text and continuations of it). With `output="logits"`, returns float32 logits of shape `(rows, n_vocab)`,
     /// chunk by chunk; with `output="argmax"`, only each row's greedy token (uint32, shape
     /// `(rows,)`), chosen on the model's device.
     #[pyo3(signature = (cache, batch, output = "logits"))]
@@ -273,11 +275,17 @@ impl Model {
         &self,
         py: Python<'py>,
         mut cache: PyRefMut<'_, KvCache>,
-        batch: Vec<(u64, Vec<u32>, String)>,
+        batch: Vec<BatchEntry>,
         output: &str,
     ) -> PyResult<Bound<'py, PyUntypedArray>> {
         let mut flat = Batch::new();
-        for (seq, tokens, logits) in &batch {
+        for entry in &batch {
+            let (seq, tokens, logits, parent) = match entry {
+                BatchEntry::Chunk((seq, tokens, logits)) => (seq, tokens, logits, None),
+                BatchEntry::Branch((seq, tokens, logits, parent)) => {
+                    (seq, tokens, logits, Some(SeqId(*parent)))
+                }
+            };
             let logits = match logits.as_str() {
                 "none" => Logits::None,
                 "last" => Logits::Last,
@@ -288,7 +296,10 @@ impl Model {
                     )))
                 }
             };
-            flat.push(SeqId(*seq), tokens, logits);
+            match parent {
+                Some(parent) => flat.push_branch(SeqId(*seq), parent, tokens, logits),
+                None => flat.push(SeqId(*seq), tokens, logits),
+            };
         }
         let (rows, n_vocab) = (flat.n_logits(), self.config().n_vocab);
         let model = &self.inner;
@@ -357,6 +368,13 @@ impl Model {
 }
 
 /// The text of a Python string, which must be valid Unicode (no lone surrogates).
+/// One entry of `Model.forward`'s batch.
+#[derive(FromPyObject)]
+enum BatchEntry {
+    Chunk((u64, Vec<u32>, String)),
+    Branch((u64, Vec<u32>, String, u64)),
+}
+
 fn utf8(text: &Bound<'_, PyString>) -> PyResult<String> {
     match text.to_str() {
         Ok(text) => Ok(text.to_owned()),
