@@ -77,6 +77,11 @@ class SamplingParams:
     tools: ToolUse | None = None
     """The tools a chat reply may call (set by :meth:`tallow.prompt.Prompts.chat`): their
     calls are held back from the text and parsed (see :mod:`tallow.tools`)."""
+    continuations: tuple[tuple[int, ...], ...] | None = None
+    """Score these token sequences as continuations of the prompt instead of generating:
+    the prompt and every continuation are computed in one step (each continuation in a branch
+    of the prompt's KV), and the request's last output carries each one's log-likelihood in
+    :attr:`~tallow.output.RequestOutput.scores` (see :mod:`tallow.classify`)."""
 
     def check_constraint(self) -> None:
         """Raises :class:`InvalidArgumentError` where the constraint on the output cannot
@@ -331,6 +336,13 @@ def _check_pool_fits(pages: int, page_bytes: int, asked: str) -> None:
         )
 
 
+def _log_softmax(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    """Log probabilities of logits ``x`` along the last axis, in double precision."""
+    x = x.astype(np.float64)
+    top = x.max(axis=-1, keepdims=True)
+    return x - top - np.log(np.exp(x - top).sum(axis=-1, keepdims=True))
+
+
 @dataclass(eq=False, kw_only=True)
 class EngineRequest(Request):
     """A request as the engine holds it: the scheduler's part (:class:`Request`, whose
@@ -423,18 +435,27 @@ class Engine:
         if request_id in self._requests:
             raise InvalidArgumentError(f"request {request_id!r} is already in the engine")
         checks.token_ids("prompt", prompt_token_ids, self.model.n_vocab)
+        branches = None
+        if params.continuations is not None:
+            if not params.continuations or not all(params.continuations):
+                raise InvalidArgumentError("continuations to score must be non-empty token lists")
+            for c in params.continuations:
+                checks.token_ids("continuation", c, self.model.n_vocab)
+            # The last token of a continuation is scored, never fed.
+            branches = [list(c[:-1]) for c in params.continuations]
         request = EngineRequest(
             request_id,
             list(prompt_token_ids),
             params,
             sampler=sampler or params.new_sampler(self.model),
-            speculation=self._speculation(params),
+            speculation=None if branches is not None else self._speculation(params),
             output=OutputState(
                 self.model.stream_decoder(),
                 params.stop,
                 logprobs=params.logprobs,
                 tools=params.tools,
             ),
+            branches=branches,
         )
         self.scheduler.add(request)
         self._requests[request_id] = request
@@ -476,6 +497,7 @@ class Engine:
         step = self.scheduler.schedule({r: p.tokens for r, p in proposals.items()})
         sampled: dict[str, list[SampledRow]] = {}
         failed: dict[str, TallowError] = {}
+        scores: dict[str, list[float]] = {}
         if step:
             try:
                 if self._greedy_on_device(step):
@@ -484,6 +506,7 @@ class Engine:
                 else:
                     logits = self.model.forward(self.kv, step.batch())
                     sampled, failed = self._sample(step, logits, proposals)
+                    scores = self._score(step, logits)
             except TallowError as e:
                 return self._process(self.scheduler.fail(step, e), {})
             self.tokens_computed += step.num_tokens
@@ -491,10 +514,13 @@ class Engine:
         outputs = self.scheduler.update(
             step, {r: [t[0] for t in rows] for r, rows in sampled.items()}, failed
         )
-        return self._process(outputs, sampled)
+        return self._process(outputs, sampled, scores)
 
     def _process(
-        self, outputs: list[SchedulerOutput], sampled: Mapping[str, list[SampledRow]]
+        self,
+        outputs: list[SchedulerOutput],
+        sampled: Mapping[str, list[SampledRow]],
+        scores: Mapping[str, list[float]] | None = None,
     ) -> list[RequestOutput]:
         """Each request's output state turns its tokens into text; a request whose stop string
         matched ends now, and finished requests are forgotten."""
@@ -503,7 +529,11 @@ class Engine:
             req = self._requests[out.request_id]
             result = req.output.process(out, sampled.get(out.request_id, ()))
             if result.finished:
-                result = replace(result, cached_tokens=req.num_cached_tokens or 0)
+                result = replace(
+                    result,
+                    cached_tokens=req.num_cached_tokens or 0,
+                    scores=(scores or {}).get(out.request_id),
+                )
                 if not out.finished:
                     self.scheduler.stop(out.request_id)
                 del self._requests[out.request_id]
@@ -545,7 +575,11 @@ class Engine:
         """Whether every request that takes tokens in ``step`` takes the argmax and nothing
         more: then the device picks them and only one token per row comes back."""
         ids = step.sample_ids
-        return bool(ids) and all(self._requests[r].sampler.is_plain_greedy for r in ids)
+        return (
+            bool(ids)
+            and not step.has_scoring
+            and all(self._requests[r].sampler.is_plain_greedy for r in ids)
+        )
 
     def _take_argmax(
         self, step: Step, argmaxes: npt.NDArray[np.uint32]
@@ -576,6 +610,9 @@ class Engine:
         plain_rows: list[int] = []
         row = 0
         for chunk in step.chunks:
+            if chunk.scoring:
+                row += chunk.n_rows
+                continue
             if not chunk.logits:
                 continue
             if chunk.draft:
@@ -601,6 +638,33 @@ class Engine:
                 else:
                     sampled[r] = [one]
         return sampled, failed
+
+    def _score(self, step: Step, logits: npt.NDArray[np.float32]) -> dict[str, list[float]]:
+        """The log-likelihood of each continuation of every scoring request in ``step``: its
+        first token from the prompt's last row, the others from its branch's rows."""
+        if not step.has_scoring:
+            return {}
+        rows: dict[str, list[npt.NDArray[np.float32]]] = {}
+        row = 0
+        for chunk in step.chunks:
+            if chunk.scoring:
+                rows.setdefault(chunk.request_id, []).append(logits[row : row + chunk.n_rows])
+            row += chunk.n_rows
+        scores = {}
+        for request_id, (last, *branches) in rows.items():
+            params = self._requests[request_id].params
+            assert isinstance(params, SamplingParams) and params.continuations is not None
+            first = _log_softmax(last[-1])
+            fed = iter(branches)
+            totals = []
+            for c in params.continuations:
+                total = float(first[c[0]])
+                if len(c) > 1:
+                    block = _log_softmax(next(fed))
+                    total += float(block[np.arange(len(c) - 1), list(c[1:])].sum())
+                totals.append(total)
+            scores[request_id] = totals
+        return scores
 
     def stats(self) -> dict[str, float]:
         """KV pages total / used / free, tokens cached, slot utilization, running and waiting

@@ -81,6 +81,9 @@ class RequestOutput:
     """With the last output of a chat reply that called tools: the calls."""
     cached_tokens: int = 0
     """With the last output: prompt tokens whose KV came from the prefix cache."""
+    scores: list[float] | None = None
+    """With the output of a scoring request (``SamplingParams.continuations``): the
+    log-likelihood of each continuation after the prompt, the sum over its tokens."""
 
 
 class OutputState:

@@ -114,6 +114,10 @@ class PagePool(Protocol):
         """A new, empty sequence."""
         ...
 
+    def fork(self, seq: int) -> int:
+        """A new sequence sharing every page of ``seq``."""
+        ...
+
     def free(self, seq: int) -> list[int]:
         """End ``seq``; return the pages that became free."""
         ...
@@ -196,6 +200,11 @@ class Request:
     """The stop token id that ended the request."""
     error: TallowError | None = None
     """Why the request could not run to a normal end (the pool or context is too small)."""
+    branches: list[list[int]] | None = None
+    """A scoring request: these token lists are computed after the prompt, each in a branch
+    of the request's sequence (a fork) in the step that computes the prompt's last token, with
+    a row of logits per token (an empty list takes no branch). It generates nothing and
+    finishes (reason ``"stop"``) after that step; the engine reads the rows."""
     abort_pending: bool = field(default=False, repr=False)
 
     @property
@@ -234,10 +243,18 @@ class ScheduledChunk:
     """Proposed tokens (speculative decoding): ``token_ids`` is the last sampled token then
     these; the chunk has one row of logits per token, and the tokens the model agrees with
     are kept."""
+    scoring: bool = False
+    """The last chunk of a scoring request (see :attr:`Request.branches`) or one of its
+    branches: its rows are read, not sampled."""
+    branch_of: int | None = None
+    """For a branch: the sequence it was forked from (``seq`` is the fork); every token has a
+    row of logits."""
 
     @property
     def n_rows(self) -> int:
         """Rows of logits the chunk produces."""
+        if self.branch_of is not None:
+            return len(self.token_ids)
         return len(self.draft) + 1 if self.logits else 0
 
 
@@ -259,13 +276,24 @@ class Step:
     @property
     def sample_ids(self) -> list[str]:
         """Requests to sample for, in the order of their rows of logits (a speculative chunk
-        has several rows, see :attr:`ScheduledChunk.n_rows`)."""
-        return [c.request_id for c in self.chunks if c.logits]
+        has several rows, see :attr:`ScheduledChunk.n_rows`; scoring chunks have rows but are
+        not sampled)."""
+        return [c.request_id for c in self.chunks if c.logits and not c.scoring]
 
-    def batch(self) -> list[tuple[int, list[int], str]]:
+    @property
+    def has_scoring(self) -> bool:
+        """Whether a scoring request's rows are in the step."""
+        return any(c.scoring for c in self.chunks)
+
+    def batch(self) -> list[tuple[int, list[int], str] | tuple[int, list[int], str, int]]:
         """The step as ``Model.forward``'s ``batch`` argument."""
         kind = {0: "none", 1: "last"}
-        return [(c.seq, c.token_ids, kind.get(c.n_rows, "all")) for c in self.chunks]
+        return [
+            (c.seq, c.token_ids, kind.get(c.n_rows, "all"))
+            if c.branch_of is None
+            else (c.seq, c.token_ids, "all", c.branch_of)
+            for c in self.chunks
+        ]
 
     def __bool__(self) -> bool:
         return bool(self.chunks)
@@ -480,7 +508,7 @@ class Scheduler:
                     continue
                 draft = self._draft_room(req, drafts.get(req.request_id, ())) if decode_pass else []
                 want = min(remaining + len(draft), budget)
-                n = self._fit(req, want, free)
+                n = self._fit(req, want, free, budget)
                 while n == 0:
                     victim = self._running[-1]
                     if victim is req and len(self._running) == 1:
@@ -495,7 +523,7 @@ class Scheduler:
                     free += freed
                     if victim is req:
                         break
-                    n = self._fit(req, want, free)
+                    n = self._fit(req, want, free, budget)
                 if req.status is not RequestStatus.RUNNING:
                     continue  # it was the last of the running list
                 assert req.seq is not None
@@ -525,6 +553,9 @@ class Scheduler:
             )
             n = min(req.num_tokens - hit, budget, self._first_chunk_room(hit, revived))
             need = revived + self._pages_from(hit, n)
+            if hit + n == req.num_tokens and not self._branches_fit(req, budget - n, free - need):
+                n -= 1  # the last token waits for a step with room for the branches
+                need = revived + self._pages_from(hit, n)
             if n == 0 or need > free:
                 break
             self._waiting.popleft()
@@ -545,18 +576,69 @@ class Scheduler:
             assert p.req.seq is not None
             end = p.start_pos + p.n
             known = end - len(p.draft)
+            last = known == p.req.num_tokens
+            scoring = last and p.req.branches is not None
             step.chunks.append(
                 ScheduledChunk(
                     request_id=p.req.request_id,
                     seq=p.req.seq,
                     token_ids=p.req.token_slice(p.start_pos, known) + p.draft,
                     start_pos=p.start_pos,
-                    logits=known == p.req.num_tokens,
+                    logits=last,
                     draft=p.draft,
+                    scoring=scoring,
                 )
             )
+            if scoring:
+                step.chunks += self._fork_branches(p.req)
         self._inflight = step
         return step
+
+    def _fork_branches(self, req: Request) -> list[ScheduledChunk]:
+        """The branches of a scoring request whose last token is in this step, each a fork of
+        its sequence with the branch's positions reserved."""
+        assert req.seq is not None and req.branches is not None
+        chunks = []
+        for tokens in req.branches:
+            if not tokens:
+                continue
+            fork = self.kv.fork(req.seq)
+            self.kv.reserve(fork, len(tokens))
+            chunks.append(
+                ScheduledChunk(
+                    request_id=req.request_id,
+                    seq=fork,
+                    token_ids=list(tokens),
+                    start_pos=req.num_tokens,
+                    logits=True,
+                    scoring=True,
+                    branch_of=req.seq,
+                )
+            )
+        return chunks
+
+    def _branch_cost(self, req: Request) -> tuple[int, int]:
+        """(tokens, pages) the branches of a scoring request take beside its last chunk: for
+        each, in every layer group, a copy of the last page where it is partly filled and
+        pages for the positions past it."""
+        if not req.branches:
+            return 0, 0
+        ps, n = self._page_size, req.num_tokens
+        shared = 1 if n % ps else 0
+        tokens = pages = 0
+        for branch in req.branches:
+            if branch:
+                tokens += len(branch)
+                pages += shared + math.ceil((n + len(branch)) / ps) - math.ceil(n / ps)
+        return tokens, pages * self.kv.n_groups
+
+    def _branches_fit(self, req: Request, budget: int, free: int) -> bool:
+        """Whether the branches of ``req`` (if any) fit in ``budget`` tokens and ``free``
+        pages beside its last chunk."""
+        if not req.branches:
+            return True
+        tokens, pages = self._branch_cost(req)
+        return tokens <= budget and pages <= free
 
     def update(
         self,
@@ -601,7 +683,10 @@ class Scheduler:
                     f"{chunk.draft} and one more token"
                 )
         self._inflight = None
+        self._free_branches(step)
         for chunk in step.chunks:
+            if chunk.branch_of is not None:
+                continue
             kept = len(chunk.token_ids)
             if chunk.draft:
                 accepted = len(tokens.get(chunk.request_id, [0])) - 1
@@ -617,14 +702,24 @@ class Scheduler:
                 self.kv.commit(chunk.seq, chunk.token_ids[:kept])
         outputs, self._pending = self._pending, []
         for chunk in step.chunks:
+            if chunk.branch_of is not None:
+                continue
             req = self._requests[chunk.request_id]
             if req.abort_pending:
                 outputs.append(self._finish(req, "abort"))
             elif chunk.request_id in failed:
                 outputs.append(self._finish(req, "abort", error=failed[chunk.request_id]))
+            elif chunk.scoring:
+                outputs.append(self._finish(req, "stop"))
             elif chunk.logits:
                 outputs.append(self._append_all(req, chunk, tokens[chunk.request_id]))
         return outputs
+
+    def _free_branches(self, step: Step) -> None:
+        """Free the forks of a step's branches: they live for one step."""
+        for chunk in step.chunks:
+            if chunk.branch_of is not None:
+                self.kv.free(chunk.seq)
 
     def _append_all(
         self, req: Request, chunk: ScheduledChunk, tokens: list[int]
@@ -650,6 +745,7 @@ class Scheduler:
         if step is not self._inflight:
             raise RuntimeError("fail() takes the step returned by the last schedule()")
         self._inflight = None
+        self._free_branches(step)
         outputs, self._pending = self._pending, []
         for chunk in step.chunks:
             req = self._requests.get(chunk.request_id)
@@ -681,6 +777,17 @@ class Scheduler:
 
     def _never_fits(self, req: Request) -> str | None:
         n = req.num_tokens
+        branch_tokens, branch_pages = self._branch_cost(req)
+        if branch_tokens >= self.max_tokens_per_step:
+            return (
+                f"branches of {branch_tokens} tokens leave no room for the prompt's last token "
+                f"in a step of {self.max_tokens_per_step} tokens"
+            )
+        if branch_pages and self.kv.pages_to_hold(n) + branch_pages > self.kv.n_pages:
+            return (
+                f"{n} tokens and their branches ({branch_pages} pages) do not fit in the KV "
+                f"pool ({self.kv.n_pages} pages of {self._page_size} tokens)"
+            )
         if self.max_model_len is not None and n >= self.max_model_len:
             return (
                 f"{n} tokens leave no room for a completion in max_model_len={self.max_model_len}"
@@ -692,10 +799,16 @@ class Scheduler:
             )
         return None
 
-    def _fit(self, req: Request, want: int, free: int) -> int:
-        """Most tokens, up to ``want``, that ``req`` can reserve with ``free`` pages."""
+    def _fit(self, req: Request, want: int, free: int, budget: int) -> int:
+        """Most tokens, up to ``want``, that ``req`` can reserve with ``free`` pages (and
+        ``budget`` tokens, for the branches of a scoring request's last token)."""
         assert req.seq is not None
-        return self.kv.max_append(req.seq, want, free)
+        n = self.kv.max_append(req.seq, want, free)
+        if n and req.num_computed + n == req.num_tokens:
+            room = free - self.kv.pages_needed(req.seq, n)
+            if not self._branches_fit(req, budget - n, room):
+                n -= 1  # the last token waits for a step with room for the branches
+        return n
 
     def _pages_from(self, hit: int, n: int) -> int:
         """Pages a new sequence holding the ``hit`` cached tokens (whole pages) takes for
