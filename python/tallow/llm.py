@@ -16,6 +16,7 @@ import numpy.typing as npt
 from tallow import _core, checks
 from tallow.catalog import DEFAULT_MODEL, resolve_model
 from tallow.chat_template import ChatTemplate
+from tallow.classify import Classification, ClassifyTask
 from tallow.engine import (
     Engine,
     EngineConfig,
@@ -448,6 +449,37 @@ class LLM:
         return stream.result
 
     # -- evaluation -----------------------------------------------------------------------------
+
+    def classify(
+        self, texts: str | Sequence[str], labels: Sequence[str], prompt: str | None = None
+    ) -> list[Classification]:
+        """Zero-shot classification: for each text, the probability of each of ``labels`` as
+        the model's answer (see :mod:`tallow.classify`). ``prompt`` is ``None`` (the chat
+        template around an instruction to pick a label) or a prompt holding ``{text}`` (and
+        optionally ``{labels}``). The texts run as concurrent requests; the prompt's part
+        before the text comes from the prefix cache after the first."""
+        task = ClassifyTask(self._prompts, labels, prompt)
+        prompts = [task.prompt_ids(text) for text in task.texts(texts)]
+        engine = self._open_engine()
+        ids = [f"llm-{next(self._ids)}" for _ in prompts]
+        results = []
+        try:
+            with self._lock:
+                for request_id, prompt_ids in zip(ids, prompts, strict=True):
+                    engine.add(request_id, prompt_ids, task.params)
+                    self._outputs[request_id] = deque()
+            for request_id, prompt_ids in zip(ids, prompts, strict=True):
+                out = self._next_output(request_id)
+                while not out.finished:
+                    out = self._next_output(request_id)
+                results.append(task.result(out, len(prompt_ids)))
+        finally:
+            with self._lock:
+                for request_id in ids:
+                    # Unfinished (an error, an interrupt): nothing is left in the engine.
+                    if self._outputs.pop(request_id, None) is not None:
+                        engine.abort(request_id)
+        return results
 
     def perplexity(
         self,

@@ -1,0 +1,154 @@
+"""Zero-shot classification on a language model.
+
+A text is classified by the probability the model gives each label as the continuation of a
+prompt that holds the text: the chat template's opening of the assistant's reply to an
+instruction (the default), or a prompt of the caller's with ``{text}`` in it. A label's
+log-likelihood is the sum over its tokens; the probabilities are their softmax over the labels.
+
+The prompt is cut around the text and each part tokenized alone, so the part before the text
+is the same token ids for every text: with prefix caching its KV is computed once. The text's
+own tokens and every label are computed in one forward (each label of more than one token in
+a branch of the text's KV, see :attr:`tallow.engine.SamplingParams.continuations`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tallow import checks
+from tallow.engine import SamplingParams
+from tallow.errors import InvalidArgumentError
+from tallow.output import RequestOutput
+from tallow.prompt import Prompts
+
+__all__ = ["DEFAULT_INSTRUCTION", "Classification", "ClassifyTask"]
+
+DEFAULT_INSTRUCTION = (
+    "Classify the text as one of: {labels}. Answer with the label only.\n\nText: {text}"
+)
+"""The user's message of the default prompt (rendered with the model's chat template)."""
+
+_TEXT = "{text}"
+_LABELS = "{labels}"
+# Stands for the text while the chat template renders the message around it.
+_MARK = "\x00tallow-text\x00"
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The classification of one text."""
+
+    label: str
+    """The most probable label."""
+    labels: list[str]
+    probs: list[float]
+    """The probability of each label (of :attr:`labels`), summing to 1."""
+    logprobs: list[float]
+    """Each label's log-likelihood after the prompt: the sum over its tokens."""
+    prompt_tokens: int
+    """Tokens of the prompt (instruction and text)."""
+    cached_tokens: int = 0
+    """Of those, tokens whose KV came from the prefix cache."""
+
+
+class ClassifyTask:
+    """Texts to classify into ``labels`` with one prompt: their token ids and the result of
+    their requests.
+
+    ``prompt`` is ``None`` (the model's chat template around :data:`DEFAULT_INSTRUCTION`) or a
+    prompt of the caller's holding ``{text}`` once (and ``{labels}``, the labels joined with
+    commas, anywhere), used as it is: control-token text in it is parsed and BOS added where
+    the model asks for it. The labels are tokenized as plain text where the model's answer
+    starts: with a prompt of the caller's, give them the leading space the text before them
+    calls for (``" positive"`` after ``"Sentiment:"``).
+    """
+
+    def __init__(self, prompts: Prompts, labels: object, prompt: object = None) -> None:
+        self._prompts = prompts
+        self.labels = _labels(labels)
+        model = prompts.model
+        ids = [model.tokenize(label, False, False) for label in self.labels]
+        for label, tokens in zip(self.labels, ids, strict=True):
+            if not tokens:
+                raise InvalidArgumentError(f"label {label!r} has no tokens")
+        self.params = SamplingParams(
+            max_tokens=None, continuations=tuple(tuple(t) for t in ids)
+        )
+        listed = ", ".join(self.labels)
+        if prompt is None:
+            message = DEFAULT_INSTRUCTION.replace(_LABELS, listed).replace(_TEXT, _MARK)
+            rendered = prompts.chat_template.render(
+                [{"role": "user", "content": message}], quote=model.quote_special
+            )
+            before, _, after = rendered.partition(_MARK)
+            self._before = model.tokenize_quoted(before, False)
+            self._after = model.tokenize_quoted(after, False)
+        else:
+            template = checks.text("prompt", prompt)
+            if template.count(_TEXT) != 1:
+                raise InvalidArgumentError("prompt must hold '{text}' exactly once")
+            before, _, after = template.replace(_LABELS, listed).partition(_TEXT)
+            self._before = model.tokenize(before, False, True)
+            bos = model.bos_id
+            if bos is not None and (model.add_bos or not self._before):
+                self._before = [bos, *self._before]
+            self._after = model.tokenize(after, False, True)
+
+    def prompt_ids(self, text: object) -> list[int]:
+        """The token ids of the prompt for ``text`` (tokenized as plain text)."""
+        text = checks.text("text", text)
+        if not text.strip():
+            raise InvalidArgumentError("a text to classify must not be empty")
+        ids = self._before + self._prompts.model.tokenize(text, False, False) + self._after
+        return self._prompts.check_fits(ids)
+
+    def texts(self, texts: object) -> list[str]:
+        """``texts`` (one string or a non-empty sequence of them), checked."""
+        items = [texts] if isinstance(texts, str) else texts
+        if isinstance(items, (bytes, bytearray)) or not isinstance(items, Sequence):
+            raise InvalidArgumentError(
+                f"texts must be a string or a list of strings, got {checks.describe(texts)}"
+            )
+        if not items:
+            raise InvalidArgumentError("no texts to classify")
+        return [checks.text("text", t) for t in items]
+
+    def result(self, out: RequestOutput, prompt_tokens: int) -> Classification:
+        """The classification from a request's last output."""
+        if out.error is not None:
+            raise out.error
+        assert out.scores is not None, "a scoring request ends with scores"
+        top = max(out.scores)
+        weights = [math.exp(s - top) for s in out.scores]
+        total = sum(weights)
+        probs = [w / total for w in weights]
+        best = max(range(len(probs)), key=probs.__getitem__)
+        return Classification(
+            label=self.labels[best],
+            labels=list(self.labels),
+            probs=probs,
+            logprobs=list(out.scores),
+            prompt_tokens=prompt_tokens,
+            cached_tokens=out.cached_tokens,
+        )
+
+
+def _labels(labels: object) -> list[str]:
+    """At least two distinct, non-empty labels."""
+    if isinstance(labels, (str, bytes, bytearray)) or not isinstance(labels, Sequence):
+        raise InvalidArgumentError(
+            f"labels must be a list of strings, got {checks.describe(labels)}"
+        )
+    out = [checks.text("label", label) for label in labels]
+    if len(out) < 2:
+        raise InvalidArgumentError(f"a classification needs at least two labels, got {len(out)}")
+    if any(not label for label in out):
+        raise InvalidArgumentError("a label must not be empty")
+    seen: set[str] = set()
+    for label in out:
+        if label in seen:
+            raise InvalidArgumentError(f"label {label!r} is given twice")
+        seen.add(label)
+    return out
