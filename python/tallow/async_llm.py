@@ -25,6 +25,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from tallow import _core, checks
 from tallow.catalog import DEFAULT_MODEL, resolve_model
+from tallow.classify import Classification, ClassifyTask
 from tallow.engine import Engine, EngineConfig, SamplingParams, load_model, sampling_params
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
 from tallow.output import GenerationResult, RequestOutput, ResultBuilder
@@ -401,6 +402,51 @@ class AsyncLLM:
             messages, params, parse_special=parse_special, tools=tools, tool_choice=tool_choice
         )
         return await self._complete(chat.ids, chat.params)
+
+    async def classify(
+        self, texts: str | Sequence[str], labels: Sequence[str], prompt: str | None = None
+    ) -> list[Classification]:
+        """Zero-shot classification, as :meth:`tallow.LLM.classify` (the same arguments): for
+        each text, the probability of each label as the model's answer. The texts run as
+        concurrent requests."""
+        self._check_open()
+        task = self.classify_task(labels, prompt)
+        return await self.run_classification(
+            task, [task.prompt_ids(text) for text in task.texts(texts)]
+        )
+
+    def classify_task(self, labels: Sequence[str], prompt: str | None = None) -> ClassifyTask:
+        """The labels and prompt of a classification, checked (see
+        :class:`tallow.classify.ClassifyTask`), for :meth:`run_classification`."""
+        return ClassifyTask(self._prompts, labels, prompt)
+
+    async def run_classification(
+        self, task: ClassifyTask, prompts: Sequence[list[int]]
+    ) -> list[Classification]:
+        """The classification of each prompt of ``task`` (from ``task.prompt_ids``), run as
+        concurrent requests; the first error raised."""
+        results: list[Classification | None] = [None] * len(prompts)
+        errors: list[TallowError] = []
+
+        async def one(i: int, ids: list[int]) -> None:
+            last = None
+            try:
+                async for out in self.outputs(ids, task.params):
+                    last = out
+            except TallowError as e:
+                errors.append(e)
+                group.cancel_scope.cancel()  # the others are of no use now
+                return
+            assert last is not None, "outputs() ends with a finished output or raises"
+            results[i] = task.result(last, len(ids))
+
+        async with anyio.create_task_group() as group:
+            for i, ids in enumerate(prompts):
+                group.start_soon(one, i, ids)
+        if errors:
+            # One text's error is the call's, as the other front ends raise it.
+            raise errors[0]
+        return [r for r in results if r is not None]
 
     def stats(self) -> dict[str, float]:
         """KV pages total / used / free, tokens cached, slot utilization, running and waiting

@@ -73,9 +73,7 @@ class ClassifyTask:
         for label, tokens in zip(self.labels, ids, strict=True):
             if not tokens:
                 raise InvalidArgumentError(f"label {label!r} has no tokens")
-        self.params = SamplingParams(
-            max_tokens=None, continuations=tuple(tuple(t) for t in ids)
-        )
+        self.params = SamplingParams(max_tokens=None, continuations=tuple(tuple(t) for t in ids))
         listed = ", ".join(self.labels)
         if prompt is None:
             message = DEFAULT_INSTRUCTION.replace(_LABELS, listed).replace(_TEXT, _MARK)

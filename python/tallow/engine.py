@@ -338,9 +338,12 @@ def _check_pool_fits(pages: int, page_bytes: int, asked: str) -> None:
 
 def _log_softmax(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
     """Log probabilities of logits ``x`` along the last axis, in double precision."""
-    x = x.astype(np.float64)
-    top = x.max(axis=-1, keepdims=True)
-    return x - top - np.log(np.exp(x - top).sum(axis=-1, keepdims=True))
+    wide = x.astype(np.float64)
+    top = wide.max(axis=-1, keepdims=True)
+    out: npt.NDArray[np.float64] = (
+        wide - top - np.log(np.exp(wide - top).sum(axis=-1, keepdims=True))
+    )
+    return out
 
 
 @dataclass(eq=False, kw_only=True)

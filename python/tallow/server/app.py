@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from tallow.async_llm import AsyncLLM
+from tallow.classify import Classification, ClassifyTask
 from tallow.engine import SamplingParams
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
 from tallow.output import RequestOutput, TokenLogprob
@@ -35,11 +36,13 @@ from tallow.prompt import ChatPrompt
 from tallow.server.metrics import CONTENT_TYPE, Metrics
 from tallow.server.protocol import (
     APIError,
+    ClassifyRequest,
     GenerationRequest,
     check_model,
     choice_params,
     invalid,
     parse_chat,
+    parse_classify,
     parse_completion,
     parse_json,
     usage,
@@ -196,6 +199,71 @@ class _Server:
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    # -- classification -----------------------------------------------------------------------
+
+    async def classify(self, request: Request) -> Response:
+        endpoint = "/v1/classify"
+        try:
+            raw = await self._read_body(request)
+            req, task, prompts = await anyio.to_thread.run_sync(self._prepare_classify, raw)
+        except APIError as e:
+            self.metrics.requests.labels(endpoint, str(e.status)).inc()
+            return error_response(e)
+        self.metrics.requests.labels(endpoint, "200").inc()
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+        results: list[list[Classification]] = []
+        failure: list[TallowError] = []
+
+        async def run() -> None:
+            try:
+                results.append(await self.llm.run_classification(task, prompts))
+            except TallowError as e:
+                failure.append(e)
+
+        if not await _unless_disconnected(request, run):
+            return Response(status_code=499)
+        if failure:
+            return error_response(APIError(500, str(failure[0]), type="server_error"))
+        return JSONResponse(
+            {
+                "id": f"classify-{next(self._ids)}",
+                "object": "list",
+                "created": int(time.time()),
+                "model": req.model,
+                "data": [
+                    {
+                        "index": i,
+                        "label": c.label,
+                        "probs": c.probs,
+                        "num_classes": len(c.labels),
+                    }
+                    for i, c in enumerate(results[0])
+                ],
+                "usage": usage(prompt_tokens, 0, sum(c.cached_tokens for c in results[0])),
+            }
+        )
+
+    def _prepare_classify(
+        self, raw: bytes
+    ) -> tuple[ClassifyRequest, ClassifyTask, list[list[int]]]:
+        """In a worker thread: the parsed request, its task and the token ids of its texts
+        (each problem a 400 naming its field)."""
+        req = parse_classify(parse_json(raw))
+        check_model(req.model, self.names)
+        try:
+            task = self.llm.classify_task(req.labels, req.prompt)
+        except InvalidArgumentError as e:
+            message = str(e)
+            raise invalid("prompt" if message.startswith("prompt") else "labels", message) from None
+        try:
+            prompts = [task.prompt_ids(text) for text in req.texts]
+        except InvalidArgumentError as e:
+            raise invalid("input", str(e)) from None
+        except ModelError as e:
+            raise invalid("input", str(e), "context_length_exceeded") from None
+        return req, task, prompts
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -618,6 +686,7 @@ def create_app(
             Route("/v1/models/{name:path}", server.model, methods=["GET"]),
             Route("/v1/completions", server.completions, methods=["POST"]),
             Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
+            Route("/v1/classify", server.classify, methods=["POST"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: internal_error},
         middleware=security_middleware(options.api_key, options.allowed_origins),

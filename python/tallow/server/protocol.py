@@ -470,6 +470,38 @@ def choice_params(params: SamplingParams, choice: int) -> SamplingParams:
     return replace(params, seed=(params.seed + choice) % 2**64)
 
 
+MAX_CLASSIFY_INPUTS = 256
+"""Most texts one classify request may hold."""
+
+
+@dataclass(frozen=True)
+class ClassifyRequest:
+    """What a ``POST /v1/classify`` body asks for."""
+
+    model: str
+    texts: list[str]
+    labels: list[str]
+    prompt: str | None
+
+
+def parse_classify(body: object) -> ClassifyRequest:
+    """A ``POST /v1/classify`` body: ``model``, ``input`` (a text or a list of them),
+    ``labels`` (a list of strings) and optionally ``prompt`` (holding ``{text}``)."""
+    f = _Fields(body)
+    model = f.string("model", required=True)
+    assert model is not None
+    value = f.body.get("input")
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise invalid("input", "'input' must be a string or a list of strings", "invalid_type")
+    if not texts or len(texts) > MAX_CLASSIFY_INPUTS:
+        raise invalid("input", f"'input' must hold 1 to {MAX_CLASSIFY_INPUTS} texts")
+    labels = f.body.get("labels")
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise invalid("labels", "'labels' must be a list of strings", "invalid_type")
+    return ClassifyRequest(model, texts, labels, f.string("prompt"))
+
+
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
     """OpenAI's usage object; ``cached_tokens`` are the prompt tokens served from the prefix
     cache."""
