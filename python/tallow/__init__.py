@@ -20,6 +20,7 @@ TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at st
 if TYPE_CHECKING:
     from tallow.async_llm import AsyncLLM
     from tallow.catalog import DEFAULT_MODEL, pull, resolve_model
+    from tallow.classify import Classification
     from tallow.engine import SamplingParams
     from tallow.errors import (
         CatalogError,
@@ -43,6 +44,7 @@ _WHERE = {
     "DEFAULT_MODEL": "tallow.catalog",
     "pull": "tallow.catalog",
     "resolve_model": "tallow.catalog",
+    "Classification": "tallow.classify",
     "SamplingParams": "tallow.engine",
     "CatalogError": "tallow.errors",
     "GgufError": "tallow.errors",
@@ -63,6 +65,7 @@ __all__ = [
     "LLM",
     "AsyncLLM",
     "CatalogError",
+    "Classification",
     "GenerationResult",
     "GgufError",
     "GrammarError",

@@ -458,7 +458,7 @@ class LLM:
         template around an instruction to pick a label) or a prompt holding ``{text}`` (and
         optionally ``{labels}``). The texts run as concurrent requests; the prompt's part
         before the text comes from the prefix cache after the first."""
-        task = ClassifyTask(self._prompts, labels, prompt)
+        task = self.classify_task(labels, prompt)
         prompts = [task.prompt_ids(text) for text in task.texts(texts)]
         engine = self._open_engine()
         ids = [f"llm-{next(self._ids)}" for _ in prompts]
@@ -480,6 +480,12 @@ class LLM:
                     if self._outputs.pop(request_id, None) is not None:
                         engine.abort(request_id)
         return results
+
+    def classify_task(self, labels: Sequence[str], prompt: str | None = None) -> ClassifyTask:
+        """The labels and prompt of a classification, checked: the prompt's token ids for a
+        text (``prompt_ids``) and the scoring parameters (see
+        :class:`tallow.classify.ClassifyTask`)."""
+        return ClassifyTask(self._prompts, labels, prompt)
 
     def perplexity(
         self,

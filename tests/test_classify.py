@@ -1,0 +1,186 @@
+"""Zero-shot classification: label probabilities against the log-likelihoods ``generate``
+reports for the same prompt, the same answers from every front end, the prefix cache serving
+the instruction, and bad input refused."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from conftest import serving
+
+import tallow
+from tallow import InvalidArgumentError
+from tallow.scheduler import Request, Scheduler
+from tallow.stopping import StopConditions
+
+LABELS = ["positive", "negative review", "neither of those two"]
+TEXTS = [
+    "I loved this movie, it was wonderful!",
+    "Terrible service, never again.",
+    "The meeting is at 3pm.",
+]
+
+
+def label_logprob(llm: tallow.LLM, prompt: list[int], label: list[int]) -> float:
+    """The log-likelihood of ``label`` after ``prompt``, token by token through generate: each
+    token forced by a logit bias, its log probability the model's own."""
+    total = 0.0
+    for j, token in enumerate(label):
+        result = llm.generate(
+            prompt + label[:j], max_tokens=1, temperature=0, logprobs=True, logit_bias={token: 100}
+        )
+        assert result.token_ids == [token] and result.logprobs is not None
+        total += result.logprobs[0].logprob
+    return total
+
+
+def softmax(xs: list[float]) -> list[float]:
+    top = max(xs)
+    e = [math.exp(x - top) for x in xs]
+    return [x / sum(e) for x in e]
+
+
+@pytest.mark.parametrize("prompt", [None, "Review: {text}\nOne of {labels}. The review is"])
+def test_probabilities_are_the_softmax_of_label_likelihoods(
+    smollm2: tallow.LLM, prompt: str | None
+) -> None:
+    labels = LABELS if prompt is None else [" " + label for label in LABELS]
+    task = smollm2.classify_task(labels, prompt)
+    tokens = [smollm2.tokenize(label, add_special=False) for label in labels]
+    assert [len(t) > 1 for t in tokens] == [False, True, True]
+    results = smollm2.classify(TEXTS, labels, prompt)
+    assert len(results) == len(TEXTS)
+    for text, result in zip(TEXTS, results, strict=True):
+        ids = task.prompt_ids(text)
+        expected = [label_logprob(smollm2, ids, t) for t in tokens]
+        assert result.labels == labels and result.prompt_tokens == len(ids)
+        assert result.logprobs == pytest.approx(expected, abs=2e-3)
+        assert result.probs == pytest.approx(softmax(expected), abs=1e-3)
+        assert sum(result.probs) == pytest.approx(1.0)
+        assert result.label == labels[result.probs.index(max(result.probs))]
+
+
+def test_the_instruction_comes_from_the_prefix_cache(smollm2: tallow.LLM) -> None:
+    first = smollm2.classify(TEXTS[0], LABELS)[0]
+    again = smollm2.classify(TEXTS[1], LABELS)[0]
+    # The chat template's opening and the instruction (whole pages of it) are cached.
+    assert again.cached_tokens >= 16 and again.cached_tokens < again.prompt_tokens
+    assert first.label == "positive"
+
+
+def test_async_and_sync_agree(smollm2_path: Path, smollm2: tallow.LLM) -> None:
+    expected = smollm2.classify(TEXTS, LABELS)
+
+    async def main() -> list[tallow.Classification]:
+        async with tallow.AsyncLLM(smollm2_path, n_ctx=512) as llm:
+            return await llm.classify(TEXTS, LABELS)
+
+    got = anyio.run(main)
+    for a, b in zip(got, expected, strict=True):
+        assert a.label == b.label
+        assert a.probs == pytest.approx(b.probs, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("texts", "labels", "prompt", "needle"),
+    [
+        (["x"], [], None, "at least two labels"),
+        (["x"], ["yes"], None, "at least two labels"),
+        (["x"], ["yes", "yes"], None, "given twice"),
+        (["x"], ["yes", ""], None, "must not be empty"),
+        (["x"], "yes,no", None, "list of strings"),
+        ([""], ["yes", "no"], None, "must not be empty"),
+        (["   "], ["yes", "no"], None, "must not be empty"),
+        ([], ["yes", "no"], None, "no texts"),
+        (["x"], ["yes", "no"], "no placeholder", "{text}"),
+        (["x"], ["yes", "no"], "{text} and {text}", "{text}"),
+    ],
+)
+def test_bad_input_is_refused(
+    smollm2: tallow.LLM, texts: list[str], labels: object, prompt: str | None, needle: str
+) -> None:
+    with pytest.raises(InvalidArgumentError, match=needle.replace("{", r"\{")):
+        smollm2.classify(texts, labels, prompt)  # type: ignore[arg-type]
+
+
+def test_branches_are_forked_with_the_last_chunk_and_freed_after() -> None:
+    kv = tallow._core.KvCache(1, 1, 8, page_size=4, dtype="f16", max_pages=16)
+    s = Scheduler(kv, max_tokens_per_step=64)
+    request = Request("a", [1, 2, 3, 4, 5, 6], StopConditions(max_tokens=None))
+    request.branches = [[7, 8], [], [9]]
+    s.add(request)
+    step = s.schedule()
+    parent, *branches = step.chunks
+    assert parent.scoring and parent.n_rows == 1 and step.sample_ids == []
+    assert [(c.token_ids, c.branch_of, c.n_rows) for c in branches] == [
+        ([7, 8], parent.seq, 2),
+        ([9], parent.seq, 1),
+    ]
+    # Each branch shares the parent's full page and copies its partly filled one.
+    assert kv.page_table(branches[0].seq)[0] == kv.page_table(parent.seq)[0]
+    assert kv.page_table(branches[0].seq)[1] != kv.page_table(parent.seq)[1]
+    assert step.batch()[1] == (branches[0].seq, [7, 8], "all", parent.seq)
+    outs = s.update(step, [])
+    assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [("a", True, "stop")]
+    assert kv.stats()["pages_used"] == 0
+
+
+def test_branches_that_never_fit_are_refused() -> None:
+    # 3 pages: the prompt takes 2, the branch a copy of the last page and one more.
+    kv = tallow._core.KvCache(1, 1, 8, page_size=4, dtype="f16", max_pages=3)
+    s = Scheduler(kv, max_tokens_per_step=64, prefix_caching=False)
+    request = Request("a", [1, 2, 3, 4, 5, 6], StopConditions(max_tokens=None))
+    request.branches = [[7, 8, 9]]
+    s.add(request)
+    outs = s.update(s.schedule(), [])
+    assert outs and outs[0].error is not None and "do not fit" in str(outs[0].error)
+    assert kv.stats()["pages_used"] == 0
+
+
+@pytest.fixture(scope="module")
+def classify_server(smollm2_path: Path) -> Iterator[str]:
+    with serving("-m", "smollm2-135m", "--ctx", "512") as url:
+        yield url
+
+
+def test_endpoint(classify_server: str, smollm2: tallow.LLM) -> None:
+    body = {"model": "smollm2-135m", "input": TEXTS, "labels": LABELS}
+    response = httpx.post(f"{classify_server}/v1/classify", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    got = response.json()
+    assert got["object"] == "list" and got["model"] == "smollm2-135m"
+    expected = smollm2.classify(TEXTS, LABELS)
+    assert [d["index"] for d in got["data"]] == [0, 1, 2]
+    for d, e in zip(got["data"], expected, strict=True):
+        assert d["label"] == e.label and d["num_classes"] == 3
+        assert d["probs"] == pytest.approx(e.probs, abs=1e-5)
+    assert got["usage"]["prompt_tokens"] == sum(e.prompt_tokens for e in expected)
+    assert got["usage"]["completion_tokens"] == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "param"),
+    [
+        ({"labels": []}, 400, "labels"),
+        ({"labels": ["a", "a"]}, 400, "labels"),
+        ({"labels": "a"}, 400, "labels"),
+        ({"input": ""}, 400, "input"),
+        ({"input": []}, 400, "input"),
+        ({"input": [1, 2]}, 400, "input"),
+        ({"prompt": "no placeholder"}, 400, "prompt"),
+        ({"input": "word " * 600}, 400, "input"),
+        ({"model": "other"}, 404, "model"),
+    ],
+)
+def test_endpoint_refuses_bad_input(
+    classify_server: str, change: dict[str, object], status: int, param: str
+) -> None:
+    body = {"model": "smollm2-135m", "input": "fine", "labels": ["yes", "no"], **change}
+    response = httpx.post(f"{classify_server}/v1/classify", json=body, timeout=60)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["param"] == param
