@@ -4,6 +4,7 @@ the instruction, and bad input refused."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from conftest import serving
+from conftest import assert_one_line_error, run_cli, serving
 
 import tallow
 from tallow import InvalidArgumentError
@@ -184,3 +185,22 @@ def test_endpoint_refuses_bad_input(
     response = httpx.post(f"{classify_server}/v1/classify", json=body, timeout=60)
     assert response.status_code == status, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_command_line(smollm2: tallow.LLM) -> None:
+    expected = smollm2.classify(TEXTS[:2], LABELS)
+    labels = ",".join(LABELS)
+    proc = run_cli("classify", "-m", "smollm2-135m", "-l", labels, "--json", *TEXTS[:2])
+    assert proc.returncode == 0, proc.stderr.decode()
+    lines = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert [line["text"] for line in lines] == TEXTS[:2]
+    for line, e in zip(lines, expected, strict=True):
+        assert line["label"] == e.label
+        assert list(line["probs"].values()) == pytest.approx(e.probs, abs=1e-5)
+    stdin = "\n".join(TEXTS[:2]).encode()
+    proc = run_cli("classify", "-m", "smollm2-135m", "-l", labels, input=stdin)
+    assert proc.returncode == 0, proc.stderr.decode()
+    rows = [line.split("\t") for line in proc.stdout.decode().splitlines()]
+    assert [r[2] for r in rows] == TEXTS[:2]
+    assert [r[0] for r in rows] == [e.label for e in expected]
+    assert_one_line_error(run_cli("classify", "-l", "one", "text"), "at least two labels")

@@ -440,6 +440,24 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_classify(args: argparse.Namespace) -> int:
+    texts = [_check_arg_text(t) for t in args.text]
+    if not texts:
+        texts = [line for line in _read_file("-").splitlines() if line.strip()]
+    labels = [label.strip() for label in _check_arg_text(args.labels).split(",")]
+    llm = _load(args.model, device=args.device)
+    results = llm.classify(texts, labels, args.prompt)
+    for text, result in zip(texts, results, strict=True):
+        probs = dict(zip(result.labels, result.probs, strict=True))
+        if args.json:
+            line = {"text": text, "label": result.label, "probs": probs}
+            print(json.dumps(line, ensure_ascii=False))
+        else:
+            shown = "  ".join(f"{label}={p:.3f}" for label, p in probs.items())
+            print(f"{result.label}\t{shown}\t{text}")
+    return 0
+
+
 def _cmd_perplexity(args: argparse.Namespace) -> int:
     text = _read_file(args.file)
     llm = _load(args.model, device=args.device)
@@ -781,6 +799,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--parse-special", action="store_true", help="match control tokens written in the text"
     )
     p.set_defaults(func=_cmd_tokenize)
+
+    p = sub.add_parser(
+        "classify",
+        help="zero-shot classification of texts into labels",
+        description="For each TEXT (or each non-empty line of stdin), the probability of each "
+        "label as the model's answer: the chat template around an instruction to pick one, or "
+        "--prompt with {text} (and optionally {labels}) in it. Prints the most probable label, "
+        "every label's probability and the text, tab-separated (--json: one object a line).",
+    )
+    p.add_argument("text", nargs="*", metavar="TEXT")
+    p.add_argument("-l", "--labels", required=True, help="the labels, comma-separated")
+    p.add_argument("--prompt", help="a prompt holding {text} instead of the chat template")
+    p.add_argument("--json", action="store_true", help="one JSON object a line")
+    model_arg(p)
+    device_arg(p)
+    p.set_defaults(func=_cmd_classify)
 
     p = sub.add_parser(
         "perplexity",
