@@ -1,0 +1,163 @@
+"""Latency of zero-shot classification (``LLM.classify``, one text at a time) beside its floor,
+and throughput with concurrent clients.
+
+The floor of a classification is one forward over the prompt's tokens that the prefix cache
+cannot serve (the text's own, the few of the instruction after its last whole page, and the
+template's close of the turn) at the depth of the cached instruction: measured in the same run
+on the same model, through ``Model.forward`` on a sequence forked from the cached prefix. Every
+request has a text of its own (random words), so that only the instruction is cached.
+
+    python benches/classify_bench.py [-m MODEL] [--trials 200] [--clients 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import anyio
+
+import tallow
+from tallow.engine import load_model
+
+WORDS = [
+    "the",
+    "a",
+    "river",
+    "house",
+    "green",
+    "market",
+    "quietly",
+    "opened",
+    "seven",
+    "cold",
+    "morning",
+    "train",
+    "city",
+    "people",
+    "music",
+    "bright",
+    "old",
+    "letter",
+    "window",
+    "small",
+    "road",
+    "later",
+    "under",
+    "because",
+    "never",
+    "found",
+    "paper",
+]
+LABEL_SETS = {
+    2: ["positive", "negative"],
+    4: ["world news", "sports", "business", "science and technology"],
+}
+
+
+def texts_of(llm: tallow.LLM, n_tokens: int, count: int, seed: int) -> list[str]:
+    """``count`` texts of random words, each ``n_tokens`` tokens long."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        words = " ".join(rng.choice(WORDS) for _ in range(n_tokens))
+        ids = llm.tokenize(words, add_special=False)[:n_tokens]
+        text = llm.detokenize(ids)
+        if len(llm.tokenize(text, add_special=False)) == n_tokens:
+            out.append(text)
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def floor_ms(model: object, prompt: list[int], cached: int, trials: int) -> float:
+    """Median time of one forward over ``prompt[cached:]`` after the cached prefix."""
+    kv = model.new_kv_cache(page_size=16, max_pages=64)  # type: ignore[attr-defined]
+    prefix = kv.create()
+    kv.reserve(prefix, cached)
+    model.forward(kv, [(prefix, prompt[:cached], "none")])  # type: ignore[attr-defined]
+    rest = prompt[cached:]
+    times = []
+    for _ in range(trials):
+        seq = kv.fork(prefix)
+        kv.reserve(seq, len(rest))
+        start = time.perf_counter()
+        model.forward(kv, [(seq, rest, "last")])  # type: ignore[attr-defined]
+        times.append(time.perf_counter() - start)
+        kv.free(seq)
+    return statistics.median(times) * 1000
+
+
+def latency(args: argparse.Namespace, llm: tallow.LLM, model: object) -> None:
+    print(
+        "| text tokens | labels | uncached tokens | floor (ms) | P50 (ms) | P95 (ms) | P99 (ms) "
+        "| P95 / floor |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for n_tokens in (4, 16):
+        for n_labels, labels in LABEL_SETS.items():
+            texts = texts_of(llm, n_tokens, args.trials + 5, seed=n_tokens * 10 + n_labels)
+            for text in texts[:5]:  # warm: the instruction enters the prefix cache
+                llm.classify(text, labels)
+            times = []
+            last = None
+            for text in texts[5:]:
+                start = time.perf_counter()
+                (last,) = llm.classify(text, labels)
+                times.append((time.perf_counter() - start) * 1000)
+            assert last is not None
+            prompt = llm.classify_task(labels).prompt_ids(texts[-1])
+            floor = floor_ms(model, prompt, last.cached_tokens, args.trials)
+            p50, p95, p99 = (percentile(times, q) for q in (50, 95, 99))
+            print(
+                f"| {n_tokens} | {n_labels} | {last.prompt_tokens - last.cached_tokens} "
+                f"| {floor:.2f} | {p50:.2f} | {p95:.2f} | {p99:.2f} | {p95 / floor:.2f} |"
+            )
+
+
+def throughput(args: argparse.Namespace) -> None:
+    labels = LABEL_SETS[4]
+
+    async def main() -> tuple[int, float]:
+        async with tallow.AsyncLLM(args.model, n_ctx=512) as llm:
+            sync = tallow.LLM(args.model)
+            texts = texts_of(sync, 16, args.clients * args.per_client, seed=7)
+            await llm.classify(texts[0], labels)
+            start = time.perf_counter()
+
+            async def client(i: int) -> None:
+                for text in texts[i :: args.clients]:
+                    await llm.classify(text, labels)
+
+            async with anyio.create_task_group() as group:
+                for i in range(args.clients):
+                    group.start_soon(client, i)
+            return len(texts), time.perf_counter() - start
+
+    n, elapsed = anyio.run(main)
+    print(
+        f"\n{args.clients} concurrent clients, texts of 16 tokens into 4 labels: "
+        f"{n / elapsed:.1f} classifications/s ({n} in {elapsed:.2f} s)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", "--model", default="smollm2-135m")
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--per-client", type=int, default=8)
+    args = parser.parse_args()
+    llm = tallow.LLM(args.model, n_ctx=512)
+    model = load_model(tallow.resolve_model(args.model))
+    latency(args, llm, model)
+    throughput(args)
+
+
+if __name__ == "__main__":
+    main()
