@@ -28,8 +28,29 @@ EOS = 0
 VOCAB = 50
 
 
-def make_kv(n_pages: int) -> Any:
-    return KvCache(1, 1, 8, page_size=PS, dtype="f16", max_pages=n_pages)
+class Pool:
+    """A ``KvCache`` beside the token each of its slots holds: :class:`FakeModel` writes them,
+    and a copy-on-write copy made by ``reserve`` copies them too."""
+
+    def __init__(self, kv: KvCache) -> None:
+        self.kv = kv
+        self.slots: dict[tuple[int, int], int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kv, name)
+
+    def reserve(self, seq: int, n: int) -> None:
+        before, length = self.kv.page_table(seq), self.kv.seq_len(seq)
+        self.kv.reserve(seq, n)
+        last = len(before) - 1
+        if length % PS and self.kv.page_table(seq)[last] != before[last]:
+            src, dst = before[last], self.kv.page_table(seq)[last]
+            for offset in range(length % PS):
+                self.slots[(dst, offset)] = self.slots[(src, offset)]
+
+
+def make_kv(n_pages: int, **kw: Any) -> Any:
+    return Pool(KvCache(1, 1, 8, page_size=PS, dtype="f16", max_pages=n_pages, **kw))
 
 
 def make(
@@ -75,7 +96,7 @@ class FakeModel:
     def __init__(self, kv: Any, avoid: Sequence[int] = (EOS,)) -> None:
         self.kv = kv
         self.avoid = set(avoid)
-        self.slots: dict[tuple[int, int], int] = {}
+        self.slots: dict[tuple[int, int], int] = kv.slots
 
     def next_token(self, tokens: Sequence[int]) -> int:
         t = hash(tuple(tokens)) % VOCAB
@@ -512,13 +533,13 @@ def test_running_requests_share_cached_pages_and_the_last_token_is_computed() ->
     s.add(req("a", 8, max_tokens=4))
     step = s.schedule()
     s.update(step, model.forward(step))
-    # A prompt equal to a's (two full pages): the first page is reused, the second computed
-    # again so that its last token gives logits.
+    # A prompt equal to a's (two full pages): the first page is reused, and three tokens of
+    # the second, copied for b, which computes the last token again for its logits.
     s.add(req("b", 8, max_tokens=4))
     step = s.schedule()
     assert chunks(step) == [
         ("a", 8, step.chunks[0].token_ids, True),
-        ("b", 4, [104, 105, 106, 107], True),
+        ("b", 7, [107], True),
     ]
     assert tables(kv, s) == {"a": [0, 1, 2], "b": [0, 3]}
     assert kv.stats()["pages_shared"] == 1
@@ -776,7 +797,7 @@ def test_a_windowed_layer_group_lets_a_long_request_run_in_a_pool_too_small_to_k
     reference.add(req("a", 24, 24))
     want = tokens_of(run(reference, FakeModel(big))["a"])
 
-    kv = KvCache(2, 1, 8, page_size=PS, dtype="f16", max_pages=18, windows=[None, 8])
+    kv = Pool(KvCache(2, 1, 8, page_size=PS, dtype="f16", max_pages=18, windows=[None, 8]))
     assert kv.n_groups == 2
     # 48 positions: 12 global pages, and at most (8 - 1 + 8) / 4 + 1 windowed ones.
     assert kv.pages_to_hold(48, 8) == 12 + 5
@@ -799,20 +820,21 @@ def test_a_windowed_layer_group_lets_a_long_request_run_in_a_pool_too_small_to_k
 def test_windowed_groups_share_a_cached_prefix_only_where_its_end_sees_it() -> None:
     """A second request with the same 24-token prompt attaches the cached prefix: the global
     layer's pages and the windowed layer's last ones, and computes the same tokens."""
-    kv = KvCache(2, 1, 8, page_size=PS, dtype="f16", max_pages=64, windows=[None, 8])
+    kv = Pool(KvCache(2, 1, 8, page_size=PS, dtype="f16", max_pages=64, windows=[None, 8]))
     s = Scheduler(kv, max_num_seqs=4, max_tokens_per_step=64, eog_ids=[EOS])
     model = FakeModel(kv)
     s.add(req("a", 24, 4))
     first = tokens_of(run(s, model)["a"])
     s.add(req("b", 24, 4))
     step = s.schedule()
-    # The last prompt token is always computed: the cached prefix is 5 whole pages.
-    assert chunks(step) == [("b", 20, [120, 121, 122, 123], True)]
+    # The last prompt token is always computed: the cached prefix is 5 whole pages and 3
+    # tokens of the sixth.
+    assert chunks(step) == [("b", 23, [123], True)]
     b = s.get("b")
     assert b is not None and b.seq is not None
     released = 2**32 - 1
-    # A query at 20 sees 13..20: windowed pages 3 and 4 came from the cache, 0..2 did not.
-    assert kv.page_table(b.seq, 1)[:3] == [released] * 3
+    # A query at 23 sees 16..23: windowed pages 4 and 5 came from the cache, 0..3 did not.
+    assert kv.page_table(b.seq, 1)[:4] == [released] * 4
     assert released not in kv.page_table(b.seq, 0)
     outs = s.update(step, model.forward(step))
     rest = run(s, model)

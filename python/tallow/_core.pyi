@@ -248,8 +248,9 @@ class KvCache:
         """A new, empty sequence (ids are never reused); ``salt`` separates the cached
         prefixes of sequences whose KV differs for the same tokens."""
     def match_prefix(self, tokens: list[int], max_tokens: int, salt: int = 0) -> tuple[int, int]:
-        """``(tokens, free_pages)``: the leading tokens of ``tokens`` (whole pages, at most
-        ``max_tokens``) whose KV is cached, and how many of their pages are free."""
+        """``(tokens, free_pages)``: the leading tokens of ``tokens`` (at most ``max_tokens``;
+        whole pages, then part of one) whose KV is cached, and how many of their pages are
+        free."""
     def attach_prefix(self, seq: int, tokens: list[int], max_tokens: int) -> int:
         """Give the empty ``seq`` the cached pages of the longest cached prefix of ``tokens``
         (at most ``max_tokens`` tokens); return the tokens attached."""

@@ -24,11 +24,12 @@ chunk of its prompt (chunked prefill). Within ``max_tokens_per_step`` tokens:
    that preempted.
 
 **Prefix caching** (on by default). A request is admitted with the KV of the longest prefix of
-its tokens that the pool has cached, in whole pages and short of its last token; its first chunk
-starts after it. After each step, the tokens it computed are committed, so every page they fill
-is cached, keyed by its content and everything before it. Cached pages outlive their requests
-until the pool needs them (least recently freed first). A preempted request finds its own pages
-again if they were not reused meanwhile.
+its tokens that the pool has cached, short of its last token: whole pages, then part of a cached
+page that begins with its next tokens (copied before the request writes after them); its first
+chunk starts after it. After each step, the tokens it computed are committed, so every page they
+fill is cached, keyed by its content and everything before it. Cached pages outlive their
+requests until the pool needs them (least recently freed first). A preempted request finds its
+own pages again if they were not reused meanwhile.
 
 A chunk's logits are needed only when it reaches the end of the request's tokens.
 
@@ -334,7 +335,7 @@ class Scheduler:
     - ``max_model_len``: most tokens per request, prompt plus generated (the model's
       context); ``None``: no limit.
     - ``prefix_caching``: admit a request with the KV of the longest cached prefix of its
-      tokens (whole pages, the last token always computed), and commit the tokens of every
+      tokens (the last token always computed), and commit the tokens of every
       step so the pages they fill are cached (see :mod:`tallow._core`'s ``KvCache``).
     """
 
@@ -811,8 +812,9 @@ class Scheduler:
         return n
 
     def _pages_from(self, hit: int, n: int) -> int:
-        """Pages a new sequence holding the ``hit`` cached tokens (whole pages) takes for
-        its next ``n``: a page per ``page_size`` positions in each layer group."""
+        """Pages a new sequence holding the ``hit`` cached tokens takes for its next ``n``: a
+        page per ``page_size`` positions in each layer group (a cached page it holds in part is
+        copied first)."""
         ps = self._page_size
         return self.kv.n_groups * (math.ceil((hit + n) / ps) - hit // ps)
 

@@ -12,6 +12,11 @@
 //!
 //! Keys are SipHash with random keys (no crafted collisions), and a hit is checked against the
 //! page's stored token ids and parent key before it is used.
+//!
+//! After the last whole page, a prompt may continue with part of a cached page: the page
+//! after the same parent whose tokens share the longest beginning with the prompt's next ones
+//! ([`PrefixCache::longest_child`]). A sequence takes that page shared and uses only those
+//! positions; its next append copies the page (copy-on-write) and writes its own after them.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
@@ -50,6 +55,8 @@ pub(crate) struct PrefixCache {
     /// Token ids of every page (`page_size` per page), valid where `entries` is set.
     tokens: Vec<u32>,
     by_key: HashMap<(u64, usize), PageId>,
+    /// The registered pages of each (parent key, group).
+    children: HashMap<(u64, usize), Vec<PageId>>,
     stats: PrefixStats,
 }
 
@@ -61,6 +68,7 @@ impl PrefixCache {
             entries: collect(n_pages, std::iter::repeat_with(|| None))?,
             tokens: zeroed(n_pages.saturating_mul(page_size))?,
             by_key: HashMap::new(),
+            children: HashMap::new(),
             stats: PrefixStats::default(),
         })
     }
@@ -87,6 +95,28 @@ impl PrefixCache {
         (entry.parent == parent && self.page_tokens(page) == tokens).then_some(page)
     }
 
+    /// The key of the registered page of group 0 after `parent` whose tokens begin with the
+    /// longest run of `tokens` (at least one, fewer than a page), with that run's length.
+    pub(crate) fn longest_child(&self, parent: u64, tokens: &[u32]) -> Option<(u64, usize)> {
+        let mut best: Option<(u64, usize)> = None;
+        for &page in self.children.get(&(parent, 0))? {
+            let common = (self.page_tokens(page).iter().zip(tokens))
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(self.page_size - 1);
+            let entry = self.entries[page.index()].as_ref()?;
+            if common > best.map_or(0, |(_, n)| n) {
+                best = Some((entry.key, common));
+            }
+        }
+        best
+    }
+
+    /// The registered page of group `group` under `key`.
+    pub(crate) fn page_of(&self, key: u64, group: usize) -> Option<PageId> {
+        self.by_key.get(&(key, group)).copied()
+    }
+
     fn page_tokens(&self, page: PageId) -> &[u32] {
         &self.tokens[page.index() * self.page_size..][..self.page_size]
     }
@@ -106,6 +136,7 @@ impl PrefixCache {
             return;
         }
         self.by_key.insert((key, group), page);
+        self.children.entry((parent, group)).or_default().push(page);
         self.entries[page.index()] = Some(Entry { key, group, parent });
         let ps = self.page_size;
         self.tokens[page.index() * ps..][..ps].copy_from_slice(tokens);
@@ -121,6 +152,13 @@ impl PrefixCache {
     pub(crate) fn forget(&mut self, page: PageId, evicted: bool) {
         if let Some(entry) = self.entries[page.index()].take() {
             self.by_key.remove(&(entry.key, entry.group));
+            let siblings = (self.children)
+                .get_mut(&(entry.parent, entry.group))
+                .expect("a registered page is its parent's child");
+            siblings.retain(|&p| p != page);
+            if siblings.is_empty() {
+                self.children.remove(&(entry.parent, entry.group));
+            }
             self.stats.cached_pages -= 1;
             if evicted {
                 self.stats.evicted_pages += 1;

@@ -63,10 +63,13 @@ impl SeqEntry {
     }
 }
 
+/// Per layer group, the index of the first page a sequence keeps and the pages from there on.
+type Kept = Vec<(usize, Vec<PageId>)>;
+
 /// What [`Sequences::match_prefix`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PrefixMatch {
-    /// Leading tokens whose KV is cached (whole pages).
+    /// Leading tokens whose KV is cached (whole pages, then maybe part of one).
     pub tokens: usize,
     /// Of the pages holding them, those waiting in the free list: attaching takes them out of
     /// it, as allocation would.
@@ -263,13 +266,14 @@ impl Sequences {
     }
 
     /// Whether appending to group `g` of `e` must first copy its last page: it is partly
-    /// filled and shared with another sequence.
+    /// filled and shared with another sequence, or cached (taken in part from the cache).
     fn needs_cow(&self, e: &SeqEntry, g: usize) -> Result<bool> {
         if e.len.is_multiple_of(self.page_size) {
             return Ok(false);
         }
         let last = *e.tables[g].last().expect("a non-empty sequence has pages");
-        Ok(self.alloc.refcount(last)? > 1)
+        // A cached page taken in part (see [`PrefixCache`]) keeps what it holds for others.
+        Ok(self.alloc.refcount(last)? > 1 || self.prefix.is_cached(last))
     }
 
     /// Pages [`Sequences::append_slots`] would take from the free list for `n` more tokens
@@ -317,7 +321,7 @@ impl Sequences {
     /// [`KvError::OutOfPages`] is returned and nothing changes.
     ///
     /// Windowed groups first give back the pages no query from the first new position on can
-    /// see. Copy-on-write: if a group's last page is partly filled and shared (refcount > 1),
+    /// see. Copy-on-write: if a group's last page is partly filled and shared (refcount > 1) or cached,
     /// a new page is allocated first (before any page for new positions), takes the old one's
     /// place in this sequence's table, and the old page loses one reference;
     /// [`Appended::copies`] says which page to copy into which. Pages the slots point into
@@ -365,7 +369,7 @@ impl Sequences {
             if cow {
                 let dst = pages.next().expect("allocated");
                 let src = std::mem::replace(table.last_mut().expect("non-empty"), dst);
-                // Still referenced by another sequence: cannot become free here.
+                // Another sequence's, or back to the free list with its key (still cached).
                 self.alloc.release(src)?;
                 appended.copies.push(CopyOp { src, dst });
             }
@@ -494,24 +498,22 @@ impl Sequences {
         Ok(page)
     }
 
-    /// The cached pages of the longest prefix of `tokens` (whole pages, at most `max_tokens`
-    /// tokens) that a sequence created with `salt` can continue from: every page in a global
-    /// group, and in a windowed group the pages a query at the prefix's end sees. Returns the
-    /// prefix's page keys and, per group, its first kept page and the pages from there on.
-    fn find_prefix(
-        &self,
-        salt: u64,
-        tokens: &[u32],
-        max_tokens: usize,
-    ) -> (Vec<u64>, Vec<(usize, Vec<PageId>)>) {
+    /// The cached pages of the longest prefix of `tokens` (at most `max_tokens` tokens) that a
+    /// sequence created with `salt` can continue from: whole pages, then part of one where a
+    /// cached page after the last begins with the next tokens (see [`PrefixCache`]); every
+    /// page in a global group, and in a windowed group the pages a query at the prefix's end
+    /// sees. Returns the whole pages' keys, the tokens of the prefix and, per group, its first
+    /// kept page and the pages from there on.
+    fn find_prefix(&self, salt: u64, tokens: &[u32], max_tokens: usize) -> (Vec<u64>, usize, Kept) {
         let ps = self.page_size;
         let groups = self.windows.len();
+        let tokens = &tokens[..max_tokens.min(tokens.len())];
         let mut keys = Vec::new();
         // found[g][i]: group g's cached page for prefix page i, for each page while every
         // global group has one.
         let mut found: Vec<Vec<Option<PageId>>> = vec![Vec::new(); groups];
         let mut parent = salt;
-        for page_tokens in tokens[..max_tokens.min(tokens.len())].chunks_exact(ps) {
+        for page_tokens in tokens.chunks_exact(ps) {
             let key = self.prefix.key(parent, page_tokens);
             let pages: Vec<_> = (0..groups)
                 .map(|g| self.prefix.find(g, parent, key, page_tokens))
@@ -526,32 +528,60 @@ impl Sequences {
             keys.push(key);
             parent = key;
         }
-        // The longest prefix whose windowed groups hold every page its end sees.
+        // Part of one more page, where every group has it.
+        let rest = &tokens[keys.len() * ps..];
+        let partial = self
+            .prefix
+            .longest_child(parent, &rest[..rest.len().min(ps)])
+            .and_then(|(key, n)| {
+                let pages: Option<Vec<PageId>> =
+                    (0..groups).map(|g| self.prefix.page_of(key, g)).collect();
+                pages.map(|pages| (n, pages))
+            });
+        if let Some((n, pages)) = partial {
+            let mut with = found.clone();
+            for (f, p) in with.iter_mut().zip(pages) {
+                f.push(Some(p));
+            }
+            let len = keys.len() * ps + n;
+            if let Some(kept) = self.try_kept(&with, keys.len() + 1, len) {
+                return (keys, len, kept);
+            }
+        }
+        // The longest prefix of whole pages whose windowed groups hold every page its end
+        // sees.
         let mut m = keys.len();
         loop {
-            let kept: Option<Vec<(usize, Vec<PageId>)>> = (0..groups)
-                .map(|g| {
-                    let from = self.keep_from(g, m * ps).min(m);
-                    found[g][from..m]
-                        .iter()
-                        .copied()
-                        .collect::<Option<Vec<_>>>()
-                        .map(|pages| (from, pages))
-                })
-                .collect();
-            if let Some(kept) = kept {
+            if let Some(kept) = self.try_kept(&found, m, m * ps) {
                 keys.truncate(m);
-                return (keys, kept);
+                return (keys, m * ps, kept);
             }
             m -= 1;
         }
     }
 
-    /// The longest cached prefix of `tokens`, in whole pages and at most `max_tokens` tokens,
+    /// Per group, the first page a query at `len` sees and the pages from there to page
+    /// `pages` (of `found`, see [`Sequences::find_prefix`]); `None` where a windowed group
+    /// misses one.
+    fn try_kept(&self, found: &[Vec<Option<PageId>>], pages: usize, len: usize) -> Option<Kept> {
+        (0..self.windows.len())
+            .map(|g| {
+                let from = self.keep_from(g, len).min(pages);
+                found[g][from..pages]
+                    .iter()
+                    .copied()
+                    .collect::<Option<Vec<_>>>()
+                    .map(|pages| (from, pages))
+            })
+            .collect()
+    }
+
+    /// The longest cached prefix of `tokens`, at most `max_tokens` tokens (whole pages, then
+    /// maybe part of one),
     /// for a sequence created with `salt` (see [`Sequences::attach_prefix`]). Changes
     /// nothing.
     pub fn match_prefix(&self, salt: u64, tokens: &[u32], max_tokens: usize) -> PrefixMatch {
-        let (keys, kept) = self.find_prefix(salt, tokens, max_tokens);
+        let (_, len, kept) = self.find_prefix(salt, tokens, max_tokens);
         let free_pages = kept
             .iter()
             .flat_map(|(_, pages)| pages)
@@ -559,14 +589,15 @@ impl Sequences {
             .filter(|&&p| self.alloc.refcount(p).unwrap_or(1) == 0)
             .count();
         PrefixMatch {
-            tokens: keys.len() * self.page_size,
+            tokens: len,
             free_pages,
         }
     }
 
     /// Gives the empty sequence `seq` the cached pages of the longest cached prefix of
-    /// `tokens` (whole pages, at most `max_tokens` tokens; see [`Sequences::match_prefix`]):
-    /// they join its page tables, shared, and their tokens count as committed. A windowed
+    /// `tokens` (at most `max_tokens` tokens, whole pages and maybe part of one; see
+    /// [`Sequences::match_prefix`]): they join its page tables, shared, and their tokens count
+    /// as committed. A windowed
     /// group gets only the pages a query at the prefix's end sees. Returns the tokens
     /// attached. Counts `tokens.len()` looked-up tokens in the prefix statistics.
     pub fn attach_prefix(
@@ -579,7 +610,7 @@ impl Sequences {
         if e.len > 0 {
             return Err(KvError::NotEmpty(seq));
         }
-        let (keys, kept) = self.find_prefix(e.salt, tokens, max_tokens);
+        let (keys, n, kept) = self.find_prefix(e.salt, tokens, max_tokens);
         for &page in kept.iter().flat_map(|(_, pages)| pages) {
             if self.alloc.refcount(page)? == 0 {
                 self.alloc.revive(page)?;
@@ -587,7 +618,6 @@ impl Sequences {
                 self.alloc.retain(page)?;
             }
         }
-        let n = keys.len() * self.page_size;
         self.prefix.count_lookup(tokens.len(), n);
         let e = self
             .seqs
@@ -1058,9 +1088,11 @@ mod tests {
         let m = s.match_prefix(0, &tokens, 20);
         assert_eq!(m.tokens, 20);
         assert_eq!(m.free_pages, 0);
+        // 19 tokens end inside page 4 and see pages 3 and 4: found, part of page 4 with them.
+        assert_eq!(s.match_prefix(0, &tokens, 19).tokens, 19);
         // 16 tokens would need windowed page 2 (positions 11..16): gone, and so is every
         // shorter prefix's.
-        assert_eq!(s.match_prefix(0, &tokens, 19).tokens, 0);
+        assert_eq!(s.match_prefix(0, &tokens, 16).tokens, 0);
         let b = s.create();
         assert_eq!(s.attach_prefix(b, &tokens, 20).unwrap(), 20);
         assert_eq!(s.page_table(b, 0).unwrap(), s.page_table(fork, 0).unwrap());

@@ -1,5 +1,6 @@
-//! Prefix caching on the page tables: exact page reuse, eviction order (least recently freed
-//! first, only when the pool needs pages), and the cases where a page must not be found.
+//! Prefix caching on the page tables: exact page reuse (whole pages, then part of one), eviction
+//! order (least recently freed first, only when the pool needs pages), and the cases where a
+//! page must not be found.
 
 use tallow_kv::{KvError, PageId, PrefixMatch, SeqId, Sequences};
 
@@ -57,11 +58,13 @@ fn freed_full_pages_are_found_again_and_reused_exactly() {
     assert_eq!((stats.queried_tokens, stats.hit_tokens), (12, 8));
     assert_eq!((stats.cached_pages, stats.evicted_pages), (3, 0));
 
-    // A page in use is shared: a third sequence takes another reference.
+    // A page in use is shared: a third sequence takes another reference, and the first token
+    // of b's last page (108) is the prompt's next one: it takes that page too, for a token.
     let c = s.create();
-    assert_eq!(s.attach_prefix(c, &prompt, prompt.len()).unwrap(), 8);
+    assert_eq!(s.attach_prefix(c, &prompt, prompt.len()).unwrap(), 9);
+    assert_eq!(s.page_table(c, 0).unwrap(), pages(&[0, 1, 3]));
     assert_eq!(s.allocator().refcount(PageId(0)).unwrap(), 2);
-    assert_eq!(s.stats().pages_shared, 2);
+    assert_eq!(s.stats().pages_shared, 3);
 }
 
 #[test]
@@ -131,16 +134,17 @@ fn a_prefix_is_found_only_up_to_its_first_difference_and_the_token_limit() {
     let prompt: Vec<u32> = (0..12).collect();
     let a = computed(&mut s, &prompt);
     s.free(a).unwrap();
-    // A different token in the second page: the first page only.
+    // A different token in the second page: the first page, and the second's token before it.
     let mut changed = prompt.clone();
     changed[5] = 99;
-    assert_eq!(s.match_prefix(0, &changed, 12).tokens, 4);
+    assert_eq!(s.match_prefix(0, &changed, 12).tokens, 5);
     // The same page content at another place in the prompt is another prefix.
     let shifted: Vec<u32> = (4..12).collect();
     assert_eq!(s.match_prefix(0, &shifted, 8).tokens, 0);
-    // At most max_tokens, in whole pages: the last prompt token is always computed.
-    assert_eq!(s.match_prefix(0, &prompt, 11).tokens, 8);
-    assert_eq!(s.match_prefix(0, &prompt, 3).tokens, 0);
+    // At most max_tokens: the last prompt token is always computed.
+    assert_eq!(s.match_prefix(0, &prompt, 11).tokens, 11);
+    assert_eq!(s.match_prefix(0, &prompt, 3).tokens, 3);
+    assert_eq!(s.match_prefix(0, &prompt, 0).tokens, 0);
 }
 
 #[test]
@@ -174,7 +178,8 @@ fn truncating_into_a_cached_page_uncaches_it_unless_others_use_it() {
     let mut new = prompt[..6].to_vec();
     new.extend([70, 71]);
     assert_eq!(s.match_prefix(0, &new, 8).tokens, 8);
-    assert_eq!(s.match_prefix(0, &prompt, 8).tokens, 4);
+    // The new page begins as the old did: its first two tokens.
+    assert_eq!(s.match_prefix(0, &prompt, 8).tokens, 6);
 
     // Shared: the page keeps its key, and the truncated sequence copies it on append.
     let b = s.create();
@@ -210,4 +215,51 @@ fn misuse_is_an_error() {
         !s.is_cached(PageId(99)),
         "a page outside the pool is not cached"
     );
+}
+
+#[test]
+fn part_of_a_page_is_taken_from_the_sibling_that_shares_most_and_copied_on_append() {
+    let mut s = Sequences::new(PS, 12).unwrap();
+    // Two prompts with the same first page and different second pages.
+    let a = computed(&mut s, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    let b = computed(&mut s, &[1, 2, 3, 4, 5, 9, 9, 9]);
+    s.free(a).unwrap();
+    s.free(b).unwrap();
+    let prompt = [1, 2, 3, 4, 5, 9, 9, 0, 0];
+    let m = s.match_prefix(0, &prompt, prompt.len() - 1);
+    // Page 0 and three tokens of b's second page (page 3), both free: two pages revived.
+    assert_eq!(
+        m,
+        PrefixMatch {
+            tokens: 7,
+            free_pages: 2
+        }
+    );
+    let c = s.create();
+    assert_eq!(s.attach_prefix(c, &prompt, prompt.len() - 1).unwrap(), 7);
+    assert_eq!(s.page_table(c, 0).unwrap(), pages(&[0, 3]));
+    // Page 3 stays cached; the next append takes a copy of it and writes from position 7 on.
+    let d = s.create();
+    assert_eq!(s.attach_prefix(d, &prompt, prompt.len() - 1).unwrap(), 7);
+    let appended = s.append_slots(c, 2).unwrap();
+    let copy = appended.copies[0];
+    assert_eq!(copy.src, PageId(3));
+    assert_eq!(s.page_table(c, 0).unwrap(), pages(&[0, 4, 5]));
+    assert_eq!(copy.dst, PageId(4));
+    s.commit(c, &prompt[7..]).unwrap();
+    assert!(s.is_cached(PageId(3)) && s.is_cached(copy.dst));
+    // A whole page is never taken in part: a full match is a whole page.
+    assert_eq!(s.match_prefix(0, &[1, 2, 3, 4, 5, 9, 9, 9, 1], 8).tokens, 8);
+    s.free(c).unwrap();
+    s.free(d).unwrap();
+    assert_eq!(s.allocator().n_free(), 12);
+    // Alone with the page it took in part, a sequence still copies it: the cache keeps it.
+    let e = s.create();
+    let other = [1, 2, 3, 4, 5, 6, 7, 1];
+    assert_eq!(s.attach_prefix(e, &other, 7).unwrap(), 7);
+    assert_eq!(s.page_table(e, 0).unwrap(), pages(&[0, 1]));
+    assert_eq!(s.allocator().refcount(PageId(1)).unwrap(), 1);
+    assert_eq!(s.append_slots(e, 1).unwrap().copies[0].src, PageId(1));
+    assert!(s.is_cached(PageId(1)));
+    assert_eq!(s.match_prefix(0, &[1, 2, 3, 4, 5, 6, 7, 8, 0], 8).tokens, 8);
 }

@@ -157,8 +157,9 @@ impl KvCache {
         self.inner.create_salted(salt).0
     }
 
-    /// `(tokens, free_pages)`: the leading tokens of `tokens` (whole pages, at most
-    /// `max_tokens`) whose KV is cached, and how many of their pages wait in the free list.
+    /// `(tokens, free_pages)`: the leading tokens of `tokens` (at most `max_tokens`; whole
+    /// pages, then part of one) whose KV is cached, and how many of their pages wait in the
+    /// free list.
     #[pyo3(signature = (tokens, max_tokens, salt = 0))]
     fn match_prefix(&self, tokens: Vec<u32>, max_tokens: usize, salt: u64) -> (usize, usize) {
         let found = self.inner.match_prefix(salt, &tokens, max_tokens);
