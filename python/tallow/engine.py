@@ -336,14 +336,11 @@ def _check_pool_fits(pages: int, page_bytes: int, asked: str) -> None:
         )
 
 
-def _log_softmax(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
-    """Log probabilities of logits ``x`` along the last axis, in double precision."""
-    wide = x.astype(np.float64)
-    top = wide.max(axis=-1, keepdims=True)
-    out: npt.NDArray[np.float64] = (
-        wide - top - np.log(np.exp(wide - top).sum(axis=-1, keepdims=True))
-    )
-    return out
+def _log_likelihood(rows: npt.NDArray[np.float32], tokens: Sequence[int]) -> float:
+    """The summed log probability of ``tokens[i]`` under logits ``rows[i]``."""
+    top = rows.max(axis=1, keepdims=True)
+    log_sum = top[:, 0] + np.log(np.exp(rows - top).sum(axis=1, dtype=np.float64))
+    return float((rows[np.arange(len(tokens)), list(tokens)] - log_sum).sum())
 
 
 @dataclass(eq=False, kw_only=True)
@@ -657,15 +654,12 @@ class Engine:
         for request_id, (last, *branches) in rows.items():
             params = self._requests[request_id].params
             assert isinstance(params, SamplingParams) and params.continuations is not None
-            first = _log_softmax(last[-1])
             fed = iter(branches)
             totals = []
             for c in params.continuations:
-                total = float(first[c[0]])
-                if len(c) > 1:
-                    block = _log_softmax(next(fed))
-                    total += float(block[np.arange(len(c) - 1), list(c[1:])].sum())
-                totals.append(total)
+                # The first token after the prompt's last row, the others after the branch's.
+                block = last[-1:] if len(c) == 1 else np.concatenate([last[-1:], next(fed)])
+                totals.append(_log_likelihood(block, c))
             scores[request_id] = totals
         return scores
 
