@@ -67,7 +67,9 @@ class AsyncLLM:
     ``{"method": "draft", "draft_model": "...", "num_tokens": 4}``; see
     :mod:`tallow.speculative`), which a request may override with its ``speculative`` option.
     ``device`` is where the model runs, as for :class:`tallow.LLM`. ``chat_template`` (Jinja
-    source) replaces the model's own chat template.
+    source) replaces the model's own chat template. ``kv_dtype`` is what the KV pages hold keys
+    and values in: ``"f16"``, ``"q8_0"`` or ``"q4_0"`` (see
+    :class:`tallow.engine.EngineConfig`).
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class AsyncLLM:
         speculative: object = None,
         device: str | None = None,
         chat_template: str | None = None,
+        kv_dtype: str = "f16",
     ) -> None:
         self._model = load_model(resolve_model(model), n_ctx, device)
         self._engine = Engine(
@@ -97,6 +100,7 @@ class AsyncLLM:
                 n_ctx=n_ctx,
                 prefix_caching=prefix_caching,
                 speculative=speculative,
+                kv_dtype=kv_dtype,
             ),
         )
         self._inbox: queue.SimpleQueue[_Add | str | None] = queue.SimpleQueue()

@@ -42,12 +42,16 @@ def _random_tokens(model: _core.Model, n: int, seed: int) -> list[int]:
     return [int(t) for t in rng.integers(100, model.n_vocab - 100, size=n)]
 
 
-def _warm_cache(model: _core.Model, n_tokens: int, seed: int) -> tuple[_core.KvCache, int]:
-    """A KV cache of ``n_tokens`` positions whose pages have all been written once (by an
-    untimed prefill), and an empty sequence in it. llama-bench likewise allocates and clears
-    its KV buffer and runs a warm-up before it times anything; a fresh pool's pages are
-    only mapped by the OS when first written."""
-    kv = model.new_kv_cache(max_pages=model.kv_pages_to_hold(n_tokens, chunk=n_tokens))
+def _warm_cache(
+    model: _core.Model, n_tokens: int, seed: int, kv_dtype: str
+) -> tuple[_core.KvCache, int]:
+    """A KV cache of ``n_tokens`` positions in ``kv_dtype`` whose pages have all been written
+    once (by an untimed prefill), and an empty sequence in it. llama-bench likewise allocates
+    and clears its KV buffer and runs a warm-up before it times anything; a fresh pool's pages
+    are only mapped by the OS when first written."""
+    kv = model.new_kv_cache(
+        dtype=kv_dtype, max_pages=model.kv_pages_to_hold(n_tokens, chunk=n_tokens)
+    )
     warm = kv.create()
     kv.reserve(warm, n_tokens)
     model.forward(kv, [(warm, _random_tokens(model, n_tokens, seed + 1), "last")])
@@ -62,10 +66,12 @@ def _context(model: _core.Model, kv: _core.KvCache, seq: int, depth: int, seed: 
         model.forward(kv, [(seq, _random_tokens(model, depth, seed + 2), "last")])
 
 
-def prefill(model: _core.Model, n_tokens: int, seed: int = 0, depth: int = 0) -> float:
+def prefill(
+    model: _core.Model, n_tokens: int, seed: int = 0, depth: int = 0, kv_dtype: str = "f16"
+) -> float:
     """Prompt tokens per second of one forward pass over ``n_tokens`` tokens after ``depth``
-    tokens of context."""
-    kv, seq = _warm_cache(model, depth + n_tokens, seed)
+    tokens of context, the KV cache in ``kv_dtype``."""
+    kv, seq = _warm_cache(model, depth + n_tokens, seed, kv_dtype)
     _context(model, kv, seq, depth, seed)
     kv.reserve(seq, n_tokens)
     tokens = _random_tokens(model, n_tokens, seed)
@@ -74,10 +80,12 @@ def prefill(model: _core.Model, n_tokens: int, seed: int = 0, depth: int = 0) ->
     return n_tokens / (time.perf_counter() - start)
 
 
-def decode(model: _core.Model, n_tokens: int, seed: int = 0, depth: int = 0) -> float:
+def decode(
+    model: _core.Model, n_tokens: int, seed: int = 0, depth: int = 0, kv_dtype: str = "f16"
+) -> float:
     """Tokens per second of generating ``n_tokens`` tokens one at a time, greedily, after
-    ``depth`` tokens of context."""
-    kv, seq = _warm_cache(model, depth + n_tokens, seed)
+    ``depth`` tokens of context, the KV cache in ``kv_dtype``."""
+    kv, seq = _warm_cache(model, depth + n_tokens, seed, kv_dtype)
     _context(model, kv, seq, depth, seed)
     token = _random_tokens(model, 1, seed)[0]
     start = time.perf_counter()
@@ -99,12 +107,19 @@ class Batched:
     """All prompt and generated tokens over the whole run (S)."""
 
 
-def batched(model: _core.Model, npp: int, ntg: int, npl: int, seed: int = 0) -> Batched:
+def batched(
+    model: _core.Model, npp: int, ntg: int, npl: int, seed: int = 0, kv_dtype: str = "f16"
+) -> Batched:
     """``npl`` requests of ``npp`` prompt tokens each generating ``ntg`` tokens (greedy),
     through the engine that :class:`tallow.AsyncLLM` runs."""
     engine = Engine(
         model,
-        EngineConfig(max_num_seqs=npl, max_tokens_per_step=max(512, npp * npl), n_ctx=npp + ntg),
+        EngineConfig(
+            max_num_seqs=npl,
+            max_tokens_per_step=max(512, npp * npl),
+            n_ctx=npp + ntg,
+            kv_dtype=kv_dtype,
+        ),
     )
     params = SamplingParams(max_tokens=ntg, temperature=0.0, ignore_eos=True)
     for i in range(npl):

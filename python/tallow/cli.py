@@ -120,11 +120,13 @@ def _check_arg_text(text: str) -> str:
     return text
 
 
-def _load(model: str, n_ctx: int | None = None, device: str | None = None) -> LLM:
+def _load(
+    model: str, n_ctx: int | None = None, device: str | None = None, kv_dtype: str = "f16"
+) -> LLM:
     from tallow.llm import LLM
 
     start = time.perf_counter()
-    llm = LLM(model, n_ctx=n_ctx, device=device)
+    llm = LLM(model, n_ctx=n_ctx, device=device, kv_dtype=kv_dtype)
     on = "" if llm.device == "cpu" else f" on {llm.device} ({llm.device_name})"
     _status(
         f"loaded {model} ({llm.architecture}, {llm.n_vocab} tokens of vocabulary){on} "
@@ -318,6 +320,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     settings = {
         "max_batch": args.max_batch,
         "kv_memory": kv_memory,
+        "kv_dtype": args.kv_dtype,
         "n_ctx": args.ctx,
         "device": args.device,
         "chat_template": chat_template,
@@ -391,16 +394,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             f"model's context of {model.n_ctx_max}"
         )
     at = f" @ d{depth}" if depth else ""  # llama-bench's names
+    kv = args.kv_dtype
     if args.prompt:
         tests.append(
-            (f"pp{args.prompt}{at}", lambda seed: bench.prefill(model, args.prompt, seed, depth))
+            (
+                f"pp{args.prompt}{at}",
+                lambda seed: bench.prefill(model, args.prompt, seed, depth, kv),
+            )
         )
     if args.gen:
-        tests.append((f"tg{args.gen}{at}", lambda seed: bench.decode(model, args.gen, seed, depth)))
+        tests.append(
+            (f"tg{args.gen}{at}", lambda seed: bench.decode(model, args.gen, seed, depth, kv))
+        )
     if args.npp and args.ntg:
         name = f"pp{args.npp}+tg{args.ntg} x{args.npl}"
         tests.append(
-            (name, lambda seed: bench.batched(model, args.npp, args.ntg, args.npl, seed).total_tps)
+            (
+                name,
+                lambda seed: bench.batched(model, args.npp, args.ntg, args.npl, seed, kv).total_tps,
+            )
         )
     if model.device == "cpu":
         _status(f"kernels: {_core.isa()} (TALLOW_ISA caps them)")
@@ -460,7 +472,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
 
 def _cmd_perplexity(args: argparse.Namespace) -> int:
     text = _read_file(args.file)
-    llm = _load(args.model, device=args.device)
+    llm = _load(args.model, device=args.device, kv_dtype=args.kv_dtype)
     start = time.perf_counter()
     _status(f"perplexity of {args.file} with a context of {args.ctx} tokens")
 
@@ -594,6 +606,14 @@ def build_parser() -> argparse.ArgumentParser:
             "--devices`; default: $TALLOW_DEVICE, else cpu)",
         )
 
+    def kv_dtype_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--kv-dtype",
+            default="f16",
+            help="what the KV cache holds keys and values in: f16 (default), q8_0 (about half "
+            "the memory) or q4_0 (about a quarter)",
+        )
+
     p = sub.add_parser("pull", help="download a catalog model into the cache")
     p.add_argument("name", nargs="?", default=catalog.DEFAULT_MODEL, help="catalog name")
     p.add_argument("--force", action="store_true", help="download even if already present")
@@ -674,6 +694,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="memory of the KV cache, e.g. 512MiB or 2GB (default: max-batch full contexts)",
     )
+    kv_dtype_arg(p)
     p.add_argument(
         "--ctx", type=int, default=None, help="context per request (default 4096 or less)"
     )
@@ -781,6 +802,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--npl", type=int, default=16, help="batched: requests (default 16)")
     p.add_argument("-r", "--reps", type=int, default=3, help="repetitions (default 3)")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
+    kv_dtype_arg(p)
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
@@ -826,6 +848,7 @@ def build_parser() -> argparse.ArgumentParser:
     device_arg(p)
     p.add_argument("-f", "--file", required=True, help="UTF-8 text file ('-': stdin)")
     p.add_argument("--ctx", type=int, default=512, help="chunk size in tokens (default 512)")
+    kv_dtype_arg(p)
     p.set_defaults(func=_cmd_perplexity)
 
     p = sub.add_parser(

@@ -235,7 +235,9 @@ class EngineConfig:
     holds. ``max_tokens_per_step`` bounds the tokens of one forward (at most
     :data:`MAX_TOKENS_PER_STEP`). ``prefix_caching`` reuses the KV of prompt prefixes already
     computed (see :mod:`tallow.scheduler`). ``speculative`` turns on speculative decoding for
-    every request that does not say otherwise (see :mod:`tallow.speculative`).
+    every request that does not say otherwise (see :mod:`tallow.speculative`). ``kv_dtype`` is
+    what the pages hold keys and values in: ``"f16"``, ``"q8_0"`` (GGML's 8-bit blocks, about
+    half the memory) or ``"q4_0"`` (4-bit blocks, about a quarter), or ``"f32"``.
     """
 
     max_num_seqs: int = 64
@@ -246,6 +248,7 @@ class EngineConfig:
     n_ctx: int | None = None
     prefix_caching: bool = True
     speculative: object = None
+    kv_dtype: str = "f16"
 
     def __post_init__(self) -> None:
         checks.integer("max_num_seqs", self.max_num_seqs, 1, MAX_NUM_SEQS)
@@ -259,8 +262,14 @@ class EngineConfig:
             raise InvalidArgumentError("give kv_pages or kv_bytes, not both")
         checks.boolean("prefix_caching", self.prefix_caching)
         speculative_config(self.speculative)
+        if self.kv_dtype not in KV_DTYPES:
+            raise InvalidArgumentError(
+                f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}"
+            )
 
 
+KV_DTYPES = ("f16", "q8_0", "q4_0", "f32")
+"""What KV pages may hold keys and values in."""
 MAX_NUM_SEQS = 65536
 MAX_TOKENS_PER_STEP = 16384
 """Most tokens of one forward: its scratch memory grows with them."""
@@ -361,14 +370,16 @@ class Engine:
     def __init__(self, model: _core.Model, config: EngineConfig | None = None) -> None:
         config = config or EngineConfig()
         n_ctx = context_size(model, config.n_ctx)
-        page_bytes = model.kv_page_bytes(config.page_size)
+        page_bytes = model.kv_page_bytes(config.page_size, config.kv_dtype)
         if config.kv_bytes is not None:
             _check_pool_fits(
                 config.kv_bytes // page_bytes,
                 page_bytes,
                 f"kv_bytes={checks.describe(config.kv_bytes)}",
             )
-            self.kv = model.new_kv_cache(page_size=config.page_size, max_bytes=config.kv_bytes)
+            self.kv = model.new_kv_cache(
+                page_size=config.page_size, dtype=config.kv_dtype, max_bytes=config.kv_bytes
+            )
         else:
             if config.kv_pages is not None:
                 pages, asked = config.kv_pages, f"kv_pages={checks.describe(config.kv_pages)}"
@@ -379,7 +390,9 @@ class Engine:
                 pages = min(per_request * config.max_num_seqs, 8192)
                 asked = f"a context of {n_ctx} for {config.max_num_seqs} requests"
             _check_pool_fits(pages, page_bytes, asked)
-            self.kv = model.new_kv_cache(page_size=config.page_size, max_pages=pages)
+            self.kv = model.new_kv_cache(
+                page_size=config.page_size, dtype=config.kv_dtype, max_pages=pages
+            )
         self.model = model
         self.n_ctx = _pool_context(self.kv, n_ctx)
         self.scheduler = Scheduler(

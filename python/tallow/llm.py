@@ -89,7 +89,9 @@ class LLM:
     decoding (see :mod:`tallow.speculative`): the same tokens (greedy) or the same distribution
     (sampling), in fewer steps. ``device`` is where the model runs: ``"cpu"``, ``"gpu"`` (the
     first GPU) or ``"wgpu:N"`` (see ``tallow info --devices``); by default ``TALLOW_DEVICE``,
-    else the CPU.
+    else the CPU. ``kv_dtype`` is what the KV cache holds keys and values in: ``"f16"``,
+    ``"q8_0"`` (about half the memory) or ``"q4_0"`` (about a quarter); see
+    :class:`tallow.engine.EngineConfig`.
 
     Generations run on the engine :class:`AsyncLLM` uses (continuous batching over a paged KV
     pool). An ``LLM`` is not meant to be shared between threads; nested or interleaved streams
@@ -108,6 +110,7 @@ class LLM:
         speculative: object = None,
         device: str | None = None,
         chat_template: str | None = None,
+        kv_dtype: str = "f16",
     ) -> None:
         path = resolve_model(model, progress=progress)
         self.model_name = os.fspath(model)
@@ -129,9 +132,11 @@ class LLM:
                 ),
                 page_size=_PAGE_SIZE,
                 speculative=speculative,
+                kv_dtype=kv_dtype,
             ),
         )
         self._prompts = Prompts(self._model, n_ctx, chat_template)
+        self._kv_dtype = kv_dtype
         self._outputs: dict[str, deque[RequestOutput]] = {}
         self._ids = itertools.count()
         # Threads may share an LLM: one engine step at a time, each thread's outputs kept for
@@ -504,6 +509,7 @@ class LLM:
         ``exp(mean negative log-likelihood)`` over every scored token; log-softmax is computed
         in float64.
 
+        The KV cache holds keys and values in the ``kv_dtype`` this ``LLM`` was made with.
         ``progress(chunk_index, n_chunks, ppl_so_far)`` is called after each chunk.
         """
         ctx = checks.integer("ctx", ctx, 4)
@@ -517,18 +523,24 @@ class LLM:
         n_chunks = len(ids) // ctx
         first = ctx // 2
         bos = self._model.bos_id if self._model.add_bos else None
-        context = self._model.new_context(ctx)
+        model = self._model
+        kv = model.new_kv_cache(
+            dtype=self._kv_dtype, max_pages=model.kv_pages_to_hold(ctx, chunk=ctx)
+        )
         nll = 0.0
         count = 0
         for i in range(n_chunks):
             chunk = ids[i * ctx : (i + 1) * ctx]
             if bos is not None:
                 chunk[0] = bos
-            context.reset()
-            # The first half in one evaluation whose logits are not needed (the LM head of a
+            seq = kv.create()
+            # The first half in one forward whose logits are not needed (the LM head of a
             # large vocabulary costs as much as the layers), the scored half in another.
-            context.eval(chunk[:first])
-            logits = context.eval(chunk[first:], all_logits=True)
+            kv.reserve(seq, first)
+            model.forward(kv, [(seq, chunk[:first], "none")])
+            kv.reserve(seq, ctx - first)
+            logits = model.forward(kv, [(seq, chunk[first:], "all")])
+            kv.free(seq)
             targets = np.asarray(chunk[first + 1 :], dtype=np.int64)
             nll += _nll_sum(logits[:-1], targets)
             count += len(targets)

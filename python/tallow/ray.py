@@ -393,7 +393,8 @@ def build(
     """The Ray Serve application of ``model``: ``replicas`` replicas (or between ``replicas``
     and ``max_replicas``, scaled by their load) of ``threads`` threads each, behind one
     ingress. ``settings`` are :func:`tallow.server.build_app`'s (``max_batch``,
-    ``kv_memory``, ``n_ctx``, ``device``, ``chat_template``, ``options``) for every replica.
+    ``kv_memory``, ``kv_dtype``, ``n_ctx``, ``device``, ``chat_template``, ``options``) for
+    every replica.
     ``routing`` is ``"prefix"`` or ``"random"`` (see the module's docstring)."""
     if replicas < 1 or (max_replicas is not None and max_replicas < replicas):
         raise InvalidArgumentError(

@@ -41,6 +41,7 @@ def build_app(
     *,
     max_batch: int = 64,
     kv_memory: int | None = None,
+    kv_dtype: str = "f16",
     n_ctx: int | None = None,
     device: str | None = None,
     chat_template: str | None = None,
@@ -55,6 +56,7 @@ def build_app(
         model,
         max_num_seqs=max_batch,
         kv_bytes=kv_memory,
+        kv_dtype=kv_dtype,
         n_ctx=n_ctx,
         device=device,
         chat_template=chat_template,
@@ -71,6 +73,7 @@ def serve(
     port: int = 8000,
     max_batch: int = 64,
     kv_memory: int | None = None,
+    kv_dtype: str = "f16",
     n_ctx: int | None = None,
     device: str | None = None,
     chat_template: str | None = None,
@@ -82,10 +85,12 @@ def serve(
 
     ``max_batch`` is the most requests generated at once (more wait in a queue); ``kv_memory``
     the bytes of the KV cache pool (by default enough for ``max_batch`` full contexts, up to
-    8192 pages); ``n_ctx`` the context of each request (default: the model's, up to 4096);
-    ``device`` where the model runs (as for :class:`tallow.AsyncLLM`); ``chat_template`` a
-    Jinja chat template that replaces the model's own; ``options`` the API
-    key, CORS origins and request limits (see :class:`ServerOptions`).
+    8192 pages); ``kv_dtype`` what its pages hold keys and values in (``"f16"``, ``"q8_0"``,
+    ``"q4_0"``, see :class:`tallow.engine.EngineConfig`); ``n_ctx`` the context of each
+    request (default: the model's, up to 4096); ``device`` where the model runs (as for
+    :class:`tallow.AsyncLLM`); ``chat_template`` a Jinja chat template that replaces the
+    model's own; ``options`` the API key, CORS origins and request limits (see
+    :class:`ServerOptions`).
     The port is taken before the model loads, so that a busy port fails at once; then
     ``on_ready`` gets the URL. Raises :class:`~tallow.TallowError` when the port cannot be
     had, the model cannot be loaded, or the server cannot start.
@@ -99,6 +104,7 @@ def serve(
             model,
             max_batch=max_batch,
             kv_memory=kv_memory,
+            kv_dtype=kv_dtype,
             n_ctx=n_ctx,
             device=device,
             chat_template=chat_template,

@@ -12,15 +12,47 @@ pub enum KvDtype {
     F16,
     /// Single precision.
     F32,
+    /// GGML's Q8_0: blocks of 32 values, an f16 scale and 32 signed bytes (8.5 bits a value).
+    Q8_0,
+    /// GGML's Q4_0: blocks of 32 values, an f16 scale and 32 nibbles (4.5 bits a value).
+    Q4_0,
 }
 
 impl KvDtype {
-    /// Bytes per value.
-    pub const fn size(self) -> usize {
+    /// Bytes of `n` values (a whole number of blocks for the quantized types).
+    pub const fn bytes_for(self, n: usize) -> usize {
         match self {
-            KvDtype::F16 => 2,
-            KvDtype::F32 => 4,
+            KvDtype::F16 => 2 * n,
+            KvDtype::F32 => 4 * n,
+            KvDtype::Q8_0 => n / 32 * 34,
+            KvDtype::Q4_0 => n / 32 * 18,
         }
+    }
+
+    /// The GGML block format of a quantized type.
+    pub const fn block_format(self) -> Option<tallow_quant::GgmlType> {
+        match self {
+            KvDtype::F16 | KvDtype::F32 => None,
+            KvDtype::Q8_0 => Some(tallow_quant::GgmlType::Q8_0),
+            KvDtype::Q4_0 => Some(tallow_quant::GgmlType::Q4_0),
+        }
+    }
+
+    /// Its name: `f16`, `f32`, `q8_0` or `q4_0`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            KvDtype::F16 => "f16",
+            KvDtype::F32 => "f32",
+            KvDtype::Q8_0 => "q8_0",
+            KvDtype::Q4_0 => "q4_0",
+        }
+    }
+
+    /// The type named `name` (see [`KvDtype::name`]).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [KvDtype::F16, KvDtype::F32, KvDtype::Q8_0, KvDtype::Q4_0]
+            .into_iter()
+            .find(|d| d.name() == name)
     }
 }
 
@@ -105,6 +137,13 @@ impl KvLayout {
                 return Err(KvError::InvalidLayout(format!("{name} must be at least 1")));
             }
         }
+        if self.dtype.block_format().is_some() && !self.head_dim.is_multiple_of(32) {
+            return Err(KvError::InvalidLayout(format!(
+                "{} pages need heads of a multiple of 32 values, not {}",
+                self.dtype.name(),
+                self.head_dim
+            )));
+        }
         if self.page_layers > self.n_layer {
             return Err(KvError::InvalidLayout(format!(
                 "a page cannot hold {} of {} layers",
@@ -135,16 +174,18 @@ impl KvLayout {
         ]
         .into_iter()
         .try_fold(2usize, |acc, d| acc.checked_mul(d))
-        .filter(|&n| {
-            n.checked_mul(self.dtype.size())
-                .is_some_and(|b| b <= isize::MAX as usize)
-        })
+        .filter(|&n| n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
         .ok_or_else(|| KvError::InvalidLayout(format!("page of {self:?} is too large")))
     }
 
-    /// Bytes in one page: [`KvLayout::elems_per_page`] times the dtype size.
+    /// Bytes in one page: [`KvLayout::elems_per_page`] values of the dtype.
     pub fn bytes_per_page(&self) -> Result<usize> {
-        Ok(self.elems_per_page()? * self.dtype.size())
+        Ok(self.dtype.bytes_for(self.elems_per_page()?))
+    }
+
+    /// Bytes of one position of one head (a row of `head_dim` values) in the dtype.
+    pub fn row_bytes(&self) -> usize {
+        self.dtype.bytes_for(self.head_dim)
     }
 
     /// Pages needed to hold `n_tokens` positions.

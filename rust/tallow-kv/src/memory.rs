@@ -5,6 +5,7 @@ use crate::error::{KvError, Result};
 
 /// Element types whose all-zero bit pattern is a valid zero value.
 pub(crate) trait ZeroBits: Copy {}
+impl ZeroBits for u8 {}
 impl ZeroBits for u16 {}
 impl ZeroBits for u32 {}
 impl ZeroBits for f32 {}

@@ -9,21 +9,55 @@ use crate::groups::LayerGroups;
 use crate::layout::{KvDtype, KvKind, KvLayout};
 use crate::memory::zeroed;
 use crate::{PageId, Slot};
+use tallow_quant::GgmlType;
 
 #[derive(Debug, Clone)]
 enum Data {
     F16(Vec<f16>),
     F32(Vec<f32>),
+    /// Rows of GGML blocks (Q8_0, Q4_0).
+    Quantized(GgmlType, Vec<u8>),
+}
+
+impl Data {
+    /// Copies units (values, or bytes of a quantized pool) `src..src + n` to `dst`.
+    fn copy_within(&mut self, src: usize, n: usize, dst: usize) {
+        match self {
+            Data::F16(v) => v.copy_within(src..src + n, dst),
+            Data::F32(v) => v.copy_within(src..src + n, dst),
+            Data::Quantized(_, v) => v.copy_within(src..src + n, dst),
+        }
+    }
 }
 
 /// One (page, layer, K or V, KV head) block: `page_size` rows of `head_dim` values, slot `s`
-/// at `[s * head_dim..(s + 1) * head_dim]`.
+/// at `[s * head_dim..(s + 1) * head_dim]` (of a quantized pool, bytes
+/// `[s * row_bytes..(s + 1) * row_bytes]`, see [`KvLayout::row_bytes`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KvBlock<'a> {
     /// The pool stores f16.
     F16(&'a [f16]),
     /// The pool stores f32.
     F32(&'a [f32]),
+    /// The pool stores rows of GGML blocks of this format.
+    Quantized(GgmlType, &'a [u8]),
+}
+
+impl KvBlock<'_> {
+    /// Converts the first `out.len() / head_dim` rows to f32 into `out` with the portable
+    /// conversions (the attention kernels have faster ones).
+    pub fn read_f32(&self, head_dim: usize, out: &mut [f32]) {
+        let rows = out.len() / head_dim;
+        match *self {
+            KvBlock::F16(b) => b[..out.len()].convert_to_f32_slice(out),
+            KvBlock::F32(b) => out.copy_from_slice(&b[..out.len()]),
+            KvBlock::Quantized(format, b) => {
+                let row = head_dim / format.block_len() * format.block_bytes();
+                tallow_quant::dequantize(format, &b[..rows * row], out)
+                    .expect("whole rows of whole blocks");
+            }
+        }
+    }
 }
 
 /// Every page of the pool in one allocation, laid out as described on [`KvLayout`]: the
@@ -63,9 +97,11 @@ impl KvStorage {
             });
         }
         let n = n_pages * page_elems;
-        let data = match layout.dtype {
-            KvDtype::F16 => Data::F16(zeroed::<u16>(n)?.reinterpret_into()),
-            KvDtype::F32 => Data::F32(zeroed::<f32>(n)?),
+        let data = match (layout.dtype, layout.dtype.block_format()) {
+            (KvDtype::F16, _) => Data::F16(zeroed::<u16>(n)?.reinterpret_into()),
+            (KvDtype::F32, _) => Data::F32(zeroed::<f32>(n)?),
+            (dtype, Some(format)) => Data::Quantized(format, zeroed::<u8>(dtype.bytes_for(n))?),
+            (dtype, None) => unreachable!("{dtype:?} is a float type"),
         };
         Ok(KvStorage {
             layout,
@@ -88,7 +124,15 @@ impl KvStorage {
 
     /// Bytes the pool holds.
     pub fn n_bytes(&self) -> usize {
-        self.n_pages * self.page_elems * self.layout.dtype.size()
+        self.layout.dtype.bytes_for(self.n_pages * self.page_elems)
+    }
+
+    /// Units (values, or bytes of a quantized pool) of one position of one head.
+    fn row_units(&self) -> usize {
+        match self.data {
+            Data::Quantized(..) => self.layout.row_bytes(),
+            _ => self.layout.head_dim,
+        }
     }
 
     fn check_page(&self, page: PageId) -> Result<()> {
@@ -110,7 +154,8 @@ impl KvStorage {
         }
     }
 
-    /// Start of a block, after checking every index.
+    /// Start of a block in units (values, or bytes of a quantized pool), after checking
+    /// every index.
     fn block_start(&self, page: PageId, layer: usize, head: usize, kind: KvKind) -> Result<usize> {
         self.check_page(page)?;
         let l = &self.layout;
@@ -119,7 +164,8 @@ impl KvStorage {
         let slot = self.slot_of[layer];
         Ok(
             (((slot * 2 + kind as usize) * l.n_head_kv + head) * self.n_pages + page.index())
-                * l.block_len(),
+                * l.page_size
+                * self.row_units(),
         )
     }
 
@@ -132,10 +178,11 @@ impl KvStorage {
         kind: KvKind,
     ) -> Result<KvBlock<'_>> {
         let start = self.block_start(page, layer, head, kind)?;
-        let r = start..start + self.layout.block_len();
+        let r = start..start + self.layout.page_size * self.row_units();
         Ok(match &self.data {
             Data::F16(d) => KvBlock::F16(&d[r]),
             Data::F32(d) => KvBlock::F32(&d[r]),
+            Data::Quantized(format, d) => KvBlock::Quantized(*format, &d[r]),
         })
     }
 
@@ -149,7 +196,7 @@ impl KvStorage {
     ) -> Result<&[f16]> {
         match self.block(page, layer, head, kind)? {
             KvBlock::F16(b) => Ok(b),
-            KvBlock::F32(_) => Err(self.mismatch(KvDtype::F16)),
+            _ => Err(self.mismatch(KvDtype::F16)),
         }
     }
 
@@ -163,7 +210,7 @@ impl KvStorage {
     ) -> Result<&[f32]> {
         match self.block(page, layer, head, kind)? {
             KvBlock::F32(b) => Ok(b),
-            KvBlock::F16(_) => Err(self.mismatch(KvDtype::F32)),
+            _ => Err(self.mismatch(KvDtype::F32)),
         }
     }
 
@@ -214,7 +261,7 @@ impl KvStorage {
             self.check_page(s.page)?;
             Self::check_index("slot", s.offset, l.page_size)?;
         }
-        let hd = l.head_dim;
+        let (hd, units) = (l.head_dim, self.row_units());
         for ((s, k_row), v_row) in slots
             .iter()
             .zip(keys.chunks_exact(row))
@@ -222,10 +269,15 @@ impl KvStorage {
         {
             for (kind, src_row) in [(KvKind::Key, k_row), (KvKind::Value, v_row)] {
                 for (head, src) in src_row.chunks_exact(hd).enumerate() {
-                    let start = self.block_start(s.page, layer, head, kind)? + s.offset * hd;
+                    let start = self.block_start(s.page, layer, head, kind)? + s.offset * units;
+                    let at = start..start + units;
                     match &mut self.data {
-                        Data::F16(d) => d[start..start + hd].convert_from_f32_slice(src),
-                        Data::F32(d) => d[start..start + hd].copy_from_slice(src),
+                        Data::F16(d) => d[at].convert_from_f32_slice(src),
+                        Data::F32(d) => d[at].copy_from_slice(src),
+                        Data::Quantized(format, d) => {
+                            tallow_quant::quantize_row(*format, src, &mut d[at])
+                                .expect("a row of whole blocks")
+                        }
                     }
                 }
             }
@@ -253,10 +305,7 @@ impl KvStorage {
                 got: out.len(),
             });
         }
-        match block {
-            KvBlock::F16(b) => b[..out.len()].convert_to_f32_slice(out),
-            KvBlock::F32(b) => out.copy_from_slice(&b[..out.len()]),
-        }
+        block.read_f32(hd, out);
         Ok(())
     }
 
@@ -303,15 +352,12 @@ impl KvStorage {
         len: usize,
     ) -> Result<()> {
         Self::check_index("position count", len, self.layout.page_size + 1)?;
-        let n = len * self.layout.head_dim;
+        let n = len * self.row_units();
         for head in 0..self.layout.n_head_kv {
             for kind in [KvKind::Key, KvKind::Value] {
                 let s = self.block_start(src, layer, head, kind)?;
                 let d = self.block_start(dst, layer, head, kind)?;
-                match &mut self.data {
-                    Data::F16(v) => v.copy_within(s..s + n, d),
-                    Data::F32(v) => v.copy_within(s..s + n, d),
-                }
+                self.data.copy_within(s, n, d);
             }
         }
         Ok(())
@@ -322,15 +368,12 @@ impl KvStorage {
         self.check_page(src)?;
         self.check_page(dst)?;
         // One block per (layer, kind, head), each in its own region of the pool.
-        let block = self.layout.block_len();
-        let blocks = self.page_elems / block;
+        let blocks = self.page_elems / self.layout.block_len();
+        let block = self.layout.page_size * self.row_units();
         for b in 0..blocks {
             let region = b * self.n_pages * block;
             let (s, d) = (region + src.index() * block, region + dst.index() * block);
-            match &mut self.data {
-                Data::F16(v) => v.copy_within(s..s + block, d),
-                Data::F32(v) => v.copy_within(s..s + block, d),
-            }
+            self.data.copy_within(s, block, d);
         }
         Ok(())
     }
@@ -386,6 +429,55 @@ mod tests {
             .unwrap()
             .iter()
             .all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn quantized_pages_hold_each_row_as_ggml_quantizes_it() {
+        for (dtype, format) in [
+            (KvDtype::Q8_0, GgmlType::Q8_0),
+            (KvDtype::Q4_0, GgmlType::Q4_0),
+        ] {
+            // Two KV heads of 64 values: two blocks a row.
+            let l = KvLayout::new(2, 2, 64).with_page_size(4).with_dtype(dtype);
+            let mut s = KvStorage::new(l, 3).unwrap();
+            assert_eq!(s.n_bytes(), 3 * 2 * 2 * 2 * 4 * l.row_bytes());
+            assert_eq!(l.row_bytes(), format.block_bytes() * 2);
+            let slots: Vec<Slot> = (0..3)
+                .map(|o| Slot {
+                    page: PageId(2),
+                    offset: o,
+                })
+                .collect();
+            let k = row(0.3, 3 * 128);
+            let v = row(-7.0, 3 * 128);
+            s.write_tokens(&slots, 1, &k, &v).unwrap();
+            s.copy_page(PageId(2), PageId(0)).unwrap();
+            for (kind, src) in [(KvKind::Key, &k), (KvKind::Value, &v)] {
+                for head in 0..2 {
+                    let mut got = vec![0.0; 3 * 64];
+                    s.read_block_f32(PageId(0), 1, head, kind, &mut got)
+                        .unwrap();
+                    for (slot, got) in got.chunks(64).enumerate() {
+                        let x = &src[slot * 128 + head * 64..][..64];
+                        let mut bytes = vec![0u8; l.row_bytes()];
+                        tallow_quant::quantize_row(format, x, &mut bytes).unwrap();
+                        let mut want = vec![0.0; 64];
+                        tallow_quant::dequantize(format, &bytes, &mut want).unwrap();
+                        assert_eq!(got, want, "{dtype:?} {kind:?} head {head} slot {slot}");
+                    }
+                }
+            }
+            // The other layer is untouched.
+            let mut other = vec![1.0; 64];
+            s.read_block_f32(PageId(0), 0, 0, KvKind::Key, &mut other)
+                .unwrap();
+            assert!(other.iter().all(|&x| x == 0.0));
+        }
+        let odd = KvLayout::new(1, 1, 48).with_dtype(KvDtype::Q8_0);
+        assert!(matches!(
+            KvStorage::new(odd, 1),
+            Err(KvError::InvalidLayout(_))
+        ));
     }
 
     #[test]

@@ -20,13 +20,11 @@ fn page_ids(pages: Vec<tallow_kv::PageId>) -> Vec<u32> {
 }
 
 fn parse_dtype(dtype: &str) -> PyResult<KvDtype> {
-    match dtype {
-        "f16" => Ok(KvDtype::F16),
-        "f32" => Ok(KvDtype::F32),
-        other => Err(invalid_argument(format!(
-            "dtype must be 'f16' or 'f32', got {other:?}"
-        ))),
-    }
+    KvDtype::from_name(dtype).ok_or_else(|| {
+        invalid_argument(format!(
+            "dtype must be 'f16', 'f32', 'q8_0' or 'q4_0', got {dtype:?}"
+        ))
+    })
 }
 
 /// The layout of pages of `page_size` positions holding one of `groups`.

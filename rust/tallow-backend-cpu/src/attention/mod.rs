@@ -450,8 +450,8 @@ impl Attention<'_> {
         let rows = (positions.start - tile_start) * hd..(positions.end - tile_start) * hd;
         let storage = self.storage;
         let block = |kind| storage.block(page, self.layer, kv_head, kind);
-        kernels().read(block(KvKind::Key)?, &mut keys[rows.clone()]);
-        kernels().read(block(KvKind::Value)?, &mut values[rows]);
+        kernels().read(block(KvKind::Key)?, hd, &mut keys[rows.clone()]);
+        kernels().read(block(KvKind::Value)?, hd, &mut values[rows]);
         Ok(())
     }
 
@@ -655,12 +655,13 @@ impl Kernels {
         unsafe { (self.page)(states, q, keys, values, scores) }
     }
 
-    /// The first `out.len()` values of a KV block, as f32.
-    fn read(&self, block: KvBlock<'_>, out: &mut [f32]) {
+    /// The first `out.len()` values (rows of `head_dim`) of a KV block, as f32.
+    fn read(&self, block: KvBlock<'_>, head_dim: usize, out: &mut [f32]) {
         match block {
             // SAFETY: `kernels` only picks functions whose features the CPU has.
             KvBlock::F16(b) => unsafe { (self.widen)(&b[..out.len()], out) },
             KvBlock::F32(b) => out.copy_from_slice(&b[..out.len()]),
+            KvBlock::Quantized(..) => block.read_f32(head_dim, out),
         }
     }
 
@@ -1260,6 +1261,20 @@ mod tests {
         check_paged_attention(16, tallow_kv::KvDtype::F16, 300, &chunks, Scores::plain(64));
     }
 
+    /// The same over Q8_0 and Q4_0 pages: the reference sees the values the blocks hold.
+    #[test]
+    fn paged_attention_over_quantized_pages_matches_the_reference_for_any_chunking() {
+        let chunks = [
+            vec![(0, 300)],
+            vec![(4, 5)],
+            vec![(130, 9), (0, 3)],
+            vec![(250, 50), (8, 20), (133, 1)],
+        ];
+        for dtype in [tallow_kv::KvDtype::Q8_0, tallow_kv::KvDtype::Q4_0] {
+            check_paged_attention(16, dtype, 300, &chunks, Scores::plain(64));
+        }
+    }
+
     fn check_paged_attention(
         page_size: usize,
         dtype: tallow_kv::KvDtype,
@@ -1281,12 +1296,24 @@ mod tests {
             .with_dtype(dtype);
         let mut rng = Lcg(3);
         // The reference sees the keys and values as the pages hold them.
-        let stored = |x: f32| match dtype {
-            KvDtype::F16 => half::f16::from_f32(x).to_f32(),
-            KvDtype::F32 => x,
+        let stored = |row: Vec<f32>| -> Vec<f32> {
+            match dtype.block_format() {
+                None if dtype == KvDtype::F16 => row
+                    .iter()
+                    .map(|&x| half::f16::from_f32(x).to_f32())
+                    .collect(),
+                None => row,
+                Some(format) => {
+                    let mut bytes = vec![0u8; dtype.bytes_for(row.len())];
+                    tallow_quant::quantize_row(format, &row, &mut bytes).unwrap();
+                    let mut out = vec![0f32; row.len()];
+                    tallow_quant::dequantize(format, &bytes, &mut out).unwrap();
+                    out
+                }
+            }
         };
-        let keys: Vec<f32> = (0..total * kv_dim).map(|_| stored(rng.next())).collect();
-        let values: Vec<f32> = (0..total * kv_dim).map(|_| stored(rng.next())).collect();
+        let keys = stored((0..total * kv_dim).map(|_| rng.next()).collect());
+        let values = stored((0..total * kv_dim).map(|_| rng.next()).collect());
         let queries: Vec<f32> = (0..total * q_dim).map(|_| rng.next()).collect();
 
         // Runs `chunks` (first position, length) of one sequence each; returns each token's
@@ -1408,7 +1435,7 @@ mod tests {
         use half::f16;
         let src: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
         let mut out = vec![0f32; src.len()];
-        super::kernels().read(tallow_kv::KvBlock::F16(&src), &mut out);
+        super::kernels().read(tallow_kv::KvBlock::F16(&src), 1, &mut out);
         for (s, o) in src.iter().zip(&out) {
             let want = s.to_f32();
             assert!(
