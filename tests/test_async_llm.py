@@ -1,5 +1,6 @@
 """AsyncLLM: concurrent requests through continuous batching give exactly what each request
-gives alone; preemption, seeds and cancellation keep that true and leak no pages."""
+gives alone (with f16 and q8_0 KV pages); preemption, seeds and cancellation keep that true and
+leak no pages."""
 
 from __future__ import annotations
 
@@ -49,13 +50,30 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(scope="module")
+def q8_llm(smollm2_path: Path) -> tallow.LLM:
+    """The default model with its KV cache in q8_0."""
+    return tallow.LLM(smollm2_path, n_ctx=512, kv_dtype="q8_0")
+
+
+@pytest.fixture(params=["f16", "q8_0"])
+def kv_dtype(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def alone_llm(kv_dtype: str, smollm2: tallow.LLM, q8_llm: tallow.LLM) -> tallow.LLM:
+    """An LLM whose KV pages are of ``kv_dtype``: each request alone."""
+    return q8_llm if kv_dtype == "q8_0" else smollm2
+
+
 @pytest.mark.anyio
 async def test_concurrent_greedy_requests_match_each_alone(
-    smollm2: tallow.LLM, smollm2_path: Path
+    alone_llm: tallow.LLM, smollm2_path: Path, kv_dtype: str
 ) -> None:
     cases = prompts(16)
-    alone = [smollm2.generate(p, max_tokens=n, temperature=0).token_ids for p, n in cases]
-    async with AsyncLLM(smollm2_path, max_num_seqs=16) as llm:
+    alone = [alone_llm.generate(p, max_tokens=n, temperature=0).token_ids for p, n in cases]
+    async with AsyncLLM(smollm2_path, max_num_seqs=16, kv_dtype=kv_dtype) as llm:
         results = await run_all(llm, cases, temperature=0)
         stats = llm.stats()
     assert [r.token_ids for r in results] == alone
@@ -66,11 +84,15 @@ async def test_concurrent_greedy_requests_match_each_alone(
 # The long runs use one backend; the short ones above and below cover both.
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_preemption_keeps_outputs_exact(smollm2: tallow.LLM, smollm2_path: Path) -> None:
+async def test_preemption_keeps_outputs_exact(
+    alone_llm: tallow.LLM, smollm2_path: Path, kv_dtype: str
+) -> None:
     cases = prompts(64)
-    alone = [smollm2.generate(p, max_tokens=n, temperature=0).token_ids for p, n in cases]
+    alone = [alone_llm.generate(p, max_tokens=n, temperature=0).token_ids for p, n in cases]
     # 12 pages of 8 tokens cannot hold 64 requests of up to ~30 tokens at once.
-    async with AsyncLLM(smollm2_path, max_num_seqs=64, kv_pages=12, page_size=8) as llm:
+    async with AsyncLLM(
+        smollm2_path, max_num_seqs=64, kv_pages=12, page_size=8, kv_dtype=kv_dtype
+    ) as llm:
         results = await run_all(llm, cases, temperature=0)
         stats = llm.stats()
     assert stats["preemptions"] > 0

@@ -1,0 +1,55 @@
+"""KV pages in q8_0 and q4_0: smaller pages, perplexity within a stated bound of f16 pages (the
+engine's concurrency tests run on q8_0 pages too, see test_async_llm), and clear errors for a
+type that does not exist or a device that does not hold it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line_error, run_cli
+
+import tallow
+from tallow import InvalidArgumentError, UnsupportedError, _core
+
+TEXT = Path(__file__).parents[2] / "shared" / "reference" / "perplexity" / "apache-2.0.txt"
+
+# Perplexity on the reference text (ctx 256) with quantized KV pages, beside f16 pages: q8_0
+# moves it by less than 2%, q4_0 (a quarter of f16's memory) by less than 40%.
+BOUNDS = {"q8_0": 1.02, "q4_0": 1.40}
+
+
+@pytest.fixture(scope="module")
+def f16_ppl(smollm2: tallow.LLM) -> float:
+    return smollm2.perplexity(TEXT.read_text(), ctx=256)
+
+
+@pytest.mark.parametrize("kv_dtype", ["q8_0", "q4_0"])
+def test_perplexity_stays_within_its_bound(
+    smollm2_path: Path, f16_ppl: float, kv_dtype: str
+) -> None:
+    llm = tallow.LLM(smollm2_path, n_ctx=512, kv_dtype=kv_dtype)
+    ppl = llm.perplexity(TEXT.read_text(), ctx=256)
+    assert ppl != f16_ppl  # the keys and values are quantized
+    assert f16_ppl / BOUNDS[kv_dtype] < ppl < f16_ppl * BOUNDS[kv_dtype]
+
+
+def test_pages_are_smaller(smollm2_path: Path) -> None:
+    model = _core.Model(str(smollm2_path))
+    f16 = model.kv_page_bytes(16, "f16")
+    # A row of 64 values: 128 bytes in f16, two blocks of 34 (q8_0) or 18 (q4_0) bytes.
+    assert model.kv_page_bytes(16, "q8_0") * 128 == f16 * 68
+    assert model.kv_page_bytes(16, "q4_0") * 128 == f16 * 36
+
+
+def test_bad_types_are_refused(smollm2_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="kv_dtype must be one of"):
+        tallow.LLM(smollm2_path, kv_dtype="q5_0")
+    proc = run_cli("perplexity", "-f", str(TEXT), "--kv-dtype", "int8")
+    assert_one_line_error(proc, "kv_dtype must be one of")
+
+
+def test_the_gpu_refuses_quantized_pages(smollm2_path: Path) -> None:
+    model = _core.Model(str(smollm2_path), device="gpu")
+    with pytest.raises(UnsupportedError, match="q8_0|Q8_0"):
+        model.new_kv_cache(dtype="q8_0", max_pages=4)
