@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::table::RawQuantize;
+use super::table::{RawDequantize, RawQuantize};
 use super::{RawPacked, RawRow, RawTile, RawVecDot};
 use crate::blocks::{
     as_blocks, k4_scales_mins, q3k_scales, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
@@ -70,12 +70,18 @@ pub(super) fn row(ty: GgmlType) -> RawRow {
         GgmlType::Q6_K => (Some(q6_k_q8_k), None, Some(packed::q6_k_entry), None),
         GgmlType::Q8_K => (None, None, None, Some(quantize::q8_k)),
     };
+    let dequantize: Option<RawDequantize> = match ty {
+        GgmlType::Q8_0 => Some(super::dequantize_avx2::q8_0),
+        GgmlType::Q4_0 => Some(super::dequantize_avx2::q4_0),
+        _ => None,
+    };
     RawRow {
         vec_dot,
         tile,
         rows: None,
         packed,
         quantize,
+        dequantize,
     }
 }
 

@@ -48,6 +48,8 @@ macro_rules! q8_row_quantizers {
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod dequantize_avx2;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "x86_64")]
@@ -68,7 +70,7 @@ use std::sync::OnceLock;
 
 pub(crate) use table::RawRow;
 
-use table::RawQuantize;
+use table::{RawDequantize, RawQuantize};
 
 /// A dot-product kernel: weight row bytes and activation row bytes, both whole blocks of the
 /// same count. It may rely on CPU features, so it is only handed out by [`Isa::kernels`] for
@@ -318,6 +320,19 @@ impl Quantizer {
     pub(crate) fn call(self, x: &[f32], dst: &mut [u8]) {
         // SAFETY: only built by the kernel table of a set the CPU has.
         unsafe { (self.0)(x, dst) }
+    }
+}
+
+/// A dequantizer: whole blocks of its format to f32, the same bits as the scalar reference.
+/// Handed out by [`Isa::kernels`] only, for a set the running CPU has.
+#[derive(Clone, Copy)]
+pub(crate) struct Dequantizer(RawDequantize);
+
+impl Dequantizer {
+    #[inline]
+    pub(crate) fn call(self, src: &[u8], dst: &mut [f32]) {
+        // SAFETY: only built by the kernel table of a set the CPU has.
+        unsafe { (self.0)(src, dst) }
     }
 }
 

@@ -10,15 +10,21 @@
 //! - Packed kernels of every set give the same bits, so a missing one comes from the next
 //!   set down, but never from the scalar packed kernel: a SIMD set's row-major kernels outrun
 //!   it (NEON keeps its row-major kernels).
-//! - An activation quantizer comes from the next set down, finally the scalar one.
+//! - An activation quantizer, and a dequantizer, come from the next set down, finally the
+//!   scalar one (the dequantizers: `crate::dequantize` falls back to the reference).
 
 use std::sync::OnceLock;
 
-use super::{Isa, Packed, Quantizer, RawPacked, RawRows, RawTile, RawVecDot, Rows, Tile, VecDot};
+use super::{
+    Dequantizer, Isa, Packed, Quantizer, RawPacked, RawRows, RawTile, RawVecDot, Rows, Tile, VecDot,
+};
 use crate::GgmlType;
 
 /// An activation quantizer: one row of f32 values (whole blocks) to its blocks' bytes.
 pub(crate) type RawQuantize = unsafe fn(x: &[f32], dst: &mut [u8]);
+
+/// A dequantizer: whole blocks' bytes to their f32 values.
+pub(crate) type RawDequantize = unsafe fn(src: &[u8], dst: &mut [f32]);
 
 /// The kernels one instruction set has of its own for one type.
 #[derive(Clone, Copy, Default)]
@@ -28,6 +34,7 @@ pub(crate) struct RawRow {
     pub(crate) rows: Option<RawRows>,
     pub(crate) packed: Option<RawPacked>,
     pub(crate) quantize: Option<RawQuantize>,
+    pub(crate) dequantize: Option<RawDequantize>,
 }
 
 /// The kernels of one type on an instruction set the CPU has, fallbacks included; all `None`
@@ -45,6 +52,8 @@ pub(crate) struct Kernels {
     pub(crate) packed: Option<Packed>,
     /// Activations of this type from f32.
     pub(crate) quantize: Option<Quantizer>,
+    /// Values of this type to f32 (KV pages).
+    pub(crate) dequantize: Option<Dequantizer>,
 }
 
 /// Every type's [`Kernels`] on one instruction set, indexed by `GgmlType as usize`.
@@ -76,6 +85,7 @@ impl KernelTable {
             table.0[ty as usize] = Kernels {
                 packed: own.packed.map(Packed).or(packed_below),
                 quantize: own.quantize.map(Quantizer).or(below.quantize),
+                dequantize: own.dequantize.map(Dequantizer).or(below.dequantize),
                 ..row_major
             };
         }

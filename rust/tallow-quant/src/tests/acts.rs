@@ -1,8 +1,9 @@
 //! The activation quantizers of every instruction set give the scalar quantizer's bytes, on
 //! random rows and on the cases where rounding or scaling is delicate.
 
+use crate::reference::quantize::quantizer;
 use crate::testing::Rng;
-use crate::{quantize_row, GgmlType, Isa};
+use crate::{GgmlType, Isa};
 
 /// Rows of 64 values that test rounding and scaling: random magnitudes, values that scale to
 /// exact halves, zeros, subnormals, one huge value, infinities and NaN.
@@ -55,12 +56,12 @@ fn every_quantizer_gives_the_scalar_bytes() {
     for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
         for ty in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K] {
             let rows = if ty == GgmlType::Q8_K { &long } else { &rows };
-            let quantizer = isa.kernels(ty).quantize.unwrap();
+            let kernel = isa.kernels(ty).quantize.unwrap();
             for (i, x) in rows.iter().enumerate() {
                 let bytes = x.len() / ty.block_len() * ty.block_bytes();
                 let (mut want, mut got) = (vec![0u8; bytes], vec![0u8; bytes]);
-                quantize_row(ty, x, &mut want).unwrap();
-                quantizer.call(x, &mut got);
+                quantizer(ty).unwrap()(x, &mut want);
+                kernel.call(x, &mut got);
                 assert_eq!(got, want, "{isa:?} {ty} row {i}");
                 checked += 1;
             }

@@ -3,6 +3,7 @@
 
 mod accuracy;
 mod acts;
+mod dequantize;
 mod golden;
 mod kernels;
 mod matmul;
