@@ -15,8 +15,9 @@ from tallow import InvalidArgumentError, UnsupportedError, _core
 TEXT = Path(__file__).parents[2] / "shared" / "reference" / "perplexity" / "apache-2.0.txt"
 
 # Perplexity on the reference text (ctx 256) with quantized KV pages, beside f16 pages: q8_0
-# moves it by less than 2%, q4_0 (a quarter of f16's memory) by less than 40%.
-BOUNDS = {"q8_0": 1.02, "q4_0": 1.40}
+# moves it by less than 1%, q4_0 (a quarter of f16's memory) by less than 10% (keys and values
+# rotated before they are quantized; unrotated q4_0 pages cost 28% here).
+BOUNDS = {"q8_0": 1.01, "q4_0": 1.10}
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +54,15 @@ def test_the_gpu_refuses_quantized_pages(smollm2_path: Path) -> None:
     model = _core.Model(str(smollm2_path), device="gpu")
     with pytest.raises(UnsupportedError, match="q8_0|Q8_0"):
         model.new_kv_cache(dtype="q8_0", max_pages=4)
+
+
+def test_bench_and_perplexity_take_the_type() -> None:
+    proc = run_cli(
+        "bench", "-p", "32", "-n", "4", "-d", "40", "--npp", "0", "-r", "1", "--kv-dtype", "q4_0"
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    rows = [line for line in proc.stdout.decode().splitlines() if "@ d40" in line]
+    assert [row.split("|")[5].strip() for row in rows] == ["pp32 @ d40", "tg4 @ d40"]
+    proc = run_cli("perplexity", "-f", str(TEXT), "--ctx", "256", "--kv-dtype", "q8_0")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().startswith("PPL = ")

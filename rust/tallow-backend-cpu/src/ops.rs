@@ -186,6 +186,28 @@ fn pick_gated_kernels() -> GatedKernels {
     }
 }
 
+/// Rotates every run of `n` values of `x` (`n` a power of two) by the orthonormal
+/// Walsh-Hadamard matrix `H / sqrt(n)`, which is symmetric and its own inverse: a fast
+/// transform of `n log n` additions, then one scale.
+pub fn hadamard(x: &mut [f32], n: usize) {
+    let scale = 1.0 / (n as f32).sqrt();
+    for run in x.chunks_exact_mut(n) {
+        let mut h = 1;
+        while h < n {
+            for block in run.chunks_exact_mut(2 * h) {
+                let (a, b) = block.split_at_mut(h);
+                for (a, b) in a.iter_mut().zip(b) {
+                    (*a, *b) = (*a + *b, *a - *b);
+                }
+            }
+            h *= 2;
+        }
+        for v in run {
+            *v *= scale;
+        }
+    }
+}
+
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
@@ -195,6 +217,28 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hadamard_is_the_orthonormal_walsh_matrix_and_its_own_inverse() {
+        // Two runs of 4: H4 / 2 row by row.
+        let mut x = vec![1.0, 2.0, 3.0, 4.0, 0.5, 0.0, 0.0, 0.0];
+        hadamard(&mut x, 4);
+        assert_eq!(x, [5.0, -1.0, -2.0, 0.0, 0.25, 0.25, 0.25, 0.25]);
+        // Twice is the identity; dot products are kept.
+        let a: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3)
+            .collect();
+        let b: Vec<f32> = (0..64).map(|i| ((i * 13 % 7) as f32 - 3.0) * 0.7).collect();
+        let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>();
+        let (mut ra, mut rb) = (a.clone(), b.clone());
+        hadamard(&mut ra, 64);
+        hadamard(&mut rb, 64);
+        assert!((dot(&ra, &rb) - dot(&a, &b)).abs() < 1e-4);
+        hadamard(&mut ra, 64);
+        for (x, y) in ra.iter().zip(&a) {
+            assert!((x - y).abs() < 1e-5);
+        }
+    }
 
     #[test]
     fn rms_norm_unit_rms() {

@@ -10,7 +10,7 @@ use tallow_quant::QuantizedActs;
 
 use crate::attention::{Attention, Plan};
 use crate::matrix::Matrix;
-use crate::ops::{add_in_place, add_rows, gated, rms_norm, rms_norm_in_place};
+use crate::ops::{add_in_place, add_rows, gated, hadamard, rms_norm, rms_norm_in_place};
 use crate::scratch::{take, LAYER, STEP};
 use crate::CpuBackend;
 
@@ -173,6 +173,11 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         {
             r.apply(row, angles);
         }
+        Ok(())
+    }
+
+    fn rotate_heads(&mut self, x: &mut Self::Rows, head_dim: usize) -> Result<(), StepError> {
+        hadamard(x, head_dim);
         Ok(())
     }
 

@@ -424,6 +424,14 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         self.dispatch(Kernel::WriteKv, &buffers, &params, (gx, gy, 1))
     }
 
+    fn rotate_heads(&mut self, _x: &mut Rows, _head_dim: usize) -> Result<(), StepError> {
+        // Only quantized KV pages are rotated, and this backend holds f16 pages only.
+        Err(
+            BackendError::Unsupported("rotated heads (for quantized KV pages) on wgpu".into())
+                .into(),
+        )
+    }
+
     fn copy_kv(
         &mut self,
         cache: &mut PagedKvCache,

@@ -186,6 +186,12 @@ pub trait Step<B: Backend> {
     /// Rotates every head of each token's row by RoPE `rope` at the token's position.
     fn rope(&mut self, rope: usize, x: &mut Self::Rows) -> Result<(), StepError>;
 
+    /// Rotates every head (each run of `head_dim` values, a power of two) of every row by the
+    /// orthonormal Walsh-Hadamard matrix, which is symmetric and its own inverse. Rotating
+    /// queries and keys alike leaves their dot products as they were, and spreads a head's
+    /// outlying values over all of it: quantized KV pages hold rotated keys and values.
+    fn rotate_heads(&mut self, x: &mut Self::Rows, head_dim: usize) -> Result<(), StepError>;
+
     /// Writes each token's keys and values of `layer` at its position in `cache`.
     fn write_kv(
         &mut self,

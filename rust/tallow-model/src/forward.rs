@@ -133,6 +133,10 @@ impl<B: Backend> Forward<'_, B> {
         let mut proj = step.rows(n, d)?;
         let mut gate = step.rows(n, cfg.n_ff)?;
         let mut up = step.rows(n, cfg.n_ff)?;
+        // Quantized pages hold keys and values rotated by a Hadamard matrix (as llama.cpp's):
+        // a head's few large values spread over all of it before it is cut into blocks.
+        let head_dim = cfg.heads().head_dim;
+        let rotate = cache.layout().dtype.block_format().is_some() && head_dim.is_power_of_two();
         let scale = if cfg.arch.embed_scale {
             (d as f32).sqrt()
         } else {
@@ -170,12 +174,21 @@ impl<B: Backend> Forward<'_, B> {
             let rope = rope_index(cfg, l);
             step.rope(rope, &mut q)?;
             step.rope(rope, &mut k)?;
+            if rotate {
+                for rows in [&mut q, &mut k, &mut v] {
+                    step.rotate_heads(rows, head_dim)?;
+                }
+            }
             step.write_kv(cache, l, &k, &v)?;
             if batch.has_branches() {
                 batch.branch_copies(cache, branches.first_pos, l, branches.copies)?;
                 step.copy_kv(cache, l, branches.copies)?;
             }
             step.attention(cache, l, scores, &q, &mut attn)?;
+            if rotate {
+                // The output is a mix of rotated values: rotated back (H is its own inverse).
+                step.rotate_heads(&mut attn, head_dim)?;
+            }
 
             step.matmul(&attn, [&layer.wo], [&mut proj])?;
             if let Some(norm) = &layer.post_attn_norm {
