@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from tallow import _core
@@ -715,6 +715,9 @@ def test_protocol_misuse_is_an_error() -> None:
 
 
 @settings(max_examples=150, deadline=None)
+# A prompt whose cached prefix ends inside a page, in a pool with no room for the copy of that
+# page: it starts from the whole pages instead.
+@example(n_pages=3, budget=1, max_num_seqs=1, reqs=[(0, 9, 4, None), (0, 10, 1, None)])
 @given(
     n_pages=st.integers(min_value=2, max_value=12),
     budget=st.integers(min_value=1, max_value=16),

@@ -549,20 +549,19 @@ class Scheduler:
                 continue
             tokens = req.token_slice(0, req.num_tokens)
             # The last token is always computed: its logits give the next token.
-            hit, revived = (
-                self.kv.match_prefix(tokens, req.num_tokens - 1) if self.prefix_caching else (0, 0)
-            )
-            n = min(req.num_tokens - hit, budget, self._first_chunk_room(hit, revived))
-            need = revived + self._pages_from(hit, n)
-            if hit + n == req.num_tokens and not self._branches_fit(req, budget - n, free - need):
-                n -= 1  # the last token waits for a step with room for the branches
-                need = revived + self._pages_from(hit, n)
+            limit = req.num_tokens - 1
+            hit, revived, n, need = self._admission(req, tokens, limit, budget, free)
+            if need > free and hit % self._page_size:
+                # Part of a cached page costs a copy of it: where that does not fit, whole
+                # pages only.
+                limit = hit - hit % self._page_size
+                hit, revived, n, need = self._admission(req, tokens, limit, budget, free)
             if n == 0 or need > free:
                 break
             self._waiting.popleft()
             req.seq = self.kv.create()
             if self.prefix_caching:  # also when nothing is cached: it counts the lookup
-                self.kv.attach_prefix(req.seq, tokens, req.num_tokens - 1)
+                self.kv.attach_prefix(req.seq, tokens, limit)
             self.kv.reserve(req.seq, n)
             free -= need
             req.status = RequestStatus.RUNNING
@@ -594,6 +593,20 @@ class Scheduler:
                 step.chunks += self._fork_branches(p.req)
         self._inflight = step
         return step
+
+    def _admission(
+        self, req: Request, tokens: list[int], limit: int, budget: int, free: int
+    ) -> tuple[int, int, int, int]:
+        """For a waiting request: the cached tokens it would start with (at most ``limit``),
+        the cached pages that would leave the free list, the tokens of its first chunk and the
+        pages it would take from the free list in all."""
+        hit, revived = self.kv.match_prefix(tokens, limit) if self.prefix_caching else (0, 0)
+        n = min(req.num_tokens - hit, budget, self._first_chunk_room(hit, revived))
+        need = revived + self._pages_from(hit, n)
+        if hit + n == req.num_tokens and not self._branches_fit(req, budget - n, free - need):
+            n -= 1  # the last token waits for a step with room for the branches
+            need = revived + self._pages_from(hit, n)
+        return hit, revived, n, need
 
     def _fork_branches(self, req: Request) -> list[ScheduledChunk]:
         """The branches of a scoring request whose last token is in this step, each a fork of
