@@ -190,8 +190,9 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
     ) -> Result<(), StepError> {
         let kv_dim = k.len() / self.n_tokens();
         for (chunk, &first) in self.batch.chunks.iter().zip(self.first_pos) {
+            let parent = self.batch.is_parent(chunk.seq);
             for i in 0..chunk.len {
-                let slot = self.batch.write_slot(cache, chunk, first + i, layer)?;
+                let slot = Batch::write_slot(cache, chunk.seq, parent, first + i, layer)?;
                 let row = (chunk.start + i) * kv_dim..(chunk.start + i + 1) * kv_dim;
                 cache.store_mut::<KvStorage>()?.write_token(
                     slot,

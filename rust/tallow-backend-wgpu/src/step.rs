@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tallow_backend::{
-    Activation, BackendError, KvCopy, Logits, Output, Scores, Step, StepError, StepInput,
+    Activation, BackendError, Batch, KvCopy, Logits, Output, Scores, Step, StepError, StepInput,
 };
 use tallow_kv::{PageStore, PagedKvCache};
 
@@ -227,11 +227,9 @@ impl<'s> WgpuStep<'s> {
         }
         let mut words = Vec::with_capacity(2 * self.n_tokens());
         for (chunk, &first) in self.input.batch.chunks.iter().zip(self.input.first_pos) {
+            let parent = self.input.batch.is_parent(chunk.seq);
             for i in 0..chunk.len {
-                let slot = self
-                    .input
-                    .batch
-                    .write_slot(cache, chunk, first + i, layer)?;
+                let slot = Batch::write_slot(cache, chunk.seq, parent, first + i, layer)?;
                 words.extend([slot.page.0, slot.offset as u32]);
             }
         }

@@ -111,20 +111,26 @@ impl Batch {
         self.chunks.iter().any(|c| c.branch_of.is_some())
     }
 
-    /// The slot `chunk` writes its position `pos` of `layer` to. A page other sequences
-    /// share is refused ([`KvError::SharedPage`]), unless `chunk` is the parent of a branch
-    /// in this batch: its forks share the positions it computes, and it writes them for all.
+    /// Whether a branch in this batch was forked from `seq` (see [`Batch::write_slot`]).
+    pub fn is_parent(&self, seq: SeqId) -> bool {
+        self.chunks.iter().any(|c| c.branch_of == Some(seq))
+    }
+
+    /// The slot `seq` writes its position `pos` of `layer` to. A page other sequences share
+    /// is refused ([`KvError::SharedPage`]), unless `seq` is the parent of a branch in this
+    /// batch (`parent`, from [`Batch::is_parent`], asked once per chunk): its forks share the
+    /// positions it computes, and it writes them for all.
     pub fn write_slot(
-        &self,
         cache: &PagedKvCache,
-        chunk: &SeqChunk,
+        seq: SeqId,
+        parent: bool,
         pos: usize,
         layer: usize,
     ) -> Result<Slot, KvError> {
-        if self.chunks.iter().any(|c| c.branch_of == Some(chunk.seq)) {
-            cache.slot(chunk.seq, pos, layer)
+        if parent {
+            cache.slot(seq, pos, layer)
         } else {
-            cache.writable_slot(chunk.seq, pos, layer)
+            cache.writable_slot(seq, pos, layer)
         }
     }
 
