@@ -25,7 +25,7 @@ use crate::GgmlType;
 /// formats, packed kernels for the formats `crate::packed` lays out, and the activation
 /// quantizers.
 pub(super) fn row(ty: GgmlType) -> RawRow {
-    use super::packed_avx2 as packed;
+    use super::packed_formats::avx2 as packed;
     use super::quantize_avx2 as quantize;
     type Kernels = (
         Option<RawVecDot>,
@@ -37,37 +37,22 @@ pub(super) fn row(ty: GgmlType) -> RawRow {
         GgmlType::F32 => (Some(f32_f32), None, None, None),
         GgmlType::F16 => (Some(f16_f32), None, None, None),
         GgmlType::BF16 => (Some(bf16_f32), None, None, None),
-        GgmlType::Q4_0 => (
-            Some(q4_0_q8_0),
-            Some(tile_q4_0),
-            Some(packed::q4_0_entry),
-            None,
-        ),
-        GgmlType::Q4_1 => (
-            Some(q4_1_q8_1),
-            Some(tile_q4_1),
-            Some(packed::q4_1_entry),
-            None,
-        ),
-        GgmlType::Q5_0 => (
-            Some(q5_0_q8_0),
-            Some(tile_q5_0),
-            Some(packed::q5_0_entry),
-            None,
-        ),
+        GgmlType::Q4_0 => (Some(q4_0_q8_0), Some(tile_q4_0), Some(packed::q4_0), None),
+        GgmlType::Q4_1 => (Some(q4_1_q8_1), Some(tile_q4_1), Some(packed::q4_1), None),
+        GgmlType::Q5_0 => (Some(q5_0_q8_0), Some(tile_q5_0), Some(packed::q5_0), None),
         GgmlType::Q5_1 => (Some(q5_1_q8_1), None, None, None),
         GgmlType::Q8_0 => (
             Some(q8_0_q8_0),
             Some(tile_q8_0),
-            Some(packed::q8_0_entry),
+            Some(packed::q8_0),
             Some(quantize::q8_0),
         ),
         GgmlType::Q8_1 => (None, None, None, Some(quantize::q8_1)),
         GgmlType::Q2_K => (Some(q2_k_q8_k), None, None, None),
         GgmlType::Q3_K => (Some(q3_k_q8_k), None, None, None),
-        GgmlType::Q4_K => (Some(q4_k_q8_k), None, Some(packed::q4_k_entry), None),
-        GgmlType::Q5_K => (Some(q5_k_q8_k), None, Some(packed::q5_k_entry), None),
-        GgmlType::Q6_K => (Some(q6_k_q8_k), None, Some(packed::q6_k_entry), None),
+        GgmlType::Q4_K => (Some(q4_k_q8_k), None, Some(packed::q4_k), None),
+        GgmlType::Q5_K => (Some(q5_k_q8_k), None, Some(packed::q5_k), None),
+        GgmlType::Q6_K => (Some(q6_k_q8_k), None, Some(packed::q6_k), None),
         GgmlType::Q8_K => (None, None, None, Some(quantize::q8_k)),
     };
     let dequantize: Option<RawDequantize> = match ty {

@@ -23,8 +23,13 @@ use crate::GgmlType;
 
 /// Products of unsigned and signed bytes, summed in fours into i32 lanes.
 pub(super) trait DotBytes {
+    /// Whether [`DotBytes::dot`] is one instruction: then a sum of byte products is cheapest
+    /// taken four bytes at a time, straight into i32 lanes.
+    const FUSED: bool;
     /// `acc` plus, in each i32 lane, the sum of the four products `u[i] * s[i]`.
     unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i;
+    /// `acc` plus, in each i32 lane, the sum of the two products of its i16 `a[i] * b[i]`.
+    unsafe fn dot_i16(acc: __m512i, a: __m512i, b: __m512i) -> __m512i;
 }
 
 /// `vpmaddubsw` then `vpmaddwd`. The i16 pair sums cannot saturate for tallow's operands
@@ -32,11 +37,17 @@ pub(super) trait DotBytes {
 pub(super) struct Bw;
 
 impl DotBytes for Bw {
+    const FUSED: bool = false;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
         let pairs = _mm512_maddubs_epi16(u, s);
         _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn dot_i16(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
     }
 }
 
@@ -44,10 +55,16 @@ impl DotBytes for Bw {
 pub(super) struct Vnni;
 
 impl DotBytes for Vnni {
+    const FUSED: bool = true;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
         _mm512_dpbusd_epi32(acc, u, s)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn dot_i16(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        _mm512_dpwssd_epi32(acc, a, b)
     }
 }
 
@@ -688,6 +705,7 @@ rows_entry_points!(rows_q4_1_q8_1);
 /// takes the sign off the weights first, fills the gap).
 pub(super) fn row(ty: GgmlType, vnni: bool) -> RawRow {
     use super::packed_avx512::{packed_bw, packed_vnni};
+    use super::packed_formats::{avx512 as formats_bw, avx512_vnni as formats_vnni};
     use super::quantize_avx512 as quantize;
     /// The VNNI or the BW build of a kernel.
     macro_rules! pick {
@@ -710,6 +728,11 @@ pub(super) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             pick!(packed_bw::$k, packed_vnni::$k)
         };
     }
+    macro_rules! formats {
+        ($k:ident) => {
+            pick!(formats_bw::$k, formats_vnni::$k)
+        };
+    }
     let none = RawRow::default();
     match ty {
         GgmlType::Q4_0 => RawRow {
@@ -727,6 +750,7 @@ pub(super) fn row(ty: GgmlType, vnni: bool) -> RawRow {
         },
         GgmlType::Q5_0 => RawRow {
             vec_dot: dot!(q5_0_q8_0),
+            packed: formats!(q5_0),
             ..none
         },
         GgmlType::Q5_1 => RawRow {
@@ -746,14 +770,17 @@ pub(super) fn row(ty: GgmlType, vnni: bool) -> RawRow {
         },
         GgmlType::Q4_K => RawRow {
             vec_dot: dot!(q4_k_q8_k),
+            packed: formats!(q4_k),
             ..none
         },
         GgmlType::Q5_K => RawRow {
             vec_dot: dot!(q5_k_q8_k),
+            packed: formats!(q5_k),
             ..none
         },
         GgmlType::Q6_K => RawRow {
             vec_dot: dot!(q6_k_q8_k),
+            packed: formats!(q6_k),
             ..none
         },
         GgmlType::F32

@@ -53,12 +53,14 @@ mod dequantize_avx2;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "x86_64")]
-mod packed_avx2;
-#[cfg(target_arch = "x86_64")]
 mod packed_avx512;
+#[cfg(target_arch = "x86_64")]
+mod packed_formats;
 #[cfg(target_arch = "x86_64")]
 mod packed_operands;
 mod packed_scalar;
+#[cfg(target_arch = "x86_64")]
+mod packed_simd;
 #[cfg(target_arch = "x86_64")]
 mod quantize_avx2;
 #[cfg(target_arch = "x86_64")]

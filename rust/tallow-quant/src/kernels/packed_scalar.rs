@@ -4,7 +4,7 @@
 //! For each row of a group and each token, block after block, the row's block is unpacked to
 //! its GGUF bytes, its integer sums are taken exactly, and they become floats through the
 //! same f32 operations, in the same order and with the same fused multiply-adds, as in the
-//! SIMD kernels (see `super::packed_avx2`): `d * da` rounded once, then one fused
+//! SIMD kernels (see `super::packed_formats`): `d * da` rounded once, then one fused
 //! multiply-add per term.
 
 use super::{TileScales, PACK_ROWS, TILE_LANES};

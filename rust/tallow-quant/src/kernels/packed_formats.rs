@@ -1,0 +1,719 @@
+//! The packed kernels' one loop, for weights packed in groups of [`PACK_ROWS`] rows (see
+//! `crate::packed` and its `layout`), written once over the vector operations of
+//! [`Simd`] and compiled for AVX2 ([`V256`], module [`avx2`]) and AVX-512 ([`V512`], module
+//! [`avx512`]). A 64-byte word of a packed block holds one step (four columns) of all 16
+//! rows, one i32 lane per row: AVX2 takes it as two halves of 8 rows, AVX-512 whole, so that
+//! 32 columns of the rows against one token are 8 byte dot products with the token's
+//! activation bytes broadcast four at a time, and need no horizontal sum. A sub-block goes in
+//! passes of four steps (two for Q8_0, whose steps are two vectors): the pass's steps of every
+//! half are unpacked into registers, and each activation broadcast serves them all. A block
+//! is one stream read once, in order.
+//!
+//! Every format runs through one loop ([`packed_loop`]); a [`Format`] says how a block's steps and
+//! scales unpack and how its integer sums become floats. Products use `vpmaddubsw` (unsigned
+//! weight bytes against signed activation bytes within -127..=127), whose i16 pair sums are
+//! added as i16 for the steps of a pass (4; 2 for the 6-bit quants, whose pairs reach
+//! 2 * 63 * 127 and whose scale changes every 16 columns) and then widened by `vpmaddwd`
+//! against the sub-block's integer scale (1 where the format has none), so that a block's
+//! integer sum is exact. Q8_0's stored quants (`q + 128`, up to 255) would
+//! saturate the pair sums, so its AVX2 steps take the signed `q` back and move its sign onto
+//! the activations (`|q|` against `sign(q) * y`: pairs within 2 * 128 * 127); AVX-512 has no
+//! byte sign instruction, and its own Q8_0 kernel (`super::packed_avx512`).
+//!
+//! Per row the integer sums are exact and the f32 operations are those of the scalar packed
+//! kernels (`super::packed_scalar`) in the same order, so the outputs are equal bit for bit
+//! at either width, and a token's outputs do not depend on the other tokens of the tile.
+//!
+//! # Safety
+//! As in [`super::packed_simd`]: the [`avx2`] entry points need AVX2, FMA and F16C, the
+//! [`avx512`] ones AVX-512 F and BW; `super::Isa::kernels` only hands them out when the CPU
+//! has them.
+
+use std::arch::x86_64::*;
+
+use super::avx512::{Bw, Vnni};
+use super::packed_operands::{act_quad, Bytes, Operands};
+use super::packed_simd::{Simd, V256, V512};
+use super::{TileScales, PACK_ROWS};
+use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1};
+
+/// `[f(0), .., f(n - 1)]` of integer vectors, built by a loop in the function that uses it: a
+/// closure is a function of its own, which the compiler may leave out of line.
+macro_rules! vectors {
+    ($n:expr, |$i:ident| $body:expr) => {{
+        let mut out = [S::zero(); $n];
+        for $i in 0..$n {
+            out[$i] = $body;
+        }
+        out
+    }};
+}
+
+/// A packed format, as the loop ([`packed_loop`]) runs it at the vector width of `S`.
+trait Format<S: Simd> {
+    /// The activations' block.
+    type Act: Block;
+    /// A packed block's f16 fields and its words.
+    type Fields: Bytes;
+    type Words: Bytes;
+    /// Sub-blocks of 32 columns in a block.
+    const SUBS: usize;
+    /// What one half of a block gives every token (its scales).
+    type Half;
+    /// One unpacked step (four columns of each row of a half).
+    type Step: Copy;
+
+    /// Half `h` of the block's scales.
+    unsafe fn half(fields: &Self::Fields, words: &Self::Words, h: usize) -> Self::Half;
+    /// Step `c` of sub-block `s` of half `h`. (One step per call: a call the compiler can
+    /// always inline, where a whole sub-block's did not get inlined.)
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> Self::Step;
+    /// Steps of a pass: every half's steps of a pass are held at once (in at most 8
+    /// registers), so that each activation broadcast serves them all.
+    const PASS: usize;
+    /// Per row (i32 lane), the dot product of steps `first..first + PASS` of sub-block `s`
+    /// (`steps`) with the token's activation bytes `y`, times the steps' integer scale.
+    unsafe fn pass_sum(
+        steps: &[Self::Step],
+        y: &[i8; 32],
+        half: &Self::Half,
+        s: usize,
+        first: usize,
+    ) -> S::I;
+    /// The activation bytes of sub-block `s`.
+    fn y(act: &Self::Act, s: usize) -> &[i8; 32];
+    /// `acc` plus the block's products for one token: `isum` is the sum of its
+    /// [`Format::pass_sum`]s, `da` and `sa` the token's f32 block scale and sum.
+    unsafe fn finish(
+        acc: S::F,
+        isum: S::I,
+        half: &Self::Half,
+        act: &Self::Act,
+        da: f32,
+        sa: f32,
+    ) -> S::F;
+}
+
+/// Declares `$name`, the packed product of any [`Format`] at the width of `S`, for a tile of
+/// `T` tokens, compiled with `$features`: the loop is written once, and compiled per
+/// instruction set so that the vector operations of `S` inline into it before the compiler
+/// unrolls it (a generic loop without the features, inlined into an entry point that has
+/// them, was left rolled over the tokens). Out of line: each tile width is a function of its
+/// own, which gives the compiler room to inline a format's unpacking into it.
+macro_rules! packed_loop {
+    ($name:ident, $features:literal) => {
+        #[inline(never)]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<S: Simd, F: Format<S>, const T: usize>(
+            groups: &[u8],
+            a: &[&[u8]],
+            scales: &TileScales,
+            out: &mut [&mut [f32]],
+        ) {
+            let ops = Operands::<F::Act, F::Fields, F::Words, T>::new(groups, a, scales, out);
+            let (acts, da, sa) = (&ops.acts, ops.d, ops.s);
+            // Arrays of two halves, of which the first `S::HALVES` are used.
+            debug_assert!(S::HALVES <= 2);
+            for (g, blocks) in ops.each_group().enumerate() {
+                // Per half, the outputs of each token.
+                let mut acc = [[S::zero_f(); T]; 2];
+                for (b, (fields, words)) in blocks.enumerate() {
+                    if T == 1 {
+                        prefetch_ahead::<S, F>(fields);
+                    }
+                    // Where one vector holds the group, the second is the first again, unused.
+                    let halves = [
+                        F::half(fields, words, 0),
+                        F::half(fields, words, S::HALVES - 1),
+                    ];
+                    let mut isum = [[S::zero(); T]; 2];
+                    for s in 0..F::SUBS {
+                        for pass in 0..8 / F::PASS {
+                            let first = pass * F::PASS;
+                            let mut steps = [[F::step(words, 0, s, first); 4]; 2];
+                            for h in 0..S::HALVES {
+                                for (i, step) in steps[h].iter_mut().enumerate().take(F::PASS) {
+                                    *step = F::step(words, h, s, first + i);
+                                }
+                            }
+                            for t in 0..T {
+                                let y = F::y(&acts[t][b], s);
+                                for h in 0..S::HALVES {
+                                    let steps = &steps[h][..F::PASS];
+                                    let sum = F::pass_sum(steps, y, &halves[h], s, first);
+                                    isum[h][t] = S::add32(isum[h][t], sum);
+                                }
+                            }
+                        }
+                    }
+                    for h in 0..S::HALVES {
+                        for t in 0..T {
+                            let lane = ops.lane0 + t;
+                            let (d, s) = (da[b][lane], sa[b][lane]);
+                            let act = &acts[t][b];
+                            acc[h][t] = F::finish(acc[h][t], isum[h][t], &halves[h], act, d, s);
+                        }
+                    }
+                }
+                for h in 0..S::HALVES {
+                    for (rows, acc) in out.iter_mut().zip(&acc[h]) {
+                        S::store(*acc, &mut rows[g * PACK_ROWS + h * S::ROWS..]);
+                    }
+                }
+            }
+        }
+    };
+}
+
+packed_loop!(packed_avx2, "avx2,fma,f16c");
+packed_loop!(packed_avx512, "avx512f,avx512bw");
+packed_loop!(packed_avx512_vnni, "avx512f,avx512bw,avx512vnni");
+
+/// How far ahead of the block it reads a one-token product asks for the weights. A
+/// matrix-vector product is one stream of weights read once; on Zen 3 the hardware prefetcher
+/// alone left 10-20% of the memory bandwidth of two threads unused (Q8_0 262144 x 640: 28.8
+/// against 33-35 GB/s with 512-2048 bytes ahead; 8 KiB ahead gained nothing). Tiles of several
+/// tokens compute long enough on each block for the hardware prefetcher to keep up.
+const PREFETCH_AHEAD: usize = 768;
+
+/// Asks for the cache lines [`PREFETCH_AHEAD`] bytes after each line of the block at `fields`.
+#[inline(always)]
+unsafe fn prefetch_ahead<S: Simd, F: Format<S>>(fields: &F::Fields) {
+    let block = (fields as *const F::Fields).cast::<i8>();
+    for line in (0..F::Fields::LEN + F::Words::LEN).step_by(64) {
+        // A prefetch reads nothing and never faults, past the end of the weights included.
+        _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_AHEAD + line));
+    }
+}
+
+// ---- integer sums ----
+
+/// Activation bytes `4j..4j + 4` of `y` in every i32 lane.
+#[inline(always)]
+unsafe fn quad<S: Simd>(y: &[i8; 32], j: usize) -> S::I {
+    S::splat_i32(act_quad(y, j))
+}
+
+/// Per row (i32 lane), the dot product of the steps `first..` (`steps`) of unsigned weight
+/// bytes with `y`, summed as i16 in runs of `N` steps, each run widened against the i16 pairs
+/// `scale` (a pass's steps share one scale). No closures here: a closure does not take the
+/// target features of the loop it is inlined into, and may be left out of line.
+#[inline(always)]
+unsafe fn weighted_sum<S: Simd, const N: usize>(
+    steps: &[S::I],
+    y: &[i8; 32],
+    first: usize,
+    scale: S::I,
+) -> S::I {
+    let mut sums = S::zero();
+    for (r, run) in steps.chunks_exact(N).enumerate() {
+        let at = first + r * N;
+        let mut pairs = S::maddubs(run[0], quad::<S>(y, at));
+        // An index loop: the compiler unrolls it early, and then the loop over the tokens.
+        #[allow(clippy::needless_range_loop)]
+        for i in 1..N {
+            pairs = S::add16(pairs, S::maddubs(run[i], quad::<S>(y, at + i)));
+        }
+        sums = S::madd_add(sums, pairs, scale);
+    }
+    sums
+}
+
+/// [`weighted_sum`] for a format without an integer scale: straight into i32 lanes where that
+/// is one instruction per step.
+#[inline(always)]
+unsafe fn unscaled_sum<S: Simd>(steps: &[S::I], y: &[i8; 32], first: usize) -> S::I {
+    if S::FUSED_DOT {
+        let mut sums = S::zero();
+        #[allow(clippy::needless_range_loop)]
+        for i in 0..steps.len() {
+            sums = S::dot4(sums, steps[i], quad::<S>(y, first + i));
+        }
+        sums
+    } else {
+        weighted_sum::<S, 4>(steps, y, first, S::splat_i16(1))
+    }
+}
+
+/// Per row (i32 lane), the sum of the products of the i16 pairs of `pairs(k)` with the
+/// token's group sums `2k` and `2k + 1` (of 16 columns each), over the block's 8 pairs.
+#[inline(always)]
+unsafe fn weighted_bsums<S: Simd>(act: &BlockQ8K, pairs: &[S::I; 8]) -> S::I {
+    let mut sums = S::zero();
+    for (k, &pair) in pairs.iter().enumerate() {
+        let bsums: [u8; 4] = act.bsums[4 * k..4 * k + 4].try_into().unwrap();
+        let bsums = S::splat_i32(i32::from_le_bytes(bsums));
+        sums = S::add32(sums, S::madd(pair, bsums));
+    }
+    sums
+}
+
+/// Scale `d` times the token's scale `da`, times `sums`, plus `acc`.
+#[inline(always)]
+unsafe fn scaled<S: Simd>(acc: S::F, d: S::F, da: f32, sums: S::F) -> S::F {
+    S::fmadd(S::mul(d, S::splat(da)), sums, acc)
+}
+
+// ---- the 32-column formats ----
+
+/// `d * da * (sum(q * y) - offset * sum(y))` for quants stored as `q + offset`.
+#[inline(always)]
+unsafe fn offset_block<S: Simd>(
+    acc: S::F,
+    isum: S::I,
+    d: S::F,
+    da: f32,
+    sa: f32,
+    offset: f32,
+) -> S::F {
+    let sums = S::fnmadd(S::splat(offset), S::splat(sa), S::to_f32(isum));
+    scaled::<S>(acc, d, da, sums)
+}
+
+struct Q40;
+
+impl<S: Simd> Format<S> for Q40 {
+    type Act = BlockQ8_0;
+    type Fields = [u8; 32];
+    type Words = [u8; 256];
+    const SUBS: usize = 1;
+    const PASS: usize = 4;
+    type Half = S::F;
+    type Step = S::I;
+
+    #[inline(always)]
+    unsafe fn half(fields: &[u8; 32], _: &[u8; 256], h: usize) -> S::F {
+        S::field(fields, 0, h)
+    }
+    #[inline(always)]
+    unsafe fn step(words: &[u8; 256], h: usize, _: usize, c: usize) -> S::I {
+        S::nibbles(S::word(words, c % 4, h), c / 4)
+    }
+    #[inline(always)]
+    unsafe fn pass_sum(steps: &[S::I], y: &[i8; 32], _: &S::F, _: usize, first: usize) -> S::I {
+        unscaled_sum::<S>(steps, y, first)
+    }
+    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
+        &act.qs
+    }
+    #[inline(always)]
+    unsafe fn finish(acc: S::F, isum: S::I, d: &S::F, _: &BlockQ8_0, da: f32, sa: f32) -> S::F {
+        offset_block::<S>(acc, isum, *d, da, sa, 8.0)
+    }
+}
+
+/// Q4_1: `d * da * sum(q * y) + m * sa`.
+struct Q41;
+
+impl<S: Simd> Format<S> for Q41 {
+    type Act = BlockQ8_1;
+    type Fields = [u8; 64];
+    type Words = [u8; 256];
+    const SUBS: usize = 1;
+    const PASS: usize = 4;
+    type Half = (S::F, S::F);
+    type Step = S::I;
+
+    #[inline(always)]
+    unsafe fn half(fields: &[u8; 64], _: &[u8; 256], h: usize) -> (S::F, S::F) {
+        (S::field(fields, 0, h), S::field(fields, 1, h))
+    }
+    #[inline(always)]
+    unsafe fn step(words: &[u8; 256], h: usize, _: usize, c: usize) -> S::I {
+        S::nibbles(S::word(words, c % 4, h), c / 4)
+    }
+    #[inline(always)]
+    unsafe fn pass_sum(
+        steps: &[S::I],
+        y: &[i8; 32],
+        _: &Self::Half,
+        _: usize,
+        first: usize,
+    ) -> S::I {
+        unscaled_sum::<S>(steps, y, first)
+    }
+    fn y(act: &BlockQ8_1, _: usize) -> &[i8; 32] {
+        &act.qs
+    }
+    #[inline(always)]
+    unsafe fn finish(
+        acc: S::F,
+        isum: S::I,
+        &(d, m): &Self::Half,
+        _: &BlockQ8_1,
+        da: f32,
+        sa: f32,
+    ) -> S::F {
+        let acc = scaled::<S>(acc, d, da, S::to_f32(isum));
+        S::fmadd(m, S::splat(sa), acc)
+    }
+}
+
+/// Q5_0: as Q4_0 with the fifth bits of word 4 (bit `j` of byte `i`: column `4j + i`) and
+/// offset 16.
+struct Q50;
+
+impl<S: Simd> Format<S> for Q50 {
+    type Act = BlockQ8_0;
+    type Fields = [u8; 32];
+    type Words = [u8; 320];
+    const SUBS: usize = 1;
+    const PASS: usize = 4;
+    type Half = S::F;
+    type Step = S::I;
+
+    #[inline(always)]
+    unsafe fn half(fields: &[u8; 32], _: &[u8; 320], h: usize) -> S::F {
+        S::field(fields, 0, h)
+    }
+    #[inline(always)]
+    unsafe fn step(words: &[u8; 320], h: usize, _: usize, c: usize) -> S::I {
+        let low = S::nibbles(S::word(words, c % 4, h), c / 4);
+        S::or(low, S::bits_to_4(S::word(words, 4, h), c, 0x10))
+    }
+    #[inline(always)]
+    unsafe fn pass_sum(steps: &[S::I], y: &[i8; 32], _: &S::F, _: usize, first: usize) -> S::I {
+        unscaled_sum::<S>(steps, y, first)
+    }
+    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
+        &act.qs
+    }
+    #[inline(always)]
+    unsafe fn finish(acc: S::F, isum: S::I, d: &S::F, _: &BlockQ8_0, da: f32, sa: f32) -> S::F {
+        offset_block::<S>(acc, isum, *d, da, sa, 16.0)
+    }
+}
+
+/// Q8_0 (AVX2 only): `d * da * sum(q * y)`, the steps as signed `q` and `|q|`.
+struct Q80;
+
+impl Format<V256> for Q80 {
+    type Act = BlockQ8_0;
+    type Fields = [u8; 32];
+    type Words = [u8; 512];
+    const SUBS: usize = 1;
+    const PASS: usize = 2;
+    type Half = __m256;
+    type Step = (__m256i, __m256i);
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half(fields: &[u8; 32], _: &[u8; 512], h: usize) -> __m256 {
+        V256::field(fields, 0, h)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(words: &[u8; 512], h: usize, _: usize, c: usize) -> (__m256i, __m256i) {
+        let signed = _mm256_xor_si256(V256::word(words, c, h), _mm256_set1_epi8(-128));
+        (signed, _mm256_abs_epi8(signed))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pass_sum(
+        steps: &[(__m256i, __m256i)],
+        y: &[i8; 32],
+        _: &__m256,
+        _: usize,
+        first: usize,
+    ) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let mut sums = _mm256_setzero_si256();
+        for (j, &(signed, magnitude)) in steps.iter().enumerate() {
+            let y = _mm256_sign_epi8(quad::<V256>(y, first + j), signed);
+            let pairs = _mm256_maddubs_epi16(magnitude, y);
+            sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
+        }
+        sums
+    }
+    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
+        &act.qs
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish(
+        acc: __m256,
+        isum: __m256i,
+        d: &__m256,
+        _: &BlockQ8_0,
+        da: f32,
+        _: f32,
+    ) -> __m256 {
+        scaled::<V256>(acc, *d, da, _mm256_cvtepi32_ps(isum))
+    }
+}
+
+// ---- K-quants: 256 columns, 8 sub-blocks ----
+
+/// The scales of half a Q4_K/Q5_K block: `d`, `dmin`, and per sub-block its 6-bit scale and
+/// min, each in both i16 of every lane.
+struct K4Half<S: Simd> {
+    d: S::F,
+    dmin: S::F,
+    scales: [S::I; 8],
+    mins: [S::I; 8],
+}
+
+/// Unpacks the 12 scale bytes of each row (words 0..3, as `crate::blocks::k4_scales_mins`).
+#[inline(always)]
+unsafe fn k4_half<S: Simd>(fields: &[u8; 64], words: &[u8], h: usize) -> K4Half<S> {
+    let [p0, p1, p2] = vectors!(3, |w| S::word(words, w, h));
+    let low6 = S::splat_i32(0x3f3f3f3f);
+    let low4 = S::splat_i32(0x0f0f0f0f);
+    let top2 = S::splat_i32(0x30303030);
+    // Bytes 0..4 of a lane: scales (mins) 0..4, then 4..8.
+    let scales = [
+        S::and(p0, low6),
+        S::or(S::and(p2, low4), S::and(S::shr16(p0, 2), top2)),
+    ];
+    let mins = [
+        S::and(p1, low6),
+        S::or(S::and(S::shr16(p2, 4), low4), S::and(S::shr16(p1, 2), top2)),
+    ];
+    K4Half {
+        d: S::field(fields, 0, h),
+        dmin: S::field(fields, 1, h),
+        scales: vectors!(8, |s| S::byte_pair(scales[s / 4], s % 4, s % 4, false)),
+        mins: vectors!(8, |s| S::byte_pair(mins[s / 4], s % 4, s % 4, false)),
+    }
+}
+
+/// Q4_K and Q5_K: `d * da * sum(scale * q * y) - dmin * da * sum(min * y)`, the mins
+/// against the token's group sums.
+#[inline(always)]
+unsafe fn k4_finish<S: Simd>(
+    acc: S::F,
+    isum: S::I,
+    half: &K4Half<S>,
+    act: &BlockQ8K,
+    da: f32,
+) -> S::F {
+    let mins = S::to_f32(weighted_bsums::<S>(act, &half.mins));
+    let acc = scaled::<S>(acc, half.d, da, S::to_f32(isum));
+    S::fnmadd(S::mul(half.dmin, S::splat(da)), mins, acc)
+}
+
+fn k_y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+    act.qs[32 * s..32 * s + 32].try_into().unwrap()
+}
+
+struct Q4K;
+
+impl<S: Simd> Format<S> for Q4K {
+    type Act = BlockQ8K;
+    type Fields = [u8; 64];
+    type Words = [u8; 35 * 64];
+    const SUBS: usize = 8;
+    const PASS: usize = 4;
+    type Half = K4Half<S>;
+    type Step = S::I;
+
+    #[inline(always)]
+    unsafe fn half(fields: &[u8; 64], words: &Self::Words, h: usize) -> K4Half<S> {
+        k4_half::<S>(fields, words, h)
+    }
+    #[inline(always)]
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> S::I {
+        S::nibbles(S::word(words, 3 + 8 * (s / 2) + c, h), s % 2)
+    }
+    #[inline(always)]
+    unsafe fn pass_sum(
+        steps: &[S::I],
+        y: &[i8; 32],
+        half: &K4Half<S>,
+        s: usize,
+        first: usize,
+    ) -> S::I {
+        weighted_sum::<S, 4>(steps, y, first, half.scales[s])
+    }
+    fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+        k_y(act, s)
+    }
+    #[inline(always)]
+    unsafe fn finish(
+        acc: S::F,
+        isum: S::I,
+        half: &K4Half<S>,
+        act: &BlockQ8K,
+        da: f32,
+        _: f32,
+    ) -> S::F {
+        k4_finish::<S>(acc, isum, half, act, da)
+    }
+}
+
+/// Q5_K: Q4_K's nibbles (from word 11) with a fifth bit, bit `s` of word `3 + c` for step `c`
+/// of sub-block `s`.
+struct Q5K;
+
+impl<S: Simd> Format<S> for Q5K {
+    type Act = BlockQ8K;
+    type Fields = [u8; 64];
+    type Words = [u8; 43 * 64];
+    const SUBS: usize = 8;
+    const PASS: usize = 4;
+    type Half = K4Half<S>;
+    type Step = S::I;
+
+    #[inline(always)]
+    unsafe fn half(fields: &[u8; 64], words: &Self::Words, h: usize) -> K4Half<S> {
+        k4_half::<S>(fields, words, h)
+    }
+    #[inline(always)]
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> S::I {
+        let low = S::nibbles(S::word(words, 11 + 8 * (s / 2) + c, h), s % 2);
+        S::or(low, S::bits_to_4(S::word(words, 3 + c, h), s, 0x10))
+    }
+    #[inline(always)]
+    unsafe fn pass_sum(
+        steps: &[S::I],
+        y: &[i8; 32],
+        half: &K4Half<S>,
+        s: usize,
+        first: usize,
+    ) -> S::I {
+        weighted_sum::<S, 4>(steps, y, first, half.scales[s])
+    }
+    fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+        k_y(act, s)
+    }
+    #[inline(always)]
+    unsafe fn finish(
+        acc: S::F,
+        isum: S::I,
+        half: &K4Half<S>,
+        act: &BlockQ8K,
+        da: f32,
+        _: f32,
+    ) -> S::F {
+        k4_finish::<S>(acc, isum, half, act, da)
+    }
+}
+
+/// The scales of half a Q6_K block: `d`; per group of 16 columns its signed scale in both
+/// i16 of every lane; per pair of groups `2k, 2k + 1` their two scales.
+struct Q6Half<S: Simd> {
+    d: S::F,
+    scales: [S::I; 16],
+    pairs: [S::I; 8],
+}
+
+/// Q6_K: `d * da * sum(scale * (q - 32) * y)`, with `q` (0..64) taken as unsigned bytes and
+/// the 32 subtracted through the token's group sums. Sub-block `s` is columns `32s..`, run
+/// `k = s % 4` of GGUF half `s / 4`: its step `c` has its low 4 bits in word
+/// `4 + 16(s / 4) + 8(k % 2) + c` (low nibbles for `k < 2`) and its top 2 bits at bits `2k`
+/// of word `36 + 8(s / 4) + c`.
+struct Q6K;
+
+impl<S: Simd> Format<S> for Q6K {
+    type Act = BlockQ8K;
+    type Fields = [u8; 32];
+    type Words = [u8; 52 * 64];
+    const SUBS: usize = 8;
+    const PASS: usize = 4;
+    type Half = Q6Half<S>;
+    type Step = S::I;
+
+    #[inline(always)]
+    unsafe fn half(fields: &[u8; 32], words: &Self::Words, h: usize) -> Q6Half<S> {
+        let planes = vectors!(4, |w| S::word(words, w, h));
+        Q6Half {
+            d: S::field(fields, 0, h),
+            scales: vectors!(16, |g| S::byte_pair(planes[g / 4], g % 4, g % 4, true)),
+            pairs: vectors!(8, |k| S::byte_pair(
+                planes[k / 2],
+                2 * (k % 2),
+                2 * (k % 2) + 1,
+                true
+            )),
+        }
+    }
+    #[inline(always)]
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> S::I {
+        let (half, k) = (s / 4, s % 4);
+        let low = S::nibbles(S::word(words, 4 + 16 * half + 8 * (k % 2) + c, h), k / 2);
+        let top = S::bits_to_4(S::word(words, 36 + 8 * half + c, h), 2 * k, 0x30);
+        S::or(low, top)
+    }
+    #[inline(always)]
+    unsafe fn pass_sum(
+        steps: &[S::I],
+        y: &[i8; 32],
+        half: &Q6Half<S>,
+        s: usize,
+        first: usize,
+    ) -> S::I {
+        // Runs of 2 steps: steps 0..4 are group 2s, steps 4..8 group 2s + 1.
+        weighted_sum::<S, 2>(steps, y, first, half.scales[2 * s + first / 4])
+    }
+    fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+        k_y(act, s)
+    }
+    #[inline(always)]
+    unsafe fn finish(
+        acc: S::F,
+        isum: S::I,
+        half: &Q6Half<S>,
+        act: &BlockQ8K,
+        da: f32,
+        _: f32,
+    ) -> S::F {
+        let offsets = S::times32(weighted_bsums::<S>(act, &half.pairs));
+        scaled::<S>(acc, half.d, da, S::to_f32(S::sub32(isum, offsets)))
+    }
+}
+
+/// Declares, in module `$module`, each format's entry point through the loop `$loop`: one
+/// tile width per token count (1 to 8, picked by `a.len()`).
+macro_rules! packed_entry_points {
+    ($module:ident, $loop:ident::<$simd:ty>, $features:literal: $($format:ident => $entry:ident),* $(,)?) => {
+        pub(super) mod $module {
+            use super::*;
+            $(
+                #[target_feature(enable = $features)]
+                pub(in crate::kernels) unsafe fn $entry(
+                    groups: &[u8],
+                    a: &[&[u8]],
+                    scales: &TileScales,
+                    out: &mut [&mut [f32]],
+                ) {
+                    match a.len() {
+                        8 => $loop::<$simd, $format, 8>(groups, a, scales, out),
+                        7 => $loop::<$simd, $format, 7>(groups, a, scales, out),
+                        6 => $loop::<$simd, $format, 6>(groups, a, scales, out),
+                        5 => $loop::<$simd, $format, 5>(groups, a, scales, out),
+                        4 => $loop::<$simd, $format, 4>(groups, a, scales, out),
+                        3 => $loop::<$simd, $format, 3>(groups, a, scales, out),
+                        2 => $loop::<$simd, $format, 2>(groups, a, scales, out),
+                        1 => $loop::<$simd, $format, 1>(groups, a, scales, out),
+                        n => panic!("no packed tile of {n} tokens"),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+packed_entry_points!(avx2, packed_avx2::<V256>, "avx2,fma,f16c":
+    Q40 => q4_0,
+    Q41 => q4_1,
+    Q50 => q5_0,
+    Q80 => q8_0,
+    Q4K => q4_k,
+    Q5K => q5_k,
+    Q6K => q6_k,
+);
+
+// AVX-512 has packed kernels of its own for Q4_0, Q4_1 and Q8_0 (`super::packed_avx512`).
+packed_entry_points!(avx512, packed_avx512::<V512<Bw>>, "avx512f,avx512bw":
+    Q50 => q5_0,
+    Q4K => q4_k,
+    Q5K => q5_k,
+    Q6K => q6_k,
+);
+
+packed_entry_points!(avx512_vnni, packed_avx512_vnni::<V512<Vnni>>, "avx512f,avx512bw,avx512vnni":
+    Q50 => q5_0,
+    Q4K => q4_k,
+    Q5K => q5_k,
+    Q6K => q6_k,
+);

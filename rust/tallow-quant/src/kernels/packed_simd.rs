@@ -1,0 +1,406 @@
+//! The vector operations the packed kernels' one loop (`super::packed_formats`) is written
+//! in, at two widths: [`V256`] (AVX2, eight i32 lanes: half of a packed group per vector) and
+//! [`V512`] (AVX-512 BW, sixteen lanes: a whole group, with VNNI's dot products where the CPU
+//! has them). Each i32 lane belongs to one weight
+//! row; a packed word of 64 bytes holds four bytes of each of the group's 16 rows.
+//!
+//! The generic code calls these through `#[inline(always)]` functions of its own, and the
+//! entry points that instantiate it carry the target features, so everything is inlined into
+//! code compiled for the set it runs on.
+//!
+//! # Safety
+//! [`V256`]'s operations need AVX2, FMA and F16C, [`V512`]'s AVX-512 F and BW (and VNNI with
+//! `V512<Vnni>`); the kernels
+//! built on them are only handed out by `super::Isa::kernels` when the CPU has them.
+
+use std::arch::x86_64::*;
+use std::marker::PhantomData;
+
+use super::avx512::DotBytes;
+
+/// A vector of one i32 lane (or f32 lane) per weight row.
+pub(super) trait Simd {
+    /// Rows per vector.
+    const ROWS: usize;
+    /// Vectors per packed group of `PACK_ROWS` rows.
+    const HALVES: usize = super::PACK_ROWS / Self::ROWS;
+    type I: Copy;
+    type F: Copy;
+
+    unsafe fn zero() -> Self::I;
+    unsafe fn zero_f() -> Self::F;
+    /// Part `h` of packed word `w`: its bytes for rows `ROWS * h..ROWS * (h + 1)`.
+    unsafe fn word(words: &[u8], w: usize, h: usize) -> Self::I;
+    /// Part `h` of f16 field `k` (one value per row, 16 rows per field), as f32.
+    unsafe fn field(fields: &[u8], k: usize, h: usize) -> Self::F;
+    /// `x` in every i32 lane.
+    unsafe fn splat_i32(x: i32) -> Self::I;
+    /// `x` in every i16 lane.
+    unsafe fn splat_i16(x: i16) -> Self::I;
+    /// The low (`n == 0`) or high (`n == 1`) nibbles of `v`'s bytes.
+    unsafe fn nibbles(v: Self::I, n: usize) -> Self::I;
+    /// The bits of `v`'s bytes at `from..` moved to bit 4 and up, kept where `mask` is set. A
+    /// 16-bit shift of at most 4 places cannot carry another byte's bits into bits 4 and 5.
+    unsafe fn bits_to_4(v: Self::I, from: usize, mask: i8) -> Self::I;
+    /// Per i32 lane, bytes `lo` and `hi` of the lane as the two i16 of the lane:
+    /// zero-extended, or sign-extended with `signed`.
+    unsafe fn byte_pair(v: Self::I, lo: usize, hi: usize, signed: bool) -> Self::I;
+    unsafe fn or(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn and(a: Self::I, b: Self::I) -> Self::I;
+    /// Each i16 lane shifted right by `n` bits, shifting in zeros.
+    unsafe fn shr16(v: Self::I, n: u32) -> Self::I;
+    /// Unsigned bytes of `u` times signed bytes of `s`, adjacent products summed to i16
+    /// (`vpmaddubsw`).
+    unsafe fn maddubs(u: Self::I, s: Self::I) -> Self::I;
+    /// i16 products, adjacent ones summed to i32 (`vpmaddwd`).
+    unsafe fn madd(a: Self::I, b: Self::I) -> Self::I;
+    /// Whether [`Simd::dot4`] is one instruction (VNNI's `vpdpbusd`): then a sum of byte
+    /// products without an integer scale is cheapest taken straight into i32 lanes.
+    const FUSED_DOT: bool = false;
+    /// `acc` plus, per i32 lane, the sum of the four products of `u`'s unsigned bytes and
+    /// `s`'s signed bytes.
+    #[inline(always)]
+    unsafe fn dot4(acc: Self::I, u: Self::I, s: Self::I) -> Self::I {
+        Self::add32(acc, Self::madd(Self::maddubs(u, s), Self::splat_i16(1)))
+    }
+    /// `acc` plus `madd(a, b)` (VNNI: one `vpdpwssd`).
+    #[inline(always)]
+    unsafe fn madd_add(acc: Self::I, a: Self::I, b: Self::I) -> Self::I {
+        Self::add32(acc, Self::madd(a, b))
+    }
+    unsafe fn add16(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn add32(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn sub32(a: Self::I, b: Self::I) -> Self::I;
+    /// Each i32 lane times 32 (shifted left by 5 bits).
+    unsafe fn times32(v: Self::I) -> Self::I;
+    unsafe fn to_f32(v: Self::I) -> Self::F;
+    unsafe fn splat(x: f32) -> Self::F;
+    unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
+    /// `a * b + c`, rounded once.
+    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// `c - a * b`, rounded once.
+    unsafe fn fnmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// Stores the `ROWS` lanes of `v` at `out[..ROWS]`.
+    unsafe fn store(v: Self::F, out: &mut [f32]);
+}
+
+/// The byte offset of each i32 lane within its 128-bit part, four times over (what
+/// `vpshufb` indexes: it shuffles within 128-bit parts).
+const LANE_BYTES: [i8; 16] = [0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12];
+
+/// The `vpshufb` pattern of [`Simd::byte_pair`] for lane offset 0; an index with bit 7 set
+/// gives 0.
+fn byte_pair_pattern(lo: usize, hi: usize, signed: bool) -> i32 {
+    let (lo, hi) = (lo as i32, hi as i32);
+    let zero = 0x80;
+    if signed {
+        zero | (lo << 8) | (zero << 16) | (hi << 24)
+    } else {
+        lo | (zero << 8) | (hi << 16) | (zero << 24)
+    }
+}
+
+/// AVX2: eight rows per vector.
+pub(super) struct V256;
+
+impl Simd for V256 {
+    const ROWS: usize = 8;
+    type I = __m256i;
+    type F = __m256;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn zero() -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn zero_f() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn word(words: &[u8], w: usize, h: usize) -> __m256i {
+        let part: &[u8; 32] = words[64 * w + 32 * h..][..32].try_into().unwrap();
+        _mm256_loadu_si256(part.as_ptr().cast())
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn field(fields: &[u8], k: usize, h: usize) -> __m256 {
+        let part: &[u8; 16] = fields[32 * k + 16 * h..][..16].try_into().unwrap();
+        _mm256_cvtph_ps(_mm_loadu_si128(part.as_ptr().cast()))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn splat_i32(x: i32) -> __m256i {
+        _mm256_set1_epi32(x)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn splat_i16(x: i16) -> __m256i {
+        _mm256_set1_epi16(x)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nibbles(v: __m256i, n: usize) -> __m256i {
+        let v = if n == 0 { v } else { _mm256_srli_epi16::<4>(v) };
+        _mm256_and_si256(v, _mm256_set1_epi8(0xf))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn bits_to_4(v: __m256i, from: usize, mask: i8) -> __m256i {
+        let shifted = if from <= 4 {
+            _mm256_sll_epi16(v, _mm_cvtsi32_si128(4 - from as i32))
+        } else {
+            _mm256_srl_epi16(v, _mm_cvtsi32_si128(from as i32 - 4))
+        };
+        _mm256_and_si256(shifted, _mm256_set1_epi8(mask))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn byte_pair(v: __m256i, lo: usize, hi: usize, signed: bool) -> __m256i {
+        let lanes = _mm256_broadcastsi128_si256(_mm_loadu_si128(LANE_BYTES.as_ptr().cast()));
+        let pattern = _mm256_set1_epi32(byte_pair_pattern(lo, hi, signed));
+        let picked = _mm256_shuffle_epi8(v, _mm256_add_epi8(pattern, lanes));
+        if signed {
+            _mm256_srai_epi16::<8>(picked)
+        } else {
+            picked
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn or(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_or_si256(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn and(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_and_si256(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn shr16(v: __m256i, n: u32) -> __m256i {
+        _mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn maddubs(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_maddubs_epi16(u, s)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn madd(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_madd_epi16(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn add16(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi16(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn add32(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi32(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sub32(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_sub_epi32(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn times32(v: __m256i) -> __m256i {
+        _mm256_slli_epi32::<5>(v)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn to_f32(v: __m256i) -> __m256 {
+        _mm256_cvtepi32_ps(v)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn splat(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn fnmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fnmadd_ps(a, b, c)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn store(v: __m256, out: &mut [f32]) {
+        let out: &mut [f32; 8] = (&mut out[..8]).try_into().unwrap();
+        _mm256_storeu_ps(out.as_mut_ptr(), v)
+    }
+}
+
+/// AVX-512 (F and BW): sixteen rows per vector, a whole packed group; its byte and word dot
+/// products from `D` (VNNI's, or BW's `vpmaddubsw` and `vpmaddwd`).
+pub(super) struct V512<D>(PhantomData<D>);
+
+impl<D: DotBytes> Simd for V512<D> {
+    const ROWS: usize = 16;
+    type I = __m512i;
+    type F = __m512;
+    const FUSED_DOT: bool = D::FUSED;
+
+    #[inline(always)]
+    unsafe fn dot4(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
+        D::dot(acc, u, s)
+    }
+    #[inline(always)]
+    unsafe fn madd_add(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        D::dot_i16(acc, a, b)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn zero() -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn zero_f() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn word(words: &[u8], w: usize, h: usize) -> __m512i {
+        debug_assert_eq!(h, 0, "one vector holds the whole group");
+        let part: &[u8; 64] = words[64 * w..][..64].try_into().unwrap();
+        _mm512_loadu_si512(part.as_ptr().cast())
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn field(fields: &[u8], k: usize, h: usize) -> __m512 {
+        debug_assert_eq!(h, 0, "one vector holds the whole group");
+        let part: &[u8; 32] = fields[32 * k..][..32].try_into().unwrap();
+        _mm512_cvtph_ps(_mm256_loadu_si256(part.as_ptr().cast()))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn splat_i32(x: i32) -> __m512i {
+        _mm512_set1_epi32(x)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn splat_i16(x: i16) -> __m512i {
+        _mm512_set1_epi16(x)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn nibbles(v: __m512i, n: usize) -> __m512i {
+        let v = if n == 0 { v } else { _mm512_srli_epi16::<4>(v) };
+        _mm512_and_si512(v, _mm512_set1_epi8(0xf))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn bits_to_4(v: __m512i, from: usize, mask: i8) -> __m512i {
+        let shifted = if from <= 4 {
+            _mm512_sll_epi16(v, _mm_cvtsi32_si128(4 - from as i32))
+        } else {
+            _mm512_srl_epi16(v, _mm_cvtsi32_si128(from as i32 - 4))
+        };
+        _mm512_and_si512(shifted, _mm512_set1_epi8(mask))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn byte_pair(v: __m512i, lo: usize, hi: usize, signed: bool) -> __m512i {
+        let lanes = _mm512_broadcast_i32x4(_mm_loadu_si128(LANE_BYTES.as_ptr().cast()));
+        let pattern = _mm512_set1_epi32(byte_pair_pattern(lo, hi, signed));
+        let picked = _mm512_shuffle_epi8(v, _mm512_add_epi8(pattern, lanes));
+        if signed {
+            _mm512_srai_epi16::<8>(picked)
+        } else {
+            picked
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn or(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_or_si512(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn and(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_and_si512(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn shr16(v: __m512i, n: u32) -> __m512i {
+        _mm512_srl_epi16(v, _mm_cvtsi32_si128(n as i32))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn maddubs(u: __m512i, s: __m512i) -> __m512i {
+        _mm512_maddubs_epi16(u, s)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn madd(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_madd_epi16(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn add16(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi16(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn add32(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn sub32(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_sub_epi32(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn times32(v: __m512i) -> __m512i {
+        _mm512_slli_epi32::<5>(v)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn to_f32(v: __m512i) -> __m512 {
+        _mm512_cvtepi32_ps(v)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn splat(x: f32) -> __m512 {
+        _mm512_set1_ps(x)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn fnmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fnmadd_ps(a, b, c)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn store(v: __m512, out: &mut [f32]) {
+        let out: &mut [f32; 16] = (&mut out[..16]).try_into().unwrap();
+        _mm512_storeu_ps(out.as_mut_ptr(), v)
+    }
+}
