@@ -1,16 +1,15 @@
-//! The attention tile kernel in AVX-512 intrinsics, for head sizes that are whole vectors of
-//! 16 and tiles of up to 64 positions (others take the generic loops).
+//! The attention tile kernel in AVX-512 intrinsics, for heads of 64 and 128 values and tiles
+//! of up to 64 positions (others take the FMA kernel, `super::fma`).
 //!
-//! Per group of 16 positions it forms the query's 16 dot products as 16 vectors of partial
+//! Per group of 16 positions it forms each query's 16 dot products as 16 vectors of partial
 //! sums and reduces them with one transposing tree into a vector with one score per lane;
 //! then it updates the online softmax state once for the tile, with vector exponentials.
 //! The work for a query depends only on the query and the tile's visible positions.
 //!
-//! For head sizes of 64 and 128, [`rows`] takes the query heads that share a KV head
-//! together (up to 4 and 2 at a time): each key and value vector is loaded once for all of
-//! them, and each head keeps its query and its weighted sum in registers. A head's arithmetic
-//! is the same as in the one-head kernel. [`rows_f16`] is the same kernel reading f16 pages
-//! of the KV pool directly.
+//! [`rows`] takes the query heads that share a KV head together (up to 4 and 2 at a time):
+//! each key and value vector is loaded once for all of them, and each head keeps its query
+//! and its weighted sum in registers; a head's arithmetic does not depend on the others.
+//! [`rows_f16`] is the same kernel reading f16 pages of the KV pool directly.
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -108,66 +107,6 @@ unsafe fn exp16(x: __m512) -> __m512 {
     _mm512_mul_ps(y, _mm512_castsi512_ps(bits))
 }
 
-/// See `super::Kernels::page` (`scores` is only its length here); `fits(q.len(),
-/// scores.len())` must hold.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn page(
-    state: &mut [f32],
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    scores: &mut [f32],
-) {
-    let (hd, n) = (q.len(), scores.len());
-    assert!(fits(hd, n) && keys.len() == n * hd && values.len() == n * hd && state.len() == hd + 2);
-    let scale = _mm512_set1_ps(1.0 / (hd as f32).sqrt());
-    let load = |s: &[f32], at: usize| _mm512_loadu_ps(s[at..at + LANES].as_ptr());
-    let groups = n.div_ceil(LANES);
-
-    // Scores, 16 positions per vector; lanes past the last position are -inf.
-    let mut s = [_mm512_set1_ps(f32::NEG_INFINITY); GROUPS];
-    let mut valid = [0 as __mmask16; GROUPS];
-    for (g, keys) in keys.chunks(LANES * hd).enumerate() {
-        let mut dots = [_mm512_setzero_ps(); LANES];
-        for (dot, k) in dots.iter_mut().zip(keys.chunks_exact(hd)) {
-            for c in (0..hd).step_by(LANES) {
-                *dot = _mm512_fmadd_ps(load(q, c), load(k, c), *dot);
-            }
-        }
-        valid[g] = ((1u32 << (keys.len() / hd)) - 1) as __mmask16;
-        s[g] = _mm512_mask_blend_ps(valid[g], s[g], _mm512_mul_ps(sums16(&dots), scale));
-    }
-    let mut tile_max = s[0];
-    for s in &s[1..groups] {
-        tile_max = _mm512_max_ps(tile_max, *s);
-    }
-    let tile_max = _mm512_reduce_max_ps(tile_max);
-
-    let (m, rest) = state.split_first_mut().unwrap();
-    let (l, acc) = rest.split_first_mut().unwrap();
-    let new_max = m.max(tile_max);
-    let alpha = crate::ops::exp(*m - new_max);
-    let mut weights = [0f32; GROUPS * LANES];
-    let mut sum = _mm512_setzero_ps();
-    for g in 0..groups {
-        let p = exp16(_mm512_sub_ps(s[g], _mm512_set1_ps(new_max)));
-        let p = _mm512_maskz_mov_ps(valid[g], p);
-        sum = _mm512_add_ps(sum, p);
-        _mm512_storeu_ps(weights[g * LANES..].as_mut_ptr(), p);
-    }
-    *l = *l * alpha + _mm512_reduce_add_ps(sum);
-    *m = new_max;
-
-    let alpha = _mm512_set1_ps(alpha);
-    for c in (0..hd).step_by(LANES) {
-        let mut a = _mm512_mul_ps(load(acc, c), alpha);
-        for (&w, v) in weights.iter().zip(values.chunks_exact(hd)) {
-            a = _mm512_fmadd_ps(_mm512_set1_ps(w), load(v, c), a);
-        }
-        _mm512_storeu_ps(acc[c..c + LANES].as_mut_ptr(), a);
-    }
-}
-
 /// Runs [`rows_kernel`] over the query rows of `q` and their `states`, as many at a time as
 /// the head size allows (4 for 64, 2 for 128); `hd` must be 64 or 128 and the tiles must
 /// hold `n` positions.
@@ -214,7 +153,6 @@ pub(super) unsafe fn rows(
 ) {
     let n = scores.len();
     let hd = keys.len() / n.max(1);
-    let rows = q.len() / hd.max(1);
     if (hd == 64 || hd == 128) && fits(hd, n) {
         assert!(keys.len() == n * hd && values.len() == n * hd);
         let (keys, values) = (
@@ -224,16 +162,9 @@ pub(super) unsafe fn rows(
         row_blocks(hd, states, q, keys, values, n);
         return;
     }
-    for (state, q) in states
-        .chunks_exact_mut(hd + 2)
-        .zip(q.chunks_exact(hd).take(rows))
-    {
-        if fits(hd, n) {
-            page(state, q, keys, values, scores);
-        } else {
-            super::generic::page(state, q, keys, values, scores);
-        }
-    }
+    // Other heads (and tiles) go through the FMA kernel, several rows at a time.
+    let scale = 1.0 / (hd as f32).sqrt();
+    super::fma::avx512::rows_with(states, q, keys, values, scores, scale, None)
 }
 
 /// Whether [`rows_f16`] takes heads of `head_dim` in pages of `page_size` positions.
