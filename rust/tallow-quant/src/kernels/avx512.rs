@@ -704,7 +704,6 @@ rows_entry_points!(rows_q4_1_q8_1);
 /// 255, and `vpmaddubsw`'s i16 pair sums would saturate (without VNNI the AVX2 kernel, which
 /// takes the sign off the weights first, fills the gap).
 pub(super) fn row(ty: GgmlType, vnni: bool) -> RawRow {
-    use super::packed_avx512::{packed_bw, packed_vnni};
     use super::packed_formats::{avx512 as formats_bw, avx512_vnni as formats_vnni};
     use super::quantize_avx512 as quantize;
     /// The VNNI or the BW build of a kernel.
@@ -723,11 +722,6 @@ pub(super) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             pick!(tile_bw::$k, tile_vnni::$k)
         };
     }
-    macro_rules! packed {
-        ($k:ident) => {
-            pick!(packed_bw::$k, packed_vnni::$k)
-        };
-    }
     macro_rules! formats {
         ($k:ident) => {
             pick!(formats_bw::$k, formats_vnni::$k)
@@ -738,14 +732,14 @@ pub(super) fn row(ty: GgmlType, vnni: bool) -> RawRow {
         GgmlType::Q4_0 => RawRow {
             vec_dot: dot!(q4_0_q8_0),
             tile: tile!(tile_q4_0_q8_0),
-            packed: packed!(packed_q4_0),
+            packed: formats!(q4_0),
             ..none
         },
         GgmlType::Q4_1 => RawRow {
             vec_dot: dot!(q4_1_q8_1),
             tile: tile!(tile_q4_1_q8_1),
             rows: pick!(rows_bw::rows_q4_1_q8_1, rows_vnni::rows_q4_1_q8_1),
-            packed: packed!(packed_q4_1),
+            packed: formats!(q4_1),
             ..none
         },
         GgmlType::Q5_0 => RawRow {
@@ -760,7 +754,7 @@ pub(super) fn row(ty: GgmlType, vnni: bool) -> RawRow {
         GgmlType::Q8_0 => RawRow {
             vec_dot: dot!(q8_0_q8_0),
             tile: tile!(tile_q8_0_q8_0),
-            packed: if vnni { packed!(packed_q8_0) } else { None },
+            packed: if vnni { Some(formats_vnni::q8_0) } else { None },
             quantize: Some(quantize::q8_0),
             ..none
         },

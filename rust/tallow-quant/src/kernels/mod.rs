@@ -53,8 +53,6 @@ mod dequantize_avx2;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "x86_64")]
-mod packed_avx512;
-#[cfg(target_arch = "x86_64")]
 mod packed_formats;
 #[cfg(target_arch = "x86_64")]
 mod packed_operands;

@@ -17,8 +17,8 @@
 //! against the sub-block's integer scale (1 where the format has none), so that a block's
 //! integer sum is exact. Q8_0's stored quants (`q + 128`, up to 255) would
 //! saturate the pair sums, so its AVX2 steps take the signed `q` back and move its sign onto
-//! the activations (`|q|` against `sign(q) * y`: pairs within 2 * 128 * 127); AVX-512 has no
-//! byte sign instruction, and its own Q8_0 kernel (`super::packed_avx512`).
+//! the activations (`|q|` against `sign(q) * y`: pairs within 2 * 128 * 127); with VNNI,
+//! whose byte products go straight into i32 lanes, the stored quants serve as they are.
 //!
 //! Per row the integer sums are exact and the f32 operations are those of the scalar packed
 //! kernels (`super::packed_scalar`) in the same order, so the outputs are equal bit for bit
@@ -384,7 +384,9 @@ impl<S: Simd> Format<S> for Q50 {
     }
 }
 
-/// Q8_0 (AVX2 only): `d * da * sum(q * y)`, the steps as signed `q` and `|q|`.
+/// Q8_0 on AVX2: `d * da * sum(q * y)`, the steps as signed `q` and `|q|`. (AVX-512 without
+/// VNNI has no packed Q8_0 kernel: it has no byte sign instruction, and `vpmaddubsw` would
+/// saturate on the stored quants.)
 struct Q80;
 
 impl Format<V256> for Q80 {
@@ -439,6 +441,51 @@ impl Format<V256> for Q80 {
         _: f32,
     ) -> __m256 {
         scaled::<V256>(acc, *d, da, _mm256_cvtepi32_ps(isum))
+    }
+}
+
+/// Q8_0 with VNNI: its stored quants (`q + 128`) as they are, their byte products exact in
+/// i32 lanes (`vpdpbusd` does not saturate), and the 128 taken back through the token's sum.
+impl Format<V512<Vnni>> for Q80 {
+    type Act = BlockQ8_0;
+    type Fields = [u8; 32];
+    type Words = [u8; 512];
+    const SUBS: usize = 1;
+    const PASS: usize = 4;
+    type Half = __m512;
+    type Step = __m512i;
+
+    #[inline(always)]
+    unsafe fn half(fields: &[u8; 32], _: &[u8; 512], h: usize) -> __m512 {
+        V512::<Vnni>::field(fields, 0, h)
+    }
+    #[inline(always)]
+    unsafe fn step(words: &[u8; 512], h: usize, _: usize, c: usize) -> __m512i {
+        V512::<Vnni>::word(words, c, h)
+    }
+    #[inline(always)]
+    unsafe fn pass_sum(
+        steps: &[__m512i],
+        y: &[i8; 32],
+        _: &__m512,
+        _: usize,
+        first: usize,
+    ) -> __m512i {
+        unscaled_sum::<V512<Vnni>>(steps, y, first)
+    }
+    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
+        &act.qs
+    }
+    #[inline(always)]
+    unsafe fn finish(
+        acc: __m512,
+        isum: __m512i,
+        d: &__m512,
+        _: &BlockQ8_0,
+        da: f32,
+        sa: f32,
+    ) -> __m512 {
+        offset_block::<V512<Vnni>>(acc, isum, *d, da, sa, 128.0)
     }
 }
 
@@ -703,8 +750,9 @@ packed_entry_points!(avx2, packed_avx2::<V256>, "avx2,fma,f16c":
     Q6K => q6_k,
 );
 
-// AVX-512 has packed kernels of its own for Q4_0, Q4_1 and Q8_0 (`super::packed_avx512`).
 packed_entry_points!(avx512, packed_avx512::<V512<Bw>>, "avx512f,avx512bw":
+    Q40 => q4_0,
+    Q41 => q4_1,
     Q50 => q5_0,
     Q4K => q4_k,
     Q5K => q5_k,
@@ -712,7 +760,10 @@ packed_entry_points!(avx512, packed_avx512::<V512<Bw>>, "avx512f,avx512bw":
 );
 
 packed_entry_points!(avx512_vnni, packed_avx512_vnni::<V512<Vnni>>, "avx512f,avx512bw,avx512vnni":
+    Q40 => q4_0,
+    Q41 => q4_1,
     Q50 => q5_0,
+    Q80 => q8_0,
     Q4K => q4_k,
     Q5K => q5_k,
     Q6K => q6_k,
