@@ -344,9 +344,11 @@ def test_the_sampler_rejects_what_the_constraint_forbids(smollm2_path: Path) -> 
 
 
 def test_json_object_and_grammar(smollm2: tallow.LLM, client: openai.OpenAI) -> None:
-    # Any JSON object has no bound on its size: prompts whose answer is short.
+    # Any JSON object has no bound on its size: prompts whose answer is short with the kernels
+    # of every instruction set (greedy decoding follows their rounding: "Return {"status":
+    # "ok"} as JSON." loops on AVX-512 and stops on AVX2).
     for prompt in [
-        'Return {"status": "ok"} as JSON.',
+        'Give me a JSON object with one key, "status", whose value is "ok".',
         'Give me a JSON object with one key, "answer", whose value is 42.',
     ]:
         out = smollm2.chat(messages(prompt), max_tokens=MAX_TOKENS, temperature=0, json_object=True)
