@@ -43,11 +43,15 @@ PROMPTS = [
 
 
 def greedy_tokens(
-    model: _core.Model, speculative: object, plain: frozenset[int] = frozenset()
+    model: _core.Model,
+    speculative: object,
+    plain: frozenset[int] = frozenset(),
+    kv_dtype: str = "f16",
 ) -> tuple[dict[str, list[int]], dict[str, float]]:
-    """Every prompt's greedy continuation, all requests in one engine; the requests numbered
-    in ``plain`` opt out of speculation."""
-    engine = Engine(model, EngineConfig(n_ctx=512, kv_pages=256, speculative=speculative))
+    """Every prompt's greedy continuation, all requests in one engine with KV pages of
+    ``kv_dtype``; the requests numbered in ``plain`` opt out of speculation."""
+    config = EngineConfig(n_ctx=512, kv_pages=256, speculative=speculative, kv_dtype=kv_dtype)
+    engine = Engine(model, config)
     for i, prompt in enumerate(PROMPTS):
         params = SamplingParams(
             max_tokens=40,
@@ -83,6 +87,19 @@ def test_prompt_lookup_gives_the_greedy_tokens(
     assert stats["spec_drafted_tokens"] > 0
     assert 0 < stats["spec_acceptance_rate"] <= 1
     assert stats["spec_tokens_per_step"] > 1
+
+
+@pytest.mark.parametrize("kv_dtype", ["q8_0", "q4_0"])
+def test_speculation_over_quantized_pages_gives_their_greedy_tokens(
+    model: _core.Model, kv_dtype: str
+) -> None:
+    # A verified draft writes its positions' keys and values (quantized) and reads them back
+    # in one forward, as decoding does one token at a time: the same tokens.
+    plain, _ = greedy_tokens(model, None, kv_dtype=kv_dtype)
+    spec = {"method": "ngram", "num_tokens": 3}
+    got, stats = greedy_tokens(model, spec, plain=frozenset({3}), kv_dtype=kv_dtype)
+    assert got == plain
+    assert stats["spec_drafted_tokens"] > 0 and stats["spec_tokens_per_step"] > 1
 
 
 def test_a_draft_model_gives_the_greedy_tokens(
