@@ -88,10 +88,7 @@ class ClassifyTask:
             if template.count(_TEXT) != 1:
                 raise InvalidArgumentError("prompt must hold '{text}' exactly once")
             before, _, after = template.replace(_LABELS, listed).partition(_TEXT)
-            self._before = model.tokenize(before, False, True)
-            bos = model.bos_id
-            if bos is not None and (model.add_bos or not self._before):
-                self._before = [bos, *self._before]
+            self._before = prompts.with_bos(model.tokenize(before, False, True))
             self._after = model.tokenize(after, False, True)
 
     def prompt_ids(self, text: object) -> list[int]:

@@ -69,10 +69,7 @@ class Prompts:
         token ids are checked against the vocabulary and used as they are."""
         if isinstance(prompt, str):
             parse = checks.boolean("parse_special", parse_special)
-            ids = self.model.tokenize(checks.text("prompt", prompt), False, parse)
-            bos = self.model.bos_id
-            if bos is not None and (self.model.add_bos or not ids):
-                ids = [bos, *ids]
+            ids = self.with_bos(self.model.tokenize(checks.text("prompt", prompt), False, parse))
         else:
             if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
                 raise InvalidArgumentError(
@@ -80,6 +77,14 @@ class Prompts:
                 )
             ids = checks.token_ids("prompt", prompt, self.model.n_vocab)
         return self.check_fits(ids)
+
+    def with_bos(self, ids: list[int]) -> list[int]:
+        """The token ids of a text's start with BOS in front where the model's metadata asks for
+        it, or where there are none (BOS is then all there is before what follows)."""
+        bos = self.model.bos_id
+        if bos is not None and (self.model.add_bos or not ids):
+            return [bos, *ids]
+        return ids
 
     def chat(
         self,
