@@ -15,6 +15,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use half::f16;
+use tallow_backend::Scores;
 
 /// Lanes of a vector.
 const LANES: usize = 16;
@@ -163,7 +164,7 @@ pub(super) unsafe fn rows(
         return;
     }
     // Other heads (and tiles) go through the FMA kernel, several rows at a time.
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = Scores::plain(hd).scale;
     super::fma::avx512::rows_with(states, q, keys, values, scores, scale, None)
 }
 
@@ -253,7 +254,7 @@ unsafe fn rows_kernel<const R: usize, const V: usize, T: Tile>(
     let hd = V * LANES;
     // The tiles' bounds (`n` positions of `hd` values) are the callers' to check.
     assert!(n <= GROUPS * LANES && q.len() == R * hd && states.len() == R * (hd + 2));
-    let scale = _mm512_set1_ps(1.0 / (hd as f32).sqrt());
+    let scale = _mm512_set1_ps(Scores::plain(hd).scale);
     let load = |s: &[f32], at: usize| _mm512_loadu_ps(s[at..at + LANES].as_ptr());
     let groups = n.div_ceil(LANES);
     let qv: [[__m512; V]; R] =

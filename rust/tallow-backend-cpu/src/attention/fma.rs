@@ -20,6 +20,8 @@
 
 use std::arch::x86_64::*;
 
+use tallow_backend::Scores;
+
 use super::generic::{self, softmax};
 use super::TILE_POSITIONS;
 
@@ -368,6 +370,6 @@ pub(super) unsafe fn rows_avx2(
     values: &[f32],
     scores: &mut [f32],
 ) {
-    let scale = 1.0 / ((keys.len() / scores.len()) as f32).sqrt();
+    let scale = Scores::plain(keys.len() / scores.len()).scale;
     avx2::rows_with(states, q, keys, values, scores, scale, None)
 }

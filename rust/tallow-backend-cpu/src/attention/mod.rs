@@ -756,6 +756,8 @@ fn kernels() -> Kernels {
 /// The loops written once, compiled per instruction set by the wrappers below (the compiler
 /// vectorizes them for the features of the function they are inlined into).
 mod generic {
+    use tallow_backend::Scores;
+
     use crate::ops::exp;
     #[inline(always)]
     fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -814,7 +816,7 @@ mod generic {
         values: &[f32],
         scores: &mut [f32],
     ) {
-        let scale = 1.0 / (q.len() as f32).sqrt();
+        let scale = Scores::plain(q.len()).scale;
         page_with(state, q, keys, values, scores, scale, None)
     }
 
@@ -930,7 +932,7 @@ mod generic {
         values: &[f32],
         scores: &mut [f32],
     ) {
-        let scale = 1.0 / ((keys.len() / scores.len()) as f32).sqrt();
+        let scale = Scores::plain(keys.len() / scores.len()).scale;
         rows_with(states, q, keys, values, scores, scale, None)
     }
 
