@@ -4,7 +4,7 @@
 //!
 //! Query rows go four at a time through a tile: their scores three keys at a time (each key
 //! chunk loaded once for the four rows, each query chunk once for the three keys, twelve
-//! sums in registers), their weighted values sixteen elements at a time (each value chunk
+//! sums in registers), their weighted values two vectors of elements at a time (each value chunk
 //! loaded once for the four rows). Rows left over go two or one at a time, with more keys
 //! and elements at once, through the same arithmetic:
 //! a score is one chain of fused multiply-adds over the head's chunks in order and
@@ -258,8 +258,9 @@ unsafe fn rows_of<L: Lanes, const R: usize, const K: usize, const V: usize>(
 
 /// Takes `n = scores.len()` positions (`keys` and `values`, `n` rows of the head) into the
 /// states of the query rows `q` (one state per row, side by side in `states`), with scores
-/// `dot * scale` soft-capped to `cap * tanh(score / cap)`. Heads that are not whole vectors take the
-/// generic loops; tiles of more than [`TILE_POSITIONS`] positions go one row at a time.
+/// `dot * scale` soft-capped to `cap * tanh(score / cap)`. Heads that are not whole vectors
+/// take the generic loops; tiles of more than [`TILE_POSITIONS`] positions go one row at a
+/// time.
 #[inline(always)]
 unsafe fn rows_with<L: Lanes>(
     states: &mut [f32],

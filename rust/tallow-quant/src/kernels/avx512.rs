@@ -699,8 +699,9 @@ macro_rules! rows_entry_points {
 rows_entry_points!(rows_q4_1_q8_1);
 
 /// The AVX-512 kernels of `ty` (with VNNI's `vpdpbusd` or without it): dot products for the
-/// block formats, tiles and packed kernels for the legacy ones, a row kernel for Q4_1, and the
-/// Q8_0/Q8_1 activation quantizers. Packed Q8_0 needs VNNI: its unsigned weight bytes reach
+/// block formats, tiles for the legacy ones, packed kernels for the formats `crate::packed`
+/// lays out (`super::packed_formats`), a row kernel for Q4_1, and the Q8_0/Q8_1 activation
+/// quantizers. Packed Q8_0 needs VNNI: its unsigned weight bytes reach
 /// 255, and `vpmaddubsw`'s i16 pair sums would saturate (without VNNI the AVX2 kernel, which
 /// takes the sign off the weights first, fills the gap).
 pub(super) fn row(ty: GgmlType, vnni: bool) -> RawRow {

@@ -1,24 +1,25 @@
 //! The packed kernels' one loop, for weights packed in groups of [`PACK_ROWS`] rows (see
-//! `crate::packed` and its `layout`), written once over the vector operations of
-//! [`Simd`] and compiled for AVX2 ([`V256`], module [`avx2`]) and AVX-512 ([`V512`], module
-//! [`avx512`]). A 64-byte word of a packed block holds one step (four columns) of all 16
-//! rows, one i32 lane per row: AVX2 takes it as two halves of 8 rows, AVX-512 whole, so that
-//! 32 columns of the rows against one token are 8 byte dot products with the token's
+//! `crate::packed` and its `layout`), written once over the vector operations of [`Simd`] and
+//! compiled for AVX2 ([`V256`], module [`avx2`]) and AVX-512 ([`V512`], modules [`avx512`]
+//! and [`avx512_vnni`]). A 64-byte word of a packed block holds one step (four columns) of
+//! all 16 rows, one i32 lane per row: AVX2 takes it as two halves of 8 rows, AVX-512 whole,
+//! so that 32 columns of the rows against one token are 8 byte dot products with the token's
 //! activation bytes broadcast four at a time, and need no horizontal sum. A sub-block goes in
-//! passes of four steps (two for Q8_0, whose steps are two vectors): the pass's steps of every
-//! half are unpacked into registers, and each activation broadcast serves them all. A block
-//! is one stream read once, in order.
+//! passes of four steps (two for Q8_0 on AVX2, whose steps are two vectors): the pass's steps
+//! of every half are unpacked into registers, and each activation broadcast serves them all.
+//! A block is one stream read once, in order.
 //!
-//! Every format runs through one loop ([`packed_loop`]); a [`Format`] says how a block's steps and
-//! scales unpack and how its integer sums become floats. Products use `vpmaddubsw` (unsigned
-//! weight bytes against signed activation bytes within -127..=127), whose i16 pair sums are
-//! added as i16 for the steps of a pass (4; 2 for the 6-bit quants, whose pairs reach
-//! 2 * 63 * 127 and whose scale changes every 16 columns) and then widened by `vpmaddwd`
-//! against the sub-block's integer scale (1 where the format has none), so that a block's
-//! integer sum is exact. Q8_0's stored quants (`q + 128`, up to 255) would
-//! saturate the pair sums, so its AVX2 steps take the signed `q` back and move its sign onto
-//! the activations (`|q|` against `sign(q) * y`: pairs within 2 * 128 * 127); with VNNI,
-//! whose byte products go straight into i32 lanes, the stored quants serve as they are.
+//! Every format runs through one loop (`packed_loop!`); a [`Format`] says how a block's steps
+//! and scales unpack and how its integer sums become floats. Products use `vpmaddubsw`
+//! (unsigned weight bytes against signed activation bytes within -127..=127), whose i16 pair
+//! sums are added as i16 for the steps of a pass (4; 2 for the 6-bit quants, whose pairs
+//! reach 2 * 63 * 127 and whose scale changes every 16 columns) and then widened by
+//! `vpmaddwd` against the sub-block's integer scale (1 where the format has none), so that a
+//! block's integer sum is exact; with VNNI, formats without an integer scale take one
+//! `vpdpbusd` per step straight into i32 lanes, and the others widen with `vpdpwssd`. Q8_0's
+//! stored quants (`q + 128`, up to 255) would saturate the pair sums, so its AVX2 steps take
+//! the signed `q` back and move its sign onto the activations (`|q|` against `sign(q) * y`:
+//! pairs within 2 * 128 * 127); with VNNI the stored quants serve as they are.
 //!
 //! Per row the integer sums are exact and the f32 operations are those of the scalar packed
 //! kernels (`super::packed_scalar`) in the same order, so the outputs are equal bit for bit
@@ -26,8 +27,8 @@
 //!
 //! # Safety
 //! As in [`super::packed_simd`]: the [`avx2`] entry points need AVX2, FMA and F16C, the
-//! [`avx512`] ones AVX-512 F and BW; `super::Isa::kernels` only hands them out when the CPU
-//! has them.
+//! [`avx512`] ones AVX-512 F and BW, the [`avx512_vnni`] ones VNNI too; `super::Isa::kernels`
+//! only hands them out when the CPU has them.
 
 use std::arch::x86_64::*;
 
@@ -49,7 +50,7 @@ macro_rules! vectors {
     }};
 }
 
-/// A packed format, as the loop ([`packed_loop`]) runs it at the vector width of `S`.
+/// A packed format, as the loop (`packed_loop!`) runs it at the vector width of `S`.
 trait Format<S: Simd> {
     /// The activations' block.
     type Act: Block;

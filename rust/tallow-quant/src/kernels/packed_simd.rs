@@ -1,17 +1,17 @@
 //! The vector operations the packed kernels' one loop (`super::packed_formats`) is written
 //! in, at two widths: [`V256`] (AVX2, eight i32 lanes: half of a packed group per vector) and
 //! [`V512`] (AVX-512 BW, sixteen lanes: a whole group, with VNNI's dot products where the CPU
-//! has them). Each i32 lane belongs to one weight
-//! row; a packed word of 64 bytes holds four bytes of each of the group's 16 rows.
+//! has them). Each i32 lane belongs to one weight row; a packed word of 64 bytes holds four
+//! bytes of each of the group's 16 rows.
 //!
-//! The generic code calls these through `#[inline(always)]` functions of its own, and the
-//! entry points that instantiate it carry the target features, so everything is inlined into
-//! code compiled for the set it runs on.
+//! The generic code calls these through `#[inline(always)]` functions of its own, inside a
+//! loop compiled with each set's target features, so everything is inlined into code
+//! compiled for the set it runs on.
 //!
 //! # Safety
 //! [`V256`]'s operations need AVX2, FMA and F16C, [`V512`]'s AVX-512 F and BW (and VNNI with
-//! `V512<Vnni>`); the kernels
-//! built on them are only handed out by `super::Isa::kernels` when the CPU has them.
+//! `V512<Vnni>`); the kernels built on them are only handed out by `super::Isa::kernels` when
+//! the CPU has them.
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
