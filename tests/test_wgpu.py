@@ -179,13 +179,10 @@ def test_tallow_device_picks_the_default_device(arch_dir: Path) -> None:
     assert proc.stdout.strip() == "wgpu:0"
 
 
-def test_reductions_without_subgroup_operations_give_the_same_logits(
-    arch_dir: Path, prompt: list[int], tmp_path: Path
-) -> None:
-    """TALLOW_WGPU_SUBGROUPS=0 (for a driver whose subgroup operations misbehave) reduces
-    through workgroup memory instead: the same logits up to the order of the sums (which can
-    round a key or value to the next f16, hence the f16 pool's bound)."""
-    path = str(arch_dir / "gemma3" / "gemma3-f32.gguf")
+def _gpu_logits_with(
+    env: dict[str, str], path: str, prompt: list[int], tmp_path: Path
+) -> np.ndarray:
+    """The GPU's logits at every position of `prompt`, in a process with `env` set."""
     code = (
         "import sys, numpy as np\n"
         "from tallow import _core\n"
@@ -194,14 +191,42 @@ def test_reductions_without_subgroup_operations_give_the_same_logits(
         "np.save(sys.argv[2], model.new_context(64).eval(ids, all_logits=True))\n"
     )
     out = tmp_path / "logits.npy"
-    env = {**os.environ, "TALLOW_WGPU_SUBGROUPS": "0"}
     ids = ",".join(map(str, prompt))
     proc = subprocess.run(
-        [sys.executable, "-c", code, path, str(out), ids], env=env, capture_output=True, text=True
+        [sys.executable, "-c", code, path, str(out), ids],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
+    return np.load(out)
+
+
+def test_reductions_without_subgroup_operations_give_the_same_logits(
+    arch_dir: Path, prompt: list[int], tmp_path: Path
+) -> None:
+    """TALLOW_WGPU_SUBGROUPS=0 (for a driver whose subgroup operations misbehave) reduces
+    through workgroup memory instead: the same logits up to the order of the sums (which can
+    round a key or value to the next f16, hence the f16 pool's bound)."""
+    path = str(arch_dir / "gemma3" / "gemma3-f32.gguf")
+    without = _gpu_logits_with({"TALLOW_WGPU_SUBGROUPS": "0"}, path, prompt, tmp_path)
     with_subgroups = _core.Model(path, device="gpu").new_context(64).eval(prompt, all_logits=True)
-    assert float(np.abs(np.load(out) - with_subgroups).max()) < TOLERANCE["f32"]
+    assert float(np.abs(without - with_subgroups).max()) < TOLERANCE["f32"]
+
+
+@pytest.mark.parametrize("arch", ["llama3", "gemma3"])
+def test_products_in_f16_are_closer_to_f32_than_the_cpu_is(
+    arch: str, arch_dir: Path, prompt: list[int], tmp_path: Path
+) -> None:
+    """llvmpipe has f16 arithmetic, so the products of quantized weights compute in it
+    (matmul.wgsl); TALLOW_WGPU_F16=0 keeps them in f32. The two differ, by under a quarter
+    of what separates the f32 products from the CPU's (whose activations are 8-bit)."""
+    path = str(arch_dir / arch / f"{arch}-q8_0.gguf")
+    in_f32 = _gpu_logits_with({"TALLOW_WGPU_F16": "0"}, path, prompt, tmp_path)
+    in_f16 = _core.Model(path, device="gpu").new_context(64).eval(prompt, all_logits=True)
+    on_cpu = _core.Model(path).new_context(64).eval(prompt, all_logits=True)
+    apart = float(np.abs(in_f16 - in_f32).max())
+    assert 0 < apart < 0.25 * float(np.abs(on_cpu - in_f32).max())
 
 
 def test_cli_lists_devices_and_generates_on_the_gpu(arch_dir: Path) -> None:
@@ -320,7 +345,8 @@ def test_cpu_only_wheel_builds_and_imports_without_a_vulkan_loader(
 REAL_MODELS = ["smollm2-135m", "gemma3-270m"]
 NEAR_TIE = 0.5
 """How far behind the GPU's choice llama.cpp's may be where the two part (as in
-test_gemma3.py): the GPU reads activations in f32 where llama.cpp's CPU quantizes them."""
+test_gemma3.py): the GPU reads activations in f16 or f32 where llama.cpp's CPU quantizes them
+to 8 bits."""
 
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:

@@ -45,9 +45,9 @@ pub fn devices() -> Vec<DeviceInfo> {
     adapters().iter().map(describe).collect()
 }
 
-/// Opens GPU `index` of [`devices`], with subgroup operations if `subgroups` and the adapter
-/// has them.
-pub(crate) fn open(index: usize, subgroups: bool) -> Result<Gpu, BackendError> {
+/// Opens GPU `index` of [`devices`], with those of `wanted`'s optional features (subgroup
+/// operations, f16 arithmetic) the adapter has.
+pub(crate) fn open(index: usize, wanted: wgpu::Features) -> Result<Gpu, BackendError> {
     let adapters = adapters();
     let n = adapters.len();
     let adapter = adapters.into_iter().nth(index).ok_or_else(|| {
@@ -60,13 +60,9 @@ pub(crate) fn open(index: usize, subgroups: bool) -> Result<Gpu, BackendError> {
         })
     })?;
     let limits = adapter.limits();
-    let mut features = wgpu::Features::empty();
-    if subgroups {
-        features |= adapter.features() & wgpu::Features::SUBGROUP;
-    }
     let descriptor = wgpu::DeviceDescriptor {
         label: Some("tallow"),
-        required_features: features,
+        required_features: adapter.features() & wanted,
         // As large as the adapter allows: weights and KV pages are large buffers.
         required_limits: limits.clone(),
         ..Default::default()

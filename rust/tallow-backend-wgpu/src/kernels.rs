@@ -116,8 +116,8 @@ impl Kernel {
     }
 
     /// The kernel's source and entry point; reductions with subgroup operations if
-    /// `subgroups`.
-    fn source(self, subgroups: bool) -> Result<(String, &'static str), BackendError> {
+    /// `subgroups`, products in f16 arithmetic if `f16`.
+    fn source(self, subgroups: bool, f16: bool) -> Result<(String, &'static str), BackendError> {
         let with_format = |ty: GgmlType, body: &str| {
             let (_, format) = FORMATS.iter().find(|&&(t, _)| t == ty).ok_or_else(|| {
                 BackendError::Unsupported(format!("{} weights on wgpu", ty.name()))
@@ -133,7 +133,16 @@ impl Kernel {
             format!("{reduce}\n{body}")
         };
         Ok(match self {
-            Kernel::Matmul(ty, _) => (with_format(ty, MATMUL)?, "main"),
+            Kernel::Matmul(ty, _) => {
+                // F32 weights keep f32 products: in f16 they would lose their precision.
+                let arithmetic = if f16 && ty != GgmlType::F32 {
+                    "enable f16;\nalias H = f16;\nconst HALF = true;"
+                } else {
+                    "alias H = f32;\nconst HALF = false;"
+                };
+                let body = with_format(ty, MATMUL)?;
+                (format!("{arithmetic}\n{body}"), "main")
+            }
             Kernel::Embed(ty) => (with_format(ty, EMBED)?, "main"),
             Kernel::Norm => (reducing(NORM), "norm"),
             Kernel::NormInPlace => (reducing(NORM), "norm_in_place"),
@@ -154,18 +163,25 @@ pub(crate) struct Kernels {
     pipelines: Mutex<HashMap<Kernel, Arc<wgpu::ComputePipeline>>>,
     /// Whether reductions use subgroup operations (the device has them enabled).
     subgroups: bool,
+    /// Whether products compute in f16 (the device has it enabled).
+    f16: bool,
 }
 
 impl Kernels {
-    pub(crate) fn new(subgroups: bool) -> Self {
+    pub(crate) fn new(subgroups: bool, f16: bool) -> Self {
         Kernels {
             pipelines: Mutex::default(),
             subgroups,
+            f16,
         }
     }
 
     pub(crate) fn subgroups(&self) -> bool {
         self.subgroups
+    }
+
+    pub(crate) fn f16(&self) -> bool {
+        self.f16
     }
 
     /// The pipeline of `kernel`, compiled on first use.
@@ -178,7 +194,7 @@ impl Kernels {
         if let Some(p) = pipelines.get(&kernel) {
             return Ok(Arc::clone(p));
         }
-        let (source, entry) = kernel.source(self.subgroups)?;
+        let (source, entry) = kernel.source(self.subgroups, self.f16)?;
         let pipeline = gpu.checked(|device| {
             let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(entry),

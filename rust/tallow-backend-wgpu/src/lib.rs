@@ -51,6 +51,9 @@ pub struct WgpuOptions {
     /// Workgroup reductions (norms, attention's softmax, argmax) with subgroup operations
     /// where the adapter has them; through workgroup memory otherwise.
     pub subgroups: bool,
+    /// Products of quantized weights in f16 arithmetic where the adapter has it (see
+    /// matmul.wgsl); in f32 otherwise.
+    pub f16: bool,
 }
 
 impl Default for WgpuOptions {
@@ -58,6 +61,7 @@ impl Default for WgpuOptions {
         WgpuOptions {
             max_part: u64::MAX,
             subgroups: true,
+            f16: true,
         }
     }
 }
@@ -70,18 +74,29 @@ impl WgpuBackend {
 
     /// Opens GPU `index` of [`devices`] as `options` say.
     pub fn open_with(index: usize, options: WgpuOptions) -> Result<Self, BackendError> {
-        let gpu = device::open(index, options.subgroups)?;
-        let subgroups = gpu.device.features().contains(wgpu::Features::SUBGROUP);
+        let mut wanted = wgpu::Features::empty();
+        wanted.set(wgpu::Features::SUBGROUP, options.subgroups);
+        wanted.set(wgpu::Features::SHADER_F16, options.f16);
+        let gpu = device::open(index, wanted)?;
+        let features = gpu.device.features();
         Ok(WgpuBackend {
             max_part: gpu.max_binding.min(options.max_part),
             gpu: Arc::new(gpu),
-            kernels: Arc::new(Kernels::new(subgroups)),
+            kernels: Arc::new(Kernels::new(
+                features.contains(wgpu::Features::SUBGROUP),
+                features.contains(wgpu::Features::SHADER_F16),
+            )),
         })
     }
 
     /// Whether its reductions use subgroup operations.
     pub fn uses_subgroups(&self) -> bool {
         self.kernels.subgroups()
+    }
+
+    /// Whether its products of quantized weights compute in f16.
+    pub fn uses_f16(&self) -> bool {
+        self.kernels.f16()
     }
 }
 

@@ -58,10 +58,12 @@ fn load_wgpu(
     options: LoadOptions,
     index: usize,
 ) -> Result<Arc<dyn AnyModel>, ModelError> {
-    // TALLOW_WGPU_SUBGROUPS=0 keeps subgroup operations off, for a driver that gets them
-    // wrong.
+    // TALLOW_WGPU_SUBGROUPS=0 and TALLOW_WGPU_F16=0 keep subgroup operations and f16
+    // arithmetic off, for a driver that gets them wrong.
+    let on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
     let gpu_options = tallow_backend_wgpu::WgpuOptions {
-        subgroups: std::env::var("TALLOW_WGPU_SUBGROUPS").map_or(true, |v| v != "0"),
+        subgroups: on("TALLOW_WGPU_SUBGROUPS"),
+        f16: on("TALLOW_WGPU_F16"),
         ..Default::default()
     };
     let backend = tallow_backend_wgpu::WgpuBackend::open_with(index, gpu_options)?;
