@@ -89,12 +89,13 @@ def test_prompt_lookup_gives_the_greedy_tokens(
     assert stats["spec_tokens_per_step"] > 1
 
 
-@pytest.mark.parametrize("kv_dtype", ["q8_0", "q4_0"])
-def test_speculation_over_quantized_pages_gives_their_greedy_tokens(
+@pytest.mark.parametrize("kv_dtype", ["q8_0", "q4_0", "bf16"])
+def test_speculation_over_rounded_pages_gives_their_greedy_tokens(
     model: _core.Model, kv_dtype: str
 ) -> None:
-    # A verified draft writes its positions' keys and values (quantized) and reads them back
-    # in one forward, as decoding does one token at a time: the same tokens.
+    # A verified draft writes its positions' keys and values (quantized, or rounded to bf16)
+    # and reads them back in one forward, as decoding does one token at a time: the same
+    # tokens.
     plain, _ = greedy_tokens(model, None, kv_dtype=kv_dtype)
     spec = {"method": "ngram", "num_tokens": 3}
     got, stats = greedy_tokens(model, spec, plain=frozenset({3}), kv_dtype=kv_dtype)

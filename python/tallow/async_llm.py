@@ -68,7 +68,7 @@ class AsyncLLM:
     :mod:`tallow.speculative`), which a request may override with its ``speculative`` option.
     ``device`` is where the model runs, as for :class:`tallow.LLM`. ``chat_template`` (Jinja
     source) replaces the model's own chat template. ``kv_dtype`` is what the KV pages hold keys
-    and values in: ``"f16"``, ``"q8_0"`` or ``"q4_0"`` (see
+    and values in: ``"f16"``, ``"q8_0"``, ``"q4_0"`` or ``"bf16"`` (see
     :class:`tallow.engine.EngineConfig`).
     """
 

@@ -611,7 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--kv-dtype",
             default="f16",
             help="what the KV cache holds keys and values in: f16 (default), q8_0 (about half "
-            "the memory) or q4_0 (about a quarter)",
+            "the memory), q4_0 (about a quarter) or bf16 (f32's range, CPU only)",
         )
 
     p = sub.add_parser("pull", help="download a catalog model into the cache")

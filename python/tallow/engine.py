@@ -237,7 +237,9 @@ class EngineConfig:
     computed (see :mod:`tallow.scheduler`). ``speculative`` turns on speculative decoding for
     every request that does not say otherwise (see :mod:`tallow.speculative`). ``kv_dtype`` is
     what the pages hold keys and values in: ``"f16"``, ``"q8_0"`` (GGML's 8-bit blocks, about
-    half the memory) or ``"q4_0"`` (4-bit blocks, about a quarter), or ``"f32"``.
+    half the memory) or ``"q4_0"`` (4-bit blocks, about a quarter), ``"bf16"`` (f32's range
+    with 8 bits of precision, for a model whose keys or values outgrow f16's 65504; CPU only),
+    or ``"f32"``.
     """
 
     max_num_seqs: int = 64
@@ -268,7 +270,7 @@ class EngineConfig:
             )
 
 
-KV_DTYPES = ("f16", "q8_0", "q4_0", "f32")
+KV_DTYPES = ("f16", "q8_0", "q4_0", "bf16", "f32")
 """What KV pages may hold keys and values in."""
 MAX_NUM_SEQS = 65536
 MAX_TOKENS_PER_STEP = 16384

@@ -90,7 +90,7 @@ class LLM:
     (sampling), in fewer steps. ``device`` is where the model runs: ``"cpu"``, ``"gpu"`` (the
     first GPU) or ``"wgpu:N"`` (see ``tallow info --devices``); by default ``TALLOW_DEVICE``,
     else the CPU. ``kv_dtype`` is what the KV cache holds keys and values in: ``"f16"``,
-    ``"q8_0"`` (about half the memory) or ``"q4_0"`` (about a quarter); see
+    ``"q8_0"`` (about half the memory), ``"q4_0"`` (about a quarter) or ``"bf16"``; see
     :class:`tallow.engine.EngineConfig`.
 
     Generations run on the engine :class:`AsyncLLM` uses (continuous batching over a paged KV

@@ -86,7 +86,7 @@ def serve(
     ``max_batch`` is the most requests generated at once (more wait in a queue); ``kv_memory``
     the bytes of the KV cache pool (by default enough for ``max_batch`` full contexts, up to
     8192 pages); ``kv_dtype`` what its pages hold keys and values in (``"f16"``, ``"q8_0"``,
-    ``"q4_0"``, see :class:`tallow.engine.EngineConfig`); ``n_ctx`` the context of each
+    ``"q4_0"``, ``"bf16"``, see :class:`tallow.engine.EngineConfig`); ``n_ctx`` the context of each
     request (default: the model's, up to 4096); ``device`` where the model runs (as for
     :class:`tallow.AsyncLLM`); ``chat_template`` a Jinja chat template that replaces the
     model's own; ``options`` the API key, CORS origins and request limits (see

@@ -12,6 +12,9 @@ pub enum KvDtype {
     F16,
     /// Single precision.
     F32,
+    /// bfloat16: f32's range with 8 bits of precision (f16 has 11 and a range of 65504),
+    /// for models whose keys or values outgrow f16.
+    Bf16,
     /// GGML's Q8_0: blocks of 32 values, an f16 scale and 32 signed bytes (8.5 bits a value).
     Q8_0,
     /// GGML's Q4_0: blocks of 32 values, an f16 scale and 32 nibbles (4.5 bits a value).
@@ -22,7 +25,7 @@ impl KvDtype {
     /// Bytes of `n` values (a whole number of blocks for the quantized types).
     pub const fn bytes_for(self, n: usize) -> usize {
         match self {
-            KvDtype::F16 => 2 * n,
+            KvDtype::F16 | KvDtype::Bf16 => 2 * n,
             KvDtype::F32 => 4 * n,
             KvDtype::Q8_0 => n / 32 * 34,
             KvDtype::Q4_0 => n / 32 * 18,
@@ -32,17 +35,18 @@ impl KvDtype {
     /// The GGML block format of a quantized type.
     pub const fn block_format(self) -> Option<tallow_quant::GgmlType> {
         match self {
-            KvDtype::F16 | KvDtype::F32 => None,
+            KvDtype::F16 | KvDtype::F32 | KvDtype::Bf16 => None,
             KvDtype::Q8_0 => Some(tallow_quant::GgmlType::Q8_0),
             KvDtype::Q4_0 => Some(tallow_quant::GgmlType::Q4_0),
         }
     }
 
-    /// Its name: `f16`, `f32`, `q8_0` or `q4_0`.
+    /// Its name: `f16`, `f32`, `bf16`, `q8_0` or `q4_0`.
     pub const fn name(self) -> &'static str {
         match self {
             KvDtype::F16 => "f16",
             KvDtype::F32 => "f32",
+            KvDtype::Bf16 => "bf16",
             KvDtype::Q8_0 => "q8_0",
             KvDtype::Q4_0 => "q4_0",
         }
@@ -50,9 +54,15 @@ impl KvDtype {
 
     /// The type named `name` (see [`KvDtype::name`]).
     pub fn from_name(name: &str) -> Option<Self> {
-        [KvDtype::F16, KvDtype::F32, KvDtype::Q8_0, KvDtype::Q4_0]
-            .into_iter()
-            .find(|d| d.name() == name)
+        [
+            KvDtype::F16,
+            KvDtype::F32,
+            KvDtype::Bf16,
+            KvDtype::Q8_0,
+            KvDtype::Q4_0,
+        ]
+        .into_iter()
+        .find(|d| d.name() == name)
     }
 }
 

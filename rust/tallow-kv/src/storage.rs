@@ -1,8 +1,8 @@
 //! The page pool: the K and V values themselves.
 
-use half::f16;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
+use half::{bf16, f16};
 
 use crate::error::{KvError, Result};
 use crate::groups::LayerGroups;
@@ -15,6 +15,7 @@ use tallow_quant::GgmlType;
 enum Data {
     F16(Vec<f16>),
     F32(Vec<f32>),
+    Bf16(Vec<bf16>),
     /// Rows of GGML blocks (Q8_0, Q4_0).
     Quantized(GgmlType, Vec<u8>),
 }
@@ -25,6 +26,7 @@ impl Data {
         match self {
             Data::F16(v) => v.copy_within(src..src + n, dst),
             Data::F32(v) => v.copy_within(src..src + n, dst),
+            Data::Bf16(v) => v.copy_within(src..src + n, dst),
             Data::Quantized(_, v) => v.copy_within(src..src + n, dst),
         }
     }
@@ -39,6 +41,8 @@ pub enum KvBlock<'a> {
     F16(&'a [f16]),
     /// The pool stores f32.
     F32(&'a [f32]),
+    /// The pool stores bfloat16.
+    Bf16(&'a [bf16]),
     /// The pool stores rows of GGML blocks of this format.
     Quantized(GgmlType, &'a [u8]),
 }
@@ -51,6 +55,7 @@ impl KvBlock<'_> {
         match *self {
             KvBlock::F16(b) => b[..out.len()].convert_to_f32_slice(out),
             KvBlock::F32(b) => out.copy_from_slice(&b[..out.len()]),
+            KvBlock::Bf16(b) => b[..out.len()].convert_to_f32_slice(out),
             KvBlock::Quantized(format, b) => {
                 let row = head_dim / format.block_len() * format.block_bytes();
                 tallow_quant::dequantize(format, &b[..rows * row], out)
@@ -100,6 +105,7 @@ impl KvStorage {
         let data = match (layout.dtype, layout.dtype.block_format()) {
             (KvDtype::F16, _) => Data::F16(zeroed::<u16>(n)?.reinterpret_into()),
             (KvDtype::F32, _) => Data::F32(zeroed::<f32>(n)?),
+            (KvDtype::Bf16, _) => Data::Bf16(zeroed::<u16>(n)?.reinterpret_into()),
             (dtype, Some(format)) => Data::Quantized(format, zeroed::<u8>(dtype.bytes_for(n))?),
             (dtype, None) => unreachable!("{dtype:?} is a float type"),
         };
@@ -182,6 +188,7 @@ impl KvStorage {
         Ok(match &self.data {
             Data::F16(d) => KvBlock::F16(&d[r]),
             Data::F32(d) => KvBlock::F32(&d[r]),
+            Data::Bf16(d) => KvBlock::Bf16(&d[r]),
             Data::Quantized(format, d) => KvBlock::Quantized(*format, &d[r]),
         })
     }
@@ -274,6 +281,8 @@ impl KvStorage {
                     match &mut self.data {
                         Data::F16(d) => d[at].convert_from_f32_slice(src),
                         Data::F32(d) => d[at].copy_from_slice(src),
+                        // Rounded to the nearest, ties to even.
+                        Data::Bf16(d) => d[at].convert_from_f32_slice(src),
                         Data::Quantized(format, d) => {
                             tallow_quant::quantize_row(*format, src, &mut d[at])
                                 .expect("a row of whole blocks")
@@ -518,6 +527,55 @@ mod tests {
         ));
     }
 
+    /// bf16 pages keep each value rounded to the nearest bfloat16 (ties to even), f32's range
+    /// included, and read back exactly what they hold.
+    #[test]
+    fn bf16_pages_hold_each_value_rounded_to_nearest_even() {
+        let mut s = KvStorage::new(layout(KvDtype::Bf16), 2).unwrap();
+        // Ties (the 17th bit set and nothing below it), just past ties, values past f16's
+        // range, and the ordinary rows.
+        let mut k = row(0.3, 2 * 12);
+        k[..6].copy_from_slice(&[
+            f32::from_bits(0x3f80_8000),
+            f32::from_bits(0x3f81_8000),
+            f32::from_bits(0x3f80_8001),
+            -1e30,
+            7e4,
+            1e-30,
+        ]);
+        let v = row(-7.0, 2 * 12);
+        let slots = [0, 1].map(|o| Slot {
+            page: PageId(1),
+            offset: o,
+        });
+        s.write_tokens(&slots, 1, &k, &v).unwrap();
+        // The rounding spelt out on the bits: add half an ulp of bf16, less one where the
+        // kept part is even, and cut.
+        let nearest_even = |x: f32| {
+            let b = x.to_bits();
+            f32::from_bits((b + 0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
+        };
+        for (kind, src) in [(KvKind::Key, &k), (KvKind::Value, &v)] {
+            for head in 0..3 {
+                let mut out = vec![0.0; 8];
+                s.read_block_f32(PageId(1), 1, head, kind, &mut out)
+                    .unwrap();
+                for slot in 0..2 {
+                    for d in 0..4 {
+                        let want = nearest_even(src[slot * 12 + head * 4 + d]);
+                        assert_eq!(out[slot * 4 + d].to_bits(), want.to_bits());
+                    }
+                }
+            }
+        }
+        let mut first = vec![0.0; 4];
+        s.read_block_f32(PageId(1), 1, 0, KvKind::Key, &mut first)
+            .unwrap();
+        // Ties go to the even neighbour, a bit past a tie up; f16 would make -1e30 infinite.
+        assert_eq!(first[..3], [1.0, f32::from_bits(0x3f82_0000), 1.0078125]);
+        assert!((first[3] / -1e30 - 1.0).abs() < 1e-2);
+    }
+
     #[test]
     fn bad_indices_are_errors_and_write_nothing() {
         let mut s = KvStorage::new(layout(KvDtype::F32), 2).unwrap();
@@ -620,7 +678,7 @@ mod tests {
 
     #[test]
     fn copy_page_copies_every_layer_and_head() {
-        for dtype in [KvDtype::F16, KvDtype::F32] {
+        for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Bf16] {
             let mut s = KvStorage::new(layout(dtype), 3).unwrap();
             for layer in 0..2 {
                 for o in 0..4 {

@@ -22,7 +22,7 @@ fn page_ids(pages: Vec<tallow_kv::PageId>) -> Vec<u32> {
 fn parse_dtype(dtype: &str) -> PyResult<KvDtype> {
     KvDtype::from_name(dtype).ok_or_else(|| {
         invalid_argument(format!(
-            "dtype must be 'f16', 'f32', 'q8_0' or 'q4_0', got {dtype:?}"
+            "dtype must be 'f16', 'f32', 'bf16', 'q8_0' or 'q4_0', got {dtype:?}"
         ))
     })
 }

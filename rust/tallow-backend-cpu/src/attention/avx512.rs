@@ -9,13 +9,16 @@
 //! [`rows`] takes the query heads that share a KV head together (up to 4 and 2 at a time):
 //! each key and value vector is loaded once for all of them, and each head keeps its query
 //! and its weighted sum in registers; a head's arithmetic does not depend on the others.
-//! [`rows_f16`] is the same kernel reading f16 pages of the KV pool directly.
+//! [`rows_pages`] is the same kernel reading the pages of the KV pool directly, f16, bf16,
+//! Q8_0 or Q4_0, each value widened in registers to the f32 the widened copy would hold.
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use half::f16;
+use half::{bf16, f16};
 use tallow_backend::Scores;
+use tallow_kv::{KvBlock, KvDtype, KvLayout};
+use tallow_quant::GgmlType;
 
 /// Lanes of a vector.
 const LANES: usize = 16;
@@ -168,38 +171,105 @@ pub(super) unsafe fn rows(
     super::fma::avx512::rows_with(states, q, keys, values, scores, scale, None)
 }
 
-/// Whether [`rows_f16`] takes heads of `head_dim` in pages of `page_size` positions.
-pub(super) fn fits_f16_pages(head_dim: usize, page_size: usize) -> bool {
-    (head_dim == 64 || head_dim == 128) && page_size == LANES
+/// Whether [`rows_pages`] reads the pages of a pool of `layout` directly for `rows` query rows
+/// at a time. An f16 value widens in the load; the other types take a few operations a
+/// vector, which pay where the kernel reads each page once (one pass of its rows: decoding)
+/// and cost more than a widened copy's loads where it reads the page again for more rows.
+pub(super) fn reads_pages(layout: &KvLayout, rows: usize) -> bool {
+    let dtype_read = match layout.dtype {
+        KvDtype::F16 => true,
+        KvDtype::Bf16 | KvDtype::Q8_0 | KvDtype::Q4_0 => rows <= 256 / layout.head_dim,
+        KvDtype::F32 => false,
+    };
+    dtype_read && (layout.head_dim == 64 || layout.head_dim == 128) && layout.page_size == LANES
 }
 
-/// [`rows`] reading the keys and values of `n` positions (at most 64) straight from the f16
-/// pages of the KV pool, 16 positions per page (`keys[p]`, `values[p]`: page `p`'s block of
-/// this KV head, at least its visible positions): no widened copy. The same arithmetic as
-/// [`rows`] on the widened values (the widening is exact).
+/// [`rows`] reading the keys and values of `n` positions (at most 64) straight from pages of
+/// the KV pool, 16 positions per page (`keys[p]`, `values[p]`: page `p`'s block of this KV
+/// head, at least its visible positions; all of one dtype [`reads_pages`] takes): no widened
+/// copy. The same arithmetic as [`rows`] on the widened values (every widening is exact:
+/// f16 or bf16 to f32, and a small integer times its block's scale).
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn rows_f16(
+pub(super) unsafe fn rows_pages(
     states: &mut [f32],
     q: &[f32],
-    keys: &[&[f16]],
-    values: &[&[f16]],
+    keys: &[KvBlock<'_>],
+    values: &[KvBlock<'_>],
     n: usize,
     hd: usize,
 ) {
     assert!(
-        fits_f16_pages(hd, LANES)
+        (hd == 64 || hd == 128)
             && n <= GROUPS * LANES
             && q.len().is_multiple_of(hd)
             && states.len() == q.len() / hd * (hd + 2)
     );
     let pages = n.div_ceil(LANES);
     assert!(keys.len() == pages && values.len() == pages);
-    for (p, (k, v)) in keys.iter().zip(values).enumerate() {
-        let visible = LANES.min(n - p * LANES) * hd;
-        assert!(k.len() >= visible && v.len() >= visible);
+    match keys[0] {
+        KvBlock::F16(_) => {
+            let (k, v) = (page_halves(keys, n, hd), page_halves(values, n, hd));
+            let (k, v) = (F16Pages { pages: &k, hd }, F16Pages { pages: &v, hd });
+            row_blocks(hd, states, q, k, v, n);
+        }
+        KvBlock::Bf16(_) => {
+            let (k, v) = (page_bf16(keys, n, hd), page_bf16(values, n, hd));
+            let (k, v) = (Bf16Pages { pages: &k, hd }, Bf16Pages { pages: &v, hd });
+            row_blocks(hd, states, q, k, v, n);
+        }
+        KvBlock::Quantized(GgmlType::Q8_0, _) => {
+            let row = hd / 32 * Q8_0_BLOCK;
+            let (k, v) = (page_bytes(keys, n, row), page_bytes(values, n, row));
+            let (k, v) = (Q8Pages { pages: &k, row }, Q8Pages { pages: &v, row });
+            row_blocks(hd, states, q, k, v, n);
+        }
+        KvBlock::Quantized(GgmlType::Q4_0, _) => {
+            let row = hd / 32 * Q4_0_BLOCK;
+            let (k, v) = (page_bytes(keys, n, row), page_bytes(values, n, row));
+            let (k, v) = (Q4Pages { pages: &k, row }, Q4Pages { pages: &v, row });
+            row_blocks(hd, states, q, k, v, n);
+        }
+        other => panic!("no kernel reads {other:?} pages in place"),
     }
-    let (keys, values) = (F16Pages { pages: keys, hd }, F16Pages { pages: values, hd });
-    row_blocks(hd, states, q, keys, values, n);
+}
+
+/// The f16 values of the pages of a tile of `n` positions, each checked to hold its visible
+/// rows of `hd` values.
+fn page_halves<'a>(blocks: &[KvBlock<'a>], n: usize, hd: usize) -> [&'a [f16]; GROUPS] {
+    std::array::from_fn(|p| match blocks.get(p) {
+        Some(&KvBlock::F16(b)) => {
+            assert!(b.len() >= LANES.min(n - p * LANES) * hd);
+            b
+        }
+        Some(_) => panic!("the pages of a tile are of one dtype"),
+        None => &[],
+    })
+}
+
+/// The bf16 values of the pages of a tile of `n` positions, each checked to hold its visible
+/// rows of `hd` values.
+fn page_bf16<'a>(blocks: &[KvBlock<'a>], n: usize, hd: usize) -> [&'a [bf16]; GROUPS] {
+    std::array::from_fn(|p| match blocks.get(p) {
+        Some(&KvBlock::Bf16(b)) => {
+            assert!(b.len() >= LANES.min(n - p * LANES) * hd);
+            b
+        }
+        Some(_) => panic!("the pages of a tile are of one dtype"),
+        None => &[],
+    })
+}
+
+/// The bytes of the quantized pages of a tile of `n` positions, each checked to hold its
+/// visible rows of `row` bytes.
+fn page_bytes<'a>(blocks: &[KvBlock<'a>], n: usize, row: usize) -> [&'a [u8]; GROUPS] {
+    std::array::from_fn(|p| match blocks.get(p) {
+        Some(&KvBlock::Quantized(_, b)) => {
+            assert!(b.len() >= LANES.min(n - p * LANES) * row);
+            b
+        }
+        Some(_) => panic!("the pages of a tile are of one dtype"),
+        None => &[],
+    })
 }
 
 /// The positions of a tile as the kernels read them.
@@ -235,6 +305,84 @@ impl Tile for F16Pages<'_> {
         let page = self.pages.get_unchecked(j / LANES);
         let at = (j % LANES) * self.hd + c * LANES;
         _mm512_cvtph_ps(_mm256_loadu_si256(page.as_ptr().add(at).cast()))
+    }
+}
+
+/// Pages of 16 positions of `hd` bf16 values.
+#[derive(Clone, Copy)]
+struct Bf16Pages<'a> {
+    pages: &'a [&'a [bf16]],
+    hd: usize,
+}
+
+impl Tile for Bf16Pages<'_> {
+    #[inline(always)]
+    unsafe fn vector(self, j: usize, c: usize) -> __m512 {
+        let page = self.pages.get_unchecked(j / LANES);
+        let at = (j % LANES) * self.hd + c * LANES;
+        // A bf16 is the top half of the f32 it stands for.
+        let bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256(page.as_ptr().add(at).cast()));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits))
+    }
+}
+
+/// Bytes of a Q8_0 block: an f16 scale, 32 signed bytes.
+const Q8_0_BLOCK: usize = 34;
+/// Bytes of a Q4_0 block: an f16 scale, 16 bytes of nibbles (value `i` the low nibble of byte
+/// `i`, value `i + 16` the high one, each minus 8).
+const Q4_0_BLOCK: usize = 18;
+
+/// The f16 scale at the start of the block at `at`, as a vector of f32.
+#[inline(always)]
+unsafe fn block_scale(at: *const u8) -> __m512 {
+    let bits = at.cast::<u16>().read_unaligned();
+    let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)));
+    _mm512_broadcastss_ps(d)
+}
+
+/// Pages of 16 positions, each a row of Q8_0 blocks (`row` bytes).
+#[derive(Clone, Copy)]
+struct Q8Pages<'a> {
+    pages: &'a [&'a [u8]],
+    row: usize,
+}
+
+impl Tile for Q8Pages<'_> {
+    #[inline(always)]
+    unsafe fn vector(self, j: usize, c: usize) -> __m512 {
+        let page = self.pages.get_unchecked(j / LANES);
+        // Vector `c` is half `c % 2` of block `c / 2`.
+        let block = page
+            .as_ptr()
+            .add((j % LANES) * self.row + c / 2 * Q8_0_BLOCK);
+        let q = _mm_loadu_si128(block.add(2 + c % 2 * LANES).cast());
+        _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
+            block_scale(block),
+        )
+    }
+}
+
+/// Pages of 16 positions, each a row of Q4_0 blocks (`row` bytes).
+#[derive(Clone, Copy)]
+struct Q4Pages<'a> {
+    pages: &'a [&'a [u8]],
+    row: usize,
+}
+
+impl Tile for Q4Pages<'_> {
+    #[inline(always)]
+    unsafe fn vector(self, j: usize, c: usize) -> __m512 {
+        let page = self.pages.get_unchecked(j / LANES);
+        // Vector `c` is the low (`c` even) or high nibbles of block `c / 2`.
+        let block = page
+            .as_ptr()
+            .add((j % LANES) * self.row + c / 2 * Q4_0_BLOCK);
+        let bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(block.add(2).cast()));
+        let shift = _mm512_set1_epi32((c % 2 * 4) as i32);
+        let nibbles = _mm512_and_si512(_mm512_srlv_epi32(bytes, shift), _mm512_set1_epi32(15));
+        let q = _mm512_sub_epi32(nibbles, _mm512_set1_epi32(8));
+        _mm512_mul_ps(_mm512_cvtepi32_ps(q), block_scale(block))
     }
 }
 

@@ -6,8 +6,8 @@
 //! weighted sum of values, rescaled when the maximum grows); the segments' results are then
 //! merged in order. Each tile's keys and values are converted to f32 once per unit of work
 //! and serve every query head that shares the KV head and every token of the unit, without
-//! gathering the whole history; with AVX-512, f16 pages of 16 positions are read as they lie
-//! in the pool, widened in registers (the same arithmetic, one copy fewer).
+//! gathering the whole history; with AVX-512, f16, Q8_0 and Q4_0 pages of 16 positions are
+//! read as they lie in the pool, widened in registers (the same arithmetic, one copy fewer).
 //!
 //! The arithmetic for a token depends only on its query and its visible positions, never on
 //! the batch around it (how many tokens its chunk has, which other sequences run, how the
@@ -23,7 +23,7 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use half::f16;
-use tallow_kv::{KvBlock, KvDtype, KvKind, KvLayout, KvStorage, PageId, PagedKvCache};
+use tallow_kv::{KvBlock, KvKind, KvLayout, KvStorage, PageId, PagedKvCache};
 use tallow_threads::DisjointSlice;
 
 use tallow_backend::{BackendError, Batch, Heads, Scores};
@@ -281,8 +281,8 @@ impl Attention<'_> {
         let storage = self.storage;
         let visible_max = first + unit.tokens.end;
         let kernel = kernels();
-        // f16 pages go to the kernel as they are, without a widened copy, where it takes them.
-        let rows_f16 = kernel.rows_f16(self.cache.layout());
+        // Pages go to the kernel as they are, without a widened copy, where it takes them.
+        let rows_in_place = kernel.rows_in_place(self.cache.layout(), unit.tokens.len() * hg);
         running.chunks_exact_mut(state_len).for_each(empty);
         for segment in unit.segments.clone() {
             segment_states.chunks_exact_mut(state_len).for_each(empty);
@@ -290,8 +290,8 @@ impl Attention<'_> {
             let end = visible_max.min(start + plan.segment_len());
             for tile_start in (start..end).step_by(plan.tile_len()) {
                 let rows = plan.tile_len().min(end - tile_start);
-                // The tile as the kernel reads it: f16 pages as they are, or a widened copy.
-                let mut key_pages: [&[f16]; MAX_F16_TILE_PAGES] = [&[]; MAX_F16_TILE_PAGES];
+                // The tile as the kernel reads it: pages as they are, or a widened copy.
+                let mut key_pages = [KvBlock::F32(&[]); MAX_TILE_PAGES];
                 let mut value_pages = key_pages;
                 for (p, page_start) in (tile_start..tile_start + rows)
                     .step_by(plan.page_size)
@@ -299,12 +299,9 @@ impl Attention<'_> {
                 {
                     let page = pages[page_start / plan.page_size];
                     let block = |kind| storage.block(page, self.layer, unit.kv_head, kind);
-                    if rows_f16.is_some() {
+                    if rows_in_place.is_some() {
                         (key_pages[p], value_pages[p]) =
-                            match (block(KvKind::Key)?, block(KvKind::Value)?) {
-                                (KvBlock::F16(k), KvBlock::F16(v)) => (k, v),
-                                _ => unreachable!("the layout says f16"),
-                            };
+                            (block(KvKind::Key)?, block(KvKind::Value)?);
                         continue;
                     }
                     let page_rows =
@@ -312,13 +309,13 @@ impl Attention<'_> {
                     self.widen(page, unit.kv_head, page_rows, tile_start, keys, values)?;
                 }
                 // The first `n` positions of the tile into `states`, for the query rows `q`.
-                let mut attend = |states: &mut [f32], q: &[f32], n: usize| match rows_f16 {
-                    Some(rows_f16) => {
+                let mut attend = |states: &mut [f32], q: &[f32], n: usize| match rows_in_place {
+                    Some(rows) => {
                         let used = n.div_ceil(plan.page_size);
                         let (k, v) = (&key_pages[..used], &value_pages[..used]);
                         // SAFETY: `kernels` only picks functions whose features the CPU has;
-                        // `rows_f16` checks its operands.
-                        unsafe { rows_f16(states, q, k, v, n, hd) }
+                        // the kernel checks its operands.
+                        unsafe { rows(states, q, k, v, n, hd) }
                     }
                     None => {
                         let (k, v) = (&keys[..n * hd], &values[..n * hd]);
@@ -599,12 +596,12 @@ fn finish(state: &[f32], out: &mut [f32]) {
 /// `(states, q, keys, values, scores)`: see [`Kernels::page`].
 type PageFn = unsafe fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]);
 
-/// `(states, q, key pages, value pages, positions, head_dim)`: [`Kernels::page`] over f16
-/// pages of 16 positions as the pool holds them.
-type RowsF16Fn = unsafe fn(&mut [f32], &[f32], &[&[f16]], &[&[f16]], usize, usize);
+/// `(states, q, key pages, value pages, positions, head_dim)`: [`Kernels::page`] over pages
+/// of 16 positions as the pool holds them.
+type RowsInPlaceFn = unsafe fn(&mut [f32], &[f32], &[KvBlock<'_>], &[KvBlock<'_>], usize, usize);
 
 /// Most pages of 16 positions in a tile.
-const MAX_F16_TILE_PAGES: usize = TILE_POSITIONS / 16;
+const MAX_TILE_PAGES: usize = TILE_POSITIONS / 16;
 
 /// The inner loops, compiled for the best instruction set of the running CPU.
 #[derive(Clone, Copy)]
@@ -612,8 +609,8 @@ struct Kernels {
     /// f16 keys or values to f32.
     widen: unsafe fn(&[f16], &mut [f32]),
     page: PageFn,
-    /// Where the CPU has one, a kernel that reads f16 pages directly.
-    f16_pages: Option<F16PagesKernel>,
+    /// Where the CPU has one, a kernel that reads pages directly.
+    in_place: Option<InPlaceKernel>,
     merge: unsafe fn(&mut [f32], &[f32]),
     general: GeneralFn,
 }
@@ -621,21 +618,23 @@ struct Kernels {
 /// `(states, q, keys, values, scores, scale, softcap)`: [`Kernels::general`].
 type GeneralFn = unsafe fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32], f32, Option<f32>);
 
-/// A kernel that reads f16 pages directly, and whether it takes a head size and page size.
-/// (Only x86-64 has one so far.)
+/// A kernel that reads pages directly, and whether it reads those of a layout. (Only x86-64
+/// has one so far.)
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct F16PagesKernel {
-    rows: RowsF16Fn,
-    fits: fn(usize, usize) -> bool,
+struct InPlaceKernel {
+    rows: RowsInPlaceFn,
+    /// Whether it reads the pages of a layout, for a number of query rows at a time.
+    reads: fn(&KvLayout, usize) -> bool,
 }
 
 impl Kernels {
-    /// The kernel that reads the f16 pages of a cache of `layout` directly, where the CPU has
-    /// one and it takes the layout's head and page sizes.
-    fn rows_f16(&self, layout: &KvLayout) -> Option<RowsF16Fn> {
-        self.f16_pages
-            .filter(|k| layout.dtype == KvDtype::F16 && (k.fits)(layout.head_dim, layout.page_size))
+    /// The kernel that reads the pages of a cache of `layout` directly for `rows` query rows,
+    /// where the CPU has one and it reads the layout's dtype, head size and page size for that
+    /// many rows. (Its bits are those of the widened copy: the choice changes no result.)
+    fn rows_in_place(&self, layout: &KvLayout, rows: usize) -> Option<RowsInPlaceFn> {
+        self.in_place
+            .filter(|k| (k.reads)(layout, rows))
             .map(|k| k.rows)
     }
 
@@ -661,7 +660,8 @@ impl Kernels {
             // SAFETY: `kernels` only picks functions whose features the CPU has.
             KvBlock::F16(b) => unsafe { (self.widen)(&b[..out.len()], out) },
             KvBlock::F32(b) => out.copy_from_slice(&b[..out.len()]),
-            KvBlock::Quantized(..) => block.read_f32(head_dim, out),
+            // A shift each (the compiler vectorizes the portable loop).
+            KvBlock::Bf16(_) | KvBlock::Quantized(..) => block.read_f32(head_dim, out),
         }
     }
 
@@ -725,9 +725,9 @@ fn kernels() -> Kernels {
                 return Kernels {
                     widen: avx512::widen,
                     page: avx512::rows,
-                    f16_pages: Some(F16PagesKernel {
-                        rows: avx512::rows_f16,
-                        fits: avx512::fits_f16_pages,
+                    in_place: Some(InPlaceKernel {
+                        rows: avx512::rows_pages,
+                        reads: avx512::reads_pages,
                     }),
                     merge: x86::merge_avx512,
                     general: fma::avx512::rows_with,
@@ -737,7 +737,7 @@ fn kernels() -> Kernels {
                 return Kernels {
                     widen: x86::widen_f16c,
                     page: fma::rows_avx2,
-                    f16_pages: None,
+                    in_place: None,
                     merge: x86::merge_avx2,
                     general: fma::avx2::rows_with,
                 };
@@ -746,7 +746,7 @@ fn kernels() -> Kernels {
         Kernels {
             widen: widen_portable,
             page: portable::page,
-            f16_pages: None,
+            in_place: None,
             merge: portable::merge,
             general: portable::general,
         }
@@ -1275,6 +1275,25 @@ mod tests {
         }
     }
 
+    /// The same over bf16 pages, plain and with the general kernel's sliding window.
+    #[test]
+    fn paged_attention_over_bf16_pages_matches_the_reference_for_any_chunking() {
+        let chunks = [
+            vec![(0, 300)],
+            vec![(4, 5)],
+            vec![(130, 9), (0, 3)],
+            vec![(250, 50), (8, 20), (133, 1)],
+        ];
+        let windowed = Scores {
+            scale: 0.125,
+            softcap: Some(2.0),
+            window: Some(150),
+        };
+        for params in [Scores::plain(64), windowed] {
+            check_paged_attention(16, tallow_kv::KvDtype::Bf16, 300, &chunks, params);
+        }
+    }
+
     fn check_paged_attention(
         page_size: usize,
         dtype: tallow_kv::KvDtype,
@@ -1301,6 +1320,10 @@ mod tests {
                 None if dtype == KvDtype::F16 => row
                     .iter()
                     .map(|&x| half::f16::from_f32(x).to_f32())
+                    .collect(),
+                None if dtype == KvDtype::Bf16 => row
+                    .iter()
+                    .map(|&x| half::bf16::from_f32(x).to_f32())
                     .collect(),
                 None => row,
                 Some(format) => {
@@ -1479,44 +1502,62 @@ mod tests {
         }
     }
 
-    /// Reading f16 pages directly gives the bits of the kernel on the widened values.
+    /// Reading f16, bf16, Q8_0 and Q4_0 pages directly gives the bits of the kernel on the
+    /// widened values.
     #[test]
-    fn f16_pages_equal_widened_rows() {
-        use half::f16;
+    fn pages_read_in_place_equal_widened_rows() {
+        use tallow_kv::{KvBlock, KvDtype, KvKind, KvLayout, KvStorage, PageId, Slot};
         let kernel = super::kernels();
-        let Some(rows_f16) = kernel.f16_pages.map(|k| k.rows) else {
+        let Some(in_place) = kernel.in_place else {
             return;
         };
         let mut rng = Lcg(13);
-        for (hd, rows) in [(64, 3), (64, 4), (64, 7), (128, 2), (128, 3)] {
-            for n in [1usize, 5, 16, 17, 40, 63, 64] {
-                let q: Vec<f32> = (0..rows * hd).map(|_| rng.next()).collect();
-                // Whole pages of 16 positions, past the visible ones too.
-                let page_len = 16 * hd;
-                let pages = n.div_ceil(16);
-                let keys: Vec<f16> = (0..pages * page_len)
-                    .map(|_| f16::from_f32(rng.next()))
-                    .collect();
-                let values: Vec<f16> = (0..pages * page_len)
-                    .map(|_| f16::from_f32(rng.next()))
-                    .collect();
-                let start: Vec<f32> = (0..rows * (hd + 2)).map(|_| rng.next()).collect();
-                let widen = |h: &[f16]| h[..n * hd].iter().map(|x| x.to_f32()).collect::<Vec<_>>();
-                let mut want = start.clone();
-                kernel.page(
-                    &mut want,
-                    &q,
-                    &widen(&keys),
-                    &widen(&values),
-                    &mut vec![0.0; n],
-                );
-                let key_pages: Vec<&[f16]> = keys.chunks(page_len).collect();
-                let value_pages: Vec<&[f16]> = values.chunks(page_len).collect();
-                let mut got = start;
-                // SAFETY: only handed out for a CPU that has the features.
-                unsafe { rows_f16(&mut got, &q, &key_pages, &value_pages, n, hd) };
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "hd {hd} rows {rows} n {n}");
+        for dtype in [KvDtype::F16, KvDtype::Bf16, KvDtype::Q8_0, KvDtype::Q4_0] {
+            for (hd, rows) in [(64, 3), (64, 4), (64, 7), (128, 2), (128, 3)] {
+                let layout = KvLayout::new(1, 1, hd).with_page_size(16).with_dtype(dtype);
+                assert!((in_place.reads)(&layout, 1), "{dtype:?} {hd}");
+                for n in [1usize, 5, 16, 17, 40, 63, 64] {
+                    let q: Vec<f32> = (0..rows * hd).map(|_| rng.next()).collect();
+                    // Whole pages of 16 positions, past the visible ones too.
+                    let pages = n.div_ceil(16);
+                    let mut storage = KvStorage::new(layout, pages).unwrap();
+                    let slots: Vec<Slot> = (0..pages * 16)
+                        .map(|i| Slot {
+                            page: PageId((i / 16) as u32),
+                            offset: i % 16,
+                        })
+                        .collect();
+                    let mut random = || (0..slots.len() * hd).map(|_| rng.next()).collect();
+                    let (k, v): (Vec<f32>, Vec<f32>) = (random(), random());
+                    storage.write_tokens(&slots, 0, &k, &v).unwrap();
+                    let blocks = |kind| -> Vec<KvBlock<'_>> {
+                        (0..pages)
+                            .map(|p| storage.block(PageId(p as u32), 0, 0, kind).unwrap())
+                            .collect()
+                    };
+                    let (key_pages, value_pages) = (blocks(KvKind::Key), blocks(KvKind::Value));
+                    let widen = |pages: &[KvBlock<'_>]| {
+                        let mut out = vec![0f32; pages.len() * 16 * hd];
+                        for (p, block) in pages.iter().enumerate() {
+                            block.read_f32(hd, &mut out[p * 16 * hd..][..16 * hd]);
+                        }
+                        out.truncate(n * hd);
+                        out
+                    };
+                    let start: Vec<f32> = (0..rows * (hd + 2)).map(|_| rng.next()).collect();
+                    let mut want = start.clone();
+                    let (k, v) = (widen(&key_pages), widen(&value_pages));
+                    kernel.page(&mut want, &q, &k, &v, &mut vec![0.0; n]);
+                    let mut got = start;
+                    // SAFETY: only handed out for a CPU that has the features.
+                    unsafe { (in_place.rows)(&mut got, &q, &key_pages, &value_pages, n, hd) };
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{dtype:?} hd {hd} rows {rows} n {n}"
+                    );
+                }
             }
         }
     }
