@@ -3,9 +3,13 @@ and throughput with concurrent clients.
 
 The floor of a classification is one forward over the prompt's tokens that the prefix cache
 cannot serve (the text's own, the few of the instruction after its last whole page, and the
-template's close of the turn) at the depth of the cached instruction: measured in the same run
-on the same model, through ``Model.forward`` on a sequence forked from the cached prefix. Every
-request has a text of its own (random words), so that only the instruction is cached.
+template's close of the turn) at the depth of the cached instruction, with the labels riding
+along: measured in the same run on the same model, through ``Model.forward`` on a sequence
+forked from the cached prefix. A label of one token rides for free (its probability is read
+from the text's last row); a label of several tokens adds a branch of its tokens but the last,
+with their rows of logits, to that forward. Both floors are printed: the text's tokens alone,
+and the one forward the engine runs (the text and the labels' branches). Every request has a
+text of its own (random words), so that only the instruction is cached.
 
     python benches/classify_bench.py [-m MODEL] [--trials 200] [--clients 16]
 """
@@ -90,14 +94,24 @@ class Floor:
         model.forward(self.kv, [(self.prefix, prompt[:cached], "none")])  # type: ignore[attr-defined]
         self.cached = cached
 
-    def time_ms(self, prompt: list[int]) -> float:
+    def time_ms(self, prompt: list[int], branches: list[list[int]]) -> float:
+        """One forward over the uncached part of ``prompt``, with ``branches`` (token lists)
+        forked from it in the same forward as the engine forks a scoring request's."""
         rest = prompt[self.cached :]
         seq = self.kv.fork(self.prefix)
         self.kv.reserve(seq, len(rest))
+        batch: list[tuple[int, list[int], str] | tuple[int, list[int], str, int]] = [
+            (seq, rest, "last")
+        ]
+        for tokens in branches:
+            fork = self.kv.fork(seq)
+            self.kv.reserve(fork, len(tokens))
+            batch.append((fork, tokens, "all", seq))
         start = time.perf_counter()
-        self.model.forward(self.kv, [(seq, rest, "last")])  # type: ignore[attr-defined]
+        self.model.forward(self.kv, batch)  # type: ignore[attr-defined]
         elapsed = time.perf_counter() - start
-        self.kv.free(seq)
+        for entry in batch:
+            self.kv.free(entry[0])
         return elapsed * 1000
 
 
@@ -105,10 +119,11 @@ def latency(args: argparse.Namespace, llm: tallow.LLM, model: object) -> None:
     """Each text classified, then its floor measured, one after the other (so that both see
     the same machine)."""
     print(
-        "| text tokens | labels | uncached tokens | floor P50 / P95 (ms) | P50 (ms) | P95 (ms) "
-        "| P99 (ms) | P95 / floor P95 |"
+        "| text tokens | labels | uncached tokens | branch tokens | text floor P50 / P95 (ms) "
+        "| one-forward floor P50 / P95 (ms) | P50 (ms) | P95 (ms) | P99 (ms) "
+        "| P95 / one-forward floor P95 | P95 / text floor P95 |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n_tokens in (4, 16):
         for seed, (kind, labels) in enumerate(LABEL_SETS.items()):
             task = llm.classify_task(labels)
@@ -116,18 +131,23 @@ def latency(args: argparse.Namespace, llm: tallow.LLM, model: object) -> None:
             for text in texts[:5]:  # warm: the instruction enters the prefix cache
                 (warm,) = llm.classify(text, labels)
             floor = Floor(model, task.prompt_ids(texts[0]), warm.cached_tokens)
-            times, floors, uncached = [], [], []
+            # The engine's branches: each label's tokens but the last, for labels of several.
+            branches = [ids[:-1] for ids in task.params.continuations or () if len(ids) > 1]
+            times, text_floors, floors, uncached = [], [], [], []
             for text in texts[5:]:
                 start = time.perf_counter()
                 (result,) = llm.classify(text, labels)
                 times.append((time.perf_counter() - start) * 1000)
-                floors.append(floor.time_ms(task.prompt_ids(text)))
+                text_floors.append(floor.time_ms(task.prompt_ids(text), []))
+                floors.append(floor.time_ms(task.prompt_ids(text), [list(b) for b in branches]))
                 uncached.append(result.prompt_tokens - result.cached_tokens)
             p50, p95, p99 = (percentile(times, q) for q in (50, 95, 99))
+            t50, t95 = percentile(text_floors, 50), percentile(text_floors, 95)
             f50, f95 = percentile(floors, 50), percentile(floors, 95)
             print(
                 f"| {n_tokens} | {kind} | {statistics.median(uncached):g} "
-                f"| {f50:.2f} / {f95:.2f} | {p50:.2f} | {p95:.2f} | {p99:.2f} | {p95 / f95:.2f} |"
+                f"| {sum(map(len, branches))} | {t50:.2f} / {t95:.2f} | {f50:.2f} / {f95:.2f} "
+                f"| {p50:.2f} | {p95:.2f} | {p99:.2f} | {p95 / f95:.2f} | {p95 / t95:.2f} |"
             )
 
 
