@@ -206,26 +206,44 @@ pub(super) unsafe fn rows_pages(
     );
     let pages = n.div_ceil(LANES);
     assert!(keys.len() == pages && values.len() == pages);
+    let bytes = |b| match b {
+        KvBlock::Quantized(_, b) => Some(b),
+        _ => None,
+    };
     match keys[0] {
         KvBlock::F16(_) => {
-            let (k, v) = (page_halves(keys, n, hd), page_halves(values, n, hd));
+            let of = |b| match b {
+                KvBlock::F16(b) => Some(b),
+                _ => None,
+            };
+            let (k, v) = (pages_of(keys, n, hd, of), pages_of(values, n, hd, of));
             let (k, v) = (F16Pages { pages: &k, hd }, F16Pages { pages: &v, hd });
             row_blocks(hd, states, q, k, v, n);
         }
         KvBlock::Bf16(_) => {
-            let (k, v) = (page_bf16(keys, n, hd), page_bf16(values, n, hd));
+            let of = |b| match b {
+                KvBlock::Bf16(b) => Some(b),
+                _ => None,
+            };
+            let (k, v) = (pages_of(keys, n, hd, of), pages_of(values, n, hd, of));
             let (k, v) = (Bf16Pages { pages: &k, hd }, Bf16Pages { pages: &v, hd });
             row_blocks(hd, states, q, k, v, n);
         }
         KvBlock::Quantized(GgmlType::Q8_0, _) => {
             let row = hd / 32 * Q8_0_BLOCK;
-            let (k, v) = (page_bytes(keys, n, row), page_bytes(values, n, row));
+            let (k, v) = (
+                pages_of(keys, n, row, bytes),
+                pages_of(values, n, row, bytes),
+            );
             let (k, v) = (Q8Pages { pages: &k, row }, Q8Pages { pages: &v, row });
             row_blocks(hd, states, q, k, v, n);
         }
         KvBlock::Quantized(GgmlType::Q4_0, _) => {
             let row = hd / 32 * Q4_0_BLOCK;
-            let (k, v) = (page_bytes(keys, n, row), page_bytes(values, n, row));
+            let (k, v) = (
+                pages_of(keys, n, row, bytes),
+                pages_of(values, n, row, bytes),
+            );
             let (k, v) = (Q4Pages { pages: &k, row }, Q4Pages { pages: &v, row });
             row_blocks(hd, states, q, k, v, n);
         }
@@ -233,41 +251,20 @@ pub(super) unsafe fn rows_pages(
     }
 }
 
-/// The f16 values of the pages of a tile of `n` positions, each checked to hold its visible
-/// rows of `hd` values.
-fn page_halves<'a>(blocks: &[KvBlock<'a>], n: usize, hd: usize) -> [&'a [f16]; GROUPS] {
+/// The pages of a tile of `n` positions as `of` finds them in each block (`None` for a block
+/// of another dtype), each checked to hold its visible rows of `row` elements.
+fn pages_of<'a, T>(
+    blocks: &[KvBlock<'a>],
+    n: usize,
+    row: usize,
+    of: fn(KvBlock<'a>) -> Option<&'a [T]>,
+) -> [&'a [T]; GROUPS] {
     std::array::from_fn(|p| match blocks.get(p) {
-        Some(&KvBlock::F16(b)) => {
-            assert!(b.len() >= LANES.min(n - p * LANES) * hd);
-            b
-        }
-        Some(_) => panic!("the pages of a tile are of one dtype"),
-        None => &[],
-    })
-}
-
-/// The bf16 values of the pages of a tile of `n` positions, each checked to hold its visible
-/// rows of `hd` values.
-fn page_bf16<'a>(blocks: &[KvBlock<'a>], n: usize, hd: usize) -> [&'a [bf16]; GROUPS] {
-    std::array::from_fn(|p| match blocks.get(p) {
-        Some(&KvBlock::Bf16(b)) => {
-            assert!(b.len() >= LANES.min(n - p * LANES) * hd);
-            b
-        }
-        Some(_) => panic!("the pages of a tile are of one dtype"),
-        None => &[],
-    })
-}
-
-/// The bytes of the quantized pages of a tile of `n` positions, each checked to hold its
-/// visible rows of `row` bytes.
-fn page_bytes<'a>(blocks: &[KvBlock<'a>], n: usize, row: usize) -> [&'a [u8]; GROUPS] {
-    std::array::from_fn(|p| match blocks.get(p) {
-        Some(&KvBlock::Quantized(_, b)) => {
+        Some(&block) => {
+            let b = of(block).expect("the pages of a tile are of one dtype");
             assert!(b.len() >= LANES.min(n - p * LANES) * row);
             b
         }
-        Some(_) => panic!("the pages of a tile are of one dtype"),
         None => &[],
     })
 }
