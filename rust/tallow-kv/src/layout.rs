@@ -24,11 +24,11 @@ pub enum KvDtype {
 impl KvDtype {
     /// Bytes of `n` values (a whole number of blocks for the quantized types).
     pub const fn bytes_for(self, n: usize) -> usize {
-        match self {
-            KvDtype::F16 | KvDtype::Bf16 => 2 * n,
-            KvDtype::F32 => 4 * n,
-            KvDtype::Q8_0 => n / 32 * 34,
-            KvDtype::Q4_0 => n / 32 * 18,
+        match (self, self.block_format()) {
+            (KvDtype::F16 | KvDtype::Bf16, _) => 2 * n,
+            (KvDtype::F32, _) => 4 * n,
+            (_, Some(ty)) => n / ty.block_len() * ty.block_bytes(),
+            (_, None) => panic!("the other types have a block format"),
         }
     }
 

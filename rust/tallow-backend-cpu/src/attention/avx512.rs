@@ -173,8 +173,9 @@ pub(super) unsafe fn rows(
 
 /// Whether [`rows_pages`] reads the pages of a pool of `layout` directly for `rows` query rows
 /// at a time. An f16 value widens in the load; the other types take a few operations a
-/// vector, which pay where the kernel reads each page once (one pass of its rows: decoding)
-/// and cost more than a widened copy's loads where it reads the page again for more rows.
+/// vector, which pay where the kernel reads each page once (one pass of [`row_blocks`], 4 rows
+/// of 64 values or 2 of 128: decoding) and cost more than a widened copy's loads where it
+/// reads the page again for more rows.
 pub(super) fn reads_pages(layout: &KvLayout, rows: usize) -> bool {
     let dtype_read = match layout.dtype {
         KvDtype::F16 => true,
@@ -206,10 +207,6 @@ pub(super) unsafe fn rows_pages(
     );
     let pages = n.div_ceil(LANES);
     assert!(keys.len() == pages && values.len() == pages);
-    let bytes = |b| match b {
-        KvBlock::Quantized(_, b) => Some(b),
-        _ => None,
-    };
     match keys[0] {
         KvBlock::F16(_) => {
             let of = |b| match b {
@@ -229,23 +226,27 @@ pub(super) unsafe fn rows_pages(
             let (k, v) = (Bf16Pages { pages: &k, hd }, Bf16Pages { pages: &v, hd });
             row_blocks(hd, states, q, k, v, n);
         }
-        KvBlock::Quantized(GgmlType::Q8_0, _) => {
-            let row = hd / 32 * Q8_0_BLOCK;
+        KvBlock::Quantized(ty, _) => {
+            let row = hd / ty.block_len() * ty.block_bytes();
+            let bytes = |b| match b {
+                KvBlock::Quantized(_, b) => Some(b),
+                _ => None,
+            };
             let (k, v) = (
                 pages_of(keys, n, row, bytes),
                 pages_of(values, n, row, bytes),
             );
-            let (k, v) = (Q8Pages { pages: &k, row }, Q8Pages { pages: &v, row });
-            row_blocks(hd, states, q, k, v, n);
-        }
-        KvBlock::Quantized(GgmlType::Q4_0, _) => {
-            let row = hd / 32 * Q4_0_BLOCK;
-            let (k, v) = (
-                pages_of(keys, n, row, bytes),
-                pages_of(values, n, row, bytes),
-            );
-            let (k, v) = (Q4Pages { pages: &k, row }, Q4Pages { pages: &v, row });
-            row_blocks(hd, states, q, k, v, n);
+            match ty {
+                GgmlType::Q8_0 => {
+                    let (k, v) = (Q8Pages { pages: &k, row }, Q8Pages { pages: &v, row });
+                    row_blocks(hd, states, q, k, v, n);
+                }
+                GgmlType::Q4_0 => {
+                    let (k, v) = (Q4Pages { pages: &k, row }, Q4Pages { pages: &v, row });
+                    row_blocks(hd, states, q, k, v, n);
+                }
+                _ => panic!("no kernel reads {} pages in place", ty.name()),
+            }
         }
         other => panic!("no kernel reads {other:?} pages in place"),
     }
@@ -324,10 +325,10 @@ impl Tile for Bf16Pages<'_> {
 }
 
 /// Bytes of a Q8_0 block: an f16 scale, 32 signed bytes.
-const Q8_0_BLOCK: usize = 34;
+const Q8_0_BLOCK: usize = GgmlType::Q8_0.block_bytes();
 /// Bytes of a Q4_0 block: an f16 scale, 16 bytes of nibbles (value `i` the low nibble of byte
 /// `i`, value `i + 16` the high one, each minus 8).
-const Q4_0_BLOCK: usize = 18;
+const Q4_0_BLOCK: usize = GgmlType::Q4_0.block_bytes();
 
 /// The f16 scale at the start of the block at `at`, as a vector of f32.
 #[inline(always)]

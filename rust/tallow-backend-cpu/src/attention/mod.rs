@@ -6,8 +6,9 @@
 //! weighted sum of values, rescaled when the maximum grows); the segments' results are then
 //! merged in order. Each tile's keys and values are converted to f32 once per unit of work
 //! and serve every query head that shares the KV head and every token of the unit, without
-//! gathering the whole history; with AVX-512, f16, Q8_0 and Q4_0 pages of 16 positions are
-//! read as they lie in the pool, widened in registers (the same arithmetic, one copy fewer).
+//! gathering the whole history; with AVX-512, f16 pages of 16 positions (and bf16, Q8_0 and
+//! Q4_0 ones for a unit of a few query rows: decoding) are read as they lie in the pool,
+//! widened in registers (the same arithmetic, one copy fewer).
 //!
 //! The arithmetic for a token depends only on its query and its visible positions, never on
 //! the batch around it (how many tokens its chunk has, which other sequences run, how the
