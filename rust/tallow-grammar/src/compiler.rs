@@ -9,6 +9,7 @@ use tallow_tokenizer::Tokenizer;
 
 use crate::constraint::Constraint;
 use crate::error::{without_state, GrammarError};
+use crate::limits::{self, COMPILE_STACK};
 use crate::structured::Structured;
 use crate::vocabulary::token_env;
 
@@ -17,15 +18,19 @@ pub struct GrammarCompiler {
     factory: ParserFactory,
     /// The tokens that end an output.
     eog: Vec<u32>,
-    /// The constraints compiled last, unstarted: a server sees the same schema again and
-    /// again, and a copy costs far less than compiling it anew.
+    /// The constraints compiled last, unstarted, or the errors they gave: a server sees the
+    /// same schema again and again, and a copy costs far less than compiling it anew (a client
+    /// that sends a constraint that fails slowly, again and again, costs one compilation).
     recent: Mutex<Recent>,
+    /// Held while a constraint compiles: one at a time, so that compiling takes at most one
+    /// core from the steps of the requests that run meanwhile.
+    compiling: Mutex<()>,
 }
 
-/// Compiled constraints by [`Structured::key`], the oldest first out.
+/// Compiled constraints (or their errors) by [`Structured::key`], the oldest first out.
 #[derive(Default)]
 struct Recent {
-    by_key: HashMap<String, Constraint>,
+    by_key: HashMap<String, Result<Constraint, GrammarError>>,
     order: VecDeque<String>,
 }
 
@@ -57,16 +62,31 @@ impl GrammarCompiler {
             factory,
             eog,
             recent: Mutex::default(),
+            compiling: Mutex::new(()),
         })
     }
 
-    /// The constraint that `structured` puts on a request's output, from its first token.
+    /// The constraint that `structured` puts on a request's output, from its first token: its
+    /// first mask is computed here, so that a constraint whose lexer or parser goes beyond
+    /// the limits on their work at the start fails now rather than in a step. Sources beyond
+    /// the limits of [`crate::limits`] are refused before they are compiled.
     pub fn compile(&self, structured: &Structured) -> Result<Constraint, GrammarError> {
         let key = structured.key();
         if let Some(compiled) = self.recent().by_key.get(&key) {
-            return Ok(compiled.clone());
+            return compiled.clone();
         }
-        let compiled = self.compile_anew(structured)?;
+        if let Some(reason) = limits::exceeded(structured) {
+            return Err(GrammarError::Compile {
+                kind: structured.kind(),
+                message: reason,
+            });
+        }
+        let _one_at_a_time = self.compiling.lock().unwrap_or_else(|e| e.into_inner());
+        // Compiled meanwhile for another request?
+        if let Some(compiled) = self.recent().by_key.get(&key) {
+            return compiled.clone();
+        }
+        let compiled = self.compile_on_own_stack(structured);
         let mut recent = self.recent();
         if recent
             .by_key
@@ -79,12 +99,33 @@ impl GrammarCompiler {
                 recent.by_key.remove(&oldest);
             }
         }
-        Ok(compiled)
+        compiled
     }
 
     fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {
         // The map stays whole whatever panicked while it was held.
         self.recent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// [`Self::compile_anew`] on a thread with [`COMPILE_STACK`] bytes of stack (llguidance
+    /// recurses through the definitions of a grammar).
+    fn compile_on_own_stack(&self, structured: &Structured) -> Result<Constraint, GrammarError> {
+        std::thread::scope(|scope| {
+            let compiler = std::thread::Builder::new()
+                .name("tallow-grammar".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(scope, || self.compile_anew(structured))
+                .map_err(|e| GrammarError::Compile {
+                    kind: structured.kind(),
+                    message: format!("cannot start the compiler's thread: {e}"),
+                })?;
+            compiler.join().unwrap_or_else(|_| {
+                Err(GrammarError::Compile {
+                    kind: structured.kind(),
+                    message: "the constraint is too large or complex for the compiler".into(),
+                })
+            })
+        })
     }
 
     fn compile_anew(&self, structured: &Structured) -> Result<Constraint, GrammarError> {
@@ -101,6 +142,6 @@ impl GrammarCompiler {
         if let Some(message) = matcher.get_error() {
             return Err(error(message));
         }
-        Ok(Constraint::new(matcher, self.eog.clone()))
+        Constraint::start(matcher, self.eog.clone()).map_err(error)
     }
 }

@@ -1,5 +1,6 @@
 //! One request's constraint as it generates.
 
+use llguidance::toktrie::SimpleVob;
 use llguidance::Matcher;
 
 use crate::error::GrammarError;
@@ -9,6 +10,8 @@ pub struct Constraint {
     matcher: Matcher,
     /// The model's end-of-generation tokens: all allowed where the grammar may end.
     eog: Vec<u32>,
+    /// The mask before the first token, computed when the constraint was compiled.
+    first: Option<SimpleVob>,
 }
 
 impl Clone for Constraint {
@@ -18,6 +21,7 @@ impl Clone for Constraint {
         Constraint {
             matcher: self.matcher.deep_clone(),
             eog: self.eog.clone(),
+            first: self.first.clone(),
         }
     }
 }
@@ -31,17 +35,28 @@ impl std::fmt::Debug for Constraint {
 }
 
 impl Constraint {
-    pub(crate) fn new(matcher: Matcher, eog: Vec<u32>) -> Self {
-        Constraint { matcher, eog }
+    /// The constraint of `matcher` (not started), its first mask computed now: where the
+    /// lexer or the parser cannot even start within their limits, that error is the
+    /// compiler's, not one of a step.
+    pub(crate) fn start(mut matcher: Matcher, eog: Vec<u32>) -> Result<Self, String> {
+        let first = matcher.compute_mask_or_eos().map_err(|e| e.to_string())?;
+        Ok(Constraint {
+            matcher,
+            eog,
+            first: Some(first),
+        })
     }
 
     /// Sets to -inf the logits of the tokens that may not come next. The model's
     /// end-of-generation tokens may come only where the output is complete.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
-        let allowed = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(GrammarError::matcher)?;
+        let allowed = match self.first.take() {
+            Some(first) => first,
+            None => self
+                .matcher
+                .compute_mask_or_eos()
+                .map_err(GrammarError::matcher)?,
+        };
         let words = allowed.as_slice();
         for (i, chunk) in logits.chunks_mut(32).enumerate() {
             let word = words.get(i).copied().unwrap_or(0);
@@ -59,6 +74,7 @@ impl Constraint {
 
     /// Takes `token` as the next one of the output (end-of-generation tokens end it).
     pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
+        self.first = None;
         if self.eog.contains(&token) {
             return Ok(());
         }

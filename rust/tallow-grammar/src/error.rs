@@ -20,14 +20,47 @@ impl GrammarError {
     }
 }
 
-/// llguidance's `message` on one line, without the parser state it appends to some (from a
-/// `<state>` line on): a regex parser's error spreads its pointer and reason over lines.
+/// llguidance's `message` on one line, without the parser state or the backtrace it appends
+/// to some (from a `<state>` or `<backtrace>` line on): a regex parser's error spreads its
+/// pointer and reason over lines. A panic inside llguidance (which it turns into an error
+/// with `panic:` in its first line) says nothing a client can act on and may name source paths: it becomes
+/// a plain statement that the constraint is beyond what the compiler can handle.
 pub(crate) fn without_state(message: &str) -> String {
+    if message
+        .lines()
+        .next()
+        .is_some_and(|line| line.contains("panic:"))
+    {
+        return "the constraint is too large or complex for the compiler".into();
+    }
     let lines: Vec<&str> = message
         .lines()
-        .take_while(|line| !line.trim_start().starts_with("<state>"))
+        .take_while(|line| {
+            let line = line.trim_start();
+            !(line.starts_with("<state>") || line.starts_with("<backtrace>"))
+        })
         .map(str::trim)
         .filter(|line| !line.is_empty())
         .collect();
     lines.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_state;
+
+    #[test]
+    fn messages_lose_state_backtraces_and_panics() {
+        assert_eq!(
+            without_state("invalid regex\n  at 3\n<state>\ntokens: [1, 2]"),
+            "invalid regex at 3"
+        );
+        let panic = "panic: assertion failed: x < 10\n<backtrace>\n 0: /home/me/src/a.rs:1\n";
+        let message = without_state(panic);
+        assert!(
+            !message.contains("panic") && !message.contains("a.rs"),
+            "{message}"
+        );
+        assert!(!without_state("bad\n<backtrace>\n/src/x.rs").contains("x.rs"));
+    }
 }

@@ -6,6 +6,7 @@
 mod compiler;
 mod constraint;
 mod error;
+pub mod limits;
 mod structured;
 mod vocabulary;
 

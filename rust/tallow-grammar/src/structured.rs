@@ -41,11 +41,21 @@ impl Structured {
         }
     }
 
+    /// The length of the source of this output: a schema's JSON text, the expression, the
+    /// grammar, the choice's strings as a JSON list.
+    pub fn source_bytes(&self) -> usize {
+        let key = self.key();
+        key.len() - key.find('\0').map_or(0, |kind_end| kind_end + 1)
+    }
+
     pub(crate) fn grammar(&self) -> Result<TopLevelGrammar, String> {
         Ok(match self {
             Structured::JsonSchema(schema) => {
                 if !(schema.is_object() || schema.is_boolean()) {
                     return Err("a JSON schema is an object (or true/false)".into());
+                }
+                if schema == &Value::Bool(false) {
+                    return Err("the schema `false` allows no output at all".into());
                 }
                 TopLevelGrammar::from_json_schema(with_layout(schema.clone()))
             }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use tallow_grammar::{GrammarCompiler, GrammarError, Structured};
+use tallow_grammar::{limits, GrammarCompiler, GrammarError, Structured};
 use tallow_tokenizer::Tokenizer;
 
 const SMOLLM2: &str = "smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -89,7 +89,7 @@ fn generate(
     }
     panic!(
         "no end after {max_tokens} tokens: {:?}",
-        tokenizer.decode(&tokens)
+        tokenizer.decode(&tokens).unwrap()
     );
 }
 
@@ -301,4 +301,142 @@ fn a_constraint_compiled_again_starts_from_the_beginning() {
         .compile(&Structured::Choice(vec!["alpha\0beta".into()]))
         .unwrap();
     assert!(allowed(&mut other) < at_start);
+}
+
+/// A JSON schema whose root refers to `d0`, each `d{i}` an array of `d{i+1}`, the last an
+/// integer.
+fn reference_chain(n: usize) -> Structured {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        defs.insert(
+            format!("d{i}"),
+            json!({"type": "array", "items": {"$ref": format!("#/$defs/d{}", i + 1)}}),
+        );
+    }
+    defs.insert(format!("d{n}"), json!({"type": "integer"}));
+    Structured::JsonSchema(json!({"$ref": "#/$defs/d0", "$defs": defs}))
+}
+
+/// A Lark grammar of `n` rules, each the next one, the last "x".
+fn rule_chain(n: usize) -> Structured {
+    let rules: String = (0..n).map(|i| format!("r{i}: r{}\n", i + 1)).collect();
+    Structured::Lark(format!("start: r0\n{rules}r{n}: \"x\"\n"))
+}
+
+/// The text greedily generated under `structured` when every allowed token is as likely.
+fn first_allowed_text(compiler: &GrammarCompiler, tokenizer: &Tokenizer, s: &Structured) -> String {
+    let mut constraint = compiler.compile(s).unwrap();
+    let mut tokens = Vec::new();
+    for _ in 0..64 {
+        let mut logits = vec![0.0; tokenizer.vocab_size()];
+        constraint.mask(&mut logits).unwrap();
+        let token = tallow_pick(&logits);
+        if tokenizer.end_of_generation_ids().contains(&token) {
+            break;
+        }
+        constraint.accept(token).unwrap();
+        tokens.push(token);
+    }
+    tokenizer.decode(&tokens).unwrap()
+}
+
+#[test]
+fn chains_of_definitions_compile_on_the_compilers_own_stack() {
+    // These overflowed an 8 MiB stack and ended the process; a test thread has 2 MiB. The
+    // deepest chains within the size limit compile too, and their masks need no deep stack.
+    let tokenizer = tokenizer(SMOLLM2);
+    let compiler = GrammarCompiler::new(Arc::clone(&tokenizer)).unwrap();
+    let deepest = |make: fn(usize) -> Structured| {
+        let fits = |n| {
+            let structured = make(n);
+            structured.source_bytes() <= limits::MAX_SOURCE_BYTES
+                && limits::nesting(&structured) <= limits::MAX_NESTING
+        };
+        let mut n = 1000;
+        while fits(n + 100) {
+            n += 100;
+        }
+        n
+    };
+    for (make, short) in [
+        (reference_chain as fn(usize) -> Structured, 2000),
+        (rule_chain, 5000),
+    ] {
+        for n in [short, deepest(make)] {
+            let structured = make(n);
+            assert!(limits::nesting(&structured) <= limits::MAX_NESTING, "{n}");
+            let text = first_allowed_text(&compiler, &tokenizer, &structured);
+            assert!(!text.is_empty(), "{n}: {text:?}");
+        }
+    }
+}
+
+#[test]
+fn sources_beyond_the_limits_are_refused_before_compiling() {
+    let compiler = GrammarCompiler::new(tokenizer(SMOLLM2)).unwrap();
+    let too_deep = Structured::JsonSchema(json!({
+        "$ref": "#/$defs/a",
+        "$defs": {"a": {"anyOf": (0..limits::MAX_NESTING).map(|_| json!({})).collect::<Vec<_>>()}},
+    }));
+    let alternatives = (0..100_000)
+        .map(|i| format!("\"w{i}\""))
+        .collect::<Vec<_>>();
+    let cases = [
+        (too_deep, "levels deep"),
+        (rule_chain(20_000), "bytes long"),
+        (
+            Structured::Lark(format!("start: {}\n", alternatives.join(" | "))),
+            "bytes long",
+        ),
+        (
+            Structured::Regex("a".repeat(limits::MAX_SOURCE_BYTES + 1)),
+            "bytes long",
+        ),
+    ];
+    for (structured, reason) in cases {
+        match compiler.compile(&structured) {
+            Err(GrammarError::Compile { message, .. }) => {
+                assert!(message.contains(reason), "{message}")
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+    }
+}
+
+#[test]
+fn a_lexer_beyond_its_limits_fails_its_request_with_a_plain_message() {
+    // Exactly 10^9 letters: the first mask is computed when compiled (it took seconds inside
+    // a step), and the lexer's budget runs out on the first token.
+    let tokenizer = tokenizer(SMOLLM2);
+    let compiler = GrammarCompiler::new(Arc::clone(&tokenizer)).unwrap();
+    let structured = Structured::Regex("((a{1000}){1000}){1000}".into());
+    let mut constraint = compiler.compile(&structured).unwrap();
+    let error = (0..100)
+        .find_map(|_| {
+            let mut logits = vec![0.0; tokenizer.vocab_size()];
+            let step = constraint
+                .mask(&mut logits)
+                .and_then(|()| constraint.accept(tallow_pick(&logits)));
+            step.err()
+        })
+        .expect("the lexer's budget runs out");
+    let GrammarError::Matcher(message) = error else {
+        panic!("{error}")
+    };
+    assert!(
+        !message.contains('\n') && !message.contains("<state>"),
+        "{message}"
+    );
+}
+
+#[test]
+fn the_schema_false_is_an_error_not_free_text() {
+    let compiler = GrammarCompiler::new(tokenizer(SMOLLM2)).unwrap();
+    let error = compiler
+        .compile(&Structured::JsonSchema(json!(false)))
+        .unwrap_err();
+    assert!(error.to_string().contains("false"), "{error}");
+    compiler
+        .compile(&Structured::JsonSchema(json!(true)))
+        .unwrap();
 }
