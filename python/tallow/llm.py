@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tallow import _core, checks
+from tallow._stepper import StepThread
 from tallow.catalog import DEFAULT_MODEL, resolve_model
 from tallow.chat_template import ChatTemplate
 from tallow.classify import Classification, ClassifyTask
@@ -142,6 +143,8 @@ class LLM:
         # Threads may share an LLM: one engine step at a time, each thread's outputs kept for
         # it by whichever thread stepped.
         self._lock = threading.RLock()
+        # The main thread's steps run where a signal handler's exception cannot cut them short.
+        self._steps = StepThread(self, LLM._step)
 
     def close(self) -> None:
         """Release the KV cache and end every open stream; later generations raise
@@ -152,6 +155,7 @@ class LLM:
                 for request_id in self._outputs:
                     self._engine.abort(request_id)
             self._engine = None
+        self._steps.stop()
 
     def __enter__(self) -> LLM:
         return self
@@ -272,26 +276,32 @@ class LLM:
 
     def _next_output(self, request_id: str) -> RequestOutput:
         """Step the engine until ``request_id`` has an output; keep the others' outputs for
-        their own streams (in this thread or others)."""
+        their own streams (in this thread or others). An interrupt while it waits (Ctrl-C)
+        leaves the engine whole: the step it waits for completes."""
         waiting = self._outputs[request_id]
         while True:
             with self._lock:
                 if waiting:
                     return waiting.popleft()
-                for out in self._open_engine().step():
-                    if out.request_id in self._outputs:
-                        self._outputs[out.request_id].append(out)
+            self._steps.run()
+
+    def _step(self) -> None:
+        """One engine step, its outputs kept for the requests' own streams."""
+        with self._lock:
+            for out in self._open_engine().step():
+                if out.request_id in self._outputs:
+                    self._outputs[out.request_id].append(out)
 
     def _run(
         self, prompt_ids: list[int], params: SamplingParams, sampler: _core.Sampler
     ) -> Generator[str, None, GenerationResult]:
         request_id = f"llm-{next(self._ids)}"
-        with self._lock:
-            self._open_engine().add(request_id, prompt_ids, params, sampler)
-            self._outputs[request_id] = deque()
         result = ResultBuilder(len(prompt_ids), params.logprobs)
         finished = False
         try:
+            with self._lock:
+                self._outputs[request_id] = deque()
+                self._open_engine().add(request_id, prompt_ids, params, sampler)
             while not finished:
                 out = self._next_output(request_id)
                 finished = out.finished
@@ -300,8 +310,10 @@ class LLM:
                     yield text
         finally:
             with self._lock:
-                del self._outputs[request_id]
-                if not finished and self._engine is not None:
+                # Unfinished (an error, an interrupt, a stream closed early): nothing of it
+                # stays in the engine.
+                unfinished = self._outputs.pop(request_id, None) is not None and not finished
+                if unfinished and self._engine is not None:
                     self._engine.abort(request_id)
         return result.result()
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tallow import _core, checks
-from tallow.errors import InvalidArgumentError
+from tallow.errors import GrammarError, InvalidArgumentError
 
 __all__ = ["STRUCTURED_OPTIONS", "Structured", "structured_output"]
 
@@ -102,6 +102,8 @@ def _schema_text(schema: object) -> str:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise InvalidArgumentError(f"json_schema is not JSON: {e}") from None
+        except RecursionError:
+            raise _too_deep() from None
     if not isinstance(schema, (Mapping, bool)):
         raise InvalidArgumentError(
             "json_schema must be a JSON schema: a dict, its JSON text, or a class with "
@@ -111,3 +113,9 @@ def _schema_text(schema: object) -> str:
         return json.dumps(schema, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise InvalidArgumentError(f"json_schema is not JSON: {e}") from None
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def _too_deep() -> GrammarError:
+    return GrammarError("cannot compile the JSON schema: it nests deeper than JSON can be read")
