@@ -303,6 +303,9 @@ def _structured(f: _Fields) -> tuple[Structured | None, str | None]:
     if len(given) > 1:
         raise invalid(given[1][0], f"'{given[0][0]}' and '{given[1][0]}' cannot be combined")
     ((name, option, value),) = given
+    if option == "json_schema" and isinstance(value, bool):
+        # As JSON text: the option takes False itself for "no constraint".
+        value = json.dumps(value)
     try:
         return structured_output(**{option: value}), name
     except InvalidArgumentError as e:

@@ -108,13 +108,18 @@ impl GrammarCompiler {
     }
 
     /// [`Self::compile_anew`] on a thread with [`COMPILE_STACK`] bytes of stack (llguidance
-    /// recurses through the definitions of a grammar).
+    /// recurses through the definitions of a grammar), at the lowest priority: the engine's
+    /// threads, which spin while they wait for each other, keep their cores while a large
+    /// grammar compiles.
     fn compile_on_own_stack(&self, structured: &Structured) -> Result<Constraint, GrammarError> {
         std::thread::scope(|scope| {
             let compiler = std::thread::Builder::new()
                 .name("tallow-grammar".into())
                 .stack_size(COMPILE_STACK)
-                .spawn_scoped(scope, || self.compile_anew(structured))
+                .spawn_scoped(scope, || {
+                    yield_to_other_threads();
+                    self.compile_anew(structured)
+                })
                 .map_err(|e| GrammarError::Compile {
                     kind: structured.kind(),
                     message: format!("cannot start the compiler's thread: {e}"),
@@ -143,5 +148,16 @@ impl GrammarCompiler {
             return Err(error(message));
         }
         Constraint::start(matcher, self.eog.clone()).map_err(error)
+    }
+}
+
+/// Lowers the calling thread's priority to the least (nice 19) where the system has a
+/// priority per thread (Linux); a no-op elsewhere, or where it is not allowed.
+fn yield_to_other_threads() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain system calls on the calling thread's id.
+    unsafe {
+        let thread = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, thread as libc::id_t, 19);
     }
 }
