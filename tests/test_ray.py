@@ -40,8 +40,11 @@ def replicas() -> Iterator[str]:
 
 
 @pytest.fixture
-def cluster(replicas: str) -> Iterator[Any]:
+def cluster(replicas: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A driver connected to the replicas' Ray cluster (to see and kill replicas)."""
+    # The cluster listens on loopback alone (see tallow.ray.LOOPBACK_ENV): a driver finds it
+    # when Ray takes this machine's address to be loopback too, as that variable makes it.
+    monkeypatch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
     ray.init(address="auto", log_to_driver=False)
     try:
         yield ray

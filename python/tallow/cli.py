@@ -343,6 +343,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             **settings,
         )
         return 0
+    if "RAY_ADDRESS" not in os.environ:
+        # Read when Ray is imported (see tallow.ray.LOOPBACK_ENV): the local cluster's own
+        # services then listen on loopback alone.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
         import tallow.ray
     except ImportError as e:

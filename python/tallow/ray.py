@@ -4,9 +4,10 @@
 Each replica is a process of its own (Ray's actor) running the whole server app of
 :func:`tallow.server.build_app` (the OpenAI-compatible routes, the chat page, metrics) over its
 own :class:`~tallow.AsyncLLM`, with ``threads`` compute threads. One ingress deployment takes
-the HTTP requests Ray Serve's proxy hands it, reads each body once for its routing key (a
-completion's prompt, a chat's messages) and passes the request to a replica, whose response it
-streams back as it comes.
+the HTTP requests Ray Serve's proxy hands it and checks them as ``tallow serve`` does (CORS,
+the API key before any body is read, then the body's type, size and time), reads each body once
+for its routing key (a completion's prompt, a chat's messages) and passes the request to a
+replica, whose response it streams back as it comes.
 
 **Routing** is prefix-aware (:class:`PrefixAwareRouter`): a request goes to the replica that
 last served the longest prefix of its routing key, whose prefix cache most likely holds that
@@ -16,7 +17,8 @@ prefix's KV, unless that replica's queue is longer than the shortest by more tha
 
 **Failures.** A replica that dies fails its own requests only: a request that had no answer yet
 is a 503 in OpenAI's error shape, a stream that had begun ends with an error event and
-``data: [DONE]``; Ray Serve starts a new replica in its place. On one machine this spreads
+``data: [DONE]``; Ray Serve starts a new replica in its place. What failed (Ray's actor, process
+and node) goes to the log, not to the client. On one machine this spreads
 requests over processes and cores; on a cluster, where the replicas run is Ray's own
 scheduling.
 """
@@ -25,8 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
+import ipaddress
 import json
+import logging
+import math
 import os
 import random
 import signal
@@ -44,11 +50,12 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import ASGIApp, Message
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tallow.errors import InvalidArgumentError, TallowError
-from tallow.server.app import error_response
+from tallow.server.app import JSON_ROUTES, ServerOptions, error_response, read_json_body
 from tallow.server.protocol import APIError
+from tallow.server.security import has_api_key, security_middleware
 
 __all__ = [
     "PrefixAwareRouter",
@@ -62,7 +69,14 @@ __all__ = [
 Routing = Literal["prefix", "random"]
 
 REPLICA_HEADER = "x-tallow-replica"
-"""The response header naming the replica that answered (Ray's actor name of it)."""
+"""The response header naming the replica that answered (Ray's actor name of it), on the
+responses to requests that carry the API key (to all, without a key)."""
+
+KEEP_ALIVE_S = 5
+"""Seconds an idle connection stays open after a response (uvicorn's default, which plain
+``tallow serve`` keeps; Ray Serve's own is 90)."""
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -296,12 +310,12 @@ class ServerReplica:
         self._name = serve.get_replica_context().replica_id.to_full_id_str()
 
     async def handle(self, request: ProxiedRequest) -> AsyncIterator[dict[str, Any]]:
-        """The app's answer to ``request``, as :func:`_call` gives it, the replica named in a
-        header of the response."""
+        """The app's answer to ``request``, as :func:`_call` gives it, with the replica's name
+        beside the status (``"replica"``)."""
         await self._lifespan.start()
         async for message in _call(self._app, request):
             if "status" in message:
-                message["headers"].append((REPLICA_HEADER.encode(), self._name.encode()))
+                message["replica"] = self._name
             yield message
 
     async def __del__(self) -> None:
@@ -312,22 +326,66 @@ class ServerReplica:
 
 
 def _replica_failed(error: Exception) -> APIError:
+    """The answer to a request whose replica failed. Ray's error names the actor, its process
+    and its node: the log has it, the client does not."""
+    logger.warning("the replica serving a request failed: %s", error)
     return APIError(
-        503,
-        f"the replica serving this request failed: {error}",
-        type="server_error",
-        code="replica_failed",
+        503, "the replica serving this request failed", type="server_error", code="replica_failed"
     )
 
 
-class Ingress:
-    """Takes every HTTP request and passes it to a replica (chosen by the replicas' router)."""
+class _AppResponse(Response):
+    """The response of an ASGI app to the request at hand (Ray Serve sends an ingress's
+    response by calling it with the request's scope, receive and send)."""
 
-    def __init__(self, replicas: DeploymentHandle[Any]) -> None:
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+
+class Ingress:
+    """Takes every HTTP request, checks it as ``tallow serve`` does (``options``' CORS origins,
+    API key and limits on the body) and passes it to a replica (chosen by the replicas'
+    router)."""
+
+    def __init__(
+        self, replicas: DeploymentHandle[Any], options: ServerOptions | None = None
+    ) -> None:
         self._replicas = replicas.options(stream=True)
+        self._options = options or ServerOptions()
+        app: ASGIApp = self._forward
+        for cls, args, kwargs in reversed(
+            security_middleware(self._options.api_key, self._options.allowed_origins)
+        ):
+            app = cls(app, *args, **kwargs)
+        self._app = app
 
     async def __call__(self, request: Request) -> Response:
-        body = await request.body()
+        """The answer to ``request``: the checks', or the replica's."""
+        return _AppResponse(self._app)
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Past the CORS and key checks: the replica's answer, or the body's error."""
+        request = Request(scope, receive)
+        body = b""
+        if request.method == "POST" and request.url.path in JSON_ROUTES:
+            try:
+                body = await read_json_body(request, self._options)
+            except APIError as e:
+                await error_response(e)(scope, receive, send)
+                return
+        response = await self._answer(request, body)
+        await response(scope, receive, send)
+
+    def _names_replica(self, scope: Scope) -> bool:
+        """Whether the response to this request may name its replica."""
+        key = self._options.api_key
+        return key is None or has_api_key(scope, key)
+
+    async def _answer(self, request: Request, body: bytes) -> Response:
+        """The answer of a replica to ``request`` with ``body``, streamed."""
         path = request.url.path
         proxied = ProxiedRequest(
             request.method,
@@ -347,6 +405,8 @@ class Ingress:
             for k, v in head["headers"]
             if k.lower() not in (b"content-length", b"transfer-encoding", b"connection")
         }
+        if self._names_replica(request.scope):
+            headers[REPLICA_HEADER] = head["replica"]
         events = headers.get("content-type", "").startswith("text/event-stream")
         return StreamingResponse(_rest(answer, events), status_code=head["status"], headers=headers)
 
@@ -394,7 +454,8 @@ def build(
     and ``max_replicas``, scaled by their load) of ``threads`` threads each, behind one
     ingress. ``settings`` are :func:`tallow.server.build_app`'s (``max_batch``,
     ``kv_memory``, ``kv_dtype``, ``n_ctx``, ``device``, ``chat_template``, ``options``) for
-    every replica.
+    every replica; the ingress checks requests against ``options``' key, CORS origins and
+    limits, as ``tallow serve`` does.
     ``routing`` is ``"prefix"`` or ``"random"`` (see the module's docstring)."""
     if replicas < 1 or (max_replicas is not None and max_replicas < replicas):
         raise InvalidArgumentError(
@@ -407,6 +468,10 @@ def build(
         raise InvalidArgumentError(f"routing must be 'prefix' or 'random', got {routing!r}")
     settings = dict(settings or {})
     max_batch = int(settings.get("max_batch", 64))
+    options = settings.get("options") or ServerOptions()
+    # CORS is the ingress's (which answers preflight requests): from the replicas too, a
+    # response would carry its headers twice.
+    settings["options"] = dataclasses.replace(options, allowed_origins=())
     replica = serve.deployment(
         name="tallow-replica",
         ray_actor_options={
@@ -424,7 +489,26 @@ def build(
     ingress = serve.deployment(
         name="tallow-ingress", max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0}
     )(Ingress)
-    return ingress.bind(replica.bind(os.fspath(model), settings))
+    return ingress.bind(replica.bind(os.fspath(model), settings), options)
+
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray reads this variable when it is imported: set to ``0``, a local cluster takes 127.0.0.1 for
+its node's address, and its services (GCS, raylet, workers, agents, the Serve controller and
+proxy) listen on loopback alone, but for the gRPC server that Ray Serve opens on ``[::]`` in
+each replica (guarded by Ray's token). ``tallow serve`` sets it."""
+
+
+def _warn_unless_loopback() -> None:
+    """Log a warning when the local cluster's services listen beyond loopback."""
+    address = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    if not ipaddress.ip_address(address).is_loopback:
+        logger.warning(
+            "Ray's services listen on %s, beyond this machine: import Ray with %s=0 in the "
+            "environment to keep a local cluster on loopback",
+            address,
+            LOOPBACK_ENV,
+        )
 
 
 @dataclass
@@ -455,7 +539,9 @@ def run(
     block: bool = True,
 ) -> _Cluster:
     """Start a local Ray cluster (or join the one ``RAY_ADDRESS`` names) and serve ``model``
-    on ``host:port`` with :func:`build`'s replicas; with ``block``, until interrupted."""
+    on ``host:port`` with :func:`build`'s replicas; with ``block``, until interrupted. The
+    local cluster's own services listen on loopback when Ray was imported with
+    :data:`LOOPBACK_ENV` set to ``0`` (otherwise a warning says where they listen)."""
     app = build(
         model,
         replicas=replicas,
@@ -472,7 +558,13 @@ def run(
             include_dashboard=False,
             log_to_driver=False,
         )
-    serve.start(http_options={"host": host, "port": port})
+        if local:
+            _warn_unless_loopback()
+    options = (settings or {}).get("options") or ServerOptions()
+    # Ray Serve's proxy has no deadline for a request's headers; this bounds idle connections
+    # between requests, as in plain `tallow serve`.
+    keep_alive = min(KEEP_ALIVE_S, math.ceil(options.read_timeout))
+    serve.start(http_options={"host": host, "port": port, "keep_alive_timeout_s": keep_alive})
     serve.run(app, name="tallow", route_prefix="/")
     cluster = _Cluster(f"http://{host}:{port}/v1")
     if on_ready is not None:

@@ -50,7 +50,7 @@ from tallow.server.protocol import (
 from tallow.server.security import security_middleware
 from tallow.tools import ToolCall
 
-__all__ = ["ServerOptions", "create_app"]
+__all__ = ["JSON_ROUTES", "ServerOptions", "create_app", "read_json_body"]
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -157,6 +157,47 @@ class ServerOptions:
     can then write a turn of another role)."""
 
 
+JSON_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/classify"})
+"""The routes (all POST) whose request body the app reads, with :func:`read_json_body`."""
+
+
+async def read_json_body(request: Request, options: ServerOptions) -> bytes:
+    """The body of a JSON request, within the size and time limits of ``options``: 415 when it
+    is not sent as JSON, 413 when larger than ``max_request_bytes`` (its Content-Length is
+    checked first), 408 when it does not arrive within ``read_timeout``."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise APIError(
+            415,
+            "the request body must be JSON, sent with 'Content-Type: application/json'",
+            code="unsupported_media_type",
+        )
+    limit = options.max_request_bytes
+    too_large = APIError(
+        413,
+        f"the request body is larger than this server's limit of {limit} bytes",
+        code="request_too_large",
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    timeout = options.read_timeout
+    with anyio.move_on_after(timeout) as scope:
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise APIError(400, "the client disconnected", code="client_disconnected") from None
+    if scope.cancelled_caught:
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s", code="timeout")
+    return b"".join(chunks)
+
+
 class _Server:
     def __init__(
         self, llm: AsyncLLM, model_name: str, aliases: Sequence[str], options: ServerOptions
@@ -200,17 +241,28 @@ class _Server:
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
+    async def _counted(self, endpoint: str, answer: Awaitable[Response]) -> Response:
+        """The response of ``answer``, counted in the metrics by the status it is sent with (a
+        stream's is 200, sent before it is generated; an unexpected failure's is 500)."""
+        try:
+            response = await answer
+        except Exception:
+            self.metrics.requests.labels(endpoint, "500").inc()
+            raise
+        self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        return response
+
     # -- classification -----------------------------------------------------------------------
 
     async def classify(self, request: Request) -> Response:
-        endpoint = "/v1/classify"
+        return await self._counted("/v1/classify", self._classify(request))
+
+    async def _classify(self, request: Request) -> Response:
         try:
-            raw = await self._read_body(request)
+            raw = await read_json_body(request, self.options)
             req, task, prompts = await anyio.to_thread.run_sync(self._prepare_classify, raw)
         except APIError as e:
-            self.metrics.requests.labels(endpoint, str(e.status)).inc()
             return error_response(e)
-        self.metrics.requests.labels(endpoint, "200").inc()
         prompt_tokens = sum(len(ids) for ids in prompts)
         self.metrics.prompt_tokens.inc(prompt_tokens)
         results: list[list[Classification]] = []
@@ -268,20 +320,18 @@ class _Server:
     # -- generation ---------------------------------------------------------------------------
 
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, "completions")
+        return await self._counted("/v1/completions", self._generate(request, "completions"))
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, "chat")
+        return await self._counted("/v1/chat/completions", self._generate(request, "chat"))
 
     async def _generate(self, request: Request, kind: str) -> Response:
-        endpoint = f"/v1/{'chat/' if kind == 'chat' else ''}completions"
         arrival = time.perf_counter()
         try:
-            raw = await self._read_body(request)
+            raw = await read_json_body(request, self.options)
             # Parsing and tokenizing may take a while for a large body: off the event loop.
             req, prompts = await anyio.to_thread.run_sync(self._prepare, raw, kind)
         except APIError as e:
-            self.metrics.requests.labels(endpoint, str(e.status)).inc()
             return error_response(e)
         choices = [
             _Choice(p * req.n + j, ids, choice_params(req.params, j))
@@ -291,7 +341,6 @@ class _Server:
         prompt_tokens = sum(len(ids) for ids in prompts)
         self.metrics.prompt_tokens.inc(prompt_tokens)
         response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{next(self._ids)}"
-        self.metrics.requests.labels(endpoint, "200").inc()
         if req.stream:
             return _EventStream(
                 lambda emit: self._stream(emit, kind, req, response_id, choices, prompts, arrival)
@@ -316,42 +365,6 @@ class _Server:
                 "usage": usage(prompt_tokens, completion_tokens, _cached(choices, req.n)),
             }
         )
-
-    async def _read_body(self, request: Request) -> bytes:
-        """The body of a JSON request, within the size and time limits."""
-        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if media_type != "application/json":
-            raise APIError(
-                415,
-                "the request body must be JSON, sent with 'Content-Type: application/json'",
-                code="unsupported_media_type",
-            )
-        limit = self.options.max_request_bytes
-        too_large = APIError(
-            413,
-            f"the request body is larger than this server's limit of {limit} bytes",
-            code="request_too_large",
-        )
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise too_large
-        chunks: list[bytes] = []
-        size = 0
-        timeout = self.options.read_timeout
-        with anyio.move_on_after(timeout) as scope:
-            try:
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > limit:
-                        raise too_large
-                    chunks.append(chunk)
-            except ClientDisconnect:
-                raise APIError(400, "the client disconnected", code="client_disconnected") from None
-        if scope.cancelled_caught:
-            raise APIError(
-                408, f"the request body did not arrive within {timeout:g} s", code="timeout"
-            )
-        return b"".join(chunks)
 
     def _prepare(self, raw: bytes, kind: str) -> tuple[GenerationRequest, list[list[int]]]:
         """In a worker thread: the parsed request and the token ids of its prompts."""

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tallow.server.protocol import APIError
 
-__all__ = ["ApiKeyMiddleware", "security_middleware"]
+__all__ = ["ApiKeyMiddleware", "has_api_key", "security_middleware"]
 
 
 class ApiKeyMiddleware:
@@ -64,6 +64,12 @@ class ApiKeyMiddleware:
                     return bytes(token.strip())
                 return b""
         return None
+
+
+def has_api_key(scope: Scope, api_key: str) -> bool:
+    """Whether the request of ``scope`` carries ``Authorization: Bearer <api_key>``."""
+    given = ApiKeyMiddleware._bearer(scope)
+    return given is not None and hmac.compare_digest(given, api_key.encode())
 
 
 def security_middleware(api_key: str | None, allowed_origins: Sequence[str]) -> list[Middleware]:
