@@ -392,7 +392,7 @@ def test_a_pydantic_model_is_a_schema(smollm2: tallow.LLM) -> None:
 # -- bad constraints ------------------------------------------------------------------------------
 
 EXPLODING = [f"word{i}" for i in range(200_000)]
-"""A choice whose lexer is far beyond the limits on its size."""
+"""A choice far beyond the limit on a constraint's source (128 KiB)."""
 
 BAD: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     # (Python option, server fields, what the message says)
@@ -404,7 +404,7 @@ BAD: list[tuple[dict[str, Any], dict[str, Any], str]] = [
     ),
     ({"regex": "(unclosed"}, {"guided_regex": "(unclosed"}, "regular expression"),
     ({"grammar": "start: missing"}, {"guided_grammar": "start: missing"}, "grammar"),
-    ({"choice": EXPLODING}, {"guided_choice": EXPLODING}, "too big"),
+    ({"choice": EXPLODING}, {"guided_choice": EXPLODING}, "bytes long"),
 ]
 
 
