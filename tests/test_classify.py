@@ -109,6 +109,82 @@ def test_bad_input_is_refused(
         smollm2.classify(texts, labels, prompt)  # type: ignore[arg-type]
 
 
+def labels_of(smollm2: tallow.LLM, n: int, tokens: int) -> list[str]:
+    """``n`` distinct labels of ``tokens`` tokens each: a word of one token, then ``" x"``."""
+    words = []
+    for token in range(1000, smollm2.n_vocab):
+        word = smollm2.detokenize([token])
+        if word[:1] == " " and word[1:].isalpha() and smollm2.tokenize(word, False) == [token]:
+            words.append(word)
+            if len(words) == n:
+                break
+    labels = [word + " x" * (tokens - 1) for word in words]
+    assert len(set(labels)) == n
+    assert {len(smollm2.tokenize(label, add_special=False)) for label in labels} == {tokens}
+    return labels
+
+
+def many_labels(smollm2: tallow.LLM) -> dict[str, list[str]]:
+    """Labels whose tokens after their first total 512 or more: more than one step scores."""
+    return {
+        "100 labels of 7 tokens": labels_of(smollm2, 100, 7),
+        "two labels of 300 tokens": labels_of(smollm2, 2, 300),
+        "1000 labels": labels_of(smollm2, 1000, 2),
+    }
+
+
+@pytest.mark.parametrize(
+    "case", ["100 labels of 7 tokens", "two labels of 300 tokens", "1000 labels"]
+)
+@pytest.mark.parametrize("prompt", [None, "Review: {text}\nThe review is"])
+def test_labels_beyond_one_step_are_refused(
+    smollm2: tallow.LLM, case: str, prompt: str | None
+) -> None:
+    labels = many_labels(smollm2)[case]
+    with pytest.raises(InvalidArgumentError, match="^labels: "):
+        smollm2.classify("I loved it", labels, prompt)
+
+
+def test_labels_beyond_the_kv_pool_are_refused(smollm2: tallow.LLM) -> None:
+    """Within one step's budget, but each label's branch takes pages of its own: more than the
+    pool of this LLM holds (it was a ModelError, a 500 on the server)."""
+    pages = int(smollm2.stats()["pages_total"])
+    # Two tokens per branch: within the step, at least a page each.
+    labels = labels_of(smollm2, pages + 10, 3)
+    assert 2 * len(labels) < 512
+    with pytest.raises(InvalidArgumentError, match="^labels: .*KV pool"):
+        smollm2.classify("I loved it", labels, "Review: {text}\nLabel:")
+    # The LLM goes on.
+    assert smollm2.classify("I loved it", [" good", " bad"], "Review: {text}\nLabel:")
+
+
+def test_labels_too_long_to_list_are_refused(smollm2: tallow.LLM) -> None:
+    """Labels listed in the prompt that leave no room for a text: the labels' fault; a prompt
+    of the caller's that leaves none: the prompt's."""
+    labels = labels_of(smollm2, 200, 2)
+    with pytest.raises(InvalidArgumentError, match="^labels: listed in the prompt"):
+        smollm2.classify("I loved it", labels)
+    with pytest.raises(InvalidArgumentError, match="^prompt: "):
+        smollm2.classify("I loved it", labels, "word " * 600 + "{text}")
+
+
+@pytest.mark.parametrize("prompt", [None, "One of {labels}.\nReview: {text}\nThe review is"])
+def test_placeholders_in_labels_and_texts_stay_as_they_are(
+    smollm2: tallow.LLM, prompt: str | None
+) -> None:
+    """``{text}`` and ``{labels}`` are filled in the prompt alone: a label holding ``{text}``
+    does not take the text in, nor a text holding ``{labels}`` the labels."""
+    labels = [" good", " bad {text}"] if prompt else ["good", "bad {text}"]
+    task = smollm2.classify_task(labels, prompt)
+    text = "I loved it, {labels} and {text}!"
+    prompt_text = smollm2.detokenize(task.prompt_ids(text))
+    assert prompt_text.count(text) == 1
+    assert prompt_text.count("bad {text}") == 1
+    assert prompt_text.count("I loved it") == 1
+    result = smollm2.classify("I loved it, a wonderful film!", labels, prompt)[0]
+    assert result.label == labels[0]
+
+
 def test_branches_are_forked_with_the_last_chunk_and_freed_after() -> None:
     kv = tallow._core.KvCache(1, 1, 8, page_size=4, dtype="f16", max_pages=16)
     s = Scheduler(kv, max_tokens_per_step=64)
@@ -185,6 +261,17 @@ def test_endpoint_refuses_bad_input(
     response = httpx.post(f"{classify_server}/v1/classify", json=body, timeout=60)
     assert response.status_code == status, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_endpoint_names_labels_beyond_one_step_or_the_context(
+    classify_server: str, smollm2: tallow.LLM
+) -> None:
+    cases = [*many_labels(smollm2).values(), labels_of(smollm2, 200, 2)]
+    for labels in cases:
+        body = {"model": "smollm2-135m", "input": ["fine", "bad"], "labels": labels}
+        response = httpx.post(f"{classify_server}/v1/classify", json=body, timeout=60)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "labels"
 
 
 def test_command_line(smollm2: tallow.LLM) -> None:

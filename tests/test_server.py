@@ -260,6 +260,44 @@ def test_metrics_count_requests_and_tokens(server: str, client: openai.OpenAI) -
         assert name in text
 
 
+def requests_counted(server: str, endpoint: str, status: int) -> float:
+    """``tallow_requests_total`` of ``endpoint`` answered with ``status`` (0 before any)."""
+    text = httpx.get(f"{server}/metrics").text
+    labels = re.escape(f'{{endpoint="{endpoint}",status="{status}"}}')
+    match = re.search(rf"^tallow_requests_total{labels} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+EXPLODING = 'start: a\na: a a | "x" | a a a\n'
+"""A grammar whose parse grows with every token, beyond the limits on its work after about a
+hundred tokens: the request fails while it is generated."""
+
+
+def test_metrics_count_requests_by_the_status_sent(server: str, smollm2: tallow.LLM) -> None:
+    """A request that fails while it is generated is counted as the 400 it gets; its stream,
+    whose 200 was sent before the failure (an error event ends it), as a 200."""
+    endpoint = "/v1/completions"
+    body = {
+        "model": MODEL,
+        "prompt": "x",
+        "max_tokens": 400,
+        "temperature": 0,
+        "logit_bias": {str(t): -100 for t in smollm2.eog_ids},
+        "guided_grammar": EXPLODING,
+    }
+    before = {status: requests_counted(server, endpoint, status) for status in (200, 400)}
+    assert httpx.post(f"{server}{endpoint}", json=body, timeout=120).status_code == 400
+    assert requests_counted(server, endpoint, 400) == before[400] + 1
+    assert requests_counted(server, endpoint, 200) == before[200]
+    with httpx.stream(
+        "POST", f"{server}{endpoint}", json={**body, "stream": True}, timeout=120
+    ) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and '"error"' in events[-2]
+    assert requests_counted(server, endpoint, 200) == before[200] + 1
+    assert requests_counted(server, endpoint, 400) == before[400] + 1
+
+
 # -- bad requests ---------------------------------------------------------------------------------
 
 

@@ -146,15 +146,16 @@ def test_the_syntax_comes_from_the_template() -> None:
             [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Oslo", "unit": "C"})],
         ),
         (HERMES, "No call here.", "No call here.", []),
-        (HERMES, '<tool_call>\n{"name": "add", "arguments": {"a": 1,', None, []),
         (HERMES, '<tool_call>{"name": "rm", "arguments": {}}</tool_call>', None, []),
+        (HERMES, '<tool_call>{"nome": "add"}</tool_call>\n<tool_call>{"nam', None, []),
+        (HERMES, "Write <tool_call> tags", None, []),
         (
             MISTRAL,
             '[TOOL_CALLS][{"name": "add", "arguments": {"a": 3, "b": 4}}]',
             "",
             [("add", {"a": 3, "b": 4})],
         ),
-        (MISTRAL, '[TOOL_CALLS][{"name": "add", "arguments": ', None, []),
+        (MISTRAL, "[TOOL_CALLS] is how I call", None, []),
         (
             LLAMA3,
             '<|python_tag|>{"name": "add", "parameters": {"a": 5, "b": 6}}',
@@ -172,6 +173,35 @@ def test_calls_are_parsed_out_of_replies(
     assert [(c.name, json.loads(c.arguments)) for c in got_calls] == calls
     assert len({c.id for c in got_calls}) == len(got_calls)
     assert use(template, "none").parse(reply) == (reply, [])
+
+
+ADD_CALL = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
+
+
+@pytest.mark.parametrize(
+    ("template", "reply", "content", "names"),
+    [
+        (HERMES, f'Hi <tool_call>\n{ADD_CALL}\n</tool_call>\n<tool_call>\n{{"na', "Hi", ["add"]),
+        (HERMES, f"<tool_call>\n{ADD_CALL}\n</tool_call>\n<tool_call>", "", ["add"]),
+        (HERMES, f"<tool_call>\n{ADD_CALL}\n</tool_call><tool_call>{ADD_CALL[:-2]}", "", ["add"]),
+        (HERMES, '<tool_call>\n{"name": "add", "arguments": {"a": 1,', "", []),
+        (HERMES, f"<tool_call>\n{ADD_CALL}", "", ["add"]),
+        (MISTRAL, f'[TOOL_CALLS][{ADD_CALL}, {{"name": "add", "argu', "", ["add"]),
+        (MISTRAL, f"Hi [TOOL_CALLS][{ADD_CALL}, {ADD_CALL}, ", "Hi", ["add", "add"]),
+        (MISTRAL, '[TOOL_CALLS][{"name": "add", "arguments": ', "", []),
+    ],
+)
+def test_a_reply_cut_inside_a_call_keeps_the_calls_before_it(
+    template: str, reply: str, content: str, names: list[str]
+) -> None:
+    """A reply that ends inside a call (max_tokens reached) keeps its complete calls; the cut
+    one is dropped, and none of its markup is text, whole or streamed."""
+    got, calls = use(template).parse(reply)
+    assert (got, [c.name for c in calls]) == (content, names)
+    stream = ToolStream(use(template))
+    shown = "".join(stream.feed(reply[i : i + 3]) for i in range(0, len(reply), 3))
+    rest, calls = stream.finish()
+    assert (shown + rest, [c.name for c in calls]) == (content, names)
 
 
 def test_a_streamed_reply_holds_back_its_calls() -> None:
@@ -230,6 +260,18 @@ def test_tool_fields_cannot_spell_control_tokens(smollm2_path: Path) -> None:
     assert parsed.count(end[0]) > benign.count(end[0])
 
 
+STRING_PARAMETERS = {"name": "f", "parameters": {"type": "string"}}
+"""A function whose arguments would be a string, not an object."""
+
+
+def deep(depth: int) -> dict[str, Any]:
+    """``{"a": {"a": ... 1}}``, objects ``depth`` levels deep."""
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return dict(value)
+
+
 @pytest.mark.parametrize(
     ("tools", "choice", "needle"),
     [
@@ -246,6 +288,16 @@ def test_tool_fields_cannot_spell_control_tokens(smollm2_path: Path) -> None:
             "auto",
             "not JSON",
         ),
+        (
+            [{"type": "function", "function": STRING_PARAMETERS}],
+            "required",
+            "tools[0].function.parameters must be the schema of an object",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": deep(100)}}],
+            "auto",
+            "tools[0].function.parameters is not JSON",
+        ),
     ],
 )
 def test_bad_tools_are_invalid_arguments(tools: object, choice: object, needle: str) -> None:
@@ -259,6 +311,41 @@ def test_bad_tools_are_invalid_arguments(tools: object, choice: object, needle: 
 @pytest.fixture(scope="module")
 def llm(smollm2_path: Path) -> tallow.LLM:
     return tallow.LLM(smollm2_path, n_ctx=N_CTX, chat_template=HERMES)
+
+
+def history_arguments(arguments: object) -> list[dict[str, Any]]:
+    """A conversation whose earlier call of ``add`` had ``arguments``."""
+    call = {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": arguments}}
+    return [
+        {"role": "user", "content": "Add 1 and 2."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "3"},
+        {"role": "user", "content": "Thanks."},
+    ]
+
+
+BAD_ARGUMENTS = {
+    "a 5000-digit integer": '{"a": ' + "7" * 5000 + ', "b": 1}',
+    "100000 nested lists": "[" * 100_000 + "]" * 100_000,
+    "65 nested objects": '{"a": ' * 65 + "1" + "}" * 65,
+    "not JSON": '{"a": 1',
+}
+
+
+@pytest.mark.parametrize("arguments", BAD_ARGUMENTS.values(), ids=BAD_ARGUMENTS.keys())
+def test_history_call_arguments_that_are_not_json_are_refused(
+    llm: tallow.LLM, arguments: str
+) -> None:
+    with pytest.raises(tallow.InvalidArgumentError, match="arguments of a call of 'add'"):
+        llm.chat(history_arguments(arguments), max_tokens=1, tools=TOOLS)
+
+
+def test_history_call_arguments_given_as_objects_are_held_to_the_same_depth(
+    llm: tallow.LLM,
+) -> None:
+    with pytest.raises(tallow.InvalidArgumentError, match="nested more than 64 levels"):
+        llm.chat(history_arguments(deep(65)), max_tokens=1, tools=TOOLS)
+    llm.chat(history_arguments(deep(64)), max_tokens=1, tools=TOOLS)
 
 
 @pytest.mark.parametrize("template", [HERMES, MISTRAL, LLAMA3], ids=["hermes", "mistral", "llama3"])
@@ -434,6 +521,37 @@ def test_async_llm_gives_the_same_calls(llm: tallow.LLM, smollm2_path: Path) -> 
         ]
 
 
+TWO_CALLS = [{"role": "user", "content": "What is the weather in Paris and in Rome?"}]
+"""A question whose required calls are two (at temperature 0)."""
+
+
+@pytest.fixture(scope="module")
+def cut_inside_the_second_call(llm: tallow.LLM) -> tuple[int, list[tuple[str, str]]]:
+    """A ``max_tokens`` that ends the reply to :data:`TWO_CALLS` inside its second call, and
+    the first call (name and arguments)."""
+    whole = llm.chat(TWO_CALLS, max_tokens=200, temperature=0, tools=TOOLS, tool_choice="required")
+    assert whole.tool_calls is not None and len(whole.tool_calls) == 2
+    ids = whole.token_ids
+    first_end = next(n for n in range(len(ids)) if "</tool_call>" in llm.detokenize(ids[:n]))
+    first = whole.tool_calls[0]
+    return (first_end + len(ids)) // 2, [(first.name, first.arguments)]
+
+
+def test_a_reply_cut_inside_a_call_gives_the_calls_before_it(
+    llm: tallow.LLM, cut_inside_the_second_call: tuple[int, list[tuple[str, str]]]
+) -> None:
+    """``max_tokens`` reached inside the second call: the first comes back as a call, the
+    second is dropped (no markup in the text), and the reply's end is ``"length"``."""
+    max_tokens, first = cut_inside_the_second_call
+    kw: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0, "tools": TOOLS}
+    whole = llm.chat(TWO_CALLS, tool_choice="required", **kw)
+    stream = llm.chat_stream(TWO_CALLS, tool_choice="required", **kw)
+    assert "".join(stream) == whole.text == ""
+    for result in (whole, stream.result):
+        assert result is not None and result.finish_reason == "length"
+        assert [(c.name, c.arguments) for c in result.tool_calls or []] == first
+
+
 def test_a_required_call_cannot_take_another_constraint(llm: tallow.LLM) -> None:
     with pytest.raises(tallow.InvalidArgumentError, match="cannot be combined"):
         llm.chat(
@@ -491,6 +609,36 @@ def test_server_tool_calls_match_the_python_api(
             called(name, arguments)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_server_reply_cut_inside_a_call_gives_the_calls_before_it(
+    client: openai.OpenAI,
+    cut_inside_the_second_call: tuple[int, list[tuple[str, str]]],
+    stream: bool,
+) -> None:
+    max_tokens, first = cut_inside_the_second_call
+    kw: dict[str, Any] = {
+        "model": MODEL,
+        "messages": TWO_CALLS,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "tools": TOOLS,
+        "tool_choice": "required",
+    }
+    if stream:
+        content, calls, finish = "", [], None
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                calls += [(t.function.name, t.function.arguments) for t in c.delta.tool_calls or []]
+                finish = c.finish_reason or finish
+    else:
+        choice = client.chat.completions.create(**kw).choices[0]
+        content = choice.message.content or ""
+        calls = [(t.function.name, t.function.arguments) for t in choice.message.tool_calls or []]
+        finish = choice.finish_reason
+    assert (content, calls, finish) == ("", first, "length")
+
+
 def test_server_round_trip(client: openai.OpenAI) -> None:
     messages: list[Any] = conversation("What is the weather in Paris?")
     done = client.chat.completions.create(
@@ -523,6 +671,17 @@ def test_server_round_trip(client: openai.OpenAI) -> None:
         ({"tool_choice": "required"}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"tools": TOOLS, "tool_choice": "required", "ignore_eos": True}, "ignore_eos"),
+        (
+            {
+                "tools": [{"type": "function", "function": STRING_PARAMETERS}],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
+        *(
+            ({"tools": TOOLS, "messages": history_arguments(arguments)}, "messages")
+            for arguments in BAD_ARGUMENTS.values()
+        ),
     ],
 )
 def test_server_bad_tools_are_400s(server: str, fields: dict[str, Any], param: str) -> None:

@@ -422,7 +422,8 @@ class AsyncLLM:
     def classify_task(self, labels: Sequence[str], prompt: str | None = None) -> ClassifyTask:
         """The labels and prompt of a classification, checked (see
         :class:`tallow.classify.ClassifyTask`), for :meth:`run_classification`."""
-        return ClassifyTask(self._prompts, labels, prompt)
+        steps = self._engine.scheduler.max_tokens_per_step
+        return ClassifyTask(self._prompts, labels, prompt, step_tokens=steps)
 
     async def run_classification(
         self, task: ClassifyTask, prompts: Sequence[list[int]]

@@ -8,17 +8,19 @@ log-likelihood is the sum over its tokens; the probabilities are their softmax o
 The prompt is cut around the text and each part tokenized alone, so the part before the text
 is the same token ids for every text: with prefix caching its KV is computed once. The text's
 own tokens and every label are computed in one forward (each label of more than one token in
-a branch of the text's KV, see :attr:`tallow.engine.SamplingParams.continuations`).
+a branch of the text's KV, see :attr:`tallow.engine.SamplingParams.continuations`): the
+labels' tokens after their first must fit in that forward beside the text's last token.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tallow import checks
-from tallow.engine import SamplingParams
+from tallow.engine import EngineConfig, SamplingParams
 from tallow.errors import InvalidArgumentError
 from tallow.output import RequestOutput
 from tallow.prompt import Prompts
@@ -32,8 +34,6 @@ DEFAULT_INSTRUCTION = (
 
 _TEXT = "{text}"
 _LABELS = "{labels}"
-# Stands for the text while the chat template renders the message around it.
-_MARK = "\x00tallow-text\x00"
 
 
 @dataclass(frozen=True)
@@ -60,12 +60,25 @@ class ClassifyTask:
     ``prompt`` is ``None`` (the model's chat template around :data:`DEFAULT_INSTRUCTION`) or a
     prompt of the caller's holding ``{text}`` once (and ``{labels}``, the labels joined with
     commas, anywhere), used as it is: control-token text in it is parsed and BOS added where
-    the model asks for it. The labels are tokenized as plain text where the model's answer
-    starts: with a prompt of the caller's, give them the leading space the text before them
-    calls for (``" positive"`` after ``"Sentiment:"``).
+    the model asks for it. The placeholders are filled in the prompt alone: a label or a text
+    that holds ``{text}`` or ``{labels}`` stays as it is. The labels are tokenized as plain
+    text where the model's answer starts: with a prompt of the caller's, give them the leading
+    space the text before them calls for (``" positive"`` after ``"Sentiment:"``).
+
+    ``step_tokens`` is the token budget of the engine's steps: the labels' tokens after their
+    first, computed in the step of the text's last token, must be fewer. Labels beyond it, or
+    listed in a prompt that leaves no room for a text in the context, raise
+    :class:`InvalidArgumentError` (its message starts with ``labels``).
     """
 
-    def __init__(self, prompts: Prompts, labels: object, prompt: object = None) -> None:
+    def __init__(
+        self,
+        prompts: Prompts,
+        labels: object,
+        prompt: object = None,
+        *,
+        step_tokens: int = EngineConfig.max_tokens_per_step,
+    ) -> None:
         self._prompts = prompts
         self.labels = _labels(labels)
         model = prompts.model
@@ -73,23 +86,43 @@ class ClassifyTask:
         for label, tokens in zip(self.labels, ids, strict=True):
             if not tokens:
                 raise InvalidArgumentError(f"label {label!r} has no tokens")
+        _check_branches(ids, step_tokens)
         self.params = SamplingParams(max_tokens=None, continuations=tuple(tuple(t) for t in ids))
         listed = ", ".join(self.labels)
         if prompt is None:
-            message = DEFAULT_INSTRUCTION.replace(_LABELS, listed).replace(_TEXT, _MARK)
+            # The chat template renders the message with a mark where the text goes, a random
+            # one that no label can spell: the text goes there and nowhere else.
+            mark = f"\x00{secrets.token_hex(8)}\x00"
+            before, after = _fill(DEFAULT_INSTRUCTION, listed)
             rendered = prompts.chat_template.render(
-                [{"role": "user", "content": message}], quote=model.quote_special
+                [{"role": "user", "content": before + mark + after}], quote=model.quote_special
             )
-            before, _, after = rendered.partition(_MARK)
+            before, _, after = rendered.partition(mark)
             self._before = model.tokenize_quoted(before, False)
             self._after = model.tokenize_quoted(after, False)
+            lists_labels = True
         else:
             template = checks.text("prompt", prompt)
             if template.count(_TEXT) != 1:
                 raise InvalidArgumentError("prompt must hold '{text}' exactly once")
-            before, _, after = template.replace(_LABELS, listed).partition(_TEXT)
+            before, after = _fill(template, listed)
             self._before = prompts.with_bos(model.tokenize(before, False, True))
             self._after = model.tokenize(after, False, True)
+            lists_labels = _LABELS in template
+        self._check_room(lists_labels)
+
+    def _check_room(self, lists_labels: bool) -> None:
+        """Refuse a prompt that leaves no room for a text in the context: the labels' fault
+        where the prompt lists them, the prompt's otherwise."""
+        n_ctx = self._prompts.n_ctx
+        around = len(self._before) + len(self._after)
+        if around + 1 < n_ctx:
+            return
+        whose = "labels: listed in the prompt, they make it" if lists_labels else "prompt: it is"
+        raise InvalidArgumentError(
+            f"{whose} {around} tokens long without the text, which leaves no room for a text "
+            f"in a context of {n_ctx} positions"
+        )
 
     def prompt_ids(self, text: object) -> list[int]:
         """The token ids of the prompt for ``text`` (tokenized as plain text)."""
@@ -111,7 +144,10 @@ class ClassifyTask:
         return [checks.text("text", t) for t in items]
 
     def result(self, out: RequestOutput, prompt_tokens: int) -> Classification:
-        """The classification from a request's last output."""
+        """The classification from a request's last output. Labels whose branches the engine
+        could never hold (its KV pool) raise :class:`InvalidArgumentError` naming them."""
+        if isinstance(out.error, InvalidArgumentError):
+            raise InvalidArgumentError(f"labels: {out.error}")
         if out.error is not None:
             raise out.error
         assert out.scores is not None, "a scoring request ends with scores"
@@ -128,6 +164,25 @@ class ClassifyTask:
             prompt_tokens=prompt_tokens,
             cached_tokens=out.cached_tokens,
         )
+
+
+def _check_branches(ids: list[list[int]], step_tokens: int) -> None:
+    """Refuse labels whose tokens after their first (each label's branch) could never be
+    computed in one step of ``step_tokens`` tokens beside the text's last token."""
+    branch_tokens = sum(len(tokens) - 1 for tokens in ids)
+    if branch_tokens >= step_tokens:
+        raise InvalidArgumentError(
+            f"labels: their tokens after the first of each total {branch_tokens}, more than "
+            f"the {step_tokens - 1} that are scored in one step (give fewer or shorter labels)"
+        )
+
+
+def _fill(template: str, listed: str) -> tuple[str, str]:
+    """The parts of ``template`` before and after its one ``{text}``, each ``{labels}`` in
+    them replaced by ``listed``: the placeholders are filled in the template alone, never in
+    the labels or the text."""
+    before, after = template.split(_TEXT)
+    return before.replace(_LABELS, listed), after.replace(_LABELS, listed)
 
 
 def _labels(labels: object) -> list[str]:

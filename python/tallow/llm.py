@@ -502,7 +502,8 @@ class LLM:
         """The labels and prompt of a classification, checked: the prompt's token ids for a
         text (``prompt_ids``) and the scoring parameters (see
         :class:`tallow.classify.ClassifyTask`)."""
-        return ClassifyTask(self._prompts, labels, prompt)
+        steps = self._open_engine().scheduler.max_tokens_per_step
+        return ClassifyTask(self._prompts, labels, prompt, step_tokens=steps)
 
     def perplexity(
         self,

@@ -134,7 +134,10 @@ class OutputState:
                 rest, found = self._tools.finish()
                 text += rest
                 if found:
-                    reason, calls = "tool_calls", found
+                    # The calls of a reply cut short (max_tokens, the context) keep "length".
+                    calls = found
+                    if reason == "stop":
+                        reason = "tool_calls"
         logprobs = None
         if self._logprobs and new:
             logprobs = [TokenLogprob(*row) for row in rows[: len(new)]]

@@ -453,7 +453,7 @@ class Scheduler:
             return
         error = self._never_fits(request)
         if error is not None:
-            self._pending.append(self._finish(request, "length", error=ModelError(error)))
+            self._pending.append(self._finish(request, "length", error=error))
             return
         self._waiting.append(request)
 
@@ -545,7 +545,7 @@ class Scheduler:
             error = self._never_fits(req)
             if error is not None:
                 self._waiting.popleft()
-                self._pending.append(self._finish(req, "length", error=ModelError(error)))
+                self._pending.append(self._finish(req, "length", error=error))
                 continue
             tokens = req.token_slice(0, req.num_tokens)
             # The last token is always computed: its logits give the next token.
@@ -789,25 +789,28 @@ class Scheduler:
             k = min(k, req.params.max_tokens - len(req.output_token_ids) - 1)
         return [int(t) for t in draft[: max(k, 0)]]
 
-    def _never_fits(self, req: Request) -> str | None:
+    def _never_fits(self, req: Request) -> TallowError | None:
+        """Why ``req`` can never be scheduled, or None: continuations to score that no step
+        or pool could hold are the request's own fault (:class:`InvalidArgumentError`), a
+        prompt too long for the pool or the model's length is a :class:`ModelError`."""
         n = req.num_tokens
         branch_tokens, branch_pages = self._branch_cost(req)
         if branch_tokens >= self.max_tokens_per_step:
-            return (
-                f"branches of {branch_tokens} tokens leave no room for the prompt's last token "
-                f"in a step of {self.max_tokens_per_step} tokens"
+            return InvalidArgumentError(
+                f"continuations to score: their branches of {branch_tokens} tokens leave no "
+                f"room for the prompt's last token in a step of {self.max_tokens_per_step} tokens"
             )
         if branch_pages and self.kv.pages_to_hold(n) + branch_pages > self.kv.n_pages:
-            return (
-                f"{n} tokens and their branches ({branch_pages} pages) do not fit in the KV "
-                f"pool ({self.kv.n_pages} pages of {self._page_size} tokens)"
+            return InvalidArgumentError(
+                f"continuations to score: {n} tokens and their branches ({branch_pages} pages) "
+                f"do not fit in the KV pool ({self.kv.n_pages} pages of {self._page_size} tokens)"
             )
         if self.max_model_len is not None and n >= self.max_model_len:
-            return (
+            return ModelError(
                 f"{n} tokens leave no room for a completion in max_model_len={self.max_model_len}"
             )
         if self.kv.pages_to_hold(n) > self.kv.n_pages:
-            return (
+            return ModelError(
                 f"{n} tokens do not fit in the KV pool ({self.kv.n_pages} pages of "
                 f"{self._page_size} tokens)"
             )

@@ -39,6 +39,10 @@ MAX_CALLS = 4
 """Most calls of a reply whose calls are required (the llama3 syntax has room for one): a
 small model may otherwise repeat calls until it runs out of tokens."""
 
+MAX_JSON_DEPTH = 64
+"""Most levels of nesting of a call's arguments or a function's parameters (a real call
+needs a few)."""
+
 _JSON_LAYOUT = {
     "whitespace_flexible": False,
     "item_separator": ", ",
@@ -63,6 +67,50 @@ class ToolCall:
             "type": "function",
             "function": {"name": self.name, "arguments": self.arguments},
         }
+
+
+class _NotJson(ValueError):
+    """Text that is not JSON, or JSON beyond :data:`MAX_JSON_DEPTH` levels."""
+
+
+_DECODER = json.JSONDecoder()
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _decode(text: str, pos: int = 0) -> tuple[Any, int]:
+    """The JSON value that starts at ``pos`` (after whitespace) and the index where it ends;
+    :class:`_NotJson` when there is none within the limits (an integer of more digits than
+    Python reads, nesting deeper than the parser's recursion or than
+    :data:`MAX_JSON_DEPTH`)."""
+    start = _WHITESPACE.match(text, pos)
+    assert start is not None  # the pattern matches the empty string
+    try:
+        value, end = _DECODER.raw_decode(text, start.end())
+    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        raise _NotJson(str(e)) from None
+    _check_depth(value)
+    return value, end
+
+
+def _loads(text: str) -> Any:
+    """The JSON value ``text`` holds, whitespace around it allowed (see :func:`_decode`)."""
+    value, end = _decode(text)
+    if text[end:].strip(" \t\n\r"):
+        raise _NotJson(f"extra data after the JSON value (character {end})")
+    return value
+
+
+def _check_depth(value: object) -> None:
+    """:class:`_NotJson` when lists and dicts in ``value`` nest more than
+    :data:`MAX_JSON_DEPTH` levels (walked without recursion)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (Mapping, list, tuple)):
+            if depth > MAX_JSON_DEPTH:
+                raise _NotJson(f"nested more than {MAX_JSON_DEPTH} levels deep")
+            children = item.values() if isinstance(item, Mapping) else item
+            pending.extend((child, depth + 1) for child in children)
 
 
 def _call_id(syntax: Syntax) -> str:
@@ -116,11 +164,18 @@ def check_tools(tools: object) -> list[dict[str, Any]]:
         parameters = function.get("parameters", _NO_PARAMETERS)
         if not isinstance(parameters, Mapping):
             raise InvalidArgumentError(f"tools[{i}].function.parameters must be a JSON schema")
-        # The arguments are an object, whatever the schema leaves open.
+        # The arguments are an object (a call writes them as one), whatever the schema leaves
+        # open; a schema of anything else could never be met.
+        if parameters.get("type", "object") != "object":
+            raise InvalidArgumentError(
+                f"tools[{i}].function.parameters must be the schema of an object (type "
+                f"'object'), not of type {parameters['type']!r}"
+            )
         parameters = {"type": "object", **parameters}
         try:
             json.dumps(parameters, allow_nan=False)
-        except (TypeError, ValueError) as e:
+            _check_depth(parameters)
+        except (TypeError, ValueError, RecursionError) as e:
             raise InvalidArgumentError(f"tools[{i}].function.parameters is not JSON: {e}") from None
         description = function.get("description")
         if description is not None and not isinstance(description, str):
@@ -210,7 +265,9 @@ class ToolUse:
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """The reply's text outside its calls, and the calls (with fresh ids); a reply with no
-        well-formed call, or one that calls a function not among the tools, is all text."""
+        well-formed call, or one that calls a function not among the tools, is all text. A
+        reply that ends inside a call's JSON (cut short by ``max_tokens``, the context or a
+        stop string) keeps the calls before it; the cut one is dropped, markup and all."""
         if not self.parses:
             return text, []
         if self.syntax == "hermes":
@@ -279,29 +336,38 @@ def _call(value: object, key: str = "arguments") -> ToolCall | None:
     if isinstance(arguments, str):
         # Some models write the arguments as JSON text.
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+            arguments = _loads(arguments)
+        except _NotJson:
             return None
     if not isinstance(arguments, dict):
         return None
     return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+def _call_text(text: str, key: str = "arguments") -> ToolCall | None:
+    """A call from its JSON text (see :func:`_call`)."""
+    try:
+        return _call(_loads(text), key)
+    except _NotJson:
+        return None
+
+
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(</tool_call>|$)", re.DOTALL)
 
 
 def _parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
-    calls = []
-    for match in _HERMES.finditer(text):
-        try:
-            call = _call(json.loads(match.group(1)))
-        except json.JSONDecodeError:
-            call = None
-        if call is None:
-            return text, []
-        calls.append(call)
-    if not calls:
+    blocks = list(_HERMES.finditer(text))
+    if not blocks:
         return text, []
+    calls = []
+    for block in blocks:
+        body, closed = block.group(1), block.group(2)
+        call = _call_text(body)
+        if call is not None:
+            calls.append(call)
+        elif closed or body[:1] not in ("", "{"):
+            return text, []  # a closed block, or one of words, that is no call: the reply is text
+        # Else the reply ends inside this call's JSON: a call cut short, dropped.
     return _HERMES.sub("", text).rstrip(), calls
 
 
@@ -310,23 +376,49 @@ def _parse_mistral(text: str) -> tuple[str, list[ToolCall]]:
     if not marker:
         return text, []
     try:
-        value, _ = json.JSONDecoder().raw_decode(tail.strip())
-    except json.JSONDecodeError:
+        value, _ = _decode(tail)
+        values: list[Any] | None = value if isinstance(value, list) else [value]
+    except _NotJson:
+        values = _complete_items(tail)
+    if values is None:
         return text, []
-    values = value if isinstance(value, list) else [value]
     calls = [_call(v) for v in values]
-    if not calls or any(c is None for c in calls):
+    if any(c is None for c in calls):
         return text, []
     return head.rstrip(), [c for c in calls if c is not None]
 
 
-def _parse_llama3(text: str) -> tuple[str, list[ToolCall]]:
-    body = text.strip().removeprefix("<|python_tag|>").strip()
+_COMMA = re.compile(r"[ \t\n\r]*,")
+
+
+def _complete_items(text: str) -> list[Any] | None:
+    """The items of JSON calls cut short: of a list (``[{...}, {...``), those before the first
+    that is not complete (dropped with the rest); of one object, none. ``None`` when ``text``
+    opens neither."""
+    start = _WHITESPACE.match(text)
+    assert start is not None
+    pos = start.end()
+    if text.startswith("{", pos):
+        return []
+    if not text.startswith("[", pos):
+        return None
+    items = []
+    pos += 1
     try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
-        return text, []
-    call = _call(value, "parameters")
+        while True:
+            item, pos = _decode(text, pos)
+            items.append(item)
+            comma = _COMMA.match(text, pos)
+            if comma is None:
+                return items
+            pos = comma.end()
+    except _NotJson:
+        return items
+
+
+def _parse_llama3(text: str) -> tuple[str, list[ToolCall]]:
+    body = text.strip().removeprefix("<|python_tag|>")
+    call = _call_text(body, "parameters")
     return ("", [call]) if call is not None else (text, [])
 
 
@@ -354,13 +446,16 @@ def _template_call(call: object) -> dict[str, Any]:
             "{'name': ..., 'arguments': ...}} objects"
         )
     arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            raise InvalidArgumentError(
-                f"the arguments of a call of {function['name']!r} are not JSON"
-            ) from None
+    try:
+        # OpenAI sends the arguments as JSON text; the Python API may give them as objects.
+        if isinstance(arguments, str):
+            arguments = _loads(arguments)
+        else:
+            _check_depth(arguments)
+    except _NotJson as e:
+        raise InvalidArgumentError(
+            f"the arguments of a call of {function['name']!r} are not JSON: {e}"
+        ) from None
     out = {
         "type": "function",
         "function": {"name": function["name"], "arguments": arguments},
@@ -433,10 +528,9 @@ class ToolStream:
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """The text not shown yet and the calls, once the reply is complete."""
-        content, calls = ("", []) if self._plain else self.use.parse(self._whole())
-        if not calls:
-            return self._show(len(self._whole())), []
-        shown = self._whole()[: self._shown]
+        text = self._whole()
+        content, calls = (text, []) if self._plain else self.use.parse(text)
+        shown = text[: self._shown]
         rest = content[len(shown) :] if content.startswith(shown) else ""
         return rest, calls
 

@@ -277,6 +277,9 @@ class _Server:
         if not await _unless_disconnected(request, run):
             return Response(status_code=499)
         if failure:
+            if isinstance(failure[0], InvalidArgumentError):
+                # Labels that no step or KV pool of this server could score.
+                return error_response(invalid("labels", str(failure[0])))
             return error_response(APIError(500, str(failure[0]), type="server_error"))
         return JSONResponse(
             {
