@@ -86,8 +86,8 @@ def _generate_in_child(llm: tallow.LLM, out: Connection) -> None:
 
 
 def test_a_forked_child_generates(llm: tallow.LLM) -> None:
-    """The parent's compute threads and step thread are not in a child made by fork: the child
-    makes its own (it hung in the thread pool)."""
+    """The parent's compute threads are not in a child made by fork: the child makes its
+    own (it hung in the thread pool)."""
     expected = llm.generate("The capital of France is", max_tokens=6, temperature=0).text
     receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
     child = multiprocessing.get_context("fork").Process(target=_generate_in_child, args=(llm, send))

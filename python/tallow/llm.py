@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tallow import _core, checks
-from tallow._stepper import StepThread
+from tallow._signals import held_signals
 from tallow.catalog import DEFAULT_MODEL, resolve_model
 from tallow.chat_template import ChatTemplate
 from tallow.classify import Classification, ClassifyTask
@@ -143,8 +143,6 @@ class LLM:
         # Threads may share an LLM: one engine step at a time, each thread's outputs kept for
         # it by whichever thread stepped.
         self._lock = threading.RLock()
-        # The main thread's steps run where a signal handler's exception cannot cut them short.
-        self._steps = StepThread(self, LLM._step)
 
     def close(self) -> None:
         """Release the KV cache and end every open stream; later generations raise
@@ -155,7 +153,6 @@ class LLM:
                 for request_id in self._outputs:
                     self._engine.abort(request_id)
             self._engine = None
-        self._steps.stop()
 
     def __enter__(self) -> LLM:
         return self
@@ -276,21 +273,17 @@ class LLM:
 
     def _next_output(self, request_id: str) -> RequestOutput:
         """Step the engine until ``request_id`` has an output; keep the others' outputs for
-        their own streams (in this thread or others). An interrupt while it waits (Ctrl-C)
-        leaves the engine whole: the step it waits for completes."""
+        their own streams (in this thread or others). A signal handler that raises meanwhile
+        (Ctrl-C) runs once the step is complete, which leaves the engine whole."""
         waiting = self._outputs[request_id]
         while True:
             with self._lock:
                 if waiting:
                     return waiting.popleft()
-            self._steps.run()
-
-    def _step(self) -> None:
-        """One engine step, its outputs kept for the requests' own streams."""
-        with self._lock:
-            for out in self._open_engine().step():
-                if out.request_id in self._outputs:
-                    self._outputs[out.request_id].append(out)
+                with held_signals():
+                    for out in self._open_engine().step():
+                        if out.request_id in self._outputs:
+                            self._outputs[out.request_id].append(out)
 
     def _run(
         self, prompt_ids: list[int], params: SamplingParams, sampler: _core.Sampler
@@ -299,7 +292,7 @@ class LLM:
         result = ResultBuilder(len(prompt_ids), params.logprobs)
         finished = False
         try:
-            with self._lock:
+            with self._lock, held_signals():
                 self._outputs[request_id] = deque()
                 self._open_engine().add(request_id, prompt_ids, params, sampler)
             while not finished:
@@ -309,7 +302,7 @@ class LLM:
                 if text:
                     yield text
         finally:
-            with self._lock:
+            with self._lock, held_signals():
                 # Unfinished (an error, an interrupt, a stream closed early): nothing of it
                 # stays in the engine.
                 unfinished = self._outputs.pop(request_id, None) is not None and not finished
@@ -481,17 +474,17 @@ class LLM:
         ids = [f"llm-{next(self._ids)}" for _ in prompts]
         results = []
         try:
-            with self._lock:
+            with self._lock, held_signals():
                 for request_id, prompt_ids in zip(ids, prompts, strict=True):
-                    engine.add(request_id, prompt_ids, task.params)
                     self._outputs[request_id] = deque()
+                    engine.add(request_id, prompt_ids, task.params)
             for request_id, prompt_ids in zip(ids, prompts, strict=True):
                 out = self._next_output(request_id)
                 while not out.finished:
                     out = self._next_output(request_id)
                 results.append(task.result(out, len(prompt_ids)))
         finally:
-            with self._lock:
+            with self._lock, held_signals():
                 for request_id in ids:
                     # Unfinished (an error, an interrupt): nothing is left in the engine.
                     if self._outputs.pop(request_id, None) is not None:
