@@ -8,9 +8,9 @@ use llguidance::{Matcher, ParserFactory};
 use tallow_tokenizer::Tokenizer;
 
 use crate::constraint::Constraint;
-use crate::error::{without_state, GrammarError};
+use crate::error::{without_state, GrammarError, BEYOND_THE_COMPILER};
 use crate::limits::{self, COMPILE_STACK};
-use crate::structured::Structured;
+use crate::structured::{source_bytes_of, Structured};
 use crate::vocabulary::token_env;
 
 /// Compiles constraints for one model; build it once (it indexes the whole vocabulary).
@@ -75,7 +75,7 @@ impl GrammarCompiler {
         if let Some(compiled) = self.recent().by_key.get(&key) {
             return compiled.clone();
         }
-        if let Some(reason) = limits::exceeded(structured) {
+        if let Some(reason) = limits::exceeded(structured, source_bytes_of(&key)) {
             return Err(GrammarError::Compile {
                 kind: structured.kind(),
                 message: reason,
@@ -127,7 +127,7 @@ impl GrammarCompiler {
             compiler.join().unwrap_or_else(|_| {
                 Err(GrammarError::Compile {
                     kind: structured.kind(),
-                    message: "the constraint is too large or complex for the compiler".into(),
+                    message: BEYOND_THE_COMPILER.into(),
                 })
             })
         })

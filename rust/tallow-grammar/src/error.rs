@@ -20,18 +20,22 @@ impl GrammarError {
     }
 }
 
+/// What a compiler that panicked says instead: the panic's message and backtrace say nothing
+/// a client can act on and may name source paths.
+pub(crate) const BEYOND_THE_COMPILER: &str =
+    "the constraint is too large or complex for the compiler";
+
 /// llguidance's `message` on one line, without the parser state or the backtrace it appends
 /// to some (from a `<state>` or `<backtrace>` line on): a regex parser's error spreads its
 /// pointer and reason over lines. A panic inside llguidance (which it turns into an error
-/// with `panic:` in its first line) says nothing a client can act on and may name source paths: it becomes
-/// a plain statement that the constraint is beyond what the compiler can handle.
+/// with `panic:` in its first line) becomes [`BEYOND_THE_COMPILER`].
 pub(crate) fn without_state(message: &str) -> String {
     if message
         .lines()
         .next()
         .is_some_and(|line| line.contains("panic:"))
     {
-        return "the constraint is too large or complex for the compiler".into();
+        return BEYOND_THE_COMPILER.into();
     }
     let lines: Vec<&str> = message
         .lines()

@@ -25,9 +25,9 @@ pub const MAX_NESTING: usize = 10_000;
 /// backed by memory.
 pub(crate) const COMPILE_STACK: usize = 256 << 20;
 
-/// Why `structured` may not be compiled, or `None` where it is within the limits.
-pub(crate) fn exceeded(structured: &Structured) -> Option<String> {
-    let source_bytes = structured.source_bytes();
+/// Why `structured`, whose source is `source_bytes` long, may not be compiled, or `None`
+/// where it is within the limits.
+pub(crate) fn exceeded(structured: &Structured, source_bytes: usize) -> Option<String> {
     if source_bytes > MAX_SOURCE_BYTES {
         return Some(format!(
             "it is {source_bytes} bytes long, over the limit of {MAX_SOURCE_BYTES}"

@@ -44,8 +44,7 @@ impl Structured {
     /// The length of the source of this output: a schema's JSON text, the expression, the
     /// grammar, the choice's strings as a JSON list.
     pub fn source_bytes(&self) -> usize {
-        let key = self.key();
-        key.len() - key.find('\0').map_or(0, |kind_end| kind_end + 1)
+        source_bytes_of(&self.key())
     }
 
     pub(crate) fn grammar(&self) -> Result<TopLevelGrammar, String> {
@@ -91,4 +90,10 @@ fn with_layout(mut schema: Value) -> Value {
         });
     }
     schema
+}
+
+/// [`Structured::source_bytes`] from the output's [`Structured::key`]: the text after the
+/// kind.
+pub(crate) fn source_bytes_of(key: &str) -> usize {
+    key.len() - key.find('\0').map_or(0, |kind_end| kind_end + 1)
 }
