@@ -14,14 +14,34 @@ from collections.abc import Mapping, Sequence
 from tallow.errors import InvalidArgumentError
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "boolean",
     "describe",
     "integer",
     "number",
     "strings",
     "text",
+    "nests_deeper",
     "token_ids",
 ]
+
+MAX_JSON_DEPTH = 64
+"""Most levels of nesting of the JSON tallow reads from a client: a request body, a tool's
+parameters, a call's arguments (real ones need a few)."""
+
+
+def nests_deeper(value: object, levels: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the dicts (mappings) and lists (tuples) of ``value`` nest more than ``levels``
+    deep, walked without recursion."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (Mapping, list, tuple)):
+            if depth > levels:
+                return True
+            children = item.values() if isinstance(item, Mapping) else item
+            pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 def integer(name: str, value: object, low: int, high: int | None = None) -> int:

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from tallow import checks
 from tallow.errors import InvalidArgumentError
 from tallow.structured import Structured
 
@@ -38,10 +39,6 @@ Syntax = Literal["hermes", "mistral", "llama3"]
 MAX_CALLS = 4
 """Most calls of a reply whose calls are required (the llama3 syntax has room for one): a
 small model may otherwise repeat calls until it runs out of tokens."""
-
-MAX_JSON_DEPTH = 64
-"""Most levels of nesting of a call's arguments or a function's parameters (a real call
-needs a few)."""
 
 _JSON_LAYOUT = {
     "whitespace_flexible": False,
@@ -70,7 +67,7 @@ class ToolCall:
 
 
 class _NotJson(ValueError):
-    """Text that is not JSON, or JSON beyond :data:`MAX_JSON_DEPTH` levels."""
+    """Text that is not JSON, or JSON beyond :data:`~tallow.checks.MAX_JSON_DEPTH` levels."""
 
 
 _DECODER = json.JSONDecoder()
@@ -81,7 +78,7 @@ def _decode(text: str, pos: int = 0) -> tuple[Any, int]:
     """The JSON value that starts at ``pos`` (after whitespace) and the index where it ends;
     :class:`_NotJson` when there is none within the limits (an integer of more digits than
     Python reads, nesting deeper than the parser's recursion or than
-    :data:`MAX_JSON_DEPTH`)."""
+    :data:`~tallow.checks.MAX_JSON_DEPTH`)."""
     start = _WHITESPACE.match(text, pos)
     assert start is not None  # the pattern matches the empty string
     try:
@@ -102,15 +99,9 @@ def _loads(text: str) -> Any:
 
 def _check_depth(value: object) -> None:
     """:class:`_NotJson` when lists and dicts in ``value`` nest more than
-    :data:`MAX_JSON_DEPTH` levels (walked without recursion)."""
-    pending = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        if isinstance(item, (Mapping, list, tuple)):
-            if depth > MAX_JSON_DEPTH:
-                raise _NotJson(f"nested more than {MAX_JSON_DEPTH} levels deep")
-            children = item.values() if isinstance(item, Mapping) else item
-            pending.extend((child, depth + 1) for child in children)
+    :data:`~tallow.checks.MAX_JSON_DEPTH` levels."""
+    if checks.nests_deeper(value):
+        raise _NotJson(f"nested more than {checks.MAX_JSON_DEPTH} levels deep")
 
 
 def _call_id(syntax: Syntax) -> str:

@@ -62,13 +62,10 @@ def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
 
 
-MAX_JSON_DEPTH = 64
-"""Most levels of nesting of a request body (OpenAI's own requests need five or so)."""
-
-
 def parse_json(raw: bytes) -> object:
-    """A request body: UTF-8 JSON, at most :data:`MAX_JSON_DEPTH` levels deep, every string
-    valid Unicode (``"\\ud800"`` alone is not); anything else is an :class:`APIError` 400."""
+    """A request body: UTF-8 JSON, at most :data:`~tallow.checks.MAX_JSON_DEPTH` levels deep,
+    every string valid Unicode (``"\\ud800"`` alone is not); anything else is an
+    :class:`APIError` 400. (One walk checks both, not :func:`~tallow.checks.nests_deeper`.)"""
     try:
         body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -87,7 +84,7 @@ def parse_json(raw: bytes) -> object:
         if isinstance(value, str):
             _check_unicode(value)
         elif isinstance(value, (list, dict)):
-            if depth > MAX_JSON_DEPTH:
+            if depth > checks.MAX_JSON_DEPTH:
                 raise _too_deep()
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
@@ -100,7 +97,7 @@ def parse_json(raw: bytes) -> object:
 def _too_deep() -> APIError:
     return APIError(
         400,
-        f"the request body is nested more than {MAX_JSON_DEPTH} levels deep",
+        f"the request body is nested more than {checks.MAX_JSON_DEPTH} levels deep",
         code="invalid_json",
     )
 
