@@ -1,9 +1,9 @@
 """``tallow serve --replicas`` against clients that misbehave, on one Ray Serve cluster with an
 API key, one allowed web origin, a request body limit of 64 KiB and a read timeout of one
 second: the ingress keeps the limits of ``tallow serve`` in its order (the key before the body,
-then the body's type, size and time), idle connections close, only responses to requests with
-the key name their replica, Ray's own services listen on loopback, and a replica that fails
-shows no detail of its process to the client.
+then the body's type, size and time), incomplete headers and idle connections close, only
+responses to requests with the key name their replica, Ray's own services listen on loopback,
+and a replica that fails shows no detail of its process to the client.
 """
 
 from __future__ import annotations
@@ -152,6 +152,27 @@ def test_idle_connections_are_closed(guarded: str) -> None:
         assert time.monotonic() - start < 5
 
 
+@pytest.mark.parametrize("trickle", [False, True], ids=["stalled", "trickled"])
+def test_incomplete_headers_are_cut_off(guarded: str, trickle: bool) -> None:
+    """A request whose headers are not complete within the read timeout loses its connection,
+    whether the client sends nothing more or one header line at a time."""
+    with _connect(guarded) as sock:
+        sock.settimeout(0.25)
+        sock.sendall(COMPLETIONS.encode())
+        deadline = time.monotonic() + 5
+        while True:
+            assert time.monotonic() < deadline, "the connection is still open"
+            try:
+                if trickle:
+                    sock.sendall(b"X-Slow: 1\r\n")
+                if sock.recv(65536) == b"":
+                    break
+            except TimeoutError:
+                continue
+            except ConnectionError:  # closed while the client wrote
+                break
+
+
 def test_only_responses_to_requests_with_the_key_name_their_replica(guarded: str) -> None:
     key = {"authorization": f"Bearer {KEY}"}
     named = httpx.get(f"{guarded}/v1/models", headers=key, timeout=30)
@@ -256,7 +277,7 @@ def test_ray_services_listen_on_loopback(guarded: str) -> None:
             addresses.remove(ipaddress.IPv6Address("::"))
         if addresses:
             outside[cmdline[:60].strip()] = addresses
-    assert replicas == 2  # the ingress and the replica
+    assert replicas == 1
     assert not outside
 
 

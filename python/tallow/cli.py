@@ -362,6 +362,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         threads=args.threads or 1,
         routing=args.routing or "prefix",
         settings=settings,
+        log_level=args.log_level,
         on_ready=lambda url: _status(
             f"serving {args.model} on {url} ({args.replicas} replicas on Ray Serve)"
         ),

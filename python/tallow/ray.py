@@ -3,11 +3,14 @@
 
 Each replica is a process of its own (Ray's actor) running the whole server app of
 :func:`tallow.server.build_app` (the OpenAI-compatible routes, the chat page, metrics) over its
-own :class:`~tallow.AsyncLLM`, with ``threads`` compute threads. One ingress deployment takes
-the HTTP requests Ray Serve's proxy hands it and checks them as ``tallow serve`` does (CORS,
-the API key before any body is read, then the body's type, size and time), reads each body once
-for its routing key (a completion's prompt, a chat's messages) and passes the request to a
-replica, whose response it streams back as it comes.
+own :class:`~tallow.AsyncLLM`, with ``threads`` compute threads. One ingress (:class:`Ingress`)
+takes the HTTP requests and checks them as ``tallow serve`` does (CORS, the API key before any
+body is read, then the body's type, size and time), reads each body once for its routing key (a
+completion's prompt, a chat's messages) and passes the request to a replica, whose response it
+streams back as it comes. :func:`run` serves the ingress from its own process with the HTTP
+server of ``tallow serve`` (and its deadline for request headers, which Ray Serve's proxy
+lacks); :func:`build` makes it a deployment behind Ray Serve's proxy, for those who run their
+own Serve applications.
 
 **Routing** is prefix-aware (:class:`PrefixAwareRouter`): a request goes to the replica that
 last served the longest prefix of its routing key, whose prefix cache most likely holds that
@@ -32,14 +35,11 @@ import hashlib
 import ipaddress
 import json
 import logging
-import math
 import os
 import random
-import signal
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import ray
@@ -54,6 +54,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tallow.errors import InvalidArgumentError, TallowError
 from tallow.server.app import JSON_ROUTES, ServerOptions, error_response, read_json_body
+from tallow.server.http import bind, protocol_with_header_timeout
 from tallow.server.protocol import APIError
 from tallow.server.security import has_api_key, security_middleware
 
@@ -71,10 +72,6 @@ Routing = Literal["prefix", "random"]
 REPLICA_HEADER = "x-tallow-replica"
 """The response header naming the replica that answered (Ray's actor name of it), on the
 responses to requests that carry the API key (to all, without a key)."""
-
-KEEP_ALIVE_S = 5
-"""Seconds an idle connection stays open after a response (uvicorn's default, which plain
-``tallow serve`` keeps; Ray Serve's own is 90)."""
 
 logger = logging.getLogger(__name__)
 
@@ -360,11 +357,13 @@ class Ingress:
             security_middleware(self._options.api_key, self._options.allowed_origins)
         ):
             app = cls(app, *args, **kwargs)
-        self._app = app
+        self.app = app
+        """The ingress as an ASGI app, for an HTTP server of one's own."""
 
     async def __call__(self, request: Request) -> Response:
-        """The answer to ``request``: the checks', or the replica's."""
-        return _AppResponse(self._app)
+        """The answer to ``request`` (as Ray Serve's ingress deployment): the checks', or the
+        replica's."""
+        return _AppResponse(self.app)
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Past the CORS and key checks: the replica's answer, or the body's error."""
@@ -441,22 +440,16 @@ def _scaling(replicas: int, max_replicas: int | None, max_batch: int) -> dict[st
     }
 
 
-def build(
+def _replicas(
     model: str | os.PathLike[str],
-    *,
-    replicas: int = 2,
-    max_replicas: int | None = None,
-    threads: int = 1,
-    routing: Routing = "prefix",
-    settings: Mapping[str, Any] | None = None,
-) -> Any:
-    """The Ray Serve application of ``model``: ``replicas`` replicas (or between ``replicas``
-    and ``max_replicas``, scaled by their load) of ``threads`` threads each, behind one
-    ingress. ``settings`` are :func:`tallow.server.build_app`'s (``max_batch``,
-    ``kv_memory``, ``kv_dtype``, ``n_ctx``, ``device``, ``chat_template``, ``options``) for
-    every replica; the ingress checks requests against ``options``' key, CORS origins and
-    limits, as ``tallow serve`` does.
-    ``routing`` is ``"prefix"`` or ``"random"`` (see the module's docstring)."""
+    replicas: int,
+    max_replicas: int | None,
+    threads: int,
+    routing: Routing,
+    settings: Mapping[str, Any] | None,
+) -> tuple[Any, ServerOptions]:
+    """The replicas' deployment of :func:`build`, bound to its arguments, and the options the
+    ingress checks requests against."""
     if replicas < 1 or (max_replicas is not None and max_replicas < replicas):
         raise InvalidArgumentError(
             f"replicas must be >= 1 and max_replicas >= replicas, got {replicas} and {max_replicas}"
@@ -486,10 +479,31 @@ def build(
         ),
         **_scaling(replicas, max_replicas, max_batch),
     )(ServerReplica)
+    return replica.bind(os.fspath(model), settings), options
+
+
+def build(
+    model: str | os.PathLike[str],
+    *,
+    replicas: int = 2,
+    max_replicas: int | None = None,
+    threads: int = 1,
+    routing: Routing = "prefix",
+    settings: Mapping[str, Any] | None = None,
+) -> Any:
+    """The Ray Serve application of ``model``: ``replicas`` replicas (or between ``replicas``
+    and ``max_replicas``, scaled by their load) of ``threads`` threads each, behind one
+    ingress deployment. ``settings`` are :func:`tallow.server.build_app`'s (``max_batch``,
+    ``kv_memory``, ``kv_dtype``, ``n_ctx``, ``device``, ``chat_template``, ``options``) for
+    every replica; the ingress checks requests against ``options``' key, CORS origins and
+    limits, as ``tallow serve`` does, but for the deadline of request headers, which Ray
+    Serve's HTTP proxy does not have (:func:`run` has it).
+    ``routing`` is ``"prefix"`` or ``"random"`` (see the module's docstring)."""
+    replica, options = _replicas(model, replicas, max_replicas, threads, routing, settings)
     ingress = serve.deployment(
         name="tallow-ingress", max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0}
     )(Ingress)
-    return ingress.bind(replica.bind(os.fspath(model), settings), options)
+    return ingress.bind(replica, options)
 
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -511,20 +525,6 @@ def _warn_unless_loopback() -> None:
         )
 
 
-@dataclass
-class _Cluster:
-    """A local Ray cluster with the application running, until :meth:`stop`."""
-
-    url: str
-    stopped: bool = field(default=False)
-
-    def stop(self) -> None:
-        if not self.stopped:
-            self.stopped = True
-            serve.shutdown()  # type: ignore[no-untyped-call]
-            ray.shutdown()
-
-
 def run(
     model: str | os.PathLike[str],
     *,
@@ -535,52 +535,46 @@ def run(
     threads: int = 1,
     routing: Routing = "prefix",
     settings: Mapping[str, Any] | None = None,
+    log_level: str = "info",
     on_ready: Callable[[str], None] | None = None,
-    block: bool = True,
-) -> _Cluster:
-    """Start a local Ray cluster (or join the one ``RAY_ADDRESS`` names) and serve ``model``
-    on ``host:port`` with :func:`build`'s replicas; with ``block``, until interrupted. The
-    local cluster's own services listen on loopback when Ray was imported with
-    :data:`LOOPBACK_ENV` set to ``0`` (otherwise a warning says where they listen)."""
-    app = build(
-        model,
-        replicas=replicas,
-        max_replicas=max_replicas,
-        threads=threads,
-        routing=routing,
-        settings=settings,
-    )
-    if not ray.is_initialized():
-        local = "RAY_ADDRESS" not in os.environ
-        cpus = threads * (max_replicas or replicas)
-        ray.init(
-            num_cpus=cpus if local else None,
-            include_dashboard=False,
-            log_to_driver=False,
-        )
-        if local:
-            _warn_unless_loopback()
-    options = (settings or {}).get("options") or ServerOptions()
-    # Ray Serve's proxy has no deadline for a request's headers; this bounds idle connections
-    # between requests, as in plain `tallow serve`.
-    keep_alive = min(KEEP_ALIVE_S, math.ceil(options.read_timeout))
-    serve.start(http_options={"host": host, "port": port, "keep_alive_timeout_s": keep_alive})
-    serve.run(app, name="tallow", route_prefix="/")
-    cluster = _Cluster(f"http://{host}:{port}/v1")
-    if on_ready is not None:
-        on_ready(cluster.url)
-    if block:
+) -> None:
+    """Serve ``model`` on ``host:port`` with :func:`build`'s replicas until interrupted (or
+    terminated), on a local Ray cluster that this starts (or the one ``RAY_ADDRESS`` names).
+    The ingress runs in this process, with the HTTP server of ``tallow serve``; Ray Serve's
+    proxy is not started. The local cluster's own services listen on loopback when Ray was
+    imported with :data:`LOOPBACK_ENV` set to ``0`` (otherwise a warning says where they
+    listen). Raises :class:`~tallow.TallowError` when the port cannot be had or the server
+    cannot start."""
+    import uvicorn
 
-        def interrupt(signum: int, frame: object) -> None:
-            raise KeyboardInterrupt
-
-        # Terminated as when interrupted: the cluster's processes go too.
-        signal.signal(signal.SIGTERM, interrupt)
+    replica, options = _replicas(model, replicas, max_replicas, threads, routing, settings)
+    # The port is taken first, so that a busy port fails before any replica starts.
+    sock = bind(host, port)
+    try:
+        if not ray.is_initialized():
+            local = "RAY_ADDRESS" not in os.environ
+            cpus = threads * (max_replicas or replicas)
+            ray.init(num_cpus=cpus if local else None, include_dashboard=False, log_to_driver=False)
+            if local:
+                _warn_unless_loopback()
+        serve.start(proxy_location="Disabled")
         try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+            ingress = Ingress(serve.run(replica, name="tallow", route_prefix=None), options)
+            config = uvicorn.Config(
+                ingress.app,
+                log_level=log_level,
+                lifespan="off",
+                interface="asgi3",
+                http=protocol_with_header_timeout(options.read_timeout),
+            )
+            if on_ready is not None:
+                on_ready(f"http://{host}:{sock.getsockname()[1]}/v1")
+            try:
+                uvicorn.Server(config).run(sockets=[sock])
+            except SystemExit:  # uvicorn's way of saying that the server did not start
+                raise TallowError("the server did not start (see the log above)") from None
         finally:
-            cluster.stop()
-    return cluster
+            serve.shutdown()  # type: ignore[no-untyped-call]
+            ray.shutdown()
+    finally:
+        sock.close()

@@ -74,9 +74,9 @@ DEFAULT_READ_TIMEOUT = 30.0
 
 
 def error_response(error: APIError) -> Response:
-    # After a body that was not read whole (too large, too slow), the connection cannot serve
-    # another request.
-    headers = {"connection": "close"} if error.status in (408, 413) else None
+    # After a body that was not read whole (not JSON, too large, too slow), the connection
+    # cannot serve another request.
+    headers = {"connection": "close"} if error.status in (408, 413, 415) else None
     return Response(
         error.json_bytes(), status_code=error.status, headers=headers, media_type="application/json"
     )
