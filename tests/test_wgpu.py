@@ -153,12 +153,18 @@ def test_llm_runs_on_the_gpu_through_the_public_api(arch_dir: Path) -> None:
 
 def test_bad_devices_are_clear_errors(arch_dir: Path) -> None:
     path = str(arch_dir / "llama3" / "llama3-f32.gguf")
-    with pytest.raises(tallow.InvalidArgumentError, match="device must be"):
+    with pytest.raises(tallow.InvalidArgumentError, match="device must be one of 'cpu', 'gpu'"):
         _core.Model(path, device="tpu")
+    with pytest.raises(tallow.InvalidArgumentError, match="the cpu device has no number"):
+        _core.Model(path, device="cpu:1")
+    with pytest.raises(tallow.InvalidArgumentError, match="a GPU's number must follow"):
+        _core.Model(path, device="wgpu:x")
     with pytest.raises(tallow.ModelError, match="no GPU wgpu:99"):
         _core.Model(path, device="wgpu:99")
     gpu = _core.Model(path, device="gpu")
-    with pytest.raises(tallow.UnsupportedError, match="f16 pages"):
+    with pytest.raises(
+        tallow.UnsupportedError, match="wgpu does not hold KV pages of f32; it holds f16"
+    ):
         gpu.new_kv_cache(dtype="f32", max_pages=4)
     # A pool on the CPU cannot serve a model on the GPU.
     kv = _core.Model(path).new_kv_cache(max_pages=4)

@@ -36,10 +36,12 @@
 
 mod arena;
 mod error;
+mod growing;
 mod pod;
 mod pool;
 
 pub use arena::{Arena, BASE_ALIGN};
 pub use error::ArenaError;
+pub use growing::GrowingArena;
 pub use pod::Pod;
 pub use pool::{ArenaPool, PooledArena};

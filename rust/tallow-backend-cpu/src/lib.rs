@@ -11,10 +11,11 @@ mod step;
 use std::sync::Arc;
 
 use tallow_backend::{
-    Backend, BackendError, DeviceInfo, DeviceMemory, Heads, MatrixSpec, Rope, StepError, StepInput,
+    Backend, BackendError, Capabilities, DeviceInfo, DeviceMemory, MatrixSpec, Rope, StepInput,
 };
 use tallow_gguf::GgufFile;
-use tallow_kv::{KvLayout, KvStorage, LayerGroups};
+use tallow_kv::{KvDtype, KvLayout, KvStorage, LayerGroups};
+use tallow_quant::GgmlType;
 
 pub use matrix::Matrix;
 pub use scratch::Scratch;
@@ -55,8 +56,14 @@ impl Backend for CpuBackend {
         None
     }
 
-    fn check_heads(&self, heads: Heads) -> Result<(), BackendError> {
-        attention::check_head_dim(heads.head_dim)
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: "the CPU",
+            weight_formats: GgmlType::WEIGHTS.to_vec(),
+            kv_dtypes: KvDtype::ALL.to_vec(),
+            max_head_dim: attention::MAX_HEAD_DIM,
+            head_dim_multiple: 1,
+        }
     }
 
     fn upload_matrices(
@@ -88,20 +95,16 @@ impl Backend for CpuBackend {
         &self,
         scratch: &mut Scratch,
         input: &StepInput<'_, Self>,
-        mut f: F,
+        f: F,
     ) -> Result<(), BackendError>
     where
-        F: for<'s> FnMut(&mut CpuStep<'s>) -> Result<(), StepError>,
+        F: for<'s> FnOnce(&mut CpuStep<'s>) -> Result<(), BackendError>,
     {
-        loop {
-            let Scratch { step, layer } = scratch;
-            step.reset();
-            let result = CpuStep::begin(step, layer, input).and_then(|mut s| f(&mut s));
-            match result {
-                Ok(()) => return Ok(()),
-                Err(StepError::Failed(e)) => return Err(e),
-                Err(StepError::OutOfScratch { arena, needed }) => scratch.grow(arena, needed)?,
-            }
-        }
+        let Scratch { step, layer } = scratch;
+        let result = CpuStep::begin(step, layer, input).and_then(|mut s| f(&mut s));
+        // Resets size the arenas to hold all that this step took, for the next.
+        step.reset().map_err(scratch::too_large)?;
+        layer.reset().map_err(scratch::too_large)?;
+        result
     }
 }

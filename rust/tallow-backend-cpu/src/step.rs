@@ -1,28 +1,28 @@
 //! One step on the CPU: each operation runs as it comes, on the thread pool, over buffers of
 //! the step's arena.
 
-use tallow_arena::Arena;
+use tallow_arena::GrowingArena;
 use tallow_backend::{
-    argmax, Activation, Batch, KvCopy, Logits, Output, Rope, Scores, Step, StepError, StepInput,
+    argmax, Activation, BackendError, Batch, Output, Rope, Scores, Step, StepInput, StepPlan,
 };
-use tallow_kv::{KvStorage, PagedKvCache};
+use tallow_kv::{KvLayout, KvStorage, PagedKvCache};
 use tallow_quant::QuantizedActs;
 
 use crate::attention::{Attention, Plan};
 use crate::matrix::Matrix;
 use crate::ops::{add_in_place, add_rows, gated, hadamard, rms_norm, rms_norm_in_place};
-use crate::scratch::{take, LAYER, STEP};
+use crate::scratch::take;
 use crate::CpuBackend;
 
 /// The state of one step: its input, the arenas, the rotary angles of every token for each
 /// RoPE, and how attention is split between threads (with its scratch).
 pub struct CpuStep<'s> {
     batch: &'s Batch,
-    first_pos: &'s [usize],
+    step_plan: &'s StepPlan,
     ropes: &'s [Rope],
-    arena: &'s Arena,
+    arena: &'s GrowingArena,
     /// Reset at every product: the quantized activations.
-    layer: &'s mut Arena,
+    layer: &'s mut GrowingArena,
     /// `ropes.len()` tables of `tokens * angles_len` floats.
     angles: &'s [f32],
     plan: Plan,
@@ -32,30 +32,31 @@ pub struct CpuStep<'s> {
 
 impl<'s> CpuStep<'s> {
     pub(crate) fn begin(
-        arena: &'s Arena,
-        layer: &'s mut Arena,
+        arena: &'s GrowingArena,
+        layer: &'s mut GrowingArena,
         input: &'s StepInput<'s, CpuBackend>,
-    ) -> Result<Self, StepError> {
-        let (batch, first_pos, ropes) = (input.batch, input.first_pos, &input.ropes[..]);
+    ) -> Result<Self, BackendError> {
+        let (batch, step_plan, ropes) = (input.batch, input.plan, &input.ropes[..]);
         let n = batch.tokens.len();
         // The rotary angles of each token's position, per RoPE, shared by the layers.
         let angles_len = ropes.first().map_or(0, Rope::angles_len);
-        let angles = take::<f32>(arena, STEP, ropes.len() * n * angles_len)?;
+        let angles = take::<f32>(arena, ropes.len() * n * angles_len)?;
         for (r, rope) in ropes.iter().enumerate() {
-            rope.batch_angles(batch, first_pos, &mut angles[r * n * angles_len..]);
+            rope.angles_of(&step_plan.positions, &mut angles[r * n * angles_len..]);
         }
         let threads = tallow_threads::global().threads();
+        let first_pos = &step_plan.first_pos;
         let plan = Plan::new(input.heads, input.page_size, batch, first_pos, threads);
         Ok(CpuStep {
             batch,
-            first_pos,
+            step_plan,
             ropes,
             arena,
             layer,
             angles,
             plan,
-            attention: take(arena, STEP, threads * plan.thread_scratch_len())?,
-            partials: take(arena, STEP, plan.partials_len(batch.chunks.len()))?,
+            attention: take(arena, threads * plan.thread_scratch_len())?,
+            partials: take(arena, plan.partials_len(batch.chunks.len()))?,
         })
     }
 
@@ -65,15 +66,15 @@ impl<'s> CpuStep<'s> {
 
     /// `input` quantized for `m`'s products, from the layer arena.
     fn quantize<'a>(
-        layer: &'a Arena,
+        layer: &'a GrowingArena,
         m: &Matrix,
         input: &[f32],
         n: usize,
-    ) -> Result<QuantizedActs<'a>, StepError> {
+    ) -> Result<QuantizedActs<'a>, BackendError> {
         let ty = m.ty.vec_dot_type();
         let len = QuantizedActs::buffer_len(ty, n, m.cols)?;
-        let bytes = take::<u8>(layer, LAYER, len.bytes)?;
-        let scales = take::<f32>(layer, LAYER, len.scales)?;
+        let bytes = take::<u8>(layer, len.bytes)?;
+        let scales = take::<f32>(layer, len.scales)?;
         Ok(QuantizedActs::quantize(
             ty, input, n, m.cols, bytes, scales,
         )?)
@@ -83,22 +84,27 @@ impl<'s> CpuStep<'s> {
 impl<'s> Step<CpuBackend> for CpuStep<'s> {
     type Rows = &'s mut [f32];
 
-    fn rows(&mut self, n: usize, width: usize) -> Result<Self::Rows, StepError> {
-        take(self.arena, STEP, n * width)
+    fn rows(&mut self, n: usize, width: usize) -> Result<Self::Rows, BackendError> {
+        take(self.arena, n * width)
     }
 
-    fn upload(&mut self, values: &[f32], _width: usize) -> Result<Self::Rows, StepError> {
-        let rows = take(self.arena, STEP, values.len())?;
+    fn upload(&mut self, values: &[f32], _width: usize) -> Result<Self::Rows, BackendError> {
+        let rows = take(self.arena, values.len())?;
         rows.copy_from_slice(values);
         Ok(rows)
     }
 
-    fn read(&mut self, x: &Self::Rows, out: &mut [f32]) -> Result<(), StepError> {
+    fn read(&mut self, x: &Self::Rows, out: &mut [f32]) -> Result<(), BackendError> {
         out.copy_from_slice(&x[..out.len()]);
         Ok(())
     }
 
-    fn embed(&mut self, table: &Matrix, scale: f32, out: &mut Self::Rows) -> Result<(), StepError> {
+    fn embed(
+        &mut self,
+        table: &Matrix,
+        scale: f32,
+        out: &mut Self::Rows,
+    ) -> Result<(), BackendError> {
         for (&id, row) in self
             .batch
             .tokens
@@ -119,7 +125,7 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         gain: &Vec<f32>,
         eps: f32,
         out: &mut Self::Rows,
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
         rms_norm(x, gain, eps, out);
         Ok(())
     }
@@ -129,7 +135,7 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         x: &mut Self::Rows,
         gain: &Vec<f32>,
         eps: f32,
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
         rms_norm_in_place(x, gain, eps);
         Ok(())
     }
@@ -139,10 +145,10 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         input: &Self::Rows,
         matrices: [&Matrix; N],
         outs: [&mut Self::Rows; N],
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
         let n = self.n_tokens();
-        self.layer.reset();
-        let layer: &Arena = self.layer;
+        reset(self.layer)?;
+        let layer: &GrowingArena = self.layer;
         let outs = outs.map(|out| &mut out[..]);
         let ty = matrices[0].ty.vec_dot_type();
         if matrices.iter().all(|m| m.ty.vec_dot_type() == ty) {
@@ -157,12 +163,12 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         Ok(())
     }
 
-    fn add_bias(&mut self, x: &mut Self::Rows, bias: &Vec<f32>) -> Result<(), StepError> {
+    fn add_bias(&mut self, x: &mut Self::Rows, bias: &Vec<f32>) -> Result<(), BackendError> {
         add_rows(x, bias);
         Ok(())
     }
 
-    fn rope(&mut self, rope: usize, x: &mut Self::Rows) -> Result<(), StepError> {
+    fn rope(&mut self, rope: usize, x: &mut Self::Rows) -> Result<(), BackendError> {
         let n = self.n_tokens();
         let r = &self.ropes[rope];
         let angles_len = r.angles_len();
@@ -176,43 +182,34 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         Ok(())
     }
 
-    fn rotate_heads(&mut self, x: &mut Self::Rows, head_dim: usize) -> Result<(), StepError> {
-        hadamard(x, head_dim);
-        Ok(())
-    }
-
     fn write_kv(
         &mut self,
         cache: &mut PagedKvCache,
         layer: usize,
-        k: &Self::Rows,
-        v: &Self::Rows,
-    ) -> Result<(), StepError> {
-        let kv_dim = k.len() / self.n_tokens();
-        for (chunk, &first) in self.batch.chunks.iter().zip(self.first_pos) {
-            let parent = self.batch.is_parent(chunk.seq);
-            for i in 0..chunk.len {
-                let slot = Batch::write_slot(cache, chunk.seq, parent, first + i, layer)?;
-                let row = (chunk.start + i) * kv_dim..(chunk.start + i + 1) * kv_dim;
-                cache.store_mut::<KvStorage>()?.write_token(
-                    slot,
-                    layer,
-                    &k[row.clone()],
-                    &v[row],
-                )?;
-            }
+        k: &mut Self::Rows,
+        v: &mut Self::Rows,
+    ) -> Result<(), BackendError> {
+        let layout = *cache.layout();
+        if rotates(&layout) {
+            hadamard(k, layout.head_dim);
+            hadamard(v, layout.head_dim);
         }
-        Ok(())
-    }
-
-    fn copy_kv(
-        &mut self,
-        cache: &mut PagedKvCache,
-        layer: usize,
-        copies: &[KvCopy],
-    ) -> Result<(), StepError> {
         let storage = cache.store_mut::<KvStorage>()?;
-        for c in copies {
+        let group = self.step_plan.group(layer)?;
+        let kv_dim = k.len() / self.n_tokens();
+        for ((slot, k), v) in group
+            .slots
+            .iter()
+            .zip(k.chunks_exact(kv_dim))
+            .zip(v.chunks_exact(kv_dim))
+        {
+            let slot = tallow_kv::Slot {
+                page: tallow_kv::PageId(slot.page),
+                offset: slot.offset as usize,
+            };
+            storage.write_token(slot, layer, k, v)?;
+        }
+        for c in &group.copies {
             storage.copy_positions(c.src, c.dst, layer, c.len)?;
         }
         Ok(())
@@ -223,20 +220,29 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         cache: &PagedKvCache,
         layer: usize,
         scores: Scores,
-        q: &Self::Rows,
+        q: &mut Self::Rows,
         out: &mut Self::Rows,
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
+        let storage = cache.store::<KvStorage>()?;
+        let layout = storage.layout();
+        let rotated = rotates(layout);
+        if rotated {
+            hadamard(q, layout.head_dim);
+        }
         let attention = Attention {
             plan: &self.plan,
-            cache,
-            storage: cache.store::<KvStorage>()?,
+            step: self.step_plan,
+            storage,
             layer,
             batch: self.batch,
-            first_pos: self.first_pos,
             q,
             scores,
         };
         attention.run(self.attention, self.partials, out)?;
+        if rotated {
+            // The output is a mix of rotated values: rotated back (H is its own inverse).
+            hadamard(out, layout.head_dim);
+        }
         Ok(())
     }
 
@@ -245,28 +251,25 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         activation: Activation,
         gate: &mut Self::Rows,
         up: &Self::Rows,
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
         gated(activation, gate, up);
         Ok(())
     }
 
-    fn add(&mut self, x: &mut Self::Rows, y: &Self::Rows) -> Result<(), StepError> {
+    fn add(&mut self, x: &mut Self::Rows, y: &Self::Rows) -> Result<(), BackendError> {
         add_in_place(x, y);
         Ok(())
     }
 
-    fn logit_rows(&mut self, x: &Self::Rows, out: &mut Self::Rows) -> Result<(), StepError> {
+    fn logit_rows(&mut self, x: &Self::Rows, out: &mut Self::Rows) -> Result<(), BackendError> {
         let d = x.len() / self.n_tokens();
-        let mut row = 0;
-        for chunk in &self.batch.chunks {
-            let wanted = match chunk.logits {
-                Logits::None => 0..0,
-                Logits::Last => chunk.start + chunk.len - 1..chunk.start + chunk.len,
-                Logits::All => chunk.start..chunk.start + chunk.len,
-            };
-            out[row * d..(row + wanted.len()) * d]
-                .copy_from_slice(&x[wanted.start * d..wanted.end * d]);
-            row += wanted.len();
+        for (&row, out) in self
+            .step_plan
+            .logit_rows
+            .iter()
+            .zip(out.chunks_exact_mut(d))
+        {
+            out.copy_from_slice(&x[row as usize * d..][..d]);
         }
         Ok(())
     }
@@ -277,11 +280,11 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         m: &Matrix,
         softcap: Option<f32>,
         out: Output<'_>,
-    ) -> Result<(), StepError> {
-        self.layer.reset();
+    ) -> Result<(), BackendError> {
+        reset(self.layer)?;
         let n = x.len() / m.cols;
         let acts = Self::quantize(self.layer, m, x, n)?;
-        let product = |logits: &mut [f32]| -> Result<(), StepError> {
+        let product = |logits: &mut [f32]| -> Result<(), BackendError> {
             m.matmul(&acts, logits)?;
             if let Some(cap) = softcap {
                 logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
@@ -291,7 +294,7 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         match out {
             Output::Logits(logits) => product(logits),
             Output::Argmax(tokens) => {
-                let logits = take::<f32>(self.layer, LAYER, n * m.rows)?;
+                let logits = take::<f32>(self.layer, n * m.rows)?;
                 product(logits)?;
                 for (token, row) in tokens.iter_mut().zip(logits.chunks_exact(m.rows)) {
                     *token = argmax(row);
@@ -300,4 +303,17 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
             }
         }
     }
+}
+
+/// Whether pages of `layout` hold keys and values rotated by a Hadamard matrix (as llama.cpp's
+/// quantized ones do): a head's few large values spread over all of it before it is cut into
+/// blocks. Queries are rotated alike, which leaves their dot products with the keys as they
+/// were, and the attention's output is rotated back.
+fn rotates(layout: &KvLayout) -> bool {
+    layout.dtype.block_format().is_some() && layout.head_dim.is_power_of_two()
+}
+
+/// Resets the arena of one product's buffers.
+fn reset(arena: &mut GrowingArena) -> Result<(), BackendError> {
+    arena.reset().map_err(crate::scratch::too_large)
 }

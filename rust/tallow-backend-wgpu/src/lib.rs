@@ -14,10 +14,10 @@ mod step;
 use std::sync::Arc;
 
 use tallow_backend::{
-    Backend, BackendError, DeviceInfo, DeviceMemory, Heads, MatrixSpec, Rope, StepError, StepInput,
+    Backend, BackendError, Capabilities, DeviceInfo, DeviceMemory, MatrixSpec, Rope, StepInput,
 };
 use tallow_gguf::GgufFile;
-use tallow_kv::{KvLayout, LayerGroups};
+use tallow_kv::{KvDtype, KvLayout, LayerGroups};
 
 pub use device::devices;
 pub use kernels::weight_formats;
@@ -116,14 +116,14 @@ impl Backend for WgpuBackend {
         Some(self.gpu.memory())
     }
 
-    fn check_heads(&self, heads: Heads) -> Result<(), BackendError> {
-        if heads.head_dim > MAX_HEAD_DIM || !heads.head_dim.is_multiple_of(2) {
-            return Err(BackendError::Unsupported(format!(
-                "attention heads of {} dimensions on wgpu (even, at most {MAX_HEAD_DIM})",
-                heads.head_dim
-            )));
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: "wgpu",
+            weight_formats: weight_formats().collect(),
+            kv_dtypes: vec![KvDtype::F16],
+            max_head_dim: MAX_HEAD_DIM,
+            head_dim_multiple: 2,
         }
-        Ok(())
     }
 
     fn upload_matrices(
@@ -164,18 +164,13 @@ impl Backend for WgpuBackend {
         &self,
         scratch: &mut Scratch,
         input: &StepInput<'_, Self>,
-        mut f: F,
+        f: F,
     ) -> Result<(), BackendError>
     where
-        F: for<'s> FnMut(&mut WgpuStep<'s>) -> Result<(), StepError>,
+        F: for<'s> FnOnce(&mut WgpuStep<'s>) -> Result<(), BackendError>,
     {
         let mut step = WgpuStep::begin(self, scratch, input)?;
-        match f(&mut step) {
-            Ok(()) => step.finish(),
-            Err(StepError::Failed(e)) => Err(e),
-            Err(StepError::OutOfScratch { .. }) => Err(BackendError::Device(
-                "a GPU step ran out of scratch memory".into(),
-            )),
-        }
+        f(&mut step)?;
+        step.finish()
     }
 }

@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use tallow_backend::{
-    Activation, BackendError, Batch, KvCopy, Logits, Output, Scores, Step, StepError, StepInput,
-};
+use tallow_backend::{Activation, BackendError, Output, Scores, Step, StepInput};
 use tallow_kv::{PageStore, PagedKvCache};
 
 use crate::gpu::{device_error, Buffer, Gpu, Word};
@@ -26,14 +24,13 @@ pub struct Scratch {
     free: Vec<Buffer>,
 }
 
-/// Where each token's keys and values go, and what its attention reads, in one layer group.
-#[derive(Default)]
+/// The plan of one layer group on the GPU (see [`tallow_backend::GroupPlan`]).
 struct GroupBuffers {
     /// (page, position in the page) of each token.
-    slots: Option<Buffer>,
+    slots: Buffer,
     /// Per token, where its sequence's page table starts in `tables`, and its position.
-    tokens: Option<Buffer>,
-    tables: Option<Buffer>,
+    tokens: Buffer,
+    tables: Buffer,
 }
 
 pub struct WgpuStep<'s> {
@@ -86,15 +83,31 @@ impl<'s> WgpuStep<'s> {
         let batch = input.batch;
         let n = batch.tokens.len();
         let ids = gpu.buffer_with(&words_of(batch.tokens.iter().copied()))?;
+        let plan = input.plan;
         let angles = input
             .ropes
             .iter()
             .map(|rope| {
                 let mut table = vec![0.0; n * rope.angles_len()];
-                rope.batch_angles(batch, input.first_pos, &mut table);
+                rope.angles_of(&plan.positions, &mut table);
                 gpu.buffer_with(&bytes_of(&table))
             })
             .collect::<Result<_, _>>()?;
+        // The plan goes up once: every layer of a group reads its group's.
+        let groups = plan
+            .groups
+            .iter()
+            .map(|group| {
+                let slots = group.slots.iter().flat_map(|s| [s.page, s.offset]);
+                let tokens = plan.token_chunks.iter().zip(&plan.positions);
+                let tokens = tokens.flat_map(|(&c, &pos)| [group.table_starts[c as usize], pos]);
+                Ok(GroupBuffers {
+                    slots: gpu.buffer_with(&words_of(slots))?,
+                    tokens: gpu.buffer_with(&words_of(tokens))?,
+                    tables: gpu.buffer_with(&words_of(group.tables.iter().copied()))?,
+                })
+            })
+            .collect::<Result<_, BackendError>>()?;
         Ok(WgpuStep {
             gpu,
             max_part: backend.max_part,
@@ -105,7 +118,7 @@ impl<'s> WgpuStep<'s> {
             encoder: gpu.device.create_command_encoder(&Default::default()),
             ids,
             angles,
-            groups: Vec::new(),
+            groups,
         })
     }
 
@@ -135,7 +148,7 @@ impl<'s> WgpuStep<'s> {
         buffers: &[(u32, &Buffer)],
         params: &[u32],
         groups: (u32, u32, u32),
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
         let pipeline = self.kernels.get(self.gpu, kernel)?;
         let device = &self.gpu.device;
         let uniform = device.create_buffer(&wgpu::BufferDescriptor {
@@ -181,7 +194,7 @@ impl<'s> WgpuStep<'s> {
         buffers: &[(u32, &Buffer)],
         n: usize,
         params: &[u32],
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
         let (x, y) = grid(n.div_ceil(64));
         let mut words = vec![n as u32, x * 64];
         words.extend_from_slice(params);
@@ -196,81 +209,26 @@ impl<'s> WgpuStep<'s> {
         runs: usize,
         width: usize,
         eps: f32,
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
         let (gx, gy) = grid(runs);
         let params = [width as u32, runs as u32, eps.to_bits(), gx];
         self.dispatch(kernel, buffers, &params, (gx, gy, 1))
     }
 
     /// Submits what is recorded, and reads the first `out.len()` values of `buffer`.
-    fn read_back<T: Word>(&mut self, buffer: &Buffer, out: &mut [T]) -> Result<(), StepError> {
+    fn read_back<T: Word>(&mut self, buffer: &Buffer, out: &mut [T]) -> Result<(), BackendError> {
         let fresh = self.gpu.device.create_command_encoder(&Default::default());
         let encoder = std::mem::replace(&mut self.encoder, fresh);
         self.gpu.read(encoder, buffer, out)?;
         Ok(())
     }
 
-    /// The buffers of layer group `group`, made on first use.
-    fn group(&mut self, group: usize) -> &mut GroupBuffers {
-        if self.groups.len() <= group {
-            self.groups.resize_with(group + 1, GroupBuffers::default);
-        }
-        &mut self.groups[group]
+    /// The plan of `layer`'s group.
+    fn group(&self, layer: usize) -> Result<&GroupBuffers, BackendError> {
+        Ok(&self.groups[self.input.plan.group_of(layer)?])
     }
 
-    /// Each token's (page, position in the page) in `layer`'s pages, refusing pages other
-    /// sequences share.
-    fn slots(&mut self, cache: &PagedKvCache, layer: usize) -> Result<Buffer, StepError> {
-        let group = cache.groups().place(layer)?.0;
-        if let Some(slots) = &self.group(group).slots {
-            return Ok(slots.clone());
-        }
-        let mut words = Vec::with_capacity(2 * self.n_tokens());
-        for (chunk, &first) in self.input.batch.chunks.iter().zip(self.input.first_pos) {
-            let parent = self.input.batch.is_parent(chunk.seq);
-            for i in 0..chunk.len {
-                let slot = Batch::write_slot(cache, chunk.seq, parent, first + i, layer)?;
-                words.extend([slot.page.0, slot.offset as u32]);
-            }
-        }
-        let buffer = self.gpu.buffer_with(&words_of(words))?;
-        self.group(group).slots = Some(buffer.clone());
-        Ok(buffer)
-    }
-
-    /// The page tables of `layer`'s group for the step's sequences, and where each token's
-    /// starts with its position.
-    fn tables(
-        &mut self,
-        cache: &PagedKvCache,
-        layer: usize,
-    ) -> Result<(Buffer, Buffer), StepError> {
-        let group = cache.groups().place(layer)?.0;
-        if let GroupBuffers {
-            tokens: Some(tokens),
-            tables: Some(tables),
-            ..
-        } = self.group(group)
-        {
-            return Ok((tokens.clone(), tables.clone()));
-        }
-        let (mut tokens, mut tables) = (Vec::new(), Vec::new());
-        for (chunk, &first) in self.input.batch.chunks.iter().zip(self.input.first_pos) {
-            let start = tables.len() as u32;
-            tables.extend(cache.page_table(chunk.seq, layer)?.iter().map(|p| p.0));
-            for i in 0..chunk.len {
-                tokens.extend([start, (first + i) as u32]);
-            }
-        }
-        let tokens = self.gpu.buffer_with(&words_of(tokens))?;
-        let tables = self.gpu.buffer_with(&words_of(tables))?;
-        let g = self.group(group);
-        g.tokens = Some(tokens.clone());
-        g.tables = Some(tables.clone());
-        Ok((tokens, tables))
-    }
-
-    fn products(&mut self, input: &Rows, m: &Matrix, out: &Rows) -> Result<(), StepError> {
+    fn products(&mut self, input: &Rows, m: &Matrix, out: &Rows) -> Result<(), BackendError> {
         let n = input.len / m.cols;
         for part in &m.parts {
             let (x, y) = grid(part.rows.div_ceil(8 * 64));
@@ -297,7 +255,7 @@ impl<'s> WgpuStep<'s> {
 impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
     type Rows = Rows;
 
-    fn rows(&mut self, n: usize, width: usize) -> Result<Rows, StepError> {
+    fn rows(&mut self, n: usize, width: usize) -> Result<Rows, BackendError> {
         let size = ((n * width * 4).max(4)) as u64;
         let buffer = match self.scratch.free.iter().position(|b| b.size() == size) {
             Some(i) => self.scratch.free.swap_remove(i),
@@ -310,16 +268,16 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         })
     }
 
-    fn upload(&mut self, values: &[f32], _width: usize) -> Result<Rows, StepError> {
-        Ok(upload(self.gpu, values)?)
+    fn upload(&mut self, values: &[f32], _width: usize) -> Result<Rows, BackendError> {
+        upload(self.gpu, values)
     }
 
-    fn read(&mut self, x: &Rows, out: &mut [f32]) -> Result<(), StepError> {
+    fn read(&mut self, x: &Rows, out: &mut [f32]) -> Result<(), BackendError> {
         let n = out.len().min(x.len);
         self.read_back(&x.buffer.clone(), &mut out[..n])
     }
 
-    fn embed(&mut self, table: &Matrix, scale: f32, out: &mut Rows) -> Result<(), StepError> {
+    fn embed(&mut self, table: &Matrix, scale: f32, out: &mut Rows) -> Result<(), BackendError> {
         let n = self.n_tokens();
         let ids = self.ids.clone();
         for part in &table.parts {
@@ -345,12 +303,17 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         gain: &Rows,
         eps: f32,
         out: &mut Rows,
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
         let buffers = [(0, &x.buffer), (1, &gain.buffer), (2, &out.buffer)];
         self.norm(Kernel::Norm, &buffers, x.len / gain.len, gain.len, eps)
     }
 
-    fn rms_norm_in_place(&mut self, x: &mut Rows, gain: &Rows, eps: f32) -> Result<(), StepError> {
+    fn rms_norm_in_place(
+        &mut self,
+        x: &mut Rows,
+        gain: &Rows,
+        eps: f32,
+    ) -> Result<(), BackendError> {
         let buffers = [(1, &gain.buffer), (2, &x.buffer)];
         self.norm(
             Kernel::NormInPlace,
@@ -366,19 +329,19 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         input: &Rows,
         matrices: [&Matrix; N],
         outs: [&mut Rows; N],
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
         for (m, out) in matrices.into_iter().zip(outs) {
             self.products(input, m, out)?;
         }
         Ok(())
     }
 
-    fn add_bias(&mut self, x: &mut Rows, bias: &Rows) -> Result<(), StepError> {
+    fn add_bias(&mut self, x: &mut Rows, bias: &Rows) -> Result<(), BackendError> {
         let buffers = [(0, &x.buffer), (1, &bias.buffer)];
         self.dispatch_each(Kernel::AddBias, &buffers, x.len, &[bias.len as u32])
     }
 
-    fn rope(&mut self, rope: usize, x: &mut Rows) -> Result<(), StepError> {
+    fn rope(&mut self, rope: usize, x: &mut Rows) -> Result<(), BackendError> {
         let n = self.n_tokens();
         let r = &self.input.ropes[rope];
         let pairs = r.inv_freq().len();
@@ -401,10 +364,10 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         &mut self,
         cache: &mut PagedKvCache,
         layer: usize,
-        k: &Rows,
-        v: &Rows,
-    ) -> Result<(), StepError> {
-        let slots = self.slots(cache, layer)?;
+        k: &mut Rows,
+        v: &mut Rows,
+    ) -> Result<(), BackendError> {
+        let slots = self.group(layer)?.slots.clone();
         let store = cache.store::<Pages>()?;
         let l = *cache.layout();
         let n = self.n_tokens();
@@ -419,25 +382,9 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         ];
         let pages = store.of_layer(layer).clone();
         let buffers = [(0, &k.buffer), (1, &v.buffer), (2, &slots), (3, &pages)];
-        self.dispatch(Kernel::WriteKv, &buffers, &params, (gx, gy, 1))
-    }
-
-    fn rotate_heads(&mut self, _x: &mut Rows, _head_dim: usize) -> Result<(), StepError> {
-        // Only quantized KV pages are rotated, and this backend holds f16 pages only.
-        Err(
-            BackendError::Unsupported("rotated heads (for quantized KV pages) on wgpu".into())
-                .into(),
-        )
-    }
-
-    fn copy_kv(
-        &mut self,
-        cache: &mut PagedKvCache,
-        layer: usize,
-        copies: &[KvCopy],
-    ) -> Result<(), StepError> {
-        let store = cache.store::<Pages>()?;
-        for copy in copies {
+        self.dispatch(Kernel::WriteKv, &buffers, &params, (gx, gy, 1))?;
+        let group = self.input.plan.group(layer)?;
+        for copy in &group.copies {
             store.record_copy(&mut self.encoder, copy, layer)?;
         }
         Ok(())
@@ -448,10 +395,11 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         cache: &PagedKvCache,
         layer: usize,
         scores: Scores,
-        q: &Rows,
+        q: &mut Rows,
         out: &mut Rows,
-    ) -> Result<(), StepError> {
-        let (tokens, tables) = self.tables(cache, layer)?;
+    ) -> Result<(), BackendError> {
+        let group = self.group(layer)?;
+        let (tokens, tables) = (group.tokens.clone(), group.tables.clone());
         let store = cache.store::<Pages>()?;
         let l = *cache.layout();
         let n = self.n_tokens();
@@ -484,34 +432,37 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         activation: Activation,
         gate: &mut Rows,
         up: &Rows,
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
         let gelu = u32::from(activation == Activation::GeluTanh);
         let buffers = [(0, &gate.buffer), (1, &up.buffer)];
         self.dispatch_each(Kernel::Gated, &buffers, gate.len, &[gelu])
     }
 
-    fn add(&mut self, x: &mut Rows, y: &Rows) -> Result<(), StepError> {
+    fn add(&mut self, x: &mut Rows, y: &Rows) -> Result<(), BackendError> {
         let buffers = [(0, &x.buffer), (1, &y.buffer)];
         self.dispatch_each(Kernel::Add, &buffers, x.len, &[0])
     }
 
-    fn logit_rows(&mut self, x: &Rows, out: &mut Rows) -> Result<(), StepError> {
+    fn logit_rows(&mut self, x: &Rows, out: &mut Rows) -> Result<(), BackendError> {
         let d = (x.len / self.n_tokens()) as u64 * 4;
-        let mut row = 0;
-        for chunk in &self.input.batch.chunks {
-            let (first, len) = match chunk.logits {
-                Logits::None => continue,
-                Logits::Last => (chunk.start + chunk.len - 1, 1),
-                Logits::All => (chunk.start, chunk.len),
-            };
+        // Runs of consecutive rows go in one copy.
+        let rows = &self.input.plan.logit_rows;
+        let mut i = 0;
+        while i < rows.len() {
+            let first = rows[i];
+            let len = rows[i..]
+                .iter()
+                .zip(first..)
+                .take_while(|(&row, want)| row == *want)
+                .count();
             self.encoder.copy_buffer_to_buffer(
                 &x.buffer,
-                first as u64 * d,
+                u64::from(first) * d,
                 &out.buffer,
-                row * d,
+                i as u64 * d,
                 len as u64 * d,
             );
-            row += len as u64;
+            i += len;
         }
         Ok(())
     }
@@ -522,7 +473,7 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         m: &Matrix,
         softcap: Option<f32>,
         mut out: Output<'_>,
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
         // Blocks of rows whose logits fit one buffer (a large vocabulary's rows of a long
         // chunk do not): each block's logits are read back as it is done, or its greedy
         // tokens gathered on the device and read back once at the end.

@@ -5,14 +5,15 @@
 
 use std::sync::Arc;
 
+use tallow_backend::BackendError;
 use tallow_backend::{
     argmax, Activation, Backend, Batch, Heads, Logits, MatrixSpec, MatrixUse, Output, Rope,
-    RopeParams, RopeScaling, RopeStyle, Scores, Step, StepError, StepInput,
+    RopeParams, RopeScaling, RopeStyle, Scores, Step, StepInput, StepPlan,
 };
 use tallow_backend_cpu::CpuBackend;
 use tallow_backend_wgpu::{weight_formats, WgpuBackend, WgpuOptions};
 use tallow_gguf::{tensors_image, GgmlType, GgufFile, TensorData};
-use tallow_kv::{KvLayout, LayerGroups, PagedKvCache, SeqId};
+use tallow_kv::{KvBudget, KvLayout, LayerGroups, PagedKvCache, SeqId};
 use tallow_quant::testing::{dequantized, magnitude, random_blocks, Rng};
 
 /// `n` activation-like values from a fixed seed.
@@ -100,14 +101,31 @@ fn batch(tokens: &[u32]) -> Batch {
     b
 }
 
+/// The plan of `batch`, whose chunks start at `first_pos`, over a host cache of one layer
+/// made for it.
+fn plan(batch: &Batch, first_pos: &[usize]) -> StepPlan {
+    let layout = KvLayout::new(1, 1, 64);
+    let pages = (batch.chunks.iter().zip(first_pos))
+        .map(|(c, &first)| layout.pages_for_tokens(first + c.len))
+        .sum();
+    let mut cache = PagedKvCache::new(layout, KvBudget::Pages(pages)).unwrap();
+    for (chunk, &first) in batch.chunks.iter().zip(first_pos) {
+        assert_eq!(cache.create(), chunk.seq);
+        cache.append_slots(chunk.seq, first + chunk.len).unwrap();
+    }
+    let mut plan = StepPlan::new();
+    plan.build(batch, &cache).unwrap();
+    plan
+}
+
 fn input<'a, B: Backend>(
     batch: &'a Batch,
-    first_pos: &'a [usize],
+    plan: &'a StepPlan,
     ropes: &'a B::Ropes,
 ) -> StepInput<'a, B> {
     StepInput {
         batch,
-        first_pos,
+        plan,
         heads: Heads {
             n_head: 1,
             n_head_kv: 1,
@@ -153,8 +171,9 @@ fn products<B: Backend>(backend: &B, m: &B::Matrix, x: &[f32], n: usize, rows: u
     let ropes = backend.upload_ropes(Vec::new()).unwrap();
     let mut out = vec![0f32; n * rows];
     let mut scratch = B::Scratch::default();
+    let plan = plan(&batch, &[0]);
     backend
-        .run_step(&mut scratch, &input(&batch, &[0], &ropes), |step| {
+        .run_step(&mut scratch, &input(&batch, &plan, &ropes), |step| {
             let x = step.upload(x, x.len() / n)?;
             let mut y = step.rows(n, rows)?;
             step.matmul(&x, [m], [&mut y])?;
@@ -207,11 +226,12 @@ fn run<B: Backend>(
     batch: &Batch,
     first_pos: &[usize],
     ropes: &B::Ropes,
-    f: impl for<'s> FnMut(&mut B::Step<'s>) -> Result<(), StepError>,
+    f: impl for<'s> FnOnce(&mut B::Step<'s>) -> Result<(), BackendError>,
 ) {
     let mut scratch = B::Scratch::default();
+    let plan = plan(batch, first_pos);
     backend
-        .run_step(&mut scratch, &input(batch, first_pos, ropes), f)
+        .run_step(&mut scratch, &input(batch, &plan, ropes), f)
         .unwrap();
 }
 
@@ -433,12 +453,11 @@ fn attention_on<B: Backend>(backend: &B, heads: Heads, scores: Scores) -> Vec<f3
         if phase == 1 {
             ids.push(cache.fork(ids[0]).unwrap());
         }
-        let (mut batch, mut first_pos) = (Batch::new(), Vec::new());
+        let mut batch = Batch::new();
         for (i, &id) in ids.iter().enumerate() {
             // The fork (after the three) adds 4 tokens.
             let (prompt, then) = seqs.get(i).copied().unwrap_or((0, 4));
             let len = if phase == 0 { prompt } else { then };
-            first_pos.push(cache.seq_len(id).unwrap());
             cache.append_slots(id, len).unwrap();
             batch.push(id, &vec![0; len], Logits::None);
         }
@@ -447,9 +466,11 @@ fn attention_on<B: Backend>(backend: &B, heads: Heads, scores: Scores) -> Vec<f3
         let k = random(30 + phase, n * heads.kv_dim());
         let v = random(40 + phase, n * heads.kv_dim());
         let mut out = vec![0f32; q.len()];
+        let mut plan = StepPlan::new();
+        plan.build(&batch, &cache).unwrap();
         let input = StepInput {
             batch: &batch,
-            first_pos: &first_pos,
+            plan: &plan,
             heads,
             page_size,
             ropes: &ropes,
@@ -463,8 +484,9 @@ fn attention_on<B: Backend>(backend: &B, heads: Heads, scores: Scores) -> Vec<f3
                     step.upload(&v, heads.kv_dim())?,
                 );
                 let mut o = step.rows(n, heads.q_dim())?;
-                step.write_kv(&mut cache, 0, &k, &v)?;
-                step.attention(&cache, 0, scores, &q, &mut o)?;
+                let (mut q, mut k, mut v) = (q, k, v);
+                step.write_kv(&mut cache, 0, &mut k, &mut v)?;
+                step.attention(&cache, 0, scores, &mut q, &mut o)?;
                 step.read(&o, &mut out)
             })
             .unwrap();

@@ -5,10 +5,12 @@ use std::sync::Arc;
 use tallow_gguf::{GgufFile, TensorInfo};
 use tallow_kv::{KvLayout, LayerGroups, PageStore, PagedKvCache};
 
-use crate::batch::{Batch, KvCopy};
-use crate::error::{BackendError, StepError};
+use crate::batch::Batch;
+use crate::capabilities::Capabilities;
+use crate::error::BackendError;
 use crate::ops::{Activation, Heads, Scores};
 use crate::output::Output;
+use crate::plan::StepPlan;
 use crate::rope::Rope;
 
 /// A device the model runs on, as `tallow info --devices` lists it.
@@ -53,12 +55,11 @@ pub struct MatrixSpec {
     pub usage: MatrixUse,
 }
 
-/// What a step runs on: the batch, the position of each chunk's first token, and the model's
-/// RoPEs (see [`Backend::upload_ropes`]).
+/// What a step runs on: the batch, its plan (where its tokens' keys and values go, what their
+/// attention reads), and the model's RoPEs (see [`Backend::upload_ropes`]).
 pub struct StepInput<'a, B: Backend> {
     pub batch: &'a Batch,
-    /// Position of each chunk's first token in its sequence.
-    pub first_pos: &'a [usize],
+    pub plan: &'a StepPlan,
     pub heads: Heads,
     /// Positions per KV page.
     pub page_size: usize,
@@ -67,9 +68,10 @@ pub struct StepInput<'a, B: Backend> {
 
 /// A device the forward pass runs on. The forward is written once against this trait: weights
 /// are uploaded once in their GGUF block formats, KV pages live in the backend's
-/// [`PageStore`] (the page tables stay in [`PagedKvCache`], on the host), and a step is a
-/// sequence of a transformer's operations ([`Step`]) over the tokens of a ragged batch. How a
-/// backend lays out weights, picks kernels or records the operations is its own.
+/// [`PageStore`] (the page tables stay in [`PagedKvCache`], on the host, and each step's
+/// [`StepPlan`] says what it needs of them), and a step is a sequence of a transformer's
+/// operations ([`Step`]) over the tokens of a ragged batch. How a backend lays out weights or
+/// KV pages, picks kernels or records the operations is its own.
 pub trait Backend: Send + Sync + Sized + 'static {
     /// A weight matrix on the device.
     type Matrix: Send + Sync;
@@ -94,8 +96,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// CPU: the process's resident memory tells).
     fn memory(&self) -> Option<DeviceMemory>;
 
-    /// Checks, when a model loads, that the backend's kernels take its attention heads.
-    fn check_heads(&self, heads: Heads) -> Result<(), BackendError>;
+    /// What the backend's kernels take: checked when a model loads and a KV cache is made.
+    fn capabilities(&self) -> Capabilities;
 
     /// Uploads the matrices of `file` that `specs` describe, all at once (so that a backend
     /// can give back the file's pages as it goes).
@@ -118,8 +120,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         n_pages: usize,
     ) -> Result<Self::Pages, BackendError>;
 
-    /// Runs `f` over a step of `input`, taking its memory from `scratch`. A backend may run
-    /// `f` more than once (see [`StepError::OutOfScratch`]).
+    /// Runs `f` over a step of `input`, taking its memory from `scratch`.
     fn run_step<F>(
         &self,
         scratch: &mut Self::Scratch,
@@ -127,7 +128,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         f: F,
     ) -> Result<(), BackendError>
     where
-        F: for<'s> FnMut(&mut Self::Step<'s>) -> Result<(), StepError>;
+        F: for<'s> FnOnce(&mut Self::Step<'s>) -> Result<(), BackendError>;
 }
 
 /// The operations of one step, over [`Step::Rows`]: activations of the step's tokens (or of
@@ -138,13 +139,13 @@ pub trait Step<B: Backend> {
     type Rows;
 
     /// `n` rows of `width` floats, each written before it is read.
-    fn rows(&mut self, n: usize, width: usize) -> Result<Self::Rows, StepError>;
+    fn rows(&mut self, n: usize, width: usize) -> Result<Self::Rows, BackendError>;
 
     /// Rows holding `values`, `width` floats a row.
-    fn upload(&mut self, values: &[f32], width: usize) -> Result<Self::Rows, StepError>;
+    fn upload(&mut self, values: &[f32], width: usize) -> Result<Self::Rows, BackendError>;
 
     /// Copies `x` to `out` in host memory (`out.len()` floats from the first).
-    fn read(&mut self, x: &Self::Rows, out: &mut [f32]) -> Result<(), StepError>;
+    fn read(&mut self, x: &Self::Rows, out: &mut [f32]) -> Result<(), BackendError>;
 
     /// Row `t` of `out` is row `tokens[t]` of `table`, times `scale`.
     fn embed(
@@ -152,7 +153,7 @@ pub trait Step<B: Backend> {
         table: &B::Matrix,
         scale: f32,
         out: &mut Self::Rows,
-    ) -> Result<(), StepError>;
+    ) -> Result<(), BackendError>;
 
     /// `out = x / rms(x) * gain`, row by row.
     fn rms_norm(
@@ -161,7 +162,7 @@ pub trait Step<B: Backend> {
         gain: &B::Vector,
         eps: f32,
         out: &mut Self::Rows,
-    ) -> Result<(), StepError>;
+    ) -> Result<(), BackendError>;
 
     /// [`Step::rms_norm`] in place, over runs of `gain.len()` values (one per head when
     /// `gain` is a head long).
@@ -170,7 +171,7 @@ pub trait Step<B: Backend> {
         x: &mut Self::Rows,
         gain: &B::Vector,
         eps: f32,
-    ) -> Result<(), StepError>;
+    ) -> Result<(), BackendError>;
 
     /// `outs[i] = input · matrices[i]ᵀ`.
     fn matmul<const N: usize>(
@@ -178,49 +179,35 @@ pub trait Step<B: Backend> {
         input: &Self::Rows,
         matrices: [&B::Matrix; N],
         outs: [&mut Self::Rows; N],
-    ) -> Result<(), StepError>;
+    ) -> Result<(), BackendError>;
 
     /// Adds `bias` to every row.
-    fn add_bias(&mut self, x: &mut Self::Rows, bias: &B::Vector) -> Result<(), StepError>;
+    fn add_bias(&mut self, x: &mut Self::Rows, bias: &B::Vector) -> Result<(), BackendError>;
 
     /// Rotates every head of each token's row by RoPE `rope` at the token's position.
-    fn rope(&mut self, rope: usize, x: &mut Self::Rows) -> Result<(), StepError>;
+    fn rope(&mut self, rope: usize, x: &mut Self::Rows) -> Result<(), BackendError>;
 
-    /// Rotates every head (each run of `head_dim` values, a power of two) of every row by the
-    /// orthonormal Walsh-Hadamard matrix, which is symmetric and its own inverse. Rotating
-    /// queries and keys alike leaves their dot products as they were, and spreads a head's
-    /// outlying values over all of it: quantized KV pages hold rotated keys and values.
-    fn rotate_heads(&mut self, x: &mut Self::Rows, head_dim: usize) -> Result<(), StepError>;
-
-    /// Writes each token's keys and values of `layer` at its position in `cache`.
+    /// Writes each token's keys and values of `layer` to its slot in `cache`'s pages (the
+    /// plan's), then copies the positions the plan's branches share with their parents. The
+    /// backend may leave `k` and `v` changed (in the form its pages hold them).
     fn write_kv(
         &mut self,
         cache: &mut PagedKvCache,
         layer: usize,
-        k: &Self::Rows,
-        v: &Self::Rows,
-    ) -> Result<(), StepError>;
-
-    /// Copies, for `layer`, the first `len` positions of page `src` to page `dst` of each
-    /// of `copies` (a branch's share of its parent's last page, see
-    /// [`crate::Batch::push_branch`]), after the keys and values written before.
-    fn copy_kv(
-        &mut self,
-        cache: &mut PagedKvCache,
-        layer: usize,
-        copies: &[KvCopy],
-    ) -> Result<(), StepError>;
+        k: &mut Self::Rows,
+        v: &mut Self::Rows,
+    ) -> Result<(), BackendError>;
 
     /// Causal attention of each token's queries over its sequence's keys and values of
-    /// `layer` up to its own position.
+    /// `layer` up to its own position. The backend may leave `q` changed.
     fn attention(
         &mut self,
         cache: &PagedKvCache,
         layer: usize,
         scores: Scores,
-        q: &Self::Rows,
+        q: &mut Self::Rows,
         out: &mut Self::Rows,
-    ) -> Result<(), StepError>;
+    ) -> Result<(), BackendError>;
 
     /// `gate = act(gate) * up`.
     fn gated(
@@ -228,14 +215,14 @@ pub trait Step<B: Backend> {
         activation: Activation,
         gate: &mut Self::Rows,
         up: &Self::Rows,
-    ) -> Result<(), StepError>;
+    ) -> Result<(), BackendError>;
 
     /// `x += y`.
-    fn add(&mut self, x: &mut Self::Rows, y: &Self::Rows) -> Result<(), StepError>;
+    fn add(&mut self, x: &mut Self::Rows, y: &Self::Rows) -> Result<(), BackendError>;
 
-    /// Copies the rows of `x` whose tokens produce logits (as the batch's chunks ask), in
+    /// Copies the rows of `x` whose tokens produce logits (the plan's `logit_rows`), in
     /// order, to `out`.
-    fn logit_rows(&mut self, x: &Self::Rows, out: &mut Self::Rows) -> Result<(), StepError>;
+    fn logit_rows(&mut self, x: &Self::Rows, out: &mut Self::Rows) -> Result<(), BackendError>;
 
     /// The logits `softcap(x · mᵀ)` (`cap * tanh(v / cap)` when `softcap` is set) to host
     /// memory, or only each row's [`crate::argmax`] of them.
@@ -245,5 +232,5 @@ pub trait Step<B: Backend> {
         m: &B::Matrix,
         softcap: Option<f32>,
         out: Output<'_>,
-    ) -> Result<(), StepError>;
+    ) -> Result<(), BackendError>;
 }

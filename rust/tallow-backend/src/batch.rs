@@ -1,6 +1,6 @@
 //! A ragged batch: the new tokens of several sequences, flattened into one forward call.
 
-use tallow_kv::{KvError, PageId, PagedKvCache, SeqId, Slot};
+use tallow_kv::{PageId, SeqId};
 
 /// Which positions of a sequence's chunk produce logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,66 +106,9 @@ impl Batch {
         self.chunks.clear();
     }
 
-    /// Whether a chunk is a branch (see [`Batch::push_branch`]).
-    pub fn has_branches(&self) -> bool {
-        self.chunks.iter().any(|c| c.branch_of.is_some())
-    }
-
-    /// Whether a branch in this batch was forked from `seq` (see [`Batch::write_slot`]).
+    /// Whether a branch in this batch was forked from `seq`.
     pub fn is_parent(&self, seq: SeqId) -> bool {
         self.chunks.iter().any(|c| c.branch_of == Some(seq))
-    }
-
-    /// The slot `seq` writes its position `pos` of `layer` to. A page other sequences share
-    /// is refused ([`KvError::SharedPage`]), unless `seq` is the parent of a branch in this
-    /// batch (`parent`, from [`Batch::is_parent`], asked once per chunk): its forks share the
-    /// positions it computes, and it writes them for all.
-    pub fn write_slot(
-        cache: &PagedKvCache,
-        seq: SeqId,
-        parent: bool,
-        pos: usize,
-        layer: usize,
-    ) -> Result<Slot, KvError> {
-        if parent {
-            cache.slot(seq, pos, layer)
-        } else {
-            cache.writable_slot(seq, pos, layer)
-        }
-    }
-
-    /// The copies `layer` needs once its keys and values are written: for each branch whose
-    /// first new position (`first_pos`, chunk by chunk) is inside a page, the positions
-    /// before it, from its parent's page to its own (none where the two still share it).
-    pub fn branch_copies(
-        &self,
-        cache: &PagedKvCache,
-        first_pos: &[usize],
-        layer: usize,
-        out: &mut Vec<KvCopy>,
-    ) -> Result<(), KvError> {
-        out.clear();
-        let ps = cache.layout().page_size;
-        for (chunk, &first) in self.chunks.iter().zip(first_pos) {
-            let (Some(parent), len) = (chunk.branch_of, first % ps) else {
-                continue;
-            };
-            if len == 0 {
-                continue;
-            }
-            let page = first / ps;
-            let table = cache.page_table(parent, layer)?;
-            let src = *table.get(page).ok_or(KvError::OutOfRange {
-                what: "page of the branch's parent",
-                index: page,
-                len: table.len(),
-            })?;
-            let dst = cache.page_table(chunk.seq, layer)?[page];
-            if src != dst {
-                out.push(KvCopy { src, dst, len });
-            }
-        }
-        Ok(())
     }
 
     /// Rows of logits the batch produces, in chunk order.

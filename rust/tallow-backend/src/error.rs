@@ -22,22 +22,3 @@ pub enum BackendError {
     #[error("device error: {0}")]
     Device(String),
 }
-
-/// Why an operation of a step stopped.
-#[derive(Debug)]
-pub enum StepError {
-    /// A backend that takes a step's memory from fixed arenas ran out of arena `arena`, which
-    /// must hold `needed` bytes: it grows the arena and runs the step again (a step only
-    /// writes the KV rows of its own tokens, so running it twice gives the same result).
-    OutOfScratch {
-        arena: usize,
-        needed: usize,
-    },
-    Failed(BackendError),
-}
-
-impl<E: Into<BackendError>> From<E> for StepError {
-    fn from(e: E) -> Self {
-        StepError::Failed(e.into())
-    }
-}

@@ -5,14 +5,18 @@
 
 mod backend;
 mod batch;
+mod capabilities;
 mod error;
 mod ops;
 mod output;
+mod plan;
 mod rope;
 
 pub use backend::{Backend, DeviceInfo, DeviceMemory, MatrixSpec, MatrixUse, Step, StepInput};
 pub use batch::{Batch, KvCopy, Logits, SeqChunk};
-pub use error::{BackendError, StepError};
+pub use capabilities::Capabilities;
+pub use error::BackendError;
 pub use ops::{Activation, Heads, Scores};
 pub use output::{argmax, Output};
+pub use plan::{GroupPlan, KvSlot, StepPlan};
 pub use rope::{Rope, RopeParams, RopeScaling, RopeStyle};

@@ -2,8 +2,6 @@
 //! trained on: frequency factors (Llama 3's `rope_freqs`, Phi-3's long and short factors),
 //! linear interpolation and YaRN.
 
-use crate::batch::Batch;
-
 /// How RoPE pairs the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -137,14 +135,12 @@ impl Rope {
         }
     }
 
-    /// [`Rope::angles`] of the position of every token of `batch` (whose chunks start at
-    /// `first_pos`), one after the other in `out` (`tokens * angles_len` floats).
-    pub fn batch_angles(&self, batch: &Batch, first_pos: &[usize], out: &mut [f32]) {
+    /// [`Rope::angles`] of each of `positions`, one after the other in `out`
+    /// (`positions.len() * angles_len` floats).
+    pub fn angles_of(&self, positions: &[u32], out: &mut [f32]) {
         let len = self.angles_len();
-        for (chunk, &first) in batch.chunks.iter().zip(first_pos) {
-            for i in 0..chunk.len {
-                self.angles(first + i, &mut out[(chunk.start + i) * len..][..len]);
-            }
+        for (&pos, out) in positions.iter().zip(out.chunks_exact_mut(len)) {
+            self.angles(pos as usize, out);
         }
     }
 

@@ -22,6 +22,15 @@ pub enum KvDtype {
 }
 
 impl KvDtype {
+    /// Every type, the default first.
+    pub const ALL: [KvDtype; 5] = [
+        KvDtype::F16,
+        KvDtype::F32,
+        KvDtype::Bf16,
+        KvDtype::Q8_0,
+        KvDtype::Q4_0,
+    ];
+
     /// Bytes of `n` values (a whole number of blocks for the quantized types).
     pub const fn bytes_for(self, n: usize) -> usize {
         match (self, self.block_format()) {
@@ -54,15 +63,7 @@ impl KvDtype {
 
     /// The type named `name` (see [`KvDtype::name`]).
     pub fn from_name(name: &str) -> Option<Self> {
-        [
-            KvDtype::F16,
-            KvDtype::F32,
-            KvDtype::Bf16,
-            KvDtype::Q8_0,
-            KvDtype::Q4_0,
-        ]
-        .into_iter()
-        .find(|d| d.name() == name)
+        Self::ALL.into_iter().find(|d| d.name() == name)
     }
 }
 

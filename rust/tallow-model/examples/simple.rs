@@ -8,6 +8,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+use tallow_backend_cpu::CpuBackend;
 use tallow_model::{argmax, Logits, Model, SingleSequence};
 
 struct Args {
@@ -42,7 +43,7 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let model = Model::load(&args.model)?;
+    let model = Model::load(CpuBackend::default(), &args.model, Default::default())?;
     let tokenizer = model.tokenizer();
     let prompt = tokenizer.encode(&args.prompt, tokenizer.add_bos(), false);
     if prompt.is_empty() {

@@ -1,8 +1,7 @@
 //! The forward pass over a ragged batch of sequences, written once against the [`Backend`]
 //! seam and driven by the architecture's description.
 
-use tallow_backend::{Backend, Batch, KvCopy, Output, Scores, Step, StepError, StepInput};
-use tallow_backend_cpu::CpuBackend;
+use tallow_backend::{Backend, BackendError, Batch, Output, Scores, Step, StepInput, StepPlan};
 use tallow_kv::PagedKvCache;
 
 use crate::config::ModelConfig;
@@ -21,14 +20,12 @@ pub(crate) struct Forward<'a, B: Backend> {
 /// [`Backend::Scratch`]) and a little of its own. Once it has served a batch of some shape
 /// (tokens per chunk, sequence lengths no longer than before), a call with a batch of that
 /// shape makes no heap allocation on the CPU. Keep one per KV cache (per engine).
-pub struct Scratch<B: Backend = CpuBackend> {
+pub struct Scratch<B: Backend> {
     backend: B::Scratch,
-    /// Position of each chunk's first token.
-    first_pos: Vec<usize>,
+    /// The plan of the step.
+    plan: StepPlan,
     /// The batch's sequence ids, sorted to find one that appears twice.
     seqs: Vec<u64>,
-    /// One layer's branch copies (see [`Batch::push_branch`]).
-    copies: Vec<KvCopy>,
 }
 
 impl<B: Backend> Default for Scratch<B> {
@@ -42,9 +39,8 @@ impl<B: Backend> Scratch<B> {
     pub fn new() -> Self {
         Scratch {
             backend: B::Scratch::default(),
-            first_pos: Vec::new(),
+            plan: StepPlan::new(),
             seqs: Vec::new(),
-            copies: Vec::new(),
         }
     }
 
@@ -64,7 +60,7 @@ impl<B: Backend> Forward<'_, B> {
         cache: &mut PagedKvCache,
         batch: &Batch,
         scratch: &mut Scratch<B>,
-        mut out: Output<'_>,
+        out: Output<'_>,
     ) -> Result<(), ModelError> {
         let n_vocab = self.config.n_vocab;
         if let Some(&id) = batch.tokens.iter().find(|&&id| id as usize >= n_vocab) {
@@ -79,36 +75,21 @@ impl<B: Backend> Forward<'_, B> {
         }
         let Scratch {
             backend: backend_scratch,
-            first_pos,
+            plan,
             seqs,
-            copies,
         } = scratch;
         check_batch(batch, seqs)?;
-        first_pos.clear();
-        for chunk in &batch.chunks {
-            let reserved = cache.seq_len(chunk.seq)?;
-            let Some(first) = reserved.checked_sub(chunk.len) else {
-                return Err(ModelError::InvalidArgument(format!(
-                    "sequence {} has {reserved} positions reserved, fewer than its {} new tokens",
-                    chunk.seq, chunk.len
-                )));
-            };
-            first_pos.push(first);
-        }
+        plan.build(batch, cache)?;
         let cfg = self.config;
         let input = StepInput {
             batch,
-            first_pos: first_pos.as_slice(),
+            plan,
             heads: cfg.heads(),
             page_size: cache.layout().page_size,
             ropes: self.ropes,
         };
         self.backend.run_step(backend_scratch, &input, |step| {
-            let branches = Branches {
-                first_pos: first_pos.as_slice(),
-                copies: &mut *copies,
-            };
-            self.layers(step, cache, batch, branches, out.reborrow())
+            self.layers(step, cache, batch, out)
         })?;
         Ok(())
     }
@@ -119,9 +100,8 @@ impl<B: Backend> Forward<'_, B> {
         step: &mut S,
         cache: &mut PagedKvCache,
         batch: &Batch,
-        branches: Branches<'_>,
         out: Output<'_>,
-    ) -> Result<(), StepError> {
+    ) -> Result<(), BackendError> {
         let (cfg, w) = (self.config, self.weights);
         let (n, d) = (batch.tokens.len(), cfg.n_embd);
         let mut x = step.rows(n, d)?;
@@ -133,10 +113,6 @@ impl<B: Backend> Forward<'_, B> {
         let mut proj = step.rows(n, d)?;
         let mut gate = step.rows(n, cfg.n_ff)?;
         let mut up = step.rows(n, cfg.n_ff)?;
-        // Quantized pages hold keys and values rotated by a Hadamard matrix (as llama.cpp's):
-        // a head's few large values spread over all of it before it is cut into blocks.
-        let head_dim = cfg.heads().head_dim;
-        let rotate = cache.layout().dtype.block_format().is_some() && head_dim.is_power_of_two();
         let scale = if cfg.arch.embed_scale {
             (d as f32).sqrt()
         } else {
@@ -174,21 +150,8 @@ impl<B: Backend> Forward<'_, B> {
             let rope = rope_index(cfg, l);
             step.rope(rope, &mut q)?;
             step.rope(rope, &mut k)?;
-            if rotate {
-                for rows in [&mut q, &mut k, &mut v] {
-                    step.rotate_heads(rows, head_dim)?;
-                }
-            }
-            step.write_kv(cache, l, &k, &v)?;
-            if batch.has_branches() {
-                batch.branch_copies(cache, branches.first_pos, l, branches.copies)?;
-                step.copy_kv(cache, l, branches.copies)?;
-            }
-            step.attention(cache, l, scores, &q, &mut attn)?;
-            if rotate {
-                // The output is a mix of rotated values: rotated back (H is its own inverse).
-                step.rotate_heads(&mut attn, head_dim)?;
-            }
+            step.write_kv(cache, l, &mut k, &mut v)?;
+            step.attention(cache, l, scores, &mut q, &mut attn)?;
 
             step.matmul(&attn, [&layer.wo], [&mut proj])?;
             if let Some(norm) = &layer.post_attn_norm {
@@ -217,13 +180,6 @@ impl<B: Backend> Forward<'_, B> {
         }
         Ok(())
     }
-}
-
-/// What a batch with branches needs in each layer: each chunk's first position, and room for
-/// the layer's copies.
-struct Branches<'a> {
-    first_pos: &'a [usize],
-    copies: &'a mut Vec<KvCopy>,
 }
 
 /// Checks the batch's shape: chunks tile `tokens` in order, none is empty, and no sequence

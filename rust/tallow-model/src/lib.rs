@@ -30,7 +30,6 @@ pub use sequence::SingleSequence;
 pub use tallow_backend::{
     argmax, Backend, Batch, DeviceInfo, Logits, Output, RopeScaling, SeqChunk,
 };
-pub use tallow_backend_cpu::CpuBackend;
 pub use tallow_grammar::{Constraint, GrammarError, Structured};
 pub use tallow_kv::{
     pages_for_budget, KvBudget, KvDtype, KvLayout, KvStats, LayerGroups, PagedKvCache, SeqId,
@@ -40,8 +39,8 @@ use forward::Forward;
 use weights::Weights;
 
 /// A loaded model: its file (memory-mapped), configuration, tokenizer, and weights on the
-/// backend `B` runs on (the CPU unless told otherwise).
-pub struct Model<B: Backend = CpuBackend> {
+/// device of backend `B`.
+pub struct Model<B: Backend> {
     backend: B,
     file: Arc<GgufFile>,
     config: ModelConfig,
@@ -56,7 +55,7 @@ pub struct Model<B: Backend = CpuBackend> {
     max_context: usize,
 }
 
-/// How [`Model::load_with`] prepares the model.
+/// How [`Model::load`] prepares the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LoadOptions {
     /// The longest context the model will run at. A model trained to stretch its context with
@@ -65,41 +64,22 @@ pub struct LoadOptions {
     pub context: Option<usize>,
 }
 
-impl Model {
-    /// Opens a GGUF file and checks that it holds a model tallow can run, on the CPU.
-    pub fn load(path: impl AsRef<Path>) -> Result<Self, ModelError> {
-        Self::load_with(path, LoadOptions::default())
-    }
-
-    /// [`Model::load`] with explicit options.
-    pub fn load_with(path: impl AsRef<Path>, options: LoadOptions) -> Result<Self, ModelError> {
-        Self::load_on(CpuBackend::default(), path, options)
-    }
-
-    pub fn from_gguf(file: GgufFile) -> Result<Self, ModelError> {
-        Self::from_gguf_on(CpuBackend::default(), file, LoadOptions::default())
-    }
-}
-
 impl<B: Backend> Model<B> {
-    /// [`Model::load_with`] on `backend`.
-    pub fn load_on(
+    /// Opens the GGUF file at `path` and checks that it holds a model tallow can run on
+    /// `backend`, then uploads its weights there.
+    pub fn load(
         backend: B,
         path: impl AsRef<Path>,
         options: LoadOptions,
     ) -> Result<Self, ModelError> {
-        Self::from_gguf_on(backend, GgufFile::open(path)?, options)
+        Self::from_gguf(backend, GgufFile::open(path)?, options)
     }
 
-    /// [`Model::from_gguf`] on `backend`, with explicit options.
-    pub fn from_gguf_on(
-        backend: B,
-        file: GgufFile,
-        options: LoadOptions,
-    ) -> Result<Self, ModelError> {
+    /// [`Model::load`] of a file already open.
+    pub fn from_gguf(backend: B, file: GgufFile, options: LoadOptions) -> Result<Self, ModelError> {
         let file = Arc::new(file);
         let config = ModelConfig::from_gguf(&file)?;
-        backend.check_heads(config.heads())?;
+        backend.capabilities().check_heads(config.heads())?;
         let weights = Weights::load(&backend, &file, &config)?;
         let tokenizer = Arc::new(Tokenizer::from_gguf(&file)?);
         // Everything needed from the header is parsed by now.
@@ -193,6 +173,7 @@ impl<B: Backend> Model<B> {
         budget: KvBudget,
     ) -> Result<PagedKvCache, ModelError> {
         self.check_kv_layout(&layout)?;
+        self.backend.capabilities().check_kv(layout.dtype)?;
         let n_pages = pages_for_budget(&layout, budget)?;
         let pages = self.backend.new_pages(layout, &self.kv_groups, n_pages)?;
         Ok(PagedKvCache::over(self.kv_groups.clone(), pages)?)

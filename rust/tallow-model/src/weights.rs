@@ -189,6 +189,10 @@ impl<B: Backend> Weights<B> {
                 short: host_vector(file, SHORT_FACTORS, pairs)?,
             }),
         };
+        let capabilities = backend.capabilities();
+        for spec in &specs {
+            capabilities.check_weights(&spec.tensor.name, spec.tensor.ty)?;
+        }
         let mut matrices = backend.upload_matrices(file, &specs)?.into_iter();
         let mut next = || matrices.next().expect("one matrix per spec");
         let token_embd = next();

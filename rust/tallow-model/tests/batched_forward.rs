@@ -7,14 +7,15 @@
 mod common;
 
 use common::model;
+use tallow_backend_cpu::CpuBackend;
 use tallow_model::{Batch, KvBudget, Logits, Model, ModelError, PagedKvCache, SingleSequence};
 
-fn encode(model: &Model, text: &str) -> Vec<u32> {
+fn encode(model: &Model<CpuBackend>, text: &str) -> Vec<u32> {
     model.tokenizer().encode(text, false, false)
 }
 
 /// Reserves every chunk's positions (the scheduler's job), then runs the batch.
-fn reserve_and_run(model: &Model, cache: &mut PagedKvCache, batch: &Batch) -> Vec<f32> {
+fn reserve_and_run(model: &Model<CpuBackend>, cache: &mut PagedKvCache, batch: &Batch) -> Vec<f32> {
     for chunk in &batch.chunks {
         cache.append_slots(chunk.seq, chunk.len).unwrap();
     }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use common::model;
+use tallow_backend_cpu::CpuBackend;
 use tallow_model::{Batch, KvBudget, Logits, Output, Scratch};
 
 struct Counting;
@@ -57,7 +58,7 @@ fn decode_steps_allocate_nothing_once_warm() {
         "Once",
     ];
     let seqs: Vec<_> = prompts.iter().map(|_| cache.create()).collect();
-    let mut scratch = Scratch::new();
+    let mut scratch = Scratch::<CpuBackend>::new();
     let mut batch = Batch::new();
 
     // Prefill every prompt in one batch.
@@ -122,7 +123,7 @@ fn scratch_grows_for_larger_batches_and_results_do_not_depend_on_it() {
         false,
         false,
     );
-    let run = |scratch: &mut Scratch| {
+    let run = |scratch: &mut Scratch<CpuBackend>| {
         let mut cache = model
             .new_kv_cache(model.kv_layout(), KvBudget::Pages(8))
             .unwrap();
@@ -136,7 +137,7 @@ fn scratch_grows_for_larger_batches_and_results_do_not_depend_on_it() {
             .unwrap();
         logits
     };
-    let mut warm = Scratch::new();
+    let mut warm = Scratch::<CpuBackend>::new();
     let first = run(&mut warm);
     let capacity = warm.backend().capacity();
     assert!(capacity > 0);
@@ -147,5 +148,5 @@ fn scratch_grows_for_larger_batches_and_results_do_not_depend_on_it() {
         "the same batch needs no more scratch"
     );
     assert_eq!(first, again);
-    assert_eq!(first, run(&mut Scratch::new()));
+    assert_eq!(first, run(&mut Scratch::<CpuBackend>::new()));
 }

@@ -1,63 +1,52 @@
-//! Choosing the device a model runs on: `"cpu"`, `"gpu"` (the first GPU) or `"wgpu:N"`.
+//! The devices a model runs on, by name: `"cpu"`, `"gpu"` (the first GPU) or `"wgpu:N"`.
+//! Each backend built in is one entry of [`BACKENDS`]: how to list its devices and how to load
+//! a model on one of them.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use tallow_backend::DeviceInfo;
-use tallow_model::{AnyModel, CpuBackend, LoadOptions, Model, ModelError};
+use tallow_backend::{Backend, DeviceInfo};
+use tallow_backend_cpu::CpuBackend;
+use tallow_model::{AnyModel, LoadOptions, Model, ModelError};
 
 use crate::errors::invalid_argument;
 
-enum Device {
-    Cpu,
-    Wgpu(usize),
+type Loaded = Result<Arc<dyn AnyModel>, ModelError>;
+
+/// A backend built into this module.
+struct Entry {
+    /// Its devices' names: `name` alone for the one device, `name:N` for numbered ones.
+    name: &'static str,
+    /// Whether its devices are GPUs (numbered, and what `"gpu"` names).
+    gpus: bool,
+    devices: fn() -> Vec<DeviceInfo>,
+    /// Loads a model on device `index`.
+    load: fn(usize, &Path, LoadOptions) -> Loaded,
 }
 
-fn parse(device: &str) -> PyResult<Device> {
-    let bad = || {
-        invalid_argument(format!(
-            "device must be 'cpu', 'gpu' or 'wgpu:N' (N a GPU's number in `tallow info \
-             --devices`), got {device:?}"
-        ))
-    };
-    match device.trim().to_ascii_lowercase().as_str() {
-        "cpu" => Ok(Device::Cpu),
-        "gpu" | "wgpu" => Ok(Device::Wgpu(0)),
-        other => match other.strip_prefix("wgpu:") {
-            Some(n) => n.parse().map(Device::Wgpu).map_err(|_| bad()),
-            None => Err(bad()),
-        },
-    }
-}
+const BACKENDS: &[Entry] = &[
+    Entry {
+        name: "cpu",
+        gpus: false,
+        devices: || vec![CpuBackend::default().device()],
+        load: |_, path, options| Ok(Arc::new(Model::load(CpuBackend::default(), path, options)?)),
+    },
+    Entry {
+        name: "wgpu",
+        gpus: true,
+        devices: wgpu_devices,
+        load: load_wgpu,
+    },
+];
 
-/// The device's canonical name (`"cpu"`, `"wgpu:N"`), checked before anything is loaded.
-pub(crate) fn canonical(device: &str) -> PyResult<String> {
-    Ok(match parse(device)? {
-        Device::Cpu => "cpu".into(),
-        Device::Wgpu(n) => format!("wgpu:{n}"),
-    })
-}
-
-/// Loads the model at `path` on `device`.
-pub(crate) fn load(
-    path: &Path,
-    options: LoadOptions,
-    device: &str,
-) -> PyResult<Result<Arc<dyn AnyModel>, ModelError>> {
-    Ok(match parse(device)? {
-        Device::Cpu => Model::load_on(CpuBackend::default(), path, options)
-            .map(|m| Arc::new(m) as Arc<dyn AnyModel>),
-        Device::Wgpu(index) => load_wgpu(path, options, index),
-    })
+#[cfg(feature = "wgpu")]
+fn wgpu_devices() -> Vec<DeviceInfo> {
+    tallow_backend_wgpu::devices()
 }
 
 #[cfg(feature = "wgpu")]
-fn load_wgpu(
-    path: &Path,
-    options: LoadOptions,
-    index: usize,
-) -> Result<Arc<dyn AnyModel>, ModelError> {
+fn load_wgpu(index: usize, path: &Path, options: LoadOptions) -> Loaded {
     // TALLOW_WGPU_SUBGROUPS=0 and TALLOW_WGPU_F16=0 keep subgroup operations and f16
     // arithmetic off, for a driver that gets them wrong.
     let on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
@@ -67,40 +56,90 @@ fn load_wgpu(
         ..Default::default()
     };
     let backend = tallow_backend_wgpu::WgpuBackend::open_with(index, gpu_options)?;
-    Ok(Arc::new(Model::load_on(backend, path, options)?))
+    Ok(Arc::new(Model::load(backend, path, options)?))
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn load_wgpu(
-    _path: &Path,
-    _options: LoadOptions,
-    _index: usize,
-) -> Result<Arc<dyn AnyModel>, ModelError> {
+fn wgpu_devices() -> Vec<DeviceInfo> {
+    Vec::new()
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn load_wgpu(_index: usize, _path: &Path, _options: LoadOptions) -> Loaded {
     Err(ModelError::Device(
         "this build of tallow has no GPU support (it was built without the wgpu feature)".into(),
     ))
 }
 
-/// The CPU and every GPU found: `(device name to pass, what it is, backend, memory in bytes)`.
+/// The backend and device number `device` names.
+fn parse(device: &str) -> PyResult<(&'static Entry, usize)> {
+    let device = device.trim().to_ascii_lowercase();
+    let (name, index) = match device.split_once(':') {
+        Some((name, n)) => (name, Some(n)),
+        None => (device.as_str(), None),
+    };
+    let gpu = name == "gpu";
+    let found = BACKENDS
+        .iter()
+        .find(|e| if gpu { e.gpus } else { e.name == name });
+    let mut names: Vec<String> = (BACKENDS.iter())
+        .map(|e| match e.gpus {
+            true => format!("'{}:N'", e.name),
+            false => format!("'{}'", e.name),
+        })
+        .collect();
+    names.insert(1, "'gpu'".into());
+    let Some(entry) = found else {
+        return Err(invalid_argument(format!(
+            "device must be one of {} (N a GPU's number in `tallow info --devices`), got \
+             {device:?}",
+            names.join(", ")
+        )));
+    };
+    let index = match (index, entry.gpus) {
+        (None, _) => 0,
+        (Some(n), true) => n.parse().map_err(|_| {
+            invalid_argument(format!("{device:?}: a GPU's number must follow the ':'"))
+        })?,
+        (Some(_), false) => {
+            return Err(invalid_argument(format!(
+                "{device:?}: the {} device has no number",
+                entry.name
+            )))
+        }
+    };
+    Ok((entry, index))
+}
+
+/// The device's canonical name (`"cpu"`, `"wgpu:N"`), checked before anything is loaded.
+pub(crate) fn canonical(device: &str) -> PyResult<String> {
+    let (entry, index) = parse(device)?;
+    Ok(match entry.gpus {
+        true => format!("{}:{index}", entry.name),
+        false => entry.name.into(),
+    })
+}
+
+/// Loads the model at `path` on `device`.
+pub(crate) fn load(path: &Path, options: LoadOptions, device: &str) -> PyResult<Loaded> {
+    let (entry, index) = parse(device)?;
+    Ok((entry.load)(index, path, options))
+}
+
+/// Every device of every backend: `(device name to pass, what it is, backend, memory in
+/// bytes)`.
 #[pyfunction]
 pub(crate) fn devices(py: Python<'_>) -> Vec<(String, String, String, Option<u64>)> {
-    let row = |id: String, d: DeviceInfo| (id, d.name, d.backend, d.memory);
-    let cpu = row(
-        "cpu".into(),
-        tallow_backend::Backend::device(&CpuBackend::default()),
-    );
-    #[cfg(feature = "wgpu")]
-    {
-        let gpus = py.detach(tallow_backend_wgpu::devices);
-        let gpus = gpus
-            .into_iter()
-            .enumerate()
-            .map(|(i, d)| row(format!("wgpu:{i}"), d));
-        std::iter::once(cpu).chain(gpus).collect()
+    let mut rows = Vec::new();
+    for entry in BACKENDS {
+        let found = py.detach(entry.devices);
+        for (i, d) in found.into_iter().enumerate() {
+            let id = match entry.gpus {
+                true => format!("{}:{i}", entry.name),
+                false => entry.name.into(),
+            };
+            rows.push((id, d.name, d.backend, d.memory));
+        }
     }
-    #[cfg(not(feature = "wgpu"))]
-    {
-        let _ = py;
-        vec![cpu]
-    }
+    rows
 }

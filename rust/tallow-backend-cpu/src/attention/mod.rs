@@ -24,10 +24,10 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use half::f16;
-use tallow_kv::{KvBlock, KvKind, KvLayout, KvStorage, PageId, PagedKvCache};
+use tallow_kv::{KvBlock, KvKind, KvLayout, KvStorage, PageId};
 use tallow_threads::DisjointSlice;
 
-use tallow_backend::{BackendError, Batch, Heads, Scores};
+use tallow_backend::{BackendError, Batch, Heads, Scores, StepPlan};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -160,12 +160,12 @@ struct Unit {
 /// The inputs of one layer's attention.
 pub(crate) struct Attention<'a> {
     pub plan: &'a Plan,
-    pub cache: &'a PagedKvCache,
+    /// The step's plan: each chunk's first position and page tables.
+    pub step: &'a StepPlan,
     /// The cache's values (in host memory).
     pub storage: &'a KvStorage,
     pub layer: usize,
     pub batch: &'a Batch,
-    pub first_pos: &'a [usize],
     /// Roped queries, `[token][head][head_dim]`.
     pub q: &'a [f32],
     pub scores: Scores,
@@ -212,7 +212,7 @@ impl Attention<'_> {
             if tokens.is_empty() {
                 return;
             }
-            let visible = self.first_pos[chunk] + tokens.end;
+            let visible = self.step.first_pos[chunk] + tokens.end;
             let n_segments = visible.div_ceil(plan.segment_len());
             let segments = if plan.split {
                 if segment >= n_segments {
@@ -277,13 +277,13 @@ impl Attention<'_> {
         let (running, rest) = rest.split_at_mut(n_states * state_len);
         let segment_states = &mut rest[..n_states * state_len];
         let chunk = &self.batch.chunks[unit.chunk];
-        let first = self.first_pos[unit.chunk];
-        let pages = self.cache.page_table(chunk.seq, self.layer)?;
+        let first = self.step.first_pos[unit.chunk];
+        let pages = self.step.group(self.layer)?.table(unit.chunk);
         let storage = self.storage;
         let visible_max = first + unit.tokens.end;
         let kernel = kernels();
         // Pages go to the kernel as they are, without a widened copy, where it takes them.
-        let rows_in_place = kernel.rows_in_place(self.cache.layout(), unit.tokens.len() * hg);
+        let rows_in_place = kernel.rows_in_place(storage.layout(), unit.tokens.len() * hg);
         running.chunks_exact_mut(state_len).for_each(empty);
         for segment in unit.segments.clone() {
             segment_states.chunks_exact_mut(state_len).for_each(empty);
@@ -298,7 +298,7 @@ impl Attention<'_> {
                     .step_by(plan.page_size)
                     .enumerate()
                 {
-                    let page = pages[page_start / plan.page_size];
+                    let page = PageId(pages[page_start / plan.page_size]);
                     let block = |kind| storage.block(page, self.layer, unit.kv_head, kind);
                     if rows_in_place.is_some() {
                         (key_pages[p], value_pages[p]) =
@@ -386,8 +386,8 @@ impl Attention<'_> {
         let (running, rest) = rest.split_at_mut(n_states * state_len);
         let segment_states = &mut rest[..n_states * state_len];
         let chunk = &self.batch.chunks[unit.chunk];
-        let first = self.first_pos[unit.chunk];
-        let pages = self.cache.page_table(chunk.seq, self.layer)?;
+        let first = self.step.first_pos[unit.chunk];
+        let pages = self.step.group(self.layer)?.table(unit.chunk);
         let kernel = kernels();
         let lowest = self.scores.first_visible(first + unit.tokens.start);
         running.chunks_exact_mut(state_len).for_each(empty);
@@ -403,7 +403,7 @@ impl Attention<'_> {
                 // Pages before the one holding `lowest` may be gone (given back by the window).
                 let from = tile_start.max(lowest / plan.page_size * plan.page_size);
                 for page_start in (from..tile_end).step_by(plan.page_size) {
-                    let page = pages[page_start / plan.page_size];
+                    let page = PageId(pages[page_start / plan.page_size]);
                     let page_rows = page_start..(page_start + plan.page_size).min(tile_end);
                     self.widen(page, unit.kv_head, page_rows, tile_start, keys, values)?;
                 }
@@ -479,7 +479,7 @@ impl Attention<'_> {
                 slot.copy_from_slice(segment_states);
             }
             Sink::Out(_) => {
-                let first = self.first_pos[unit.chunk];
+                let first = self.step.first_pos[unit.chunk];
                 for (ti, i) in unit.tokens.clone().enumerate() {
                     if !self.sees_segment(first + i, segment) {
                         continue;
@@ -524,7 +524,7 @@ impl Attention<'_> {
         let mut running = [0f32; MAX_STATE];
         let running = &mut running[..state_len];
         for (c, chunk) in self.batch.chunks.iter().enumerate() {
-            let first = self.first_pos[c];
+            let first = self.step.first_pos[c];
             for i in 0..chunk.len {
                 let (block, ti) = (i / TOKEN_BLOCK, i % TOKEN_BLOCK);
                 let token = chunk.start + i;
@@ -553,17 +553,7 @@ impl Attention<'_> {
 }
 
 /// The largest head dimension whose state fits the merge pass's stack buffer.
-const MAX_HEAD_DIM: usize = 512;
-
-/// Whether these kernels take heads of `head_dim` (checked when a model loads).
-pub(crate) fn check_head_dim(head_dim: usize) -> Result<(), BackendError> {
-    if head_dim > MAX_HEAD_DIM {
-        return Err(BackendError::Unsupported(format!(
-            "attention heads of {head_dim} dimensions (at most {MAX_HEAD_DIM})"
-        )));
-    }
-    Ok(())
-}
+pub(crate) const MAX_HEAD_DIM: usize = 512;
 const MAX_STATE: usize = MAX_HEAD_DIM + 2;
 
 /// States per unit slot of the partials.
@@ -1360,6 +1350,9 @@ mod tests {
                 q.extend_from_slice(&queries[first * q_dim..(first + len) * q_dim]);
                 first_pos.push(first);
             }
+            let mut step = tallow_backend::StepPlan::new();
+            step.build(&batch, &cache).unwrap();
+            assert_eq!(step.first_pos, first_pos);
             // `threads` only steers the choice to split by segment; the scratch is the pool's.
             let plan = super::Plan::new(heads, page_size, &batch, &first_pos, threads);
             let pool_threads = tallow_threads::global().threads();
@@ -1368,11 +1361,10 @@ mod tests {
             let mut out = vec![0f32; q.len()];
             let attention = super::Attention {
                 plan: &plan,
-                cache: &cache,
+                step: &step,
                 storage: cache.storage().unwrap(),
                 layer: 0,
                 batch: &batch,
-                first_pos: &first_pos,
                 q: &q,
                 scores: params,
             };
