@@ -53,10 +53,10 @@ def test_bad_types_are_refused(smollm2_path: Path) -> None:
     assert_one_line_error(proc, "kv_dtype must be one of")
 
 
-@pytest.mark.parametrize(("dtype", "named"), [("q8_0", "Q8_0"), ("bf16", "Bf16")])
-def test_the_gpu_refuses_pages_it_does_not_read(smollm2_path: Path, dtype: str, named: str) -> None:
+@pytest.mark.parametrize("dtype", ["q8_0", "bf16"])
+def test_the_gpu_refuses_pages_it_does_not_read(smollm2_path: Path, dtype: str) -> None:
     model = _core.Model(str(smollm2_path), device="gpu")
-    with pytest.raises(UnsupportedError, match=named):
+    with pytest.raises(UnsupportedError, match=f"wgpu does not hold KV pages of {dtype}"):
         model.new_kv_cache(dtype=dtype, max_pages=4)
 
 
