@@ -103,8 +103,8 @@ impl Backend for CpuBackend {
         let Scratch { step, layer } = scratch;
         let result = CpuStep::begin(step, layer, input).and_then(|mut s| f(&mut s));
         // Resets size the arenas to hold all that this step took, for the next.
-        step.reset().map_err(scratch::too_large)?;
-        layer.reset().map_err(scratch::too_large)?;
+        scratch::reset(step)?;
+        scratch::reset(layer)?;
         result
     }
 }

@@ -29,8 +29,13 @@ impl Scratch {
 }
 
 /// The error of an arena that cannot get the memory a batch needs.
-pub(crate) fn too_large(e: ArenaError) -> BackendError {
+fn too_large(e: ArenaError) -> BackendError {
     BackendError::InvalidArgument(format!("the batch needs too much scratch memory: {e}"))
+}
+
+/// Resets `arena`, growing it to hold all it gave since the last reset.
+pub(crate) fn reset(arena: &mut GrowingArena) -> Result<(), BackendError> {
+    arena.reset().map_err(too_large)
 }
 
 /// `len` zeroed values from `arena`.

@@ -11,7 +11,7 @@ use tallow_quant::QuantizedActs;
 use crate::attention::{Attention, Plan};
 use crate::matrix::Matrix;
 use crate::ops::{add_in_place, add_rows, gated, hadamard, rms_norm, rms_norm_in_place};
-use crate::scratch::take;
+use crate::scratch::{reset, take};
 use crate::CpuBackend;
 
 /// The state of one step: its input, the arenas, the rotary angles of every token for each
@@ -311,9 +311,4 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
 /// were, and the attention's output is rotated back.
 fn rotates(layout: &KvLayout) -> bool {
     layout.dtype.block_format().is_some() && layout.head_dim.is_power_of_two()
-}
-
-/// Resets the arena of one product's buffers.
-fn reset(arena: &mut GrowingArena) -> Result<(), BackendError> {
-    arena.reset().map_err(crate::scratch::too_large)
 }

@@ -157,6 +157,9 @@ impl Backend for WgpuBackend {
         groups: &LayerGroups,
         n_pages: usize,
     ) -> Result<Pages, BackendError> {
+        let capabilities = self.capabilities();
+        capabilities.check_kv(layout.dtype)?;
+        capabilities.check_head_dim(layout.head_dim)?;
         Pages::new(Arc::clone(&self.gpu), layout, groups, n_pages)
     }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tallow_backend::{BackendError, KvCopy};
-use tallow_kv::{KvDtype, KvError, KvLayout, LayerGroups, PageId, PageStore};
+use tallow_kv::{KvError, KvLayout, LayerGroups, PageId, PageStore};
 
 use crate::gpu::{Buffer, Gpu};
 
@@ -19,6 +19,8 @@ pub struct Pages {
 }
 
 impl Pages {
+    /// A pool of `n_pages` zeroed pages of `layout`, whose type and heads the backend has
+    /// checked against its capabilities (f16, heads of an even size).
     pub(crate) fn new(
         gpu: Arc<Gpu>,
         layout: KvLayout,
@@ -26,12 +28,6 @@ impl Pages {
         n_pages: usize,
     ) -> Result<Pages, BackendError> {
         layout.validate()?;
-        if layout.dtype != KvDtype::F16 || !layout.head_dim.is_multiple_of(2) {
-            return Err(BackendError::Unsupported(format!(
-                "KV pages of {:?} with heads of {} on wgpu (f16 pages of even heads only)",
-                layout.dtype, layout.head_dim
-            )));
-        }
         groups.check_layout(&layout)?;
         let slot_of = groups.slots();
         let bytes = 2 * (layout.n_head_kv * n_pages * layout.block_len() * 2) as u64;

@@ -1,5 +1,7 @@
 //! A ragged batch: the new tokens of several sequences, flattened into one forward call.
 
+use std::ops::Range;
+
 use tallow_kv::{PageId, SeqId};
 
 /// Which positions of a sequence's chunk produce logits.
@@ -26,13 +28,19 @@ pub struct SeqChunk {
 }
 
 impl SeqChunk {
+    /// The rows of the batch (its tokens) whose logits this chunk produces.
+    pub fn logit_rows(&self) -> Range<usize> {
+        let end = self.start + self.len;
+        match self.logits {
+            Logits::None => end..end,
+            Logits::Last => end - 1..end,
+            Logits::All => self.start..end,
+        }
+    }
+
     /// Rows of logits this chunk produces.
     pub fn n_logits(&self) -> usize {
-        match self.logits {
-            Logits::None => 0,
-            Logits::Last => 1,
-            Logits::All => self.len,
-        }
+        self.logit_rows().len()
     }
 }
 

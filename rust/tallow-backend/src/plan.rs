@@ -5,7 +5,7 @@
 
 use tallow_kv::{KvError, PagedKvCache};
 
-use crate::batch::{Batch, KvCopy, Logits};
+use crate::batch::{Batch, KvCopy};
 use crate::error::BackendError;
 
 /// A position in the KV pages: page `page`, position `offset` in it.
@@ -95,12 +95,7 @@ impl StepPlan {
                 self.positions.push(word(pos, "positions")?);
                 self.token_chunks.push(c);
             }
-            let rows = match chunk.logits {
-                Logits::None => 0..0,
-                Logits::Last => chunk.start + chunk.len - 1..chunk.start + chunk.len,
-                Logits::All => chunk.start..chunk.start + chunk.len,
-            };
-            for row in rows {
+            for row in chunk.logit_rows() {
                 self.logit_rows.push(word(row, "tokens")?);
             }
         }
@@ -130,15 +125,6 @@ impl StepPlan {
         plan.tables.clear();
         plan.table_starts.clear();
         plan.table_starts.push(0);
-        // Page tables grow with their sequences: room for them to grow a while, so that
-        // decode steps do not reallocate each time a sequence takes a page.
-        let mut entries = 0;
-        for chunk in &batch.chunks {
-            entries += cache.page_table(chunk.seq, layer)?.len();
-        }
-        if plan.tables.capacity() < entries {
-            plan.tables.reserve(entries + entries / 2 + 64);
-        }
         for (chunk, &first) in batch.chunks.iter().zip(&self.first_pos) {
             let parent = batch.is_parent(chunk.seq);
             for pos in first..first + chunk.len {
@@ -153,16 +139,17 @@ impl StepPlan {
                 });
             }
             let table = cache.page_table(chunk.seq, layer)?;
+            let wanted = plan.tables.len() + table.len();
+            if plan.tables.capacity() < wanted {
+                // Page tables grow with their sequences: room for them to grow a while, so
+                // that decode steps do not reallocate each time a sequence takes a page.
+                plan.tables.reserve(table.len() + wanted / 2 + 64);
+            }
             plan.tables.extend(table.iter().map(|p| p.0));
             plan.table_starts
                 .push(word(plan.tables.len(), "page table entries")?);
         }
         branch_copies(batch, cache, &self.first_pos, layer, &mut plan.copies)
-    }
-
-    /// The tokens of the step.
-    pub fn n_tokens(&self) -> usize {
-        self.positions.len()
     }
 
     /// The group of `layer`.
@@ -222,6 +209,7 @@ mod tests {
     use tallow_kv::{KvBudget, KvLayout, LayerGroups, SeqId};
 
     use super::*;
+    use crate::batch::Logits;
 
     fn cache(windows: &[Option<usize>]) -> PagedKvCache {
         let layout = KvLayout::new(windows.len(), 1, 4)

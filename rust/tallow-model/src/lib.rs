@@ -79,7 +79,9 @@ impl<B: Backend> Model<B> {
     pub fn from_gguf(backend: B, file: GgufFile, options: LoadOptions) -> Result<Self, ModelError> {
         let file = Arc::new(file);
         let config = ModelConfig::from_gguf(&file)?;
-        backend.capabilities().check_heads(config.heads())?;
+        backend
+            .capabilities()
+            .check_head_dim(config.heads().head_dim)?;
         let weights = Weights::load(&backend, &file, &config)?;
         let tokenizer = Arc::new(Tokenizer::from_gguf(&file)?);
         // Everything needed from the header is parsed by now.

@@ -25,6 +25,16 @@ struct Entry {
     load: fn(usize, &Path, LoadOptions) -> Loaded,
 }
 
+impl Entry {
+    /// The name of its device `index` (`"N"` for the pattern).
+    fn device(&self, index: impl std::fmt::Display) -> String {
+        match self.gpus {
+            true => format!("{}:{index}", self.name),
+            false => self.name.into(),
+        }
+    }
+}
+
 const BACKENDS: &[Entry] = &[
     Entry {
         name: "cpu",
@@ -83,10 +93,7 @@ fn parse(device: &str) -> PyResult<(&'static Entry, usize)> {
         .iter()
         .find(|e| if gpu { e.gpus } else { e.name == name });
     let mut names: Vec<String> = (BACKENDS.iter())
-        .map(|e| match e.gpus {
-            true => format!("'{}:N'", e.name),
-            false => format!("'{}'", e.name),
-        })
+        .map(|e| format!("'{}'", e.device("N")))
         .collect();
     names.insert(1, "'gpu'".into());
     let Some(entry) = found else {
@@ -114,10 +121,7 @@ fn parse(device: &str) -> PyResult<(&'static Entry, usize)> {
 /// The device's canonical name (`"cpu"`, `"wgpu:N"`), checked before anything is loaded.
 pub(crate) fn canonical(device: &str) -> PyResult<String> {
     let (entry, index) = parse(device)?;
-    Ok(match entry.gpus {
-        true => format!("{}:{index}", entry.name),
-        false => entry.name.into(),
-    })
+    Ok(entry.device(index))
 }
 
 /// Loads the model at `path` on `device`.
@@ -134,11 +138,7 @@ pub(crate) fn devices(py: Python<'_>) -> Vec<(String, String, String, Option<u64
     for entry in BACKENDS {
         let found = py.detach(entry.devices);
         for (i, d) in found.into_iter().enumerate() {
-            let id = match entry.gpus {
-                true => format!("{}:{i}", entry.name),
-                false => entry.name.into(),
-            };
-            rows.push((id, d.name, d.backend, d.memory));
+            rows.push((entry.device(i), d.name, d.backend, d.memory));
         }
     }
     rows
