@@ -1,0 +1,143 @@
+"""Writes a random-weight Llama-shaped GGUF straight in a quantized layout, for measuring speed at
+sizes no test model has (a weight's value does not change the work). Unlike quantizing an F16 file
+with llama.cpp's llama-quantize, it needs nothing but numpy and gguf and takes seconds, so a
+machine with no llama.cpp build (a GPU host, say) can make its own.
+
+Blocks are random bytes with their f16 scales set to small finite values, so activations stay
+finite. ``q4_k_m`` lays the types out as llama-quantize's Q4_K_M does: Q4_K, with Q6_K for the
+embedding and for attn_v and ffn_down in the layers it gives more bits.
+
+Usage: python benches/random_model.py VOCAB_GGUF OUT.gguf SIZE [TYPE]
+  VOCAB_GGUF  a GGUF whose tokenizer the model takes (smollm2-135m's, say)
+  SIZE        1b, 3b or 8b (Llama 3.2 1B / 3B and Llama 3 8B shapes)
+  TYPE        q4_k_m (default), q4_0 or q8_0
+"""
+
+from __future__ import annotations
+
+import sys
+
+import gguf
+import numpy as np
+
+Q = gguf.GGMLQuantizationType
+SHAPES = {  # hidden, layers, ffn, heads, kv heads
+    "1b": (2048, 16, 8192, 32, 8),
+    "3b": (3072, 28, 8192, 24, 8),
+    "8b": (4096, 32, 14336, 32, 8),
+}
+# Byte offsets of each block's f16 scales (set to small values; everything else is random).
+SCALES = {Q.Q4_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
+SCALE = {Q.Q4_0: 0.002, Q.Q8_0: 0.0005, Q.Q4_K: 0.001, Q.Q6_K: 0.0005}
+
+
+def more_bits(layer: int, layers: int) -> bool:
+    """Whether llama-quantize's Q4_K_M gives this layer's attn_v and ffn_down Q6_K."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def tensor_type(name: str, layer: int, layers: int, kind: str) -> Q:
+    if kind != "q4_k_m":
+        return {"q4_0": Q.Q4_0, "q8_0": Q.Q8_0}[kind]
+    if name == "token_embd.weight":
+        return Q.Q6_K
+    if name.endswith(("attn_v.weight", "ffn_down.weight")) and more_bits(layer, layers):
+        return Q.Q6_K
+    return Q.Q4_K
+
+
+def random_blocks(rng: np.random.Generator, shape: tuple[int, int], ty: Q) -> np.ndarray:
+    block, size = gguf.GGML_QUANT_SIZES[ty]
+    rows, cols = shape
+    data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    scale = np.frombuffer(np.float16(SCALE[ty]).tobytes(), dtype=np.uint8)
+    for offset in SCALES[ty]:
+        data[:, :, offset : offset + 2] = scale
+    return data.reshape(rows, -1)
+
+
+def copy_tokenizer(reader: gguf.GGUFReader, w: gguf.GGUFWriter) -> int:
+    """Copies the tokenizer's fields; returns the vocabulary's size."""
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            if field.types[-1] == gguf.GGUFValueType.STRING:
+                val = [bytes(field.parts[i]).decode("utf-8", "surrogateescape") for i in field.data]
+            else:
+                val = [field.parts[i].tolist()[0] for i in field.data]
+            w.add_array(name, val)
+        elif vtype == gguf.GGUFValueType.STRING:
+            w.add_string(name, bytes(field.parts[field.data[0]]).decode())
+        else:
+            w.add_key_value(name, field.parts[field.data[0]].tolist()[0], vtype)
+    return len(reader.fields["tokenizer.ggml.tokens"].data)
+
+
+def main() -> None:
+    src, out, size = sys.argv[1:4]
+    kind = sys.argv[4] if len(sys.argv) > 4 else "q4_k_m"
+    hidden, layers, ffn, heads, kv = SHAPES[size]
+    hd = hidden // heads
+    w = gguf.GGUFWriter(out, "llama")
+    vocab = copy_tokenizer(gguf.GGUFReader(src), w)
+    w.add_name(f"random-llama-{size}-{kind}")
+    w.add_context_length(8192)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(500000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+
+    specs: list[tuple[str, tuple[int, ...], int]] = [
+        ("token_embd.weight", (vocab, hidden), 0),
+        ("output_norm.weight", (hidden,), 0),
+    ]
+    for i in range(layers):
+        p = f"blk.{i}."
+        specs += [
+            (p + "attn_norm.weight", (hidden,), i),
+            (p + "attn_q.weight", (heads * hd, hidden), i),
+            (p + "attn_k.weight", (kv * hd, hidden), i),
+            (p + "attn_v.weight", (kv * hd, hidden), i),
+            (p + "attn_output.weight", (hidden, heads * hd), i),
+            (p + "ffn_norm.weight", (hidden,), i),
+            (p + "ffn_gate.weight", (ffn, hidden), i),
+            (p + "ffn_up.weight", (ffn, hidden), i),
+            (p + "ffn_down.weight", (hidden, ffn), i),
+        ]
+    rng = np.random.default_rng(0)
+
+    def tensor(name: str, shape: tuple[int, ...], layer: int) -> tuple[np.ndarray, Q]:
+        if len(shape) == 1:  # norms: ones, in f32
+            return np.ones(shape, dtype=np.float32), Q.F32
+        ty = tensor_type(name, layer, layers, kind)
+        rows, cols = shape
+        return random_blocks(rng, (rows, cols), ty), ty
+
+    # Streamed: tensor infos first, then each tensor as it is drawn (8B never sits in memory).
+    for name, shape, layer in specs:
+        if len(shape) == 1:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), shape[0] * 4)
+            continue
+        ty = tensor_type(name, layer, layers, kind)
+        block, size_ = gguf.GGML_QUANT_SIZES[ty]
+        row_bytes = shape[1] // block * size_
+        w.add_tensor_info(
+            name, (shape[0], row_bytes), np.dtype(np.uint8), shape[0] * row_bytes, raw_dtype=ty
+        )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, layer in specs:
+        w.write_tensor_data(tensor(name, shape, layer)[0])
+    w.close()
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
