@@ -1,8 +1,12 @@
 // out = x · Wᵀ: W (rows x cols) in a GGUF block format, read as it lies (the format's
-// `dequant32`), x and out f32. Each invocation takes 4 rows of W and TOKENS tokens, so that a
-// run of 32 weights is decoded once for the tokens and a run of 32 activations read once for
-// the rows (loads cost more than arithmetic, on software drivers most); a workgroup takes 256
-// rows.
+// `dequant32`), x and out f32. The 64 invocations of a workgroup form groups of LANES; each
+// group takes ROWS rows of W and TOKENS tokens, and its lanes split the rows' runs of 32
+// weights between them (lane i takes runs i, i + LANES, ...), their partial sums meeting in
+// workgroup memory at the end. Each run of 32 weights is decoded once for the TOKENS tokens.
+// The backend picks the shape: on a GPU, 64 lanes of 4 rows (neighbours read neighbouring
+// bytes of a row, and a row of a few thousand weights keeps the workgroup busy); on a
+// software adapter, where invocations are the SIMD lanes of a CPU core, 1 lane of 8 rows
+// (each lane has work on short rows too, and a run of activations serves more rows).
 //
 // The products compute in H, f16 where the adapter has it (HALF; the backend prepends
 // `alias H` and `const HALF`), f32 otherwise. In f16, each run of 32 activations is divided
@@ -11,7 +15,7 @@
 // products are f16, every longer sum is f32. Each term so takes at most six f16 roundings
 // (weight, activation, product, three sums): within 6 * 2^-12 of the magnitude of the exact
 // sum (and an activation under 2^-14 of its run's largest may flush to zero), against 2^-8
-// for the CPU's 8-bit activations. Registers for the activations halve.
+// for the CPU's 8-bit activations.
 
 struct Params {
     rows: u32,
@@ -33,21 +37,30 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
-const ROWS: u32 = 8u;
 // 1 for a token or a few, 4 for more.
 override TOKENS: u32 = 4u;
 const MAX_TOKENS: u32 = 4u;
+// 1 or 64: see above.
+override LANES: u32 = 64u;
+override ROWS: u32 = 4u;
+const MAX_ROWS: u32 = 8u;
+
+// With LANES 64, each lane's sum for each (token, row), at [(t * ROWS + k) * 64 + lane].
+var<workgroup> partial: array<f32, 64 * MAX_TOKENS * MAX_ROWS>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let first = ((wg.x + wg.y * p.groups_x) * 64u + tid) * ROWS;
-    if (first >= p.rows) {
+    let lane = tid % LANES;
+    let first_group = (wg.x + wg.y * p.groups_x) * (64u / LANES);
+    // Uniform: every invocation of a workgroup with rows reaches the barrier below.
+    if (first_group * ROWS >= p.rows) {
         return;
     }
+    let first = (first_group + tid / LANES) * ROWS;
     let t0 = wg.z * TOKENS;
     // Rows and tokens past the end are computed from the last ones and not written.
-    var acc: array<array<f32, ROWS>, MAX_TOKENS>;
-    for (var c = 0u; c < p.cols / 32u; c++) {
+    var acc: array<array<f32, MAX_ROWS>, MAX_TOKENS>;
+    for (var c = lane; c < p.cols / 32u; c += LANES) {
         var xs: array<array<vec4<H>, 8>, MAX_TOKENS>;
         // What the run of activations was divided by (1 in f32).
         var scale: array<f32, MAX_TOKENS>;
@@ -86,11 +99,30 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             }
         }
     }
-    for (var t = 0u; t < TOKENS; t++) {
-        for (var k = 0u; k < ROWS; k++) {
-            if (t0 + t < p.tokens && first + k < p.rows) {
-                out[(t0 + t) * p.out_stride + p.first_row + first + k] = acc[t][k];
+    if (LANES == 1u) {
+        for (var t = 0u; t < TOKENS; t++) {
+            for (var k = 0u; k < ROWS; k++) {
+                if (t0 + t < p.tokens && first + k < p.rows) {
+                    out[(t0 + t) * p.out_stride + p.first_row + first + k] = acc[t][k];
+                }
             }
         }
+        return;
+    }
+    for (var t = 0u; t < TOKENS; t++) {
+        for (var k = 0u; k < ROWS; k++) {
+            partial[(t * ROWS + k) * 64u + tid] = acc[t][k];
+        }
+    }
+    workgroupBarrier();
+    // Invocation t * ROWS + k adds up the sums of token t and row k.
+    let t = tid / ROWS;
+    let k = tid % ROWS;
+    if (t < TOKENS && t0 + t < p.tokens && first + k < p.rows) {
+        var s = 0.0;
+        for (var i = 0u; i < 64u; i++) {
+            s += partial[(t * ROWS + k) * 64u + i];
+        }
+        out[(t0 + t) * p.out_stride + p.first_row + first + k] = s;
     }
 }

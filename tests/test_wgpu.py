@@ -220,6 +220,19 @@ def test_reductions_without_subgroup_operations_give_the_same_logits(
     assert float(np.abs(without - with_subgroups).max()) < TOLERANCE["f32"]
 
 
+def test_products_split_between_invocations_give_the_same_logits(
+    arch_dir: Path, prompt: list[int], tmp_path: Path
+) -> None:
+    """A GPU's products split each row between a workgroup's invocations; llvmpipe's take
+    whole rows per invocation. TALLOW_WGPU_SPLIT_PRODUCTS=1 runs the GPU's shape here: rows of
+    at most 64 runs of 32 weights add their runs in the same order either way, so the logits
+    are the same to the bit (the kernel tests cover longer rows)."""
+    path = str(arch_dir / "gemma3" / "gemma3-q8_0.gguf")
+    split = _gpu_logits_with({"TALLOW_WGPU_SPLIT_PRODUCTS": "1"}, path, prompt, tmp_path)
+    whole = _core.Model(path, device="gpu").new_context(64).eval(prompt, all_logits=True)
+    assert np.array_equal(split, whole)
+
+
 @pytest.mark.parametrize("arch", ["llama3", "gemma3"])
 def test_products_in_f16_are_closer_to_f32_than_the_cpu_is(
     arch: str, arch_dir: Path, prompt: list[int], tmp_path: Path
@@ -252,6 +265,31 @@ def test_cli_lists_devices_and_generates_on_the_gpu(arch_dir: Path) -> None:
     pattern = r"memory: host ([\d.]+) MiB peak RSS .*device ([\d.]+) MiB in use"
     memory = re.search(pattern, proc.stderr.decode())
     assert memory and float(memory[1]) > 0 and float(memory[2]) > 0, proc.stderr
+
+
+def test_profile_prints_each_steps_kernel_times(arch_dir: Path) -> None:
+    """TALLOW_WGPU_PROFILE=1: each step prints its tokens, host time and the GPU time of each
+    kernel (timestamps around every dispatch), whose counts add up to its dispatches and
+    whose times to its GPU total."""
+    path = str(arch_dir / "llama3" / "llama3-q8_0.gguf")
+    bench = ("bench", "-m", path, "-p", "8", "-n", "2", "--npp", "0", "-r", "1")
+    proc = run_cli(*bench, "--device", "gpu", env={"TALLOW_WGPU_PROFILE": "1"})
+    assert proc.returncode == 0, proc.stderr
+    line = re.compile(
+        r"wgpu step: (\d+) tokens, (\d+) dispatches, host ([\d.]+) ms, gpu ([\d.]+) ms: (.*)"
+    )
+    steps = [m for m in map(line.fullmatch, proc.stderr.decode().splitlines()) if m]
+    # Among them the pp8 step, and tg2's decode steps last.
+    tokens = [int(m[1]) for m in steps]
+    assert 8 in tokens and tokens[-2:] == [1, 1], proc.stderr
+    for m in steps:
+        kernels = re.findall(r"(\w+(?:\([^)]*\))?) ([\d.]+) ms \((\d+)\)", m[5])
+        assert {k for k, _, _ in kernels} >= {"Matmul(Q8_0, 1)", "Attention", "Norm"}
+        assert sum(int(c) for _, _, c in kernels) == int(m[2])
+        assert abs(sum(float(t) for _, t, _ in kernels) - float(m[4])) < 0.01
+        assert float(m[4]) > 0
+    plain = run_cli(*bench, "--device", "gpu")
+    assert plain.returncode == 0 and "wgpu step" not in plain.stderr.decode()
 
 
 def test_without_a_gpu_driver_the_cpu_still_runs(arch_dir: Path) -> None:

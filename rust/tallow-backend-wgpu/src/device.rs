@@ -77,5 +77,6 @@ pub(crate) fn open(index: usize, wanted: wgpu::Features) -> Result<Gpu, BackendE
         limits
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size),
+        adapter.get_info().device_type == wgpu::DeviceType::Cpu,
     ))
 }

@@ -13,6 +13,8 @@ pub(crate) struct Gpu {
     pub info: DeviceInfo,
     /// The most bytes one buffer may hold and one binding may cover.
     pub max_binding: u64,
+    /// Whether the adapter is software (Mesa's llvmpipe): its invocations are a CPU's.
+    pub software: bool,
     /// Errors wgpu reported outside any error scope (it would panic on them otherwise).
     uncaptured: Arc<Mutex<Vec<String>>>,
     /// Bytes in the buffers made here.
@@ -58,6 +60,7 @@ impl Gpu {
         queue: wgpu::Queue,
         info: DeviceInfo,
         max_binding: u64,
+        software: bool,
     ) -> Gpu {
         let uncaptured = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&uncaptured);
@@ -71,6 +74,7 @@ impl Gpu {
             queue,
             info,
             max_binding,
+            software,
             uncaptured,
             memory: Arc::default(),
         }

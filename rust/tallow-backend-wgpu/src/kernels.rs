@@ -73,6 +73,26 @@ pub(crate) fn reads(ty: GgmlType) -> bool {
     weight_formats().any(|t| t == ty)
 }
 
+/// How the product kernel lays out its work (see matmul.wgsl): `lanes` invocations share
+/// each `rows` rows of W.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProductShape {
+    lanes: u32,
+    rows: u32,
+}
+
+impl ProductShape {
+    /// For GPUs: the 64 invocations of a workgroup split 4 rows' weights.
+    pub(crate) const SPLIT: ProductShape = ProductShape { lanes: 64, rows: 4 };
+    /// For software adapters: each invocation takes 8 whole rows.
+    pub(crate) const WHOLE: ProductShape = ProductShape { lanes: 1, rows: 8 };
+
+    /// The rows of W one workgroup takes.
+    pub(crate) fn rows_per_workgroup(self) -> usize {
+        (64 / self.lanes * self.rows) as usize
+    }
+}
+
 /// One entry point of one kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kernel {
@@ -108,9 +128,13 @@ impl Kernel {
     }
 
     /// The values of the kernel's `override` constants.
-    fn constants(self) -> Vec<(&'static str, f64)> {
+    fn constants(self, shape: ProductShape) -> Vec<(&'static str, f64)> {
         match self {
-            Kernel::Matmul(_, tokens) => vec![("TOKENS", f64::from(tokens))],
+            Kernel::Matmul(_, tokens) => vec![
+                ("TOKENS", f64::from(tokens)),
+                ("LANES", f64::from(shape.lanes)),
+                ("ROWS", f64::from(shape.rows)),
+            ],
             _ => Vec::new(),
         }
     }
@@ -165,15 +189,21 @@ pub(crate) struct Kernels {
     subgroups: bool,
     /// Whether products compute in f16 (the device has it enabled).
     f16: bool,
+    shape: ProductShape,
 }
 
 impl Kernels {
-    pub(crate) fn new(subgroups: bool, f16: bool) -> Self {
+    pub(crate) fn new(subgroups: bool, f16: bool, shape: ProductShape) -> Self {
         Kernels {
             pipelines: Mutex::default(),
             subgroups,
             f16,
+            shape,
         }
+    }
+
+    pub(crate) fn product_shape(&self) -> ProductShape {
+        self.shape
     }
 
     pub(crate) fn subgroups(&self) -> bool {
@@ -207,7 +237,7 @@ impl Kernels {
                 module: &module,
                 entry_point: Some(entry),
                 compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &kernel.constants(),
+                    constants: &kernel.constants(self.shape),
                     ..Default::default()
                 },
                 cache: None,

@@ -9,6 +9,7 @@ mod gpu;
 mod kernels;
 mod matrix;
 mod pages;
+mod profile;
 mod step;
 
 use std::sync::Arc;
@@ -26,7 +27,7 @@ pub use pages::Pages;
 pub use step::{Rows, Scratch, WgpuStep};
 
 use gpu::Gpu;
-use kernels::Kernels;
+use kernels::{Kernels, ProductShape};
 
 /// The largest attention head the attention kernel takes (its workgroup memory holds one
 /// query head).
@@ -40,6 +41,8 @@ pub struct WgpuBackend {
     /// The most bytes of one part of a matrix (larger ones are split by rows) or of one block
     /// of logits.
     max_part: u64,
+    /// Whether each step prints its kernels' GPU times (see profile.rs).
+    profile: bool,
 }
 
 /// How [`WgpuBackend::open_with`] opens a GPU. The default takes everything it offers.
@@ -54,6 +57,12 @@ pub struct WgpuOptions {
     /// Products of quantized weights in f16 arithmetic where the adapter has it (see
     /// matmul.wgsl); in f32 otherwise.
     pub f16: bool,
+    /// Each step prints the GPU time of each kernel to stderr (needs timestamp queries).
+    pub profile: bool,
+    /// Whether the invocations of a product split each row's weights between them (true: the
+    /// shape for GPUs) or take whole rows each (false: for software adapters, whose
+    /// invocations are a CPU's SIMD lanes); `None` picks by the adapter (see matmul.wgsl).
+    pub split_products: Option<bool>,
 }
 
 impl Default for WgpuOptions {
@@ -62,6 +71,8 @@ impl Default for WgpuOptions {
             max_part: u64::MAX,
             subgroups: true,
             f16: true,
+            profile: false,
+            split_products: None,
         }
     }
 }
@@ -77,14 +88,28 @@ impl WgpuBackend {
         let mut wanted = wgpu::Features::empty();
         wanted.set(wgpu::Features::SUBGROUP, options.subgroups);
         wanted.set(wgpu::Features::SHADER_F16, options.f16);
+        wanted.set(wgpu::Features::TIMESTAMP_QUERY, options.profile);
         let gpu = device::open(index, wanted)?;
         let features = gpu.device.features();
+        if options.profile && !features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            return Err(BackendError::Unsupported(format!(
+                "profiling on {}: it has no timestamp queries",
+                gpu.info.name
+            )));
+        }
+        let shape = if options.split_products.unwrap_or(!gpu.software) {
+            ProductShape::SPLIT
+        } else {
+            ProductShape::WHOLE
+        };
         Ok(WgpuBackend {
             max_part: gpu.max_binding.min(options.max_part),
+            profile: options.profile,
             gpu: Arc::new(gpu),
             kernels: Arc::new(Kernels::new(
                 features.contains(wgpu::Features::SUBGROUP),
                 features.contains(wgpu::Features::SHADER_F16),
+                shape,
             )),
         })
     }
@@ -92,6 +117,12 @@ impl WgpuBackend {
     /// Whether its reductions use subgroup operations.
     pub fn uses_subgroups(&self) -> bool {
         self.kernels.subgroups()
+    }
+
+    /// Whether the invocations of its products split each row's weights (see
+    /// [`WgpuOptions::split_products`]).
+    pub fn splits_products(&self) -> bool {
+        self.kernels.product_shape() == ProductShape::SPLIT
     }
 
     /// Whether its products of quantized weights compute in f16.

@@ -10,6 +10,7 @@ use crate::gpu::{device_error, Buffer, Gpu, Word};
 use crate::kernels::{Kernel, Kernels};
 use crate::matrix::Matrix;
 use crate::pages::Pages;
+use crate::profile::StepProfile;
 use crate::WgpuBackend;
 
 /// Activations on the GPU: `len` floats.
@@ -47,6 +48,7 @@ pub struct WgpuStep<'s> {
     /// The cosines and sines of every token's position, per RoPE.
     angles: Vec<Buffer>,
     groups: Vec<GroupBuffers>,
+    profile: Option<StepProfile>,
 }
 
 /// Workgroups for `units` units of work: along x up to the limit of a dimension, the rest
@@ -119,6 +121,7 @@ impl<'s> WgpuStep<'s> {
             ids,
             angles,
             groups,
+            profile: backend.profile.then(|| StepProfile::new(gpu)),
         })
     }
 
@@ -129,9 +132,16 @@ impl<'s> WgpuStep<'s> {
             scratch,
             used,
             encoder,
+            profile,
+            input,
             ..
         } = self;
-        gpu.checked(|_| gpu.queue.submit([encoder.finish()]))?;
+        match profile {
+            Some(profile) => profile.report(gpu, encoder, input.batch.tokens.len())?,
+            None => {
+                gpu.checked(|_| gpu.queue.submit([encoder.finish()]))?;
+            }
+        }
         scratch.free = used;
         Ok(())
     }
@@ -179,7 +189,13 @@ impl<'s> WgpuStep<'s> {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        let mut pass = self.encoder.begin_compute_pass(&Default::default());
+        let timestamp_writes = self.profile.as_mut().and_then(|p| p.time(kernel));
+        let mut pass = self
+            .encoder
+            .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes,
+            });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups.0, groups.1, groups.2);
@@ -230,8 +246,9 @@ impl<'s> WgpuStep<'s> {
 
     fn products(&mut self, input: &Rows, m: &Matrix, out: &Rows) -> Result<(), BackendError> {
         let n = input.len / m.cols;
+        let per_workgroup = self.kernels.product_shape().rows_per_workgroup();
         for part in &m.parts {
-            let (x, y) = grid(part.rows.div_ceil(8 * 64));
+            let (x, y) = grid(part.rows.div_ceil(per_workgroup));
             let params = [
                 part.rows as u32,
                 m.cols as u32,

@@ -36,15 +36,22 @@ fn both_reductions() -> [WgpuBackend; 2] {
     gpus
 }
 
-/// The GPU with its products in f16 arithmetic (llvmpipe has it), and in f32.
-fn both_arithmetics() -> [WgpuBackend; 2] {
-    let without = WgpuOptions {
-        f16: false,
-        ..WgpuOptions::default()
-    };
-    let gpus = [gpu(), WgpuBackend::open_with(0, without).unwrap()];
-    assert!(gpus[0].uses_f16() && !gpus[1].uses_f16());
-    gpus
+/// The GPU with its products in f16 and in f32, each in both shapes (matmul.wgsl): rows
+/// split between a workgroup's invocations, and whole rows per invocation. Opened one at a
+/// time: llvmpipe's devices each keep their own threads busy.
+fn every_product_kernel() -> impl Iterator<Item = WgpuBackend> {
+    [(true, true), (true, false), (false, true), (false, false)]
+        .into_iter()
+        .map(|(f16, split)| {
+            let options = WgpuOptions {
+                f16,
+                split_products: Some(split),
+                ..WgpuOptions::default()
+            };
+            let gpu = WgpuBackend::open_with(0, options).unwrap();
+            assert_eq!((gpu.uses_f16(), gpu.splits_products()), (f16, split));
+            gpu
+        })
 }
 
 /// The bound of the rounding error of `gpu`'s products of `ty` weights, relative to their
@@ -185,21 +192,34 @@ fn products<B: Backend>(backend: &B, m: &B::Matrix, x: &[f32], n: usize, rows: u
 
 #[test]
 fn products_match_the_dequantized_weights_in_every_format() {
-    for gpu in both_arithmetics() {
+    for gpu in every_product_kernel() {
         for (f, ty) in weight_formats().enumerate() {
-            // Rows whose bytes are not whole words (3 Q4_0 blocks are 54 bytes), 37 rows, and
-            // token counts around the kernel's blocks of 8.
-            let cols = if ty.block_len() == 256 { 512 } else { 96 };
+            // Rows whose bytes are not whole words (3 Q4_0 blocks are 54 bytes), 37 rows (not
+            // whole workgroups), rows of fewer runs of 32 than a workgroup's 64 invocations and
+            // of more (split, each takes two runs or one), and token counts around the
+            // kernel's blocks of 4.
+            let widths = if ty.block_len() == 256 {
+                [512, 9 * 256]
+            } else {
+                [96, 67 * 32]
+            };
             let rows = 37;
-            let (file, w) = matrix_file(ty, rows, cols, f as u64 + 1);
-            let m = upload(&gpu, &file, rows, cols);
-            let bound = products_bound(&gpu, ty);
-            for n in [1, 5, 11] {
-                let x = random(100 + n as u64, n * cols);
-                let got = products(&gpu, &m, &x, n, rows);
-                let (want, scale) = reference_products(&w, &x, n, rows);
-                let what = format!("{} x{n}, f16 {}", ty.name(), gpu.uses_f16());
-                assert_close(&got, &want, &scale, bound, &what);
+            for cols in widths {
+                let (file, w) = matrix_file(ty, rows, cols, f as u64 + 1);
+                let m = upload(&gpu, &file, rows, cols);
+                let bound = products_bound(&gpu, ty);
+                for n in [1, 5, 11] {
+                    let x = random(100 + n as u64, n * cols);
+                    let got = products(&gpu, &m, &x, n, rows);
+                    let (want, scale) = reference_products(&w, &x, n, rows);
+                    let what = format!(
+                        "{} {cols} x{n}, f16 {}, split {}",
+                        ty.name(),
+                        gpu.uses_f16(),
+                        gpu.splits_products()
+                    );
+                    assert_close(&got, &want, &scale, bound, &what);
+                }
             }
         }
     }
