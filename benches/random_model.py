@@ -110,21 +110,18 @@ def main() -> None:
             (p + "ffn_up.weight", (ffn, hidden), i),
             (p + "ffn_down.weight", (hidden, ffn), i),
         ]
+    # Each tensor's type, resolved once: norms are ones in f32, matrices random blocks.
+    typed = [
+        (name, shape, Q.F32 if len(shape) == 1 else tensor_type(name, layer, layers, kind))
+        for name, shape, layer in specs
+    ]
     rng = np.random.default_rng(0)
 
-    def tensor(name: str, shape: tuple[int, ...], layer: int) -> tuple[np.ndarray, Q]:
-        if len(shape) == 1:  # norms: ones, in f32
-            return np.ones(shape, dtype=np.float32), Q.F32
-        ty = tensor_type(name, layer, layers, kind)
-        rows, cols = shape
-        return random_blocks(rng, (rows, cols), ty), ty
-
     # Streamed: tensor infos first, then each tensor as it is drawn (8B never sits in memory).
-    for name, shape, layer in specs:
-        if len(shape) == 1:
+    for name, shape, ty in typed:
+        if ty == Q.F32:
             w.add_tensor_info(name, shape, np.dtype(np.float32), shape[0] * 4)
             continue
-        ty = tensor_type(name, layer, layers, kind)
         block, size_ = gguf.GGML_QUANT_SIZES[ty]
         row_bytes = shape[1] // block * size_
         w.add_tensor_info(
@@ -133,8 +130,11 @@ def main() -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for name, shape, layer in specs:
-        w.write_tensor_data(tensor(name, shape, layer)[0])
+    for _, shape, ty in typed:
+        if ty == Q.F32:
+            w.write_tensor_data(np.ones(shape, dtype=np.float32))
+        else:
+            w.write_tensor_data(random_blocks(rng, (shape[0], shape[1]), ty))
     w.close()
     print(out)
 
