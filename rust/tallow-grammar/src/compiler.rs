@@ -30,9 +30,12 @@ pub struct GrammarCompiler {
 /// Compiled constraints (or their errors) by [`Structured::key`], the oldest first out.
 #[derive(Default)]
 struct Recent {
-    by_key: HashMap<String, Result<Constraint, GrammarError>>,
+    by_key: HashMap<String, Arc<Compiled>>,
     order: VecDeque<String>,
 }
+
+/// A constraint as compiled, unstarted, or why it could not be.
+type Compiled = Result<Constraint, GrammarError>;
 
 /// Constraints kept compiled.
 const RECENT: usize = 32;
@@ -72,8 +75,8 @@ impl GrammarCompiler {
     /// the limits of [`crate::limits`] are refused before they are compiled.
     pub fn compile(&self, structured: &Structured) -> Result<Constraint, GrammarError> {
         let key = structured.key();
-        if let Some(compiled) = self.recent().by_key.get(&key) {
-            return compiled.clone();
+        if let Some(compiled) = self.recent_one(&key) {
+            return copy_of(structured, &compiled);
         }
         if let Some(reason) = limits::exceeded(structured, source_bytes_of(&key)) {
             return Err(GrammarError::Compile {
@@ -83,14 +86,16 @@ impl GrammarCompiler {
         }
         let _one_at_a_time = self.compiling.lock().unwrap_or_else(|e| e.into_inner());
         // Compiled meanwhile for another request?
-        if let Some(compiled) = self.recent().by_key.get(&key) {
-            return compiled.clone();
+        if let Some(compiled) = self.recent_one(&key) {
+            return copy_of(structured, &compiled);
         }
-        let compiled = self.compile_on_own_stack(structured);
+        let compiled = Arc::new(
+            on_compiler_thread(structured, || self.compile_anew(structured)).and_then(|c| c),
+        );
         let mut recent = self.recent();
         if recent
             .by_key
-            .insert(key.clone(), compiled.clone())
+            .insert(key.clone(), Arc::clone(&compiled))
             .is_none()
         {
             recent.order.push_back(key);
@@ -99,38 +104,18 @@ impl GrammarCompiler {
                 recent.by_key.remove(&oldest);
             }
         }
-        compiled
+        drop(recent);
+        copy_of(structured, &compiled)
+    }
+
+    /// The constraint (or error) compiled for `key`, if it is one of the recent ones.
+    fn recent_one(&self, key: &str) -> Option<Arc<Compiled>> {
+        self.recent().by_key.get(key).cloned()
     }
 
     fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {
         // The map stays whole whatever panicked while it was held.
         self.recent.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// [`Self::compile_anew`] on a thread with [`COMPILE_STACK`] bytes of stack (llguidance
-    /// recurses through the definitions of a grammar), at the lowest priority: the engine's
-    /// threads, which spin while they wait for each other, keep their cores while a large
-    /// grammar compiles.
-    fn compile_on_own_stack(&self, structured: &Structured) -> Result<Constraint, GrammarError> {
-        std::thread::scope(|scope| {
-            let compiler = std::thread::Builder::new()
-                .name("tallow-grammar".into())
-                .stack_size(COMPILE_STACK)
-                .spawn_scoped(scope, || {
-                    yield_to_other_threads();
-                    self.compile_anew(structured)
-                })
-                .map_err(|e| GrammarError::Compile {
-                    kind: structured.kind(),
-                    message: format!("cannot start the compiler's thread: {e}"),
-                })?;
-            compiler.join().unwrap_or_else(|_| {
-                Err(GrammarError::Compile {
-                    kind: structured.kind(),
-                    message: BEYOND_THE_COMPILER.into(),
-                })
-            })
-        })
     }
 
     fn compile_anew(&self, structured: &Structured) -> Result<Constraint, GrammarError> {
@@ -151,13 +136,55 @@ impl GrammarCompiler {
     }
 }
 
-/// Lowers the calling thread's priority to the least (nice 19) where the system has a
-/// priority per thread (Linux); a no-op elsewhere, or where it is not allowed.
+/// A request's own copy of a compiled constraint (or its error). A copy of a large one
+/// takes as long as a step or more (its lexer's states are copied whole), so it is made
+/// where a compilation is: off the engine's cores.
+fn copy_of(structured: &Structured, compiled: &Compiled) -> Compiled {
+    if compiled.is_err() {
+        return compiled.clone();
+    }
+    on_compiler_thread(structured, || compiled.clone())?
+}
+
+/// `work` on a thread with [`COMPILE_STACK`] bytes of stack (llguidance recurses through
+/// the definitions of a grammar), at the lowest priority (see
+/// [`yield_to_other_threads`]): the engine's threads, which spin
+/// while they wait for each other, keep their cores while a large grammar compiles or is
+/// copied. A panic in `work` is an error of the compiler.
+fn on_compiler_thread<T: Send>(
+    structured: &Structured,
+    work: impl FnOnce() -> T + Send,
+) -> Result<T, GrammarError> {
+    let error = |message: String| GrammarError::Compile {
+        kind: structured.kind(),
+        message,
+    };
+    std::thread::scope(|scope| {
+        let compiler = std::thread::Builder::new()
+            .name("tallow-grammar".into())
+            .stack_size(COMPILE_STACK)
+            .spawn_scoped(scope, || {
+                yield_to_other_threads();
+                work()
+            })
+            .map_err(|e| error(format!("cannot start the compiler's thread: {e}")))?;
+        compiler
+            .join()
+            .map_err(|_| error(BEYOND_THE_COMPILER.into()))
+    })
+}
+
+/// Puts the calling thread in the idle scheduling class where the system has one per thread
+/// (Linux): it runs only on a core that nothing else wants, so even the engine's spinning
+/// threads are not preempted by it (a nice 19 thread still takes slices from them). Where
+/// that is not allowed, the lowest priority (nice 19); a no-op elsewhere.
 fn yield_to_other_threads() {
     #[cfg(target_os = "linux")]
-    // SAFETY: plain system calls on the calling thread's id.
+    // SAFETY: plain system calls on the calling thread (0: the caller).
     unsafe {
-        let thread = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, thread as libc::id_t, 19);
+        let param = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+            libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+        }
     }
 }
