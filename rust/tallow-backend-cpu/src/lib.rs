@@ -5,6 +5,7 @@
 mod attention;
 mod matrix;
 mod ops;
+mod pages;
 mod scratch;
 mod step;
 
@@ -14,10 +15,11 @@ use tallow_backend::{
     Backend, BackendError, Capabilities, DeviceInfo, DeviceMemory, MatrixSpec, Rope, StepInput,
 };
 use tallow_gguf::GgufFile;
-use tallow_kv::{KvDtype, KvLayout, KvStorage, LayerGroups};
+use tallow_kv::{KvDtype, KvLayout, LayerGroups};
 use tallow_quant::GgmlType;
 
 pub use matrix::Matrix;
+pub use pages::{host_cache, HostPages, KvBlock, KvStorage};
 pub use scratch::Scratch;
 pub use step::CpuStep;
 

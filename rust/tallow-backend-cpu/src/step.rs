@@ -5,12 +5,13 @@ use tallow_arena::GrowingArena;
 use tallow_backend::{
     argmax, Activation, BackendError, Batch, Output, Rope, Scores, Step, StepInput, StepPlan,
 };
-use tallow_kv::{KvLayout, KvStorage, PagedKvCache};
+use tallow_kv::{KvLayout, PagedKvCache};
 use tallow_quant::QuantizedActs;
 
 use crate::attention::{Attention, Plan};
 use crate::matrix::Matrix;
 use crate::ops::{add_in_place, add_rows, gated, hadamard, rms_norm, rms_norm_in_place};
+use crate::pages::KvStorage;
 use crate::scratch::{reset, take};
 use crate::CpuBackend;
 

@@ -10,7 +10,7 @@ use tallow_backend::{
     argmax, Activation, Backend, Batch, Heads, Logits, MatrixSpec, MatrixUse, Output, Rope,
     RopeParams, RopeScaling, RopeStyle, Scores, Step, StepInput, StepPlan,
 };
-use tallow_backend_cpu::CpuBackend;
+use tallow_backend_cpu::{host_cache, CpuBackend};
 use tallow_backend_wgpu::{weight_formats, WgpuBackend, WgpuOptions};
 use tallow_gguf::{tensors_image, GgmlType, GgufFile, TensorData};
 use tallow_kv::{KvBudget, KvLayout, LayerGroups, PagedKvCache, SeqId};
@@ -115,7 +115,12 @@ fn plan(batch: &Batch, first_pos: &[usize]) -> StepPlan {
     let pages = (batch.chunks.iter().zip(first_pos))
         .map(|(c, &first)| layout.pages_for_tokens(first + c.len))
         .sum();
-    let mut cache = PagedKvCache::new(layout, KvBudget::Pages(pages)).unwrap();
+    let mut cache = host_cache(
+        layout,
+        LayerGroups::global(1).unwrap(),
+        KvBudget::Pages(pages),
+    )
+    .unwrap();
     for (chunk, &first) in batch.chunks.iter().zip(first_pos) {
         assert_eq!(cache.create(), chunk.seq);
         cache.append_slots(chunk.seq, first + chunk.len).unwrap();

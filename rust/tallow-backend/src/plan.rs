@@ -206,17 +206,34 @@ fn branch_copies(
 
 #[cfg(test)]
 mod tests {
-    use tallow_kv::{KvBudget, KvLayout, LayerGroups, SeqId};
+    use tallow_kv::{KvLayout, LayerGroups, PageId, PageStore, SeqId};
 
     use super::*;
     use crate::batch::Logits;
+
+    /// Pages with no values in them: a plan reads only the page tables.
+    struct TablesOnly(KvLayout);
+
+    impl PageStore for TablesOnly {
+        fn layout(&self) -> &KvLayout {
+            &self.0
+        }
+
+        fn n_pages(&self) -> usize {
+            64
+        }
+
+        fn copy_page(&mut self, _: PageId, _: PageId) -> tallow_kv::Result<()> {
+            Ok(())
+        }
+    }
 
     fn cache(windows: &[Option<usize>]) -> PagedKvCache {
         let layout = KvLayout::new(windows.len(), 1, 4)
             .with_page_size(4)
             .with_page_layers(1);
         let groups = LayerGroups::from_windows(windows).unwrap();
-        PagedKvCache::grouped(layout, groups, KvBudget::Pages(64)).unwrap()
+        PagedKvCache::over(groups, TablesOnly(layout)).unwrap()
     }
 
     fn reserve(cache: &mut PagedKvCache, seq: SeqId, n: usize) {

@@ -13,8 +13,9 @@
 //!   pages no query sees any more, so their memory is bounded by the window.
 //! - [`PageAllocator`]: refcounts and the (FIFO, deterministic) free list.
 //! - [`Sequences`]: page tables and their operations, with no K/V data (returns [`CopyOp`]s).
-//! - [`KvStorage`]: the K/V values, addressed by page.
-//! - [`PagedKvCache`]: the two together; what the engine uses.
+//! - [`PageStore`]: where the K/V values live, addressed by page: host memory (the CPU
+//!   backend's) or a device's.
+//! - [`PagedKvCache`]: page tables over a store; what the engine uses.
 
 #![warn(missing_docs)]
 
@@ -23,10 +24,9 @@ mod cache;
 mod error;
 mod groups;
 mod layout;
-mod memory;
+pub mod memory;
 mod prefix;
 mod sequences;
-mod storage;
 
 use std::fmt;
 
@@ -37,7 +37,6 @@ pub use groups::{LayerGroup, LayerGroups};
 pub use layout::{pages_for_budget, KvBudget, KvDtype, KvKind, KvLayout, MAX_PAGES};
 pub use prefix::PrefixStats;
 pub use sequences::{Appended, CopyOp, KvStats, PrefixMatch, Sequences};
-pub use storage::{KvBlock, KvStorage};
 
 /// A page of the pool: `0..n_pages`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

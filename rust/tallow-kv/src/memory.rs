@@ -4,7 +4,7 @@
 use crate::error::{KvError, Result};
 
 /// Element types whose all-zero bit pattern is a valid zero value.
-pub(crate) trait ZeroBits: Copy {}
+pub trait ZeroBits: Copy {}
 impl ZeroBits for u8 {}
 impl ZeroBits for u16 {}
 impl ZeroBits for u32 {}
@@ -18,7 +18,7 @@ fn out_of_memory<T>(n: usize) -> KvError {
 
 /// `n` zeros in one allocation. The memory comes zeroed from the allocator, so the parts of a
 /// pool that are never written take no physical memory.
-pub(crate) fn zeroed<T: ZeroBits>(n: usize) -> Result<Vec<T>> {
+pub fn zeroed<T: ZeroBits>(n: usize) -> Result<Vec<T>> {
     let layout = std::alloc::Layout::array::<T>(n).map_err(|_| out_of_memory::<T>(n))?;
     if layout.size() == 0 {
         return Ok(Vec::new());

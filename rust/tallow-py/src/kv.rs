@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use tallow_backend_cpu::host_cache;
 use tallow_kv::{KvBudget, KvDtype, KvLayout, LayerGroups, PagedKvCache, SeqId};
 use tallow_model::AnyScratch;
 
@@ -120,7 +121,7 @@ impl KvCache {
             max_pages,
             max_bytes,
         )?;
-        let inner = PagedKvCache::grouped(layout, groups, budget).map_err(kv_error)?;
+        let inner = host_cache(layout, groups, budget).map_err(kv_error)?;
         Ok(Self::new_with(inner))
     }
 

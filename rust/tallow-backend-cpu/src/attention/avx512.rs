@@ -17,8 +17,10 @@ use std::mem::MaybeUninit;
 
 use half::{bf16, f16};
 use tallow_backend::Scores;
-use tallow_kv::{KvBlock, KvDtype, KvLayout};
+use tallow_kv::{KvDtype, KvLayout};
 use tallow_quant::GgmlType;
+
+use crate::pages::KvBlock;
 
 /// Lanes of a vector.
 const LANES: usize = 16;

@@ -24,10 +24,11 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use half::f16;
-use tallow_kv::{KvBlock, KvKind, KvLayout, KvStorage, PageId};
+use tallow_backend::{BackendError, Batch, Heads, Scores, StepPlan};
+use tallow_kv::{KvKind, KvLayout, PageId};
 use tallow_threads::DisjointSlice;
 
-use tallow_backend::{BackendError, Batch, Heads, Scores, StepPlan};
+use crate::pages::{KvBlock, KvStorage};
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -1293,7 +1294,9 @@ mod tests {
         params: Scores,
     ) {
         use tallow_backend::{Batch, Logits};
-        use tallow_kv::{KvBudget, KvDtype, KvLayout, PagedKvCache};
+        use tallow_kv::{KvBudget, KvDtype, KvLayout, LayerGroups};
+
+        use crate::pages::{host_cache, HostPages};
 
         let heads = tallow_backend::Heads {
             n_head: 9,
@@ -1333,7 +1336,8 @@ mod tests {
         // Runs `chunks` (first position, length) of one sequence each; returns each token's
         // output by position.
         let run = |chunks: &[(usize, usize)], threads: usize| {
-            let mut cache = PagedKvCache::new(layout, KvBudget::Pages(200)).unwrap();
+            let groups = LayerGroups::global(1).unwrap();
+            let mut cache = host_cache(layout, groups, KvBudget::Pages(200)).unwrap();
             let mut batch = Batch::new();
             let mut q = Vec::new();
             let mut first_pos = Vec::new();
@@ -1451,7 +1455,7 @@ mod tests {
         use half::f16;
         let src: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
         let mut out = vec![0f32; src.len()];
-        super::kernels().read(tallow_kv::KvBlock::F16(&src), 1, &mut out);
+        super::kernels().read(crate::pages::KvBlock::F16(&src), 1, &mut out);
         for (s, o) in src.iter().zip(&out) {
             let want = s.to_f32();
             assert!(
@@ -1499,7 +1503,8 @@ mod tests {
     /// widened values.
     #[test]
     fn pages_read_in_place_equal_widened_rows() {
-        use tallow_kv::{KvBlock, KvDtype, KvKind, KvLayout, KvStorage, PageId, Slot};
+        use crate::pages::{KvBlock, KvStorage};
+        use tallow_kv::{KvDtype, KvKind, KvLayout, PageId, Slot};
         let kernel = super::kernels();
         let Some(in_place) = kernel.in_place else {
             return;

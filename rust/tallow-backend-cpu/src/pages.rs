@@ -1,14 +1,15 @@
-//! The page pool: the K and V values themselves.
+//! KV pages in host memory: the K and V values themselves, addressed through the page
+//! tables of a [`PagedKvCache`].
 
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use half::{bf16, f16};
 
-use crate::error::{KvError, Result};
-use crate::groups::LayerGroups;
-use crate::layout::{KvDtype, KvKind, KvLayout};
-use crate::memory::zeroed;
-use crate::{PageId, Slot};
+use tallow_kv::memory::zeroed;
+use tallow_kv::{
+    KvBudget, KvDtype, KvError, KvKind, KvLayout, LayerGroups, PageId, PageStore, PagedKvCache,
+    Result, SeqId, Slot,
+};
 use tallow_quant::GgmlType;
 
 #[derive(Debug, Clone)]
@@ -386,6 +387,131 @@ impl KvStorage {
         }
         Ok(())
     }
+}
+
+impl PageStore for KvStorage {
+    fn layout(&self) -> &KvLayout {
+        KvStorage::layout(self)
+    }
+
+    fn n_pages(&self) -> usize {
+        KvStorage::n_pages(self)
+    }
+
+    fn copy_page(&mut self, src: PageId, dst: PageId) -> Result<()> {
+        KvStorage::copy_page(self, src, dst)
+    }
+}
+
+/// The K/V values of a cache whose pages are in host memory ([`KvStorage`]), through its
+/// page tables.
+pub trait HostPages {
+    /// The values in host memory.
+    fn storage(&self) -> Result<&KvStorage>;
+
+    /// Writes the K/V rows of tokens of `layer` to their slots in the layer's group (see
+    /// [`KvStorage::write_tokens`]). The slots should come from
+    /// [`PagedKvCache::append_slots`]; writing is not checked against sharing.
+    fn write(
+        &mut self,
+        slots: &[Vec<Slot>],
+        layer: usize,
+        keys: &[f32],
+        values: &[f32],
+    ) -> Result<()>;
+
+    /// Writes the K/V rows of position `pos` of `seq` in `layer`. Refuses
+    /// ([`KvError::SharedPage`]) to write into a page other sequences share.
+    fn write_pos(
+        &mut self,
+        seq: SeqId,
+        pos: usize,
+        layer: usize,
+        keys: &[f32],
+        values: &[f32],
+    ) -> Result<()>;
+
+    /// The keys and values of the first `n_tokens` positions of `seq` for one (layer, KV
+    /// head), gathered through its page table as f32 into `keys` and `values`, which hold
+    /// exactly `n_tokens * head_dim` values each.
+    fn read_head_f32(
+        &self,
+        seq: SeqId,
+        layer: usize,
+        head: usize,
+        n_tokens: usize,
+        keys: &mut [f32],
+        values: &mut [f32],
+    ) -> Result<()>;
+}
+
+impl HostPages for PagedKvCache {
+    fn storage(&self) -> Result<&KvStorage> {
+        self.store()
+    }
+
+    fn write(
+        &mut self,
+        slots: &[Vec<Slot>],
+        layer: usize,
+        keys: &[f32],
+        values: &[f32],
+    ) -> Result<()> {
+        let group = self.groups().place(layer)?.0;
+        let slots = slots.get(group).ok_or(KvError::OutOfRange {
+            what: "layer group",
+            index: group,
+            len: slots.len(),
+        })?;
+        self.store_mut::<KvStorage>()?
+            .write_tokens(slots, layer, keys, values)
+    }
+
+    fn write_pos(
+        &mut self,
+        seq: SeqId,
+        pos: usize,
+        layer: usize,
+        keys: &[f32],
+        values: &[f32],
+    ) -> Result<()> {
+        let slot = self.writable_slot(seq, pos, layer)?;
+        self.store_mut::<KvStorage>()?
+            .write_token(slot, layer, keys, values)
+    }
+
+    fn read_head_f32(
+        &self,
+        seq: SeqId,
+        layer: usize,
+        head: usize,
+        n_tokens: usize,
+        keys: &mut [f32],
+        values: &mut [f32],
+    ) -> Result<()> {
+        let len = self.sequences().seq_len(seq)?;
+        if n_tokens > len {
+            return Err(KvError::OutOfRange {
+                what: "token count",
+                index: n_tokens,
+                len: len + 1,
+            });
+        }
+        let pages = self.page_table(seq, layer)?;
+        let storage = self.storage()?;
+        storage.gather_f32(pages, n_tokens, layer, head, KvKind::Key, keys)?;
+        storage.gather_f32(pages, n_tokens, layer, head, KvKind::Value, values)
+    }
+}
+
+/// A cache in host memory whose pool is as large as `budget` allows, each page holding the
+/// layers of one of `groups` (`layout.page_layers` must be their size).
+pub fn host_cache(layout: KvLayout, groups: LayerGroups, budget: KvBudget) -> Result<PagedKvCache> {
+    let n_pages = tallow_kv::pages_for_budget(&layout, budget)?;
+    // The values first: they are the large allocation, the one that fails first. The
+    // storage checks that the groups fit the layout.
+    let storage = KvStorage::grouped(layout, &groups, n_pages)?;
+    PagedKvCache::over(groups, storage)
 }
 
 #[cfg(test)]

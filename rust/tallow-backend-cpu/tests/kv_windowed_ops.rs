@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use proptest::prelude::*;
+use tallow_backend_cpu::{host_cache, HostPages};
 use tallow_kv::{
     KvBudget, KvDtype, KvError, KvKind, KvLayout, LayerGroups, PageId, PagedKvCache, SeqId,
 };
@@ -42,7 +43,7 @@ fn cache() -> PagedKvCache {
         .with_page_layers(groups.page_layers())
         .with_page_size(PAGE_SIZE)
         .with_dtype(KvDtype::F32);
-    PagedKvCache::grouped(layout, groups, KvBudget::Pages(N_PAGES)).unwrap()
+    host_cache(layout, groups, KvBudget::Pages(N_PAGES)).unwrap()
 }
 
 /// The value written at a position of a layer: the sequence's value there, offset per layer.

@@ -5,7 +5,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use proptest::prelude::*;
-use tallow_kv::{KvBudget, KvDtype, KvError, KvKind, KvLayout, PageId, PagedKvCache, SeqId, Slot};
+use tallow_backend_cpu::{host_cache, HostPages};
+use tallow_kv::{
+    KvBudget, KvDtype, KvError, KvKind, KvLayout, LayerGroups, PageId, PagedKvCache, SeqId, Slot,
+};
 
 const PAGE_SIZE: usize = 3;
 const N_PAGES: usize = 10;
@@ -140,7 +143,11 @@ fn check_invariants(c: &PagedKvCache, m: &Model) -> Result<(), TestCaseError> {
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let mut c = PagedKvCache::new(layout(), KvBudget::Pages(N_PAGES))?;
+    let mut c = host_cache(
+        layout(),
+        LayerGroups::global(1).unwrap(),
+        KvBudget::Pages(N_PAGES),
+    )?;
     let mut m = Model::default();
     for op in ops {
         match op {
@@ -289,7 +296,12 @@ proptest! {
 #[test]
 fn k_and_v_blocks_are_separate() {
     // A sanity check of the test's own data convention: K and V of one slot differ.
-    let mut c = PagedKvCache::new(layout(), KvBudget::Pages(1)).unwrap();
+    let mut c = host_cache(
+        layout(),
+        LayerGroups::global(1).unwrap(),
+        KvBudget::Pages(1),
+    )
+    .unwrap();
     let s = c.create();
     let slots = c.append_slots(s, 1).unwrap();
     c.write(&slots, 0, &[1.0, 1.5], &[-1.0, -1.5]).unwrap();
