@@ -57,6 +57,10 @@ cargo clippy -p tallow-py --no-default-features -- -D warnings
 
 step "cargo test"
 cargo test --workspace
+# The conformance suite on the CPU's lesser kernel tables too (the ISA is picked per process).
+for isa in avx2 scalar; do
+    TALLOW_ISA=$isa cargo test -p tallow-conformance --test cpu
+done
 
 step "pytest"
 # The chat page's tests leave their screenshots here.

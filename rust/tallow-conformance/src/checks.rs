@@ -1,0 +1,426 @@
+//! The checks of the suite, each generic over the [`Subject`] it runs on.
+
+use tallow_backend::{
+    argmax, Activation, Backend, Batch, Heads, Logits, Output, Rope, RopeParams, RopeScaling,
+    RopeStyle, Scores, Step, StepInput, StepPlan,
+};
+use tallow_gguf::GgmlType;
+use tallow_kv::{KvDtype, KvLayout, LayerGroups, PagedKvCache, SeqId};
+use tallow_quant::testing::Rng;
+
+use crate::harness::{
+    assert_close, batch, file_of, matrix_file, products, random, run, run_rows, upload,
+};
+use crate::{reference, Family, Subject, ROPE_TOLERANCE, ROWS_TOLERANCE};
+
+fn widen(values: &[f32]) -> Vec<f64> {
+    values.iter().map(|&v| f64::from(v)).collect()
+}
+
+/// Products of every weight format the backend runs, in every product variant: rows whose
+/// bytes are not whole words (3 Q4_0 blocks are 54 bytes), 37 rows (not whole workgroups of
+/// any usual size), rows of fewer 32-value runs than a workgroup has invocations and of more,
+/// and token counts around blocks of 4 and 8.
+pub fn products_match_the_dequantized_weights<S: Subject>() {
+    for backend in S::variants(Family::Products) {
+        for (f, ty) in backend
+            .capabilities()
+            .weight_formats
+            .into_iter()
+            .enumerate()
+        {
+            let widths = if ty.block_len() == 256 {
+                [512, 9 * 256]
+            } else {
+                [96, 67 * 32]
+            };
+            let rows = 37;
+            for cols in widths {
+                let (file, w) = matrix_file(ty, rows, cols, f as u64 + 1);
+                let m = upload(&backend, &file, rows, cols);
+                let bound = S::products_bound(&backend, ty);
+                for n in [1, 5, 11] {
+                    let x = random(100 + n as u64, n * cols);
+                    let got = products(&backend, &m, &x, n, rows);
+                    let (want, scale) = reference::products(&w, &x, cols);
+                    let what = format!("{} {cols} x{n}, {}", ty.name(), S::describe(&backend));
+                    assert_close(&got, &want, &scale, bound, &what);
+                }
+            }
+        }
+    }
+}
+
+/// A matrix larger than one of the backend's buffers may be is split by rows, with the same
+/// products (nothing to check where the backend has no such limit).
+pub fn matrices_past_the_buffer_limit_are_split<S: Subject>() {
+    let (ty, rows, cols) = (GgmlType::Q8_0, 50, 64);
+    // 68 bytes a row: parts of 7 rows under a limit of 500 bytes.
+    let Some(capped) = S::capped(500) else {
+        return;
+    };
+    let (file, w) = matrix_file(ty, rows, cols, 7);
+    let m = upload(&capped, &file, rows, cols);
+    let x = random(8, 3 * cols);
+    let got = products(&capped, &m, &x, 3, rows);
+    let (want, scale) = reference::products(&w, &x, cols);
+    let bound = S::products_bound(&capped, ty);
+    assert_close(&got, &want, &scale, bound, "split Q8_0");
+}
+
+/// Embedding rows of every weight format, scaled, some ids repeated.
+pub fn embeddings_are_the_dequantized_rows<S: Subject>() {
+    for backend in S::variants(Family::Other) {
+        for (f, ty) in backend
+            .capabilities()
+            .weight_formats
+            .into_iter()
+            .enumerate()
+        {
+            let cols = if ty.block_len() == 256 { 256 } else { 96 };
+            let rows = 23;
+            let (file, w) = matrix_file(ty, rows, cols, 30 + f as u64);
+            let m = upload(&backend, &file, rows, cols);
+            let ids = [3u32, 0, 22, 3, 17];
+            let mut got = vec![0f32; ids.len() * cols];
+            let ropes = backend.upload_ropes(Vec::new()).unwrap();
+            run(&backend, &batch(&ids), &[0], &ropes, |step| {
+                let mut out = step.rows(ids.len(), cols)?;
+                step.embed(&m, 1.5, &mut out)?;
+                step.read(&out, &mut got)
+            });
+            let want: Vec<f64> = ids
+                .iter()
+                .flat_map(|&id| &w[id as usize * cols..][..cols])
+                .map(|&v| f64::from(v) * 1.5)
+                .collect();
+            let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
+            let what = format!("{} {}", ty.name(), S::describe(&backend));
+            assert_close(&got, &want, &scale, 1e-6, &what);
+        }
+    }
+}
+
+/// RMSNorm into new rows and in place per head, bias, residual add and both gated
+/// activations, on rows of a width within one workgroup, past it, and not a multiple of it.
+pub fn row_operations_match_the_reference<S: Subject>() {
+    for backend in S::variants(Family::Reductions) {
+        for (n, width, head) in [(1, 64, 32), (7, 320, 64), (3, 1088, 64)] {
+            let x = random(1, n * width);
+            let y = random(2, n * width);
+            let (gain, head_gain, bias) = (random(3, width), random(4, head), random(5, width));
+            let mut got = vec![vec![0f32; n * width]; 6];
+            run_rows(&backend, n, |step| {
+                let gain = backend.upload_vector(&gain)?;
+                let head_gain = backend.upload_vector(&head_gain)?;
+                let bias = backend.upload_vector(&bias)?;
+                let xs = step.upload(&x, width)?;
+                let ys = step.upload(&y, width)?;
+                let mut normed = step.rows(n, width)?;
+                step.rms_norm(&xs, &gain, 1e-5, &mut normed)?;
+                step.read(&normed, &mut got[0])?;
+                step.rms_norm_in_place(&mut normed, &head_gain, 1e-6)?;
+                step.read(&normed, &mut got[1])?;
+                let mut z = step.upload(&x, width)?;
+                step.add_bias(&mut z, &bias)?;
+                step.read(&z, &mut got[2])?;
+                step.add(&mut z, &ys)?;
+                step.read(&z, &mut got[3])?;
+                for (i, activation) in [Activation::Silu, Activation::GeluTanh]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let mut g = step.upload(&x, width)?;
+                    step.gated(activation, &mut g, &ys)?;
+                    step.read(&g, &mut got[4 + i])?;
+                }
+                Ok(())
+            });
+            let (x, y) = (widen(&x), widen(&y));
+            let normed = reference::rms_norm(&x, &gain, 1e-5);
+            let biased: Vec<f64> = (x.iter().enumerate())
+                .map(|(i, v)| v + f64::from(bias[i % width]))
+                .collect();
+            let want = [
+                reference::rms_norm(&normed, &head_gain, 1e-6),
+                biased.iter().zip(&y).map(|(a, b)| a + b).collect(),
+                reference::gated(Activation::Silu, &x, &y),
+                reference::gated(Activation::GeluTanh, &x, &y),
+            ];
+            let want = [&normed, &want[0], &biased, &want[1], &want[2], &want[3]];
+            let names = ["norm", "head norm", "bias", "add", "silu", "gelu"];
+            for ((name, got), want) in names.iter().zip(&got).zip(want) {
+                let scale = vec![1.0; want.len()];
+                let what = format!("{name} {n}x{width}, {}", S::describe(&backend));
+                assert_close(got, want, &scale, ROWS_TOLERANCE, &what);
+            }
+        }
+    }
+}
+
+/// Both RoPE styles, with part of each head rotated, frequency factors and YaRN, on two
+/// sequences, one at positions past 4096.
+pub fn rope_matches_the_reference<S: Subject>() {
+    let (head_dim, heads) = (64, 3);
+    let factors: Vec<f32> = (0..24).map(|i| 1.0 + i as f32 / 8.0).collect();
+    for backend in S::variants(Family::Other) {
+        for style in [RopeStyle::Interleaved, RopeStyle::Halves] {
+            let params = RopeParams {
+                style,
+                base: 10_000.0,
+                rope_dim: 48,
+                head_dim,
+                freq_factors: Some(&factors),
+                scaling: RopeScaling::Yarn {
+                    factor: 4.0,
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                },
+                original_context: 2048,
+                attn_factor: 1.0,
+            };
+            let mut batch = Batch::new();
+            batch.push(SeqId(0), &[1; 5], Logits::None);
+            batch.push(SeqId(1), &[1; 2], Logits::None);
+            let first_pos = [4097, 3];
+            let positions: Vec<usize> = (4097..4102).chain(3..5).collect();
+            let x = random(9, 7 * heads * head_dim);
+            let mut got = vec![0f32; x.len()];
+            let ropes = backend.upload_ropes(vec![Rope::new(params)]).unwrap();
+            run(&backend, &batch, &first_pos, &ropes, |step| {
+                let mut rows = step.upload(&x, heads * head_dim)?;
+                step.rope(0, &mut rows)?;
+                step.read(&rows, &mut got)
+            });
+            let want = reference::rope(&Rope::new(params), &x, &positions);
+            let scale = vec![1.0; want.len()];
+            let what = format!("{style:?}, {}", S::describe(&backend));
+            assert_close(&got, &want, &scale, ROPE_TOLERANCE, &what);
+        }
+    }
+}
+
+/// The LM head's soft-capped logits, copied back to the host: in one block, and in blocks of
+/// one row where the backend's buffers are capped to one row's logits.
+pub fn logits_are_soft_capped_products<S: Subject>() {
+    let variants = S::variants(Family::Products).chain(S::capped(300 * 4));
+    for backend in variants {
+        let (rows, cols, n, cap) = (300, 256, 3, 30.0f32);
+        let (file, w) = matrix_file(GgmlType::Q6_K, rows, cols, 11);
+        let m = upload(&backend, &file, rows, cols);
+        let x = random(12, n * cols);
+        let mut got = vec![0f32; n * rows];
+        run_rows(&backend, n, |step| {
+            let xs = step.upload(&x, cols)?;
+            step.logits(&xs, &m, Some(cap), Output::Logits(&mut got))
+        });
+        let (exact, scale) = reference::products(&w, &x, cols);
+        let c = f64::from(cap);
+        let want: Vec<f64> = exact.iter().map(|v| c * (v / c).tanh()).collect();
+        assert!(exact.iter().any(|v| v.abs() > c), "some logits are capped");
+        let bound = S::products_bound(&backend, GgmlType::Q6_K);
+        let what = format!("logits, {}", S::describe(&backend));
+        assert_close(&got, &want, &scale, bound, &what);
+    }
+}
+
+/// Greedy tokens chosen on the device are the host's argmax of the logits the same step
+/// copies back: the first of equal values (rows 150.. repeat rows ..150, and a cap makes
+/// large logits equal), never a NaN (rows 7 and 157); in one block and in blocks of one row.
+pub fn greedy_tokens_are_the_argmax_of_the_logits<S: Subject>() {
+    let (rows, cols, n) = (300, 64, 5);
+    let mut w = random(21, rows / 2 * cols);
+    w[7 * cols] = f32::NAN;
+    w.extend_from_within(..);
+    let data: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let file = file_of(GgmlType::F32, rows, cols, &data);
+    let x = random(22, n * cols);
+    let variants = S::variants(Family::Reductions).chain(S::capped(rows as u64 * 4));
+    for backend in variants {
+        let m = upload(&backend, &file, rows, cols);
+        for cap in [None, Some(0.05)] {
+            let (mut logits, mut tokens) = (vec![0f32; n * rows], vec![0u32; n]);
+            run_rows(&backend, n, |step| {
+                let xs = step.upload(&x, cols)?;
+                step.logits(&xs, &m, cap, Output::Logits(&mut logits))?;
+                step.logits(&xs, &m, cap, Output::Argmax(&mut tokens))
+            });
+            let want: Vec<u32> = logits.chunks_exact(rows).map(argmax).collect();
+            let what = format!("cap {cap:?}, {}", S::describe(&backend));
+            assert_eq!(tokens, want, "{what}");
+            assert!(want.iter().all(|&t| t < 150 && t != 7), "{want:?}");
+        }
+    }
+}
+
+/// How far attention outputs (of magnitude about one) may be from the reference over pages
+/// of `dtype`. The reference reads K/V rounded as the pages hold them; where the backend
+/// rotates heads before quantizing them (to spread outliers across a block), its rounding
+/// differs from the reference's, by about a quantization step of the format.
+pub fn attention_tolerance(dtype: KvDtype) -> f64 {
+    match dtype {
+        KvDtype::F32 | KvDtype::F16 | KvDtype::Bf16 => 1e-5,
+        KvDtype::Q8_0 => 0.03,
+        KvDtype::Q4_0 => 0.4,
+    }
+}
+
+/// Causal attention over KV pages of every type the backend holds, head shapes with
+/// grouped queries, plain, soft-capped and windowed scores: sequences that prefill a prompt
+/// and then add more tokens, and a fork of the first made after its prompt (its next tokens
+/// copy the shared, partly filled page first).
+pub fn paged_attention_matches_the_reference<S: Subject>() {
+    let shapes = [
+        Heads {
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+        },
+        Heads {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 256,
+        },
+    ];
+    for backend in S::variants(Family::Reductions) {
+        let capabilities = backend.capabilities();
+        for &dtype in &capabilities.kv_dtypes {
+            for heads in shapes {
+                if capabilities.check_head_dim(heads.head_dim).is_err() {
+                    continue;
+                }
+                let windowed = Scores {
+                    scale: 0.1,
+                    softcap: Some(1.5),
+                    window: Some(37),
+                };
+                let short_window = Scores {
+                    window: Some(7),
+                    ..Scores::plain(heads.head_dim)
+                };
+                for scores in [Scores::plain(heads.head_dim), windowed, short_window] {
+                    let (got, want) = attention_on(&backend, dtype, heads, scores);
+                    let what = format!(
+                        "{} {heads:?} {scores:?}, {}",
+                        dtype.name(),
+                        S::describe(&backend)
+                    );
+                    let scale = vec![1.0; want.len()];
+                    assert_close(&got, &want, &scale, attention_tolerance(dtype), &what);
+                }
+            }
+        }
+    }
+}
+
+/// One sequence's keys and values, position after position, as its pages hold them.
+#[derive(Clone, Default)]
+struct History {
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+/// The attention of [`paged_attention_matches_the_reference`] on `backend`, and the
+/// reference's, over both steps, token after token.
+fn attention_on<B: Backend>(
+    backend: &B,
+    dtype: KvDtype,
+    heads: Heads,
+    scores: Scores,
+) -> (Vec<f32>, Vec<f64>) {
+    let page_size = 16;
+    let layout = KvLayout::new(1, heads.n_head_kv, heads.head_dim)
+        .with_page_size(page_size)
+        .with_dtype(dtype);
+    let groups = LayerGroups::global(1).unwrap();
+    let pages = backend.new_pages(layout, &groups, 32).unwrap();
+    let mut cache = PagedKvCache::over(groups, pages).unwrap();
+    // (prompt, then) tokens of each sequence.
+    let seqs = [(45, 1), (3, 2), (70, 3)];
+    let mut ids: Vec<SeqId> = seqs.iter().map(|_| cache.create()).collect();
+    // Each sequence's keys and values so far, as its pages hold them.
+    let mut history: Vec<History> = vec![History::default(); 3];
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    let ropes = backend.upload_ropes(Vec::new()).unwrap();
+    for phase in 0..2 {
+        if phase == 1 {
+            ids.push(cache.fork(ids[0]).unwrap());
+            history.push(history[0].clone());
+        }
+        let mut batch = Batch::new();
+        for (i, &id) in ids.iter().enumerate() {
+            // The fork (after the three) adds 4 tokens.
+            let (prompt, then) = seqs.get(i).copied().unwrap_or((0, 4));
+            let len = if phase == 0 { prompt } else { then };
+            cache.append_slots(id, len).unwrap();
+            batch.push(id, &vec![0; len], Logits::None);
+        }
+        let n = batch.tokens.len();
+        let q = attention_input(dtype, 20 + phase, n * heads.q_dim());
+        let k = attention_input(dtype, 30 + phase, n * heads.kv_dim());
+        let v = attention_input(dtype, 40 + phase, n * heads.kv_dim());
+        let mut out = vec![0f32; q.len()];
+        let mut plan = StepPlan::new();
+        plan.build(&batch, &cache).unwrap();
+        let input = StepInput {
+            batch: &batch,
+            plan: &plan,
+            heads,
+            page_size,
+            ropes: &ropes,
+        };
+        let mut scratch = B::Scratch::default();
+        backend
+            .run_step(&mut scratch, &input, |step| {
+                let (mut q, mut k, mut v) = (
+                    step.upload(&q, heads.q_dim())?,
+                    step.upload(&k, heads.kv_dim())?,
+                    step.upload(&v, heads.kv_dim())?,
+                );
+                let mut o = step.rows(n, heads.q_dim())?;
+                step.write_kv(&mut cache, 0, &mut k, &mut v)?;
+                step.attention(&cache, 0, scores, &mut q, &mut o)?;
+                step.read(&o, &mut out)
+            })
+            .unwrap();
+        got.extend(out);
+        let mut token = 0;
+        for (chunk, History { keys, values }) in batch.chunks.iter().zip(&mut history) {
+            for _ in 0..chunk.len {
+                let kv = token * heads.kv_dim()..(token + 1) * heads.kv_dim();
+                keys.push(stored_heads(dtype, &k[kv.clone()], heads.head_dim));
+                values.push(stored_heads(dtype, &v[kv], heads.head_dim));
+                let q = &q[token * heads.q_dim()..][..heads.q_dim()];
+                let pos = keys.len() - 1;
+                want.extend(reference::attention(
+                    q,
+                    keys,
+                    values,
+                    pos,
+                    heads.head_dim,
+                    scores,
+                ));
+                token += 1;
+            }
+        }
+    }
+    (got, want)
+}
+
+/// Queries, keys or values for attention over pages of `dtype`: activation-like values with
+/// outliers where the pages hold floats, values within +-1 where they hold blocks (an outlier
+/// makes its block's step, and so the rounding of its neighbours, eight times coarser).
+fn attention_input(dtype: KvDtype, seed: u64, n: usize) -> Vec<f32> {
+    let mut rng = Rng::new(seed);
+    match dtype.block_format() {
+        None => rng.activations(n),
+        Some(_) => (0..n).map(|_| rng.range(-1.0, 1.0)).collect(),
+    }
+}
+
+/// One token's K or V row (heads of `head_dim`) as pages of `dtype` hold it.
+fn stored_heads(dtype: KvDtype, row: &[f32], head_dim: usize) -> Vec<f32> {
+    row.chunks_exact(head_dim)
+        .flat_map(|head| reference::stored(dtype, head))
+        .collect()
+}

@@ -1,0 +1,165 @@
+//! Running one operation as a step of any backend, and the inputs the checks give it.
+
+use std::sync::Arc;
+
+use tallow_backend::{
+    Backend, BackendError, Batch, Heads, Logits, MatrixSpec, MatrixUse, Step, StepInput, StepPlan,
+};
+use tallow_gguf::{tensors_image, GgmlType, GgufFile, TensorData};
+use tallow_kv::{KvLayout, LayerGroups, PageId, PageStore, PagedKvCache, SeqId};
+use tallow_quant::testing::{dequantized, random_blocks, Rng};
+
+/// `n` activation-like values from a fixed seed.
+pub fn random(seed: u64, n: usize) -> Vec<f32> {
+    Rng::new(seed).activations(n)
+}
+
+/// Each of `got` within `tolerance` times `scale[i]` of `want`.
+pub fn assert_close(got: &[f32], want: &[f64], scale: &[f64], tolerance: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (f64::from(g) - w).abs() <= tolerance * scale[i],
+            "{what}: value {i} is {g}, expected {w}"
+        );
+    }
+}
+
+/// A matrix of `rows` x `cols` random weights in `ty`, as a one-tensor file, and the values
+/// its blocks hold.
+pub(crate) fn matrix_file(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> (Arc<GgufFile>, Vec<f32>) {
+    let data = random_blocks(&mut Rng::new(seed), ty, rows * cols / ty.block_len());
+    let held = dequantized(ty, &data);
+    (file_of(ty, rows, cols, &data), held)
+}
+
+/// A one-tensor file holding the `rows` x `cols` weights `data` of type `ty`, named `w`.
+pub(crate) fn file_of(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Arc<GgufFile> {
+    let image = tensors_image(&[TensorData {
+        name: "w",
+        ty,
+        dims: &[cols as u64, rows as u64],
+        data,
+    }]);
+    Arc::new(GgufFile::from_bytes(image).expect("a file written here reads back"))
+}
+
+/// The tensor `w` of `file` on `backend`.
+pub(crate) fn upload<B: Backend>(
+    backend: &B,
+    file: &Arc<GgufFile>,
+    rows: usize,
+    cols: usize,
+) -> B::Matrix {
+    let spec = MatrixSpec {
+        tensor: file.tensor("w").expect("the file's one tensor").clone(),
+        rows,
+        cols,
+        usage: MatrixUse::RowsAndProduct,
+    };
+    let mut matrices = backend.upload_matrices(file, &[spec]).unwrap();
+    matrices.pop().expect("one matrix per spec")
+}
+
+/// One sequence of `tokens`, none producing logits.
+pub(crate) fn batch(tokens: &[u32]) -> Batch {
+    let mut b = Batch::new();
+    b.push(SeqId(0), tokens, Logits::None);
+    b
+}
+
+/// Pages with no values in them, for the plans of steps that read and write no KV.
+struct TablesOnly(KvLayout, usize);
+
+impl PageStore for TablesOnly {
+    fn layout(&self) -> &KvLayout {
+        &self.0
+    }
+
+    fn n_pages(&self) -> usize {
+        self.1
+    }
+
+    fn copy_page(&mut self, _: PageId, _: PageId) -> tallow_kv::Result<()> {
+        Ok(())
+    }
+}
+
+/// The plan of `batch`, whose chunks start at `first_pos`, over page tables of one layer made
+/// for it.
+pub(crate) fn plan(batch: &Batch, first_pos: &[usize]) -> StepPlan {
+    let layout = KvLayout::new(1, 1, 64);
+    let pages = (batch.chunks.iter().zip(first_pos))
+        .map(|(c, &first)| layout.pages_for_tokens(first + c.len))
+        .sum();
+    let groups = LayerGroups::global(1).unwrap();
+    let mut cache = PagedKvCache::over(groups, TablesOnly(layout, pages)).unwrap();
+    for (chunk, &first) in batch.chunks.iter().zip(first_pos) {
+        assert_eq!(cache.create(), chunk.seq);
+        cache.append_slots(chunk.seq, first + chunk.len).unwrap();
+    }
+    let mut plan = StepPlan::new();
+    plan.build(batch, &cache).unwrap();
+    plan
+}
+
+/// Heads of one step that runs no attention.
+const NO_HEADS: Heads = Heads {
+    n_head: 1,
+    n_head_kv: 1,
+    head_dim: 64,
+};
+
+/// Runs `f` as one step of `backend` over `batch` (chunks starting at `first_pos`).
+pub(crate) fn run<B: Backend>(
+    backend: &B,
+    batch: &Batch,
+    first_pos: &[usize],
+    ropes: &B::Ropes,
+    f: impl for<'s> FnOnce(&mut B::Step<'s>) -> Result<(), BackendError>,
+) {
+    let mut scratch = B::Scratch::default();
+    let plan = plan(batch, first_pos);
+    let input = StepInput {
+        batch,
+        plan: &plan,
+        heads: NO_HEADS,
+        page_size: 16,
+        ropes,
+    };
+    backend.run_step(&mut scratch, &input, f).unwrap();
+}
+
+/// Runs `f` as one step of `backend` over one sequence of `n` tokens from position 0, with
+/// no RoPE.
+pub(crate) fn run_rows<B: Backend>(
+    backend: &B,
+    n: usize,
+    f: impl for<'s> FnOnce(&mut B::Step<'s>) -> Result<(), BackendError>,
+) {
+    let ropes = backend.upload_ropes(Vec::new()).unwrap();
+    run(backend, &batch(&vec![0; n]), &[0], &ropes, f);
+}
+
+/// `x · Wᵀ` on `backend` for `n` tokens of `x`.
+pub(crate) fn products<B: Backend>(
+    backend: &B,
+    m: &B::Matrix,
+    x: &[f32],
+    n: usize,
+    rows: usize,
+) -> Vec<f32> {
+    let mut out = vec![0f32; n * rows];
+    run_rows(backend, n, |step| {
+        let x = step.upload(x, x.len() / n)?;
+        let mut y = step.rows(n, rows)?;
+        step.matmul(&x, [m], [&mut y])?;
+        step.read(&y, &mut out)
+    });
+    out
+}
