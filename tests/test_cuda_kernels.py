@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import subprocess
 from pathlib import Path
 
 import nvidia.cuda_nvrtc
@@ -60,7 +61,15 @@ def compile_cubin(source: Path, arch: str) -> bytes:
 
 
 def kernel_names(source: Path) -> list[str]:
-    return re.findall(r'extern "C" __global__ void (\w+)\(', source.read_text())
+    """The kernels ``source`` defines, after its macros (one kernel per weight format, say)
+    are expanded by the C preprocessor, as NVRTC sees them."""
+    expanded = subprocess.run(
+        ["cpp", "-P", "-D__CUDACC_RTC__", "-I", str(KERNELS), str(source)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return re.findall(r'extern "C" __global__ void (\w+)\s*\(', expanded)
 
 
 def test_there_are_kernels() -> None:

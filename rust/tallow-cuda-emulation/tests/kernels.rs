@@ -4,6 +4,8 @@
 use tallow_backend::{Activation, Rope, RopeParams, RopeScaling, RopeStyle};
 use tallow_conformance::{assert_close, random, reference, ROPE_TOLERANCE, ROWS_TOLERANCE};
 use tallow_cuda_emulation::{launch, Args};
+use tallow_quant::testing::{dequantized, random_blocks, Rng};
+use tallow_quant::GgmlType;
 
 fn widen(values: &[f32]) -> Vec<f64> {
     values.iter().map(|&v| f64::from(v)).collect()
@@ -17,6 +19,86 @@ fn ones(n: usize) -> Vec<f64> {
 fn run(name: &str, grid: u32, threads: u32, args: &Args) {
     // SAFETY: each test passes buffers as long as the kernel's indexing reaches.
     unsafe { launch(name, [grid, 1, 1], [threads, 1, 1], args) }.unwrap();
+}
+
+/// `rows` x `cols` random weights in `ty`: their bytes and the values they hold.
+fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let data = random_blocks(&mut Rng::new(seed), ty, rows * cols / ty.block_len());
+    let held = dequantized(ty, &data);
+    (data, held)
+}
+
+/// The kernel of `prefix` for weights of `ty` (`matmul_q4_k`).
+fn kernel(prefix: &str, ty: GgmlType) -> String {
+    format!("{prefix}_{}", ty.name().to_lowercase())
+}
+
+/// Rows by id in every format: the values the blocks hold, scaled.
+#[test]
+fn embeddings_are_the_dequantized_rows_in_every_format() {
+    for (f, ty) in GgmlType::WEIGHTS.into_iter().enumerate() {
+        let (rows, cols) = (23, if ty.block_len() == 256 { 512 } else { 96 });
+        let (w, held) = weights(ty, rows, cols, 30 + f as u64);
+        let ids = [3i32, 0, 22, 3, 17];
+        let mut out = vec![0f32; ids.len() * cols];
+        let mut args = Args::new();
+        args.ptr(w.as_ptr()).ptr(ids.as_ptr()).i32(cols as i32);
+        args.i32((w.len() / rows) as i32)
+            .f32(1.5)
+            .ptr(out.as_mut_ptr());
+        run(&kernel("embed", ty), ids.len() as u32, 64, &args);
+        let want: Vec<f64> = (ids.iter())
+            .flat_map(|&id| &held[id as usize * cols..][..cols])
+            .map(|&v| f64::from(v) * 1.5)
+            .collect();
+        let scale: Vec<f64> = want.iter().map(|v| v.abs()).collect();
+        assert_close(&out, &want, &scale, 1e-6, ty.name());
+    }
+}
+
+/// Products in every format: rows whose bytes are not whole words, 37 rows, rows of fewer
+/// runs of 32 than a warp has lanes and of more, token counts around the tiles of 8.
+#[test]
+fn products_match_the_dequantized_weights_in_every_format() {
+    for (f, ty) in GgmlType::WEIGHTS.into_iter().enumerate() {
+        let widths = if ty.block_len() == 256 {
+            [512, 9 * 256]
+        } else {
+            [96, 67 * 32]
+        };
+        let rows = 37;
+        for cols in widths {
+            let (w, held) = weights(ty, rows, cols, f as u64 + 1);
+            for n in [1, 5, 11] {
+                let x = random(100 + n as u64, n * cols);
+                let mut y = vec![0f32; n * rows];
+                let mut args = Args::new();
+                args.ptr(w.as_ptr()).ptr(x.as_ptr()).ptr(y.as_mut_ptr());
+                args.i32(rows as i32)
+                    .i32(cols as i32)
+                    .i32((w.len() / rows) as i32);
+                let tiles = n.div_ceil(8) as u32;
+                // SAFETY: the buffers hold what the kernel reads and writes.
+                unsafe {
+                    launch(
+                        &kernel("matmul", ty),
+                        [rows as u32, tiles, 1],
+                        [32, 1, 1],
+                        args.i32(n as i32),
+                    )
+                }
+                .unwrap();
+                let (want, scale) = reference::products(&held, &x, cols);
+                assert_close(
+                    &y,
+                    &want,
+                    &scale,
+                    1e-5,
+                    &format!("{} {cols} x{n}", ty.name()),
+                );
+            }
+        }
+    }
 }
 
 /// RMSNorm over rows narrower than a block, wider, and not a multiple of it; in place too.

@@ -1,0 +1,226 @@
+// GGUF's weight formats, as stored: each decodes the 32 values of one run of a row (a block,
+// or a 32-value part of a K-quant super-block) with the float operations, in the order, of
+// ggml's dequantize_row_* (so the values are tallow-quant's reference dequantization's).
+#pragma once
+
+#include "tallow.cuh"
+
+// Bytes are read one at a time: rows of most formats are not aligned to words.
+__device__ __forceinline__ uint32_t u16_at(const uint8_t* p) { return p[0] | (uint32_t)p[1] << 8; }
+__device__ __forceinline__ uint32_t u32_at(const uint8_t* p) {
+    return u16_at(p) | u16_at(p + 2) << 16;
+}
+__device__ __forceinline__ float f16_at(const uint8_t* p) { return f16_to_f32((uint16_t)u16_at(p)); }
+
+// The 6-bit scale and min of group j (0..8) of a Q4_K or Q5_K super-block's 12 packed bytes.
+__device__ __forceinline__ void k4_scale_min(const uint8_t* s, int j, float* scale, float* min) {
+    if (j < 4) {
+        *scale = (float)(s[j] & 63);
+        *min = (float)(s[j + 4] & 63);
+    } else {
+        *scale = (float)((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4));
+        *min = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+// The signed 6-bit scale of group g (0..16) of a Q3_K super-block.
+__device__ __forceinline__ float q3k_scale(const uint8_t* s, int g) {
+    int low = (s[g % 8] >> (4 * (g / 8))) & 0xf;
+    int high = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (float)((low | (high << 4)) - 32);
+}
+
+struct F32 {
+    static constexpr int RUN_BYTES = 128;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* p = row + r * RUN_BYTES;
+        for (int i = 0; i < 32; ++i) out[i] = __uint_as_float(u32_at(p + 4 * i));
+    }
+};
+
+struct F16 {
+    static constexpr int RUN_BYTES = 64;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* p = row + r * RUN_BYTES;
+        for (int i = 0; i < 32; ++i) out[i] = f16_at(p + 2 * i);
+    }
+};
+
+struct BF16 {
+    static constexpr int RUN_BYTES = 64;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* p = row + r * RUN_BYTES;
+        for (int i = 0; i < 32; ++i) out[i] = bf16_to_f32((uint16_t)u16_at(p + 2 * i));
+    }
+};
+
+// d, 16 bytes of nibbles: byte j holds element j (low) and j + 16 (high); d * (q - 8).
+struct Q4_0 {
+    static constexpr int RUN_BYTES = 18;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* b = row + r * RUN_BYTES;
+        float d = f16_at(b);
+        for (int j = 0; j < 16; ++j) {
+            out[j] = d * (float)((b[2 + j] & 0xf) - 8);
+            out[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+        }
+    }
+};
+
+// d, m, nibbles as Q4_0; d * q + m.
+struct Q4_1 {
+    static constexpr int RUN_BYTES = 20;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* b = row + r * RUN_BYTES;
+        float d = f16_at(b), m = f16_at(b + 2);
+        for (int j = 0; j < 16; ++j) {
+            out[j] = d * (float)(b[4 + j] & 0xf) + m;
+            out[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+        }
+    }
+};
+
+// d, 4 bytes whose bit j is bit 4 of element j, nibbles as Q4_0; d * (q - 16).
+struct Q5_0 {
+    static constexpr int RUN_BYTES = 22;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* b = row + r * RUN_BYTES;
+        float d = f16_at(b);
+        uint32_t high = u32_at(b + 2);
+        for (int j = 0; j < 16; ++j) {
+            int lo = (b[6 + j] & 0xf) | ((high >> j) & 1) << 4;
+            int hi = (b[6 + j] >> 4) | ((high >> (j + 16)) & 1) << 4;
+            out[j] = d * (float)(lo - 16);
+            out[j + 16] = d * (float)(hi - 16);
+        }
+    }
+};
+
+// d, m, high bits and nibbles as Q5_0; d * q + m.
+struct Q5_1 {
+    static constexpr int RUN_BYTES = 24;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* b = row + r * RUN_BYTES;
+        float d = f16_at(b), m = f16_at(b + 2);
+        uint32_t high = u32_at(b + 4);
+        for (int j = 0; j < 16; ++j) {
+            int lo = (b[8 + j] & 0xf) | ((high >> j) & 1) << 4;
+            int hi = (b[8 + j] >> 4) | ((high >> (j + 16)) & 1) << 4;
+            out[j] = d * (float)lo + m;
+            out[j + 16] = d * (float)hi + m;
+        }
+    }
+};
+
+// d, 32 signed bytes; q * d.
+struct Q8_0 {
+    static constexpr int RUN_BYTES = 34;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* b = row + r * RUN_BYTES;
+        float d = f16_at(b);
+        for (int i = 0; i < 32; ++i) out[i] = (float)(int8_t)b[2 + i] * d;
+    }
+};
+
+// Super-blocks of 256 values, 8 runs each. Q2_K: 16 bytes of 4-bit scale (low) and min
+// (high) per group of 16, 64 bytes of 2-bit quants (byte l of half h holds element
+// 128h + 32k + l at bits 2k..2k+2), d, dmin; (d * sc) * q - (dmin * m).
+struct Q2_K {
+    static constexpr int BLOCK_BYTES = 84;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        float d = f16_at(b + 80), dmin = f16_at(b + 82);
+        for (int l = 0; l < 32; ++l) {
+            int g = 2 * j + l / 16;
+            float dl = d * (float)(b[g] & 0xf), ml = dmin * (float)(b[g] >> 4);
+            int q = (b[16 + 32 * (j / 4) + l] >> (2 * (j % 4))) & 3;
+            out[l] = dl * (float)q - ml;
+        }
+    }
+};
+
+// 32 bytes of high bits (bit j of byte l: element 32j + l), 2-bit quants as Q2_K, 12 bytes
+// of 6-bit scales, d; (d * (sc - 32)) * (q - 4 where the high bit is clear).
+struct Q3_K {
+    static constexpr int BLOCK_BYTES = 110;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        float d = f16_at(b + 108);
+        for (int l = 0; l < 32; ++l) {
+            float dl = d * q3k_scale(b + 96, 2 * j + l / 16);
+            int low = (b[32 + 32 * (j / 4) + l] >> (2 * (j % 4))) & 3;
+            int q = (b[l] >> j) & 1 ? low : low - 4;
+            out[l] = dl * (float)q;
+        }
+    }
+};
+
+// d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles (bytes 32i..32i + 32:
+// group 2i low, 2i + 1 high); (d * sc) * q - (dmin * m).
+struct Q4_K {
+    static constexpr int BLOCK_BYTES = 144;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        float sc, m;
+        k4_scale_min(b + 4, j, &sc, &m);
+        float dl = f16_at(b) * sc, ml = f16_at(b + 2) * m;
+        for (int l = 0; l < 32; ++l) {
+            int q = (b[16 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf;
+            out[l] = dl * (float)q - ml;
+        }
+    }
+};
+
+// As Q4_K with 32 bytes of fifth bits before the nibbles (bit j of byte l: group j, element l).
+struct Q5_K {
+    static constexpr int BLOCK_BYTES = 176;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        float sc, m;
+        k4_scale_min(b + 4, j, &sc, &m);
+        float dl = f16_at(b) * sc, ml = f16_at(b + 2) * m;
+        for (int l = 0; l < 32; ++l) {
+            int q = (b[48 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf;
+            q |= ((b[16 + l] >> j) & 1) << 4;
+            out[l] = dl * (float)q - ml;
+        }
+    }
+};
+
+// 128 bytes of low nibbles, 64 of top 2 bits, 16 signed scales (groups of 16), d. In half
+// h, element 32k + l: low bits from ql[64h + 32(k % 2) + l] (high nibble for k >= 2), top
+// bits 2k..2k+2 of qh[32h + l]; (d * sc) * (q - 32).
+struct Q6_K {
+    static constexpr int BLOCK_BYTES = 210;
+    __device__ static void run(const uint8_t* row, int r, float* out) {
+        const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8, half = j / 4, k = j % 4;
+        float d = f16_at(b + 208);
+        for (int l = 0; l < 32; ++l) {
+            float dl = d * (float)(int8_t)b[192 + 2 * j + l / 16];
+            int low = (b[64 * half + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0xf;
+            int high = (b[128 + 32 * half + l] >> (2 * k)) & 3;
+            out[l] = dl * (float)((low | high << 4) - 32);
+        }
+    }
+};
+
+// Every format, for kernels instantiated once per format: X(name, Format).
+#define FOR_EACH_FORMAT(X) \
+    X(f32, F32)            \
+    X(f16, F16)            \
+    X(bf16, BF16)          \
+    X(q4_0, Q4_0)          \
+    X(q4_1, Q4_1)          \
+    X(q5_0, Q5_0)          \
+    X(q5_1, Q5_1)          \
+    X(q8_0, Q8_0)          \
+    X(q2_k, Q2_K)          \
+    X(q3_k, Q3_K)          \
+    X(q4_k, Q4_K)          \
+    X(q5_k, Q5_K)          \
+    X(q6_k, Q6_K)
