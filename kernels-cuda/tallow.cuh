@@ -4,6 +4,7 @@
 #pragma once
 
 #ifdef __CUDACC_RTC__
+#define INFINITY __int_as_float(0x7f800000)
 typedef signed char int8_t;
 typedef unsigned char uint8_t;
 typedef short int16_t;
@@ -46,6 +47,18 @@ __device__ __forceinline__ float block_sum(float v) {
     return warp_sum(v);
 }
 
+// The largest `v` over a block of whole warps, in every thread (as block_sum).
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float partial[32];
+    v = warp_max(v);
+    unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < blockDim.x / 32 ? partial[lane] : -INFINITY;
+    return warp_max(v);
+}
+
 // An f16's bits as f32 (no cuda_fp16.h: NVRTC's wheel ships no headers).
 __device__ __forceinline__ float f16_to_f32(uint16_t h) {
 #ifdef __CUDACC_RTC__
@@ -62,6 +75,33 @@ __device__ __forceinline__ float f16_to_f32(uint16_t h) {
     uint32_t bits = exponent == 31 ? sign | 0x7f800000u | (mantissa << 13)
                                    : sign | ((exponent + 112) << 23) | (mantissa << 13);
     return __uint_as_float(bits);
+#endif
+}
+
+// The f16 nearest `f` (ties to even), as bits.
+__device__ __forceinline__ uint16_t f32_to_f16(float f) {
+#ifdef __CUDACC_RTC__
+    uint16_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#else
+    uint32_t x = __float_as_uint(f);
+    uint32_t sign = (x >> 16) & 0x8000, exponent = (x >> 23) & 0xff, mantissa = x & 0x7fffff;
+    if (exponent == 0xff) return (uint16_t)(sign | 0x7c00 | (mantissa ? 0x200 : 0));
+    int e = (int)exponent - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00);
+    if (e <= 0) {
+        // Subnormal (or zero): the mantissa with its implicit bit, shifted into place.
+        if (e < -10) return (uint16_t)sign;
+        uint32_t m = mantissa | 0x800000;
+        int shift = 14 - e;
+        uint32_t half = m >> shift, rest = m & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rest > mid || (rest == mid && (half & 1))) ++half;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | (uint32_t)e << 10 | mantissa >> 13, rest = mantissa & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (half & 1))) ++half;  // may carry into exponent
+    return (uint16_t)half;
 #endif
 }
 

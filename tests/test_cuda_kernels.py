@@ -69,7 +69,8 @@ def kernel_names(source: Path) -> list[str]:
         text=True,
         check=True,
     ).stdout
-    return re.findall(r'extern "C" __global__ void (\w+)\s*\(', expanded)
+    kernel = r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\('
+    return re.findall(kernel, expanded)
 
 
 def test_there_are_kernels() -> None:

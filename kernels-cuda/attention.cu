@@ -1,0 +1,72 @@
+// Causal attention over f16 KV pages (see kv.cu for their layout).
+
+#include "tallow.cuh"
+
+// Positions of one tile: one per thread of a block.
+#define TILE 128
+
+// Most dimensions of a head: two per thread.
+#define MAX_HEAD_DIM 256
+
+// Out row t (head h) = softmax(scores) · V over the positions token t sees: its sequence's
+// (chunk token_chunks[t], page table tables[table_starts[c]..]) from the first its window
+// lets it see up to positions[t]. Scores are q · k * scale, soft-capped where softcap > 0.
+// Block (t, h) of TILE threads: positions a tile at a time, each thread one position's score,
+// a running maximum and sum rescaling the outputs (each thread holds two dimensions).
+extern "C" __global__ void __launch_bounds__(TILE)
+    attention_f16(const float* q, float* out, const uint16_t* pages, const uint32_t* tables,
+                  const uint32_t* table_starts, const uint32_t* token_chunks,
+                  const uint32_t* positions, int n_head, int n_head_kv, int head_dim,
+                  int n_pages, int page_size, float scale, float softcap, int window) {
+    __shared__ float query[MAX_HEAD_DIM];
+    __shared__ float weights[TILE];
+    __shared__ uint32_t tile_pages[TILE];
+    int t = blockIdx.x, h = blockIdx.y, kvh = h / (n_head / n_head_kv);
+    int pos = positions[t];
+    int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+    const uint32_t* table = tables + table_starts[token_chunks[t]];
+    size_t block = (size_t)page_size * head_dim;
+    const uint16_t* keys = pages + (size_t)kvh * n_pages * block;
+    const uint16_t* values = keys + (size_t)n_head_kv * n_pages * block;
+    for (int d = threadIdx.x; d < head_dim; d += TILE)
+        query[d] = q[((size_t)t * n_head + h) * head_dim + d];
+    float running_max = -INFINITY, running_sum = 0.0f, acc[2] = {0.0f, 0.0f};
+    for (int start = first; start <= pos; start += TILE) {
+        int p = start + threadIdx.x;
+        __syncthreads();  // the last tile's query, weights and pages have been read
+        float score = -INFINITY;
+        if (p <= pos) {
+            uint32_t page = table[p / page_size];
+            tile_pages[threadIdx.x] = page;
+            const uint16_t* key = keys + page * block + (size_t)(p % page_size) * head_dim;
+            float dot = 0.0f;
+            for (int d = 0; d < head_dim; ++d) dot += query[d] * f16_to_f32(key[d]);
+            score = dot * scale;
+            if (softcap > 0.0f) score = softcap * tanhf(score / softcap);
+        }
+        float new_max = fmaxf(running_max, block_max(score));
+        float correction = expf(running_max - new_max);
+        float w = p <= pos ? expf(score - new_max) : 0.0f;
+        weights[threadIdx.x] = w;
+        running_sum = running_sum * correction + block_sum(w);
+        running_max = new_max;
+        int n = pos - start + 1 < TILE ? pos - start + 1 : TILE;
+        for (int i = 0; i < 2; ++i) {
+            int d = threadIdx.x + i * TILE;
+            if (d >= head_dim) break;
+            float sum = 0.0f;
+            for (int j = 0; j < n; ++j) {
+                int pj = start + j;
+                const uint16_t* value =
+                    values + tile_pages[j] * block + (size_t)(pj % page_size) * head_dim;
+                sum += weights[j] * f16_to_f32(value[d]);
+            }
+            acc[i] = acc[i] * correction + sum;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        int d = threadIdx.x + i * TILE;
+        if (d < head_dim) out[((size_t)t * n_head + h) * head_dim + d] = acc[i] / running_sum;
+    }
+}
+TALLOW_EXPORT(attention_f16)

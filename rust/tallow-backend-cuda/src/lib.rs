@@ -1,0 +1,186 @@
+//! The CUDA backend: weights uploaded once in their GGUF block formats, KV pages in device
+//! memory, and each operation of a step a kernel of `kernels-cuda/`, launched by name on a
+//! [`Gpu`]: an NVIDIA GPU through the driver, or the CPU through the emulation that runs the
+//! same kernels in the tests.
+
+mod gpu;
+mod kernels;
+mod pages;
+mod step;
+
+use std::sync::Arc;
+
+use tallow_backend::{
+    Backend, BackendError, Capabilities, DeviceInfo, DeviceMemory, MatrixSpec, Rope, StepInput,
+};
+use tallow_gguf::GgufFile;
+use tallow_kv::{KvDtype, KvLayout, LayerGroups};
+use tallow_quant::GgmlType;
+
+pub use gpu::{Args, DevicePtr, Gpu};
+pub use kernels::SOURCES;
+pub use pages::Pages;
+pub use step::CudaStep;
+
+use gpu::{bytes_of, Buffer, Device};
+
+/// The weight formats the kernels read (formats.cuh).
+pub const WEIGHT_FORMATS: [GgmlType; 13] = GgmlType::WEIGHTS;
+
+/// Most dimensions of an attention head (attention.cu).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The CUDA backend on the device `G` drives.
+pub struct CudaBackend<G: Gpu> {
+    device: Arc<Device<G>>,
+}
+
+impl<G: Gpu> Clone for CudaBackend<G> {
+    fn clone(&self) -> Self {
+        CudaBackend {
+            device: Arc::clone(&self.device),
+        }
+    }
+}
+
+impl<G: Gpu> CudaBackend<G> {
+    /// The backend on `gpu`.
+    pub fn new(gpu: G) -> Self {
+        CudaBackend {
+            device: Arc::new(Device {
+                gpu,
+                usage: Default::default(),
+            }),
+        }
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &G {
+        &self.device.gpu
+    }
+}
+
+/// A weight matrix in its GGUF block format, row after row.
+pub struct Matrix<G: Gpu> {
+    buffer: Buffer<G>,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+}
+
+/// A vector of f32.
+pub struct Vector<G: Gpu> {
+    buffer: Buffer<G>,
+    len: usize,
+}
+
+/// Nothing is kept between steps: each step's buffers are its own.
+#[derive(Debug, Default)]
+pub struct Scratch;
+
+impl<G: Gpu> Backend for CudaBackend<G> {
+    type Matrix = Matrix<G>;
+    type Vector = Vector<G>;
+    type Ropes = Vec<Rope>;
+    type Pages = Pages<G>;
+    type Scratch = Scratch;
+    type Step<'s> = CudaStep<'s, G>;
+
+    fn device(&self) -> DeviceInfo {
+        DeviceInfo {
+            name: self.device.gpu.name(),
+            backend: "cuda".into(),
+            memory: self.device.gpu.total_memory(),
+        }
+    }
+
+    fn memory(&self) -> Option<DeviceMemory> {
+        let (in_use, peak) = self.device.usage.now();
+        Some(DeviceMemory { in_use, peak })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: "cuda",
+            weight_formats: WEIGHT_FORMATS.to_vec(),
+            kv_dtypes: vec![KvDtype::F16],
+            max_head_dim: MAX_HEAD_DIM,
+            head_dim_multiple: 1,
+        }
+    }
+
+    fn upload_matrices(
+        &self,
+        file: &Arc<GgufFile>,
+        specs: &[MatrixSpec],
+    ) -> Result<Vec<Matrix<G>>, BackendError> {
+        specs
+            .iter()
+            .map(|spec| self.upload_matrix(file, spec))
+            .collect()
+    }
+
+    fn upload_vector(&self, values: &[f32]) -> Result<Vector<G>, BackendError> {
+        Ok(Vector {
+            buffer: Buffer::with(&self.device, &bytes_of(values))?,
+            len: values.len(),
+        })
+    }
+
+    fn upload_ropes(&self, ropes: Vec<Rope>) -> Result<Vec<Rope>, BackendError> {
+        Ok(ropes)
+    }
+
+    fn new_pages(
+        &self,
+        layout: KvLayout,
+        groups: &LayerGroups,
+        n_pages: usize,
+    ) -> Result<Pages<G>, BackendError> {
+        let capabilities = self.capabilities();
+        capabilities.check_kv(layout.dtype)?;
+        capabilities.check_head_dim(layout.head_dim)?;
+        Pages::new(&self.device, layout, groups, n_pages)
+    }
+
+    fn run_step<F>(
+        &self,
+        _: &mut Scratch,
+        input: &StepInput<'_, Self>,
+        f: F,
+    ) -> Result<(), BackendError>
+    where
+        F: for<'s> FnOnce(&mut CudaStep<'s, G>) -> Result<(), BackendError>,
+    {
+        let mut step = CudaStep::new(&self.device, input)?;
+        f(&mut step)
+    }
+}
+
+impl<G: Gpu> CudaBackend<G> {
+    fn upload_matrix(
+        &self,
+        file: &Arc<GgufFile>,
+        spec: &MatrixSpec,
+    ) -> Result<Matrix<G>, BackendError> {
+        let ty = spec.tensor.ty;
+        // The kernels take rows a run of 32 values at a time.
+        if !WEIGHT_FORMATS.contains(&ty) || !spec.cols.is_multiple_of(ty.block_len().max(32)) {
+            return Err(BackendError::Unsupported(format!(
+                "{} ({} weights, rows of {}) on cuda",
+                spec.tensor.name,
+                ty.name(),
+                spec.cols
+            )));
+        }
+        let data = file.tensor_data(&spec.tensor);
+        Ok(Matrix {
+            buffer: Buffer::with(&self.device, data)?,
+            ty,
+            rows: spec.rows,
+            cols: spec.cols,
+            row_bytes: data.len() / spec.rows.max(1),
+        })
+    }
+}

@@ -1,0 +1,433 @@
+//! One step on the device: each operation launches its kernel as it comes, over buffers the
+//! step allocates.
+
+use std::sync::Arc;
+
+use tallow_backend::{Activation, BackendError, GroupPlan, Output, Scores, Step, StepInput};
+use tallow_kv::PagedKvCache;
+
+use crate::gpu::{bytes_of, Args, Buffer, Device, Gpu};
+use crate::kernels::{element_blocks, for_format, row_threads, ATTENTION_THREADS, PRODUCT_TOKENS};
+use crate::pages::Pages;
+use crate::{CudaBackend, Matrix, Vector};
+
+/// Rows of activations on the device.
+pub struct Rows<G: Gpu> {
+    buffer: Buffer<G>,
+    n: usize,
+    width: usize,
+}
+
+impl<G: Gpu> Rows<G> {
+    fn len(&self) -> usize {
+        self.n * self.width
+    }
+}
+
+/// What a layer group's attention reads, on the device.
+struct GroupBuffers<G: Gpu> {
+    /// (page, position) of each token.
+    slots: Buffer<G>,
+    tables: Buffer<G>,
+    table_starts: Buffer<G>,
+}
+
+/// One step of the CUDA backend.
+pub struct CudaStep<'s, G: Gpu> {
+    device: &'s Arc<Device<G>>,
+    input: &'s StepInput<'s, CudaBackend<G>>,
+    /// The token ids.
+    tokens: Buffer<G>,
+    positions: Buffer<G>,
+    token_chunks: Buffer<G>,
+    logit_rows: Buffer<G>,
+    /// For each RoPE, each token's cosines and sines.
+    angles: Vec<Buffer<G>>,
+    groups: Vec<GroupBuffers<G>>,
+}
+
+fn mismatch(what: &str, got: usize, want: usize) -> BackendError {
+    BackendError::InvalidArgument(format!("{what}: {got} values where {want} are needed"))
+}
+
+impl<'s, G: Gpu> CudaStep<'s, G> {
+    /// Uploads what the step's kernels read of its plan and RoPEs.
+    pub(crate) fn new(
+        device: &'s Arc<Device<G>>,
+        input: &'s StepInput<'s, CudaBackend<G>>,
+    ) -> Result<Self, BackendError> {
+        let plan = input.plan;
+        let upload = |values: &[u32]| Buffer::with(device, &bytes_of(values));
+        let mut angles = Vec::with_capacity(input.ropes.len());
+        for rope in input.ropes {
+            let mut table = vec![0f32; plan.positions.len() * rope.angles_len()];
+            rope.angles_of(&plan.positions, &mut table);
+            angles.push(Buffer::with(device, &bytes_of(&table))?);
+        }
+        let groups = (plan.groups.iter())
+            .map(|g: &GroupPlan| {
+                let slots: Vec<u32> = g.slots.iter().flat_map(|s| [s.page, s.offset]).collect();
+                Ok(GroupBuffers {
+                    slots: upload(&slots)?,
+                    tables: upload(&g.tables)?,
+                    table_starts: upload(&g.table_starts)?,
+                })
+            })
+            .collect::<Result<_, BackendError>>()?;
+        Ok(CudaStep {
+            device,
+            input,
+            tokens: upload(&input.batch.tokens)?,
+            positions: upload(&plan.positions)?,
+            token_chunks: upload(&plan.token_chunks)?,
+            logit_rows: upload(&plan.logit_rows)?,
+            angles,
+            groups,
+        })
+    }
+
+    fn n_tokens(&self) -> usize {
+        self.input.batch.tokens.len()
+    }
+
+    fn launch(
+        &self,
+        name: &str,
+        grid: [u32; 3],
+        block: u32,
+        args: &Args,
+    ) -> Result<(), BackendError> {
+        self.device.gpu.launch(name, grid, [block, 1, 1], args)
+    }
+
+    fn new_rows(&self, n: usize, width: usize) -> Result<Rows<G>, BackendError> {
+        Ok(Rows {
+            buffer: Buffer::zeroed(self.device, n * width * 4)?,
+            n,
+            width,
+        })
+    }
+
+    /// `out = x · mᵀ` (`out` holds `x.n` rows of `m.rows`).
+    fn product(&self, x: &Rows<G>, m: &Matrix<G>, out: &mut Rows<G>) -> Result<(), BackendError> {
+        if x.width != m.cols || out.n != x.n || out.width != m.rows {
+            return Err(BackendError::InvalidArgument(format!(
+                "a product of {}x{} rows and a {}x{} matrix into {}x{} rows",
+                x.n, x.width, m.rows, m.cols, out.n, out.width
+            )));
+        }
+        let mut args = Args::new();
+        args.ptr(m.buffer.ptr())
+            .ptr(x.buffer.ptr())
+            .ptr(out.buffer.ptr());
+        args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?.int(x.n)?;
+        let tiles = x.n.div_ceil(PRODUCT_TOKENS) as u32;
+        self.launch(
+            &for_format("matmul", m.ty),
+            [m.rows as u32, tiles, 1],
+            32,
+            &args,
+        )
+    }
+
+    /// RMSNorm of each row of `width` values of `x` into `out` (which may be `x`).
+    fn norm(
+        &self,
+        x: &Buffer<G>,
+        rows: usize,
+        gain: &Vector<G>,
+        eps: f32,
+        out: &Buffer<G>,
+    ) -> Result<(), BackendError> {
+        let mut args = Args::new();
+        args.ptr(x.ptr())
+            .ptr(gain.buffer.ptr())
+            .f32(eps)
+            .ptr(out.ptr());
+        args.int(gain.len)?;
+        self.launch(
+            "rms_norm",
+            [rows as u32, 1, 1],
+            row_threads(gain.len),
+            &args,
+        )
+    }
+}
+
+impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
+    type Rows = Rows<G>;
+
+    fn rows(&mut self, n: usize, width: usize) -> Result<Rows<G>, BackendError> {
+        self.new_rows(n, width)
+    }
+
+    fn upload(&mut self, values: &[f32], width: usize) -> Result<Rows<G>, BackendError> {
+        if width == 0 || !values.len().is_multiple_of(width) {
+            return Err(mismatch("rows", values.len(), width));
+        }
+        Ok(Rows {
+            buffer: Buffer::with(self.device, &bytes_of(values))?,
+            n: values.len() / width,
+            width,
+        })
+    }
+
+    fn read(&mut self, x: &Rows<G>, out: &mut [f32]) -> Result<(), BackendError> {
+        if out.len() > x.len() {
+            return Err(mismatch("a read", out.len(), x.len()));
+        }
+        let mut bytes = vec![0u8; out.len() * 4];
+        self.device.gpu.read(x.buffer.ptr(), &mut bytes)?;
+        for (v, b) in out.iter_mut().zip(bytes.as_chunks::<4>().0) {
+            *v = f32::from_ne_bytes(*b);
+        }
+        Ok(())
+    }
+
+    fn embed(
+        &mut self,
+        table: &Matrix<G>,
+        scale: f32,
+        out: &mut Rows<G>,
+    ) -> Result<(), BackendError> {
+        let n = self.n_tokens();
+        if out.n != n || out.width != table.cols {
+            return Err(mismatch("an embedding", out.len(), n * table.cols));
+        }
+        if let Some(&id) = self
+            .input
+            .batch
+            .tokens
+            .iter()
+            .find(|&&t| t as usize >= table.rows)
+        {
+            return Err(BackendError::InvalidArgument(format!(
+                "token {id} of a table of {} rows",
+                table.rows
+            )));
+        }
+        let mut args = Args::new();
+        args.ptr(table.buffer.ptr())
+            .ptr(self.tokens.ptr())
+            .int(table.cols)?;
+        args.int(table.row_bytes)?.f32(scale).ptr(out.buffer.ptr());
+        self.launch(&for_format("embed", table.ty), [n as u32, 1, 1], 64, &args)
+    }
+
+    fn rms_norm(
+        &mut self,
+        x: &Rows<G>,
+        gain: &Vector<G>,
+        eps: f32,
+        out: &mut Rows<G>,
+    ) -> Result<(), BackendError> {
+        if x.width != gain.len || out.len() != x.len() {
+            return Err(mismatch("a norm's gain", gain.len, x.width));
+        }
+        self.norm(&x.buffer, x.n, gain, eps, &out.buffer)
+    }
+
+    fn rms_norm_in_place(
+        &mut self,
+        x: &mut Rows<G>,
+        gain: &Vector<G>,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        if gain.len == 0 || !x.width.is_multiple_of(gain.len) {
+            return Err(mismatch("a norm's gain", gain.len, x.width));
+        }
+        self.norm(&x.buffer, x.len() / gain.len, gain, eps, &x.buffer)
+    }
+
+    fn matmul<const N: usize>(
+        &mut self,
+        input: &Rows<G>,
+        matrices: [&Matrix<G>; N],
+        outs: [&mut Rows<G>; N],
+    ) -> Result<(), BackendError> {
+        for (m, out) in matrices.into_iter().zip(outs) {
+            self.product(input, m, out)?;
+        }
+        Ok(())
+    }
+
+    fn add_bias(&mut self, x: &mut Rows<G>, bias: &Vector<G>) -> Result<(), BackendError> {
+        if x.width != bias.len {
+            return Err(mismatch("a bias", bias.len, x.width));
+        }
+        let mut args = Args::new();
+        args.ptr(x.buffer.ptr())
+            .ptr(bias.buffer.ptr())
+            .int(x.len())?
+            .int(x.width)?;
+        self.launch("add_bias", [element_blocks(x.len()), 1, 1], 256, &args)
+    }
+
+    fn rope(&mut self, rope: usize, x: &mut Rows<G>) -> Result<(), BackendError> {
+        let (r, angles) = match (self.input.ropes.get(rope), self.angles.get(rope)) {
+            (Some(r), Some(a)) => (r, a),
+            _ => return Err(BackendError::InvalidArgument(format!("no RoPE {rope}"))),
+        };
+        if x.n != self.n_tokens() || !x.width.is_multiple_of(r.head_dim()) {
+            return Err(mismatch(
+                "RoPE's rows",
+                x.len(),
+                self.n_tokens() * r.head_dim(),
+            ));
+        }
+        let mut args = Args::new();
+        args.ptr(x.buffer.ptr())
+            .ptr(angles.ptr())
+            .int(x.width)?
+            .int(r.head_dim())?;
+        args.int(r.angles_len() / 2)?;
+        args.i32(i32::from(r.style() == tallow_backend::RopeStyle::Halves));
+        self.launch("rope", [x.n as u32, 1, 1], 64, &args)
+    }
+
+    fn write_kv(
+        &mut self,
+        cache: &mut PagedKvCache,
+        layer: usize,
+        k: &mut Rows<G>,
+        v: &mut Rows<G>,
+    ) -> Result<(), BackendError> {
+        let group = self.input.plan.group_of(layer)?;
+        let pages = cache.store::<Pages<G>>()?;
+        let l = *cache.layout();
+        let n = self.n_tokens();
+        let row = l.n_head_kv * l.head_dim;
+        if k.n != n || v.n != n || k.width != row || v.width != row {
+            return Err(mismatch("keys and values", k.len(), n * row));
+        }
+        let mut args = Args::new();
+        args.ptr(k.buffer.ptr())
+            .ptr(v.buffer.ptr())
+            .ptr(self.groups[group].slots.ptr());
+        args.ptr(pages.of_layer(layer)?)
+            .int(l.n_head_kv)?
+            .int(l.head_dim)?;
+        args.int(pages.n_pages())?.int(l.page_size)?;
+        self.launch("kv_write_f16", [n as u32, 1, 1], row_threads(row), &args)?;
+        for copy in &self.input.plan.groups[group].copies {
+            pages.copy_positions(copy, layer)?;
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        cache: &PagedKvCache,
+        layer: usize,
+        scores: Scores,
+        q: &mut Rows<G>,
+        out: &mut Rows<G>,
+    ) -> Result<(), BackendError> {
+        let group = &self.groups[self.input.plan.group_of(layer)?];
+        let pages = cache.store::<Pages<G>>()?;
+        let l = *cache.layout();
+        let heads = self.input.heads;
+        let n = self.n_tokens();
+        if q.n != n || q.width != heads.q_dim() || out.n != n || out.width != heads.q_dim() {
+            return Err(mismatch("queries", q.len(), n * heads.q_dim()));
+        }
+        let mut args = Args::new();
+        args.ptr(q.buffer.ptr())
+            .ptr(out.buffer.ptr())
+            .ptr(pages.of_layer(layer)?);
+        args.ptr(group.tables.ptr()).ptr(group.table_starts.ptr());
+        args.ptr(self.token_chunks.ptr()).ptr(self.positions.ptr());
+        args.int(heads.n_head)?
+            .int(heads.n_head_kv)?
+            .int(heads.head_dim)?;
+        args.int(pages.n_pages())?
+            .int(l.page_size)?
+            .f32(scores.scale);
+        args.f32(scores.softcap.unwrap_or(0.0))
+            .int(scores.window.unwrap_or(0))?;
+        let grid = [n as u32, heads.n_head as u32, 1];
+        self.launch("attention_f16", grid, ATTENTION_THREADS, &args)
+    }
+
+    fn gated(
+        &mut self,
+        activation: Activation,
+        gate: &mut Rows<G>,
+        up: &Rows<G>,
+    ) -> Result<(), BackendError> {
+        if gate.len() != up.len() {
+            return Err(mismatch("a gated activation", up.len(), gate.len()));
+        }
+        let mut args = Args::new();
+        args.ptr(gate.buffer.ptr())
+            .ptr(up.buffer.ptr())
+            .int(gate.len())?;
+        args.i32(i32::from(activation == Activation::GeluTanh));
+        self.launch("gated", [element_blocks(gate.len()), 1, 1], 256, &args)
+    }
+
+    fn add(&mut self, x: &mut Rows<G>, y: &Rows<G>) -> Result<(), BackendError> {
+        if x.len() != y.len() {
+            return Err(mismatch("an addition", y.len(), x.len()));
+        }
+        let mut args = Args::new();
+        args.ptr(x.buffer.ptr()).ptr(y.buffer.ptr()).int(x.len())?;
+        self.launch("add", [element_blocks(x.len()), 1, 1], 256, &args)
+    }
+
+    fn logit_rows(&mut self, x: &Rows<G>, out: &mut Rows<G>) -> Result<(), BackendError> {
+        let rows = &self.input.plan.logit_rows;
+        if out.n != rows.len() || out.width != x.width {
+            return Err(mismatch("logit rows", out.len(), rows.len() * x.width));
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut args = Args::new();
+        args.ptr(x.buffer.ptr())
+            .ptr(self.logit_rows.ptr())
+            .ptr(out.buffer.ptr());
+        args.int(x.width)?;
+        self.launch(
+            "gather_rows",
+            [rows.len() as u32, 1, 1],
+            row_threads(x.width),
+            &args,
+        )
+    }
+
+    fn logits(
+        &mut self,
+        x: &Rows<G>,
+        m: &Matrix<G>,
+        softcap: Option<f32>,
+        out: Output<'_>,
+    ) -> Result<(), BackendError> {
+        let want = out.len_for(x.n, m.rows);
+        if out.len() != want {
+            return Err(mismatch("logits", out.len(), want));
+        }
+        let mut logits = self.new_rows(x.n, m.rows)?;
+        self.product(x, m, &mut logits)?;
+        if let Some(cap) = softcap {
+            let mut args = Args::new();
+            args.ptr(logits.buffer.ptr()).int(logits.len())?.f32(cap);
+            self.launch("softcap", [element_blocks(logits.len()), 1, 1], 256, &args)?;
+        }
+        match out {
+            Output::Logits(values) => self.read(&logits, values),
+            Output::Argmax(tokens) => {
+                let ids = Buffer::zeroed(self.device, tokens.len() * 4)?;
+                let mut args = Args::new();
+                args.ptr(logits.buffer.ptr()).int(m.rows)?.ptr(ids.ptr());
+                self.launch("argmax_rows", [x.n as u32, 1, 1], 256, &args)?;
+                let mut bytes = vec![0u8; tokens.len() * 4];
+                self.device.gpu.read(ids.ptr(), &mut bytes)?;
+                for (t, b) in tokens.iter_mut().zip(bytes.as_chunks::<4>().0) {
+                    *t = u32::from_ne_bytes(*b);
+                }
+                Ok(())
+            }
+        }
+    }
+}

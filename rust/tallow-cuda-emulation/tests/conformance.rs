@@ -1,0 +1,32 @@
+//! The conformance suite on the CUDA backend, its kernels run by the emulation: every
+//! operation in every weight format it reads, against the suite's f64 references.
+
+use tallow_backend_cuda::CudaBackend;
+use tallow_conformance::{suite, Family, Subject};
+use tallow_cuda_emulation::Emulated;
+use tallow_quant::GgmlType;
+
+struct Cuda;
+
+impl Subject for Cuda {
+    type Backend = CudaBackend<Emulated>;
+
+    fn variants(_: Family) -> impl Iterator<Item = CudaBackend<Emulated>> {
+        std::iter::once(Emulated::backend())
+    }
+
+    fn capped(_: u64) -> Option<CudaBackend<Emulated>> {
+        None
+    }
+
+    fn describe(_: &CudaBackend<Emulated>) -> String {
+        "cuda (emulated)".into()
+    }
+
+    /// Products in f32 over the weights' decoded values: sums of a row's runs of 32 in f32.
+    fn products_bound(_: &CudaBackend<Emulated>, _: GgmlType) -> f64 {
+        1e-5
+    }
+}
+
+suite!(Cuda);
