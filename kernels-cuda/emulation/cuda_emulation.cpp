@@ -1,16 +1,24 @@
 // The scheduler of cuda_emulation.h: blocks one after the other, a block's threads as fibers.
+//
+// On x86-64 a fiber switch saves and restores the callee-saved registers and the stack pointer
+// (a few nanoseconds); elsewhere ucontext does it (with a system call for the signal mask on
+// every switch; TALLOW_EMU_UCONTEXT picks it on x86-64 too). Fiber stacks are mapped once per OS thread and reused by every launch.
 
 #include "cuda_emulation.h"
 
-#include <ucontext.h>
+#include <sys/mman.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#if !defined(__x86_64__) || defined(TALLOW_EMU_UCONTEXT)
+#include <ucontext.h>
+#endif
 
 namespace tallow_emu {
 
@@ -21,11 +29,80 @@ thread_local dim3 grid_dim;
 
 namespace {
 
+#if defined(__x86_64__) && !defined(TALLOW_EMU_UCONTEXT)
+// Saves the callee-saved registers, x87 and SSE control words on the current stack, stores
+// the stack pointer in *from, and resumes the context saved at `to` (System V ABI).
+extern "C" void tallow_emu_switch(void** from, void* to);
+asm(R"(
+    .text
+    .p2align 4
+    .type tallow_emu_switch, @function
+tallow_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size tallow_emu_switch, .-tallow_emu_switch
+)");
+
+// A context where the scheduler or a fiber was suspended: its saved stack pointer.
+struct Context {
+    void* sp = nullptr;
+};
+
+void switch_to(Context& from, Context& to) { tallow_emu_switch(&from.sp, to.sp); }
+
+// Prepares `c` to start `entry` on the stack [base, base + bytes): the frame that
+// tallow_emu_switch pops, returning into `entry` as if called (its stack 16-byte aligned
+// plus the return address, which is never used: `entry` never returns).
+void prepare(Context& c, char* base, size_t bytes, void (*entry)()) {
+    uintptr_t top = ((uintptr_t)base + bytes) & ~(uintptr_t)15;
+    uint64_t* sp = (uint64_t*)top;
+    *--sp = 0;                 // the return address of `entry`
+    *--sp = (uint64_t)entry;   // where the switch returns to
+    for (int i = 0; i < 6; ++i) *--sp = 0;  // rbp, rbx, r12..r15
+    --sp;
+    uint32_t control[2] = {0x1f80, 0x037f};  // MXCSR and the x87 control word at start-up
+    std::memcpy(sp, control, sizeof control);
+    c.sp = sp;
+}
+#else
+struct Context {
+    ucontext_t context;
+};
+
+void switch_to(Context& from, Context& to) { swapcontext(&from.context, &to.context); }
+
+void prepare(Context& c, char* base, size_t bytes, void (*entry)()) {
+    getcontext(&c.context);
+    c.context.uc_stack.ss_sp = base;
+    c.context.uc_stack.ss_size = bytes;
+    c.context.uc_link = nullptr;
+    makecontext(&c.context, entry, 0);
+}
+#endif
+
 enum class State { Runnable, AtBlockBarrier, AtWarpBarrier, Done };
 
 struct Fiber {
-    ucontext_t context;
-    std::vector<char> stack;
+    Context context;
     uint3 idx;
     State state = State::Runnable;
     uint64_t published = 0;
@@ -33,7 +110,19 @@ struct Fiber {
 
 // Bytes of stack per GPU thread: kernels keep small arrays in registers on a GPU, here on the
 // fiber's stack.
-constexpr size_t STACK_BYTES = 256 << 10;
+constexpr size_t STACK_BYTES = 128 << 10;
+
+// Stacks for up to 1024 fibers, mapped once per OS thread (pages are backed as touched).
+char* stacks() {
+    thread_local char* mapped = nullptr;
+    if (!mapped) {
+        void* p = mmap(nullptr, 1024 * STACK_BYTES, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) fault("cannot map the fibers' stacks");
+        mapped = (char*)p;
+    }
+    return mapped;
+}
 
 struct Kernel {
     void* function;
@@ -42,7 +131,7 @@ struct Kernel {
 };
 
 struct Block {
-    ucontext_t scheduler;
+    Context scheduler;
     std::vector<Fiber> fibers;
     Fiber* running = nullptr;
     void* kernel = nullptr;
@@ -63,14 +152,15 @@ std::map<std::string, Kernel>& kernels() {
 void fiber_main() {
     block->call(block->kernel, block->params);
     block->running->state = State::Done;
-    swapcontext(&block->running->context, &block->scheduler);
+    switch_to(block->running->context, block->scheduler);
+    fault("a finished GPU thread was resumed");
 }
 
 // Back to the scheduler, in state `state`, until it runs this fiber again.
 void yield(State state) {
     Fiber* self = block->running;
     self->state = state;
-    swapcontext(&self->context, &block->scheduler);
+    switch_to(self->context, block->scheduler);
     thread_idx = self->idx;
 }
 
@@ -81,7 +171,7 @@ bool release(const char* name) {
     auto& fibers = block->fibers;
     bool released = false;
     for (size_t warp = 0; warp < fibers.size(); warp += 32) {
-        size_t end = warp + 32 < fibers.size() ? warp + 32 : fibers.size();
+        size_t end = std::min(warp + 32, fibers.size());
         bool waiting = false, all = true;
         for (size_t i = warp; i < end; ++i) {
             waiting |= fibers[i].state == State::AtWarpBarrier;
@@ -104,28 +194,19 @@ bool release(const char* name) {
     return true;
 }
 
+// Runs every thread of the block to its end; false (with `failure` set) where it cannot.
 bool run_block(Block& b) {
     for (;;) {
-        bool ran = false;
         for (auto& f : b.fibers) {
             if (f.state != State::Runnable) continue;
-            ran = true;
             b.running = &f;
             thread_idx = f.idx;
-            swapcontext(&b.scheduler, &f.context);
+            switch_to(b.scheduler, f.context);
         }
         bool live = false;
         for (auto& f : b.fibers) live |= f.state != State::Done;
         if (!live) return true;
         if (!release(b.name)) return false;
-        if (!ran) {
-            bool runnable = false;
-            for (auto& f : b.fibers) runnable |= f.state == State::Runnable;
-            if (!runnable) {
-                failure = std::string("kernel ") + b.name + ": the block cannot go on";
-                return false;
-            }
-        }
     }
 }
 
@@ -181,8 +262,7 @@ extern "C" const char* tallow_emu_launch(const char* name, const unsigned* grid,
         return failure.c_str();
     }
     const Kernel& k = found->second;
-    if (k.sizes.size() != n_params ||
-        !std::equal(k.sizes.begin(), k.sizes.end(), sizes)) {
+    if (k.sizes.size() != n_params || !std::equal(k.sizes.begin(), k.sizes.end(), sizes)) {
         failure = std::string("kernel ") + name + ": the arguments do not match its parameters";
         return failure.c_str();
     }
@@ -197,7 +277,7 @@ extern "C" const char* tallow_emu_launch(const char* name, const unsigned* grid,
     b.params = params;
     b.name = found->first.c_str();
     b.fibers.resize(threads);
-    for (auto& f : b.fibers) f.stack.resize(STACK_BYTES);
+    char* stack = stacks();
     block_dim = dim3(block_shape[0], block_shape[1], block_shape[2]);
     grid_dim = dim3(grid[0], grid[1], grid[2]);
     Block* outer = block;
@@ -214,11 +294,7 @@ extern "C" const char* tallow_emu_launch(const char* name, const unsigned* grid,
                             Fiber& f = b.fibers[i];
                             f.idx = dim3(tx, ty, tz);
                             f.state = State::Runnable;
-                            getcontext(&f.context);
-                            f.context.uc_stack.ss_sp = f.stack.data();
-                            f.context.uc_stack.ss_size = f.stack.size();
-                            f.context.uc_link = nullptr;
-                            makecontext(&f.context, fiber_main, 0);
+                            prepare(f.context, stack + i * STACK_BYTES, STACK_BYTES, fiber_main);
                         }
                 if (!run_block(b)) result = failure.c_str();
             }

@@ -1,0 +1,76 @@
+//! Every dense architecture of the shared reference models (F32 files: llama3's frequency
+//! scaling, qwen2's biases, qwen3's and gemma3's Q/K norms, phi3's fused tensors, gemma2's soft
+//! caps and windows, gemma3's local and global layers) on the CUDA backend, its kernels
+//! emulated: transformers' logits at each of the 32 prompt positions, within what the f16 KV
+//! pages round (the bound the CPU and wgpu backends meet too).
+
+use std::path::PathBuf;
+
+use tallow_cuda_emulation::Emulated;
+use tallow_model::{Logits, Model, SingleSequence};
+
+const ARCHITECTURES: [&str; 7] = [
+    "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3",
+];
+
+/// transformers' logits within this on the F32 files, through f16 KV pages.
+const TOLERANCE: f32 = 5e-3;
+
+/// `shared/reference/arch` (`$TALLOW_SHARED_DIR/reference/arch`).
+fn arch_dir() -> PathBuf {
+    let shared = std::env::var_os("TALLOW_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    shared.join("reference/arch")
+}
+
+/// The values of a little-endian 4-byte `.npy` array (`<f4` or `<i4`), row-major.
+fn npy<T>(path: &PathBuf, descr: &str, from: fn([u8; 4]) -> T) -> Vec<T> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&bytes[..6], b"\x93NUMPY", "{}", path.display());
+    let (header_len, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        _ => (
+            u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize,
+            12,
+        ),
+    };
+    let header = std::str::from_utf8(&bytes[start..start + header_len]).unwrap();
+    assert!(header.contains(&format!("'descr': '{descr}'")), "{header}");
+    assert!(header.contains("'fortran_order': False"), "{header}");
+    let data = &bytes[start + header_len..];
+    data.as_chunks::<4>().0.iter().map(|b| from(*b)).collect()
+}
+
+#[test]
+fn every_architecture_gives_transformers_logits() {
+    let dir = arch_dir();
+    let prompt: Vec<u32> = npy(&dir.join("prompt_ids.npy"), "<i4", i32::from_le_bytes)
+        .into_iter()
+        .map(|t| t as u32)
+        .collect();
+    for arch in ARCHITECTURES {
+        let model = Model::load(
+            Emulated::backend(),
+            dir.join(arch).join(format!("{arch}-f32.gguf")),
+            Default::default(),
+        )
+        .unwrap_or_else(|e| panic!("{arch}: {e}"));
+        let want = npy(
+            &dir.join(arch).join("ref_logits.npy"),
+            "<f4",
+            f32::from_le_bytes,
+        );
+        let mut sequence = SingleSequence::new(&model, prompt.len()).unwrap();
+        let got = sequence.eval(&model, &prompt, Logits::All).unwrap();
+        assert_eq!(got.len(), want.len(), "{arch}");
+        let worst = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            worst <= TOLERANCE,
+            "{arch}: logits {worst} from transformers'"
+        );
+    }
+}
