@@ -56,6 +56,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p tallow-py --no-default-features -- -D warnings
 
 step "cargo test"
+# The CUDA backend's NVRTC test compiles with the PyPI wheel's library (a test dependency).
+TALLOW_NVRTC="$(python -c 'import os; from tallow import _nvrtc; _nvrtc.point_to_the_wheel(); print(os.environ["TALLOW_NVRTC"])')"
+export TALLOW_NVRTC
 cargo test --workspace
 # The conformance suite on the CPU's lesser kernel tables too (the ISA is picked per process).
 for isa in avx2 scalar; do

@@ -81,7 +81,7 @@ class Model:
         cls, path: str | os.PathLike[str], *, n_ctx: int | None = None, device: str = "cpu"
     ) -> Self:
         """Open and check the GGUF file at ``path`` and prepare the model on ``device``:
-        ``"cpu"``, ``"gpu"`` (the first GPU) or ``"wgpu:N"`` (see :func:`devices`).
+        ``"cpu"``, ``"gpu"`` (the first GPU), ``"wgpu:N"`` or ``"cuda:N"`` (see :func:`devices`).
 
         ``n_ctx`` is the longest context it will run at: a model with long-context RoPE
         factors (Phi-3 128k) uses them when ``n_ctx`` exceeds its original training context,
@@ -92,7 +92,7 @@ class Model:
         """
     @property
     def device(self) -> str:
-        """The device the model runs on: ``"cpu"`` or ``"wgpu:N"``."""
+        """The device the model runs on: ``"cpu"``, ``"wgpu:N"`` or ``"cuda:N"``."""
     @property
     def device_info(self) -> tuple[str, str]:
         """``(name, backend)`` of the device the model runs on, as its driver names it."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
-from tallow import _core, checks
+from tallow import _core, _nvrtc, checks
 from tallow._progress import format_bytes
 from tallow.catalog import resolve_model
 from tallow.errors import InvalidArgumentError, TallowError
@@ -304,6 +304,8 @@ def load_model(
         if n_ctx > 2**32:
             # Beyond any model: context_size refuses it, in the model's terms.
             n_ctx = None
+    # A CUDA device compiles its kernels with NVRTC when it opens.
+    _nvrtc.point_to_the_wheel()
     return _core.Model(os.fspath(path), n_ctx=n_ctx, device=device_name(device))
 
 

@@ -89,10 +89,10 @@ class LLM:
     context, as transformers and llama.cpp do. ``speculative`` turns on speculative
     decoding (see :mod:`tallow.speculative`): the same tokens (greedy) or the same distribution
     (sampling), in fewer steps. ``device`` is where the model runs: ``"cpu"``, ``"gpu"`` (the
-    first GPU) or ``"wgpu:N"`` (see ``tallow info --devices``); by default ``TALLOW_DEVICE``,
-    else the CPU. ``kv_dtype`` is what the KV cache holds keys and values in: ``"f16"``,
-    ``"q8_0"`` (about half the memory), ``"q4_0"`` (about a quarter) or ``"bf16"``; see
-    :class:`tallow.engine.EngineConfig`.
+    first GPU), ``"wgpu:N"`` or ``"cuda:N"`` (see ``tallow info --devices``); by default
+    ``TALLOW_DEVICE``, else the CPU. ``kv_dtype`` is what the KV cache holds keys and values
+    in: ``"f16"``, ``"q8_0"`` (about half the memory), ``"q4_0"`` (about a quarter) or
+    ``"bf16"``; see :class:`tallow.engine.EngineConfig`.
 
     Generations run on the engine :class:`AsyncLLM` uses (continuous batching over a paged KV
     pool). An ``LLM`` is not meant to be shared between threads; nested or interleaved streams
@@ -174,7 +174,7 @@ class LLM:
 
     @property
     def device(self) -> str:
-        """The device the model runs on: ``"cpu"`` or ``"wgpu:N"``."""
+        """The device the model runs on: ``"cpu"``, ``"wgpu:N"`` or ``"cuda:N"``."""
         return self._model.device
 
     @property

@@ -3,8 +3,12 @@
 //! [`Gpu`]: an NVIDIA GPU through the driver, or the CPU through the emulation that runs the
 //! same kernels in the tests.
 
+#[cfg(feature = "driver")]
+mod driver;
 mod gpu;
 mod kernels;
+#[cfg(feature = "driver")]
+mod nvrtc;
 mod pages;
 mod step;
 
@@ -17,6 +21,8 @@ use tallow_gguf::GgufFile;
 use tallow_kv::{KvDtype, KvLayout, LayerGroups};
 use tallow_quant::GgmlType;
 
+#[cfg(feature = "driver")]
+pub use driver::{cubins, devices, Driver};
 pub use gpu::{Args, DevicePtr, Gpu};
 pub use kernels::SOURCES;
 pub use pages::Pages;

@@ -1,4 +1,5 @@
-//! The devices a model runs on, by name: `"cpu"`, `"gpu"` (the first GPU) or `"wgpu:N"`.
+//! The devices a model runs on, by name: `"cpu"`, `"gpu"` (the first GPU), `"wgpu:N"` or
+//! `"cuda:N"`.
 //! Each backend built in is one entry of [`BACKENDS`]: how to list its devices and how to load
 //! a model on one of them.
 
@@ -48,7 +49,37 @@ const BACKENDS: &[Entry] = &[
         devices: wgpu_devices,
         load: load_wgpu,
     },
+    Entry {
+        name: "cuda",
+        gpus: true,
+        devices: cuda_devices,
+        load: load_cuda,
+    },
 ];
+
+#[cfg(feature = "cuda")]
+fn cuda_devices() -> Vec<DeviceInfo> {
+    tallow_backend_cuda::devices()
+}
+
+#[cfg(feature = "cuda")]
+fn load_cuda(index: usize, path: &Path, options: LoadOptions) -> Loaded {
+    let driver = tallow_backend_cuda::Driver::open(index)?;
+    let backend = tallow_backend_cuda::CudaBackend::new(driver);
+    Ok(Arc::new(Model::load(backend, path, options)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_devices() -> Vec<DeviceInfo> {
+    Vec::new()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn load_cuda(_index: usize, _path: &Path, _options: LoadOptions) -> Loaded {
+    Err(ModelError::Device(
+        "this build of tallow has no CUDA support (it was built without the cuda feature)".into(),
+    ))
+}
 
 #[cfg(feature = "wgpu")]
 fn wgpu_devices() -> Vec<DeviceInfo> {
