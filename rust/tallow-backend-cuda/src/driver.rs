@@ -322,3 +322,63 @@ fn sources_hash() -> u64 {
     }
     hash
 }
+
+/// What ptxas reports of one kernel compiled for one architecture.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelUsage {
+    pub source: &'static str,
+    pub kernel: String,
+    pub registers: u32,
+    /// Bytes of registers spilled to local memory, stored and loaded.
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    /// Bytes of each thread's stack frame.
+    pub stack: u32,
+    /// Bytes of static shared memory per block.
+    pub shared: u32,
+}
+
+/// ptxas's report of every kernel compiled for `sm_{arch}` (registers, spills, stack, shared
+/// memory), source by source.
+pub fn kernel_usage(arch: u32) -> Result<Vec<KernelUsage>, BackendError> {
+    let nvrtc = Nvrtc::load()?;
+    let mut usage = Vec::new();
+    for (source, text) in kernel_sources() {
+        let (_, log) = nvrtc.compile(source, text, &headers(), arch, true)?;
+        usage.extend(parse_report(source, &log));
+    }
+    Ok(usage)
+}
+
+/// The kernels of ptxas's verbose log: an entry's "Compiling entry function 'NAME'" line, its
+/// "N bytes stack frame, N bytes spill stores, N bytes spill loads" and its "Used N
+/// registers, ..., N bytes smem, ..." lines.
+fn parse_report(source: &'static str, log: &str) -> Vec<KernelUsage> {
+    // The number before `unit` in `line` ("48 registers" -> 48).
+    let number_before = |line: &str, unit: &str| -> u32 {
+        line.find(unit)
+            .and_then(|end| line[..end].trim_end().rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut kernels: Vec<KernelUsage> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let kernel = rest.split('\'').next().unwrap_or_default().to_string();
+            kernels.push(KernelUsage {
+                source,
+                kernel,
+                ..Default::default()
+            });
+        } else if let Some(k) = kernels.last_mut() {
+            if line.contains("bytes stack frame") {
+                k.stack = number_before(line, "bytes stack frame");
+                k.spill_stores = number_before(line, "bytes spill stores");
+                k.spill_loads = number_before(line, "bytes spill loads");
+            } else if line.contains("Used ") && line.contains("registers") {
+                k.registers = number_before(line, "registers");
+                k.shared = number_before(line, "bytes smem");
+            }
+        }
+    }
+    kernels
+}

@@ -22,7 +22,7 @@ use tallow_kv::{KvDtype, KvLayout, LayerGroups};
 use tallow_quant::GgmlType;
 
 #[cfg(feature = "driver")]
-pub use driver::{cubins, devices, Driver};
+pub use driver::{cubins, devices, kernel_usage, Driver, KernelUsage};
 pub use gpu::{Args, DevicePtr, Gpu};
 pub use kernels::SOURCES;
 pub use pages::Pages;

@@ -61,6 +61,19 @@ impl Nvrtc {
         headers: &[(&str, &str)],
         arch: u32,
     ) -> Result<Vec<u8>, BackendError> {
+        Ok(self.compile(name, text, headers, arch, false)?.0)
+    }
+
+    /// [`Nvrtc::cubin`] and the compiler's log, with ptxas's report of each kernel's
+    /// registers, spills and memory in it where `report` is set.
+    pub fn compile(
+        &self,
+        name: &str,
+        text: &str,
+        headers: &[(&str, &str)],
+        arch: u32,
+        report: bool,
+    ) -> Result<(Vec<u8>, String), BackendError> {
         type Create = unsafe extern "C" fn(
             *mut Program,
             *const c_char,
@@ -78,10 +91,13 @@ impl Nvrtc {
             headers.iter().map(|h| c(h.0)).collect::<Result<_, _>>()?;
         let texts: Vec<*const c_char> = header_texts.iter().map(|t| t.as_ptr()).collect();
         let names: Vec<*const c_char> = header_names.iter().map(|t| t.as_ptr()).collect();
-        let options = [
+        let mut options = vec![
             c(&format!("--gpu-architecture=sm_{arch}"))?,
             c("--std=c++17")?,
         ];
+        if report {
+            options.push(c("--ptxas-options=-v")?);
+        }
         let options: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
         let mut program: Program = std::ptr::null_mut();
         // SAFETY: NVRTC's C API with live, NUL-terminated strings; the program is destroyed
@@ -106,7 +122,7 @@ impl Nvrtc {
         }
     }
 
-    /// Compiles `program` and returns its cubin, or the compiler's log.
+    /// Compiles `program` and returns its cubin and log, or the log as the error.
     ///
     /// # Safety
     /// `program` must be a live NVRTC program.
@@ -116,22 +132,24 @@ impl Nvrtc {
         options: &[*const c_char],
         name: &str,
         arch: u32,
-    ) -> Result<Vec<u8>, BackendError> {
+    ) -> Result<(Vec<u8>, String), BackendError> {
         type Compile = unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int;
         type Size = unsafe extern "C" fn(Program, *mut usize) -> c_int;
         type Get = unsafe extern "C" fn(Program, *mut c_char) -> c_int;
         let compile = self.symbol::<Compile>(b"nvrtcCompileProgram\0")?;
-        if compile(program, options.len() as c_int, options.as_ptr()) != 0 {
-            let log_size = self.symbol::<Size>(b"nvrtcGetProgramLogSize\0")?;
-            let log = self.symbol::<Get>(b"nvrtcGetProgramLog\0")?;
-            let mut size = 0;
-            log_size(program, &mut size);
-            let mut text = vec![0u8; size];
-            log(program, text.as_mut_ptr().cast());
-            let text = String::from_utf8_lossy(&text);
+        let status = compile(program, options.len() as c_int, options.as_ptr());
+        let log_size = self.symbol::<Size>(b"nvrtcGetProgramLogSize\0")?;
+        let get_log = self.symbol::<Get>(b"nvrtcGetProgramLog\0")?;
+        let mut size = 0;
+        log_size(program, &mut size);
+        let mut text = vec![0u8; size];
+        get_log(program, text.as_mut_ptr().cast());
+        let log = String::from_utf8_lossy(&text)
+            .trim_end_matches('\0')
+            .to_string();
+        if status != 0 {
             return Err(error(format!(
-                "{name} does not compile for sm_{arch}: {}",
-                text.trim_end_matches('\0')
+                "{name} does not compile for sm_{arch}: {log}"
             )));
         }
         let cubin_size = self.symbol::<Size>(b"nvrtcGetCUBINSize\0")?;
@@ -144,6 +162,6 @@ impl Nvrtc {
         if cubin(program, out.as_mut_ptr().cast()) != 0 {
             return Err(error(format!("cannot read the cubin of {name}")));
         }
-        Ok(out)
+        Ok((out, log))
     }
 }
