@@ -53,10 +53,7 @@ fn same_as_the_cpu(name: &str, file: &str) {
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let spread = w.iter().fold(0f32, |m, v| m.max(v.abs()));
         let worst = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(
-            worst <= 0.1 * spread,
-            "{name} row {i}: {worst} of {spread}"
-        );
+        assert!(worst <= 0.1 * spread, "{name} row {i}: {worst} of {spread}");
     }
 }
 
