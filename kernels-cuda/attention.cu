@@ -1,6 +1,6 @@
-// Causal attention over f16 KV pages (see kv.cu for their layout).
+// Causal attention over KV pages of any page format (see kv.cu for their layout).
 
-#include "tallow.cuh"
+#include "formats.cuh"
 
 // Positions of one tile: one per thread of a block.
 #define TILE 128
@@ -13,11 +13,12 @@
 // lets it see up to positions[t]. Scores are q · k * scale, soft-capped where softcap > 0.
 // Block (t, h) of TILE threads: positions a tile at a time, each thread one position's score,
 // a running maximum and sum rescaling the outputs (each thread holds two dimensions).
-extern "C" __global__ void __launch_bounds__(TILE)
-    attention_f16(const float* q, float* out, const uint16_t* pages, const uint32_t* tables,
-                  const uint32_t* table_starts, const uint32_t* token_chunks,
-                  const uint32_t* positions, int n_head, int n_head_kv, int head_dim,
-                  int n_pages, int page_size, float scale, float softcap, int window) {
+template <class Kv>
+__device__ void attention(const float* q, float* out, const uint8_t* pages,
+                          const uint32_t* tables, const uint32_t* table_starts,
+                          const uint32_t* token_chunks, const uint32_t* positions, int n_head,
+                          int n_head_kv, int head_dim, int n_pages, int page_size, float scale,
+                          float softcap, int window) {
     __shared__ float query[MAX_HEAD_DIM];
     __shared__ float weights[TILE];
     __shared__ uint32_t tile_pages[TILE];
@@ -25,9 +26,9 @@ extern "C" __global__ void __launch_bounds__(TILE)
     int pos = positions[t];
     int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0;
     const uint32_t* table = tables + table_starts[token_chunks[t]];
-    size_t block = (size_t)page_size * head_dim;
-    const uint16_t* keys = pages + (size_t)kvh * n_pages * block;
-    const uint16_t* values = keys + (size_t)n_head_kv * n_pages * block;
+    size_t row_bytes = Kv::row_bytes(head_dim), block = (size_t)page_size * row_bytes;
+    const uint8_t* keys = pages + (size_t)kvh * n_pages * block;
+    const uint8_t* values = keys + (size_t)n_head_kv * n_pages * block;
     for (int d = threadIdx.x; d < head_dim; d += TILE)
         query[d] = q[((size_t)t * n_head + h) * head_dim + d];
     float running_max = -INFINITY, running_sum = 0.0f, acc[2] = {0.0f, 0.0f};
@@ -38,9 +39,9 @@ extern "C" __global__ void __launch_bounds__(TILE)
         if (p <= pos) {
             uint32_t page = table[p / page_size];
             tile_pages[threadIdx.x] = page;
-            const uint16_t* key = keys + page * block + (size_t)(p % page_size) * head_dim;
+            const uint8_t* key = keys + page * block + (size_t)(p % page_size) * row_bytes;
             float dot = 0.0f;
-            for (int d = 0; d < head_dim; ++d) dot += query[d] * f16_to_f32(key[d]);
+            for (int d = 0; d < head_dim; ++d) dot += query[d] * Kv::at(key, d);
             score = dot * scale;
             if (softcap > 0.0f) score = softcap * tanhf(score / softcap);
         }
@@ -57,9 +58,9 @@ extern "C" __global__ void __launch_bounds__(TILE)
             float sum = 0.0f;
             for (int j = 0; j < n; ++j) {
                 int pj = start + j;
-                const uint16_t* value =
-                    values + tile_pages[j] * block + (size_t)(pj % page_size) * head_dim;
-                sum += weights[j] * f16_to_f32(value[d]);
+                const uint8_t* value =
+                    values + tile_pages[j] * block + (size_t)(pj % page_size) * row_bytes;
+                sum += weights[j] * Kv::at(value, d);
             }
             acc[i] = acc[i] * correction + sum;
         }
@@ -69,4 +70,15 @@ extern "C" __global__ void __launch_bounds__(TILE)
         if (d < head_dim) out[((size_t)t * n_head + h) * head_dim + d] = acc[i] / running_sum;
     }
 }
-TALLOW_EXPORT(attention_f16)
+
+#define ATTENTION(name, Kv)                                                                    \
+    extern "C" __global__ void __launch_bounds__(TILE) attention_##name(                       \
+        const float* q, float* out, const uint8_t* pages, const uint32_t* tables,              \
+        const uint32_t* table_starts, const uint32_t* token_chunks, const uint32_t* positions, \
+        int n_head, int n_head_kv, int head_dim, int n_pages, int page_size, float scale,      \
+        float softcap, int window) {                                                           \
+        attention<Kv>(q, out, pages, tables, table_starts, token_chunks, positions, n_head,    \
+                      n_head_kv, head_dim, n_pages, page_size, scale, softcap, window);        \
+    }                                                                                          \
+    TALLOW_EXPORT(attention_##name)
+FOR_EACH_KV_FORMAT(ATTENTION)

@@ -209,6 +209,47 @@ struct Q6_K {
     }
 };
 
+// The KV page formats: each position of a head is a row of `row_bytes(head_dim)` bytes.
+// f16 values.
+struct KvF16 {
+    __device__ static int row_bytes(int head_dim) { return 2 * head_dim; }
+    __device__ static float at(const uint8_t* row, int d) { return f16_at(row + 2 * d); }
+    __device__ static void store(const float* x, int head_dim, uint8_t* row) {
+        for (int d = 0; d < head_dim; ++d) {
+            uint16_t h = f32_to_f16(x[d]);
+            row[2 * d] = (uint8_t)h;
+            row[2 * d + 1] = (uint8_t)(h >> 8);
+        }
+    }
+};
+
+// Q8_0 blocks of 32 values, rounded as ggml's quantize_row_q8_0_ref: d = max|x| / 127 (as
+// f16), q = round(x / d).
+struct KvQ8_0 {
+    __device__ static int row_bytes(int head_dim) { return head_dim / 32 * 34; }
+    __device__ static float at(const uint8_t* row, int d) {
+        const uint8_t* b = row + d / 32 * 34;
+        return (float)(int8_t)b[2 + d % 32] * f16_at(b);
+    }
+    __device__ static void store(const float* x, int head_dim, uint8_t* row) {
+        for (int i = 0; i < head_dim / 32; ++i) {
+            const float* v = x + 32 * i;
+            uint8_t* b = row + 34 * i;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(v[j]));
+            float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            uint16_t h = f32_to_f16(d);
+            b[0] = (uint8_t)h;
+            b[1] = (uint8_t)(h >> 8);
+            for (int j = 0; j < 32; ++j) b[2 + j] = (uint8_t)(int8_t)roundf(v[j] * id);
+        }
+    }
+};
+
+#define FOR_EACH_KV_FORMAT(X) \
+    X(f16, KvF16)             \
+    X(q8_0, KvQ8_0)
+
 // Every format, for kernels instantiated once per format: X(name, Format).
 #define FOR_EACH_FORMAT(X) \
     X(f32, F32)            \

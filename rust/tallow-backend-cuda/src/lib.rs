@@ -110,7 +110,7 @@ impl<G: Gpu> Backend for CudaBackend<G> {
         Capabilities {
             backend: "cuda",
             weight_formats: WEIGHT_FORMATS.to_vec(),
-            kv_dtypes: vec![KvDtype::F16],
+            kv_dtypes: vec![KvDtype::F16, KvDtype::Q8_0],
             max_head_dim: MAX_HEAD_DIM,
             head_dim_multiple: 1,
         }

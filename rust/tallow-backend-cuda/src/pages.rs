@@ -1,5 +1,6 @@
 //! KV pages in device memory: for each page slot (a layer's place in its group's pages) one
-//! buffer of K then V, each `[KV head][page][position][head_dim]` f16 values (kv.cu).
+//! buffer of K then V, each `[KV head][page][position]` rows of the page type (f16 values or
+//! Q8_0 blocks; kv.cu).
 
 use std::sync::Arc;
 
@@ -19,11 +20,8 @@ pub struct Pages<G: Gpu> {
     slot_of: Vec<usize>,
 }
 
-/// Bytes of one f16 value.
-const F16: usize = 2;
-
 impl<G: Gpu> Pages<G> {
-    /// A pool of `n_pages` zeroed f16 pages of `layout`.
+    /// A pool of `n_pages` zeroed pages of `layout`.
     pub(crate) fn new(
         device: &Arc<Device<G>>,
         layout: KvLayout,
@@ -32,7 +30,7 @@ impl<G: Gpu> Pages<G> {
     ) -> Result<Self, BackendError> {
         layout.validate()?;
         groups.check_layout(&layout)?;
-        let bytes = 2 * layout.n_head_kv * n_pages * layout.block_len() * F16;
+        let bytes = 2 * layout.n_head_kv * n_pages * layout.page_size * layout.row_bytes();
         let slots = (0..layout.page_layers)
             .map(|_| Buffer::zeroed(device, bytes))
             .collect::<Result<_, _>>()?;
@@ -75,7 +73,7 @@ impl<G: Gpu> Pages<G> {
             buffer,
             copy.src,
             copy.dst,
-            copy.len * self.layout.head_dim * F16,
+            copy.len * self.layout.row_bytes(),
         )
     }
 
@@ -87,12 +85,17 @@ impl<G: Gpu> Pages<G> {
         dst: PageId,
         bytes: usize,
     ) -> Result<(), BackendError> {
-        let block = self.layout.block_len() * F16;
+        let block = self.block_bytes();
         let at = |page: PageId, b: usize| buffer.offset((b * self.n_pages + page.index()) * block);
         for b in 0..2 * self.layout.n_head_kv {
             self.device.gpu.copy(at(src, b), at(dst, b), bytes)?;
         }
         Ok(())
+    }
+
+    /// Bytes of one (K or V, head, page) block.
+    fn block_bytes(&self) -> usize {
+        self.layout.page_size * self.layout.row_bytes()
     }
 
     fn check(&self, page: PageId) -> Result<(), KvError> {
@@ -118,7 +121,7 @@ impl<G: Gpu> PageStore for Pages<G> {
     fn copy_page(&mut self, src: PageId, dst: PageId) -> Result<(), KvError> {
         self.check(src)?;
         self.check(dst)?;
-        let block = self.layout.block_len() * F16;
+        let block = self.block_bytes();
         for slot in &self.slots {
             self.copy_blocks(slot.ptr(), src, dst, block)
                 .map_err(|e| KvError::Device(e.to_string()))?;

@@ -308,7 +308,8 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
             .int(l.n_head_kv)?
             .int(l.head_dim)?;
         args.int(pages.n_pages())?.int(l.page_size)?;
-        self.launch("kv_write_f16", [n as u32, 1, 1], row_threads(row), &args)?;
+        let name = format!("kv_write_{}", l.dtype.name());
+        self.launch(&name, [n as u32, 1, 1], 64, &args)?;
         for copy in &self.input.plan.groups[group].copies {
             pages.copy_positions(copy, layer)?;
         }
@@ -346,7 +347,8 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
         args.f32(scores.softcap.unwrap_or(0.0))
             .int(scores.window.unwrap_or(0))?;
         let grid = [n as u32, heads.n_head as u32, 1];
-        self.launch("attention_f16", grid, ATTENTION_THREADS, &args)
+        let name = format!("attention_{}", l.dtype.name());
+        self.launch(&name, grid, ATTENTION_THREADS, &args)
     }
 
     fn gated(

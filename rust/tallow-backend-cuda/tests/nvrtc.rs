@@ -14,16 +14,18 @@ fn kernel_names() -> Vec<String> {
         "add_bias",
         "gated",
         "rope",
-        "kv_write_f16",
+        "gather_rows",
+        "softcap",
     ];
-    let fixed = fixed
+    let fixed = fixed.into_iter().chain(["argmax_rows"]).map(String::from);
+    let per_kv = ["f16", "q8_0"]
         .into_iter()
-        .chain(["attention_f16", "gather_rows", "softcap", "argmax_rows"]);
+        .flat_map(|t| [format!("kv_write_{t}"), format!("attention_{t}")]);
     let per_format = WEIGHT_FORMATS.iter().flat_map(|ty| {
         let name = ty.name().to_lowercase();
         [format!("matmul_{name}"), format!("embed_{name}")]
     });
-    fixed.map(String::from).chain(per_format).collect()
+    fixed.chain(per_kv).chain(per_format).collect()
 }
 
 #[test]
