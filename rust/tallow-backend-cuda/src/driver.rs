@@ -5,7 +5,7 @@
 //! named by a hash of their sources.
 
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
+use std::ffi::CString;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -237,21 +237,18 @@ impl Gpu for Driver {
     ) -> Result<(), BackendError> {
         self.current()?;
         let function = self.function(name)?;
-        let mut values = args.values().to_vec();
-        let mut params: Vec<*mut c_void> =
-            values.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
         // SAFETY: the arguments are the kernel's, in order, each value alive for the call
         // (the driver copies them at launch).
-        unsafe {
+        args.with_params(|params| unsafe {
             result::launch_kernel(
                 function,
                 (grid[0], grid[1], grid[2]),
                 (block[0], block[1], block[2]),
                 0,
                 std::ptr::null_mut(),
-                &mut params,
+                params,
             )
-        }
+        })
         .map_err(device_error)
     }
 }

@@ -1,6 +1,7 @@
 //! What the CUDA backend asks of a device: memory, copies and kernel launches by name. The
 //! driver implements it on a GPU; the emulation (tallow-cuda-emulation) on the CPU.
 
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -61,9 +62,13 @@ impl Args {
         self.push(&v.to_ne_bytes())
     }
 
-    /// The arguments' values, each in the first [`Args::sizes`] bytes of its 8.
-    pub fn values(&self) -> &[[u8; 8]] {
-        &self.values
+    /// Runs `launch` with the arguments as `cuLaunchKernel` takes them: a pointer to each
+    /// value (to copies that live for the call).
+    pub fn with_params<R>(&self, launch: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
+        let mut values = self.values.clone();
+        let mut params: Vec<*mut c_void> =
+            values.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
+        launch(&mut params)
     }
 
     /// Each argument's size in bytes.

@@ -47,12 +47,10 @@ pub unsafe fn launch(
     args: &Args,
 ) -> Result<(), LaunchError> {
     let name = CString::new(name).map_err(|_| LaunchError("a kernel's name has no NUL".into()))?;
-    let mut values = args.values().to_vec();
-    let mut params: Vec<*mut c_void> = values.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
     // SAFETY: every pointer passed lives until the call returns; the emulator checks the
     // arguments' count and sizes against the kernel's parameters; the caller vouches for the
     // memory the kernel reaches through them.
-    let error = unsafe {
+    let error = args.with_params(|params| unsafe {
         tallow_emu_launch(
             name.as_ptr(),
             grid.as_ptr(),
@@ -61,7 +59,7 @@ pub unsafe fn launch(
             args.sizes().as_ptr(),
             args.sizes().len() as u32,
         )
-    };
+    });
     if error.is_null() {
         return Ok(());
     }
