@@ -206,34 +206,19 @@ fn branch_copies(
 
 #[cfg(test)]
 mod tests {
-    use tallow_kv::{KvLayout, LayerGroups, PageId, PageStore, SeqId};
+    use tallow_kv::testing::TablesOnly;
+    use tallow_kv::{KvLayout, LayerGroups, SeqId};
 
     use super::*;
     use crate::batch::Logits;
-
-    /// Pages with no values in them: a plan reads only the page tables.
-    struct TablesOnly(KvLayout);
-
-    impl PageStore for TablesOnly {
-        fn layout(&self) -> &KvLayout {
-            &self.0
-        }
-
-        fn n_pages(&self) -> usize {
-            64
-        }
-
-        fn copy_page(&mut self, _: PageId, _: PageId) -> tallow_kv::Result<()> {
-            Ok(())
-        }
-    }
 
     fn cache(windows: &[Option<usize>]) -> PagedKvCache {
         let layout = KvLayout::new(windows.len(), 1, 4)
             .with_page_size(4)
             .with_page_layers(1);
         let groups = LayerGroups::from_windows(windows).unwrap();
-        PagedKvCache::over(groups, TablesOnly(layout)).unwrap()
+        // A plan reads only the page tables.
+        PagedKvCache::over(groups, TablesOnly::new(layout, 64)).unwrap()
     }
 
     fn reserve(cache: &mut PagedKvCache, seq: SeqId, n: usize) {

@@ -6,7 +6,8 @@ use tallow_backend::{
     Backend, BackendError, Batch, Heads, Logits, MatrixSpec, MatrixUse, Step, StepInput, StepPlan,
 };
 use tallow_gguf::{tensors_image, GgmlType, GgufFile, TensorData};
-use tallow_kv::{KvLayout, LayerGroups, PageId, PageStore, PagedKvCache, SeqId};
+use tallow_kv::testing::TablesOnly;
+use tallow_kv::{KvLayout, LayerGroups, PagedKvCache, SeqId};
 use tallow_quant::testing::{dequantized, random_blocks, Rng};
 
 /// `n` activation-like values from a fixed seed.
@@ -73,23 +74,6 @@ pub(crate) fn batch(tokens: &[u32]) -> Batch {
     b
 }
 
-/// Pages with no values in them, for the plans of steps that read and write no KV.
-struct TablesOnly(KvLayout, usize);
-
-impl PageStore for TablesOnly {
-    fn layout(&self) -> &KvLayout {
-        &self.0
-    }
-
-    fn n_pages(&self) -> usize {
-        self.1
-    }
-
-    fn copy_page(&mut self, _: PageId, _: PageId) -> tallow_kv::Result<()> {
-        Ok(())
-    }
-}
-
 /// The plan of `batch`, whose chunks start at `first_pos`, over page tables of one layer made
 /// for it.
 pub(crate) fn plan(batch: &Batch, first_pos: &[usize]) -> StepPlan {
@@ -98,7 +82,7 @@ pub(crate) fn plan(batch: &Batch, first_pos: &[usize]) -> StepPlan {
         .map(|(c, &first)| layout.pages_for_tokens(first + c.len))
         .sum();
     let groups = LayerGroups::global(1).unwrap();
-    let mut cache = PagedKvCache::over(groups, TablesOnly(layout, pages)).unwrap();
+    let mut cache = PagedKvCache::over(groups, TablesOnly::new(layout, pages)).unwrap();
     for (chunk, &first) in batch.chunks.iter().zip(first_pos) {
         assert_eq!(cache.create(), chunk.seq);
         cache.append_slots(chunk.seq, first + chunk.len).unwrap();

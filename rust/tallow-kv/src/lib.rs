@@ -27,6 +27,8 @@ mod layout;
 pub mod memory;
 mod prefix;
 mod sequences;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::fmt;
 
