@@ -209,6 +209,13 @@ class Model:
         object), ``"regex"`` (the whole output matches it), ``"choice"`` (a list of strings,
         exactly one of them) or ``"grammar"`` (a Lark grammar, llguidance's dialect). Raises
         GrammarError where it cannot be compiled or exceeds the limits on its size and work."""
+    def check_constraint(
+        self,
+        kind: Literal["json_schema", "json_object", "regex", "choice", "grammar"],
+        spec: str | list[str] | None = None,
+    ) -> None:
+        """Raise what :meth:`constraint` would raise for ``kind`` and ``spec``, without making a
+        constraint (a server checks a request's before it queues it)."""
 
 @final
 class KvCache:

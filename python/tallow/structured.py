@@ -48,8 +48,15 @@ class Structured:
     def compile(self, model: _core.Model) -> _core.Constraint:
         """The constraint compiled against ``model``'s vocabulary, for one request's sampler.
         Raises :class:`~tallow.GrammarError` where it cannot be compiled."""
-        spec = list(self.spec) if isinstance(self.spec, tuple) else self.spec
-        return model.constraint(self.kind, spec)
+        return model.constraint(self.kind, self._spec())
+
+    def check(self, model: _core.Model) -> None:
+        """Raises what :meth:`compile` would raise, without making a constraint (it is compiled
+        and kept for the requests, as :meth:`compile` keeps it)."""
+        model.check_constraint(self.kind, self._spec())
+
+    def _spec(self) -> str | list[str] | None:
+        return list(self.spec) if isinstance(self.spec, tuple) else self.spec
 
 
 def structured_output(

@@ -382,9 +382,9 @@ class _Server:
         except InvalidArgumentError as e:
             raise invalid("ignore_eos", str(e)) from None
         if structured is not None:
-            # Compiled here so that a bad one is a 400 (and kept compiled for the requests).
+            # Checked here so that a bad one is a 400 (and kept compiled for the requests).
             try:
-                structured.compile(self.llm.model)
+                structured.check(self.llm.model)
             except InvalidArgumentError as e:  # GrammarError
                 raise invalid(_constraint_field(req), str(e)) from None
         return req, prompts

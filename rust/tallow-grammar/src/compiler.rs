@@ -74,20 +74,34 @@ impl GrammarCompiler {
     /// the limits on their work at the start fails now rather than in a step. Sources beyond
     /// the limits of [`crate::limits`] are refused before they are compiled.
     pub fn compile(&self, structured: &Structured) -> Result<Constraint, GrammarError> {
+        copy_of(structured, &self.compiled(structured))
+    }
+
+    /// Whether [`Self::compile`] gives `structured` a constraint, without the copy it would
+    /// make for a request: the constraint is compiled (and kept) if it is not a recent one.
+    pub fn check(&self, structured: &Structured) -> Result<(), GrammarError> {
+        match self.compiled(structured).as_ref() {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    /// `structured` compiled (or why it cannot be), from the recent ones or anew.
+    fn compiled(&self, structured: &Structured) -> Arc<Compiled> {
         let key = structured.key();
         if let Some(compiled) = self.recent_one(&key) {
-            return copy_of(structured, &compiled);
+            return compiled;
         }
         if let Some(reason) = limits::exceeded(structured, source_bytes_of(&key)) {
-            return Err(GrammarError::Compile {
+            return Arc::new(Err(GrammarError::Compile {
                 kind: structured.kind(),
                 message: reason,
-            });
+            }));
         }
         let _one_at_a_time = self.compiling.lock().unwrap_or_else(|e| e.into_inner());
         // Compiled meanwhile for another request?
         if let Some(compiled) = self.recent_one(&key) {
-            return copy_of(structured, &compiled);
+            return compiled;
         }
         let compiled = Arc::new(
             on_compiler_thread(structured, || self.compile_anew(structured)).and_then(|c| c),
@@ -104,8 +118,7 @@ impl GrammarCompiler {
                 recent.by_key.remove(&oldest);
             }
         }
-        drop(recent);
-        copy_of(structured, &compiled)
+        compiled
     }
 
     /// The constraint (or error) compiled for `key`, if it is one of the recent ones.

@@ -238,15 +238,19 @@ fn bad_constraints_are_compile_errors() {
         ),
     ];
     for (structured, kind) in bad {
+        // A check gives the error that compiling does, and makes no constraint.
+        let checked = compiler.check(&structured).unwrap_err().to_string();
         match compiler.compile(&structured) {
             Err(GrammarError::Compile { kind: k, message }) => {
                 assert_eq!(k, kind);
                 assert!(!message.is_empty());
+                assert!(checked.contains(&message), "{checked} / {message}");
             }
             Err(e) => panic!("{structured:?}: {e}"),
             Ok(_) => panic!("{structured:?} compiled"),
         }
     }
+    compiler.check(&Structured::Regex("[a-z]+".into())).unwrap();
 }
 
 #[test]

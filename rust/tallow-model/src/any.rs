@@ -21,6 +21,8 @@ pub trait AnyModel: Send + Sync {
     fn gguf(&self) -> &GgufFile;
     /// See [`Model::constraint`].
     fn constraint(&self, structured: &Structured) -> Result<Constraint, ModelError>;
+    /// See [`Model::check_constraint`].
+    fn check_constraint(&self, structured: &Structured) -> Result<(), ModelError>;
     /// The device the model runs on.
     fn device(&self) -> DeviceInfo;
     /// See [`Backend::memory`].
@@ -79,6 +81,10 @@ impl<B: Backend> AnyModel for Model<B> {
 
     fn constraint(&self, structured: &Structured) -> Result<Constraint, ModelError> {
         Model::constraint(self, structured)
+    }
+
+    fn check_constraint(&self, structured: &Structured) -> Result<(), ModelError> {
+        Model::check_constraint(self, structured)
     }
 
     fn device(&self) -> DeviceInfo {

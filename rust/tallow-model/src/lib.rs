@@ -141,12 +141,20 @@ impl<B: Backend> Model<B> {
     /// The constraint that `structured` puts on an output of this model, compiled against its
     /// vocabulary (the first call indexes the vocabulary).
     pub fn constraint(&self, structured: &Structured) -> Result<Constraint, ModelError> {
-        let compiler = self
-            .grammar
+        Ok(self.grammar_compiler()?.compile(structured)?)
+    }
+
+    /// Whether [`Model::constraint`] gives `structured` a constraint, without making one.
+    pub fn check_constraint(&self, structured: &Structured) -> Result<(), ModelError> {
+        Ok(self.grammar_compiler()?.check(structured)?)
+    }
+
+    /// The compiler of this model's constraints (the first call indexes the vocabulary).
+    fn grammar_compiler(&self) -> Result<&GrammarCompiler, ModelError> {
+        self.grammar
             .get_or_init(|| GrammarCompiler::new(Arc::clone(&self.tokenizer)))
             .as_ref()
-            .map_err(|e| ModelError::Grammar(e.clone()))?;
-        Ok(compiler.compile(structured)?)
+            .map_err(|e| ModelError::Grammar(e.clone()))
     }
 
     pub fn gguf(&self) -> &GgufFile {

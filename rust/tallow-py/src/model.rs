@@ -358,6 +358,21 @@ impl Model {
         Ok(Constraint { inner: Some(inner) })
     }
 
+    /// Raises what `constraint` would raise for `kind` and `spec`, without making a
+    /// constraint (a server checks a request's before it queues it).
+    #[pyo3(signature = (kind, spec = None))]
+    fn check_constraint(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        spec: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let spec = spec.unwrap_or_else(|| py.None().into_bound(py));
+        let structured = structured(kind, &spec)?;
+        let model = &self.inner;
+        py.detach(|| guard(|| model.check_constraint(&structured).map_err(model_error)))
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Model(path={:?}, architecture={:?})",
