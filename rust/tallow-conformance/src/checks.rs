@@ -9,13 +9,9 @@ use tallow_kv::{KvDtype, KvLayout, LayerGroups, PagedKvCache, SeqId};
 use tallow_quant::testing::Rng;
 
 use crate::harness::{
-    assert_close, batch, file_of, matrix_file, products, random, run, run_rows, upload,
+    assert_close, batch, file_of, matrix_file, products, random, run, run_rows, upload, widen,
 };
 use crate::{reference, Family, Subject, ROPE_TOLERANCE, ROWS_TOLERANCE};
-
-fn widen(values: &[f32]) -> Vec<f64> {
-    values.iter().map(|&v| f64::from(v)).collect()
-}
 
 /// Products of every weight format the backend runs, in every product variant: rows whose
 /// bytes are not whole words (3 Q4_0 blocks are 54 bytes), 37 rows (not whole workgroups of

@@ -15,6 +15,11 @@ pub fn random(seed: u64, n: usize) -> Vec<f32> {
     Rng::new(seed).activations(n)
 }
 
+/// `values` in f64, as the references compute.
+pub fn widen(values: &[f32]) -> Vec<f64> {
+    values.iter().map(|&v| f64::from(v)).collect()
+}
+
 /// Each of `got` within `tolerance` times `scale[i]` of `want`.
 pub fn assert_close(got: &[f32], want: &[f64], scale: &[f64], tolerance: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");

@@ -22,7 +22,7 @@ mod harness;
 pub mod reference;
 
 pub use checks::*;
-pub use harness::{assert_close, random};
+pub use harness::{assert_close, random, widen};
 
 use tallow_backend::Backend;
 use tallow_quant::GgmlType;

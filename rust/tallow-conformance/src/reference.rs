@@ -55,7 +55,7 @@ pub fn rope(rope: &Rope, x: &[f32], positions: &[usize]) -> Vec<f64> {
     let row_len = x.len() / positions.len();
     let pairs = rope.angles_len() / 2;
     let mut angles = vec![0f32; rope.angles_len()];
-    let mut out: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    let mut out = crate::widen(x);
     for (row, &pos) in out.chunks_exact_mut(row_len).zip(positions) {
         rope.angles(pos, &mut angles);
         for head in row.chunks_exact_mut(rope.head_dim()) {

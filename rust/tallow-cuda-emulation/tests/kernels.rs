@@ -3,12 +3,8 @@
 //! faults it reports: a divergent warp operation, mismatched arguments, unknown kernels.
 
 use tallow_backend_cuda::Args;
-use tallow_conformance::{assert_close, random, reference, ROWS_TOLERANCE};
+use tallow_conformance::{assert_close, random, reference, widen, ROWS_TOLERANCE};
 use tallow_cuda_emulation::{host, launch};
-
-fn widen(values: &[f32]) -> Vec<f64> {
-    values.iter().map(|&v| f64::from(v)).collect()
-}
 
 fn ones(n: usize) -> Vec<f64> {
     vec![1.0; n]
