@@ -10,9 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_architectures import ARCHITECTURES
 
 import tallow
 from tallow import _core, _nvrtc
+
+# f16 KV pages round keys and values: transformers' logits within this on the F32 files, and the
+# architecture test's bound on the Q8_0 files.
+TOLERANCE = {"f32": 5e-3, "q8_0": 0.3}
 
 
 def cuda_devices() -> list[str]:
@@ -31,6 +36,35 @@ def test_asking_for_cuda_loads_on_a_gpu_or_names_the_missing_driver(smollm2_path
     prompt = "The capital of France is"
     want = on_cpu.generate(prompt, max_tokens=8, temperature=0).token_ids
     assert on_gpu.generate(prompt, max_tokens=8, temperature=0).token_ids == want
+
+
+def _f16_logits(model: _core.Model, ids: list[int]) -> np.ndarray:
+    kv = model.new_kv_cache(max_pages=model.kv_pages_to_hold(64, chunk=64))
+    seq = kv.create()
+    kv.reserve(seq, len(ids))
+    return model.forward(kv, [(seq, ids, "all")])
+
+
+def test_every_architecture_on_a_gpu_matches_transformers_and_the_cpu(
+    arch_dir: Path, prompt: list[int]
+) -> None:
+    if not cuda_devices():
+        with pytest.raises(tallow.UnsupportedError, match=r"NVIDIA GPU and its driver"):
+            _core.Model(str(arch_dir / "llama3" / "llama3-f32.gguf"), device="cuda:0")
+        return
+    for arch, _ in ARCHITECTURES:
+        reference = np.load(arch_dir / arch / "ref_logits.npy")
+        for file_type, tolerance in TOLERANCE.items():
+            path = str(arch_dir / arch / f"{arch}-{file_type}.gguf")
+            gpu = _core.Model(path, device="cuda:0")
+            assert gpu.device == "cuda:0"
+            on_gpu = _f16_logits(gpu, prompt)
+            assert float(np.abs(on_gpu - reference).max()) <= tolerance, (arch, file_type)
+            on_cpu = _f16_logits(_core.Model(path), prompt)
+            # The CPU's products read activations quantized to 8 bits where the weights are
+            # quantized; the GPU's read them in f32.
+            cpu_bound = 1e-3 if file_type == "f32" else 0.3
+            assert float(np.abs(on_gpu - on_cpu).max()) <= cpu_bound, (arch, file_type)
 
 
 def test_a_cuda_device_number_must_exist_or_be_a_number(smollm2_path: Path) -> None:

@@ -1,0 +1,42 @@
+//! The conformance suite on a real NVIDIA GPU: the CUDA backend over the driver, its kernels
+//! compiled by NVRTC for the device, against the suite's f64 references. It needs a GPU, so
+//! `cargo test` leaves it out (`test = false`); run it where there is one with
+//! `cargo test --release --features driver --test gpu_conformance` (device 0, or
+//! `TALLOW_CUDA_DEVICE=N`).
+
+use tallow_backend_cuda::{CudaBackend, Driver};
+use tallow_conformance::{suite, Family, Subject};
+use tallow_quant::GgmlType;
+
+struct RealGpu;
+
+fn ordinal() -> usize {
+    std::env::var("TALLOW_CUDA_DEVICE").map_or(0, |n| {
+        n.parse().expect("TALLOW_CUDA_DEVICE: a GPU's number")
+    })
+}
+
+impl Subject for RealGpu {
+    type Backend = CudaBackend<Driver>;
+
+    fn variants(_: Family) -> impl Iterator<Item = CudaBackend<Driver>> {
+        let driver =
+            Driver::open(ordinal()).unwrap_or_else(|e| panic!("no CUDA device to test: {e}"));
+        std::iter::once(CudaBackend::new(driver))
+    }
+
+    fn capped(_: u64) -> Option<CudaBackend<Driver>> {
+        None
+    }
+
+    fn describe(_: &CudaBackend<Driver>) -> String {
+        format!("cuda:{}", ordinal())
+    }
+
+    /// Products in f32 over the weights' decoded values, as on the emulation.
+    fn products_bound(_: &CudaBackend<Driver>, _: GgmlType) -> f64 {
+        1e-5
+    }
+}
+
+suite!(RealGpu);
