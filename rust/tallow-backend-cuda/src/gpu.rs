@@ -1,9 +1,10 @@
 //! What the CUDA backend asks of a device: memory, copies and kernel launches by name. The
 //! driver implements it on a GPU; the emulation (tallow-cuda-emulation) on the CPU.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tallow_backend::BackendError;
 
@@ -91,6 +92,9 @@ pub trait Gpu: Send + Sync + 'static {
     /// Gives back memory from [`Gpu::alloc`].
     fn free(&self, ptr: DevicePtr);
 
+    /// Zeroes `bytes` from `dst`, in order with the launches.
+    fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<(), BackendError>;
+
     /// Copies `bytes` from the host to `dst`.
     fn write(&self, dst: DevicePtr, bytes: &[u8]) -> Result<(), BackendError>;
 
@@ -130,35 +134,144 @@ impl Usage {
 pub(crate) struct Device<G: Gpu> {
     pub gpu: G,
     pub usage: Usage,
+    spare: Mutex<Spare>,
 }
 
-/// Device memory, given back when dropped.
+/// Step buffers given back, by size, for later steps to take instead of allocating: a step
+/// makes dozens, and a GPU's free waits for the whole device, which would stall every step.
+#[derive(Default)]
+struct Spare {
+    by_size: HashMap<usize, Vec<DevicePtr>>,
+    bytes: usize,
+}
+
+/// The most bytes of spare step buffers a device keeps: a 16th of its memory, at most 1 GiB.
+fn spare_limit(total_memory: Option<u64>) -> usize {
+    const GIB: u64 = 1 << 30;
+    total_memory.map_or(GIB / 4, |m| (m / 16).min(GIB)) as usize
+}
+
+/// The size a step buffer of `bytes` is allocated with: sizes within an eighth of a power of
+/// two share one, so that steps of slightly different shapes reuse each other's buffers.
+fn step_size(bytes: usize) -> usize {
+    let bytes = bytes.max(256);
+    let unit = (bytes.next_power_of_two() / 8).max(256);
+    bytes.div_ceil(unit) * unit
+}
+
+impl<G: Gpu> Device<G> {
+    pub fn new(gpu: G) -> Self {
+        Device {
+            gpu,
+            usage: Usage::default(),
+            spare: Mutex::default(),
+        }
+    }
+
+    /// `bytes` of fresh device memory, counted in use; where the device is full, the spare
+    /// step buffers are given back first.
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr, BackendError> {
+        let ptr = self.gpu.alloc(bytes).or_else(|_| {
+            self.release_spare();
+            self.gpu.alloc(bytes)
+        })?;
+        let in_use = self.usage.in_use.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
+        self.usage.peak.fetch_max(in_use, Ordering::Relaxed);
+        Ok(ptr)
+    }
+
+    fn free(&self, ptr: DevicePtr, bytes: usize) {
+        self.gpu.free(ptr);
+        self.usage.in_use.fetch_sub(bytes as u64, Ordering::Relaxed);
+    }
+
+    fn spare(&self) -> std::sync::MutexGuard<'_, Spare> {
+        self.spare.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn release_spare(&self) {
+        let by_size = {
+            let mut spare = self.spare();
+            spare.bytes = 0;
+            std::mem::take(&mut spare.by_size)
+        };
+        for (size, ptrs) in by_size {
+            for ptr in ptrs {
+                self.free(ptr, size);
+            }
+        }
+    }
+}
+
+impl<G: Gpu> Drop for Device<G> {
+    fn drop(&mut self) {
+        self.release_spare();
+    }
+}
+
+/// Device memory, given back when dropped: freed, or kept for later steps where it was made
+/// for one.
 pub(crate) struct Buffer<G: Gpu> {
     device: Arc<Device<G>>,
     ptr: DevicePtr,
     bytes: usize,
+    step: bool,
 }
 
 impl<G: Gpu> Buffer<G> {
-    /// `bytes` of zeroed memory on `device`.
+    /// `bytes` of zeroed memory on `device`, for as long as the buffer lives.
     pub fn zeroed(device: &Arc<Device<G>>, bytes: usize) -> Result<Self, BackendError> {
         // A kernel may be handed an empty buffer's address: never a null one.
-        let ptr = device.gpu.alloc(bytes.max(4))?;
-        let usage = &device.usage;
-        let in_use = usage.in_use.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
-        usage.peak.fetch_max(in_use, Ordering::Relaxed);
+        let bytes = bytes.max(4);
         Ok(Buffer {
             device: Arc::clone(device),
-            ptr,
+            ptr: device.alloc(bytes)?,
             bytes,
+            step: false,
         })
     }
 
-    /// A buffer holding `data`.
+    /// A buffer holding `data`, for as long as the buffer lives.
     pub fn with(device: &Arc<Device<G>>, data: &[u8]) -> Result<Self, BackendError> {
         let buffer = Self::zeroed(device, data.len())?;
         device.gpu.write(buffer.ptr, data)?;
         Ok(buffer)
+    }
+
+    /// `bytes` of zeroed memory for one step: a spare buffer where there is one.
+    pub fn for_step(device: &Arc<Device<G>>, bytes: usize) -> Result<Self, BackendError> {
+        let buffer = Self::uninit_for_step(device, bytes)?;
+        device.gpu.zero(buffer.ptr, bytes)?;
+        Ok(buffer)
+    }
+
+    /// A buffer holding `data` for one step.
+    pub fn with_for_step(device: &Arc<Device<G>>, data: &[u8]) -> Result<Self, BackendError> {
+        let buffer = Self::uninit_for_step(device, data.len())?;
+        device.gpu.write(buffer.ptr, data)?;
+        Ok(buffer)
+    }
+
+    fn uninit_for_step(device: &Arc<Device<G>>, bytes: usize) -> Result<Self, BackendError> {
+        let size = step_size(bytes);
+        let spare = {
+            let mut spare = device.spare();
+            let ptr = spare.by_size.get_mut(&size).and_then(Vec::pop);
+            if ptr.is_some() {
+                spare.bytes -= size;
+            }
+            ptr
+        };
+        let ptr = match spare {
+            Some(ptr) => ptr,
+            None => device.alloc(size)?,
+        };
+        Ok(Buffer {
+            device: Arc::clone(device),
+            ptr,
+            bytes: size,
+            step: true,
+        })
     }
 
     pub fn ptr(&self) -> DevicePtr {
@@ -168,8 +281,15 @@ impl<G: Gpu> Buffer<G> {
 
 impl<G: Gpu> Drop for Buffer<G> {
     fn drop(&mut self) {
-        self.device.gpu.free(self.ptr);
-        (self.device.usage.in_use).fetch_sub(self.bytes as u64, Ordering::Relaxed);
+        if self.step {
+            let mut spare = self.device.spare();
+            if spare.bytes + self.bytes <= spare_limit(self.device.gpu.total_memory()) {
+                spare.bytes += self.bytes;
+                spare.by_size.entry(self.bytes).or_default().push(self.ptr);
+                return;
+            }
+        }
+        self.device.free(self.ptr, self.bytes);
     }
 }
 

@@ -33,6 +33,9 @@ pub(crate) fn for_format(operation: &str, ty: GgmlType) -> String {
 /// Tokens a product's block takes (matmul.cu's TOKENS).
 pub(crate) const PRODUCT_TOKENS: usize = 8;
 
+/// Weight rows a product's block takes, a warp each (matmul.cu's ROWS).
+pub(crate) const PRODUCT_ROWS: usize = 8;
+
 /// Threads of an attention block (attention.cu's TILE).
 pub(crate) const ATTENTION_THREADS: u32 = 128;
 

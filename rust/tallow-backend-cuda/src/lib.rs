@@ -53,10 +53,7 @@ impl<G: Gpu> CudaBackend<G> {
     /// The backend on `gpu`.
     pub fn new(gpu: G) -> Self {
         CudaBackend {
-            device: Arc::new(Device {
-                gpu,
-                usage: Default::default(),
-            }),
+            device: Arc::new(Device::new(gpu)),
         }
     }
 

@@ -7,7 +7,9 @@ use tallow_backend::{Activation, BackendError, GroupPlan, Output, Scores, Step, 
 use tallow_kv::PagedKvCache;
 
 use crate::gpu::{bytes_of, Args, Buffer, Device, Gpu};
-use crate::kernels::{element_blocks, for_format, row_threads, ATTENTION_THREADS, PRODUCT_TOKENS};
+use crate::kernels::{
+    element_blocks, for_format, row_threads, ATTENTION_THREADS, PRODUCT_ROWS, PRODUCT_TOKENS,
+};
 use crate::pages::Pages;
 use crate::{CudaBackend, Matrix, Vector};
 
@@ -57,12 +59,12 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
         input: &'s StepInput<'s, CudaBackend<G>>,
     ) -> Result<Self, BackendError> {
         let plan = input.plan;
-        let upload = |values: &[u32]| Buffer::with(device, &bytes_of(values));
+        let upload = |values: &[u32]| Buffer::with_for_step(device, &bytes_of(values));
         let mut angles = Vec::with_capacity(input.ropes.len());
         for rope in input.ropes {
             let mut table = vec![0f32; plan.positions.len() * rope.angles_len()];
             rope.angles_of(&plan.positions, &mut table);
-            angles.push(Buffer::with(device, &bytes_of(&table))?);
+            angles.push(Buffer::with_for_step(device, &bytes_of(&table))?);
         }
         let groups = (plan.groups.iter())
             .map(|g: &GroupPlan| {
@@ -102,7 +104,7 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
 
     fn new_rows(&self, n: usize, width: usize) -> Result<Rows<G>, BackendError> {
         Ok(Rows {
-            buffer: Buffer::zeroed(self.device, n * width * 4)?,
+            buffer: Buffer::for_step(self.device, n * width * 4)?,
             n,
             width,
         })
@@ -124,8 +126,8 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
         let tiles = x.n.div_ceil(PRODUCT_TOKENS) as u32;
         self.launch(
             &for_format("matmul", m.ty),
-            [m.rows as u32, tiles, 1],
-            32,
+            [m.rows.div_ceil(PRODUCT_ROWS) as u32, tiles, 1],
+            32 * PRODUCT_ROWS as u32,
             &args,
         )
     }
@@ -166,7 +168,7 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
             return Err(mismatch("rows", values.len(), width));
         }
         Ok(Rows {
-            buffer: Buffer::with(self.device, &bytes_of(values))?,
+            buffer: Buffer::with_for_step(self.device, &bytes_of(values))?,
             n: values.len() / width,
             width,
         })
@@ -419,7 +421,7 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
         match out {
             Output::Logits(values) => self.read(&logits, values),
             Output::Argmax(tokens) => {
-                let ids = Buffer::zeroed(self.device, tokens.len() * 4)?;
+                let ids = Buffer::for_step(self.device, tokens.len() * 4)?;
                 let mut args = Args::new();
                 args.ptr(logits.buffer.ptr()).int(m.rows)?.ptr(ids.ptr());
                 self.launch("argmax_rows", [x.n as u32, 1, 1], 256, &args)?;

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void, CStr, CString};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use tallow_backend::BackendError;
@@ -77,6 +78,8 @@ pub unsafe fn launch(
 pub struct Emulated {
     /// Each allocation by its address (16-byte aligned, as device memory is more than).
     allocations: Mutex<BTreeMap<u64, Box<[u128]>>>,
+    /// Allocations made so far.
+    made: AtomicU64,
 }
 
 impl Emulated {
@@ -88,6 +91,11 @@ impl Emulated {
     /// The CUDA backend on a new emulated device.
     pub fn backend() -> CudaBackend<Emulated> {
         CudaBackend::new(Emulated::new())
+    }
+
+    /// How many allocations the device has made so far.
+    pub fn allocations_made(&self) -> u64 {
+        self.made.load(Ordering::Relaxed)
     }
 
     /// Checks that `bytes` from `at` lie in one allocation.
@@ -117,6 +125,7 @@ impl Gpu for Emulated {
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr, BackendError> {
+        self.made.fetch_add(1, Ordering::Relaxed);
         let memory = vec![0u128; bytes.div_ceil(16)].into_boxed_slice();
         let at = memory.as_ptr() as u64;
         let mut allocations = self.allocations.lock().unwrap_or_else(|e| e.into_inner());
@@ -127,6 +136,13 @@ impl Gpu for Emulated {
     fn free(&self, ptr: DevicePtr) {
         let mut allocations = self.allocations.lock().unwrap_or_else(|e| e.into_inner());
         allocations.remove(&ptr.0);
+    }
+
+    fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<(), BackendError> {
+        self.check(dst, bytes)?;
+        // SAFETY: the destination lies in one live allocation (checked).
+        unsafe { std::ptr::write_bytes(dst.0 as *mut u8, 0, bytes) };
+        Ok(())
     }
 
     fn write(&self, dst: DevicePtr, bytes: &[u8]) -> Result<(), BackendError> {
