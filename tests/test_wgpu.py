@@ -341,18 +341,28 @@ def _without_the_vulkan_loader(command: list[str]) -> list[str]:
 def test_cpu_only_wheel_builds_and_imports_without_a_vulkan_loader(
     arch_dir: Path, tmp_path: Path
 ) -> None:
-    """The wheel built without the wgpu feature links no Vulkan library; with the loader gone
-    it imports, lists the CPU alone, runs a model, and a GPU is a clear error. The default
+    """The wheel built without the wgpu feature links no Vulkan library and passes maturin's
+    manylinux_2_28 check (as the release wheel does: scripts/release-wheel.sh); with the loader
+    gone it imports, lists the CPU alone, runs a model, and a GPU is a clear error. The default
     build, too, imports and runs on the CPU there."""
     root = Path(__file__).resolve().parents[1]
+    manylinux = ["--compatibility", "manylinux_2_28", "--zig"]
     build = subprocess.run(
-        ["maturin", "build", "--release", "--no-default-features", "-o", str(tmp_path / "dist")],
+        [
+            "maturin",
+            "build",
+            "--release",
+            "--no-default-features",
+            *manylinux,
+            "-o",
+            str(tmp_path / "dist"),
+        ],
         cwd=root,
         capture_output=True,
         text=True,
     )
     assert build.returncode == 0, build.stderr[-3000:]
-    (wheel,) = (tmp_path / "dist").glob("tallow-*.whl")
+    (wheel,) = (tmp_path / "dist").glob("tallow-*-manylinux_2_28_x86_64.whl")
     site = tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
     subprocess.run([*pip, "--target", str(site), str(wheel)], check=True)
