@@ -14,11 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+import gguf
 import pytest
 from conftest import assert_one_line_error, free_port, run_cli
 
 import tallow
 import tallow.bench
+from tallow import _core
 
 
 def test_generate_streams_only_the_text_to_stdout(smollm2: tallow.LLM) -> None:
@@ -274,6 +276,18 @@ def test_bench_at_depth_names_its_tests_as_llama_bench(smollm2_path: Path) -> No
     assert_one_line_error(run_cli(*args, "-d", "8190"), "--depth 8190", "context of 8192")
 
 
+def test_decode_reads_every_weight_but_the_embedding_unless_it_is_the_output(
+    smollm2_path: Path, arch_dir: Path
+) -> None:
+    tied = []
+    for path in (smollm2_path, arch_dir / "llama3" / "llama3-q8_0.gguf"):
+        sizes = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(path).tensors}
+        tied.append("output.weight" not in sizes)
+        want = sum(sizes.values()) - (0 if tied[-1] else sizes["token_embd.weight"])
+        assert _core.Model(str(path)).decode_weight_bytes == want
+    assert tied == [True, False]
+
+
 def test_bench_prints_a_row_per_test(smollm2_path: Path) -> None:
     proc = run_cli(
         "bench",
@@ -301,6 +315,17 @@ def test_bench_prints_a_row_per_test(smollm2_path: Path) -> None:
     assert [r[4] for r in rows] == ["pp32", "tg8", "pp16+tg4 x2"]
     # The process's memory; nothing on a device for the CPU.
     assert re.search(r"memory: host [\d.]+ MiB peak RSS \([\d.]+ MiB now\)\n", proc.stderr.decode())
+    # What decode reads: the weights a token reads at the tg row's rate, beside the machine's.
+    reads = re.search(
+        r"decode: ([\d.]+) MiB of weights a token, ([\d.]+) GB/s; "
+        r"this machine reads ([\d.]+) GB/s \((\d+)% of it\)\n",
+        proc.stderr.decode(),
+    )
+    assert reads, proc.stderr.decode()
+    mib, achieved, limit, share = (float(g) for g in reads.groups())
+    tg = float(rows[1][5].split(" ± ")[0])
+    assert abs(mib * 2**20 * tg / 1e9 - achieved) <= 0.01 * achieved + 0.01
+    assert limit > 0.1 and abs(100 * achieved / limit - share) <= 1
     for r in rows:
         assert r[0] == smollm2_path.name and r[3] == "2"
         assert r[2] == "134.52 M"

@@ -30,6 +30,7 @@ __all__ = [
     "dequantize",
     "devices",
     "isa",
+    "read_bandwidth",
     "sample_batch",
 ]
 
@@ -64,6 +65,11 @@ def isa() -> str:
     """The instruction set whose kernels run: ``"avx512vnni"``, ``"avx512"``, ``"avx2"``,
     ``"neon"`` or ``"scalar"`` (the best this CPU has, capped by ``TALLOW_ISA``)."""
 
+def read_bandwidth(bytes: int = 1073741824, passes: int = 3) -> float:
+    """Bytes per second at which the compute threads read ``bytes`` of memory: the best of
+    ``passes`` reads of a buffer made and touched first (the limit of a decode step on the
+    CPU, which reads every weight once)."""
+
 def devices() -> list[tuple[str, str, str, int | None]]:
     """The CPU and every GPU found: ``(device, name, backend, memory)`` where ``device`` is what
     ``Model(..., device=...)`` takes (``"cpu"``, ``"wgpu:0"``, ...) and ``memory`` is in bytes
@@ -96,6 +102,10 @@ class Model:
     @property
     def device_info(self) -> tuple[str, str]:
         """``(name, backend)`` of the device the model runs on, as its driver names it."""
+    @property
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights a decode step reads: every tensor but the token embedding (one row
+        of which a step reads), unless the output layer is the embedding itself."""
     @property
     def device_memory(self) -> tuple[int, int] | None:
         """``(in_use, peak)`` bytes the model's backend holds in device memory (weights, KV

@@ -12,6 +12,8 @@ untimed), as llama-bench's ``-d``.
   over the wall time.
 - :func:`memory`: the process's peak and current resident memory, and what a model holds in
   its device's memory.
+- :func:`decode_reads`: the weights a decode step reads and the rate that makes, beside the
+  rate at which this machine's compute threads read memory (on the CPU).
 
 Before :func:`prefill` and :func:`decode` time anything, an untimed prefill writes every page
 of their KV cache once, as llama-bench's cache is allocated, cleared and warmed up before it
@@ -34,7 +36,17 @@ from tallow import _core
 from tallow.async_llm import AsyncLLM
 from tallow.engine import Engine, EngineConfig, SamplingParams
 
-__all__ = ["Batched", "Memory", "batched", "decode", "memory", "prefill", "served"]
+__all__ = [
+    "Batched",
+    "DecodeReads",
+    "Memory",
+    "batched",
+    "decode",
+    "decode_reads",
+    "memory",
+    "prefill",
+    "served",
+]
 
 
 def _random_tokens(model: _core.Model, n: int, seed: int) -> list[int]:
@@ -215,3 +227,37 @@ def memory(model: _core.Model) -> Memory:
         pass
     device = model.device_memory
     return Memory(peak, now, *(device if device is not None else (None, None)))
+
+
+@dataclass(frozen=True)
+class DecodeReads:
+    """What a decode step reads, and how close to the machine's limit it reads it."""
+
+    bytes_per_token: int
+    """Bytes of weights each decode step reads (:attr:`tallow._core.Model.decode_weight_bytes`)."""
+    achieved: float
+    """Bytes per second of weights at the measured decode rate."""
+    limit: float | None
+    """Bytes per second at which the compute threads read memory (a streaming probe), on the
+    CPU; None on a GPU."""
+
+    def __str__(self) -> str:
+        text = (
+            f"{self.bytes_per_token / 2**20:.1f} MiB of weights a token, "
+            f"{self.achieved / 1e9:.2f} GB/s"
+        )
+        if self.limit is not None:
+            text += (
+                f"; this machine reads {self.limit / 1e9:.2f} GB/s "
+                f"({self.achieved / self.limit:.0%} of it)"
+            )
+        return text
+
+
+def decode_reads(model: _core.Model, tokens_per_second: float) -> DecodeReads:
+    """The weights ``model`` reads a decode step at ``tokens_per_second``, beside what a
+    streaming read of 1 GiB (past the caches) on the compute threads achieves where the model
+    runs on the CPU."""
+    per_token = model.decode_weight_bytes
+    limit = _core.read_bandwidth() if model.device == "cpu" else None
+    return DecodeReads(per_token, per_token * tokens_per_second, limit)

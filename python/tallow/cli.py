@@ -426,6 +426,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         _status(f"device: {model.device}, {name} ({backend})")
     print("| model | size | params | threads | test | t/s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    decode_rate = None
     for name, run in tests:
         rates = [run(seed) for seed in range(args.reps)]
         spread = float(np.std(rates, ddof=1)) if len(rates) > 1 else 0.0
@@ -434,7 +435,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             f"{name} | {float(np.mean(rates)):.2f} ± {spread:.2f} |",
             flush=True,
         )
-    _status(f"memory: {bench.memory(model)}")
+        if name.startswith("tg"):
+            decode_rate = float(np.mean(rates))
+    used = bench.memory(model)  # before the bandwidth probe's buffer adds to the peak
+    if decode_rate is not None:
+        _status(f"decode: {bench.decode_reads(model, decode_rate)}")
+    _status(f"memory: {used}")
     return 0
 
 

@@ -3,6 +3,7 @@
 //! f16 pages in host memory, and every step's buffers from two arenas reused between steps.
 
 mod attention;
+mod bandwidth;
 mod matrix;
 mod ops;
 mod pages;
@@ -18,6 +19,7 @@ use tallow_gguf::GgufFile;
 use tallow_kv::{KvDtype, KvLayout, LayerGroups};
 use tallow_quant::GgmlType;
 
+pub use bandwidth::read_bandwidth;
 pub use matrix::Matrix;
 pub use pages::{host_cache, HostPages, KvBlock, KvStorage};
 pub use scratch::Scratch;

@@ -41,11 +41,20 @@ fn isa() -> &'static str {
     tallow_quant::Isa::detected().name()
 }
 
+/// Bytes per second at which the compute threads read `bytes` of memory: the best of
+/// `passes` reads of a buffer made for it (see tallow_backend_cpu::read_bandwidth).
+#[pyfunction]
+#[pyo3(signature = (bytes = 1_073_741_824, passes = 3))]
+fn read_bandwidth(py: Python<'_>, bytes: usize, passes: usize) -> f64 {
+    py.detach(|| tallow_backend_cpu::read_bandwidth(bytes, passes))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_function(wrap_pyfunction!(dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(isa, m)?)?;
+    m.add_function(wrap_pyfunction!(read_bandwidth, m)?)?;
     m.add_function(wrap_pyfunction!(model::sample_batch, m)?)?;
     m.add_function(wrap_pyfunction!(device::devices, m)?)?;
     m.add_class::<kv::KvCache>()?;

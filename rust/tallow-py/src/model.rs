@@ -80,6 +80,18 @@ impl Model {
         self.inner.device_memory().map(|m| (m.in_use, m.peak))
     }
 
+    /// Bytes of weights a decode step reads: every tensor but the token embedding, of which
+    /// a step reads one row, unless the output layer is the embedding itself.
+    #[getter]
+    fn decode_weight_bytes(&self) -> u64 {
+        let tensors = self.inner.gguf().tensors();
+        let tied = !tensors.iter().any(|t| t.name == "output.weight");
+        (tensors.iter())
+            .filter(|t| tied || t.name != "token_embd.weight")
+            .map(|t| t.size)
+            .sum()
+    }
+
     #[getter]
     fn path(&self) -> &str {
         &self.path

@@ -8,7 +8,8 @@ use std::ptr::NonNull;
 /// Buffers at least this large are aligned to it and asked to use huge pages.
 const HUGE_PAGE: usize = 2 << 20;
 
-pub(crate) struct AlignedBytes {
+/// Bytes laid out as packed weights are (see the module's documentation).
+pub struct AlignedBytes {
     ptr: NonNull<u8>,
     len: usize,
     layout: Layout,
@@ -24,7 +25,7 @@ impl AlignedBytes {
     ///
     /// # Panics
     /// If the allocation fails or `len` overflows a layout, as `vec!` does.
-    pub(crate) fn zeroed(len: usize) -> Self {
+    pub fn zeroed(len: usize) -> Self {
         let align = if len >= HUGE_PAGE { HUGE_PAGE } else { 64 };
         let layout = Layout::from_size_align(len.max(1), align).expect("buffer layout");
         // SAFETY: the layout has a nonzero size.
@@ -41,12 +42,12 @@ impl AlignedBytes {
         AlignedBytes { ptr, len, layout }
     }
 
-    pub(crate) fn as_slice(&self) -> &[u8] {
+    pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `len` initialized bytes owned by `self`.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, borrowed exclusively.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }

@@ -25,6 +25,7 @@ mod types;
 mod tests;
 
 pub use acts::{ActsBuffer, ActsLen, QuantizedActs};
+pub use aligned::AlignedBytes;
 pub use error::QuantError;
 pub use kernels::{Isa, ISA_ENV};
 pub use matmul::{matmul, matmul_with};
