@@ -10,7 +10,15 @@ The two engines take turns, one repetition each, so that a change of load on a s
 hits both. llama.cpp's tools (``llama-bench``, ``llama-batched-bench``, ``llama-simple``) come
 from ``--llama-bin`` (built by ``../shared/tools/build-llama-cpp.sh``).
 
-    python benches/compare_llamacpp.py --llama-bin <llama.cpp>/build/bin [-m MODEL] [-r 3]
+With ``--random 1b`` (``3b``, ``8b``) the model is a random-weight Llama-shaped Q4_K_M file
+that ``random_model.py`` writes (once, into ``$TALLOW_HOME/random``; smollm2-135m's tokenizer):
+the sizes people run, where a decode step streams the whole file. Decode's rows also say what
+each engine's tg128 reads: the bytes of weights a step reads times its rate, beside the rate at
+which this machine's compute threads stream memory (``tallow._core.read_bandwidth``).
+
+    python benches/compare_llamacpp.py --llama-bin BIN [-m MODEL | --random SIZE] [-r 3]
+
+(BIN: llama.cpp's ``build/bin``.)
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+import random_model
 from batched_bench import run_llama_cpp
 
 from tallow import _core, bench
-from tallow.catalog import resolve_model
+from tallow.catalog import resolve_model, tallow_home
 
 
 def llama_bench(binary: Path, model: Path, threads: int) -> dict[str, float]:
@@ -64,11 +73,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-bin", required=True, type=Path)
     parser.add_argument("-m", "--model", default="smollm2-135m")
+    parser.add_argument(
+        "--random", choices=sorted(random_model.SHAPES), help="a random Q4_K_M model of this size"
+    )
     parser.add_argument("-r", "--reps", type=int, default=3)
     parser.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     os.environ["TALLOW_NUM_THREADS"] = str(args.threads)
-    path = resolve_model(args.model)
+    path = random_path(args.random) if args.random else resolve_model(args.model)
     model = _core.Model(str(path))
     bench.prefill(model, 16)  # warm-up
     ours: dict[str, list[float]] = defaultdict(list)
@@ -105,6 +117,14 @@ def main() -> None:
     for name in ("pp512", "tg128", batched_name, served_name):
         a, b = statistics.mean(ours[name]), statistics.mean(theirs[name])
         print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
+    limit = _core.read_bandwidth()
+    step = model.decode_weight_bytes
+    a, b = (statistics.mean(rates["tg128"]) * step for rates in (ours, theirs))
+    print(
+        f"| tg128 reads ({step / 2**20:.1f} MiB a token; this machine {limit / 1e9:.2f} GB/s) | "
+        f"{a / 1e9:.2f} GB/s ({a / limit:.0%}) | {b / 1e9:.2f} GB/s ({b / limit:.0%}) | "
+        f"{a / b:.2f} |"
+    )
     for name, ours_rss in (("engine", engine_rss), ("tallow generate", cli_rss)):
         print(
             f"| peak RSS, 128 tokens, {name} (MiB) | "
@@ -112,6 +132,17 @@ def main() -> None:
             f"{theirs_rss:.1f} ({theirs_rss / file_mib:.3f}x file) | "
             f"{ours_rss / theirs_rss:.2f} |"
         )
+
+
+def random_path(size: str) -> Path:
+    """The random ``size`` Q4_K_M model, written first if it is not there yet."""
+    path = tallow_home() / "random" / f"llama-{size}-q4_k_m.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        random_model.write(str(resolve_model("smollm2-135m")), str(partial), size)
+        partial.rename(path)
+    return path
 
 
 def build_simple() -> Path:

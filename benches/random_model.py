@@ -75,9 +75,8 @@ def copy_tokenizer(reader: gguf.GGUFReader, w: gguf.GGUFWriter) -> int:
     return len(reader.fields["tokenizer.ggml.tokens"].data)
 
 
-def main() -> None:
-    src, out, size = sys.argv[1:4]
-    kind = sys.argv[4] if len(sys.argv) > 4 else "q4_k_m"
+def write(src: str, out: str, size: str, kind: str = "q4_k_m") -> None:
+    """Writes the random ``size`` model in ``kind`` blocks to ``out``, with ``src``'s tokenizer."""
     hidden, layers, ffn, heads, kv = SHAPES[size]
     hd = hidden // heads
     w = gguf.GGUFWriter(out, "llama")
@@ -136,6 +135,11 @@ def main() -> None:
         else:
             w.write_tensor_data(random_blocks(rng, (shape[0], shape[1]), ty))
     w.close()
+
+
+def main() -> None:
+    src, out, size = sys.argv[1:4]
+    write(src, out, size, sys.argv[4] if len(sys.argv) > 4 else "q4_k_m")
     print(out)
 
 
