@@ -49,15 +49,23 @@ def prompt(arch_dir: Path) -> list[int]:
     return [int(t) for t in np.load(arch_dir / "prompt_ids.npy")]
 
 
+def pool_of_64(model: _core.Model, dtype: str) -> _core.KvCache:
+    """A KV pool of ``dtype`` for 64 positions computed in one chunk."""
+    return model.new_kv_cache(dtype=dtype, max_pages=model.kv_pages_to_hold(64, chunk=64))
+
+
 def f32_pool(model: _core.Model) -> _core.KvCache:
     """An f32 KV pool for 64 positions computed in one chunk: no f16 rounding of the cache, so
     that a comparison with transformers is about the forward pass alone."""
-    return model.new_kv_cache(dtype="f32", max_pages=model.kv_pages_to_hold(64, chunk=64))
+    return pool_of_64(model, "f32")
 
 
-def all_logits(model: _core.Model, ids: list[int]) -> npt.NDArray[np.float32]:
-    """The logits of every position of ``ids``, one forward from an empty ``f32_pool``."""
-    kv = f32_pool(model)
+def all_logits(
+    model: _core.Model, ids: list[int], kv_dtype: str = "f32"
+) -> npt.NDArray[np.float32]:
+    """The logits of every position of ``ids``, one forward from an empty pool of 64 positions
+    in one chunk (``f32_pool`` by default; f16, as the GPUs hold it, rounds keys and values)."""
+    kv = pool_of_64(model, kv_dtype)
     seq = kv.create()
     kv.reserve(seq, len(ids))
     return model.forward(kv, [(seq, ids, "all")])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import all_logits
 from test_architectures import ARCHITECTURES
 
 import tallow
@@ -38,13 +39,6 @@ def test_asking_for_cuda_loads_on_a_gpu_or_names_the_missing_driver(smollm2_path
     assert on_gpu.generate(prompt, max_tokens=8, temperature=0).token_ids == want
 
 
-def _f16_logits(model: _core.Model, ids: list[int]) -> np.ndarray:
-    kv = model.new_kv_cache(max_pages=model.kv_pages_to_hold(64, chunk=64))
-    seq = kv.create()
-    kv.reserve(seq, len(ids))
-    return model.forward(kv, [(seq, ids, "all")])
-
-
 def test_every_architecture_on_a_gpu_matches_transformers_and_the_cpu(
     arch_dir: Path, prompt: list[int]
 ) -> None:
@@ -58,9 +52,9 @@ def test_every_architecture_on_a_gpu_matches_transformers_and_the_cpu(
             path = str(arch_dir / arch / f"{arch}-{file_type}.gguf")
             gpu = _core.Model(path, device="cuda:0")
             assert gpu.device == "cuda:0"
-            on_gpu = _f16_logits(gpu, prompt)
+            on_gpu = all_logits(gpu, prompt, "f16")
             assert float(np.abs(on_gpu - reference).max()) <= tolerance, (arch, file_type)
-            on_cpu = _f16_logits(_core.Model(path), prompt)
+            on_cpu = all_logits(_core.Model(path), prompt, "f16")
             # The CPU's products read activations quantized to 8 bits where the weights are
             # quantized; the GPU's read them in f32.
             cpu_bound = 1e-3 if file_type == "f32" else 0.3

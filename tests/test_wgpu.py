@@ -18,7 +18,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import all_logits, run_cli
 from test_architectures import ARCHITECTURES
 
 import tallow
@@ -28,13 +28,6 @@ from tallow.engine import Engine, EngineConfig, SamplingParams
 # An f16 KV pool rounds keys and values: transformers' logits within this on the F32 files
 # (the CPU backend's f16 pool is as far); the Q8_0 files keep the architecture test's bound.
 TOLERANCE = {"f32": 5e-3, "q8_0": 0.3}
-
-
-def _f16_logits(model: _core.Model, ids: list[int]) -> np.ndarray:
-    kv = model.new_kv_cache(max_pages=model.kv_pages_to_hold(64, chunk=64))
-    seq = kv.create()
-    kv.reserve(seq, len(ids))
-    return model.forward(kv, [(seq, ids, "all")])
 
 
 def test_devices_list_the_cpu_and_a_gpu() -> None:
@@ -55,9 +48,9 @@ def test_every_architecture_matches_transformers_and_the_cpu(
     gpu = _core.Model(path, device="gpu")
     assert gpu.device == "wgpu:0"
     reference = np.load(arch_dir / arch / "ref_logits.npy")
-    on_gpu = _f16_logits(gpu, prompt)
+    on_gpu = all_logits(gpu, prompt, "f16")
     assert float(np.abs(on_gpu - reference).max()) <= TOLERANCE[file_type]
-    on_cpu = _f16_logits(_core.Model(path), prompt)
+    on_cpu = all_logits(_core.Model(path), prompt, "f16")
     # The CPU's products read activations quantized to 8 bits where the weights are
     # quantized; the GPU's read them in f32.
     cpu_bound = 1e-3 if file_type == "f32" else 0.3

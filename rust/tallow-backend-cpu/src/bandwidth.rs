@@ -15,11 +15,13 @@ const CHUNK: usize = 1 << 20;
 /// and touched first, so that no page fault is timed): the best of `passes` reads of it.
 pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
     // Laid out as packed weights are: aligned to huge pages, which the kernel is asked for.
+    // Written with nonzero bytes, so that every page is faulted in before the reads are timed
+    // and none is the kernel's shared zero page (which a zeroing the compiler turns into a
+    // zeroed allocation would leave).
     let mut buffer = AlignedBytes::zeroed(bytes.div_ceil(CHUNK).max(1) * CHUNK);
-    for (i, byte) in buffer.as_mut_slice().iter_mut().enumerate() {
-        *byte = i as u8;
-    }
+    buffer.as_mut_slice().fill(1);
     let chunks: Vec<&[u8]> = buffer.as_slice().chunks(CHUNK).collect();
+    let sum_chunk = widest_sum();
     let sums: Vec<AtomicU64> = (0..global().threads())
         .map(|_| Default::default())
         .collect();
@@ -27,7 +29,7 @@ pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
     for _ in 0..passes.max(1) {
         let start = Instant::now();
         global().run(chunks.len(), &|i, worker| {
-            let sum = sum_words_widest(chunks[i]);
+            let sum = sum_chunk(chunks[i]);
             sums[worker].fetch_add(sum, Ordering::Relaxed);
         });
         best = best.min(start.elapsed().as_secs_f64());
@@ -41,21 +43,20 @@ pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
 }
 
 /// [`sum_words`] with the widest loads this CPU has (a streaming read with narrow loads
-/// can fall short of what the memory gives).
-fn sum_words_widest(bytes: &[u8]) -> u64 {
-    let (words, _) = bytes.as_chunks::<8>();
+/// can fall short of what the memory gives), chosen once.
+fn widest_sum() -> fn(&[u8]) -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F (checked above).
-            return unsafe { sum_words_avx512(words) };
+            return |bytes| unsafe { sum_words_avx512(bytes.as_chunks().0) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked above).
-            return unsafe { sum_words_avx2(words) };
+            return |bytes| unsafe { sum_words_avx2(bytes.as_chunks().0) };
         }
     }
-    sum_words(words)
+    |bytes| sum_words(bytes.as_chunks().0)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -135,6 +135,8 @@ pub(crate) struct Device<G: Gpu> {
     pub gpu: G,
     pub usage: Usage,
     spare: Mutex<Spare>,
+    /// The most bytes of spare step buffers kept: a 16th of the device's memory, at most 1 GiB.
+    spare_limit: usize,
 }
 
 /// Step buffers given back, by size, for later steps to take instead of allocating: a step
@@ -143,12 +145,6 @@ pub(crate) struct Device<G: Gpu> {
 struct Spare {
     by_size: HashMap<usize, Vec<DevicePtr>>,
     bytes: usize,
-}
-
-/// The most bytes of spare step buffers a device keeps: a 16th of its memory, at most 1 GiB.
-fn spare_limit(total_memory: Option<u64>) -> usize {
-    const GIB: u64 = 1 << 30;
-    total_memory.map_or(GIB / 4, |m| (m / 16).min(GIB)) as usize
 }
 
 /// The size a step buffer of `bytes` is allocated with: sizes within an eighth of a power of
@@ -161,10 +157,13 @@ fn step_size(bytes: usize) -> usize {
 
 impl<G: Gpu> Device<G> {
     pub fn new(gpu: G) -> Self {
+        const GIB: u64 = 1 << 30;
+        let spare_limit = gpu.total_memory().map_or(GIB / 4, |m| (m / 16).min(GIB)) as usize;
         Device {
             gpu,
             usage: Usage::default(),
             spare: Mutex::default(),
+            spare_limit,
         }
     }
 
@@ -283,7 +282,7 @@ impl<G: Gpu> Drop for Buffer<G> {
     fn drop(&mut self) {
         if self.step {
             let mut spare = self.device.spare();
-            if spare.bytes + self.bytes <= spare_limit(self.device.gpu.total_memory()) {
+            if spare.bytes + self.bytes <= self.device.spare_limit {
                 spare.bytes += self.bytes;
                 spare.by_size.entry(self.bytes).or_default().push(self.ptr);
                 return;
