@@ -35,6 +35,18 @@ const STREAMED: (usize, usize) = (49152, 576);
 /// The streamed shape for the K-quants, whose rows are whole blocks of 256: as many weights.
 const STREAMED_K: (usize, usize) = (36864, 768);
 const STREAM_BYTES: usize = 128 << 20;
+/// (rows, cols) of the prefill group: a 1B Llama's FFN up (or gate) and down projections,
+/// against [`PREFILL_TOKENS`] tokens, the weights and activations of a real prompt's products
+/// (the activations of the down projection, 8192 wide, do not fit in a 2 MiB L2 cache).
+const PREFILL: [(usize, usize); 2] = [(8192, 2048), (2048, 8192)];
+const PREFILL_TOKENS: usize = 512;
+/// The formats of a Q4_K_M model, and Q4_0 and Q8_0 beside them.
+const PREFILL_FORMATS: [GgmlType; 4] = [
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q4_0,
+    GgmlType::Q8_0,
+];
 
 /// SplitMix64: reproducible data without extra crates.
 struct Rng(u64);
@@ -346,6 +358,46 @@ fn streamed(c: &mut Criterion, summary: &mut Summary) {
     }
 }
 
+/// Prefill-sized products ([`PREFILL`] against [`PREFILL_TOKENS`] tokens), packed kernels
+/// only (the scalar reference would take seconds), for the best instruction set of this CPU
+/// and for AVX2 where that is another.
+fn prefill(c: &mut Criterion, summary: &mut Summary) {
+    let mut rng = Rng(0x9ef1_11);
+    let mut simd = vec![Isa::detected(), Isa::Avx2];
+    simd.dedup();
+    simd.retain(|isa| *isa != Isa::Scalar && isa.is_available());
+    for (rows, cols) in PREFILL {
+        let group = format!("prefill_{rows}x{cols}_t{PREFILL_TOKENS}");
+        let mut g = c.benchmark_group(&group);
+        g.sampling_mode(SamplingMode::Flat).sample_size(10);
+        let mut out = vec![0f32; rows * PREFILL_TOKENS];
+        for ty in PREFILL_FORMATS {
+            let w = weights(ty, rows, cols, &mut rng);
+            let a = acts(ty, PREFILL_TOKENS, cols, &mut rng);
+            let flops = Some(2.0 * (rows * cols * PREFILL_TOKENS) as f64);
+            for &isa in &simd {
+                let Some(packed) = PackedMatrix::pack_with(isa, ty, &w, rows, cols).unwrap() else {
+                    continue;
+                };
+                summary.bench(
+                    &mut g,
+                    &group,
+                    ty.name(),
+                    &format!("{isa:?} packed"),
+                    w.len() as u64,
+                    flops,
+                    None,
+                    || {
+                        packed.matmul(&a, &mut out).unwrap();
+                        black_box(&mut out);
+                    },
+                );
+            }
+        }
+        g.finish();
+    }
+}
+
 /// Activation quantization: one 4096-element row (decode, on the calling thread) and 128
 /// tokens of 1536 (a prefill chunk of SmolLM2's FFN width, split over the pool).
 fn quantize_acts(c: &mut Criterion, summary: &mut Summary) {
@@ -413,6 +465,7 @@ fn main() {
     for tokens in MATMUL_TOKENS {
         products(&mut c, &mut summary, "matmul", SMALL, tokens);
     }
+    prefill(&mut c, &mut summary);
     quantize_acts(&mut c, &mut summary);
     dequantize_all(&mut c, &mut summary);
     c.final_summary();

@@ -69,12 +69,14 @@ trait Format<S: Simd> {
     /// Step `c` of sub-block `s` of half `h`. (One step per call: a call the compiler can
     /// always inline, where a whole sub-block's did not get inlined.)
     unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> Self::Step;
-    /// Steps of a pass: every half's steps of a pass are held at once (in at most 8
-    /// registers), so that each activation broadcast serves them all.
+    /// Steps of a pass: every half's steps of a pass are held at once (in at most
+    /// [`MAX_PASS_STEPS`] registers), so that each activation broadcast serves them all.
     const PASS: usize;
-    /// Per row (i32 lane), the dot product of steps `first..first + PASS` of sub-block `s`
-    /// (`steps`) with the token's activation bytes `y`, times the steps' integer scale.
+    /// `acc` plus, per row (i32 lane), the dot product of steps `first..first + PASS` of
+    /// sub-block `s` (`steps`) with the token's activation bytes `y`, times the steps'
+    /// integer scale.
     unsafe fn pass_sum(
+        acc: S::I,
         steps: &[Self::Step],
         y: &[i8; 32],
         half: &Self::Half,
@@ -128,21 +130,23 @@ macro_rules! packed_loop {
                         F::half(fields, words, S::HALVES - 1),
                     ];
                     let mut isum = [[S::zero(); T]; 2];
+                    const { assert!(S::HALVES * F::PASS <= MAX_PASS_STEPS) };
                     for s in 0..F::SUBS {
                         for pass in 0..8 / F::PASS {
                             let first = pass * F::PASS;
-                            let mut steps = [[F::step(words, 0, s, first); 4]; 2];
+                            // Half `h`'s steps are `steps[h * F::PASS..][..F::PASS]`.
+                            let mut steps = [F::step(words, 0, s, first); MAX_PASS_STEPS];
                             for h in 0..S::HALVES {
-                                for (i, step) in steps[h].iter_mut().enumerate().take(F::PASS) {
-                                    *step = F::step(words, h, s, first + i);
+                                for i in 0..F::PASS {
+                                    steps[h * F::PASS + i] = F::step(words, h, s, first + i);
                                 }
                             }
                             for t in 0..T {
                                 let y = F::y(&acts[t][b], s);
                                 for h in 0..S::HALVES {
-                                    let steps = &steps[h][..F::PASS];
-                                    let sum = F::pass_sum(steps, y, &halves[h], s, first);
-                                    isum[h][t] = S::add32(isum[h][t], sum);
+                                    let steps = &steps[h * F::PASS..][..F::PASS];
+                                    isum[h][t] =
+                                        F::pass_sum(isum[h][t], steps, y, &halves[h], s, first);
                                 }
                             }
                         }
@@ -195,18 +199,23 @@ unsafe fn quad<S: Simd>(y: &[i8; 32], j: usize) -> S::I {
     S::splat_i32(act_quad(y, j))
 }
 
-/// Per row (i32 lane), the dot product of the steps `first..` (`steps`) of unsigned weight
-/// bytes with `y`, summed as i16 in runs of `N` steps, each run widened against the i16 pairs
-/// `scale` (a pass's steps share one scale). No closures here: a closure does not take the
-/// target features of the loop it is inlined into, and may be left out of line.
+/// Registers a pass's steps may take, over all halves.
+const MAX_PASS_STEPS: usize = 8;
+
+/// `acc` plus, per row (i32 lane), the dot product of the steps `first..` (`steps`) of
+/// unsigned weight bytes with `y`, summed as i16 in runs of `N` steps, each run widened
+/// against the i16 pairs `scale` (a pass's steps share one scale). No closures here: a
+/// closure does not take the target features of the loop it is inlined into, and may be left
+/// out of line.
 #[inline(always)]
 unsafe fn weighted_sum<S: Simd, const N: usize>(
+    acc: S::I,
     steps: &[S::I],
     y: &[i8; 32],
     first: usize,
     scale: S::I,
 ) -> S::I {
-    let mut sums = S::zero();
+    let mut sums = acc;
     for (r, run) in steps.chunks_exact(N).enumerate() {
         let at = first + r * N;
         let mut pairs = S::maddubs(run[0], quad::<S>(y, at));
@@ -220,20 +229,35 @@ unsafe fn weighted_sum<S: Simd, const N: usize>(
     sums
 }
 
-/// [`weighted_sum`] for a format without an integer scale: straight into i32 lanes where that
-/// is one instruction per step.
+/// `acc` plus, per row (i32 lane), the dot product of the steps `first..` (`steps`) with
+/// `y`, one [`Simd::dot4`] after the other: for a [`Simd::FUSED_DOT`] instruction set.
 #[inline(always)]
-unsafe fn unscaled_sum<S: Simd>(steps: &[S::I], y: &[i8; 32], first: usize) -> S::I {
-    if S::FUSED_DOT {
-        let mut sums = S::zero();
-        #[allow(clippy::needless_range_loop)]
-        for i in 0..steps.len() {
-            sums = S::dot4(sums, steps[i], quad::<S>(y, first + i));
-        }
-        sums
-    } else {
-        weighted_sum::<S, 4>(steps, y, first, S::splat_i16(1))
+unsafe fn dot_chain<S: Simd>(acc: S::I, steps: &[S::I], y: &[i8; 32], first: usize) -> S::I {
+    let mut sums = acc;
+    #[allow(clippy::needless_range_loop)]
+    for i in 0..steps.len() {
+        sums = S::dot4(sums, steps[i], quad::<S>(y, first + i));
     }
+    sums
+}
+
+/// [`weighted_sum`] for a format without an integer scale: straight into i32 lanes where that
+/// is one instruction per step (a chain of its own, added to `acc` at the end, so that the
+/// passes of a token overlap).
+#[inline(always)]
+unsafe fn unscaled_sum<S: Simd>(acc: S::I, steps: &[S::I], y: &[i8; 32], first: usize) -> S::I {
+    if S::FUSED_DOT {
+        S::add32(acc, dot_chain::<S>(S::zero(), steps, y, first))
+    } else {
+        weighted_sum::<S, 4>(acc, steps, y, first, S::splat_i16(1))
+    }
+}
+
+/// `acc` plus `sum` times the integer scale of the i16 pairs `scale` (both i16 of a lane
+/// equal), the product taken in i32 lanes: for sums that do not fit in i16.
+#[inline(always)]
+unsafe fn scaled_i32<S: Simd>(acc: S::I, sum: S::I, scale: S::I) -> S::I {
+    S::add32(acc, S::mullo32(sum, S::high_i16(scale)))
 }
 
 /// Per row (i32 lane), the sum of the products of the i16 pairs of `pairs(k)` with the
@@ -243,8 +267,7 @@ unsafe fn weighted_bsums<S: Simd>(act: &BlockQ8K, pairs: &[S::I; 8]) -> S::I {
     let mut sums = S::zero();
     for (k, &pair) in pairs.iter().enumerate() {
         let bsums: [u8; 4] = act.bsums[4 * k..4 * k + 4].try_into().unwrap();
-        let bsums = S::splat_i32(i32::from_le_bytes(bsums));
-        sums = S::add32(sums, S::madd(pair, bsums));
+        sums = S::madd_add(sums, pair, S::splat_i32(i32::from_le_bytes(bsums)));
     }
     sums
 }
@@ -291,8 +314,15 @@ impl<S: Simd> Format<S> for Q40 {
         S::nibbles(S::word(words, c % 4, h), c / 4)
     }
     #[inline(always)]
-    unsafe fn pass_sum(steps: &[S::I], y: &[i8; 32], _: &S::F, _: usize, first: usize) -> S::I {
-        unscaled_sum::<S>(steps, y, first)
+    unsafe fn pass_sum(
+        acc: S::I,
+        steps: &[S::I],
+        y: &[i8; 32],
+        _: &S::F,
+        _: usize,
+        first: usize,
+    ) -> S::I {
+        unscaled_sum::<S>(acc, steps, y, first)
     }
     fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
         &act.qs
@@ -325,13 +355,14 @@ impl<S: Simd> Format<S> for Q41 {
     }
     #[inline(always)]
     unsafe fn pass_sum(
+        acc: S::I,
         steps: &[S::I],
         y: &[i8; 32],
         _: &Self::Half,
         _: usize,
         first: usize,
     ) -> S::I {
-        unscaled_sum::<S>(steps, y, first)
+        unscaled_sum::<S>(acc, steps, y, first)
     }
     fn y(act: &BlockQ8_1, _: usize) -> &[i8; 32] {
         &act.qs
@@ -373,8 +404,15 @@ impl<S: Simd> Format<S> for Q50 {
         S::or(low, S::bits_to_4(S::word(words, 4, h), c, 0x10))
     }
     #[inline(always)]
-    unsafe fn pass_sum(steps: &[S::I], y: &[i8; 32], _: &S::F, _: usize, first: usize) -> S::I {
-        unscaled_sum::<S>(steps, y, first)
+    unsafe fn pass_sum(
+        acc: S::I,
+        steps: &[S::I],
+        y: &[i8; 32],
+        _: &S::F,
+        _: usize,
+        first: usize,
+    ) -> S::I {
+        unscaled_sum::<S>(acc, steps, y, first)
     }
     fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
         &act.qs
@@ -413,6 +451,7 @@ impl Format<V256> for Q80 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn pass_sum(
+        acc: __m256i,
         steps: &[(__m256i, __m256i)],
         y: &[i8; 32],
         _: &__m256,
@@ -420,7 +459,7 @@ impl Format<V256> for Q80 {
         first: usize,
     ) -> __m256i {
         let ones = _mm256_set1_epi16(1);
-        let mut sums = _mm256_setzero_si256();
+        let mut sums = acc;
         for (j, &(signed, magnitude)) in steps.iter().enumerate() {
             let y = _mm256_sign_epi8(quad::<V256>(y, first + j), signed);
             let pairs = _mm256_maddubs_epi16(magnitude, y);
@@ -466,13 +505,14 @@ impl Format<V512<Vnni>> for Q80 {
     }
     #[inline(always)]
     unsafe fn pass_sum(
+        acc: __m512i,
         steps: &[__m512i],
         y: &[i8; 32],
         _: &__m512,
         _: usize,
         first: usize,
     ) -> __m512i {
-        unscaled_sum::<V512<Vnni>>(steps, y, first)
+        unscaled_sum::<V512<Vnni>>(acc, steps, y, first)
     }
     fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
         &act.qs
@@ -540,6 +580,17 @@ unsafe fn k4_finish<S: Simd>(
     S::fnmadd(S::mul(half.dmin, S::splat(da)), mins, acc)
 }
 
+/// Steps of a pass for Q4_K and Q5_K: a whole sub-block where the sums run straight into
+/// i32 lanes (and one vector holds the group), so that the sub-block's scale applies once;
+/// else half of one.
+const fn k_pass<S: Simd>() -> usize {
+    if S::FUSED_DOT {
+        8
+    } else {
+        4
+    }
+}
+
 fn k_y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
     act.qs[32 * s..32 * s + 32].try_into().unwrap()
 }
@@ -551,7 +602,7 @@ impl<S: Simd> Format<S> for Q4K {
     type Fields = [u8; 64];
     type Words = [u8; 35 * 64];
     const SUBS: usize = 8;
-    const PASS: usize = 4;
+    const PASS: usize = k_pass::<S>();
     type Half = K4Half<S>;
     type Step = S::I;
 
@@ -565,13 +616,22 @@ impl<S: Simd> Format<S> for Q4K {
     }
     #[inline(always)]
     unsafe fn pass_sum(
+        acc: S::I,
         steps: &[S::I],
         y: &[i8; 32],
         half: &K4Half<S>,
         s: usize,
         first: usize,
     ) -> S::I {
-        weighted_sum::<S, 4>(steps, y, first, half.scales[s])
+        if S::FUSED_DOT {
+            // The sub-block in two runs of 16 columns, each within 16 * 15 * 127 < 2^15: one
+            // lane's i16 pair, widened against the scale at once.
+            let low = dot_chain::<S>(S::zero(), &steps[..4], y, 0);
+            let high = dot_chain::<S>(S::zero(), &steps[4..], y, 4);
+            S::madd_add(acc, S::pack_pairs(low, high), half.scales[s])
+        } else {
+            weighted_sum::<S, 4>(acc, steps, y, first, half.scales[s])
+        }
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
@@ -598,7 +658,7 @@ impl<S: Simd> Format<S> for Q5K {
     type Fields = [u8; 64];
     type Words = [u8; 43 * 64];
     const SUBS: usize = 8;
-    const PASS: usize = 4;
+    const PASS: usize = k_pass::<S>();
     type Half = K4Half<S>;
     type Step = S::I;
 
@@ -613,13 +673,21 @@ impl<S: Simd> Format<S> for Q5K {
     }
     #[inline(always)]
     unsafe fn pass_sum(
+        acc: S::I,
         steps: &[S::I],
         y: &[i8; 32],
         half: &K4Half<S>,
         s: usize,
         first: usize,
     ) -> S::I {
-        weighted_sum::<S, 4>(steps, y, first, half.scales[s])
+        if S::FUSED_DOT {
+            // Two chains side by side; 32 columns of 5-bit quants do not fit in i16.
+            let low = dot_chain::<S>(S::zero(), &steps[..4], y, 0);
+            let high = dot_chain::<S>(S::zero(), &steps[4..], y, 4);
+            scaled_i32::<S>(acc, S::add32(low, high), half.scales[s])
+        } else {
+            weighted_sum::<S, 4>(acc, steps, y, first, half.scales[s])
+        }
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
@@ -684,14 +752,22 @@ impl<S: Simd> Format<S> for Q6K {
     }
     #[inline(always)]
     unsafe fn pass_sum(
+        acc: S::I,
         steps: &[S::I],
         y: &[i8; 32],
         half: &Q6Half<S>,
         s: usize,
         first: usize,
     ) -> S::I {
-        // Runs of 2 steps: steps 0..4 are group 2s, steps 4..8 group 2s + 1.
-        weighted_sum::<S, 2>(steps, y, first, half.scales[2 * s + first / 4])
+        // Steps 0..4 are group 2s, steps 4..8 group 2s + 1.
+        let scale = half.scales[2 * s + first / 4];
+        if S::FUSED_DOT {
+            // A group's sum, up to 16 * 63 * 127, is no i16.
+            scaled_i32::<S>(acc, dot_chain::<S>(S::zero(), steps, y, first), scale)
+        } else {
+            // Runs of 2 steps, whose i16 pair sums stay within 2 * 2 * 63 * 127.
+            weighted_sum::<S, 2>(acc, steps, y, first, scale)
+        }
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)

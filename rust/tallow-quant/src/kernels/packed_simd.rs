@@ -68,6 +68,14 @@ pub(super) trait Simd {
     unsafe fn madd_add(acc: Self::I, a: Self::I, b: Self::I) -> Self::I {
         Self::add32(acc, Self::madd(a, b))
     }
+    /// Per i32 lane, the low i16 of `a`'s lane and of `b`'s as the lane's two i16 (`a`'s
+    /// low): two sums known to fit in i16, to widen against a pair of scales at once.
+    unsafe fn pack_pairs(a: Self::I, b: Self::I) -> Self::I;
+    /// The high i16 of each i32 lane, sign-extended: one of a lane's two equal i16 scales as
+    /// an i32.
+    unsafe fn high_i16(v: Self::I) -> Self::I;
+    /// The low 32 bits of the i32 lanes' products.
+    unsafe fn mullo32(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn add16(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn add32(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn sub32(a: Self::I, b: Self::I) -> Self::I;
@@ -192,6 +200,21 @@ impl Simd for V256 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn madd(a: __m256i, b: __m256i) -> __m256i {
         _mm256_madd_epi16(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack_pairs(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_blend_epi16::<0xaa>(a, _mm256_slli_epi32::<16>(b))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn high_i16(v: __m256i) -> __m256i {
+        _mm256_srai_epi32::<16>(v)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn mullo32(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_mullo_epi32(a, b)
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -351,6 +374,21 @@ impl<D: DotBytes> Simd for V512<D> {
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn madd(a: __m512i, b: __m512i) -> __m512i {
         _mm512_madd_epi16(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn pack_pairs(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_mask_blend_epi16(0xaaaa_aaaa, a, _mm512_slli_epi32::<16>(b))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn high_i16(v: __m512i) -> __m512i {
+        _mm512_srai_epi32::<16>(v)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn mullo32(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_mullo_epi32(a, b)
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
