@@ -40,13 +40,6 @@ const STREAM_BYTES: usize = 128 << 20;
 /// (the activations of the down projection, 8192 wide, do not fit in a 2 MiB L2 cache).
 const PREFILL: [(usize, usize); 2] = [(8192, 2048), (2048, 8192)];
 const PREFILL_TOKENS: usize = 512;
-/// The formats of a Q4_K_M model, and Q4_0 and Q8_0 beside them.
-const PREFILL_FORMATS: [GgmlType; 4] = [
-    GgmlType::Q4_K,
-    GgmlType::Q6_K,
-    GgmlType::Q4_0,
-    GgmlType::Q8_0,
-];
 
 /// SplitMix64: reproducible data without extra crates.
 struct Rng(u64);
@@ -230,6 +223,16 @@ fn isas() -> Vec<Isa> {
     isas
 }
 
+/// The SIMD instruction sets of this CPU that pack, best first: the detected one and each
+/// lesser x86 set (AVX-512 without VNNI, AVX2), so that one machine measures the kernels of the
+/// CPUs it stands for.
+fn packing_isas() -> Vec<Isa> {
+    let mut isas = vec![Isa::detected(), Isa::Avx512, Isa::Avx2];
+    isas.dedup();
+    isas.retain(|isa| *isa != Isa::Scalar && isa.is_available());
+    isas
+}
+
 /// `tokens` x (`rows` x `cols`) products for every weight format, SIMD beside scalar.
 fn products(
     c: &mut Criterion,
@@ -291,13 +294,11 @@ fn products(
 }
 
 /// One-token products of a matrix whose weights come from memory (see [`STREAMED`]), for the
-/// packable formats: row-major SIMD beside packed, for the best instruction set of this CPU
-/// and for AVX2 where that is another (the scalar reference would only time its arithmetic).
+/// packable formats: row-major SIMD beside packed, for each instruction set of
+/// [`packing_isas`] (the scalar reference would only time its arithmetic).
 fn streamed(c: &mut Criterion, summary: &mut Summary) {
     let mut rng = Rng(0x5eed_57ea);
-    let mut simd = vec![Isa::detected(), Isa::Avx2];
-    simd.dedup();
-    simd.retain(|isa| *isa != Isa::Scalar && isa.is_available());
+    let simd = packing_isas();
     for ty in PACKED_FORMATS {
         let (rows, cols) = if ty.block_len() == 256 {
             STREAMED_K
@@ -358,20 +359,18 @@ fn streamed(c: &mut Criterion, summary: &mut Summary) {
     }
 }
 
-/// Prefill-sized products ([`PREFILL`] against [`PREFILL_TOKENS`] tokens), packed kernels
-/// only (the scalar reference would take seconds), for the best instruction set of this CPU
-/// and for AVX2 where that is another.
+/// Prefill-sized products ([`PREFILL`] against [`PREFILL_TOKENS`] tokens) of every packed
+/// format, packed kernels only (the scalar reference would take seconds), for each instruction
+/// set of [`packing_isas`].
 fn prefill(c: &mut Criterion, summary: &mut Summary) {
     let mut rng = Rng(0x9ef1_1000);
-    let mut simd = vec![Isa::detected(), Isa::Avx2];
-    simd.dedup();
-    simd.retain(|isa| *isa != Isa::Scalar && isa.is_available());
+    let simd = packing_isas();
     for (rows, cols) in PREFILL {
         let group = format!("prefill_{rows}x{cols}_t{PREFILL_TOKENS}");
         let mut g = c.benchmark_group(&group);
         g.sampling_mode(SamplingMode::Flat).sample_size(10);
         let mut out = vec![0f32; rows * PREFILL_TOKENS];
-        for ty in PREFILL_FORMATS {
+        for ty in PACKED_FORMATS {
             let w = weights(ty, rows, cols, &mut rng);
             let a = acts(ty, PREFILL_TOKENS, cols, &mut rng);
             let flops = Some(2.0 * (rows * cols * PREFILL_TOKENS) as f64);

@@ -129,6 +129,12 @@ macro_rules! packed_loop {
                         F::half(fields, words, 0),
                         F::half(fields, words, S::HALVES - 1),
                     ];
+                    // Each token's activation block, indexed once per block rather than in
+                    // every pass.
+                    let mut act = [&acts[0][b]; T];
+                    for (act, blocks) in act.iter_mut().zip(acts) {
+                        *act = &blocks[b];
+                    }
                     let mut isum = [[S::zero(); T]; 2];
                     const { assert!(S::HALVES * F::PASS <= MAX_PASS_STEPS) };
                     for s in 0..F::SUBS {
@@ -142,7 +148,7 @@ macro_rules! packed_loop {
                                 }
                             }
                             for t in 0..T {
-                                let y = F::y(&acts[t][b], s);
+                                let y = F::y(act[t], s);
                                 for h in 0..S::HALVES {
                                     let steps = &steps[h * F::PASS..][..F::PASS];
                                     isum[h][t] =
@@ -155,8 +161,7 @@ macro_rules! packed_loop {
                         for t in 0..T {
                             let lane = ops.lane0 + t;
                             let (d, s) = (da[b][lane], sa[b][lane]);
-                            let act = &acts[t][b];
-                            acc[h][t] = F::finish(acc[h][t], isum[h][t], &halves[h], act, d, s);
+                            acc[h][t] = F::finish(acc[h][t], isum[h][t], &halves[h], act[t], d, s);
                         }
                     }
                 }
