@@ -110,12 +110,11 @@ mod x86 {
                 *acc = _mm256_add_epi64(*acc, v);
             }
         }
+        let sum = acc
+            .into_iter()
+            .fold(_mm256_setzero_si256(), |s, v| _mm256_add_epi64(s, v));
         let mut words = [0u64; 4];
-        for v in acc {
-            let mut lanes = [0u64; 4];
-            _mm256_storeu_si256(lanes.as_mut_ptr().cast(), v);
-            words = std::array::from_fn(|i| words[i].wrapping_add(lanes[i]));
-        }
+        _mm256_storeu_si256(words.as_mut_ptr().cast(), sum);
         words.into_iter().fold(0, u64::wrapping_add)
     }
 }

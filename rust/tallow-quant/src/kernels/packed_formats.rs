@@ -258,6 +258,18 @@ unsafe fn unscaled_sum<S: Simd>(acc: S::I, steps: &[S::I], y: &[i8; 32], first: 
     }
 }
 
+/// The dot products of a whole sub-block's 8 steps (`steps`, from step `first`) with `y`,
+/// as the sums of its two 16-column halves: two [`dot_chain`]s from zero that the CPU runs
+/// side by side.
+#[inline(always)]
+unsafe fn sub_block_halves<S: Simd>(steps: &[S::I], y: &[i8; 32], first: usize) -> (S::I, S::I) {
+    let (low, high) = steps.split_at(4);
+    (
+        dot_chain::<S>(S::zero(), low, y, first),
+        dot_chain::<S>(S::zero(), high, y, first + 4),
+    )
+}
+
 /// `acc` plus `sum` times the integer scale of the i16 pairs `scale` (both i16 of a lane
 /// equal), the product taken in i32 lanes: for sums that do not fit in i16.
 #[inline(always)]
@@ -629,10 +641,9 @@ impl<S: Simd> Format<S> for Q4K {
         first: usize,
     ) -> S::I {
         if S::FUSED_DOT {
-            // The sub-block in two runs of 16 columns, each within 16 * 15 * 127 < 2^15: one
-            // lane's i16 pair, widened against the scale at once.
-            let low = dot_chain::<S>(S::zero(), &steps[..4], y, 0);
-            let high = dot_chain::<S>(S::zero(), &steps[4..], y, 4);
+            // Each 16-column half sums to within 16 * 15 * 127 < 2^15: one lane's i16 pair,
+            // widened against the scale at once.
+            let (low, high) = sub_block_halves::<S>(steps, y, first);
             S::madd_add(acc, S::pack_pairs(low, high), half.scales[s])
         } else {
             weighted_sum::<S, 4>(acc, steps, y, first, half.scales[s])
@@ -686,9 +697,8 @@ impl<S: Simd> Format<S> for Q5K {
         first: usize,
     ) -> S::I {
         if S::FUSED_DOT {
-            // Two chains side by side; 32 columns of 5-bit quants do not fit in i16.
-            let low = dot_chain::<S>(S::zero(), &steps[..4], y, 0);
-            let high = dot_chain::<S>(S::zero(), &steps[4..], y, 4);
+            // 32 columns of 5-bit quants do not fit in i16.
+            let (low, high) = sub_block_halves::<S>(steps, y, first);
             scaled_i32::<S>(acc, S::add32(low, high), half.scales[s])
         } else {
             weighted_sum::<S, 4>(acc, steps, y, first, half.scales[s])
