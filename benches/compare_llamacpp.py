@@ -1,10 +1,11 @@
 """tallow beside llama.cpp on the same machine, in the same run: prefill (pp512), decode
 (tg128), batched serving (128 prompt + 128 generated tokens x 16 requests, total tokens/s:
-through the engine's step loop, and as concurrent requests to ``AsyncLLM``) and the peak
-resident memory of generating 128 tokens from a short prompt (with GNU time,
-``/usr/bin/time``): of the engine alone (the Rust example ``simple``, built here with cargo,
-beside ``llama-simple``) and of ``tallow generate`` (which adds the Python interpreter and
-numpy).
+through the engine's step loop, and as concurrent requests to ``AsyncLLM``), the time from
+starting a process to its first generated token (the load, repacking included, with the file in
+the page cache) and the peak resident memory of generating 128 tokens from a short prompt (with
+GNU time, ``/usr/bin/time``): of the engine alone (the Rust example ``simple``, built here with
+cargo, beside ``llama-simple``) and, for the memory, of ``tallow generate`` (which adds the
+Python interpreter and numpy).
 
 The two engines take turns, one repetition each, so that a change of load on a shared machine
 hits both. llama.cpp's tools (``llama-bench``, ``llama-batched-bench``, ``llama-simple``) come
@@ -30,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -54,6 +56,13 @@ def llama_bench(binary: Path, model: Path, threads: int) -> dict[str, float]:
         name = f"pp{row['n_prompt']}" if row["n_gen"] == 0 else f"tg{row['n_gen']}"
         rates[name] = float(row["avg_ts"])
     return rates
+
+
+def seconds(command: list[str]) -> float:
+    """Wall time of a command, in seconds."""
+    start = time.perf_counter()
+    subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - start
 
 
 def peak_rss_mib(command: list[str]) -> float:
@@ -103,10 +112,14 @@ def main() -> None:
         print(f"round {rep + 1} of {args.reps} done", file=sys.stderr, flush=True)
 
     prompt = "Hello, my name is"
-    theirs_rss = peak_rss_mib(
-        [str(args.llama_bin / "llama-simple"), "-m", str(path), "-n", "128", prompt]
-    )
-    engine_rss = peak_rss_mib([str(build_simple()), str(path), "-n", "128", prompt])
+    theirs_simple = [str(args.llama_bin / "llama-simple"), "-m", str(path), "-n"]
+    ours_simple = [str(build_simple()), str(path), "-n"]
+    first_token = "first token from a new process (s)"
+    for _ in range(args.reps):
+        theirs[first_token].append(seconds([*theirs_simple, "1", prompt]))
+        ours[first_token].append(seconds([*ours_simple, "1", prompt]))
+    theirs_rss = peak_rss_mib([*theirs_simple, "128", prompt])
+    engine_rss = peak_rss_mib([*ours_simple, "128", prompt])
     generate = [sys.executable, "-m", "tallow", "generate", prompt, "-m", str(path)]
     cli_rss = peak_rss_mib([*generate, "-n", "128", "--temperature", "0"])
     file_mib = path.stat().st_size / 2**20
@@ -117,6 +130,8 @@ def main() -> None:
     for name in ("pp512", "tg128", batched_name, served_name):
         a, b = statistics.mean(ours[name]), statistics.mean(theirs[name])
         print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
+    a, b = (statistics.median(rates[first_token]) for rates in (ours, theirs))
+    print(f"| {first_token}, engine, median | {a:.2f} | {b:.2f} | {b / a:.2f} |")
     limit = _core.read_bandwidth()
     step = model.decode_weight_bytes
     a, b = (statistics.mean(rates["tg128"]) * step for rates in (ours, theirs))

@@ -93,7 +93,7 @@ impl Matrix {
 /// The matrices of `specs`, packing (with `pack`) every one that is read in products and that
 /// this CPU can pack, into one allocation ([`PackedMatrix::pack_many`]), letting the OS drop
 /// the file's pages of each part as soon as it is packed: the file's copy and the packed one
-/// are never both resident, beyond a MiB or so.
+/// are never both resident, beyond a few MiB.
 pub(crate) fn upload(
     file: &Arc<GgufFile>,
     specs: &[MatrixSpec],

@@ -5,6 +5,8 @@
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 
+use tallow_threads::DisjointSlice;
+
 /// Buffers at least this large are aligned to it and asked to use huge pages.
 const HUGE_PAGE: usize = 2 << 20;
 
@@ -36,10 +38,25 @@ impl AlignedBytes {
         if len >= HUGE_PAGE {
             advise_huge_pages(ptr, len);
         }
-        // SAFETY: `ptr` holds `len` bytes (at least), just allocated. Zeroing after the advice
-        // lets the first touch of each 2 MiB fault in a huge page.
-        unsafe { ptr.as_ptr().write_bytes(0, len) };
-        AlignedBytes { ptr, len, layout }
+        let mut bytes = AlignedBytes { ptr, len, layout };
+        // Zeroing after the advice lets the first touch of each 2 MiB fault in a huge page.
+        // The kernel clears each page it faults in, which costs as much as the zeroing
+        // itself: a large buffer is zeroed by every thread of the pool, a huge page at a time.
+        let whole = DisjointSlice::new(bytes.as_mut_slice_uninit());
+        let pages = len.div_ceil(HUGE_PAGE);
+        tallow_threads::global().run(pages, &|page, _| {
+            let range = page * HUGE_PAGE..len.min((page + 1) * HUGE_PAGE);
+            // SAFETY: each task zeroes its own page of the buffer.
+            unsafe { whole.range_mut(range) }.fill(std::mem::MaybeUninit::new(0));
+        });
+        bytes
+    }
+
+    /// The whole buffer, before it is initialized.
+    fn as_mut_slice_uninit(&mut self) -> &mut [std::mem::MaybeUninit<u8>] {
+        // SAFETY: `len` bytes owned by `self`, borrowed exclusively; `MaybeUninit` asks
+        // nothing of their contents.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast(), self.len) }
     }
 
     pub fn as_slice(&self) -> &[u8] {

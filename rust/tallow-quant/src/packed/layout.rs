@@ -149,20 +149,36 @@ impl Layout {
     }
 
     /// Packs the `PACK_ROWS` rows `src` (GGUF layout, whole blocks) into `group`.
+    ///
+    /// Each packed word is written whole (the 16 rows' copies, 64 bytes) from the rows'
+    /// blocks, which stay in the L1 cache while their packed block is written.
     pub(crate) fn pack_group(&self, src: &[u8], group: &mut [u8]) {
-        let packed = self.packed_block_bytes();
-        for (lane, row) in src.chunks_exact(src.len() / PACK_ROWS).enumerate() {
-            for (block, dst) in row
-                .chunks_exact(self.block_bytes)
-                .zip(group.chunks_exact_mut(packed))
+        let row_bytes = src.len() / PACK_ROWS;
+        let first = self.scale_bytes();
+        for (b, dst) in group
+            .chunks_exact_mut(self.packed_block_bytes())
+            .enumerate()
+        {
+            let blocks: [&[u8]; PACK_ROWS] = std::array::from_fn(|lane| {
+                &src[lane * row_bytes + b * self.block_bytes..][..self.block_bytes]
+            });
+            let (halves, words) = dst.split_at_mut(first);
+            for (&at, out) in self
+                .halves
+                .iter()
+                .zip(halves.chunks_exact_mut(2 * PACK_ROWS))
             {
-                for (k, &at) in self.halves.iter().enumerate() {
-                    let to = 2 * PACK_ROWS * k + 2 * lane;
-                    dst[to..to + 2].copy_from_slice(&block[at..at + 2]);
+                for (block, o) in blocks.iter().zip(out.chunks_exact_mut(2)) {
+                    o.copy_from_slice(&block[at..at + 2]);
                 }
-                for (at, to, recode) in self.each_word() {
-                    let word = recode.pack(block[at..at + 4].try_into().unwrap());
-                    dst[to + 4 * lane..to + 4 * lane + 4].copy_from_slice(&word);
+            }
+            let mut words = words.chunks_exact_mut(4 * PACK_ROWS);
+            for &(at, n, recode) in self.words {
+                for (i, out) in (&mut words).take(n).enumerate() {
+                    let at = at + 4 * i;
+                    for (block, o) in blocks.iter().zip(out.chunks_exact_mut(4)) {
+                        o.copy_from_slice(&recode.pack(block[at..at + 4].try_into().unwrap()));
+                    }
                 }
             }
         }

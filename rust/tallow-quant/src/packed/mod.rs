@@ -47,7 +47,7 @@ pub const PACKED_FORMATS: [GgmlType; 7] = [
 const SERIAL_WORK: usize = 1 << 18;
 /// [`PackedMatrix::pack_many`] reports its progress through a source in steps of about this
 /// many bytes.
-const PROGRESS_BYTES: usize = 1 << 20;
+const PROGRESS_BYTES: usize = 4 << 20;
 
 /// A weight matrix packed for the kernels of one instruction set (see the module docs).
 pub struct PackedMatrix {
@@ -129,7 +129,7 @@ impl PackedMatrix {
     /// into one allocation, which is large enough for huge pages when the matrices are: a
     /// model's weights stream through every step, and huge pages spare the page walks.
     /// Reports progress as `packed(i, bytes)`: the bytes `bytes` of source `i` are packed and
-    /// no longer read (in order, about a MiB at a time, so that the caller can let the pages
+    /// no longer read (in order, a few MiB at a time, so that the caller can let the pages
     /// of a large source go while the rest of it is packed). `None` for the sources it leaves
     /// unpacked; an error when a source's size does not match its shape.
     pub fn pack_many(
@@ -171,23 +171,27 @@ impl PackedMatrix {
             places.push(place);
         }
         let mut storage = AlignedBytes::zeroed(total);
+        let pool = tallow_threads::global();
         for (i, (s, place)) in sources.iter().zip(&places).enumerate() {
             let Some((_, group_bytes, range)) = place else {
                 continue;
             };
-            let row_bytes = s.bytes.len() / s.rows;
-            let dst = &mut storage.as_mut_slice()[range.clone()];
-            let src_group_bytes = PACK_ROWS * row_bytes;
-            let mut reported = 0;
-            for (g, group) in dst.chunks_exact_mut(*group_bytes).enumerate() {
-                let done = (g + 1) * src_group_bytes;
-                let src = &s.bytes[done - src_group_bytes..done];
-                let layout = Layout::of(s.ty).expect("only formats with a layout are packed");
-                layout.pack_group(src, group);
-                if done - reported >= PROGRESS_BYTES || done == s.bytes.len() {
-                    packed(i, reported..done);
-                    reported = done;
-                }
+            let layout = Layout::of(s.ty).expect("only formats with a layout are packed");
+            let src_group_bytes = PACK_ROWS * (s.bytes.len() / s.rows);
+            let dst = DisjointSlice::new(&mut storage.as_mut_slice()[range.clone()]);
+            let groups = s.rows / PACK_ROWS;
+            // The pool packs the groups of about PROGRESS_BYTES of the source at a time.
+            let batch = (PROGRESS_BYTES / src_group_bytes).max(1);
+            for first in (0..groups).step_by(batch) {
+                let end = groups.min(first + batch);
+                pool.run(end - first, &|k, _| {
+                    let g = first + k;
+                    let src = &s.bytes[g * src_group_bytes..(g + 1) * src_group_bytes];
+                    // SAFETY: each task writes its own group.
+                    let group = unsafe { dst.range_mut(g * group_bytes..(g + 1) * group_bytes) };
+                    layout.pack_group(src, group);
+                });
+                packed(i, first * src_group_bytes..end * src_group_bytes);
             }
         }
         let storage = Arc::new(storage);

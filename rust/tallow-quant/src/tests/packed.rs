@@ -273,7 +273,7 @@ fn packing_together_equals_packing_alone() {
         (GgmlType::Q8_0, 32, 64),
         (GgmlType::Q4_0, 24, 64),
         (GgmlType::Q4_0, 16, 32),
-        (GgmlType::Q8_0, 1024, 1024),
+        (GgmlType::Q8_0, 2048, 2048),
     ];
     let weights: Vec<Vec<u8>> = shapes
         .iter()
@@ -290,7 +290,7 @@ fn packing_together_equals_packing_alone() {
         })
         .collect();
     // Progress comes in order, source by source, in consecutive ranges that end with the
-    // source (a source of more than a MiB in more than one step).
+    // source (a source of more than a few MiB in more than one step).
     let mut released: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
     let together =
         PackedMatrix::pack_many_with(isa, &sources, |i, bytes| released.push((i, bytes))).unwrap();
