@@ -15,7 +15,8 @@ With ``--random 1b`` (``3b``, ``8b``) the model is a random-weight Llama-shaped 
 that ``random_model.py`` writes (once, into ``$TALLOW_HOME/random``; smollm2-135m's tokenizer):
 the sizes people run, where a decode step streams the whole file. Decode's rows also say what
 each engine's tg128 reads: the bytes of weights a step reads times its rate, beside the rate at
-which this machine's compute threads stream memory (``tallow._core.read_bandwidth``).
+which this machine's compute threads read a buffer of as many bytes
+(``tallow._core.read_bandwidth``).
 
     python benches/compare_llamacpp.py --llama-bin BIN [-m MODEL | --random SIZE] [-r 3]
 
@@ -132,8 +133,8 @@ def main() -> None:
         print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
     a, b = (statistics.median(rates[first_token]) for rates in (ours, theirs))
     print(f"| {first_token}, engine, median | {a:.2f} | {b:.2f} | {b / a:.2f} |")
-    limit = _core.read_bandwidth()
     step = model.decode_weight_bytes
+    limit = _core.read_bandwidth(step)
     a, b = (statistics.mean(rates["tg128"]) * step for rates in (ours, theirs))
     print(
         f"| tg128 reads ({step / 2**20:.1f} MiB a token; this machine {limit / 1e9:.2f} GB/s) | "

@@ -13,7 +13,7 @@ untimed), as llama-bench's ``-d``.
 - :func:`memory`: the process's peak and current resident memory, and what a model holds in
   its device's memory.
 - :func:`decode_reads`: the weights a decode step reads and the rate that makes, beside the
-  rate at which this machine's compute threads read memory (on the CPU).
+  rate at which this machine's compute threads read as many bytes (on the CPU).
 
 Before :func:`prefill` and :func:`decode` time anything, an untimed prefill writes every page
 of their KV cache once, as llama-bench's cache is allocated, cleared and warmed up before it
@@ -238,8 +238,8 @@ class DecodeReads:
     achieved: float
     """Bytes per second of weights at the measured decode rate."""
     limit: float | None
-    """Bytes per second at which the compute threads read memory (a streaming probe), on the
-    CPU; None on a GPU."""
+    """Bytes per second at which the compute threads read a buffer of ``bytes_per_token`` bytes
+    (a streaming probe), on the CPU; None on a GPU."""
 
     def __str__(self) -> str:
         text = (
@@ -255,9 +255,10 @@ class DecodeReads:
 
 
 def decode_reads(model: _core.Model, tokens_per_second: float) -> DecodeReads:
-    """The weights ``model`` reads a decode step at ``tokens_per_second``, beside what a
-    streaming read of 1 GiB (past the caches) on the compute threads achieves where the model
-    runs on the CPU."""
+    """The weights ``model`` reads a decode step at ``tokens_per_second``, beside the rate at
+    which the compute threads read, again and again, a buffer of as many bytes, where the model
+    runs on the CPU: a decode step's limit on this machine (a model that fits the last-level
+    cache in part reads that part from the cache, and so does the probe)."""
     per_token = model.decode_weight_bytes
-    limit = _core.read_bandwidth() if model.device == "cpu" else None
+    limit = _core.read_bandwidth(per_token) if model.device == "cpu" else None
     return DecodeReads(per_token, per_token * tokens_per_second, limit)

@@ -29,12 +29,13 @@ const LARGE: (usize, usize) = (4096, 4096);
 const MATMUL_TOKENS: [usize; 2] = [16, 128];
 /// (rows, cols) of the streamed group: SmolLM2-135M's output matrix (49152 x 576). The other
 /// groups' matrices stay in the L3 cache from one iteration to the next; this one cycles
-/// through copies of itself, at least `STREAM_BYTES` in all (four times a 32 MiB L3 cache), so
-/// that its weights come from memory as a model's do in decode.
+/// through copies of itself, at least `STREAM_BYTES` in all (twice the largest L3 cache of the
+/// machines it runs on, a 480 MiB one), so that its weights come from memory as a 1B-8B model's
+/// do in decode.
 const STREAMED: (usize, usize) = (49152, 576);
 /// The streamed shape for the K-quants, whose rows are whole blocks of 256: as many weights.
 const STREAMED_K: (usize, usize) = (36864, 768);
-const STREAM_BYTES: usize = 128 << 20;
+const STREAM_BYTES: usize = 1 << 30;
 /// (rows, cols) of the prefill group: a 1B Llama's FFN up (or gate) and down projections,
 /// against [`PREFILL_TOKENS`] tokens, the weights and activations of a real prompt's products
 /// (the activations of the down projection, 8192 wide, do not fit in a 2 MiB L2 cache).
@@ -310,9 +311,7 @@ fn streamed(c: &mut Criterion, summary: &mut Summary) {
         g.sampling_mode(SamplingMode::Flat).sample_size(10);
         let mut out = vec![0f32; rows];
         let n_copies = STREAM_BYTES.div_ceil(rows * row_bytes(ty, cols));
-        let copies: Vec<Vec<u8>> = (0..n_copies)
-            .map(|_| weights(ty, rows, cols, &mut rng))
-            .collect();
+        let copies = vec![weights(ty, rows, cols, &mut rng); n_copies];
         let a = acts(ty, 1, cols, &mut rng);
         let (bytes, flops) = (copies[0].len() as u64, Some(2.0 * (rows * cols) as f64));
         let mut next = 0;
