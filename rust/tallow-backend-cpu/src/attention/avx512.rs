@@ -113,6 +113,14 @@ unsafe fn exp16(x: __m512) -> __m512 {
     _mm512_mul_ps(y, _mm512_castsi512_ps(bits))
 }
 
+/// [`super::weight`] in every lane.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn weight16(x: __m512) -> __m512 {
+    let kept = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(super::WEIGHT_CUTOFF));
+    _mm512_maskz_mov_ps(kept, exp16(x))
+}
+
 /// Runs [`rows_kernel`] over the query rows of `q` and their `states`, as many at a time as
 /// the head size allows (4 for 64, 2 for 128); `hd` must be 64 or 128 and the tiles must
 /// hold `n` positions.
@@ -452,10 +460,10 @@ unsafe fn rows_kernel<const R: usize, const V: usize, T: Tile>(
         let tile_max = _mm512_reduce_max_ps(tile_max);
         let state = &mut states[r * (hd + 2)..][..2];
         let new_max = state[0].max(tile_max);
-        alphas[r] = crate::ops::exp(state[0] - new_max);
+        alphas[r] = super::weight(state[0] - new_max);
         let mut sum = _mm512_setzero_ps();
         for g in 0..groups {
-            let p = exp16(_mm512_sub_ps(s[r][g], _mm512_set1_ps(new_max)));
+            let p = weight16(_mm512_sub_ps(s[r][g], _mm512_set1_ps(new_max)));
             let p = _mm512_maskz_mov_ps(valid[g], p);
             sum = _mm512_add_ps(sum, p);
             _mm512_storeu_ps(weights[r][g * LANES..].as_mut_ptr().cast(), p);

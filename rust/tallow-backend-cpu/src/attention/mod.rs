@@ -45,6 +45,24 @@ const TOKEN_BLOCK: usize = 16;
 /// Split units by segment when there are fewer than this many units per thread.
 const UNITS_PER_THREAD: usize = 2;
 
+/// Below this, a softmax weight `exp(x)` (`x`: a score less the running maximum) is taken as
+/// 0. It is then under 2^-92 of the largest weight, far below what an f32 sum of weights
+/// resolves; kept, its products with values are subnormal numbers (a state's weighted sum
+/// starts at 0), which x86 cores compute many times slower: a long prompt's attention ran at
+/// half speed on them.
+const WEIGHT_CUTOFF: f32 = -64.0;
+
+/// The softmax weight `exp(x)` of a score `x` below the running maximum (see
+/// [`WEIGHT_CUTOFF`]; 0 where `x` is NaN: an empty state against an empty tile).
+#[inline(always)]
+fn weight(x: f32) -> f32 {
+    if x >= WEIGHT_CUTOFF {
+        crate::ops::exp(x)
+    } else {
+        0.0
+    }
+}
+
 /// Floats of one online-softmax state: the maximum, the sum, the weighted values.
 fn state_len(heads: &Heads) -> usize {
     heads.head_dim + 2
@@ -750,7 +768,7 @@ fn kernels() -> Kernels {
 mod generic {
     use tallow_backend::Scores;
 
-    use crate::ops::exp;
+    use super::weight;
     #[inline(always)]
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         // Sixteen independent sums: the compiler vectorizes them without reassociating.
@@ -858,9 +876,9 @@ mod generic {
         }
         let page_max = lanes(scores, f32::NEG_INFINITY, f32::max);
         let new_max = state[0].max(page_max);
-        let alpha = exp(state[0] - new_max);
+        let alpha = weight(state[0] - new_max);
         for s in scores.iter_mut() {
-            *s = exp(*s - new_max);
+            *s = weight(*s - new_max);
         }
         let sum = lanes(scores, 0.0, |a, b| a + b);
         state[1] = state[1] * alpha + sum;
@@ -1060,8 +1078,8 @@ mod generic {
     #[inline(always)]
     pub(super) fn merge(state: &mut [f32], other: &[f32]) {
         let new_max = state[0].max(other[0]);
-        let a = exp(state[0] - new_max);
-        let b = exp(other[0] - new_max);
+        let a = weight(state[0] - new_max);
+        let b = weight(other[0] - new_max);
         state[0] = new_max;
         state[1] = state[1] * a + other[1] * b;
         for (x, &y) in state[2..].iter_mut().zip(&other[2..]) {
