@@ -1222,7 +1222,14 @@ mod tests {
             vec![(30, 9), (0, 3)],
             vec![(60, 15), (8, 20), (33, 1)],
         ];
-        check_paged_attention(4, tallow_kv::KvDtype::F32, 75, &chunks, Scores::plain(64));
+        check_paged_attention(
+            4,
+            tallow_kv::KvDtype::F32,
+            75,
+            &chunks,
+            Scores::plain(64),
+            1.0,
+        );
     }
 
     /// Sliding windows (shorter and longer than a segment), soft-capping and another scale,
@@ -1242,7 +1249,7 @@ mod tests {
                 softcap: Some(1.5),
                 window: Some(window),
             };
-            check_paged_attention(4, tallow_kv::KvDtype::F32, 75, &chunks, params);
+            check_paged_attention(4, tallow_kv::KvDtype::F32, 75, &chunks, params, 1.0);
         }
         let chunks = [
             vec![(0, 300)],
@@ -1255,7 +1262,7 @@ mod tests {
             softcap: None,
             window: Some(150),
         };
-        check_paged_attention(16, tallow_kv::KvDtype::F16, 300, &chunks, params);
+        check_paged_attention(16, tallow_kv::KvDtype::F16, 300, &chunks, params, 1.0);
     }
 
     /// The same over f16 pages of 16 (segments of 128 positions), which the AVX-512 kernel
@@ -1268,7 +1275,14 @@ mod tests {
             vec![(130, 9), (0, 3)],
             vec![(250, 50), (8, 20), (133, 1)],
         ];
-        check_paged_attention(16, tallow_kv::KvDtype::F16, 300, &chunks, Scores::plain(64));
+        check_paged_attention(
+            16,
+            tallow_kv::KvDtype::F16,
+            300,
+            &chunks,
+            Scores::plain(64),
+            1.0,
+        );
     }
 
     /// The same over Q8_0 and Q4_0 pages: the reference sees the values the blocks hold.
@@ -1281,7 +1295,7 @@ mod tests {
             vec![(250, 50), (8, 20), (133, 1)],
         ];
         for dtype in [tallow_kv::KvDtype::Q8_0, tallow_kv::KvDtype::Q4_0] {
-            check_paged_attention(16, dtype, 300, &chunks, Scores::plain(64));
+            check_paged_attention(16, dtype, 300, &chunks, Scores::plain(64), 1.0);
         }
     }
 
@@ -1300,8 +1314,40 @@ mod tests {
             window: Some(150),
         };
         for params in [Scores::plain(64), windowed] {
-            check_paged_attention(16, tallow_kv::KvDtype::Bf16, 300, &chunks, params);
+            check_paged_attention(16, tallow_kv::KvDtype::Bf16, 300, &chunks, params, 1.0);
         }
+    }
+
+    /// Queries far larger than the keys, over f16 pages read in place: a token's scores spread
+    /// over hundreds (a standard deviation of about 53), so most of its weights fall under the
+    /// cutoff (exp(-64) of the largest) and count as 0, and every output still matches the
+    /// reference (which keeps them), with the same bits alone or in a chunk.
+    #[test]
+    fn weights_under_the_cutoff_change_nothing_visible() {
+        let chunks = [
+            vec![(0, 300)],
+            vec![(4, 5)],
+            vec![(130, 9), (0, 3)],
+            vec![(200, 100), (37, 5)],
+        ];
+        check_paged_attention(
+            16,
+            tallow_kv::KvDtype::F16,
+            300,
+            &chunks,
+            Scores::plain(64),
+            40.0,
+        );
+    }
+
+    #[test]
+    fn a_weight_is_exp_down_to_the_cutoff_and_zero_below_it_or_for_nan() {
+        assert_eq!(super::weight(0.0), 1.0);
+        let near = super::WEIGHT_CUTOFF + 0.5;
+        assert!((f64::from(super::weight(near)) / f64::from(near).exp() - 1.0).abs() < 1e-6);
+        assert_eq!(super::weight(super::WEIGHT_CUTOFF - 0.5), 0.0);
+        assert_eq!(super::weight(f32::NEG_INFINITY), 0.0);
+        assert_eq!(super::weight(f32::NAN), 0.0);
     }
 
     fn check_paged_attention(
@@ -1310,6 +1356,7 @@ mod tests {
         total: usize,
         chunk_sets: &[Vec<(usize, usize)>],
         params: Scores,
+        query_scale: f32,
     ) {
         use tallow_backend::{Batch, Logits};
         use tallow_kv::{KvBudget, KvDtype, KvLayout, LayerGroups};
@@ -1349,7 +1396,9 @@ mod tests {
         };
         let keys = stored((0..total * kv_dim).map(|_| rng.next()).collect());
         let values = stored((0..total * kv_dim).map(|_| rng.next()).collect());
-        let queries: Vec<f32> = (0..total * q_dim).map(|_| rng.next()).collect();
+        let queries: Vec<f32> = (0..total * q_dim)
+            .map(|_| rng.next() * query_scale)
+            .collect();
 
         // Runs `chunks` (first position, length) of one sequence each; returns each token's
         // output by position.
@@ -1407,8 +1456,9 @@ mod tests {
                 };
                 let want = reference_with(q, &pick(&keys), &pick(&values), params);
                 for (got, want) in out[head * hd..(head + 1) * hd].iter().zip(&want) {
+                    // Scores, and their rounding, grow with the queries.
                     assert!(
-                        (f64::from(*got) - want).abs() < 1e-5,
+                        (f64::from(*got) - want).abs() < 1e-5 * f64::from(query_scale),
                         "pos {pos} head {head} {got} {want}"
                     );
                 }
