@@ -1251,12 +1251,7 @@ mod tests {
             };
             check_paged_attention(4, tallow_kv::KvDtype::F32, 75, &chunks, params, 1.0);
         }
-        let chunks = [
-            vec![(0, 300)],
-            vec![(4, 5)],
-            vec![(130, 9), (0, 3)],
-            vec![(250, 50), (8, 20), (133, 1)],
-        ];
+        let chunks = chunks_of_300_positions();
         let params = Scores {
             scale: 0.125,
             softcap: None,
@@ -1265,35 +1260,35 @@ mod tests {
         check_paged_attention(16, tallow_kv::KvDtype::F16, 300, &chunks, params, 1.0);
     }
 
-    /// The same over f16 pages of 16 (segments of 128 positions), which the AVX-512 kernel
-    /// reads straight from the pool.
-    #[test]
-    fn paged_attention_over_f16_pages_matches_the_reference_for_any_chunking() {
-        let chunks = [
+    /// Chunks of 300 positions over pages of 16 (segments of 128), at several offsets: with
+    /// 1 and 8 threads, [`check_paged_attention`] sees units split by segment and not.
+    fn chunks_of_300_positions() -> [Vec<(usize, usize)>; 4] {
+        [
             vec![(0, 300)],
             vec![(4, 5)],
             vec![(130, 9), (0, 3)],
             vec![(250, 50), (8, 20), (133, 1)],
-        ];
-        check_paged_attention(
-            16,
-            tallow_kv::KvDtype::F16,
-            300,
-            &chunks,
-            Scores::plain(64),
-            1.0,
-        );
+        ]
+    }
+
+    /// The same over f16 pages of 16 (segments of 128 positions), which the AVX-512 kernel
+    /// reads straight from the pool; and with queries 40 times larger, whose scores spread over
+    /// hundreds (a standard deviation of about 53), so that most of a token's weights fall
+    /// under the cutoff (exp(-64) of the largest) and count as 0: every output still matches
+    /// the reference (which keeps them), with the same bits alone or in a chunk.
+    #[test]
+    fn paged_attention_over_f16_pages_matches_the_reference_for_any_chunking() {
+        let chunks = chunks_of_300_positions();
+        for query_scale in [1.0, 40.0] {
+            let (dtype, params) = (tallow_kv::KvDtype::F16, Scores::plain(64));
+            check_paged_attention(16, dtype, 300, &chunks, params, query_scale);
+        }
     }
 
     /// The same over Q8_0 and Q4_0 pages: the reference sees the values the blocks hold.
     #[test]
     fn paged_attention_over_quantized_pages_matches_the_reference_for_any_chunking() {
-        let chunks = [
-            vec![(0, 300)],
-            vec![(4, 5)],
-            vec![(130, 9), (0, 3)],
-            vec![(250, 50), (8, 20), (133, 1)],
-        ];
+        let chunks = chunks_of_300_positions();
         for dtype in [tallow_kv::KvDtype::Q8_0, tallow_kv::KvDtype::Q4_0] {
             check_paged_attention(16, dtype, 300, &chunks, Scores::plain(64), 1.0);
         }
@@ -1302,12 +1297,7 @@ mod tests {
     /// The same over bf16 pages, plain and with the general kernel's sliding window.
     #[test]
     fn paged_attention_over_bf16_pages_matches_the_reference_for_any_chunking() {
-        let chunks = [
-            vec![(0, 300)],
-            vec![(4, 5)],
-            vec![(130, 9), (0, 3)],
-            vec![(250, 50), (8, 20), (133, 1)],
-        ];
+        let chunks = chunks_of_300_positions();
         let windowed = Scores {
             scale: 0.125,
             softcap: Some(2.0),
@@ -1316,28 +1306,6 @@ mod tests {
         for params in [Scores::plain(64), windowed] {
             check_paged_attention(16, tallow_kv::KvDtype::Bf16, 300, &chunks, params, 1.0);
         }
-    }
-
-    /// Queries far larger than the keys, over f16 pages read in place: a token's scores spread
-    /// over hundreds (a standard deviation of about 53), so most of its weights fall under the
-    /// cutoff (exp(-64) of the largest) and count as 0, and every output still matches the
-    /// reference (which keeps them), with the same bits alone or in a chunk.
-    #[test]
-    fn weights_under_the_cutoff_change_nothing_visible() {
-        let chunks = [
-            vec![(0, 300)],
-            vec![(4, 5)],
-            vec![(130, 9), (0, 3)],
-            vec![(200, 100), (37, 5)],
-        ];
-        check_paged_attention(
-            16,
-            tallow_kv::KvDtype::F16,
-            300,
-            &chunks,
-            Scores::plain(64),
-            40.0,
-        );
     }
 
     #[test]
