@@ -172,6 +172,8 @@ impl Layout {
                     o.copy_from_slice(&block[at..at + 2]);
                 }
             }
+            // The runs of words walked directly rather than through `each_word`, whose chained
+            // iterator made loading a 3B model a fifth slower (0.57 against 0.46 s).
             let mut words = words.chunks_exact_mut(4 * PACK_ROWS);
             for &(at, n, recode) in self.words {
                 for (i, out) in (&mut words).take(n).enumerate() {
