@@ -43,8 +43,13 @@ const RECENT: usize = 32;
 impl GrammarCompiler {
     /// A compiler for `tokenizer`'s vocabulary, with limits on the size of a grammar and the
     /// work of building it and of each mask, so that no grammar can hang a request (or the
-    /// step it is in).
+    /// step it is in). Indexing the vocabulary takes a core for a fraction of a second: it
+    /// runs where compilations do, off the engine's cores.
     pub fn new(tokenizer: Arc<Tokenizer>) -> Result<Self, GrammarError> {
+        on_compiler_thread("vocabulary", || Self::index(tokenizer))?
+    }
+
+    fn index(tokenizer: Arc<Tokenizer>) -> Result<Self, GrammarError> {
         let compile_error = |message: String| GrammarError::Compile {
             kind: "vocabulary",
             message,
@@ -104,7 +109,7 @@ impl GrammarCompiler {
             return compiled;
         }
         let compiled = Arc::new(
-            on_compiler_thread(structured, || self.compile_anew(structured)).and_then(|c| c),
+            on_compiler_thread(structured.kind(), || self.compile_anew(structured)).and_then(|c| c),
         );
         let mut recent = self.recent();
         if recent
@@ -156,22 +161,19 @@ fn copy_of(structured: &Structured, compiled: &Compiled) -> Compiled {
     if compiled.is_err() {
         return compiled.clone();
     }
-    on_compiler_thread(structured, || compiled.clone())?
+    on_compiler_thread(structured.kind(), || compiled.clone())?
 }
 
 /// `work` on a thread with [`COMPILE_STACK`] bytes of stack (llguidance recurses through
 /// the definitions of a grammar), at the lowest priority (see
 /// [`yield_to_other_threads`]): the engine's threads, which spin
 /// while they wait for each other, keep their cores while a large grammar compiles or is
-/// copied. A panic in `work` is an error of the compiler.
+/// copied. A panic in `work` is an error of the compiler, about a source of `kind`.
 fn on_compiler_thread<T: Send>(
-    structured: &Structured,
+    kind: &'static str,
     work: impl FnOnce() -> T + Send,
 ) -> Result<T, GrammarError> {
-    let error = |message: String| GrammarError::Compile {
-        kind: structured.kind(),
-        message,
-    };
+    let error = |message: String| GrammarError::Compile { kind, message };
     std::thread::scope(|scope| {
         let compiler = std::thread::Builder::new()
             .name("tallow-grammar".into())
