@@ -21,7 +21,7 @@ use tallow_quant::GgmlType;
 
 pub use bandwidth::read_bandwidth;
 pub use matrix::Matrix;
-pub use pages::{host_cache, HostPages, KvBlock, KvStorage};
+pub use pages::{host_cache, HostPages, KvStorage};
 pub use scratch::Scratch;
 pub use step::CpuStep;
 

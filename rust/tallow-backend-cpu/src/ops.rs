@@ -1,6 +1,7 @@
 //! Element-wise and row-wise operations of the forward pass.
 
 use tallow_backend::Activation;
+use tallow_quant::ActivationKernels;
 
 /// `out = x / rms(x) * weight` for each row of `x`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -72,117 +73,21 @@ pub fn add_rows(x: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// `exp(x)`, as Cephes' single-precision polynomial (relative error about 1e-7), written
-/// so that loops over it vectorize; `x` is clamped to [-87, 88], so `exp(-inf)` is a value
-/// under 2^-125 rather than 0.
-#[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    let x = x.clamp(EXP_MIN, EXP_MAX);
-    let n = (x * std::f32::consts::LOG2_E + EXP_ROUND) - EXP_ROUND;
-    let r = x - n * EXP_LN2_HI + n * EXP_LN2_LO;
-    let mut y = EXP_POLY[0];
-    for c in &EXP_POLY[1..] {
-        y = y * r + c;
-    }
-    y = y * (r * r) + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
-}
-
-/// The constants of [`exp`], shared with the vector versions: the clamp, the rounding constant
-/// (adding and subtracting 1.5 * 2^23 rounds to the nearest integer), ln 2 in two parts
-/// (`x - n ln 2` = `x - n * HI + n * LO`) and the polynomial of `(e^r - 1 - r) / r^2`,
-/// highest degree first.
-pub(crate) const EXP_MIN: f32 = -87.0;
-pub(crate) const EXP_MAX: f32 = 88.0;
-pub(crate) const EXP_ROUND: f32 = 12_582_912.0;
-pub(crate) const EXP_LN2_HI: f32 = 0.693_359_4;
-pub(crate) const EXP_LN2_LO: f32 = 2.121_944_4e-4;
-pub(crate) const EXP_POLY: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    0.5,
-];
-
 /// `gate = act(gate) * up`, in place; on the thread pool when there are many values, with
 /// the CPU's widest vectors.
 pub fn gated(activation: Activation, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len());
-    let kernels = gated_kernels();
-    let kernel = match activation {
-        Activation::Silu => kernels.silu,
-        Activation::GeluTanh => kernels.gelu_tanh,
-    };
+    let (kernels, kernel) = (tallow_quant::activation_kernels(), gated_kernel(activation));
     by_rows(gate, 1, &|gate, first| {
-        kernel(gate, &up[first..first + gate.len()])
+        kernel(&kernels, gate, &up[first..first + gate.len()])
     });
 }
 
-/// `sqrt(2 / pi)`, of GELU's tanh approximation.
-const GELU_C: f32 = 0.797_884_6;
-
-/// `gate = act(gate) * up` for SiLU (`GELU` false) or GELU-tanh, written with [`exp`] so that
-/// it vectorizes: `gelu(x) = x * sigmoid(2c(x + 0.044715 x^3))` is the tanh form.
-#[inline(always)]
-fn gated_loop<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        let z = if GELU {
-            2.0 * GELU_C * (x + 0.044_715 * x * x * x)
-        } else {
-            x
-        };
-        *g = x / (1.0 + exp(-z)) * u;
-    }
-}
-
-/// `gate = act(gate) * up`, in place.
-type GatedFn = fn(&mut [f32], &[f32]);
-
-#[derive(Clone, Copy)]
-struct GatedKernels {
-    silu: GatedFn,
-    gelu_tanh: GatedFn,
-}
-
-/// [`gated_loop`] compiled for the best vectors of the running CPU (picked once).
-fn gated_kernels() -> GatedKernels {
-    static KERNELS: std::sync::OnceLock<GatedKernels> = std::sync::OnceLock::new();
-    *KERNELS.get_or_init(pick_gated_kernels)
-}
-
-fn pick_gated_kernels() -> GatedKernels {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f")]
-        unsafe fn avx512<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
-            gated_loop::<GELU>(gate, up)
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
-            gated_loop::<GELU>(gate, up)
-        }
-        use tallow_quant::Isa;
-        if Isa::detected() >= Isa::Avx512 {
-            // SAFETY: the CPU has AVX-512 F.
-            return GatedKernels {
-                silu: |gate, up| unsafe { avx512::<false>(gate, up) },
-                gelu_tanh: |gate, up| unsafe { avx512::<true>(gate, up) },
-            };
-        }
-        if Isa::detected() >= Isa::Avx2 {
-            // SAFETY: the CPU has AVX2 and FMA.
-            return GatedKernels {
-                silu: |gate, up| unsafe { avx2::<false>(gate, up) },
-                gelu_tanh: |gate, up| unsafe { avx2::<true>(gate, up) },
-            };
-        }
-    }
-    GatedKernels {
-        silu: gated_loop::<false>,
-        gelu_tanh: gated_loop::<true>,
+/// The kernel table's loop for `activation`.
+fn gated_kernel(activation: Activation) -> fn(&ActivationKernels, &mut [f32], &[f32]) {
+    match activation {
+        Activation::Silu => ActivationKernels::silu,
+        Activation::GeluTanh => ActivationKernels::gelu_tanh,
     }
 }
 
@@ -249,20 +154,6 @@ mod tests {
         assert_eq!(&out[4..], &[1.0, 2.0, 1.0, 1.0]);
     }
 
-    #[test]
-    fn exp_is_close_to_std() {
-        let mut worst = 0f64;
-        for i in -87_000..=88_000 {
-            let x = i as f32 / 1000.0;
-            let (got, want) = (f64::from(exp(x)), f64::from(x).exp());
-            worst = worst.max((got - want).abs() / want);
-        }
-        assert!(worst < 3e-7, "relative error {worst}");
-        assert!(exp(f32::NEG_INFINITY) < 1e-37);
-        assert!(exp(f32::INFINITY).is_finite());
-        assert_eq!(exp(0.0), 1.0);
-    }
-
     /// Many rows (on the pool) give each row the bits it gets alone.
     #[test]
     fn rms_norm_on_the_pool_equals_one_row_at_a_time() {
@@ -292,14 +183,11 @@ mod tests {
         let n = 10_000;
         let gate: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 6.0).collect();
         let up: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-        for (activation, kernel) in [
-            (Activation::Silu, gated_kernels().silu),
-            (Activation::GeluTanh, gated_kernels().gelu_tanh),
-        ] {
+        for activation in [Activation::Silu, Activation::GeluTanh] {
             let mut pooled = gate.clone();
             gated(activation, &mut pooled, &up);
             let mut alone = gate.clone();
-            kernel(&mut alone, &up);
+            gated_kernel(activation)(&tallow_quant::activation_kernels(), &mut alone, &up);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&pooled), bits(&alone));
         }

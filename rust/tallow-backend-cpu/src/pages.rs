@@ -10,7 +10,7 @@ use tallow_kv::{
     KvBudget, KvDtype, KvError, KvKind, KvLayout, LayerGroups, PageId, PageStore, PagedKvCache,
     Result, SeqId, Slot,
 };
-use tallow_quant::GgmlType;
+use tallow_quant::{GgmlType, KvBlock};
 
 #[derive(Debug, Clone)]
 enum Data {
@@ -29,39 +29,6 @@ impl Data {
             Data::F32(v) => v.copy_within(src..src + n, dst),
             Data::Bf16(v) => v.copy_within(src..src + n, dst),
             Data::Quantized(_, v) => v.copy_within(src..src + n, dst),
-        }
-    }
-}
-
-/// One (page, layer, K or V, KV head) block: `page_size` rows of `head_dim` values, slot `s`
-/// at `[s * head_dim..(s + 1) * head_dim]` (of a quantized pool, bytes
-/// `[s * row_bytes..(s + 1) * row_bytes]`, see [`KvLayout::row_bytes`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum KvBlock<'a> {
-    /// The pool stores f16.
-    F16(&'a [f16]),
-    /// The pool stores f32.
-    F32(&'a [f32]),
-    /// The pool stores bfloat16.
-    Bf16(&'a [bf16]),
-    /// The pool stores rows of GGML blocks of this format.
-    Quantized(GgmlType, &'a [u8]),
-}
-
-impl KvBlock<'_> {
-    /// Converts the first `out.len() / head_dim` rows to f32 into `out` with the portable
-    /// conversions (the attention kernels have faster ones).
-    pub fn read_f32(&self, head_dim: usize, out: &mut [f32]) {
-        let rows = out.len() / head_dim;
-        match *self {
-            KvBlock::F16(b) => b[..out.len()].convert_to_f32_slice(out),
-            KvBlock::F32(b) => out.copy_from_slice(&b[..out.len()]),
-            KvBlock::Bf16(b) => b[..out.len()].convert_to_f32_slice(out),
-            KvBlock::Quantized(format, b) => {
-                let row = head_dim / format.block_len() * format.block_bytes();
-                tallow_quant::dequantize(format, &b[..rows * row], out)
-                    .expect("whole rows of whole blocks");
-            }
         }
     }
 }

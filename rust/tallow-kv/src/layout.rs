@@ -50,6 +50,17 @@ impl KvDtype {
         }
     }
 
+    /// The element type of its rows as a GGML type: F16, F32, BF16 or the block format.
+    pub const fn element_type(self) -> tallow_quant::GgmlType {
+        match (self, self.block_format()) {
+            (KvDtype::F16, _) => tallow_quant::GgmlType::F16,
+            (KvDtype::F32, _) => tallow_quant::GgmlType::F32,
+            (KvDtype::Bf16, _) => tallow_quant::GgmlType::BF16,
+            (_, Some(ty)) => ty,
+            (_, None) => panic!("the other types have a block format"),
+        }
+    }
+
     /// Its name: `f16`, `f32`, `bf16`, `q8_0` or `q4_0`.
     pub const fn name(self) -> &'static str {
         match self {

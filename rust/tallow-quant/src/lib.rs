@@ -6,6 +6,10 @@
 //! an integer dot product inside every block with one float multiply-add per block, as in
 //! ggml. Every kernel has a scalar reference; SIMD versions (AVX2, AVX-512 with or without
 //! VNNI, NEON) are chosen at run time for the running CPU, see [`Isa`].
+//!
+//! The same tree, one table per instruction set, holds the CPU's other inner loops: attention
+//! over KV pages in f32, f16, bf16 or a block format ([`attention_kernels`]) and the gated
+//! activations ([`activation_kernels`]).
 
 mod acts;
 mod aligned;
@@ -27,7 +31,12 @@ mod tests;
 pub use acts::{ActsBuffer, ActsLen, QuantizedActs};
 pub use aligned::AlignedBytes;
 pub use error::QuantError;
-pub use kernels::{Isa, ISA_ENV};
+pub use kernels::activations::ActivationKernels;
+pub use kernels::attention::{
+    AttentionKernels, KvBlock, RowsInPlace, IN_PLACE_PAGE, TILE_POSITIONS, WEIGHT_CUTOFF,
+};
+pub use kernels::exp::exp;
+pub use kernels::{activation_kernels, attention_kernels, Isa, ISA_ENV};
 pub use matmul::{matmul, matmul_with};
 pub use packed::{PackedMatrix, WeightSource, PACKED_FORMATS};
 pub use types::GgmlType;

@@ -19,49 +19,25 @@
 //! a batch has too few units to keep every thread busy (decoding one or two sequences), each
 //! unit is split further by segment, the segments' states go to scratch memory and are
 //! merged afterwards; otherwise a unit merges its segments itself.
+//!
+//! The inner loops (a tile into the states, merging states, widening) are the kernel table's,
+//! [`tallow_quant::attention_kernels`]; this module splits the work and walks the pages.
 
 use std::ops::Range;
-use std::sync::OnceLock;
 
-use half::f16;
 use tallow_backend::{BackendError, Batch, Heads, Scores, StepPlan};
-use tallow_kv::{KvKind, KvLayout, PageId};
+use tallow_kv::{KvKind, PageId};
+use tallow_quant::{attention_kernels, KvBlock, IN_PLACE_PAGE, TILE_POSITIONS};
 use tallow_threads::DisjointSlice;
 
-use crate::pages::{KvBlock, KvStorage};
-
-#[cfg(target_arch = "x86_64")]
-mod avx512;
-#[cfg(target_arch = "x86_64")]
-mod fma;
+use crate::pages::KvStorage;
 
 /// Pages per segment.
 const SEGMENT_PAGES: usize = 8;
-/// Most positions per tile: whole pages, as many as fit, in a number that divides
-/// [`SEGMENT_PAGES`].
-const TILE_POSITIONS: usize = 64;
 /// Tokens of one chunk per unit of work.
 const TOKEN_BLOCK: usize = 16;
 /// Split units by segment when there are fewer than this many units per thread.
 const UNITS_PER_THREAD: usize = 2;
-
-/// Below this, a softmax weight `exp(x)` (`x`: a score less the running maximum) is taken as
-/// 0. It is then under 2^-92 of the largest weight, far below what an f32 sum of weights
-/// resolves; kept, its products with values are subnormal numbers (a state's weighted sum
-/// starts at 0), which x86 cores compute many times slower: a long prompt's attention ran at
-/// half speed on them.
-const WEIGHT_CUTOFF: f32 = -64.0;
-
-/// The softmax weight `exp(x)` of a score `x` below the running maximum (see
-/// [`WEIGHT_CUTOFF`]; 0 where `x` is NaN: an empty state against an empty tile).
-#[inline(always)]
-fn weight(x: f32) -> f32 {
-    if x >= WEIGHT_CUTOFF {
-        crate::ops::exp(x)
-    } else {
-        0.0
-    }
-}
 
 /// Floats of one online-softmax state: the maximum, the sum, the weighted values.
 fn state_len(heads: &Heads) -> usize {
@@ -300,9 +276,15 @@ impl Attention<'_> {
         let pages = self.step.group(self.layer)?.table(unit.chunk);
         let storage = self.storage;
         let visible_max = first + unit.tokens.end;
-        let kernel = kernels();
+        let kernel = attention_kernels();
         // Pages go to the kernel as they are, without a widened copy, where it takes them.
-        let rows_in_place = kernel.rows_in_place(storage.layout(), unit.tokens.len() * hg);
+        let layout = storage.layout();
+        let rows_in_place = kernel.rows_in_place(
+            layout.dtype.element_type(),
+            hd,
+            layout.page_size,
+            unit.tokens.len() * hg,
+        );
         running.chunks_exact_mut(state_len).for_each(empty);
         for segment in unit.segments.clone() {
             segment_states.chunks_exact_mut(state_len).for_each(empty);
@@ -311,7 +293,7 @@ impl Attention<'_> {
             for tile_start in (start..end).step_by(plan.tile_len()) {
                 let rows = plan.tile_len().min(end - tile_start);
                 // The tile as the kernel reads it: pages as they are, or a widened copy.
-                let mut key_pages = [KvBlock::F32(&[]); MAX_TILE_PAGES];
+                let mut key_pages = [KvBlock::F32(&[]); TILE_POSITIONS / IN_PLACE_PAGE];
                 let mut value_pages = key_pages;
                 for (p, page_start) in (tile_start..tile_start + rows)
                     .step_by(plan.page_size)
@@ -333,9 +315,7 @@ impl Attention<'_> {
                     Some(rows) => {
                         let used = n.div_ceil(plan.page_size);
                         let (k, v) = (&key_pages[..used], &value_pages[..used]);
-                        // SAFETY: `kernels` only picks functions whose features the CPU has;
-                        // the kernel checks its operands.
-                        unsafe { rows(states, q, k, v, n, hd) }
+                        rows.call(states, q, k, v, n, hd)
                     }
                     None => {
                         let (k, v) = (&keys[..n * hd], &values[..n * hd]);
@@ -407,7 +387,7 @@ impl Attention<'_> {
         let chunk = &self.batch.chunks[unit.chunk];
         let first = self.step.first_pos[unit.chunk];
         let pages = self.step.group(self.layer)?.table(unit.chunk);
-        let kernel = kernels();
+        let kernel = attention_kernels();
         let lowest = self.scores.first_visible(first + unit.tokens.start);
         running.chunks_exact_mut(state_len).for_each(empty);
         for segment in unit.segments.clone() {
@@ -442,7 +422,8 @@ impl Attention<'_> {
                         &keys[lo * hd..hi * hd],
                         &values[lo * hd..hi * hd],
                         &mut scores[..hi - lo],
-                        self.scores,
+                        self.scores.scale,
+                        self.scores.softcap,
                     );
                 }
             }
@@ -467,8 +448,8 @@ impl Attention<'_> {
         let rows = (positions.start - tile_start) * hd..(positions.end - tile_start) * hd;
         let storage = self.storage;
         let block = |kind| storage.block(page, self.layer, kv_head, kind);
-        kernels().read(block(KvKind::Key)?, hd, &mut keys[rows.clone()]);
-        kernels().read(block(KvKind::Value)?, hd, &mut values[rows]);
+        attention_kernels().read(block(KvKind::Key)?, hd, &mut keys[rows.clone()]);
+        attention_kernels().read(block(KvKind::Value)?, hd, &mut values[rows]);
         Ok(())
     }
 
@@ -506,7 +487,7 @@ impl Attention<'_> {
                     for g in 0..hg {
                         let at = (ti * hg + g) * state_len;
                         let seg = &segment_states[at..at + state_len];
-                        kernels().merge(&mut running[at..at + state_len], seg);
+                        attention_kernels().merge(&mut running[at..at + state_len], seg);
                     }
                 }
             }
@@ -539,7 +520,7 @@ impl Attention<'_> {
         let h = &plan.heads;
         let (hd, group, state_len) = (h.head_dim, h.group(), state_len(h));
         let slot_len = n_states_max(plan) * state_len;
-        let kernel = kernels();
+        let kernel = attention_kernels();
         let mut running = [0f32; MAX_STATE];
         let running = &mut running[..state_len];
         for (c, chunk) in self.batch.chunks.iter().enumerate() {
@@ -601,561 +582,6 @@ fn finish(state: &[f32], out: &mut [f32]) {
     for (o, &a) in out.iter_mut().zip(&state[2..]) {
         *o = a * inv;
     }
-}
-
-/// `(states, q, keys, values, scores)`: see [`Kernels::page`].
-type PageFn = unsafe fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32]);
-
-/// `(states, q, key pages, value pages, positions, head_dim)`: [`Kernels::page`] over pages
-/// of 16 positions as the pool holds them.
-type RowsInPlaceFn = unsafe fn(&mut [f32], &[f32], &[KvBlock<'_>], &[KvBlock<'_>], usize, usize);
-
-/// Most pages of 16 positions in a tile.
-const MAX_TILE_PAGES: usize = TILE_POSITIONS / 16;
-
-/// The inner loops, compiled for the best instruction set of the running CPU.
-#[derive(Clone, Copy)]
-struct Kernels {
-    /// f16 keys or values to f32.
-    widen: unsafe fn(&[f16], &mut [f32]),
-    page: PageFn,
-    /// Where the CPU has one, a kernel that reads pages directly.
-    in_place: Option<InPlaceKernel>,
-    merge: unsafe fn(&mut [f32], &[f32]),
-    general: GeneralFn,
-}
-
-/// `(states, q, keys, values, scores, scale, softcap)`: [`Kernels::general`].
-type GeneralFn = unsafe fn(&mut [f32], &[f32], &[f32], &[f32], &mut [f32], f32, Option<f32>);
-
-/// A kernel that reads pages directly, and whether it reads those of a layout. (Only x86-64
-/// has one so far.)
-#[derive(Clone, Copy)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct InPlaceKernel {
-    rows: RowsInPlaceFn,
-    /// Whether it reads the pages of a layout, for a number of query rows at a time.
-    reads: fn(&KvLayout, usize) -> bool,
-}
-
-impl Kernels {
-    /// The kernel that reads the pages of a cache of `layout` directly for `rows` query rows,
-    /// where the CPU has one and it reads the layout's dtype, head size and page size for that
-    /// many rows. (Its bits are those of the widened copy: the choice changes no result.)
-    fn rows_in_place(&self, layout: &KvLayout, rows: usize) -> Option<RowsInPlaceFn> {
-        self.in_place
-            .filter(|k| (k.reads)(layout, rows))
-            .map(|k| k.rows)
-    }
-
-    /// Takes `n = scores.len()` positions (`keys` and `values`, `n` rows of the head
-    /// dimension) into the states of the query rows `q` (one state per row, side by side in
-    /// `states`). Each row's result is the same whatever rows come with it.
-    fn page(
-        &self,
-        states: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-    ) {
-        check_operands(states, q, keys, values, scores);
-        // SAFETY: `kernels` only picks functions whose features the CPU has.
-        unsafe { (self.page)(states, q, keys, values, scores) }
-    }
-
-    /// The first `out.len()` values (rows of `head_dim`) of a KV block, as f32.
-    fn read(&self, block: KvBlock<'_>, head_dim: usize, out: &mut [f32]) {
-        match block {
-            // SAFETY: `kernels` only picks functions whose features the CPU has.
-            KvBlock::F16(b) => unsafe { (self.widen)(&b[..out.len()], out) },
-            KvBlock::F32(b) => out.copy_from_slice(&b[..out.len()]),
-            // A shift each (the compiler vectorizes the portable loop).
-            KvBlock::Bf16(_) | KvBlock::Quantized(..) => block.read_f32(head_dim, out),
-        }
-    }
-
-    /// [`Kernels::page`] with the scale and soft-cap of `params`.
-    fn general(
-        &self,
-        states: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-        params: Scores,
-    ) {
-        check_operands(states, q, keys, values, scores);
-        // SAFETY: `kernels` only picks functions whose features the CPU has.
-        unsafe {
-            (self.general)(
-                states,
-                q,
-                keys,
-                values,
-                scores,
-                params.scale,
-                params.softcap,
-            )
-        }
-    }
-
-    /// Merges state `other` into `state`.
-    fn merge(&self, state: &mut [f32], other: &[f32]) {
-        // SAFETY: as above.
-        unsafe { (self.merge)(state, other) }
-    }
-}
-
-/// Panics unless the operands of a page kernel agree: `n = scores.len()` rows of keys and
-/// values, whole query rows, and a state of `head_dim + 2` floats per query row.
-fn check_operands(states: &[f32], q: &[f32], keys: &[f32], values: &[f32], scores: &[f32]) {
-    let hd = keys.len() / scores.len();
-    assert!(
-        scores.len() * hd == keys.len()
-            && keys.len() == values.len()
-            && q.len().is_multiple_of(hd)
-            && states.len() == q.len() / hd * (hd + 2)
-    );
-}
-
-/// f16 to f32 with the `half` crate (which uses F16C where the CPU has it).
-fn widen_portable(src: &[f16], out: &mut [f32]) {
-    use half::slice::HalfFloatSliceExt;
-    src.convert_to_f32_slice(out);
-}
-
-fn kernels() -> Kernels {
-    static KERNELS: OnceLock<Kernels> = OnceLock::new();
-    *KERNELS.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use tallow_quant::Isa;
-            if Isa::detected() >= Isa::Avx512 {
-                return Kernels {
-                    widen: avx512::widen,
-                    page: avx512::rows,
-                    in_place: Some(InPlaceKernel {
-                        rows: avx512::rows_pages,
-                        reads: avx512::reads_pages,
-                    }),
-                    merge: x86::merge_avx512,
-                    general: fma::avx512::rows_with,
-                };
-            }
-            if Isa::detected() >= Isa::Avx2 {
-                return Kernels {
-                    widen: x86::widen_f16c,
-                    page: fma::rows_avx2,
-                    in_place: None,
-                    merge: x86::merge_avx2,
-                    general: fma::avx2::rows_with,
-                };
-            }
-        }
-        Kernels {
-            widen: widen_portable,
-            page: portable::page,
-            in_place: None,
-            merge: portable::merge,
-            general: portable::general,
-        }
-    })
-}
-
-/// The loops written once, compiled per instruction set by the wrappers below (the compiler
-/// vectorizes them for the features of the function they are inlined into).
-mod generic {
-    use tallow_backend::Scores;
-
-    use super::weight;
-    #[inline(always)]
-    fn dot(a: &[f32], b: &[f32]) -> f32 {
-        // Sixteen independent sums: the compiler vectorizes them without reassociating.
-        let mut acc = [0f32; 16];
-        let (a16, a_tail) = a.as_chunks::<16>();
-        let (b16, b_tail) = b.as_chunks::<16>();
-        for (x, y) in a16.iter().zip(b16) {
-            for i in 0..16 {
-                acc[i] += x[i] * y[i];
-            }
-        }
-        let tail: f32 = a_tail.iter().zip(b_tail).map(|(x, y)| x * y).sum();
-        acc.iter().sum::<f32>() + tail
-    }
-
-    /// [`dot`] of `a` with each of the four rows of `b`, each the same bits as alone: the
-    /// rows' sums are independent, and taking them side by side keeps the adds from waiting
-    /// on one another (and each chunk of `a` is loaded once for the four).
-    #[inline(always)]
-    fn dots4(a: &[f32], b: &[f32]) -> [f32; 4] {
-        let n = a.len();
-        // Arrays spelt out: `std::array::from_fn` may stay out of line in the
-        // `target_feature` functions that inline this one.
-        let rows: [&[f32]; 4] = [&b[..n], &b[n..2 * n], &b[2 * n..3 * n], &b[3 * n..4 * n]];
-        let mut acc = [[0f32; 16]; 4];
-        let (a16, a_tail) = a.as_chunks::<16>();
-        let [y0, y1, y2, y3] = rows.map(|r| r.as_chunks::<16>().0);
-        for ((((x, y0), y1), y2), y3) in a16.iter().zip(y0).zip(y1).zip(y2).zip(y3) {
-            for i in 0..16 {
-                acc[0][i] += x[i] * y0[i];
-                acc[1][i] += x[i] * y1[i];
-                acc[2][i] += x[i] * y2[i];
-                acc[3][i] += x[i] * y3[i];
-            }
-        }
-        let done = a16.len() * 16;
-        let total = |k: usize| {
-            let tail: f32 = a_tail
-                .iter()
-                .zip(&rows[k][done..])
-                .map(|(x, y)| x * y)
-                .sum();
-            acc[k].iter().sum::<f32>() + tail
-        };
-        [total(0), total(1), total(2), total(3)]
-    }
-
-    /// One page for one query head, with the plain scale (what the tests compare with).
-    #[cfg(test)]
-    #[inline(always)]
-    pub(super) fn page(
-        state: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-    ) {
-        let scale = Scores::plain(q.len()).scale;
-        page_with(state, q, keys, values, scores, scale, None)
-    }
-
-    /// [`page`] with scores `dot * scale`, soft-capped to `cap * tanh(score / cap)`.
-    #[inline(always)]
-    pub(super) fn page_with(
-        state: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-        scale: f32,
-        softcap: Option<f32>,
-    ) {
-        let hd = q.len();
-        let (fours, rest) = scores.as_chunks_mut::<4>();
-        for (s, k) in fours.iter_mut().zip(keys.chunks_exact(4 * hd)) {
-            *s = dots4(q, k);
-        }
-        let done = fours.len() * 4;
-        for (s, k) in rest.iter_mut().zip(keys[done * hd..].chunks_exact(hd)) {
-            *s = dot(q, k);
-        }
-        let alpha = softmax(state, scores, scale, softcap);
-        let acc = &mut state[2..];
-        let done = weighted_values::<64>(acc, 0, alpha, scores, values);
-        let done = weighted_values::<16>(acc, done, alpha, scores, values);
-        weighted_values::<1>(acc, done, alpha, scores, values);
-    }
-
-    /// The scores of one page taken into a state `[max, sum, acc...]`: scaled (and
-    /// soft-capped), turned into weights `exp(score - new max)` in place, their sum added to
-    /// the state's rescaled sum; returns the factor `alpha` that rescales the state's
-    /// accumulated values to the new max.
-    #[inline(always)]
-    pub(super) fn softmax(
-        state: &mut [f32],
-        scores: &mut [f32],
-        scale: f32,
-        softcap: Option<f32>,
-    ) -> f32 {
-        for s in scores.iter_mut() {
-            *s *= scale;
-            if let Some(cap) = softcap {
-                *s = cap * (*s / cap).tanh();
-            }
-        }
-        let page_max = lanes(scores, f32::NEG_INFINITY, f32::max);
-        let new_max = state[0].max(page_max);
-        let alpha = weight(state[0] - new_max);
-        for s in scores.iter_mut() {
-            *s = weight(*s - new_max);
-        }
-        let sum = lanes(scores, 0.0, |a, b| a + b);
-        state[1] = state[1] * alpha + sum;
-        state[0] = new_max;
-        alpha
-    }
-
-    /// `values` folded by `op` in eight running results, then those in order and the values
-    /// past the last eight: a loop with one running result is a chain of dependent operations
-    /// that does not vectorize. (A maximum is the same in any order.)
-    #[inline(always)]
-    fn lanes(values: &[f32], start: f32, op: impl Fn(f32, f32) -> f32) -> f32 {
-        let mut running = [start; 8];
-        let (chunks, tail) = values.as_chunks::<8>();
-        for chunk in chunks {
-            for (r, &v) in running.iter_mut().zip(chunk) {
-                *r = op(*r, v);
-            }
-        }
-        let folded = running.into_iter().fold(start, &op);
-        tail.iter().fold(folded, |a, &v| op(a, v))
-    }
-
-    /// `acc = acc * alpha + sum(p * v)` over the positions' weights `scores` and value rows
-    /// `values`, for the elements of `acc` from `from` on in blocks of `N`; returns where the
-    /// whole blocks end. Each element is scaled, then takes the positions in order, as a loop
-    /// over positions would do it, but a block stays in registers across the positions
-    /// instead of going through memory once per position (and `N` independent sums keep the
-    /// adds from waiting on one another).
-    #[inline(always)]
-    fn weighted_values<const N: usize>(
-        acc: &mut [f32],
-        from: usize,
-        alpha: f32,
-        scores: &[f32],
-        values: &[f32],
-    ) -> usize {
-        let hd = acc.len();
-        let mut at = from;
-        while at + N <= hd {
-            let block: &mut [f32; N] = (&mut acc[at..at + N]).try_into().unwrap();
-            let mut sums = block.map(|a| a * alpha);
-            for (&p, v) in scores.iter().zip(values.chunks_exact(hd)) {
-                let x: &[f32; N] = v[at..at + N].try_into().unwrap();
-                for i in 0..N {
-                    sums[i] += p * x[i];
-                }
-            }
-            *block = sums;
-            at += N;
-        }
-        at
-    }
-
-    /// [`page`] for each query row of `q`, with its state in `states`.
-    #[inline(always)]
-    pub(super) fn rows(
-        states: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-    ) {
-        let scale = Scores::plain(keys.len() / scores.len()).scale;
-        rows_with(states, q, keys, values, scores, scale, None)
-    }
-
-    /// [`page_with`] for each query row of `q`: [`JOINT_ROWS`] rows at a time where the
-    /// tile has at most [`super::TILE_POSITIONS`] positions, so that each key and value row is
-    /// loaded once for them all; each row's result is the same bits as alone.
-    #[inline(always)]
-    pub(super) fn rows_with(
-        states: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-        scale: f32,
-        softcap: Option<f32>,
-    ) {
-        let n = scores.len();
-        let hd = keys.len() / n;
-        let rows = q.len() / hd;
-        let joint = if n <= super::TILE_POSITIONS {
-            rows / JOINT_ROWS * JOINT_ROWS
-        } else {
-            0
-        };
-        let (joint_states, states) = states.split_at_mut(joint * (hd + 2));
-        let (joint_q, q) = q.split_at(joint * hd);
-        for (states, q) in joint_states
-            .chunks_exact_mut(JOINT_ROWS * (hd + 2))
-            .zip(joint_q.chunks_exact(JOINT_ROWS * hd))
-        {
-            let mut rest = [0f32; (JOINT_ROWS - 1) * super::TILE_POSITIONS];
-            joint_rows(states, q, keys, values, scores, &mut rest, scale, softcap);
-        }
-        for (state, q) in states.chunks_exact_mut(hd + 2).zip(q.chunks_exact(hd)) {
-            page_with(state, q, keys, values, scores, scale, softcap);
-        }
-    }
-
-    /// Query rows [`rows_with`] takes through the keys and values together.
-    const JOINT_ROWS: usize = 4;
-
-    /// [`page_with`] for [`JOINT_ROWS`] query rows at once: the scores of row 0 in `scores`,
-    /// of the others in `rest`; every score and every element of a state computed with the
-    /// operations of [`page_with`], in its order.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn joint_rows(
-        states: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-        rest: &mut [f32],
-        scale: f32,
-        softcap: Option<f32>,
-    ) {
-        let n = scores.len();
-        let hd = keys.len() / n;
-        let (r1, rest) = rest.split_at_mut(n);
-        let (r2, rest) = rest.split_at_mut(n);
-        let r3 = &mut rest[..n];
-        let mut rows: [&mut [f32]; JOINT_ROWS] = [scores, r1, r2, r3];
-        let qr: [&[f32]; JOINT_ROWS] = [&q[..hd], &q[hd..2 * hd], &q[2 * hd..3 * hd], &q[3 * hd..]];
-        // The scores: each key's chunks loaded once for the four rows, each row's sums as
-        // `dot` makes them.
-        let [q0, q1, q2, q3] = qr.map(|q| q.as_chunks::<16>().0);
-        for (j, key) in keys.chunks_exact(hd).enumerate() {
-            let mut acc = [[0f32; 16]; JOINT_ROWS];
-            let (k16, k_tail) = key.as_chunks::<16>();
-            for ((((y, x0), x1), x2), x3) in k16.iter().zip(q0).zip(q1).zip(q2).zip(q3) {
-                for i in 0..16 {
-                    acc[0][i] += x0[i] * y[i];
-                    acc[1][i] += x1[i] * y[i];
-                    acc[2][i] += x2[i] * y[i];
-                    acc[3][i] += x3[i] * y[i];
-                }
-            }
-            let done = k16.len() * 16;
-            for ((row, acc), q) in rows.iter_mut().zip(&acc).zip(&qr) {
-                let tail: f32 = q[done..].iter().zip(k_tail).map(|(x, y)| x * y).sum();
-                row[j] = acc.iter().sum::<f32>() + tail;
-            }
-        }
-        // The softmax of each row, as `page_with`.
-        let mut alphas = [0f32; JOINT_ROWS];
-        for ((row, state), alpha) in rows
-            .iter_mut()
-            .zip(states.chunks_exact_mut(hd + 2))
-            .zip(&mut alphas)
-        {
-            *alpha = softmax(state, row, scale, softcap);
-        }
-        // The values: a block of 16 elements of the four rows in registers across the
-        // positions, each value chunk loaded once for the four.
-        let mut accs = states.chunks_exact_mut(hd + 2).map(|s| &mut s[2..]);
-        let mut accs: [&mut [f32]; JOINT_ROWS] = [
-            accs.next().unwrap(),
-            accs.next().unwrap(),
-            accs.next().unwrap(),
-            accs.next().unwrap(),
-        ];
-        let mut at = 0;
-        while at + 16 <= hd {
-            let mut sums = [[0f32; 16]; JOINT_ROWS];
-            for ((sums, acc), alpha) in sums.iter_mut().zip(&accs).zip(alphas) {
-                for i in 0..16 {
-                    sums[i] = acc[at + i] * alpha;
-                }
-            }
-            let [w0, w1, w2, w3] = [&*rows[0], &*rows[1], &*rows[2], &*rows[3]];
-            for ((((v, &w0), &w1), &w2), &w3) in
-                values.chunks_exact(hd).zip(w0).zip(w1).zip(w2).zip(w3)
-            {
-                let x: &[f32; 16] = v[at..at + 16].try_into().unwrap();
-                for i in 0..16 {
-                    sums[0][i] += w0 * x[i];
-                    sums[1][i] += w1 * x[i];
-                    sums[2][i] += w2 * x[i];
-                    sums[3][i] += w3 * x[i];
-                }
-            }
-            for (sums, acc) in sums.iter().zip(&mut accs) {
-                acc[at..at + 16].copy_from_slice(sums);
-            }
-            at += 16;
-        }
-        for ((acc, alpha), row) in accs.iter_mut().zip(alphas).zip(&rows) {
-            let scores: &[f32] = row;
-            weighted_values::<1>(acc, at, alpha, scores, values);
-        }
-    }
-
-    #[inline(always)]
-    pub(super) fn merge(state: &mut [f32], other: &[f32]) {
-        let new_max = state[0].max(other[0]);
-        let a = weight(state[0] - new_max);
-        let b = weight(other[0] - new_max);
-        state[0] = new_max;
-        state[1] = state[1] * a + other[1] * b;
-        for (x, &y) in state[2..].iter_mut().zip(&other[2..]) {
-            *x = *x * a + y * b;
-        }
-    }
-}
-
-mod portable {
-    pub(super) unsafe fn page(
-        states: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-    ) {
-        super::generic::rows(states, q, keys, values, scores)
-    }
-
-    pub(super) unsafe fn merge(state: &mut [f32], other: &[f32]) {
-        super::generic::merge(state, other)
-    }
-
-    pub(super) unsafe fn general(
-        states: &mut [f32],
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        scores: &mut [f32],
-        scale: f32,
-        softcap: Option<f32>,
-    ) {
-        super::generic::rows_with(states, q, keys, values, scores, scale, softcap)
-    }
-}
-
-/// `unsafe fn $name(args)` calling `generic::$generic(args)`, compiled with `$features`: the
-/// generic loops vectorized for one instruction set.
-#[cfg(target_arch = "x86_64")]
-macro_rules! compiled_with {
-    ($features:literal: $($name:ident => $generic:ident($($arg:ident: $ty:ty),*);)*) => {
-        $(
-            #[target_feature(enable = $features)]
-            pub(super) unsafe fn $name($($arg: $ty),*) {
-                super::generic::$generic($($arg),*)
-            }
-        )*
-    };
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use half::f16;
-    use std::arch::x86_64::*;
-
-    /// f16 to f32 with F16C, eight values per instruction (exact, as every f16 conversion).
-    #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn widen_f16c(src: &[f16], out: &mut [f32]) {
-        assert_eq!(src.len(), out.len());
-        let (src8, src_tail) = src.as_chunks::<8>();
-        let (out8, out_tail) = out.as_chunks_mut::<8>();
-        for (s, o) in src8.iter().zip(out8) {
-            let halves = _mm_loadu_si128(s.as_ptr().cast());
-            _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(halves));
-        }
-        for (s, o) in src_tail.iter().zip(out_tail) {
-            *o = s.to_f32();
-        }
-    }
-
-    compiled_with!("avx512f,avx2,fma":
-        merge_avx512 => merge(state: &mut [f32], other: &[f32]);
-    );
-    compiled_with!("avx2,fma":
-        merge_avx2 => merge(state: &mut [f32], other: &[f32]);
-    );
 }
 
 #[cfg(test)]
@@ -1308,16 +734,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_weight_is_exp_down_to_the_cutoff_and_zero_below_it_or_for_nan() {
-        assert_eq!(super::weight(0.0), 1.0);
-        let near = super::WEIGHT_CUTOFF + 0.5;
-        assert!((f64::from(super::weight(near)) / f64::from(near).exp() - 1.0).abs() < 1e-6);
-        assert_eq!(super::weight(super::WEIGHT_CUTOFF - 0.5), 0.0);
-        assert_eq!(super::weight(f32::NEG_INFINITY), 0.0);
-        assert_eq!(super::weight(f32::NAN), 0.0);
-    }
-
     fn check_paged_attention(
         page_size: usize,
         dtype: tallow_kv::KvDtype,
@@ -1460,96 +876,23 @@ mod tests {
         assert!(saw_parts, "query heads cut between threads are tested");
     }
 
-    /// The kernels picked for this CPU agree with the generic loops (the ones a CPU without
-    /// AVX2 runs, and any head size or page size the SIMD kernel does not take).
-    #[test]
-    fn selected_kernels_agree_with_the_generic_loops() {
-        let mut rng = Lcg(11);
-        let kernel = super::kernels();
-        for hd in [64, 128, 40, 48, 256] {
-            for n in (1..=20).chain([31, 32, 33, 47, 48, 63, 64, 70]) {
-                let q: Vec<f32> = (0..hd).map(|_| rng.next()).collect();
-                let keys: Vec<f32> = (0..n * hd).map(|_| rng.next()).collect();
-                let values: Vec<f32> = (0..n * hd).map(|_| rng.next()).collect();
-                let mut start = vec![0f32; hd + 2];
-                start[0] = 0.5;
-                start[1] = 2.0;
-                start[2..].iter_mut().for_each(|v| *v = rng.next());
-                let (mut a, mut b) = (start.clone(), start.clone());
-                kernel.page(&mut a, &q, &keys, &values, &mut vec![0.0; n]);
-                super::generic::page(&mut b, &q, &keys, &values, &mut vec![0.0; n]);
-                for (x, y) in a.iter().zip(&b) {
-                    assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "hd {hd} n {n}");
-                }
-            }
-        }
-    }
-
-    /// The selected f16 widening equals `half`'s for every f16 value.
-    #[test]
-    fn widening_matches_half_for_every_value() {
-        use half::f16;
-        let src: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
-        let mut out = vec![0f32; src.len()];
-        super::kernels().read(crate::pages::KvBlock::F16(&src), 1, &mut out);
-        for (s, o) in src.iter().zip(&out) {
-            let want = s.to_f32();
-            assert!(
-                want.to_bits() == o.to_bits() || (want.is_nan() && o.is_nan()),
-                "{s}"
-            );
-        }
-    }
-
-    /// Several query rows in one call give each row the bits it gets alone.
-    #[test]
-    fn rows_together_equal_rows_alone() {
-        let mut rng = Lcg(12);
-        let kernel = super::kernels();
-        for (hd, rows) in [
-            (64, 3),
-            (64, 4),
-            (64, 7),
-            (128, 2),
-            (128, 3),
-            (40, 2),
-            (256, 5),
-            (24, 6),
-        ] {
-            for n in [1, 5, 16, 17, 40, 64] {
-                let q: Vec<f32> = (0..rows * hd).map(|_| rng.next()).collect();
-                let keys: Vec<f32> = (0..n * hd).map(|_| rng.next()).collect();
-                let values: Vec<f32> = (0..n * hd).map(|_| rng.next()).collect();
-                let start: Vec<f32> = (0..rows * (hd + 2)).map(|_| rng.next()).collect();
-                let mut together = start.clone();
-                kernel.page(&mut together, &q, &keys, &values, &mut vec![0.0; n]);
-                for r in 0..rows {
-                    let mut alone = start[r * (hd + 2)..(r + 1) * (hd + 2)].to_vec();
-                    let q = &q[r * hd..(r + 1) * hd];
-                    kernel.page(&mut alone, q, &keys, &values, &mut vec![0.0; n]);
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    let got = &together[r * (hd + 2)..(r + 1) * (hd + 2)];
-                    assert_eq!(bits(got), bits(&alone), "hd {hd} rows {rows} n {n} row {r}");
-                }
-            }
-        }
-    }
-
     /// Reading f16, bf16, Q8_0 and Q4_0 pages directly gives the bits of the kernel on the
-    /// widened values.
+    /// widened values (for any number of query rows, whether or not the kernel is picked for
+    /// that many). Only AVX-512 has such a kernel.
     #[test]
     fn pages_read_in_place_equal_widened_rows() {
-        use crate::pages::{KvBlock, KvStorage};
+        use crate::pages::KvStorage;
         use tallow_kv::{KvDtype, KvKind, KvLayout, PageId, Slot};
-        let kernel = super::kernels();
-        let Some(in_place) = kernel.in_place else {
-            return;
-        };
+        use tallow_quant::KvBlock;
+        let kernel = super::attention_kernels();
         let mut rng = Lcg(13);
         for dtype in [KvDtype::F16, KvDtype::Bf16, KvDtype::Q8_0, KvDtype::Q4_0] {
             for (hd, rows) in [(64, 3), (64, 4), (64, 7), (128, 2), (128, 3)] {
                 let layout = KvLayout::new(1, 1, hd).with_page_size(16).with_dtype(dtype);
-                assert!((in_place.reads)(&layout, 1), "{dtype:?} {hd}");
+                let Some(in_place) = kernel.rows_in_place(dtype.element_type(), hd, 16, 1) else {
+                    assert!(tallow_quant::Isa::detected() < tallow_quant::Isa::Avx512);
+                    return;
+                };
                 for n in [1usize, 5, 16, 17, 40, 63, 64] {
                     let q: Vec<f32> = (0..rows * hd).map(|_| rng.next()).collect();
                     // Whole pages of 16 positions, past the visible ones too.
@@ -1583,8 +926,7 @@ mod tests {
                     let (k, v) = (widen(&key_pages), widen(&value_pages));
                     kernel.page(&mut want, &q, &k, &v, &mut vec![0.0; n]);
                     let mut got = start;
-                    // SAFETY: only handed out for a CPU that has the features.
-                    unsafe { (in_place.rows)(&mut got, &q, &key_pages, &value_pages, n, hd) };
+                    in_place.call(&mut got, &q, &key_pages, &value_pages, n, hd);
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&got),
@@ -1611,7 +953,7 @@ mod tests {
         let keys: Vec<f32> = (0..n * hd).map(|_| next()).collect();
         let values: Vec<f32> = (0..n * hd).map(|_| next()).collect();
         let want = reference(&q, &keys, &values);
-        let kernel = super::kernels();
+        let kernel = super::attention_kernels();
         // Two segments of pages of 16 (the last one partial), merged.
         let mut running = vec![0f32; hd + 2];
         super::empty(&mut running);

@@ -2,73 +2,29 @@
 //!
 //! One binary runs on any CPU of its architecture: kernels are compiled with
 //! `#[target_feature]` per instruction set, and the best set the CPU has is picked once, on
-//! first use. Each set has one table of kernels, a row per format, built once with the gaps
-//! filled from the next set down and finally the scalar reference (see [`table`]).
+//! first use. Each set has one table of kernels, a row per format and a row of float kernels
+//! (attention, activations), built once with the gaps filled from the next set down and
+//! finally the scalar reference (see [`table`]).
+//!
+//! The tree is by instruction set, as ggml-cpu's `arch/<isa>/`: [`scalar`], `x86::avx2`,
+//! `x86::avx512` (VNNI being a variant of it) and `neon`, each listing its own kernels;
+//! loops written once over a vector width sit beside the sets that compile them
+//! (`x86::packed`, `x86::attention`), and portable loops that each set compiles with its
+//! features in [`attention::loops`] and [`activations`].
 
-/// The row quantizers `q8_0` and `q8_1`, compiled with `$features`, over the calling module's
-/// `q8_block(&[f32; 32]) -> Option<(d, quants, sum)>` (`None`: the block takes the scalar
-/// quantizer), so that every instruction set's quantizers write blocks the same way.
-#[cfg(target_arch = "x86_64")]
-macro_rules! q8_row_quantizers {
-    ($features:literal) => {
-        /// Q8_0 blocks of the row `x` into `dst`.
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn q8_0(x: &[f32], dst: &mut [u8]) {
-            let blocks = crate::blocks::as_blocks_mut::<crate::blocks::BlockQ8_0>(dst);
-            for (xs, b) in x.as_chunks::<32>().0.iter().zip(blocks) {
-                match q8_block(xs) {
-                    Some((d, qs, _)) => {
-                        b.d = crate::fp16::f32_to_f16(d);
-                        b.qs = qs;
-                    }
-                    None => crate::reference::quantize::q8_0(xs, b),
-                }
-            }
-        }
-
-        /// Q8_1 blocks of the row `x` into `dst`.
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn q8_1(x: &[f32], dst: &mut [u8]) {
-            let blocks = crate::blocks::as_blocks_mut::<crate::blocks::BlockQ8_1>(dst);
-            for (xs, b) in x.as_chunks::<32>().0.iter().zip(blocks) {
-                match q8_block(xs) {
-                    Some((d, qs, sum)) => {
-                        b.d = crate::fp16::f32_to_f16(d);
-                        b.s = crate::fp16::f32_to_f16(sum as f32 * d);
-                        b.qs = qs;
-                    }
-                    None => crate::reference::quantize::q8_1(xs, b),
-                }
-            }
-        }
-    };
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
-#[cfg(target_arch = "x86_64")]
-mod dequantize_avx2;
+pub(crate) mod activations;
+pub(crate) mod attention;
+pub(crate) mod exp;
 #[cfg(target_arch = "aarch64")]
 mod neon;
-#[cfg(target_arch = "x86_64")]
-mod packed_formats;
-#[cfg(target_arch = "x86_64")]
-mod packed_operands;
-mod packed_scalar;
-#[cfg(target_arch = "x86_64")]
-mod packed_simd;
-#[cfg(target_arch = "x86_64")]
-mod quantize_avx2;
-#[cfg(target_arch = "x86_64")]
-mod quantize_avx512;
 mod scalar;
 mod table;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use std::sync::OnceLock;
 
-pub(crate) use table::RawRow;
+pub(crate) use table::{RawFloatRow, RawRow};
 
 use table::{RawDequantize, RawQuantize};
 
@@ -118,24 +74,6 @@ impl TileScales<'_> {
             "tile scales do not fit the operands"
         );
     }
-}
-
-/// Checks the operands of a tile kernel of `T` tokens and views them as blocks: the weight
-/// row and the activation rows, all of the same length (so that the loops index them without
-/// checks).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn tile_operands<'a, W: crate::blocks::Block, A: crate::blocks::Block, const T: usize>(
-    w: &'a [u8],
-    a: &[&'a [u8]],
-    scales: &TileScales,
-    out: &[f32],
-) -> (&'a [W], [&'a [A]; T]) {
-    let w = crate::blocks::as_blocks::<W>(w);
-    let a: [&[A]; T] = std::array::from_fn(|t| crate::blocks::as_blocks::<A>(a[t]));
-    assert!(a.iter().all(|a| a.len() == w.len()) && out.len() == T);
-    scales.check(w.len(), T);
-    (w, a.map(|a| &a[..w.len()]))
 }
 
 /// A tile kernel that is safe to call on this CPU.
@@ -334,6 +272,22 @@ impl Dequantizer {
         // SAFETY: only built by the kernel table of a set the CPU has.
         unsafe { (self.0)(src, dst) }
     }
+}
+
+/// The attention kernels of the best instruction set of the running CPU.
+pub fn attention_kernels() -> attention::AttentionKernels {
+    float_kernels().attention
+}
+
+/// The gated activations of the best instruction set of the running CPU.
+pub fn activation_kernels() -> activations::ActivationKernels {
+    float_kernels().activations
+}
+
+fn float_kernels() -> table::FloatKernels {
+    Isa::detected()
+        .float_kernels()
+        .expect("the detected set is available")
 }
 
 /// The scalar reference dot product of weights of type `ty` (`None` for the activation-only

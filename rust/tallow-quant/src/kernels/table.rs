@@ -1,7 +1,9 @@
 //! One table of kernels per instruction set: a row per tensor type holding every kernel of
-//! that type (dot product, tile, rows, packed, activation quantizer), with the fallbacks to
+//! that type (dot product, tile, rows, packed, activation quantizer, dequantizer), and one
+//! row of float kernels (attention over KV pages, gated activations), with the fallbacks to
 //! lesser sets resolved once, when the table is built (as ggml's per-type trait rows). Each
-//! set's module lists its own kernels in one `row` function; this module combines them.
+//! set's module lists its own kernels in its `row` and `float_row` functions; this module
+//! combines them.
 //!
 //! Fallbacks, down the chain AVX-512 VNNI → AVX-512 → AVX2 → scalar (NEON → scalar):
 //! - The row-major kernels of a type (dot product, tile, rows) come as a set, since a set's
@@ -12,9 +14,12 @@
 //!   it (NEON keeps its row-major kernels).
 //! - An activation quantizer, and a dequantizer, come from the next set down, finally the
 //!   scalar one (the dequantizers: `crate::dequantize` falls back to the reference).
+//! - A float kernel comes from the next set down, finally the scalar one, which has them all.
 
 use std::sync::OnceLock;
 
+use super::activations::{ActivationKernels, RawActivations};
+use super::attention::{AttentionKernels, RawAttention};
 use super::{
     Dequantizer, Isa, Packed, Quantizer, RawPacked, RawRows, RawTile, RawVecDot, Rows, Tile, VecDot,
 };
@@ -56,19 +61,51 @@ pub(crate) struct Kernels {
     pub(crate) dequantize: Option<Dequantizer>,
 }
 
-/// Every type's [`Kernels`] on one instruction set, indexed by `GgmlType as usize`.
-pub(crate) struct KernelTable([Kernels; GgmlType::ALL.len()]);
+/// The float kernels one instruction set has of its own.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct RawFloatRow {
+    pub(crate) attention: RawAttention,
+    pub(crate) activations: RawActivations,
+}
+
+/// The float kernels of an instruction set the CPU has, fallbacks included.
+#[derive(Clone, Copy)]
+pub(crate) struct FloatKernels {
+    pub(crate) attention: AttentionKernels,
+    pub(crate) activations: ActivationKernels,
+}
+
+/// Every type's [`Kernels`] on one instruction set, indexed by `GgmlType as usize`, and its
+/// [`FloatKernels`] (`None` for a set the CPU lacks).
+pub(crate) struct KernelTable {
+    types: [Kernels; GgmlType::ALL.len()],
+    float: Option<FloatKernels>,
+}
 
 impl KernelTable {
     fn build(isa: Isa) -> Self {
-        let mut table = KernelTable([Kernels::default(); GgmlType::ALL.len()]);
+        let mut table = KernelTable {
+            types: [Kernels::default(); GgmlType::ALL.len()],
+            float: None,
+        };
         if !isa.is_available() {
             return table;
         }
         let lower = isa.fallback().map(|l| (l, l.table()));
+        let own = isa.own_float_row();
+        table.float = Some(match lower.and_then(|(_, t)| t.float) {
+            Some(below) => FloatKernels {
+                attention: own.attention.or(below.attention),
+                activations: own.activations.or(below.activations),
+            },
+            None => FloatKernels {
+                attention: own.attention.whole(),
+                activations: own.activations.whole(),
+            },
+        });
         for ty in GgmlType::ALL {
             let own = isa.own_row(ty);
-            let below = lower.map(|(_, t)| t.0[ty as usize]).unwrap_or_default();
+            let below = lower.map(|(_, t)| t.types[ty as usize]).unwrap_or_default();
             let row_major = match own.vec_dot {
                 Some(vec_dot) => Kernels {
                     vec_dot: Some(VecDot(vec_dot)),
@@ -82,7 +119,7 @@ impl KernelTable {
                 Some((Isa::Scalar, _)) | None => None,
                 Some(_) => below.packed,
             };
-            table.0[ty as usize] = Kernels {
+            table.types[ty as usize] = Kernels {
                 packed: own.packed.map(Packed).or(packed_below),
                 quantize: own.quantize.map(Quantizer).or(below.quantize),
                 dequantize: own.dequantize.map(Dequantizer).or(below.dequantize),
@@ -110,15 +147,27 @@ impl Isa {
         match self {
             Isa::Scalar => super::scalar::row(ty),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => super::avx2::row(ty),
+            Isa::Avx2 => super::x86::avx2::row(ty),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => super::avx512::row(ty, false),
+            Isa::Avx512 => super::x86::avx512::row(ty, false),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => super::avx512::row(ty, true),
+            Isa::Avx512Vnni => super::x86::avx512::row(ty, true),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => super::neon::row(ty),
             #[allow(unreachable_patterns)]
             _ => RawRow::default(),
+        }
+    }
+
+    /// The float kernels this set has of its own.
+    fn own_float_row(self) -> RawFloatRow {
+        match self {
+            Isa::Scalar => super::scalar::float_row(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => super::x86::avx2::float_row(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => super::x86::avx512::float_row(),
+            _ => RawFloatRow::default(),
         }
     }
 
@@ -131,6 +180,11 @@ impl Isa {
 
     /// The kernels of this set for `ty`, fallbacks included; none where the CPU lacks the set.
     pub(crate) fn kernels(self, ty: GgmlType) -> Kernels {
-        self.table().0[ty as usize]
+        self.table().types[ty as usize]
+    }
+
+    /// The float kernels of this set, fallbacks included; `None` where the CPU lacks the set.
+    pub(crate) fn float_kernels(self) -> Option<FloatKernels> {
+        self.table().float
     }
 }

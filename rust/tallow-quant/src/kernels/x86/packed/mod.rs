@@ -22,21 +22,24 @@
 //! pairs within 2 * 128 * 127); with VNNI the stored quants serve as they are.
 //!
 //! Per row the integer sums are exact and the f32 operations are those of the scalar packed
-//! kernels (`super::packed_scalar`) in the same order, so the outputs are equal bit for bit
+//! kernels (`crate::kernels::scalar`) in the same order, so the outputs are equal bit for bit
 //! at either width, and a token's outputs do not depend on the other tokens of the tile.
 //!
 //! # Safety
-//! As in [`super::packed_simd`]: the [`avx2`] entry points need AVX2, FMA and F16C, the
-//! [`avx512`] ones AVX-512 F and BW, the [`avx512_vnni`] ones VNNI too; `super::Isa::kernels`
+//! As in [`simd`]: the [`avx2`] entry points need AVX2, FMA and F16C, the
+//! [`avx512`] ones AVX-512 F and BW, the [`avx512_vnni`] ones VNNI too; `crate::kernels::Isa::kernels`
 //! only hands them out when the CPU has them.
 
 use std::arch::x86_64::*;
 
-use super::avx512::{Bw, Vnni};
-use super::packed_operands::{act_quad, Bytes, Operands};
-use super::packed_simd::{Simd, V256, V512};
-use super::{TileScales, PACK_ROWS};
+mod operands;
+mod simd;
+
+use self::operands::{act_quad, Bytes, Operands};
+use self::simd::{Simd, V256, V512};
+use super::{Bw, Vnni};
 use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1};
+use crate::kernels::{TileScales, PACK_ROWS};
 
 /// `[f(0), .., f(n - 1)]` of integer vectors, built by a loop in the function that uses it: a
 /// closure is a function of its own, which the compiler may leave out of line.

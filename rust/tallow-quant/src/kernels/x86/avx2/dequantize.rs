@@ -4,12 +4,12 @@
 //! through them, a tile of positions at a time.
 //!
 //! # Safety
-//! Every function here needs AVX2 and F16C; `super::Isa::kernels` only hands them out when the
+//! Every function here needs AVX2 and F16C; `crate::kernels::Isa::kernels` only hands them out when the
 //! CPU has them. `dst` holds exactly the elements of `src`'s whole blocks.
 
 use std::arch::x86_64::*;
 
-use super::avx2::fp16;
+use super::fp16;
 use crate::blocks::{as_blocks, BlockQ4_0, BlockQ8_0};
 
 /// Eight signed bytes (the low 64 bits of `bytes`) times `d`, stored at `out`.

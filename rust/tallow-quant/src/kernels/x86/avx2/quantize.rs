@@ -4,7 +4,7 @@
 //! scalar quantizer, so every input gives exactly the reference's bytes.
 //!
 //! # Safety
-//! Every function here needs AVX2 and FMA; `super::Isa::kernels` only hands them out when the
+//! Every function here needs AVX2 and FMA; `crate::kernels::Isa::kernels` only hands them out when the
 //! CPU has them.
 
 use std::arch::x86_64::*;

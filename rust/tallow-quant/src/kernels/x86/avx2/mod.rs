@@ -7,26 +7,31 @@
 //! cannot saturate.
 //!
 //! # Safety
-//! Every function here needs AVX2, FMA and F16C; `super::Isa` only hands them out when the
+//! Every function here needs AVX2, FMA and F16C; `crate::kernels::Isa` only hands them out when the
 //! CPU has them. Memory is only reached through references to whole blocks.
 
 use std::arch::x86_64::*;
 
-use super::table::{RawDequantize, RawQuantize};
-use super::{RawPacked, RawRow, RawTile, RawVecDot};
+mod dequantize;
+mod quantize;
+
+use super::tile_operands;
 use crate::blocks::{
     as_blocks, k4_scales_mins, q3k_scales, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
     BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
+use crate::kernels::activations::{gated_loop, RawActivations};
+use crate::kernels::attention::{loops, RawAttention};
+use crate::kernels::table::{RawDequantize, RawQuantize};
+use crate::kernels::{RawFloatRow, RawPacked, RawRow, RawTile, RawVecDot};
 use crate::reference::vec_dot as reference;
 use crate::GgmlType;
 
 /// The AVX2 kernels of `ty`: a dot product for every weight format, tiles for the legacy
 /// formats, packed kernels for the formats `crate::packed` lays out, and the activation
 /// quantizers.
-pub(super) fn row(ty: GgmlType) -> RawRow {
-    use super::packed_formats::avx2 as packed;
-    use super::quantize_avx2 as quantize;
+pub(crate) fn row(ty: GgmlType) -> RawRow {
+    use super::packed::avx2 as packed;
     type Kernels = (
         Option<RawVecDot>,
         Option<RawTile>,
@@ -56,8 +61,8 @@ pub(super) fn row(ty: GgmlType) -> RawRow {
         GgmlType::Q8_K => (None, None, None, Some(quantize::q8_k)),
     };
     let dequantize: Option<RawDequantize> = match ty {
-        GgmlType::Q8_0 => Some(super::dequantize_avx2::q8_0),
-        GgmlType::Q4_0 => Some(super::dequantize_avx2::q4_0),
+        GgmlType::Q8_0 => Some(dequantize::q8_0),
+        GgmlType::Q4_0 => Some(dequantize::q4_0),
         _ => None,
     };
     RawRow {
@@ -67,6 +72,30 @@ pub(super) fn row(ty: GgmlType) -> RawRow {
         packed,
         quantize,
         dequantize,
+    }
+}
+
+compiled_with!("avx2,fma":
+    merge => loops::merge, (state: &mut [f32], other: &[f32]);
+    silu => gated_loop::<false>, (gate: &mut [f32], up: &[f32]);
+    gelu_tanh => gated_loop::<true>, (gate: &mut [f32], up: &[f32]);
+);
+
+/// The AVX2 attention kernels (the FMA tile kernel at 8 lanes) and gated activations.
+pub(crate) fn float_row() -> RawFloatRow {
+    use super::attention::{avx2, rows_avx2, widen_f16c};
+    RawFloatRow {
+        attention: RawAttention {
+            widen: Some(widen_f16c),
+            page: Some(rows_avx2),
+            in_place: None,
+            merge: Some(merge),
+            general: Some(avx2::rows_with),
+        },
+        activations: RawActivations {
+            silu: Some(silu),
+            gelu_tanh: Some(gelu_tanh),
+        },
     }
 }
 
@@ -506,10 +535,10 @@ unsafe fn load8(v: &[f32; 8]) -> __m256 {
 unsafe fn tile_q4_1_q8_1<const T: usize>(
     w: &[u8],
     a: &[&[u8]],
-    scales: &super::TileScales,
+    scales: &crate::kernels::TileScales,
     out: &mut [f32],
 ) {
-    let (w, a) = super::tile_operands::<BlockQ4_1, BlockQ8_1, T>(w, a, scales, out);
+    let (w, a) = tile_operands::<BlockQ4_1, BlockQ8_1, T>(w, a, scales, out);
     let ad = block_scales(scales.d, w.len());
     let lane0 = scales.lane0.min(8 - T);
     let mut acc = [_mm256_setzero_ps(); T];
@@ -543,10 +572,10 @@ macro_rules! signed_tile {
             unsafe fn $kernel<const T: usize>(
                 w: &[u8],
                 a: &[&[u8]],
-                scales: &super::TileScales,
+                scales: &crate::kernels::TileScales,
                 out: &mut [f32],
             ) {
-                let (w, a) = super::tile_operands::<$block, BlockQ8_0, T>(w, a, scales, out);
+                let (w, a) = tile_operands::<$block, BlockQ8_0, T>(w, a, scales, out);
                 let ad = block_scales(scales.d, w.len());
                 let lane0 = scales.lane0.min(8 - T);
                 let mut acc = [_mm256_setzero_ps(); T];
@@ -579,7 +608,7 @@ macro_rules! tile_entry_points {
     ($($kernel:ident => $entry:ident),* $(,)?) => {
         $(
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn $entry(w: &[u8], a: &[&[u8]], scales: &super::TileScales, out: &mut [f32]) {
+            unsafe fn $entry(w: &[u8], a: &[&[u8]], scales: &crate::kernels::TileScales, out: &mut [f32]) {
                 match a.len() {
                     8 => $kernel::<8>(w, a, scales, out),
                     7 => $kernel::<7>(w, a, scales, out),

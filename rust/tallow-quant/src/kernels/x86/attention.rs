@@ -1,6 +1,6 @@
 //! The attention tile kernel with fused multiply-adds, written once over a vector of
 //! [`Lanes`] floats and compiled for AVX2 (8 lanes, module [`avx2`]) and AVX-512 (16 lanes,
-//! module [`avx512`]), for head sizes that are whole vectors (others take the generic loops).
+//! module [`avx512`]), for head sizes that are whole vectors (others take the portable loops, `crate::kernels::attention::loops`).
 //!
 //! Query rows go four at a time through a tile: their scores three keys at a time (each key
 //! chunk loaded once for the four rows, each query chunk once for the three keys, twelve
@@ -16,14 +16,14 @@
 //!
 //! # Safety
 //! The [`avx2`] entry points need AVX2 and FMA, the [`avx512`] ones AVX-512 F; the kernel
-//! table (`super::kernels`) only picks them where the CPU has them.
+//! table (`crate::kernels::table`) only picks them where the CPU has them.
 
 use std::arch::x86_64::*;
 
-use tallow_backend::Scores;
+use half::f16;
 
-use super::generic::{self, softmax};
-use super::TILE_POSITIONS;
+use crate::kernels::attention::loops::{self, softmax};
+use crate::kernels::attention::{plain_scale, TILE_POSITIONS};
 
 /// A vector of f32 lanes and the operations the kernel takes.
 trait Lanes: Copy {
@@ -274,7 +274,7 @@ unsafe fn rows_with<L: Lanes>(
     let n = scores.len();
     let hd = keys.len() / n;
     if !fits(hd, L::LANES) {
-        return generic::rows_with(states, q, keys, values, scores, scale, softcap);
+        return loops::rows_with(states, q, keys, values, scores, scale, softcap);
     }
     assert!(keys.len() == values.len() && states.len() / (hd + 2) == q.len() / hd);
     let rows = q.len() / hd;
@@ -338,12 +338,12 @@ unsafe fn groups_of<'s, 'q, L: Lanes, const R: usize, const K: usize, const V: u
 /// Declares module `$module`: [`rows_with`] at vectors of `$lanes`, compiled with `$features`.
 macro_rules! entry_points {
     ($module:ident, $lanes:ty, $features:literal) => {
-        pub(super) mod $module {
+        pub(crate) mod $module {
             use super::*;
 
             /// See [`super::rows_with`].
             #[target_feature(enable = $features)]
-            pub(in crate::attention) unsafe fn rows_with(
+            pub(crate) unsafe fn rows_with(
                 states: &mut [f32],
                 q: &[f32],
                 keys: &[f32],
@@ -362,15 +362,30 @@ entry_points!(avx2, __m256, "avx2,fma");
 entry_points!(avx512, __m512, "avx512f");
 
 /// [`avx2::rows_with`] with the plain scale `1 / sqrt(head_dim)` (AVX-512 has a kernel of its
-/// own for it, `super::avx512::rows`).
+/// own for it, `super::avx512::attention::rows`).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn rows_avx2(
+pub(crate) unsafe fn rows_avx2(
     states: &mut [f32],
     q: &[f32],
     keys: &[f32],
     values: &[f32],
     scores: &mut [f32],
 ) {
-    let scale = Scores::plain(keys.len() / scores.len()).scale;
+    let scale = plain_scale(keys.len() / scores.len());
     avx2::rows_with(states, q, keys, values, scores, scale, None)
+}
+
+/// f16 to f32 with F16C, eight values per instruction (exact, as every f16 conversion).
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn widen_f16c(src: &[f16], out: &mut [f32]) {
+    assert_eq!(src.len(), out.len());
+    let (src8, src_tail) = src.as_chunks::<8>();
+    let (out8, out_tail) = out.as_chunks_mut::<8>();
+    for (s, o) in src8.iter().zip(out8) {
+        let halves = _mm_loadu_si128(s.as_ptr().cast());
+        _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(halves));
+    }
+    for (s, o) in src_tail.iter().zip(out_tail) {
+        *o = s.to_f32();
+    }
 }

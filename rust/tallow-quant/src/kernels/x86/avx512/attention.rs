@@ -1,5 +1,5 @@
 //! The attention tile kernel in AVX-512 intrinsics, for heads of 64 and 128 values and tiles
-//! of up to 64 positions (others take the FMA kernel, `super::fma`).
+//! of up to 64 positions (others take the FMA kernel, `super::super::attention`).
 //!
 //! Per group of 16 positions it forms each query's 16 dot products as 16 vectors of partial
 //! sums and reduces them with one transposing tree into a vector with one score per lane;
@@ -15,12 +15,9 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
+use crate::kernels::attention::{plain_scale, weight, KvBlock, WEIGHT_CUTOFF};
+use crate::GgmlType;
 use half::{bf16, f16};
-use tallow_backend::Scores;
-use tallow_kv::{KvDtype, KvLayout};
-use tallow_quant::GgmlType;
-
-use crate::pages::KvBlock;
 
 /// Lanes of a vector.
 const LANES: usize = 16;
@@ -28,13 +25,13 @@ const LANES: usize = 16;
 const GROUPS: usize = 4;
 
 /// Whether the kernel takes a head of `head_dim` values and tiles of `positions` rows.
-pub(super) fn fits(head_dim: usize, positions: usize) -> bool {
+fn fits(head_dim: usize, positions: usize) -> bool {
     head_dim.is_multiple_of(LANES) && head_dim > 0 && positions <= GROUPS * LANES
 }
 
 /// f16 keys or values to f32, 16 at a time (`src` and `out` of one length).
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn widen(src: &[f16], out: &mut [f32]) {
+pub(crate) unsafe fn widen(src: &[f16], out: &mut [f32]) {
     assert_eq!(src.len(), out.len());
     let (src16, src_tail) = src.as_chunks::<LANES>();
     let (out16, out_tail) = out.as_chunks_mut::<LANES>();
@@ -77,11 +74,11 @@ unsafe fn sums16(v: &[__m512; LANES]) -> __m512 {
     halve(halve(quads[0], quads[1]), halve(quads[2], quads[3]))
 }
 
-/// `exp(x)` in every lane, as `crate::ops::exp` computes it (up to the order of rounding).
+/// `exp(x)` in every lane, as `crate::exp` computes it (up to the order of rounding).
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn exp16(x: __m512) -> __m512 {
-    use crate::ops::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY, EXP_ROUND};
+    use crate::kernels::exp::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY, EXP_ROUND};
     let x = _mm512_min_ps(
         _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN)),
         _mm512_set1_ps(EXP_MAX),
@@ -117,7 +114,7 @@ unsafe fn exp16(x: __m512) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn weight16(x: __m512) -> __m512 {
-    let kept = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(super::WEIGHT_CUTOFF));
+    let kept = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(WEIGHT_CUTOFF));
     _mm512_maskz_mov_ps(kept, exp16(x))
 }
 
@@ -158,7 +155,7 @@ unsafe fn row_blocks<T: Tile>(
 /// The query rows `q` (`rows * head_dim`) with their states (`rows * (head_dim + 2)`), all
 /// seeing the same `scores.len()` positions; see `super::Kernels::page`.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn rows(
+pub(crate) unsafe fn rows(
     states: &mut [f32],
     q: &[f32],
     keys: &[f32],
@@ -177,22 +174,27 @@ pub(super) unsafe fn rows(
         return;
     }
     // Other heads (and tiles) go through the FMA kernel, several rows at a time.
-    let scale = Scores::plain(hd).scale;
-    super::fma::avx512::rows_with(states, q, keys, values, scores, scale, None)
+    let scale = plain_scale(hd);
+    super::super::attention::avx512::rows_with(states, q, keys, values, scores, scale, None)
 }
 
-/// Whether [`rows_pages`] reads the pages of a pool of `layout` directly for `rows` query rows
-/// at a time. An f16 value widens in the load; the other types take a few operations a
-/// vector, which pay where the kernel reads each page once (one pass of [`row_blocks`], 4 rows
-/// of 64 values or 2 of 128: decoding) and cost more than a widened copy's loads where it
-/// reads the page again for more rows.
-pub(super) fn reads_pages(layout: &KvLayout, rows: usize) -> bool {
-    let dtype_read = match layout.dtype {
-        KvDtype::F16 => true,
-        KvDtype::Bf16 | KvDtype::Q8_0 | KvDtype::Q4_0 => rows <= 256 / layout.head_dim,
-        KvDtype::F32 => false,
+/// Whether [`rows_pages`] reads pages of `page_size` positions of `head_dim` values stored as
+/// `element` directly for `rows` query rows at a time. An f16 value widens in the load; the
+/// other types take a few operations a vector, which pay where the kernel reads each page
+/// once (one pass of [`row_blocks`], 4 rows of 64 values or 2 of 128: decoding) and cost more
+/// than a widened copy's loads where it reads the page again for more rows.
+pub(crate) fn reads_pages(
+    element: GgmlType,
+    head_dim: usize,
+    page_size: usize,
+    rows: usize,
+) -> bool {
+    let element_read = match element {
+        GgmlType::F16 => true,
+        GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0 => rows <= 256 / head_dim,
+        _ => false,
     };
-    dtype_read && (layout.head_dim == 64 || layout.head_dim == 128) && layout.page_size == LANES
+    element_read && (head_dim == 64 || head_dim == 128) && page_size == LANES
 }
 
 /// [`rows`] reading the keys and values of `n` positions (at most 64) straight from pages of
@@ -201,7 +203,7 @@ pub(super) fn reads_pages(layout: &KvLayout, rows: usize) -> bool {
 /// copy. The same arithmetic as [`rows`] on the widened values (every widening is exact:
 /// f16 or bf16 to f32, and a small integer times its block's scale).
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn rows_pages(
+pub(crate) unsafe fn rows_pages(
     states: &mut [f32],
     q: &[f32],
     keys: &[KvBlock<'_>],
@@ -410,7 +412,7 @@ unsafe fn rows_kernel<const R: usize, const V: usize, T: Tile>(
     let hd = V * LANES;
     // The tiles' bounds (`n` positions of `hd` values) are the callers' to check.
     assert!(n <= GROUPS * LANES && q.len() == R * hd && states.len() == R * (hd + 2));
-    let scale = _mm512_set1_ps(Scores::plain(hd).scale);
+    let scale = _mm512_set1_ps(plain_scale(hd));
     let load = |s: &[f32], at: usize| _mm512_loadu_ps(s[at..at + LANES].as_ptr());
     let groups = n.div_ceil(LANES);
     let qv: [[__m512; V]; R] =
@@ -460,7 +462,7 @@ unsafe fn rows_kernel<const R: usize, const V: usize, T: Tile>(
         let tile_max = _mm512_reduce_max_ps(tile_max);
         let state = &mut states[r * (hd + 2)..][..2];
         let new_max = state[0].max(tile_max);
-        alphas[r] = super::weight(state[0] - new_max);
+        alphas[r] = weight(state[0] - new_max);
         let mut sum = _mm512_setzero_ps();
         for g in 0..groups {
             let p = weight16(_mm512_sub_ps(s[r][g], _mm512_set1_ps(new_max)));

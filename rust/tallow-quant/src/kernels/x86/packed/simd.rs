@@ -1,4 +1,4 @@
-//! The vector operations the packed kernels' one loop (`super::packed_formats`) is written
+//! The vector operations the packed kernels' one loop (`super`) is written
 //! in, at two widths: [`V256`] (AVX2, eight i32 lanes: half of a packed group per vector) and
 //! [`V512`] (AVX-512 BW, sixteen lanes: a whole group, with VNNI's dot products where the CPU
 //! has them). Each i32 lane belongs to one weight row; a packed word of 64 bytes holds four
@@ -10,13 +10,13 @@
 //!
 //! # Safety
 //! [`V256`]'s operations need AVX2, FMA and F16C, [`V512`]'s AVX-512 F and BW (and VNNI with
-//! `V512<Vnni>`); the kernels built on them are only handed out by `super::Isa::kernels` when
+//! `V512<Vnni>`); the kernels built on them are only handed out by `crate::kernels::Isa::kernels` when
 //! the CPU has them.
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
-use super::avx512::DotBytes;
+use super::super::DotBytes;
 
 /// A vector of one i32 lane (or f32 lane) per weight row.
 pub(super) trait Simd {

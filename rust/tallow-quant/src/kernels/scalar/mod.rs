@@ -1,8 +1,12 @@
 //! The scalar set's row of kernels: the reference dot products, the scalar packed kernel and
 //! the reference quantizers. Every other set's kernels are tested against these.
 
-use super::packed_scalar as packed;
-use super::{RawPacked, RawRow, RawVecDot};
+mod attention;
+mod packed;
+
+use super::activations::RawActivations;
+use super::attention::RawAttention;
+use super::{RawFloatRow, RawPacked, RawRow, RawVecDot};
 use crate::reference::quantize::quantizer;
 use crate::reference::vec_dot as reference;
 use crate::GgmlType;
@@ -30,5 +34,23 @@ pub(super) fn row(ty: GgmlType) -> RawRow {
         packed,
         quantize: quantizer(ty).map(|f| f as super::table::RawQuantize),
         ..RawRow::default()
+    }
+}
+
+/// The scalar attention kernels and gated activations: all of them (every other set falls
+/// back to these).
+pub(super) fn float_row() -> RawFloatRow {
+    RawFloatRow {
+        attention: RawAttention {
+            widen: Some(attention::widen),
+            page: Some(attention::page),
+            in_place: None,
+            merge: Some(attention::merge),
+            general: Some(attention::general),
+        },
+        activations: RawActivations {
+            silu: Some(attention::silu),
+            gelu_tanh: Some(attention::gelu_tanh),
+        },
     }
 }

@@ -4,15 +4,15 @@
 //! For each row of a group and each token, block after block, the row's block is unpacked to
 //! its GGUF bytes, its integer sums are taken exactly, and they become floats through the
 //! same f32 operations, in the same order and with the same fused multiply-adds, as in the
-//! SIMD kernels (see `super::packed_formats`): `d * da` rounded once, then one fused
+//! SIMD kernels (see `crate::kernels::x86::packed`): `d * da` rounded once, then one fused
 //! multiply-add per term.
 
-use super::{TileScales, PACK_ROWS, TILE_LANES};
 use crate::blocks::{
     as_blocks, k4_scales_mins, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
 use crate::fp16::f16_to_f32;
+use crate::kernels::{TileScales, PACK_ROWS, TILE_LANES};
 use crate::packed::{Layout, MAX_BLOCK_BYTES};
 use crate::reference::decode;
 use crate::GgmlType;

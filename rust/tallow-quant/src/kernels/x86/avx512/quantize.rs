@@ -4,7 +4,7 @@
 //! scalar quantizer, so every input gives exactly the reference's bytes.
 //!
 //! # Safety
-//! Every function here needs AVX-512 F and BW; `super::Isa::kernels` only hands them out
+//! Every function here needs AVX-512 F and BW; `crate::kernels::Isa::kernels` only hands them out
 //! when the CPU has them.
 
 use std::arch::x86_64::*;

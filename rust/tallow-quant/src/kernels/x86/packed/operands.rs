@@ -1,8 +1,8 @@
 //! The operands of the packed kernels (the layout is described in `crate::packed`), checked
 //! and viewed as blocks, for every instruction set's kernels.
 
-use super::{TileScales, PACK_ROWS, TILE_LANES};
 use crate::blocks::{as_blocks, Block};
+use crate::kernels::{TileScales, PACK_ROWS, TILE_LANES};
 
 /// A fixed number of bytes, viewed in place: a packed block's f16 fields or its words.
 pub(super) trait Bytes: 'static {

@@ -7,66 +7,25 @@
 //!
 //! # Safety
 //! Every function here needs AVX-512 F and BW (plus VNNI for the `vnni` entry points);
-//! `super::Isa` only hands them out when the CPU has them. Memory is only reached through
+//! `crate::kernels::Isa` only hands them out when the CPU has them. Memory is only reached through
 //! references to whole blocks.
 
 use std::arch::x86_64::*;
 
+mod attention;
+mod quantize;
+
 use super::avx2::{fp16, load_i8, load_u8, load_u8x16};
-use super::RawRow;
+use super::{tile_operands, Bw, DotBytes, Vnni};
 use crate::blocks::{
     as_blocks, k4_scales_mins, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
+use crate::kernels::activations::{gated_loop, RawActivations};
+use crate::kernels::attention::{loops, RawAttention, RawInPlace};
+use crate::kernels::{RawFloatRow, RawRow};
 use crate::reference::vec_dot as reference;
 use crate::GgmlType;
-
-/// Products of unsigned and signed bytes, summed in fours into i32 lanes.
-pub(super) trait DotBytes {
-    /// Whether [`DotBytes::dot`] is one instruction: then a sum of byte products is cheapest
-    /// taken four bytes at a time, straight into i32 lanes.
-    const FUSED: bool;
-    /// `acc` plus, in each i32 lane, the sum of the four products `u[i] * s[i]`.
-    unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i;
-    /// `acc` plus, in each i32 lane, the sum of the two products of its i16 `a[i] * b[i]`.
-    unsafe fn dot_i16(acc: __m512i, a: __m512i, b: __m512i) -> __m512i;
-}
-
-/// `vpmaddubsw` then `vpmaddwd`. The i16 pair sums cannot saturate for tallow's operands
-/// (quants below 128 against activations within -127..=127).
-pub(super) struct Bw;
-
-impl DotBytes for Bw {
-    const FUSED: bool = false;
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
-        let pairs = _mm512_maddubs_epi16(u, s);
-        _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))
-    }
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn dot_i16(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
-        _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
-    }
-}
-
-/// One `vpdpbusd`.
-pub(super) struct Vnni;
-
-impl DotBytes for Vnni {
-    const FUSED: bool = true;
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
-        _mm512_dpbusd_epi32(acc, u, s)
-    }
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn dot_i16(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
-        _mm512_dpwssd_epi32(acc, a, b)
-    }
-}
 
 /// Declares each generic kernel's two entry points, in modules `bw` and `vnni`, with the
 /// target features that let the compiler inline the matching [`DotBytes`].
@@ -442,10 +401,10 @@ fn pair_scales(scales: &[f32], pairs: usize) -> &[[f32; 16]] {
 unsafe fn tile_q4_0_q8_0<D: DotBytes, const T: usize>(
     w: &[u8],
     a: &[&[u8]],
-    scales: &super::TileScales,
+    scales: &crate::kernels::TileScales,
     out: &mut [f32],
 ) {
-    let (w, a) = super::tile_operands::<BlockQ4_0, BlockQ8_0, T>(w, a, scales, out);
+    let (w, a) = tile_operands::<BlockQ4_0, BlockQ8_0, T>(w, a, scales, out);
     let lane0 = scales.lane0;
     let index: [__m512i; T] =
         std::array::from_fn(|t| lane_groups((lane0 + t) as i32, (8 + lane0 + t) as i32));
@@ -479,10 +438,10 @@ unsafe fn tile_q4_0_q8_0<D: DotBytes, const T: usize>(
 unsafe fn tile_q4_1_q8_1<D: DotBytes, const T: usize>(
     w: &[u8],
     a: &[&[u8]],
-    scales: &super::TileScales,
+    scales: &crate::kernels::TileScales,
     out: &mut [f32],
 ) {
-    let (w, a) = super::tile_operands::<BlockQ4_1, BlockQ8_1, T>(w, a, scales, out);
+    let (w, a) = tile_operands::<BlockQ4_1, BlockQ8_1, T>(w, a, scales, out);
     let lane0 = scales.lane0;
     let index: [__m512i; T] =
         std::array::from_fn(|t| lane_groups((lane0 + t) as i32, (8 + lane0 + t) as i32));
@@ -517,10 +476,10 @@ unsafe fn tile_q4_1_q8_1<D: DotBytes, const T: usize>(
 unsafe fn tile_q8_0_q8_0<D: DotBytes, const T: usize>(
     w: &[u8],
     a: &[&[u8]],
-    scales: &super::TileScales,
+    scales: &crate::kernels::TileScales,
     out: &mut [f32],
 ) {
-    let (w, a) = super::tile_operands::<BlockQ8_0, BlockQ8_0, T>(w, a, scales, out);
+    let (w, a) = tile_operands::<BlockQ8_0, BlockQ8_0, T>(w, a, scales, out);
     let lane0 = scales.lane0;
     let index: [__m512i; T] =
         std::array::from_fn(|t| lane_groups((lane0 + t) as i32, (8 + lane0 + t) as i32));
@@ -562,7 +521,7 @@ macro_rules! tile_entry_points {
                 pub(super) unsafe fn $kernel(
                     w: &[u8],
                     a: &[&[u8]],
-                    scales: &super::super::TileScales,
+                    scales: &crate::kernels::TileScales,
                     out: &mut [f32],
                 ) {
                     match a.len() {
@@ -667,7 +626,7 @@ macro_rules! rows_entry_points {
             $(
                 #[target_feature(enable = $features)]
                 pub(super) unsafe fn $kernel(w: &[u8], a: &[u8], out: &mut [f32]) {
-                    const TILE: usize = super::super::ROW_TILE;
+                    const TILE: usize = crate::kernels::ROW_TILE;
                     let n = out.len();
                     if n == 0 {
                         return;
@@ -700,13 +659,12 @@ rows_entry_points!(rows_q4_1_q8_1);
 
 /// The AVX-512 kernels of `ty` (with VNNI's `vpdpbusd` or without it): dot products for the
 /// block formats, tiles for the legacy ones, packed kernels for the formats `crate::packed`
-/// lays out (`super::packed_formats`), a row kernel for Q4_1, and the Q8_0/Q8_1 activation
+/// lays out (`super::packed`), a row kernel for Q4_1, and the Q8_0/Q8_1 activation
 /// quantizers. Packed Q8_0 needs VNNI: its unsigned weight bytes reach
 /// 255, and `vpmaddubsw`'s i16 pair sums would saturate (without VNNI the AVX2 kernel, which
 /// takes the sign off the weights first, fills the gap).
-pub(super) fn row(ty: GgmlType, vnni: bool) -> RawRow {
-    use super::packed_formats::{avx512 as formats_bw, avx512_vnni as formats_vnni};
-    use super::quantize_avx512 as quantize;
+pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
+    use super::packed::{avx512 as formats_bw, avx512_vnni as formats_vnni};
     /// The VNNI or the BW build of a kernel.
     macro_rules! pick {
         ($bw:path, $vnni:path) => {
@@ -784,5 +742,33 @@ pub(super) fn row(ty: GgmlType, vnni: bool) -> RawRow {
         | GgmlType::Q2_K
         | GgmlType::Q3_K
         | GgmlType::Q8_K => none,
+    }
+}
+
+compiled_with!("avx512f,avx2,fma":
+    merge => loops::merge, (state: &mut [f32], other: &[f32]);
+    silu => gated_loop::<false>, (gate: &mut [f32], up: &[f32]);
+    gelu_tanh => gated_loop::<true>, (gate: &mut [f32], up: &[f32]);
+);
+
+/// The AVX-512 attention kernels (this set's own tile kernel for heads of 64 and 128, which
+/// also reads f16, bf16, Q8_0 and Q4_0 pages in place; the FMA tile kernel at 16 lanes for
+/// the others) and gated activations. VNNI adds none.
+pub(crate) fn float_row() -> RawFloatRow {
+    RawFloatRow {
+        attention: RawAttention {
+            widen: Some(attention::widen),
+            page: Some(attention::rows),
+            in_place: Some(RawInPlace {
+                rows: attention::rows_pages,
+                reads: attention::reads_pages,
+            }),
+            merge: Some(merge),
+            general: Some(super::attention::avx512::rows_with),
+        },
+        activations: RawActivations {
+            silu: Some(silu),
+            gelu_tanh: Some(gelu_tanh),
+        },
     }
 }
