@@ -448,8 +448,9 @@ impl Attention<'_> {
         let rows = (positions.start - tile_start) * hd..(positions.end - tile_start) * hd;
         let storage = self.storage;
         let block = |kind| storage.block(page, self.layer, kv_head, kind);
-        attention_kernels().read(block(KvKind::Key)?, hd, &mut keys[rows.clone()]);
-        attention_kernels().read(block(KvKind::Value)?, hd, &mut values[rows]);
+        let kernel = attention_kernels();
+        kernel.read(block(KvKind::Key)?, hd, &mut keys[rows.clone()]);
+        kernel.read(block(KvKind::Value)?, hd, &mut values[rows]);
         Ok(())
     }
 
@@ -479,7 +480,7 @@ impl Attention<'_> {
                 slot.copy_from_slice(segment_states);
             }
             Sink::Out(_) => {
-                let first = self.step.first_pos[unit.chunk];
+                let (first, kernel) = (self.step.first_pos[unit.chunk], attention_kernels());
                 for (ti, i) in unit.tokens.clone().enumerate() {
                     if !self.sees_segment(first + i, segment) {
                         continue;
@@ -487,7 +488,7 @@ impl Attention<'_> {
                     for g in 0..hg {
                         let at = (ti * hg + g) * state_len;
                         let seg = &segment_states[at..at + state_len];
-                        attention_kernels().merge(&mut running[at..at + state_len], seg);
+                        kernel.merge(&mut running[at..at + state_len], seg);
                     }
                 }
             }

@@ -12,20 +12,16 @@ pub(crate) struct RawActivations {
 }
 
 impl RawActivations {
-    /// This set's loops, each missing one taken from `below`.
-    pub(crate) fn or(self, below: ActivationKernels) -> ActivationKernels {
-        ActivationKernels {
-            silu: self.silu.unwrap_or(below.silu),
-            gelu_tanh: self.gelu_tanh.unwrap_or(below.gelu_tanh),
-        }
-    }
-
-    /// The loops of a set with no set below it (the scalar one), which has them all.
-    pub(crate) fn whole(self) -> ActivationKernels {
+    /// This set's loops, each missing one taken from `below` (`None` for the scalar set,
+    /// which has them all).
+    pub(crate) fn resolve(self, below: Option<ActivationKernels>) -> ActivationKernels {
         let missing = "the scalar set has every activation";
         ActivationKernels {
-            silu: self.silu.expect(missing),
-            gelu_tanh: self.gelu_tanh.expect(missing),
+            silu: self.silu.or(below.map(|b| b.silu)).expect(missing),
+            gelu_tanh: self
+                .gelu_tanh
+                .or(below.map(|b| b.gelu_tanh))
+                .expect(missing),
         }
     }
 }

@@ -92,16 +92,10 @@ impl KernelTable {
             return table;
         }
         let lower = isa.fallback().map(|l| (l, l.table()));
-        let own = isa.own_float_row();
-        table.float = Some(match lower.and_then(|(_, t)| t.float) {
-            Some(below) => FloatKernels {
-                attention: own.attention.or(below.attention),
-                activations: own.activations.or(below.activations),
-            },
-            None => FloatKernels {
-                attention: own.attention.whole(),
-                activations: own.activations.whole(),
-            },
+        let (own, below) = (isa.own_float_row(), lower.and_then(|(_, t)| t.float));
+        table.float = Some(FloatKernels {
+            attention: own.attention.resolve(below.map(|b| b.attention)),
+            activations: own.activations.resolve(below.map(|b| b.activations)),
         });
         for ty in GgmlType::ALL {
             let own = isa.own_row(ty);

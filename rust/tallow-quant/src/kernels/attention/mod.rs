@@ -115,26 +115,16 @@ pub(crate) struct RawAttention {
 }
 
 impl RawAttention {
-    /// This set's kernels, each missing one taken from `below` (the next set down's, whole).
-    pub(crate) fn or(self, below: AttentionKernels) -> AttentionKernels {
-        AttentionKernels {
-            widen: self.widen.unwrap_or(below.widen),
-            page: self.page.unwrap_or(below.page),
-            in_place: self.in_place.or(below.in_place),
-            merge: self.merge.unwrap_or(below.merge),
-            general: self.general.unwrap_or(below.general),
-        }
-    }
-
-    /// The kernels of a set with no set below it (the scalar one), which has them all.
-    pub(crate) fn whole(self) -> AttentionKernels {
+    /// This set's kernels, each missing one taken from `below` (the next set down's, whole;
+    /// `None` for the scalar set, which has every kernel but the in-place reader).
+    pub(crate) fn resolve(self, below: Option<AttentionKernels>) -> AttentionKernels {
         let missing = "the scalar set has every attention kernel";
         AttentionKernels {
-            widen: self.widen.expect(missing),
-            page: self.page.expect(missing),
-            in_place: self.in_place,
-            merge: self.merge.expect(missing),
-            general: self.general.expect(missing),
+            widen: self.widen.or(below.map(|b| b.widen)).expect(missing),
+            page: self.page.or(below.map(|b| b.page)).expect(missing),
+            in_place: self.in_place.or(below.and_then(|b| b.in_place)),
+            merge: self.merge.or(below.map(|b| b.merge)).expect(missing),
+            general: self.general.or(below.map(|b| b.general)).expect(missing),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The scalar set's row of kernels: the reference dot products, the scalar packed kernel and
 //! the reference quantizers. Every other set's kernels are tested against these.
 
-mod attention;
+mod float;
 mod packed;
 
 use super::activations::RawActivations;
@@ -42,15 +42,15 @@ pub(super) fn row(ty: GgmlType) -> RawRow {
 pub(super) fn float_row() -> RawFloatRow {
     RawFloatRow {
         attention: RawAttention {
-            widen: Some(attention::widen),
-            page: Some(attention::page),
+            widen: Some(float::widen),
+            page: Some(float::page),
             in_place: None,
-            merge: Some(attention::merge),
-            general: Some(attention::general),
+            merge: Some(float::merge),
+            general: Some(float::general),
         },
         activations: RawActivations {
-            silu: Some(attention::silu),
-            gelu_tanh: Some(attention::gelu_tanh),
+            silu: Some(float::silu),
+            gelu_tanh: Some(float::gelu_tanh),
         },
     }
 }

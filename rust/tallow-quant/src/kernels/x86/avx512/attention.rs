@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use crate::kernels::attention::{plain_scale, weight, KvBlock, WEIGHT_CUTOFF};
+use crate::kernels::attention::{plain_scale, weight, KvBlock, IN_PLACE_PAGE, WEIGHT_CUTOFF};
 use crate::GgmlType;
 use half::{bf16, f16};
 
@@ -194,7 +194,9 @@ pub(crate) fn reads_pages(
         GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0 => rows <= 256 / head_dim,
         _ => false,
     };
-    element_read && (head_dim == 64 || head_dim == 128) && page_size == LANES
+    // A page's positions are one group of lanes.
+    const { assert!(IN_PLACE_PAGE == LANES) };
+    element_read && (head_dim == 64 || head_dim == 128) && page_size == IN_PLACE_PAGE
 }
 
 /// [`rows`] reading the keys and values of `n` positions (at most 64) straight from pages of
