@@ -159,6 +159,11 @@ def test_bad_devices_are_clear_errors(arch_dir: Path) -> None:
         tallow.UnsupportedError, match="wgpu does not hold KV pages of f32; it holds f16"
     ):
         gpu.new_kv_cache(dtype="f32", max_pages=4)
+    moe = str(arch_dir / "qwen3moe" / "qwen3moe-q8_0.gguf")
+    with pytest.raises(
+        tallow.UnsupportedError, match="wgpu does not run mixture-of-experts layers"
+    ):
+        _core.Model(moe, device="gpu")
     # A pool on the CPU cannot serve a model on the GPU.
     kv = _core.Model(path).new_kv_cache(max_pages=4)
     seq = kv.create()

@@ -67,6 +67,7 @@ impl Backend for CpuBackend {
             kv_dtypes: KvDtype::ALL.to_vec(),
             max_head_dim: attention::MAX_HEAD_DIM,
             head_dim_multiple: 1,
+            experts: true,
         }
     }
 

@@ -113,6 +113,17 @@ pub fn hadamard(x: &mut [f32], n: usize) {
     }
 }
 
+/// `x += scale * y`.
+pub fn add_scaled(x: &mut [f32], y: &[f32], scale: f32) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += scale * b;
+    }
+}
+
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;

@@ -3,14 +3,17 @@
 
 use tallow_arena::GrowingArena;
 use tallow_backend::{
-    argmax, Activation, BackendError, Batch, Output, Rope, Scores, Step, StepInput, StepPlan,
+    argmax, Activation, BackendError, Batch, Experts, Moe, Output, Rope, Scores, Step, StepInput,
+    StepPlan,
 };
 use tallow_kv::{KvLayout, PagedKvCache};
 use tallow_quant::QuantizedActs;
 
 use crate::attention::{Attention, Plan};
 use crate::matrix::Matrix;
-use crate::ops::{add_in_place, add_rows, gated, hadamard, rms_norm, rms_norm_in_place};
+use crate::ops::{
+    add_in_place, add_rows, add_scaled, gated, hadamard, rms_norm, rms_norm_in_place, sigmoid,
+};
 use crate::pages::KvStorage;
 use crate::scratch::{reset, take};
 use crate::CpuBackend;
@@ -80,6 +83,29 @@ impl<'s> CpuStep<'s> {
             ty, input, n, m.cols, bytes, scales,
         )?)
     }
+
+    /// `outs[i] = input · matrices[i]ᵀ` over the `n` rows of `input`, the activations
+    /// quantized once for all the matrices that read the same type, in the layer arena
+    /// (which this does not reset).
+    fn products<const N: usize>(
+        layer: &GrowingArena,
+        input: &[f32],
+        n: usize,
+        matrices: [&Matrix; N],
+        outs: [&mut [f32]; N],
+    ) -> Result<(), BackendError> {
+        let ty = matrices[0].ty.vec_dot_type();
+        if matrices.iter().all(|m| m.ty.vec_dot_type() == ty) {
+            let acts = Self::quantize(layer, matrices[0], input, n)?;
+            Matrix::matmul_many(matrices, &acts, outs)?;
+            return Ok(());
+        }
+        for (m, out) in matrices.into_iter().zip(outs) {
+            let acts = Self::quantize(layer, m, input, n)?;
+            m.matmul(&acts, out)?;
+        }
+        Ok(())
+    }
 }
 
 impl<'s> Step<CpuBackend> for CpuStep<'s> {
@@ -147,21 +173,9 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         matrices: [&Matrix; N],
         outs: [&mut Self::Rows; N],
     ) -> Result<(), BackendError> {
-        let n = self.n_tokens();
         reset(self.layer)?;
-        let layer: &GrowingArena = self.layer;
         let outs = outs.map(|out| &mut out[..]);
-        let ty = matrices[0].ty.vec_dot_type();
-        if matrices.iter().all(|m| m.ty.vec_dot_type() == ty) {
-            let acts = Self::quantize(layer, matrices[0], input, n)?;
-            Matrix::matmul_many(matrices, &acts, outs)?;
-            return Ok(());
-        }
-        for (m, out) in matrices.into_iter().zip(outs) {
-            let acts = Self::quantize(layer, m, input, n)?;
-            m.matmul(&acts, out)?;
-        }
-        Ok(())
+        Self::products(self.layer, input, self.n_tokens(), matrices, outs)
     }
 
     fn add_bias(&mut self, x: &mut Self::Rows, bias: &Vec<f32>) -> Result<(), BackendError> {
@@ -254,6 +268,88 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         up: &Self::Rows,
     ) -> Result<(), BackendError> {
         gated(activation, gate, up);
+        Ok(())
+    }
+
+    fn experts(
+        &mut self,
+        x: &Self::Rows,
+        router: &Self::Rows,
+        experts: &Experts<CpuBackend>,
+        moe: Moe,
+        out: &mut Self::Rows,
+    ) -> Result<(), BackendError> {
+        let (n, k, n_expert) = (self.n_tokens(), moe.top_k, experts.len());
+        let d = x.len() / n;
+        reset(self.layer)?;
+        let layer: &GrowingArena = self.layer;
+        // Each token's experts and weights; then the pairs (token, expert) by expert, as
+        // indices into them (a counting sort).
+        let chosen = take::<u32>(layer, n * k)?;
+        let weights = take::<f32>(layer, n * k)?;
+        for ((logits, chosen), weights) in router
+            .chunks_exact(n_expert)
+            .zip(chosen.chunks_exact_mut(k))
+            .zip(weights.chunks_exact_mut(k))
+        {
+            moe.routing.route(logits, chosen, weights);
+        }
+        let starts = take::<u32>(layer, n_expert + 1)?;
+        for &e in chosen.iter() {
+            starts[e as usize + 1] += 1;
+        }
+        let most = starts.iter().copied().max().unwrap_or(0) as usize;
+        for e in 0..n_expert {
+            starts[e + 1] += starts[e];
+        }
+        let by_expert = take::<u32>(layer, n * k)?;
+        let next = take::<u32>(layer, n_expert)?;
+        next.copy_from_slice(&starts[..n_expert]);
+        for (pair, &e) in chosen.iter().enumerate() {
+            by_expert[next[e as usize] as usize] = pair as u32;
+            next[e as usize] += 1;
+        }
+
+        let ff = experts.gate[0].rows;
+        let rows = take::<f32>(layer, most * d)?;
+        let gate = take::<f32>(layer, most * ff)?;
+        let up = take::<f32>(layer, most * ff)?;
+        let down = take::<f32>(layer, most * d)?;
+        out.fill(0.0);
+        for e in 0..n_expert {
+            let pairs = &by_expert[starts[e] as usize..starts[e + 1] as usize];
+            if pairs.is_empty() {
+                continue;
+            }
+            let c = pairs.len();
+            for (row, &pair) in rows.chunks_exact_mut(d).zip(pairs) {
+                row.copy_from_slice(&x[pair as usize / k * d..][..d]);
+            }
+            let (gate, up) = (&mut gate[..c * ff], &mut up[..c * ff]);
+            let outs = [&mut *gate, &mut *up];
+            let matrices = [&experts.gate[e], &experts.up[e]];
+            Self::products(layer, &rows[..c * d], c, matrices, outs)?;
+            gated(moe.activation, gate, up);
+            let down = &mut down[..c * d];
+            Self::products(layer, gate, c, [&experts.down[e]], [&mut *down])?;
+            for (y, &pair) in down.chunks_exact(d).zip(pairs) {
+                let pair = pair as usize;
+                add_scaled(&mut out[pair / k * d..][..d], y, weights[pair]);
+            }
+        }
+        Ok(())
+    }
+
+    fn scale_by_sigmoid(
+        &mut self,
+        x: &mut Self::Rows,
+        gates: &Self::Rows,
+    ) -> Result<(), BackendError> {
+        let d = x.len() / gates.len();
+        for (row, &g) in x.chunks_exact_mut(d).zip(gates.iter()) {
+            let s = sigmoid(g);
+            row.iter_mut().for_each(|v| *v *= s);
+        }
         Ok(())
     }
 

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use tallow_backend::{Activation, BackendError, GroupPlan, Output, Scores, Step, StepInput};
+use tallow_backend::{
+    Activation, BackendError, Experts, GroupPlan, Moe, Output, Scores, Step, StepInput,
+};
 use tallow_kv::PagedKvCache;
 
 use crate::gpu::{bytes_of, Args, Buffer, Device, Gpu};
@@ -368,6 +370,26 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
             .int(gate.len())?;
         args.i32(i32::from(activation == Activation::GeluTanh));
         self.launch("gated", [element_blocks(gate.len()), 1, 1], 256, &args)
+    }
+
+    // Refused at load ([`tallow_backend::Capabilities::experts`]): no kernels for them yet.
+    fn experts(
+        &mut self,
+        _x: &Rows<G>,
+        _router: &Rows<G>,
+        _experts: &Experts<CudaBackend<G>>,
+        _moe: Moe,
+        _out: &mut Rows<G>,
+    ) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported(
+            "mixture-of-experts layers on this backend".into(),
+        ))
+    }
+
+    fn scale_by_sigmoid(&mut self, _x: &mut Rows<G>, _gates: &Rows<G>) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported(
+            "mixture-of-experts layers on this backend".into(),
+        ))
     }
 
     fn add(&mut self, x: &mut Rows<G>, y: &Rows<G>) -> Result<(), BackendError> {

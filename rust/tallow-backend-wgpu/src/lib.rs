@@ -154,6 +154,7 @@ impl Backend for WgpuBackend {
             kv_dtypes: vec![KvDtype::F16],
             max_head_dim: MAX_HEAD_DIM,
             head_dim_multiple: 2,
+            experts: false,
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tallow_backend::{Activation, BackendError, Output, Scores, Step, StepInput};
+use tallow_backend::{Activation, BackendError, Experts, Moe, Output, Scores, Step, StepInput};
 use tallow_kv::{PageStore, PagedKvCache};
 
 use crate::gpu::{device_error, Buffer, Gpu, Word};
@@ -453,6 +453,26 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         let gelu = u32::from(activation == Activation::GeluTanh);
         let buffers = [(0, &gate.buffer), (1, &up.buffer)];
         self.dispatch_each(Kernel::Gated, &buffers, gate.len, &[gelu])
+    }
+
+    // Refused at load ([`tallow_backend::Capabilities::experts`]): no kernels for them yet.
+    fn experts(
+        &mut self,
+        _x: &Rows,
+        _router: &Rows,
+        _experts: &Experts<WgpuBackend>,
+        _moe: Moe,
+        _out: &mut Rows,
+    ) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported(
+            "mixture-of-experts layers on this backend".into(),
+        ))
+    }
+
+    fn scale_by_sigmoid(&mut self, _x: &mut Rows, _gates: &Rows) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported(
+            "mixture-of-experts layers on this backend".into(),
+        ))
     }
 
     fn add(&mut self, x: &mut Rows, y: &Rows) -> Result<(), BackendError> {

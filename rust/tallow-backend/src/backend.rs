@@ -8,7 +8,7 @@ use tallow_kv::{KvLayout, LayerGroups, PageStore, PagedKvCache};
 use crate::batch::Batch;
 use crate::capabilities::Capabilities;
 use crate::error::BackendError;
-use crate::ops::{Activation, Heads, Scores};
+use crate::ops::{Activation, Heads, Moe, Scores};
 use crate::output::Output;
 use crate::plan::StepPlan;
 use crate::rope::Rope;
@@ -53,6 +53,24 @@ pub struct MatrixSpec {
     pub rows: usize,
     pub cols: usize,
     pub usage: MatrixUse,
+}
+
+/// The experts of a mixture-of-experts layer: expert `e` is the gated feed-forward
+/// `down[e](act(gate[e] · x) * (up[e] · x))`.
+pub struct Experts<B: Backend> {
+    pub gate: Vec<B::Matrix>,
+    pub up: Vec<B::Matrix>,
+    pub down: Vec<B::Matrix>,
+}
+
+impl<B: Backend> Experts<B> {
+    pub fn len(&self) -> usize {
+        self.gate.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.gate.is_empty()
+    }
 }
 
 /// What a step runs on: the batch, its plan (where its tokens' keys and values go, what their
@@ -215,6 +233,27 @@ pub trait Step<B: Backend> {
         activation: Activation,
         gate: &mut Self::Rows,
         up: &Self::Rows,
+    ) -> Result<(), BackendError>;
+
+    /// A mixture-of-experts block: each token's `router` logits (a row of one per expert)
+    /// choose its `moe.top_k` experts and their weights ([`crate::Routing::route`]), and its
+    /// row of `out` is the weighted sum of those experts of its row of `x`. Only the chosen
+    /// experts' weights are read: the tokens that chose an expert are multiplied by it
+    /// together.
+    fn experts(
+        &mut self,
+        x: &Self::Rows,
+        router: &Self::Rows,
+        experts: &Experts<B>,
+        moe: Moe,
+        out: &mut Self::Rows,
+    ) -> Result<(), BackendError>;
+
+    /// Multiplies row `t` of `x` by `sigmoid(gates[t])` (`gates`: one value a row).
+    fn scale_by_sigmoid(
+        &mut self,
+        x: &mut Self::Rows,
+        gates: &Self::Rows,
     ) -> Result<(), BackendError>;
 
     /// `x += y`.

@@ -21,6 +21,8 @@ pub struct Capabilities {
     pub max_head_dim: usize,
     /// A number every head's dimensions must be a multiple of.
     pub head_dim_multiple: usize,
+    /// Whether it runs mixture-of-experts layers ([`crate::Step::experts`]).
+    pub experts: bool,
 }
 
 fn names(types: &[GgmlType]) -> String {
@@ -60,6 +62,17 @@ impl Capabilities {
         )))
     }
 
+    /// Checks that the backend runs mixture-of-experts layers.
+    pub fn check_experts(&self) -> Result<(), BackendError> {
+        if self.experts {
+            return Ok(());
+        }
+        Err(BackendError::Unsupported(format!(
+            "{} does not run mixture-of-experts layers; load the model on the CPU",
+            self.backend
+        )))
+    }
+
     /// Checks that the backend's KV pages may hold `dtype`.
     pub fn check_kv(&self, dtype: KvDtype) -> Result<(), BackendError> {
         if self.kv_dtypes.contains(&dtype) {
@@ -86,6 +99,7 @@ mod tests {
             kv_dtypes: vec![KvDtype::F16],
             max_head_dim: 256,
             head_dim_multiple: 2,
+            experts: false,
         }
     }
 
@@ -110,6 +124,17 @@ mod tests {
             );
         }
         assert!(caps.check_kv(KvDtype::F16).is_ok());
+        let e = caps.check_experts().unwrap_err().to_string();
+        assert!(
+            e.contains("a GPU does not run mixture-of-experts layers"),
+            "{e}"
+        );
+        assert!(Capabilities {
+            experts: true,
+            ..caps.clone()
+        }
+        .check_experts()
+        .is_ok());
         let e = caps.check_kv(KvDtype::Q8_0).unwrap_err().to_string();
         assert!(
             e.ends_with("does not hold KV pages of q8_0; it holds f16"),

@@ -12,11 +12,13 @@ mod output;
 mod plan;
 mod rope;
 
-pub use backend::{Backend, DeviceInfo, DeviceMemory, MatrixSpec, MatrixUse, Step, StepInput};
+pub use backend::{
+    Backend, DeviceInfo, DeviceMemory, Experts, MatrixSpec, MatrixUse, Step, StepInput,
+};
 pub use batch::{Batch, KvCopy, Logits, SeqChunk};
 pub use capabilities::Capabilities;
 pub use error::BackendError;
-pub use ops::{Activation, Heads, Scores};
+pub use ops::{Activation, Heads, Moe, Routing, Scores};
 pub use output::{argmax, Output};
 pub use plan::{GroupPlan, KvSlot, StepPlan};
 pub use rope::{Rope, RopeParams, RopeScaling, RopeStyle};

@@ -1,8 +1,8 @@
 //! The checks of the suite, each generic over the [`Subject`] it runs on.
 
 use tallow_backend::{
-    argmax, Activation, Backend, Batch, Heads, Logits, Output, Rope, RopeParams, RopeScaling,
-    RopeStyle, Scores, Step, StepInput, StepPlan,
+    argmax, Activation, Backend, Batch, Experts, Heads, Logits, Moe, Output, Rope, RopeParams,
+    RopeScaling, RopeStyle, Routing, Scores, Step, StepInput, StepPlan,
 };
 use tallow_gguf::GgmlType;
 use tallow_kv::{KvDtype, KvLayout, LayerGroups, PagedKvCache, SeqId};
@@ -150,6 +150,78 @@ pub fn row_operations_match_the_reference<S: Subject>() {
                 let what = format!("{name} {n}x{width}, {}", S::describe(&backend));
                 assert_close(got, want, &scale, ROWS_TOLERANCE, &what);
             }
+        }
+    }
+}
+
+/// Mixture-of-experts blocks in both routings: 7 tokens over 8 experts, 2 a token, so that
+/// tokens choose different experts, some experts several tokens and some none, against each
+/// token's experts run one after the other in f64; then the sigmoid gate of a shared expert.
+/// Only where the backend runs experts (elsewhere a model with experts is refused at load).
+pub fn experts_match_the_reference<S: Subject>() {
+    let (n, d, ff, count, top_k) = (7, 64, 96, 8, 2);
+    let x = random(40, n * d);
+    let router: Vec<f32> = random(41, n * count).iter().map(|v| 4.0 * v).collect();
+    let chosen: std::collections::BTreeSet<usize> = router
+        .chunks_exact(count)
+        .flat_map(|l| reference::route(l, top_k, Routing::TopKSoftmax))
+        .map(|(e, _)| e)
+        .collect();
+    assert!((3..count).contains(&chosen.len()), "{chosen:?}");
+    let shapes = [(ff, d), (ff, d), (d, ff)];
+    // Each expert's gate, up and down as files, and the values they hold.
+    let files: Vec<_> = (0..count)
+        .map(|e| {
+            let mut part = 0;
+            shapes.map(|(rows, cols)| {
+                part += 1;
+                matrix_file(GgmlType::F32, rows, cols, (50 + 3 * e + part) as u64)
+            })
+        })
+        .collect();
+    let held: Vec<[Vec<f32>; 3]> = (files.iter())
+        .map(|parts| parts.clone().map(|(_, values)| values))
+        .collect();
+    for backend in S::variants(Family::Products) {
+        if !backend.capabilities().experts {
+            continue;
+        }
+        let matrices = |part: usize| -> Vec<_> {
+            let (rows, cols) = shapes[part];
+            (files.iter())
+                .map(|parts| upload(&backend, &parts[part].0, rows, cols))
+                .collect()
+        };
+        let experts = Experts::<S::Backend> {
+            gate: matrices(0),
+            up: matrices(1),
+            down: matrices(2),
+        };
+        for routing in [Routing::TopKSoftmax, Routing::SoftmaxTopK] {
+            let moe = Moe {
+                top_k,
+                routing,
+                activation: Activation::Silu,
+            };
+            let (mut got, mut gated) = (vec![0f32; n * d], vec![0f32; n * d]);
+            run_rows(&backend, n, |step| {
+                let xs = step.upload(&x, d)?;
+                let logits = step.upload(&router, count)?;
+                let gates = step.upload(&router[..n], 1)?;
+                let mut out = step.rows(n, d)?;
+                step.experts(&xs, &logits, &experts, moe, &mut out)?;
+                step.read(&out, &mut got)?;
+                step.scale_by_sigmoid(&mut out, &gates)?;
+                step.read(&out, &mut gated)
+            });
+            let (want, scale) = reference::experts(&x, &router, &held, moe, d);
+            let what = format!("experts, {routing:?}, {}", S::describe(&backend));
+            assert_close(&got, &want, &scale, 1e-5, &what);
+            let sigmoid = |t: usize| 1.0 / (1.0 + (-f64::from(router[t])).exp());
+            let want: Vec<f64> = (want.iter().enumerate())
+                .map(|(i, v)| v * sigmoid(i / d))
+                .collect();
+            assert_close(&gated, &want, &scale, 1e-5, &format!("gated {what}"));
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Scalar references in f64: what each operation of the seam computes, written as plainly as
 //! the formula.
 
-use tallow_backend::{Activation, Rope, RopeStyle, Scores};
+use tallow_backend::{Activation, Moe, Rope, RopeStyle, Routing, Scores};
 use tallow_kv::KvDtype;
 use tallow_quant::{dequantize, quantize_row};
 
@@ -46,6 +46,54 @@ pub fn gated(activation: Activation, gate: &[f64], up: &[f64]) -> Vec<f64> {
             a * u
         })
         .collect()
+}
+
+/// The experts of one token and their weights from its router `logits`: the `top_k` largest
+/// (ties to the lower index), weighted by `routing`.
+pub fn route(logits: &[f32], top_k: usize, routing: Routing) -> Vec<(usize, f64)> {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    let exp = |e: usize| f64::from(logits[e]).exp();
+    let total: f64 = match routing {
+        Routing::TopKSoftmax => order[..top_k].iter().map(|&e| exp(e)).sum(),
+        Routing::SoftmaxTopK => (0..logits.len()).map(exp).sum(),
+    };
+    order[..top_k]
+        .iter()
+        .map(|&e| (e, exp(e) / total))
+        .collect()
+}
+
+/// A mixture-of-experts block for each row of `x` (rows of `d`): the weighted sum of its
+/// experts' `down(act(gate · x) * (up · x))`, `experts[e]` holding expert `e`'s gate, up and
+/// down matrices; and the magnitude of each value (`Σ weight · Σ|down · h|`).
+pub fn experts(
+    x: &[f32],
+    router: &[f32],
+    experts: &[[Vec<f32>; 3]],
+    moe: Moe,
+    d: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut want = vec![0f64; x.len()];
+    let mut scale = vec![0f64; x.len()];
+    let rows = x.chunks_exact(d).zip(router.chunks_exact(experts.len()));
+    for (t, (x, logits)) in rows.enumerate() {
+        for (e, weight) in route(logits, moe.top_k, moe.routing) {
+            let [gate, up, down] = &experts[e];
+            let h = gated(
+                moe.activation,
+                &products(gate, x, d).0,
+                &products(up, x, d).0,
+            );
+            let h: Vec<f32> = h.iter().map(|&v| v as f32).collect();
+            let (y, magnitude) = products(down, &h, h.len());
+            for (i, (y, m)) in y.iter().zip(magnitude).enumerate() {
+                want[t * d + i] += weight * y;
+                scale[t * d + i] += weight * m;
+            }
+        }
+    }
+    (want, scale)
 }
 
 /// Each row of `x` (one per position of `positions`) with every head rotated by `rope`: the

@@ -2,7 +2,7 @@
 //! ([`crate::forward`]) is written once and reads these descriptions, as llama.cpp keeps its
 //! architecture tables apart from its graph.
 
-pub use tallow_backend::{Activation, RopeStyle};
+pub use tallow_backend::{Activation, RopeStyle, Routing};
 
 /// Where a layer's Q, K and V projections are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +20,18 @@ pub enum GateUpTensors {
     Separate,
     /// One `ffn_up` matrix whose rows are the gate's, then the up projection's.
     Fused,
+}
+
+/// Whether the feed-forward blocks are dense or mixtures of experts (3-D `ffn_*_exps`
+/// tensors and a router, `ffn_gate_inp`), and how a token's experts are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedForward {
+    Dense,
+    /// Every layer's is a mixture of experts.
+    Experts(Routing),
+    /// A mixture of experts where the file says it has experts (`expert_count`, as Mixtral
+    /// under `llama`), else dense.
+    DenseOrExperts(Routing),
 }
 
 /// Which layers attend only within the sliding window (`attention.sliding_window`).
@@ -59,6 +71,7 @@ pub struct Architecture {
     /// (`post_attention_norm`, `post_ffw_norm`) before they join the residual stream.
     pub post_norms: bool,
     pub sliding: SlidingLayers,
+    pub feed_forward: FeedForward,
 }
 
 const LLAMA: Architecture = Architecture {
@@ -71,10 +84,12 @@ const LLAMA: Architecture = Architecture {
     embed_scale: false,
     post_norms: false,
     sliding: SlidingLayers::None,
+    feed_forward: FeedForward::DenseOrExperts(Routing::TopKSoftmax),
 };
 
 const GEMMA2: Architecture = Architecture {
     name: "gemma2",
+    feed_forward: FeedForward::Dense,
     rope: RopeStyle::Halves,
     activation: Activation::GeluTanh,
     embed_scale: true,
@@ -90,12 +105,28 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
         name: "qwen2",
         rope: RopeStyle::Halves,
+        feed_forward: FeedForward::Dense,
+        ..LLAMA
+    },
+    // A shared expert beside the routed ones, gated by its own sigmoid (`ffn_*_shexp`).
+    Architecture {
+        name: "qwen2moe",
+        rope: RopeStyle::Halves,
+        feed_forward: FeedForward::Experts(Routing::SoftmaxTopK),
         ..LLAMA
     },
     Architecture {
         name: "qwen3",
         rope: RopeStyle::Halves,
         qk_norm: true,
+        feed_forward: FeedForward::Dense,
+        ..LLAMA
+    },
+    Architecture {
+        name: "qwen3moe",
+        rope: RopeStyle::Halves,
+        qk_norm: true,
+        feed_forward: FeedForward::Experts(Routing::TopKSoftmax),
         ..LLAMA
     },
     Architecture {
@@ -103,6 +134,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         rope: RopeStyle::Halves,
         qkv: QkvTensors::Fused,
         gate_up: GateUpTensors::Fused,
+        feed_forward: FeedForward::Dense,
         ..LLAMA
     },
     GEMMA2,

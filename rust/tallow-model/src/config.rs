@@ -2,13 +2,29 @@
 
 use tallow_gguf::{Array, GgufFile, Value};
 
-use crate::arch::{Architecture, SlidingLayers, ARCHITECTURES};
+use crate::arch::{Architecture, FeedForward, SlidingLayers, ARCHITECTURES};
 use crate::error::ModelError;
-use tallow_backend::{Heads, RopeScaling};
+use tallow_backend::{Heads, RopeScaling, Routing};
 
 /// The names of the architectures (`general.architecture`) this crate can run.
 pub fn supported_architectures() -> Vec<&'static str> {
     ARCHITECTURES.iter().map(|a| a.name).collect()
+}
+
+/// The experts of a model whose feed-forward blocks are mixtures of experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertConfig {
+    /// Experts in each layer (`expert_count`).
+    pub count: usize,
+    /// Experts each token runs (`expert_used_count`).
+    pub used: usize,
+    /// The feed-forward width of an expert (`expert_feed_forward_length`, else
+    /// `feed_forward_length` as Mixtral has it).
+    pub n_ff: usize,
+    /// The width of the shared expert that every token also runs, where there is one
+    /// (`expert_shared_feed_forward_length`, or the `ffn_up_shexp` tensor's rows).
+    pub n_ff_shared: Option<usize>,
+    pub routing: Routing,
 }
 
 /// The shape of a transformer, and its architecture's description.
@@ -45,6 +61,8 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f32>,
     /// The logits go through `cap * tanh(logit / cap)`.
     pub final_softcap: Option<f32>,
+    /// Where the feed-forward blocks are mixtures of experts.
+    pub experts: Option<ExpertConfig>,
 }
 
 impl ModelConfig {
@@ -104,10 +122,12 @@ impl ModelConfig {
         let optional = |key: &str| -> Result<Option<f32>, ModelError> {
             md.get(key).map(|_| md.f32_or(key, 1.0)).transpose()
         };
+        let n_ff = md.usize("feed_forward_length")?;
+        let experts = experts(&md, arch.feed_forward, n_ff)?;
         let config = ModelConfig {
             n_layer: md.usize("block_count")?,
             n_embd,
-            n_ff: md.usize("feed_forward_length")?,
+            n_ff,
             n_head,
             n_head_kv,
             head_dim,
@@ -125,6 +145,7 @@ impl ModelConfig {
             attn_scale: md.f32_or("attention.scale", 1.0 / (head_dim as f32).sqrt())?,
             attn_softcap: optional("attn_logit_softcapping")?,
             final_softcap: optional("final_logit_softcapping")?,
+            experts,
             architecture,
             arch,
         };
@@ -143,6 +164,27 @@ impl ModelConfig {
             }
         }
         Ok(config)
+    }
+
+    /// What the model does differently from the plain Llama shape, in words.
+    pub fn features(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.arch.features().into_iter().map(Into::into).collect();
+        if let Some(e) = &self.experts {
+            out.push(format!("{} experts, {} per token", e.count, e.used));
+            if e.n_ff_shared.is_some() {
+                out.push("a shared expert".into());
+            }
+        }
+        out
+    }
+
+    /// The width of the dense gated feed-forward every token runs in each layer: the layer's
+    /// own, or in a mixture of experts the shared expert's, where there is one.
+    pub fn dense_ff(&self) -> Option<usize> {
+        match &self.experts {
+            None => Some(self.n_ff),
+            Some(e) => e.n_ff_shared,
+        }
     }
 
     /// Whether layer `layer` attends within the sliding window.
@@ -173,6 +215,52 @@ impl ModelConfig {
             head_dim: self.head_dim,
         }
     }
+}
+
+/// The experts, where the architecture's feed-forward blocks are mixtures of them.
+fn experts(
+    md: &Metadata<'_>,
+    feed_forward: FeedForward,
+    n_ff: usize,
+) -> Result<Option<ExpertConfig>, ModelError> {
+    let routing = match feed_forward {
+        FeedForward::Dense => return Ok(None),
+        FeedForward::DenseOrExperts(_) if md.usize_or("expert_count", 0)? == 0 => return Ok(None),
+        FeedForward::Experts(routing) | FeedForward::DenseOrExperts(routing) => routing,
+    };
+    let count = md.usize("expert_count")?;
+    let used = md.usize("expert_used_count")?;
+    if used == 0 || used > count {
+        return Err(md.bad(
+            "expert_used_count",
+            format!("{used} experts per token out of {count}"),
+        ));
+    }
+    let n_ff = md.usize_or("expert_feed_forward_length", n_ff)?;
+    let shared_key = "expert_shared_feed_forward_length";
+    let n_ff_shared = match md.get(shared_key) {
+        Some(_) => Some(md.usize(shared_key)?),
+        None => md
+            .file
+            .tensor("blk.0.ffn_up_shexp.weight")
+            .and_then(|t| t.dims.get(1))
+            .map(|&rows| rows as usize),
+    };
+    for (key, value) in [
+        ("expert_feed_forward_length", n_ff),
+        (shared_key, n_ff_shared.unwrap_or(1)),
+    ] {
+        if value == 0 {
+            return Err(md.bad(key, "must be positive".into()));
+        }
+    }
+    Ok(Some(ExpertConfig {
+        count,
+        used,
+        n_ff,
+        n_ff_shared,
+        routing,
+    }))
 }
 
 /// `rope.scaling.type` and the parameters of that type.

@@ -1,13 +1,15 @@
 //! The forward pass over a ragged batch of sequences, written once against the [`Backend`]
 //! seam and driven by the architecture's description.
 
-use tallow_backend::{Backend, BackendError, Batch, Output, Scores, Step, StepInput, StepPlan};
+use tallow_backend::{
+    Backend, BackendError, Batch, Moe, Output, Scores, Step, StepInput, StepPlan,
+};
 use tallow_kv::PagedKvCache;
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::ropes::rope_index;
-use crate::weights::Weights;
+use crate::weights::{Dense, FeedForward, Weights};
 
 pub(crate) struct Forward<'a, B: Backend> {
     pub backend: &'a B,
@@ -111,8 +113,21 @@ impl<B: Backend> Forward<'_, B> {
         let mut v = step.rows(n, cfg.kv_dim())?;
         let mut attn = step.rows(n, cfg.q_dim())?;
         let mut proj = step.rows(n, d)?;
-        let mut gate = step.rows(n, cfg.n_ff)?;
-        let mut up = step.rows(n, cfg.n_ff)?;
+        let mut ffn = match cfg.dense_ff() {
+            Some(ff) => Some(FfnRows {
+                gate: step.rows(n, ff)?,
+                up: step.rows(n, ff)?,
+            }),
+            None => None,
+        };
+        let mut moe = match &cfg.experts {
+            Some(e) => Some(MoeRows {
+                router: step.rows(n, e.count)?,
+                shared_gate: step.rows(n, 1)?,
+                shared_out: step.rows(n, d)?,
+            }),
+            None => None,
+        };
         let scale = if cfg.arch.embed_scale {
             (d as f32).sqrt()
         } else {
@@ -160,9 +175,7 @@ impl<B: Backend> Forward<'_, B> {
             step.add(&mut x, &proj)?;
 
             step.rms_norm(&x, &layer.ffn_norm, cfg.rms_eps, &mut h)?;
-            step.matmul(&h, [&layer.w_gate, &layer.w_up], [&mut gate, &mut up])?;
-            step.gated(cfg.arch.activation, &mut gate, &up)?;
-            step.matmul(&gate, [&layer.w_down], [&mut proj])?;
+            self.feed_forward(step, &layer.ffn, &h, &mut ffn, &mut moe, &mut proj)?;
             if let Some(norm) = &layer.post_ffn_norm {
                 step.rms_norm_in_place(&mut proj, norm, cfg.rms_eps)?;
             }
@@ -177,6 +190,67 @@ impl<B: Backend> Forward<'_, B> {
             step.logit_rows(&x, &mut rows)?;
             step.rms_norm(&rows, &w.output_norm, cfg.rms_eps, &mut normed)?;
             step.logits(&normed, w.output(), cfg.final_softcap, out)?;
+        }
+        Ok(())
+    }
+}
+
+/// The buffers of a dense gated feed-forward (a layer's or a shared expert's).
+struct FfnRows<R> {
+    gate: R,
+    up: R,
+}
+
+/// The buffers of a mixture-of-experts block: the router's logits, and the shared expert's
+/// gate and output.
+struct MoeRows<R> {
+    router: R,
+    shared_gate: R,
+    shared_out: R,
+}
+
+impl<B: Backend> Forward<'_, B> {
+    /// `out` = the feed-forward block of the normalized rows `h`.
+    fn feed_forward<S: Step<B>>(
+        &self,
+        step: &mut S,
+        ffn: &FeedForward<B>,
+        h: &S::Rows,
+        dense_rows: &mut Option<FfnRows<S::Rows>>,
+        moe_rows: &mut Option<MoeRows<S::Rows>>,
+        out: &mut S::Rows,
+    ) -> Result<(), BackendError> {
+        let activation = self.config.arch.activation;
+        let missing = || BackendError::InvalidArgument("no buffers for this feed-forward".into());
+        let dense = |step: &mut S, w: &Dense<B>, rows: &mut FfnRows<S::Rows>, out: &mut S::Rows| {
+            let FfnRows { gate, up } = rows;
+            step.matmul(h, [&w.gate, &w.up], [&mut *gate, &mut *up])?;
+            step.gated(activation, gate, up)?;
+            step.matmul(gate, [&w.down], [out])
+        };
+        let layer = match ffn {
+            FeedForward::Dense(w) => {
+                return dense(step, w, dense_rows.as_mut().ok_or_else(missing)?, out)
+            }
+            FeedForward::Experts(layer) => layer,
+        };
+        let (config, rows) = (
+            self.config.experts.as_ref().ok_or_else(missing)?,
+            moe_rows.as_mut().ok_or_else(missing)?,
+        );
+        let moe = Moe {
+            top_k: config.used,
+            routing: config.routing,
+            activation,
+        };
+        step.matmul(h, [&layer.router], [&mut rows.router])?;
+        step.experts(h, &rows.router, &layer.experts, moe, out)?;
+        if let Some((shared, gate)) = &layer.shared {
+            let shared_rows = dense_rows.as_mut().ok_or_else(missing)?;
+            dense(step, shared, shared_rows, &mut rows.shared_out)?;
+            step.matmul(h, [gate], [&mut rows.shared_gate])?;
+            step.scale_by_sigmoid(&mut rows.shared_out, &rows.shared_gate)?;
+            step.add(out, &rows.shared_out)?;
         }
         Ok(())
     }

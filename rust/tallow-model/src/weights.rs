@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use tallow_backend::{Backend, MatrixSpec, MatrixUse};
+use tallow_backend::{Backend, Experts, MatrixSpec, MatrixUse};
 use tallow_gguf::{GgufFile, TensorInfo};
 
 use crate::arch::{GateUpTensors, QkvTensors};
-use crate::config::ModelConfig;
+use crate::config::{ExpertConfig, ModelConfig};
 use crate::error::ModelError;
 
 pub struct LayerWeights<B: Backend> {
@@ -27,11 +27,30 @@ pub struct LayerWeights<B: Backend> {
     /// Normalizes the attention output before the residual add, where the architecture does.
     pub post_attn_norm: Option<B::Vector>,
     pub ffn_norm: B::Vector,
-    pub w_gate: B::Matrix,
-    pub w_up: B::Matrix,
-    pub w_down: B::Matrix,
+    pub ffn: FeedForward<B>,
     /// Normalizes the feed-forward output before the residual add.
     pub post_ffn_norm: Option<B::Vector>,
+}
+
+/// A gated feed-forward: `down(act(gate · x) * (up · x))`.
+pub struct Dense<B: Backend> {
+    pub gate: B::Matrix,
+    pub up: B::Matrix,
+    pub down: B::Matrix,
+}
+
+pub enum FeedForward<B: Backend> {
+    Dense(Dense<B>),
+    Experts(Box<ExpertLayer<B>>),
+}
+
+/// A mixture-of-experts feed-forward block.
+pub struct ExpertLayer<B: Backend> {
+    /// One row of logits per expert (`ffn_gate_inp`).
+    pub router: B::Matrix,
+    pub experts: Experts<B>,
+    /// The expert every token runs, scaled by the sigmoid of its gate (a one-row matrix).
+    pub shared: Option<(Dense<B>, B::Matrix)>,
 }
 
 pub struct Weights<B: Backend> {
@@ -79,7 +98,7 @@ impl<B: Backend> Weights<B> {
         file: &Arc<GgufFile>,
         config: &ModelConfig,
     ) -> Result<Self, ModelError> {
-        let (d, ff, vocab) = (config.n_embd, config.n_ff, config.n_vocab);
+        let (d, vocab) = (config.n_embd, config.n_vocab);
         let tied = file.tensor("output.weight").is_none();
         let embd_use = if tied {
             MatrixUse::RowsAndProduct
@@ -87,7 +106,7 @@ impl<B: Backend> Weights<B> {
             MatrixUse::Rows
         };
         // Every matrix, uploaded at once: the embedding, the LM head unless tied, then each
-        // layer's seven.
+        // layer's: Q, K, V, the attention's output and the feed-forward's (see `ffn_specs`).
         let mut specs = vec![matrix(file, "token_embd.weight", vocab, d, embd_use)?];
         if !tied {
             specs.push(matrix(file, "output.weight", vocab, d, MatrixUse::Product)?);
@@ -107,17 +126,12 @@ impl<B: Backend> Weights<B> {
                     split_rows(file, &name("attn_qkv"), d, [q_dim, kv_dim, kv_dim])?
                 }
             };
-            let gate_up = match arch.gate_up {
-                GateUpTensors::Separate => [
-                    matrix(file, &name("ffn_gate"), ff, d, product)?,
-                    matrix(file, &name("ffn_up"), ff, d, product)?,
-                ],
-                GateUpTensors::Fused => split_rows(file, &name("ffn_up"), d, [ff, ff])?,
-            };
             specs.extend(qkv);
             specs.push(matrix(file, &name("attn_output"), d, q_dim, product)?);
-            specs.extend(gate_up);
-            specs.push(matrix(file, &name("ffn_down"), d, ff, product)?);
+            ffn_specs(file, config, i, &mut specs)?;
+        }
+        if config.experts.is_some() {
+            backend.capabilities().check_experts()?;
         }
         // The vectors are read (and copied) before the matrices are uploaded, so that the
         // matrices' upload is the last read of the file: a read maps the file's pages around
@@ -164,9 +178,7 @@ impl<B: Backend> Weights<B> {
                     wo: next(),
                     post_attn_norm,
                     ffn_norm,
-                    w_gate: next(),
-                    w_up: next(),
-                    w_down: next(),
+                    ffn: feed_forward(config.experts.as_ref(), next),
                     post_ffn_norm,
                 })
             })
@@ -207,6 +219,82 @@ impl<B: Backend> Weights<B> {
             long_rope,
         })
     }
+}
+
+/// The matrices of layer `layer`'s feed-forward block, in the order [`feed_forward`] takes
+/// them: gate, up and down; or the router, every expert's gates, ups and downs, and the
+/// shared expert's gate, up, down and sigmoid gate.
+fn ffn_specs(
+    file: &GgufFile,
+    config: &ModelConfig,
+    layer: usize,
+    specs: &mut Vec<MatrixSpec>,
+) -> Result<(), ModelError> {
+    let name = |t: &str| format!("blk.{layer}.{t}.weight");
+    let (d, product) = (config.n_embd, MatrixUse::Product);
+    let dense = |specs: &mut Vec<MatrixSpec>, suffix: &str, ff: usize| {
+        let gate_up = match config.arch.gate_up {
+            GateUpTensors::Separate => [
+                matrix(file, &name(&format!("ffn_gate{suffix}")), ff, d, product)?,
+                matrix(file, &name(&format!("ffn_up{suffix}")), ff, d, product)?,
+            ],
+            GateUpTensors::Fused => split_rows(file, &name("ffn_up"), d, [ff, ff])?,
+        };
+        specs.extend(gate_up);
+        specs.push(matrix(
+            file,
+            &name(&format!("ffn_down{suffix}")),
+            d,
+            ff,
+            product,
+        )?);
+        Ok::<_, ModelError>(())
+    };
+    let Some(e) = &config.experts else {
+        return dense(specs, "", config.n_ff);
+    };
+    specs.push(matrix(file, &name("ffn_gate_inp"), e.count, d, product)?);
+    for (t, rows, cols) in [
+        ("ffn_gate_exps", e.n_ff, d),
+        ("ffn_up_exps", e.n_ff, d),
+        ("ffn_down_exps", d, e.n_ff),
+    ] {
+        specs.extend(expert_matrices(file, &name(t), rows, cols, e.count)?);
+    }
+    if let Some(ff) = e.n_ff_shared {
+        dense(specs, "_shexp", ff)?;
+        specs.push(matrix(file, &name("ffn_gate_inp_shexp"), 1, d, product)?);
+    }
+    Ok(())
+}
+
+/// A layer's feed-forward block from its matrices, taken from `next` in the order of
+/// [`ffn_specs`].
+fn feed_forward<B: Backend>(
+    experts: Option<&ExpertConfig>,
+    next: &mut dyn FnMut() -> B::Matrix,
+) -> FeedForward<B> {
+    let dense = |next: &mut dyn FnMut() -> B::Matrix| Dense {
+        gate: next(),
+        up: next(),
+        down: next(),
+    };
+    let Some(e) = experts else {
+        return FeedForward::Dense(dense(next));
+    };
+    let router = next();
+    let mut stack = || (0..e.count).map(|_| next()).collect::<Vec<_>>();
+    let experts = Experts {
+        gate: stack(),
+        up: stack(),
+        down: stack(),
+    };
+    let shared = e.n_ff_shared.map(|_| (dense(next), next()));
+    FeedForward::Experts(Box::new(ExpertLayer {
+        router,
+        experts,
+        shared,
+    }))
 }
 
 fn tensor<'a>(file: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a TensorInfo, ModelError> {
@@ -262,6 +350,33 @@ fn split_rows<const N: usize>(
             ..whole.clone()
         }
     }))
+}
+
+/// The `count` matrices of `rows` by `cols` stacked in a 3-D tensor of experts (GGML shape
+/// `[cols, rows, count]`): each is a run of whole rows of the stack.
+fn expert_matrices(
+    file: &GgufFile,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    count: usize,
+) -> Result<Vec<MatrixSpec>, ModelError> {
+    let info = tensor(file, name, &[cols as u64, rows as u64, count as u64])?;
+    let bytes = info.size / count as u64;
+    Ok((0..count as u64)
+        .map(|e| {
+            let mut tensor = info.clone();
+            tensor.offset += e * bytes;
+            tensor.size = bytes;
+            tensor.dims = vec![cols as u64, rows as u64];
+            MatrixSpec {
+                tensor,
+                rows,
+                cols,
+                usage: MatrixUse::Product,
+            }
+        })
+        .collect())
 }
 
 /// A one-dimensional tensor, converted to f32 in host memory (the file's pages released).

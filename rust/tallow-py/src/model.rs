@@ -102,10 +102,10 @@ impl Model {
         &self.config().architecture
     }
 
-    /// What the architecture does differently from the plain Llama shape.
+    /// What the model does differently from the plain Llama shape.
     #[getter]
-    fn architecture_features(&self) -> Vec<&'static str> {
-        self.config().arch.features()
+    fn architecture_features(&self) -> Vec<String> {
+        self.config().features()
     }
 
     #[getter]
