@@ -29,7 +29,7 @@ ARCHITECTURES += [("phi3", 1e-4), ("gemma2", 1e-4), ("gemma3", 1e-4)]
 TOLERANCE = {"f16": 2e-2, "q8_0": 0.3}
 GGUF_NAMES = {"llama3": "llama", "mistral": "llama", "mixtral": "llama"}
 # Mixture of experts: every layer routes each token to 2 of 8 experts.
-MOE = ["qwen3moe", "mixtral", "qwen2moe"]
+MOE = ["qwen3moe", "mixtral", "qwen2moe", "gpt-oss"]
 # Where a quantized file's router logits move across a near tie, a token runs another expert
 # and its logits move far (the README's account); the bulk of positions must still be close:
 # (median over positions of the largest difference, largest difference anywhere).

@@ -88,6 +88,7 @@ fn gated_kernel(activation: Activation) -> fn(&ActivationKernels, &mut [f32], &[
     match activation {
         Activation::Silu => ActivationKernels::silu,
         Activation::GeluTanh => ActivationKernels::gelu_tanh,
+        Activation::ClampedSwiglu => ActivationKernels::clamped_swiglu,
     }
 }
 

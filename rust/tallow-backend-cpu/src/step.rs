@@ -235,6 +235,7 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         cache: &PagedKvCache,
         layer: usize,
         scores: Scores,
+        sinks: Option<&Vec<f32>>,
         q: &mut Self::Rows,
         out: &mut Self::Rows,
     ) -> Result<(), BackendError> {
@@ -252,6 +253,7 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
             batch: self.batch,
             q,
             scores,
+            sinks: sinks.map(Vec::as_slice),
         };
         attention.run(self.attention, self.partials, out)?;
         if rotated {
@@ -329,9 +331,16 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
             let outs = [&mut *gate, &mut *up];
             let matrices = [&experts.gate[e], &experts.up[e]];
             Self::products(layer, &rows[..c * d], c, matrices, outs)?;
+            if let Some([gate_bias, up_bias, _]) = &experts.biases {
+                add_rows(gate, &gate_bias[e]);
+                add_rows(up, &up_bias[e]);
+            }
             gated(moe.activation, gate, up);
             let down = &mut down[..c * d];
             Self::products(layer, gate, c, [&experts.down[e]], [&mut *down])?;
+            if let Some([_, _, down_bias]) = &experts.biases {
+                add_rows(down, &down_bias[e]);
+            }
             for (y, &pair) in down.chunks_exact(d).zip(pairs) {
                 let pair = pair as usize;
                 add_scaled(&mut out[pair / k * d..][..d], y, weights[pair]);

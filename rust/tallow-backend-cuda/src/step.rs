@@ -325,9 +325,16 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
         cache: &PagedKvCache,
         layer: usize,
         scores: Scores,
+        sinks: Option<&Vector<G>>,
         q: &mut Rows<G>,
         out: &mut Rows<G>,
     ) -> Result<(), BackendError> {
+        if sinks.is_some() {
+            // Only gpt-oss has them, and its experts are refused at load.
+            return Err(BackendError::Unsupported(
+                "attention sinks on this backend".into(),
+            ));
+        }
         let group = &self.groups[self.input.plan.group_of(layer)?];
         let pages = cache.store::<Pages<G>>()?;
         let l = *cache.layout();
@@ -361,6 +368,12 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
         gate: &mut Rows<G>,
         up: &Rows<G>,
     ) -> Result<(), BackendError> {
+        if activation == Activation::ClampedSwiglu {
+            // Only in experts, which are refused at load.
+            return Err(BackendError::Unsupported(
+                "the clamped SwiGLU on this backend".into(),
+            ));
+        }
         if gate.len() != up.len() {
             return Err(mismatch("a gated activation", up.len(), gate.len()));
         }

@@ -412,9 +412,16 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         cache: &PagedKvCache,
         layer: usize,
         scores: Scores,
+        sinks: Option<&Rows>,
         q: &mut Rows,
         out: &mut Rows,
     ) -> Result<(), BackendError> {
+        if sinks.is_some() {
+            // Only gpt-oss has them, and its experts are refused at load.
+            return Err(BackendError::Unsupported(
+                "attention sinks on this backend".into(),
+            ));
+        }
         let group = self.group(layer)?;
         let (tokens, tables) = (group.tokens.clone(), group.tables.clone());
         let store = cache.store::<Pages>()?;
@@ -450,6 +457,12 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         gate: &mut Rows,
         up: &Rows,
     ) -> Result<(), BackendError> {
+        if activation == Activation::ClampedSwiglu {
+            // Only in experts, which are refused at load.
+            return Err(BackendError::Unsupported(
+                "the clamped SwiGLU on this backend".into(),
+            ));
+        }
         let gelu = u32::from(activation == Activation::GeluTanh);
         let buffers = [(0, &gate.buffer), (1, &up.buffer)];
         self.dispatch_each(Kernel::Gated, &buffers, gate.len, &[gelu])

@@ -56,11 +56,14 @@ pub struct MatrixSpec {
 }
 
 /// The experts of a mixture-of-experts layer: expert `e` is the gated feed-forward
-/// `down[e](act(gate[e] · x) * (up[e] · x))`.
+/// `down[e](act(gate[e] · x) * (up[e] · x))`, each product plus its bias where there are
+/// biases (gpt-oss).
 pub struct Experts<B: Backend> {
     pub gate: Vec<B::Matrix>,
     pub up: Vec<B::Matrix>,
     pub down: Vec<B::Matrix>,
+    /// Every expert's gate, up and down biases.
+    pub biases: Option<[Vec<B::Vector>; 3]>,
 }
 
 impl<B: Backend> Experts<B> {
@@ -217,12 +220,15 @@ pub trait Step<B: Backend> {
     ) -> Result<(), BackendError>;
 
     /// Causal attention of each token's queries over its sequence's keys and values of
-    /// `layer` up to its own position. The backend may leave `q` changed.
+    /// `layer` up to its own position. Where there are `sinks` (one logit per query head,
+    /// gpt-oss), each head's sink joins its softmax's denominator and adds no value. The
+    /// backend may leave `q` changed.
     fn attention(
         &mut self,
         cache: &PagedKvCache,
         layer: usize,
         scores: Scores,
+        sinks: Option<&B::Vector>,
         q: &mut Self::Rows,
         out: &mut Self::Rows,
     ) -> Result<(), BackendError>;

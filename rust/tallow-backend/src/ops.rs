@@ -7,6 +7,9 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (GeGLU, Gemma).
     GeluTanh,
+    /// gpt-oss's experts: `g * sigmoid(1.702 g) * (clamp(up, -7, 7) + 1)`, `g = min(gate, 7)`.
+    /// Backends that run experts run it ([`crate::Capabilities::experts`]).
+    ClampedSwiglu,
 }
 
 /// How a mixture-of-experts layer turns a token's router logits (one per expert) into the

@@ -154,9 +154,10 @@ pub fn row_operations_match_the_reference<S: Subject>() {
     }
 }
 
-/// Mixture-of-experts blocks in both routings: 7 tokens over 8 experts, 2 a token, so that
-/// tokens choose different experts, some experts several tokens and some none, against each
-/// token's experts run one after the other in f64; then the sigmoid gate of a shared expert.
+/// Mixture-of-experts blocks in both routings, and with gpt-oss's biases and clamped SwiGLU:
+/// 7 tokens over 8 experts, 2 a token, so that tokens choose different experts, some experts
+/// several tokens and some none, against each token's experts run one after the other in
+/// f64; then the sigmoid gate of a shared expert.
 /// Only where the backend runs experts (elsewhere a model with experts is refused at load).
 pub fn experts_match_the_reference<S: Subject>() {
     let (n, d, ff, count, top_k) = (7, 64, 96, 8, 2);
@@ -182,6 +183,14 @@ pub fn experts_match_the_reference<S: Subject>() {
     let held: Vec<[Vec<f32>; 3]> = (files.iter())
         .map(|parts| parts.clone().map(|(_, values)| values))
         .collect();
+    // gpt-oss's experts: biases (the gate's large enough to pass the clamp) and the
+    // clamped SwiGLU.
+    let bias_values: Vec<[Vec<f32>; 3]> = (0..count as u64)
+        .map(|e| {
+            [(ff, 10.0), (ff, 10.0), (d, 1.0)]
+                .map(|(len, scale)| random(60 + e, len).iter().map(|v| scale * v).collect())
+        })
+        .collect();
     for backend in S::variants(Family::Products) {
         if !backend.capabilities().experts {
             continue;
@@ -192,16 +201,29 @@ pub fn experts_match_the_reference<S: Subject>() {
                 .map(|parts| upload(&backend, &parts[part].0, rows, cols))
                 .collect()
         };
-        let experts = Experts::<S::Backend> {
-            gate: matrices(0),
-            up: matrices(1),
-            down: matrices(2),
+        let biases = |backend: &S::Backend| {
+            [0, 1, 2].map(|part| {
+                (bias_values.iter())
+                    .map(|b| backend.upload_vector(&b[part]).unwrap())
+                    .collect()
+            })
         };
-        for routing in [Routing::TopKSoftmax, Routing::SoftmaxTopK] {
+        let cases = [
+            (Routing::TopKSoftmax, Activation::Silu, false),
+            (Routing::SoftmaxTopK, Activation::Silu, false),
+            (Routing::TopKSoftmax, Activation::ClampedSwiglu, true),
+        ];
+        for (routing, activation, with_biases) in cases {
+            let experts = Experts::<S::Backend> {
+                gate: matrices(0),
+                up: matrices(1),
+                down: matrices(2),
+                biases: with_biases.then(|| biases(&backend)),
+            };
             let moe = Moe {
                 top_k,
                 routing,
-                activation: Activation::Silu,
+                activation,
             };
             let (mut got, mut gated) = (vec![0f32; n * d], vec![0f32; n * d]);
             run_rows(&backend, n, |step| {
@@ -214,8 +236,9 @@ pub fn experts_match_the_reference<S: Subject>() {
                 step.scale_by_sigmoid(&mut out, &gates)?;
                 step.read(&out, &mut gated)
             });
-            let (want, scale) = reference::experts(&x, &router, &held, moe, d);
-            let what = format!("experts, {routing:?}, {}", S::describe(&backend));
+            let held_biases = with_biases.then_some(&bias_values[..]);
+            let (want, scale) = reference::experts(&x, &router, &held, held_biases, moe, d);
+            let what = format!("experts, {moe:?}, {}", S::describe(&backend));
             assert_close(&got, &want, &scale, 1e-5, &what);
             let sigmoid = |t: usize| 1.0 / (1.0 + (-f64::from(router[t])).exp());
             let want: Vec<f64> = (want.iter().enumerate())
@@ -447,7 +470,7 @@ fn attention_on<B: Backend>(
                 );
                 let mut o = step.rows(n, heads.q_dim())?;
                 step.write_kv(&mut cache, 0, &mut k, &mut v)?;
-                step.attention(&cache, 0, scores, &mut q, &mut o)?;
+                step.attention(&cache, 0, scores, None, &mut q, &mut o)?;
                 step.read(&o, &mut out)
             })
             .unwrap();

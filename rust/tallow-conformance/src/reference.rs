@@ -38,6 +38,10 @@ pub fn gated(activation: Activation, gate: &[f64], up: &[f64]) -> Vec<f64> {
         .map(|(&x, &u)| {
             let a = match activation {
                 Activation::Silu => x / (1.0 + (-x).exp()),
+                Activation::ClampedSwiglu => {
+                    let (g, u) = (x.min(7.0), u.clamp(-7.0, 7.0));
+                    return g / (1.0 + (-1.702 * g).exp()) * (u + 1.0);
+                }
                 Activation::GeluTanh => {
                     let c = (2.0 / std::f64::consts::PI).sqrt();
                     0.5 * x * (1.0 + (c * (x + 0.044_715 * x * x * x)).tanh())
@@ -66,27 +70,36 @@ pub fn route(logits: &[f32], top_k: usize, routing: Routing) -> Vec<(usize, f64)
 
 /// A mixture-of-experts block for each row of `x` (rows of `d`): the weighted sum of its
 /// experts' `down(act(gate · x) * (up · x))`, `experts[e]` holding expert `e`'s gate, up and
-/// down matrices; and the magnitude of each value (`Σ weight · Σ|down · h|`).
+/// down matrices (and `biases[e]` their biases); and the magnitude of each value
+/// (`Σ weight · Σ|down · h|`).
 pub fn experts(
     x: &[f32],
     router: &[f32],
     experts: &[[Vec<f32>; 3]],
+    biases: Option<&[[Vec<f32>; 3]]>,
     moe: Moe,
     d: usize,
 ) -> (Vec<f64>, Vec<f64>) {
+    let biased = |mut values: Vec<f64>, e: usize, part: usize| {
+        if let Some(b) = biases {
+            values
+                .iter_mut()
+                .zip(&b[e][part])
+                .for_each(|(v, &b)| *v += f64::from(b));
+        }
+        values
+    };
     let mut want = vec![0f64; x.len()];
     let mut scale = vec![0f64; x.len()];
     let rows = x.chunks_exact(d).zip(router.chunks_exact(experts.len()));
     for (t, (x, logits)) in rows.enumerate() {
         for (e, weight) in route(logits, moe.top_k, moe.routing) {
             let [gate, up, down] = &experts[e];
-            let h = gated(
-                moe.activation,
-                &products(gate, x, d).0,
-                &products(up, x, d).0,
-            );
+            let g = biased(products(gate, x, d).0, e, 0);
+            let h = gated(moe.activation, &g, &biased(products(up, x, d).0, e, 1));
             let h: Vec<f32> = h.iter().map(|&v| v as f32).collect();
             let (y, magnitude) = products(down, &h, h.len());
+            let y = biased(y, e, 2);
             for (i, (y, m)) in y.iter().zip(magnitude).enumerate() {
                 want[t * d + i] += weight * y;
                 scale[t * d + i] += weight * m;

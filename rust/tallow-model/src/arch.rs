@@ -71,7 +71,12 @@ pub struct Architecture {
     /// (`post_attention_norm`, `post_ffw_norm`) before they join the residual stream.
     pub post_norms: bool,
     pub sliding: SlidingLayers,
+    /// Sliding-window layers rotate by a RoPE of their own (`rope.freq_base_swa`, unscaled),
+    /// as Gemma's do; else by the global layers'.
+    pub sliding_rope: bool,
     pub feed_forward: FeedForward,
+    /// The tensor of the norm in front of the feed-forward block.
+    pub ffn_norm: &'static str,
 }
 
 const LLAMA: Architecture = Architecture {
@@ -84,7 +89,9 @@ const LLAMA: Architecture = Architecture {
     embed_scale: false,
     post_norms: false,
     sliding: SlidingLayers::None,
+    sliding_rope: false,
     feed_forward: FeedForward::DenseOrExperts(Routing::TopKSoftmax),
+    ffn_norm: "ffn_norm",
 };
 
 const GEMMA2: Architecture = Architecture {
@@ -95,6 +102,7 @@ const GEMMA2: Architecture = Architecture {
     embed_scale: true,
     post_norms: true,
     sliding: SlidingLayers::Even,
+    sliding_rope: true,
     ..LLAMA
 };
 
@@ -138,6 +146,18 @@ pub const ARCHITECTURES: &[Architecture] = &[
         ..LLAMA
     },
     GEMMA2,
+    // Every layer's biases (attention output, router, experts), attention sinks
+    // (`attn_sinks`), sliding windows on alternate layers with the global RoPE (YaRN), and
+    // the norm in front of the experts stored as `post_attention_norm`.
+    Architecture {
+        name: "gpt-oss",
+        rope: RopeStyle::Halves,
+        activation: Activation::ClampedSwiglu,
+        sliding: SlidingLayers::Even,
+        feed_forward: FeedForward::Experts(Routing::TopKSoftmax),
+        ffn_norm: "post_attention_norm",
+        ..LLAMA
+    },
     Architecture {
         name: "gemma3",
         qk_norm: true,
@@ -162,8 +182,10 @@ impl Architecture {
         if self.qk_norm {
             out.push("Q/K head norms");
         }
-        if self.activation == Activation::GeluTanh {
-            out.push("GELU-tanh gates");
+        match self.activation {
+            Activation::Silu => {}
+            Activation::GeluTanh => out.push("GELU-tanh gates"),
+            Activation::ClampedSwiglu => out.push("clamped SwiGLU"),
         }
         if self.embed_scale {
             out.push("scaled embeddings");

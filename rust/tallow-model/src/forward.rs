@@ -166,9 +166,12 @@ impl<B: Backend> Forward<'_, B> {
             step.rope(rope, &mut q)?;
             step.rope(rope, &mut k)?;
             step.write_kv(cache, l, &mut k, &mut v)?;
-            step.attention(cache, l, scores, &mut q, &mut attn)?;
+            step.attention(cache, l, scores, layer.sinks.as_ref(), &mut q, &mut attn)?;
 
             step.matmul(&attn, [&layer.wo], [&mut proj])?;
+            if let Some(bias) = &layer.o_bias {
+                step.add_bias(&mut proj, bias)?;
+            }
             if let Some(norm) = &layer.post_attn_norm {
                 step.rms_norm_in_place(&mut proj, norm, cfg.rms_eps)?;
             }
@@ -244,6 +247,9 @@ impl<B: Backend> Forward<'_, B> {
             activation,
         };
         step.matmul(h, [&layer.router], [&mut rows.router])?;
+        if let Some(bias) = &layer.router_bias {
+            step.add_bias(&mut rows.router, bias)?;
+        }
         step.experts(h, &rows.router, &layer.experts, moe, out)?;
         if let Some((shared, gate)) = &layer.shared {
             let shared_rows = dense_rows.as_mut().ok_or_else(missing)?;

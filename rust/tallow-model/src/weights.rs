@@ -24,6 +24,9 @@ pub struct LayerWeights<B: Backend> {
     pub q_norm: Option<B::Vector>,
     pub k_norm: Option<B::Vector>,
     pub wo: B::Matrix,
+    pub o_bias: Option<B::Vector>,
+    /// A logit per query head that joins each softmax's denominator, where the file has them.
+    pub sinks: Option<B::Vector>,
     /// Normalizes the attention output before the residual add, where the architecture does.
     pub post_attn_norm: Option<B::Vector>,
     pub ffn_norm: B::Vector,
@@ -46,8 +49,9 @@ pub enum FeedForward<B: Backend> {
 
 /// A mixture-of-experts feed-forward block.
 pub struct ExpertLayer<B: Backend> {
-    /// One row of logits per expert (`ffn_gate_inp`).
+    /// One row of logits per expert (`ffn_gate_inp`), and their biases.
     pub router: B::Matrix,
+    pub router_bias: Option<B::Vector>,
     pub experts: Experts<B>,
     /// The expert every token runs, scaled by the sigmoid of its gate (a one-row matrix).
     pub shared: Option<(Dense<B>, B::Matrix)>,
@@ -161,8 +165,20 @@ impl<B: Backend> Weights<B> {
                 let v_bias = bias("attn_v", kv_dim)?;
                 let q_norm = head_norm("attn_q_norm")?;
                 let k_norm = head_norm("attn_k_norm")?;
+                let o_bias = bias("attn_output", d)?;
+                let sinks = match file.tensor(&name("attn_sinks")) {
+                    Some(_) => Some(vector(&name("attn_sinks"), config.n_head)?),
+                    None => None,
+                };
                 let post_attn_norm = post_norm("post_attention_norm")?;
-                let ffn_norm = vector(&name("ffn_norm"), d)?;
+                let ffn_norm = vector(&name(arch.ffn_norm), d)?;
+                let expert_vectors = match &config.experts {
+                    Some(e) => Some(ExpertVectors {
+                        router_bias: bias("ffn_gate_inp", e.count)?,
+                        biases: expert_biases(backend, file, config, i)?,
+                    }),
+                    None => None,
+                };
                 let post_ffn_norm = post_norm("post_ffw_norm")?;
                 // The layer, once its matrices (in the order of `specs`) are uploaded.
                 Ok(move |next: &mut dyn FnMut() -> B::Matrix| LayerWeights {
@@ -176,9 +192,11 @@ impl<B: Backend> Weights<B> {
                     q_norm,
                     k_norm,
                     wo: next(),
+                    o_bias,
+                    sinks,
                     post_attn_norm,
                     ffn_norm,
-                    ffn: feed_forward(config.experts.as_ref(), next),
+                    ffn: feed_forward(config.experts.as_ref(), expert_vectors, next),
                     post_ffn_norm,
                 })
             })
@@ -268,10 +286,50 @@ fn ffn_specs(
     Ok(())
 }
 
+/// The vectors of a mixture-of-experts layer, where the file has them.
+struct ExpertVectors<B: Backend> {
+    router_bias: Option<B::Vector>,
+    biases: Option<[Vec<B::Vector>; 3]>,
+}
+
+/// Every expert's gate, up and down biases in layer `layer` (`ffn_*_exps.bias`, GGML shape
+/// `[width, count]`), where the file has them: all three or none.
+fn expert_biases<B: Backend>(
+    backend: &B,
+    file: &GgufFile,
+    config: &ModelConfig,
+    layer: usize,
+) -> Result<Option<[Vec<B::Vector>; 3]>, ModelError> {
+    let Some(e) = &config.experts else {
+        return Ok(None);
+    };
+    let name = |t: &str| format!("blk.{layer}.ffn_{t}_exps.bias");
+    if file.tensor(&name("gate")).is_none() {
+        return Ok(None);
+    }
+    let part = |t: &str, len: usize| -> Result<Vec<B::Vector>, ModelError> {
+        let name = name(t);
+        let info = tensor(file, &name, &[len as u64, e.count as u64])?;
+        let mut values = vec![0.0; len * e.count];
+        tallow_quant::dequantize(info.ty, file.tensor_data(info), &mut values)?;
+        file.release(info, 0..info.size as usize);
+        values
+            .chunks_exact(len)
+            .map(|bias| backend.upload_vector(bias).map_err(ModelError::from))
+            .collect()
+    };
+    Ok(Some([
+        part("gate", e.n_ff)?,
+        part("up", e.n_ff)?,
+        part("down", config.n_embd)?,
+    ]))
+}
+
 /// A layer's feed-forward block from its matrices, taken from `next` in the order of
-/// [`ffn_specs`].
+/// [`ffn_specs`], and its vectors.
 fn feed_forward<B: Backend>(
     experts: Option<&ExpertConfig>,
+    vectors: Option<ExpertVectors<B>>,
     next: &mut dyn FnMut() -> B::Matrix,
 ) -> FeedForward<B> {
     let dense = |next: &mut dyn FnMut() -> B::Matrix| Dense {
@@ -282,16 +340,25 @@ fn feed_forward<B: Backend>(
     let Some(e) = experts else {
         return FeedForward::Dense(dense(next));
     };
+    let ExpertVectors {
+        router_bias,
+        biases,
+    } = vectors.unwrap_or(ExpertVectors {
+        router_bias: None,
+        biases: None,
+    });
     let router = next();
     let mut stack = || (0..e.count).map(|_| next()).collect::<Vec<_>>();
     let experts = Experts {
         gate: stack(),
         up: stack(),
         down: stack(),
+        biases,
     };
     let shared = e.n_ff_shared.map(|_| (dense(next), next()));
     FeedForward::Experts(Box::new(ExpertLayer {
         router,
+        router_bias,
         experts,
         shared,
     }))

@@ -164,6 +164,8 @@ pub(crate) struct Attention<'a> {
     /// Roped queries, `[token][head][head_dim]`.
     pub q: &'a [f32],
     pub scores: Scores,
+    /// One logit per query head that joins its softmax's denominator (gpt-oss).
+    pub sinks: Option<&'a [f32]>,
 }
 
 impl Attention<'_> {
@@ -454,6 +456,11 @@ impl Attention<'_> {
         Ok(())
     }
 
+    /// The sink logit of query head `head`, where the layer has sinks.
+    fn sink(&self, head: usize) -> Option<f32> {
+        self.sinks.map(|s| s[head])
+    }
+
     /// Whether the token at `pos` sees any position of segment `segment`.
     fn sees_segment(&self, pos: usize, segment: usize) -> bool {
         let start = segment * self.plan.segment_len();
@@ -509,7 +516,8 @@ impl Attention<'_> {
                 let at = token * h.q_dim() + head * hd;
                 // SAFETY: the columns of this unit's heads for its tokens are its own.
                 let dst = unsafe { out.range_mut(at..at + hd) };
-                finish(&running[(ti * hg + g) * state_len..][..state_len], dst);
+                let state = &running[(ti * hg + g) * state_len..][..state_len];
+                finish(state, self.sink(head), dst);
             }
         }
     }
@@ -545,7 +553,7 @@ impl Attention<'_> {
                         }
                         let head = kv_head * group + g;
                         let dst = &mut out[token * h.q_dim() + head * hd..][..hd];
-                        finish(running, dst);
+                        finish(running, self.sink(head), dst);
                     }
                 }
             }
@@ -577,9 +585,14 @@ fn empty(state: &mut [f32]) {
     state[1..].fill(0.0);
 }
 
-/// The attention output of a state: the weighted values over the sum.
-fn finish(state: &[f32], out: &mut [f32]) {
-    let inv = 1.0 / state[1];
+/// The attention output of a state: the weighted values over the sum, to which a sink logit
+/// adds its exponential (relative to the state's maximum, as the sum's terms are).
+fn finish(state: &[f32], sink: Option<f32>, out: &mut [f32]) {
+    let sum = match sink {
+        Some(sink) => state[1] + (sink - state[0]).exp(),
+        None => state[1],
+    };
+    let inv = 1.0 / sum;
     for (o, &a) in out.iter_mut().zip(&state[2..]) {
         *o = a * inv;
     }
@@ -591,12 +604,18 @@ mod tests {
 
     /// A reference softmax attention in f64.
     fn reference(q: &[f32], keys: &[f32], values: &[f32]) -> Vec<f64> {
-        reference_with(q, keys, values, Scores::plain(q.len()))
+        reference_with(q, keys, values, Scores::plain(q.len()), None)
     }
 
-    /// [`reference`] with the scale and soft-cap of `params` (the caller picks the visible
-    /// keys).
-    fn reference_with(q: &[f32], keys: &[f32], values: &[f32], params: Scores) -> Vec<f64> {
+    /// [`reference`] with the scale and soft-cap of `params` and a sink logit (the caller
+    /// picks the visible keys).
+    fn reference_with(
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        params: Scores,
+        sink: Option<f32>,
+    ) -> Vec<f64> {
         let hd = q.len();
         let scores: Vec<f64> = keys
             .chunks_exact(hd)
@@ -614,7 +633,8 @@ mod tests {
             .collect();
         let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-        let total: f64 = weights.iter().sum();
+        let sink = sink.map_or(0.0, |s| (f64::from(s) - max).exp());
+        let total: f64 = weights.iter().sum::<f64>() + sink;
         (0..hd)
             .map(|d| {
                 weights
@@ -735,6 +755,27 @@ mod tests {
         }
     }
 
+    /// Sinks: a logit per query head in each softmax's denominator (some far above the
+    /// scores, some far below), windowed and not.
+    #[test]
+    fn attention_with_sinks_matches_the_reference_for_any_chunking() {
+        let chunks = [
+            vec![(0, 75)],
+            vec![(4, 5)],
+            vec![(30, 9), (0, 3)],
+            vec![(60, 15), (8, 20), (33, 1)],
+        ];
+        let sinks = [0.5, -3.0, 2.0, 8.0, -20.0, 0.0, 1.0, 3.0, -1.0];
+        for window in [None, Some(9)] {
+            let params = Scores {
+                window,
+                ..Scores::plain(64)
+            };
+            let dtype = tallow_kv::KvDtype::F32;
+            check_paged_attention_with(4, dtype, 75, &chunks, params, 1.0, Some(&sinks));
+        }
+    }
+
     fn check_paged_attention(
         page_size: usize,
         dtype: tallow_kv::KvDtype,
@@ -742,6 +783,26 @@ mod tests {
         chunk_sets: &[Vec<(usize, usize)>],
         params: Scores,
         query_scale: f32,
+    ) {
+        check_paged_attention_with(
+            page_size,
+            dtype,
+            total,
+            chunk_sets,
+            params,
+            query_scale,
+            None,
+        );
+    }
+
+    fn check_paged_attention_with(
+        page_size: usize,
+        dtype: tallow_kv::KvDtype,
+        total: usize,
+        chunk_sets: &[Vec<(usize, usize)>],
+        params: Scores,
+        query_scale: f32,
+        sinks: Option<&[f32]>,
     ) {
         use tallow_backend::{Batch, Logits};
         use tallow_kv::{KvBudget, KvDtype, KvLayout, LayerGroups};
@@ -823,6 +884,7 @@ mod tests {
                 batch: &batch,
                 q: &q,
                 scores: params,
+                sinks,
             };
             attention
                 .run(&mut scratch, &mut partials, &mut out)
@@ -839,7 +901,8 @@ mod tests {
                         .flat_map(|p| m[p * kv_dim + kv_head * hd..][..hd].to_vec())
                         .collect()
                 };
-                let want = reference_with(q, &pick(&keys), &pick(&values), params);
+                let sink = sinks.map(|s| s[head]);
+                let want = reference_with(q, &pick(&keys), &pick(&values), params, sink);
                 for (got, want) in out[head * hd..(head + 1) * hd].iter().zip(&want) {
                     // Scores, and their rounding, grow with the queries.
                     assert!(
@@ -975,7 +1038,7 @@ mod tests {
             kernel.merge(&mut running, &state);
         }
         let mut out = vec![0f32; hd];
-        super::finish(&running, &mut out);
+        super::finish(&running, None, &mut out);
         for (got, want) in out.iter().zip(&want) {
             assert!((f64::from(*got) - want).abs() < 1e-5, "{got} vs {want}");
         }

@@ -9,6 +9,7 @@ pub(crate) type RawGated = unsafe fn(&mut [f32], &[f32]);
 pub(crate) struct RawActivations {
     pub(crate) silu: Option<RawGated>,
     pub(crate) gelu_tanh: Option<RawGated>,
+    pub(crate) clamped_swiglu: Option<RawGated>,
 }
 
 impl RawActivations {
@@ -22,6 +23,10 @@ impl RawActivations {
                 .gelu_tanh
                 .or(below.map(|b| b.gelu_tanh))
                 .expect(missing),
+            clamped_swiglu: self
+                .clamped_swiglu
+                .or(below.map(|b| b.clamped_swiglu))
+                .expect(missing),
         }
     }
 }
@@ -32,6 +37,7 @@ impl RawActivations {
 pub struct ActivationKernels {
     silu: RawGated,
     gelu_tanh: RawGated,
+    clamped_swiglu: RawGated,
 }
 
 impl ActivationKernels {
@@ -47,6 +53,14 @@ impl ActivationKernels {
         assert_eq!(gate.len(), up.len());
         // SAFETY: as above.
         unsafe { (self.gelu_tanh)(gate, up) }
+    }
+
+    /// gpt-oss's clamped SwiGLU: `gate = g * sigmoid(1.702 g) * (clamp(up, -7, 7) + 1)`
+    /// with `g = min(gate, 7)`.
+    pub fn clamped_swiglu(&self, gate: &mut [f32], up: &[f32]) {
+        assert_eq!(gate.len(), up.len());
+        // SAFETY: as above.
+        unsafe { (self.clamped_swiglu)(gate, up) }
     }
 }
 
@@ -65,6 +79,21 @@ pub(crate) fn gated_loop<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
             x
         };
         *g = x / (1.0 + crate::exp(-z)) * u;
+    }
+}
+
+/// The clamp of gpt-oss's SwiGLU (the gate from above, the up projection both ways) and the
+/// slope of its sigmoid; neither is in the model file.
+const SWIGLU_LIMIT: f32 = 7.0;
+const SWIGLU_ALPHA: f32 = 1.702;
+
+/// [`ActivationKernels::clamped_swiglu`], written to vectorize as [`gated_loop`].
+#[inline(always)]
+pub(crate) fn clamped_swiglu_loop(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(SWIGLU_LIMIT);
+        let u = u.clamp(-SWIGLU_LIMIT, SWIGLU_LIMIT);
+        *g = x / (1.0 + crate::exp(-SWIGLU_ALPHA * x)) * (u + 1.0);
     }
 }
 
@@ -92,6 +121,10 @@ mod tests {
             kernels.gelu_tanh(&mut got, &up);
             scalar.gelu_tanh(&mut want, &up);
             assert_eq!(bits(&got), bits(&want), "{isa:?} gelu");
+            let (mut got, mut want) = (gate.clone(), gate.clone());
+            kernels.clamped_swiglu(&mut got, &up);
+            scalar.clamped_swiglu(&mut want, &up);
+            assert_eq!(bits(&got), bits(&want), "{isa:?} clamped swiglu");
         }
     }
 }

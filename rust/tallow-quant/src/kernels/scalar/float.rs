@@ -4,7 +4,7 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use crate::kernels::activations::gated_loop;
+use crate::kernels::activations::{clamped_swiglu_loop, gated_loop};
 use crate::kernels::attention::loops;
 
 pub(super) unsafe fn page(
@@ -44,4 +44,8 @@ pub(super) unsafe fn silu(gate: &mut [f32], up: &[f32]) {
 
 pub(super) unsafe fn gelu_tanh(gate: &mut [f32], up: &[f32]) {
     gated_loop::<true>(gate, up)
+}
+
+pub(super) unsafe fn clamped_swiglu(gate: &mut [f32], up: &[f32]) {
+    clamped_swiglu_loop(gate, up)
 }

@@ -51,6 +51,7 @@ pub(super) fn float_row() -> RawFloatRow {
         activations: RawActivations {
             silu: Some(float::silu),
             gelu_tanh: Some(float::gelu_tanh),
+            clamped_swiglu: Some(float::clamped_swiglu),
         },
     }
 }

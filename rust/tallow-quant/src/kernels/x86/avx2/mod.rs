@@ -20,7 +20,7 @@ use crate::blocks::{
     as_blocks, k4_scales_mins, q3k_scales, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
     BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
-use crate::kernels::activations::{gated_loop, RawActivations};
+use crate::kernels::activations::{clamped_swiglu_loop, gated_loop, RawActivations};
 use crate::kernels::attention::{loops, RawAttention};
 use crate::kernels::table::{RawDequantize, RawQuantize};
 use crate::kernels::{RawFloatRow, RawPacked, RawRow, RawTile, RawVecDot};
@@ -79,6 +79,7 @@ compiled_with!("avx2,fma":
     merge => loops::merge, (state: &mut [f32], other: &[f32]);
     silu => gated_loop::<false>, (gate: &mut [f32], up: &[f32]);
     gelu_tanh => gated_loop::<true>, (gate: &mut [f32], up: &[f32]);
+    clamped_swiglu => clamped_swiglu_loop, (gate: &mut [f32], up: &[f32]);
 );
 
 /// The AVX2 attention kernels (the FMA tile kernel at 8 lanes) and gated activations.
@@ -95,6 +96,7 @@ pub(crate) fn float_row() -> RawFloatRow {
         activations: RawActivations {
             silu: Some(silu),
             gelu_tanh: Some(gelu_tanh),
+            clamped_swiglu: Some(clamped_swiglu),
         },
     }
 }

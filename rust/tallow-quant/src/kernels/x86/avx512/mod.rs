@@ -21,7 +21,7 @@ use crate::blocks::{
     as_blocks, k4_scales_mins, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
-use crate::kernels::activations::{gated_loop, RawActivations};
+use crate::kernels::activations::{clamped_swiglu_loop, gated_loop, RawActivations};
 use crate::kernels::attention::{loops, RawAttention, RawInPlace};
 use crate::kernels::{RawFloatRow, RawRow};
 use crate::reference::vec_dot as reference;
@@ -749,6 +749,7 @@ compiled_with!("avx512f,avx2,fma":
     merge => loops::merge, (state: &mut [f32], other: &[f32]);
     silu => gated_loop::<false>, (gate: &mut [f32], up: &[f32]);
     gelu_tanh => gated_loop::<true>, (gate: &mut [f32], up: &[f32]);
+    clamped_swiglu => clamped_swiglu_loop, (gate: &mut [f32], up: &[f32]);
 );
 
 /// The AVX-512 attention kernels (this set's own tile kernel for heads of 64 and 128, which
@@ -769,6 +770,7 @@ pub(crate) fn float_row() -> RawFloatRow {
         activations: RawActivations {
             silu: Some(silu),
             gelu_tanh: Some(gelu_tanh),
+            clamped_swiglu: Some(clamped_swiglu),
         },
     }
 }
