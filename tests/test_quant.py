@@ -33,6 +33,10 @@ F16_FIELDS: dict[str, list[int]] = {
     "Q4_K": [0, 2],
     "Q5_K": [0, 2],
     "Q6_K": [208],
+    "IQ4_NL": [0],
+    "IQ4_XS": [0],
+    # Its scale is an E8M0 byte: any value is finite.
+    "MXFP4": [],
 }
 
 

@@ -31,7 +31,21 @@ pub use step::CudaStep;
 use gpu::{bytes_of, Buffer, Device};
 
 /// The weight formats the kernels read (formats.cuh).
-pub const WEIGHT_FORMATS: [GgmlType; 13] = GgmlType::WEIGHTS;
+pub const WEIGHT_FORMATS: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
 
 /// Most dimensions of an attention head (attention.cu).
 pub const MAX_HEAD_DIM: usize = 256;

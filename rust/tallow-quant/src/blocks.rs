@@ -114,6 +114,55 @@ block! {
     BlockQ8K = Q8_K { d: [u8; 4], qs: [i8; 256], bsums: [u8; 32] }
 }
 
+block! {
+    /// 32 weights `d * IQ4_VALUES[q]`, nibbles as in Q4_0.
+    BlockIq4Nl = IQ4_NL { d: [u8; 2], qs: [u8; 16] }
+}
+block! {
+    /// 256 weights in 8 groups of 32: `d * (ls - 32) * IQ4_VALUES[q]`, the 6-bit `ls` of group
+    /// g taking its low 4 bits from `scales_l[g / 2]` (low nibble for even g) and its top 2
+    /// bits from bits 2g..2g+2 of `scales_h`; each group's 16 bytes of `qs` hold its nibbles
+    /// as in Q4_0.
+    BlockIq4Xs = IQ4_XS { d: [u8; 2], scales_h: [u8; 2], scales_l: [u8; 4], qs: [u8; 128] }
+}
+block! {
+    /// 32 weights `2^(e - 128) * MXFP4_VALUES[q]` (OCP MX FP4: an E8M0 shared exponent and
+    /// E2M1 elements, here doubled to integers), nibbles as in Q4_0.
+    BlockMxfp4 = MXFP4 { e: [u8; 1], qs: [u8; 16] }
+}
+
+/// The 16 values of IQ4_NL and IQ4_XS quants (`kvalues_iq4nl`).
+pub(crate) const IQ4_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// The 16 E2M1 values of MXFP4 quants, times 2 (`kvalues_mxfp4`).
+pub(crate) const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// `2^(e - 128)`: half of an E8M0 scale, as MXFP4's doubled values want it (exact, the two
+/// smallest as subnormals).
+#[inline]
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    let bits = match e {
+        0 | 1 => 0x0020_0000 << e,
+        _ => u32::from(e - 1) << 23,
+    };
+    f32::from_bits(bits)
+}
+
+impl BlockIq4Xs {
+    /// The eight group scales, minus 32.
+    #[inline]
+    pub(crate) fn scales(&self) -> [i32; 8] {
+        let high = u16::from_le_bytes(self.scales_h);
+        std::array::from_fn(|g| {
+            let low = (self.scales_l[g / 2] >> (4 * (g % 2))) & 0xf;
+            let top = ((high >> (2 * g)) & 3) as u8;
+            i32::from(low | (top << 4)) - 32
+        })
+    }
+}
+
 impl BlockQ8K {
     #[inline]
     pub(crate) fn d(&self) -> f32 {

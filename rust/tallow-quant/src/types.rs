@@ -22,11 +22,14 @@ pub enum GgmlType {
     Q5_K,
     Q6_K,
     Q8_K,
+    IQ4_NL,
+    IQ4_XS,
+    MXFP4,
 }
 
 impl GgmlType {
     /// Every type that can hold weights (has a dot product with activations).
-    pub const WEIGHTS: [GgmlType; 13] = [
+    pub const WEIGHTS: [GgmlType; 16] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -40,10 +43,13 @@ impl GgmlType {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
+        GgmlType::MXFP4,
     ];
 
     /// Every supported type, in GGML id order.
-    pub const ALL: [GgmlType; 15] = [
+    pub const ALL: [GgmlType; 18] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -58,7 +64,10 @@ impl GgmlType {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
         GgmlType::BF16,
+        GgmlType::MXFP4,
     ];
 
     /// The type for a GGML type id, or `None` when tallow does not support it.
@@ -78,7 +87,10 @@ impl GgmlType {
             13 => Self::Q5_K,
             14 => Self::Q6_K,
             15 => Self::Q8_K,
+            20 => Self::IQ4_NL,
+            23 => Self::IQ4_XS,
             30 => Self::BF16,
+            39 => Self::MXFP4,
             _ => return None,
         })
     }
@@ -100,7 +112,10 @@ impl GgmlType {
             Self::Q5_K => 13,
             Self::Q6_K => 14,
             Self::Q8_K => 15,
+            Self::IQ4_NL => 20,
+            Self::IQ4_XS => 23,
             Self::BF16 => 30,
+            Self::MXFP4 => 39,
         }
     }
 
@@ -122,6 +137,9 @@ impl GgmlType {
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
             Self::Q8_K => "Q8_K",
+            Self::IQ4_NL => "IQ4_NL",
+            Self::IQ4_XS => "IQ4_XS",
+            Self::MXFP4 => "MXFP4",
         }
     }
 
@@ -130,7 +148,9 @@ impl GgmlType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
+            Self::IQ4_NL | Self::MXFP4 => 32,
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => 256,
+            Self::IQ4_XS => 256,
         }
     }
 
@@ -151,22 +171,27 @@ impl GgmlType {
             Self::Q5_K => 176,
             Self::Q6_K => 210,
             Self::Q8_K => 292,
+            Self::IQ4_NL => 18,
+            Self::IQ4_XS => 136,
+            Self::MXFP4 => 17,
         }
     }
 
     /// The format the activations must be quantized to before a dot product with weights of
-    /// this type, as in ggml: Q4_0, Q5_0 and Q8_0 pair with Q8_0; Q4_1 and Q5_1 with Q8_1 (whose
-    /// block sum carries the weights' offset term); K-quants with Q8_K. Float weights (F32, F16,
+    /// this type, as in ggml: Q4_0, Q5_0, Q8_0 and the 32-element non-linear formats (IQ4_NL,
+    /// MXFP4) pair with Q8_0; Q4_1 and Q5_1 with Q8_1 (whose block sum carries the weights'
+    /// offset term); K-quants and IQ4_XS with Q8_K. Float weights (F32, F16,
     /// BF16) take F32 activations, so the only rounding is that of the weights themselves.
     /// Q8_1 and Q8_K are activation formats and map to themselves.
     pub const fn vec_dot_type(self) -> GgmlType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => Self::F32,
-            Self::Q4_0 | Self::Q5_0 | Self::Q8_0 => Self::Q8_0,
+            Self::Q4_0 | Self::Q5_0 | Self::Q8_0 | Self::IQ4_NL | Self::MXFP4 => Self::Q8_0,
             Self::Q4_1 | Self::Q5_1 | Self::Q8_1 => Self::Q8_1,
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => {
                 Self::Q8_K
             }
+            Self::IQ4_XS => Self::Q8_K,
         }
     }
 

@@ -14,6 +14,13 @@ pub(crate) fn nibbles(qs: &[u8; 16]) -> [u8; 32] {
     q
 }
 
+/// The 32 values of a block of nibbles that index `values` (IQ4_NL, MXFP4, a group of
+/// IQ4_XS), in element order.
+#[inline]
+pub(crate) fn looked_up(qs: &[u8; 16], values: &[i8; 16]) -> [i8; 32] {
+    nibbles(qs).map(|q| values[usize::from(q)])
+}
+
 /// The 32 five-bit quants of a Q5_0/Q5_1 block in element order (0..32).
 #[inline]
 pub(crate) fn five_bits(qs: &[u8; 16], qh: [u8; 4]) -> [u8; 32] {

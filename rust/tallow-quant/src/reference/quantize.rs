@@ -11,8 +11,8 @@ use crate::GgmlType;
 /// caller).
 pub(crate) type QuantizeFn = fn(x: &[f32], dst: &mut [u8]);
 
-/// The quantizer for `ty`, or `None` for the K-quant weight formats, whose quantizers search
-/// for scales and belong to an offline tool.
+/// The quantizer for `ty`, or `None` for the K-quant and non-linear weight formats, whose
+/// quantizers search for scales and belong to an offline tool.
 pub(crate) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
     Some(match ty {
         GgmlType::F32 => |x, dst| {
@@ -37,9 +37,14 @@ pub(crate) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
         GgmlType::Q8_0 => |x, dst| each_block(x, dst, q8_0),
         GgmlType::Q8_1 => |x, dst| each_block(x, dst, q8_1),
         GgmlType::Q8_K => |x, dst| each_block(x, dst, q8_k),
-        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-            return None
-        }
+        GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::IQ4_NL
+        | GgmlType::IQ4_XS
+        | GgmlType::MXFP4 => return None,
     })
 }
 

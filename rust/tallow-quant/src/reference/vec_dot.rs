@@ -7,8 +7,9 @@
 
 use super::decode;
 use crate::blocks::{
-    as_blocks, k4_scales_mins, q3k_scales, Block, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
-    BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1, QK_K,
+    as_blocks, e8m0_half, k4_scales_mins, q3k_scales, Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4,
+    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES, MXFP4_VALUES, QK_K,
 };
 use crate::fp16::{bf16_to_f32, f16_to_f32};
 
@@ -97,6 +98,37 @@ pub(crate) fn q8_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
 
 pub(crate) fn block_q8_0_q8_0(w: &BlockQ8_0, a: &BlockQ8_0) -> f32 {
     dot_i8(&w.qs, &a.qs) as f32 * (f16_to_f32(w.d) * f16_to_f32(a.d))
+}
+
+pub(crate) fn iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    over_blocks(w, a, block_iq4_nl_q8_0)
+}
+
+pub(crate) fn block_iq4_nl_q8_0(w: &BlockIq4Nl, a: &BlockQ8_0) -> f32 {
+    let q = decode::looked_up(&w.qs, &IQ4_VALUES);
+    dot_i8(&q, &a.qs) as f32 * (f16_to_f32(w.d) * f16_to_f32(a.d))
+}
+
+pub(crate) fn mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    over_blocks(w, a, block_mxfp4_q8_0)
+}
+
+pub(crate) fn block_mxfp4_q8_0(w: &BlockMxfp4, a: &BlockQ8_0) -> f32 {
+    let q = decode::looked_up(&w.qs, &MXFP4_VALUES);
+    dot_i8(&q, &a.qs) as f32 * (e8m0_half(w.e[0]) * f16_to_f32(a.d))
+}
+
+/// IQ4_XS: the groups' integer sums times their scales add up exactly in an i32 (at most
+/// 8 x 32 x 32 x 127 x 127), then one float multiply per super-block.
+pub(crate) fn iq4_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    over_blocks(w, a, |w: &BlockIq4Xs, a: &BlockQ8K| {
+        let groups = w.qs.as_chunks::<16>().0.iter().zip(w.scales());
+        let sumi: i32 = groups
+            .zip(a.qs.as_chunks::<32>().0)
+            .map(|((qs, scale), a)| scale * dot_i8(&decode::looked_up(qs, &IQ4_VALUES), a))
+            .sum();
+        sumi as f32 * (f16_to_f32(w.d) * a.d())
+    })
 }
 
 pub(crate) fn q2_k_q8_k(w: &[u8], a: &[u8]) -> f32 {

@@ -9,11 +9,20 @@ use crate::{dequantize, quantize_row, GgmlType};
 pub fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q8_1 => &[0],
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_K => &[],
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_K | GgmlType::MXFP4 => &[],
+    }
+}
+
+/// Byte offsets of the E8M0 shared exponents inside one block.
+pub fn e8m0_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::MXFP4 => &[0],
+        _ => &[],
     }
 }
 
@@ -48,6 +57,10 @@ pub fn random_blocks(rng: &mut Rng, ty: GgmlType, blocks: usize) -> Vec<u8> {
         }
         _ => {
             for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+                // Shared exponents of 2^-10 to 2^-3, as the f16 scales below.
+                for &offset in e8m0_fields(ty) {
+                    block[offset] = 118 + (rng.next_u64() % 8) as u8;
+                }
                 for &offset in f16_fields(ty) {
                     block[offset..offset + 2].copy_from_slice(&f32_to_f16(scale(rng)));
                 }

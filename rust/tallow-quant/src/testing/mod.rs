@@ -4,5 +4,7 @@
 mod data;
 mod rng;
 
-pub use data::{dequantized, exact_dot, f16_fields, magnitude, random_acts, random_blocks};
+pub use data::{
+    dequantized, e8m0_fields, exact_dot, f16_fields, magnitude, random_acts, random_blocks,
+};
 pub use rng::Rng;

@@ -27,6 +27,9 @@ pub(super) fn row(ty: GgmlType) -> RawRow {
         GgmlType::Q4_K => (Some(reference::q4_k_q8_k), Some(packed::q4_k_entry)),
         GgmlType::Q5_K => (Some(reference::q5_k_q8_k), Some(packed::q5_k_entry)),
         GgmlType::Q6_K => (Some(reference::q6_k_q8_k), Some(packed::q6_k_entry)),
+        GgmlType::IQ4_NL => (Some(reference::iq4_nl_q8_0), None),
+        GgmlType::IQ4_XS => (Some(reference::iq4_xs_q8_k), None),
+        GgmlType::MXFP4 => (Some(reference::mxfp4_q8_0), None),
         GgmlType::Q8_1 | GgmlType::Q8_K => (None, None),
     };
     RawRow {

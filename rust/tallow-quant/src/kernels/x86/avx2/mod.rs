@@ -17,8 +17,9 @@ mod quantize;
 
 use super::tile_operands;
 use crate::blocks::{
-    as_blocks, k4_scales_mins, q3k_scales, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
-    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+    as_blocks, e8m0_half, k4_scales_mins, q3k_scales, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K,
+    BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
+    BlockQ8_0, BlockQ8_1, IQ4_VALUES, MXFP4_VALUES,
 };
 use crate::kernels::activations::{clamped_swiglu_loop, gated_loop, RawActivations};
 use crate::kernels::attention::{loops, RawAttention};
@@ -59,6 +60,9 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         GgmlType::Q5_K => (Some(q5_k_q8_k), None, Some(packed::q5_k), None),
         GgmlType::Q6_K => (Some(q6_k_q8_k), None, Some(packed::q6_k), None),
         GgmlType::Q8_K => (None, None, None, Some(quantize::q8_k)),
+        GgmlType::IQ4_NL => (Some(iq4_nl_q8_0), Some(tile_iq4_nl), None, None),
+        GgmlType::IQ4_XS => (Some(iq4_xs_q8_k), None, None, None),
+        GgmlType::MXFP4 => (Some(mxfp4_q8_0), None, None, None),
     };
     let dequantize: Option<RawDequantize> = match ty {
         GgmlType::Q8_0 => Some(dequantize::q8_0),
@@ -144,6 +148,22 @@ unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
     let packed = load_u8x16(qs);
     let both = _mm256_setr_m128i(packed, _mm_srli_epi16::<4>(packed));
     _mm256_and_si256(both, _mm256_set1_epi8(0xf))
+}
+
+/// The 32 values that the nibbles of `qs` index in `values` (both lanes of `values` hold the
+/// 16 table entries), in element order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn looked_up(qs: &[u8; 16], values: __m256i) -> __m256i {
+    _mm256_shuffle_epi8(values, nibbles(qs))
+}
+
+/// A table of 16 signed bytes in both lanes, for [`looked_up`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn table(values: &[i8; 16]) -> __m256i {
+    let lane = _mm_loadu_si128(values.as_ptr().cast());
+    _mm256_setr_m128i(lane, lane)
 }
 
 /// Byte i is 0xff when bit i of the little-endian word `bits` is set, else 0.
@@ -238,6 +258,56 @@ unsafe fn q4_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
         let q = _mm256_sub_epi8(nibbles(&w.qs), _mm256_set1_epi8(8));
         let sums = _mm256_cvtepi32_ps(dot_i8_i8(q, load_i8(&a.qs)));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w.d) * fp16(a.d)), sums, acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let values = table(&IQ4_VALUES);
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in as_blocks::<BlockIq4Nl>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8_0>(a))
+    {
+        let sums = _mm256_cvtepi32_ps(dot_i8_i8(looked_up(&w.qs, values), load_i8(&a.qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w.d) * fp16(a.d)), sums, acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let values = table(&MXFP4_VALUES);
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in as_blocks::<BlockMxfp4>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8_0>(a))
+    {
+        let sums = _mm256_cvtepi32_ps(dot_i8_i8(looked_up(&w.qs, values), load_i8(&a.qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(e8m0_half(w.e[0]) * fp16(a.d)), sums, acc);
+    }
+    hsum(acc)
+}
+
+/// IQ4_XS: each group's sums times its scale in i32 lanes, one float multiply per super-block
+/// (as the reference, whose integer sum this equals).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
+    let values = table(&IQ4_VALUES);
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in as_blocks::<BlockIq4Xs>(w)
+        .iter()
+        .zip(as_blocks::<BlockQ8K>(a))
+    {
+        let mut sumi = _mm256_setzero_si256();
+        let groups = w.qs.as_chunks::<16>().0.iter().zip(w.scales());
+        for ((qs, scale), a) in groups.zip(a.qs.as_chunks::<32>().0) {
+            let sums = dot_i8_i8(looked_up(qs, values), load_i8(a));
+            sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(sums, _mm256_set1_epi32(scale)));
+        }
+        let d = _mm256_set1_ps(fp16(w.d) * a.d());
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum(acc)
 }
@@ -604,6 +674,7 @@ signed_tile! {
     tile_q4_0_q8_0: BlockQ4_0, |w| _mm256_sub_epi8(nibbles(&w.qs), _mm256_set1_epi8(8));
     tile_q5_0_q8_0: BlockQ5_0, |w| q5_0_quants(w);
     tile_q8_0_q8_0: BlockQ8_0, |w| load_i8(&w.qs);
+    tile_iq4_nl_q8_0: BlockIq4Nl, |w| looked_up(&w.qs, table(&IQ4_VALUES));
 }
 
 macro_rules! tile_entry_points {
@@ -632,4 +703,5 @@ tile_entry_points!(
     tile_q4_1_q8_1 => tile_q4_1,
     tile_q5_0_q8_0 => tile_q5_0,
     tile_q8_0_q8_0 => tile_q8_0,
+    tile_iq4_nl_q8_0 => tile_iq4_nl,
 );

@@ -741,7 +741,10 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
         | GgmlType::BF16
         | GgmlType::Q2_K
         | GgmlType::Q3_K
-        | GgmlType::Q8_K => none,
+        | GgmlType::Q8_K
+        | GgmlType::IQ4_NL
+        | GgmlType::IQ4_XS
+        | GgmlType::MXFP4 => none,
     }
 }
 
