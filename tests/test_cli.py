@@ -288,6 +288,16 @@ def test_decode_reads_every_weight_but_the_embedding_unless_it_is_the_output(
     assert tied == [True, False]
 
 
+def test_decode_of_a_mixture_reads_the_share_of_experts_a_token_uses(arch_dir: Path) -> None:
+    """qwen3moe: 2 of 8 experts a token, so a quarter of every ``*_exps`` tensor."""
+    path = arch_dir / "qwen3moe" / "qwen3moe-q8_0.gguf"
+    sizes = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(path).tensors}
+    experts = sum(size for name, size in sizes.items() if "_exps." in name)
+    assert experts > 0
+    want = sum(sizes.values()) - sizes["token_embd.weight"] - experts + experts // 4
+    assert _core.Model(str(path)).decode_weight_bytes == want
+
+
 def test_bench_prints_a_row_per_test(smollm2_path: Path) -> None:
     proc = run_cli(
         "bench",

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use tallow_backend::{BackendError, MatrixSpec, MatrixUse};
 use tallow_gguf::{GgmlType, GgufFile, TensorInfo};
-use tallow_quant::{PackedMatrix, QuantError, QuantizedActs, WeightSource};
+use tallow_quant::{PackedMatrix, Product, QuantError, QuantizedActs, WeightSource};
+use tallow_threads::DisjointSlice;
 
 /// A weight matrix of `rows` output features by `cols` input features.
 pub struct Matrix {
@@ -75,6 +76,36 @@ impl Matrix {
             m.matmul(acts, out)?;
         }
         Ok(())
+    }
+
+    /// Products of several matrices, each with its own activations (`None`: no product): in
+    /// one parallel loop when all are packed, else one after the other.
+    pub(crate) fn matmul_each<const N: usize>(
+        jobs: [Option<(&Matrix, QuantizedActs<'_>, &mut [f32])>; N],
+    ) -> Result<(), QuantError> {
+        let all_packed = jobs.iter().flatten().all(|(m, ..)| m.packed().is_some());
+        let first = jobs.iter().flatten().next();
+        let pad = first.and_then(|(m, acts, _)| Some((m.packed()?, acts.ty(), acts.cols())));
+        let Some((pad, ty, cols)) = pad.filter(|_| all_packed) else {
+            for (m, acts, out) in jobs.into_iter().flatten() {
+                m.matmul(&acts, out)?;
+            }
+            return Ok(());
+        };
+        // Slots without a job multiply no tokens.
+        let products = jobs.map(|job| match job {
+            Some((m, acts, out)) => Product {
+                matrix: m.packed().expect("all are packed"),
+                acts,
+                out: DisjointSlice::new(out),
+            },
+            None => Product {
+                matrix: pad,
+                acts: QuantizedActs::empty(ty, cols),
+                out: DisjointSlice::new(&mut []),
+            },
+        });
+        PackedMatrix::matmul_each(&products)
     }
 
     /// Row `row` as f32 values (`cols` of them).

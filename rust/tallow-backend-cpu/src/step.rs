@@ -1,6 +1,8 @@
 //! One step on the CPU: each operation runs as it comes, on the thread pool, over buffers of
 //! the step's arena.
 
+use std::ops::Range;
+
 use tallow_arena::GrowingArena;
 use tallow_backend::{
     argmax, Activation, BackendError, Batch, Experts, Moe, Output, Rope, Scores, Step, StepInput,
@@ -300,7 +302,6 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         for &e in chosen.iter() {
             starts[e as usize + 1] += 1;
         }
-        let most = starts.iter().copied().max().unwrap_or(0) as usize;
         for e in 0..n_expert {
             starts[e + 1] += starts[e];
         }
@@ -313,38 +314,81 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         }
 
         let ff = experts.gate[0].rows;
-        let rows = take::<f32>(layer, most * d)?;
-        let gate = take::<f32>(layer, most * ff)?;
-        let up = take::<f32>(layer, most * ff)?;
-        let down = take::<f32>(layer, most * d)?;
-        out.fill(0.0);
-        for e in 0..n_expert {
-            let pairs = &by_expert[starts[e] as usize..starts[e + 1] as usize];
-            if pairs.is_empty() {
-                continue;
+        let rows = take::<f32>(layer, n * k * d)?;
+        let gate = take::<f32>(layer, n * k * ff)?;
+        let up = take::<f32>(layer, n * k * ff)?;
+        let down = take::<f32>(layer, n * k * d)?;
+        // Every pair's row of `x`, expert after expert: each expert's tokens are a run.
+        for (row, &pair) in rows.chunks_exact_mut(d).zip(by_expert.iter()) {
+            row.copy_from_slice(&x[pair as usize / k * d..][..d]);
+        }
+        let span = |e: usize| starts[e] as usize..starts[e + 1] as usize;
+        let mut used = (0..n_expert)
+            .filter(|&e| starts[e] < starts[e + 1])
+            .peekable();
+        while used.peek().is_some() {
+            let batch: [Option<usize>; EXPERT_BATCH] = std::array::from_fn(|_| used.next());
+            let spans = batch.map(|e| e.map(span));
+            let first = spans[0].as_ref().map_or(0, |r| r.start);
+            let end = spans.iter().flatten().last().map_or(first, |r| r.end);
+            let acts = |m: &[Matrix], input: &[f32], width: usize| {
+                let mut acts = [None; EXPERT_BATCH];
+                for (slot, (e, r)) in acts.iter_mut().zip(batch.iter().zip(&spans)) {
+                    if let (Some(e), Some(r)) = (e, r) {
+                        let rows = &input[r.start * width..r.end * width];
+                        *slot = Some(Self::quantize(layer, &m[*e], rows, r.len())?);
+                    }
+                }
+                Ok::<_, BackendError>(acts)
+            };
+            let gate_acts = acts(&experts.gate, rows, d)?;
+            let same_acts = (batch.iter().flatten())
+                .all(|&e| experts.up[e].ty.vec_dot_type() == experts.gate[e].ty.vec_dot_type());
+            let up_acts = if same_acts {
+                gate_acts
+            } else {
+                acts(&experts.up, rows, d)?
+            };
+            let mut gates = by_span(gate, ff, &spans);
+            let mut ups = by_span(up, ff, &spans);
+            let mut jobs: [Option<ExpertJob<'_, '_>>; 2 * EXPERT_BATCH] = Default::default();
+            for (i, e) in batch.iter().enumerate() {
+                if let Some(e) = *e {
+                    let (g, u) = (gates[i].take(), ups[i].take());
+                    jobs[2 * i] = gate_acts[i].zip(g).map(|(a, g)| (&experts.gate[e], a, g));
+                    jobs[2 * i + 1] = up_acts[i].zip(u).map(|(a, u)| (&experts.up[e], a, u));
+                }
             }
-            let c = pairs.len();
-            for (row, &pair) in rows.chunks_exact_mut(d).zip(pairs) {
-                row.copy_from_slice(&x[pair as usize / k * d..][..d]);
-            }
-            let (gate, up) = (&mut gate[..c * ff], &mut up[..c * ff]);
-            let outs = [&mut *gate, &mut *up];
-            let matrices = [&experts.gate[e], &experts.up[e]];
-            Self::products(layer, &rows[..c * d], c, matrices, outs)?;
+            Matrix::matmul_each(jobs)?;
             if let Some([gate_bias, up_bias, _]) = &experts.biases {
-                add_rows(gate, &gate_bias[e]);
-                add_rows(up, &up_bias[e]);
+                for (e, r) in batch.iter().flatten().zip(spans.iter().flatten()) {
+                    add_rows(&mut gate[r.start * ff..r.end * ff], &gate_bias[*e]);
+                    add_rows(&mut up[r.start * ff..r.end * ff], &up_bias[*e]);
+                }
             }
-            gated(moe.activation, gate, up);
-            let down = &mut down[..c * d];
-            Self::products(layer, gate, c, [&experts.down[e]], [&mut *down])?;
+            let run = first * ff..end * ff;
+            gated(moe.activation, &mut gate[run.clone()], &up[run]);
+
+            let down_acts = acts(&experts.down, gate, ff)?;
+            let mut downs = by_span(down, d, &spans);
+            let mut jobs: [Option<ExpertJob<'_, '_>>; EXPERT_BATCH] = Default::default();
+            for (i, e) in batch.iter().enumerate() {
+                if let Some(e) = *e {
+                    let out = downs[i].take();
+                    jobs[i] = down_acts[i].zip(out).map(|(a, o)| (&experts.down[e], a, o));
+                }
+            }
+            Matrix::matmul_each(jobs)?;
             if let Some([_, _, down_bias]) = &experts.biases {
-                add_rows(down, &down_bias[e]);
+                for (e, r) in batch.iter().flatten().zip(spans.iter().flatten()) {
+                    add_rows(&mut down[r.start * d..r.end * d], &down_bias[*e]);
+                }
             }
-            for (y, &pair) in down.chunks_exact(d).zip(pairs) {
-                let pair = pair as usize;
-                add_scaled(&mut out[pair / k * d..][..d], y, weights[pair]);
-            }
+        }
+        out.fill(0.0);
+        for (y, &pair) in down.chunks_exact(d).zip(by_expert.iter()) {
+            let pair = pair as usize;
+            add_scaled(&mut out[pair / k * d..][..d], y, weights[pair]);
         }
         Ok(())
     }
@@ -409,6 +453,30 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
             }
         }
     }
+}
+
+/// Experts whose products run in one parallel loop.
+const EXPERT_BATCH: usize = 8;
+
+/// One expert's product: its matrix, the activations of its tokens and their outputs.
+type ExpertJob<'m, 'a> = (&'m Matrix, QuantizedActs<'a>, &'a mut [f32]);
+
+/// The runs of `rows` of `width` values that `spans` (row ranges, increasing and disjoint)
+/// name, each as its own slice.
+fn by_span<'a, const N: usize>(
+    mut rows: &'a mut [f32],
+    width: usize,
+    spans: &[Option<Range<usize>>; N],
+) -> [Option<&'a mut [f32]>; N] {
+    let mut at = 0;
+    spans.clone().map(|span| {
+        let span = span?;
+        let rest = std::mem::take(&mut rows);
+        let (_, rest) = rest.split_at_mut((span.start - at) * width);
+        let (run, rest) = rest.split_at_mut(span.len() * width);
+        (rows, at) = (rest, span.end);
+        Some(run)
+    })
 }
 
 /// Whether pages of `layout` hold keys and values rotated by a Hadamard matrix (as llama.cpp's

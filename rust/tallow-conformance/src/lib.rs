@@ -15,7 +15,7 @@
 //! | norms, bias, add, gated activations | f64 formulas | [`ROWS_TOLERANCE`] |
 //! | RoPE | `Rope::angles` (f32, as every backend takes them), rotation in f64 | [`ROPE_TOLERANCE`] |
 //! | attention | f64 softmax over K/V rounded to the page type | [`attention_tolerance`] |
-//! | mixture-of-experts blocks | each token's experts one by one, f64 | 1e-5 of the magnitude |
+//! | mixture-of-experts blocks | each token's experts one by one, f64 | three times the products' bound |
 //! | greedy tokens | the host's argmax of the logits the same step returns | exact |
 
 mod checks;

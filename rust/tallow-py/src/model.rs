@@ -81,14 +81,19 @@ impl Model {
     }
 
     /// Bytes of weights a decode step reads: every tensor but the token embedding, of which
-    /// a step reads one row, unless the output layer is the embedding itself.
+    /// a step reads one row, unless the output layer is the embedding itself; of the experts
+    /// of a mixture (`*_exps` tensors), the share a token uses.
     #[getter]
     fn decode_weight_bytes(&self) -> u64 {
         let tensors = self.inner.gguf().tensors();
         let tied = !tensors.iter().any(|t| t.name == "output.weight");
+        let experts = self.config().experts;
         (tensors.iter())
             .filter(|t| tied || t.name != "token_embd.weight")
-            .map(|t| t.size)
+            .map(|t| match experts {
+                Some(e) if t.name.contains("_exps.") => t.size * e.used as u64 / e.count as u64,
+                _ => t.size,
+            })
             .sum()
     }
 

@@ -137,6 +137,20 @@ impl<'a> QuantizedActs<'a> {
         })
     }
 
+    /// No tokens of `cols` values in `ty`: a product with these computes nothing.
+    pub fn empty(ty: GgmlType, cols: usize) -> Self {
+        let row_bytes = cols / ty.block_len() * ty.block_bytes();
+        QuantizedActs {
+            ty,
+            n_tokens: 0,
+            cols,
+            row_bytes,
+            data: &[],
+            d: &[],
+            s: &[],
+        }
+    }
+
     /// The format the activations are in.
     pub fn ty(&self) -> GgmlType {
         self.ty

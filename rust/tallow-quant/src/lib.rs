@@ -38,7 +38,7 @@ pub use kernels::attention::{
 pub use kernels::exp::exp;
 pub use kernels::{activation_kernels, attention_kernels, Isa, ISA_ENV};
 pub use matmul::{matmul, matmul_with};
-pub use packed::{PackedMatrix, WeightSource, PACKED_FORMATS};
+pub use packed::{PackedMatrix, Product, WeightSource, PACKED_FORMATS};
 pub use types::GgmlType;
 
 /// Dequantizes `src` (whole blocks of `ty`) into `dst`, which must hold exactly the elements

@@ -273,15 +273,33 @@ impl PackedMatrix {
 
     /// [`PackedMatrix::matmul`] of several matrices that read the same activations (a layer's
     /// query, key and value projections), in one parallel loop over all their row groups:
-    /// `outs[i]` gets the product of `matrices[i]`. One loop instead of `N` saves a
-    /// synchronization per matrix and spreads small matrices over every thread.
+    /// `outs[i]` gets the product of `matrices[i]`.
     pub fn matmul_many<const N: usize>(
         matrices: [&PackedMatrix; N],
         acts: &QuantizedActs<'_>,
         outs: [&mut [f32]; N],
     ) -> Result<(), QuantError> {
+        let mut outs = outs.into_iter();
+        let products = matrices.map(|matrix| Product {
+            matrix,
+            acts: *acts,
+            out: DisjointSlice::new(outs.next().expect("one output per matrix")),
+        });
+        Self::matmul_each(&products)
+    }
+
+    /// Several products, each of a matrix with its own activations (the experts of a
+    /// mixture, each with the tokens that chose it), in one parallel loop over all their row
+    /// groups. One loop instead of one per product saves a synchronization per product and
+    /// spreads small matrices over every thread.
+    pub fn matmul_each(products: &[Product<'_>]) -> Result<(), QuantError> {
         let mut work = 0usize;
-        for (m, out) in matrices.iter().zip(&outs) {
+        for Product {
+            matrix: m,
+            acts,
+            out,
+        } in products
+        {
             if acts.ty() != m.ty.vec_dot_type() {
                 return Err(QuantError::ActivationType {
                     weights: m.ty,
@@ -294,23 +312,28 @@ impl PackedMatrix {
             sizes::expect_len("output elements", out_len, out.len())?;
             work = work.saturating_add(out_len.saturating_mul(m.cols));
         }
-        if acts.cols() == 0 {
-            outs.into_iter().for_each(|out| out.fill(0.0));
+        for p in products.iter().filter(|p| p.acts.cols() == 0) {
+            // SAFETY: no loop runs yet; each product's output is its own.
+            unsafe { p.out.range_mut(0..p.out.len()) }.fill(0.0);
+        }
+        // Row groups of a product; none where there is nothing to compute.
+        let groups = |p: &Product<'_>| match p.acts.cols() == 0 || p.acts.n_tokens() == 0 {
+            true => 0,
+            false => p.matrix.rows / PACK_ROWS,
+        };
+        let total: usize = products.iter().map(groups).sum();
+        if total == 0 {
             return Ok(());
         }
-        let groups = matrices.map(|m| m.rows / PACK_ROWS);
-        let total: usize = groups.iter().sum();
-        if total == 0 || acts.n_tokens() == 0 {
-            return Ok(());
-        }
-        let outs = outs.map(DisjointSlice::new);
-        // Runs the groups `range` of the matrices' groups taken one after the other.
+        // Runs the groups `range` of the products' groups taken one after the other.
         let run = |range: Range<usize>| {
             let mut first = 0;
-            for ((m, &n), out) in matrices.iter().zip(&groups).zip(&outs) {
+            for p in products {
+                let n = groups(p);
                 let (start, end) = (range.start.max(first), range.end.min(first + n));
                 if start < end {
-                    m.groups_into(start - first..end - first, acts, out);
+                    p.matrix
+                        .groups_into(start - first..end - first, &p.acts, &p.out);
                 }
                 first += n;
             }
@@ -366,6 +389,15 @@ impl PackedMatrix {
             }
         }
     }
+}
+
+/// One product of [`PackedMatrix::matmul_each`]: `out[t * rows + r] = dot(weight row r of
+/// matrix, activations of token t)`.
+pub struct Product<'a> {
+    pub matrix: &'a PackedMatrix,
+    pub acts: QuantizedActs<'a>,
+    /// Written by the product alone: no two products of one call share an output.
+    pub out: DisjointSlice<'a, f32>,
 }
 
 /// Weight bytes a product of several tiles keeps in the L1 cache while every tile takes them
