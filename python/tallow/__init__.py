@@ -6,7 +6,8 @@
 
 See :class:`LLM` for generation, streaming, tokenization and perplexity, :class:`AsyncLLM`
 for many concurrent requests with continuous batching, :mod:`tallow.catalog`
-for the model catalog and cache, and ``tallow --help`` for the command line.
+for the model catalog and cache, :mod:`tallow.hub` for models by Hugging Face Hub name
+(``tallow.LLM("user/repo:Q4_K_M")``), and ``tallow --help`` for the command line.
 
 The names below are imported on first use, so that ``import tallow`` (and the command line's
 start) stays fast.

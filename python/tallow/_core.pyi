@@ -113,7 +113,11 @@ class Model:
         memory is the process's."""
     @property
     def path(self) -> str:
-        """The file the model was loaded from."""
+        """The file the model was loaded from (the first part, for a model split into
+        several files)."""
+    @property
+    def file_size(self) -> int:
+        """Bytes of the model's GGUF file (of all its parts, for a model split into several)."""
     @property
     def architecture(self) -> str:
         """The GGUF ``general.architecture`` (e.g. ``"llama"``)."""

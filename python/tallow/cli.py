@@ -147,7 +147,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from tallow import catalog
+    from tallow import catalog, hub
 
     entries = catalog.load_catalog()
     for name in sorted(entries):
@@ -155,6 +155,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
         mark = "*" if name == catalog.DEFAULT_MODEL else " "
         state = "pulled" if catalog.is_present(name) else "not pulled"
         print(f"{mark} {name:<16} {format_bytes(entry.size):>10}  {state:<10}  {entry.description}")
+    ggufs = hub.cached_ggufs()
+    if ggufs:
+        print("\nHub models in the Hugging Face cache (-m hf://REPO/FILE):")
+    for gguf in ggufs:
+        parts = f" ({gguf.parts} parts)" if gguf.parts > 1 else ""
+        print(f"  {gguf.repo:<40} {format_bytes(gguf.size):>10}  {gguf.file}{parts}")
     return 0
 
 
@@ -387,7 +393,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     path = catalog.resolve_model(args.model)
     model = load_model(path, device=args.device)
     params = sum(int(np.prod(dims)) for _, _, dims in model.tensors())
-    size = Path(model.path).stat().st_size
+    size = model.file_size
     # Warm-up: threads, page tables and kernels' first touches.
     bench.prefill(model, 16)
     bench.decode(model, 2)
@@ -516,12 +522,7 @@ def _summarize(value: object, width: int = 60, items: int = 4) -> str:
 def _write_info(llm: LLM, out: TextIO) -> None:
     meta = llm.metadata()
     arch = llm.architecture
-    path = llm.path
-    try:
-        file_size = format_bytes(os.path.getsize(path))
-    except OSError:
-        file_size = "?"
-    out.write(f"model: {path} ({file_size})\n")
+    out.write(f"model: {llm.path} ({format_bytes(llm.file_size)})\n")
     if "general.name" in meta:
         out.write(f"name: {meta['general.name']}\n")
     features = ", ".join(llm.architecture_features)
@@ -594,8 +595,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tallow",
         description="Run GGUF language models on the CPU or a GPU.",
         epilog=(
-            "MODEL is a path to a .gguf file or a catalog name (see `tallow list`); catalog "
-            "models are pulled into $TALLOW_HOME (default ~/.cache/tallow) on first use."
+            "MODEL is a path to a .gguf file, a catalog name (see `tallow list`), or a Hugging "
+            "Face Hub name: user/repo:QUANT, user/repo (Q4_K_M, else Q8_0, else the first GGUF) "
+            "or hf://user/repo/path/file.gguf. Catalog models are pulled into $TALLOW_HOME "
+            "(default ~/.cache/tallow), Hub models into the Hugging Face cache ($HF_HOME; "
+            "$HF_TOKEN for gated repos), on first use."
         ),
     )
     parser.add_argument("--version", action="version", version=f"tallow {__version__}")
@@ -606,7 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
             "-m",
             "--model",
             default=catalog.DEFAULT_MODEL,
-            help=f"model file or catalog name (default: {catalog.DEFAULT_MODEL})",
+            help="model file, catalog name or Hub name user/repo[:QUANT] "
+            f"(default: {catalog.DEFAULT_MODEL})",
         )
 
     def device_arg(p: argparse.ArgumentParser) -> None:
@@ -625,12 +630,17 @@ def build_parser() -> argparse.ArgumentParser:
             "the memory), q4_0 (about a quarter) or bf16 (f32's range, CPU only)",
         )
 
-    p = sub.add_parser("pull", help="download a catalog model into the cache")
-    p.add_argument("name", nargs="?", default=catalog.DEFAULT_MODEL, help="catalog name")
+    p = sub.add_parser("pull", help="download a catalog or Hub model into the cache")
+    p.add_argument(
+        "name",
+        nargs="?",
+        default=catalog.DEFAULT_MODEL,
+        help="catalog name, user/repo[:QUANT] or hf://user/repo/path/file.gguf",
+    )
     p.add_argument("--force", action="store_true", help="download even if already present")
     p.set_defaults(func=_cmd_pull)
 
-    p = sub.add_parser("list", help="list the catalog models")
+    p = sub.add_parser("list", help="list the catalog models and the Hub models in the cache")
     p.set_defaults(func=_cmd_list)
 
     p = sub.add_parser(

@@ -81,8 +81,9 @@ class TextStream(Iterator[str]):
 class LLM:
     """A language model ready to generate text.
 
-    ``model`` is a path to a ``.gguf`` file or the name of a catalog model (pulled into the
-    cache on first use; see :mod:`tallow.catalog`). ``n_ctx`` is the number of positions of the
+    ``model`` is a path to a ``.gguf`` file, the name of a catalog model (pulled into the
+    cache on first use; see :mod:`tallow.catalog`) or a Hugging Face Hub name such as
+    ``"user/repo:Q4_K_M"`` (see :mod:`tallow.hub`). ``n_ctx`` is the number of positions of the
     context used by :meth:`generate` and :meth:`stream` (prompt plus generated tokens); by
     default the model's training context, capped at 4096. A model with long-context RoPE factors
     (Phi-3 128k) uses its long factors only when ``n_ctx`` exceeds its original training
@@ -169,8 +170,13 @@ class LLM:
 
     @property
     def path(self) -> Path:
-        """The GGUF file."""
+        """The GGUF file (the first part, for a model split into several files)."""
         return Path(self._model.path)
+
+    @property
+    def file_size(self) -> int:
+        """Bytes of the GGUF file (of all its parts, for a model split into several)."""
+        return self._model.file_size
 
     @property
     def device(self) -> str:

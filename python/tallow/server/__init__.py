@@ -47,7 +47,7 @@ def build_app(
     chat_template: str | None = None,
     options: ServerOptions | None = None,
 ) -> Starlette:
-    """The server app of ``model`` (a path or catalog name), its model loaded (see
+    """The server app of ``model`` (a path, catalog name or Hub name), its model loaded (see
     :func:`serve` for the arguments): what ``tallow serve`` runs, and each of its replicas on
     Ray Serve (:mod:`tallow.ray`)."""
     from tallow.async_llm import AsyncLLM
@@ -81,7 +81,7 @@ def serve(
     options: ServerOptions | None = None,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve ``model`` (a path or catalog name) on ``host:port`` until interrupted.
+    """Serve ``model`` (a path, catalog name or Hub name) on ``host:port`` until interrupted.
 
     ``max_batch`` is the most requests generated at once (more wait in a queue); ``kv_memory``
     the bytes of the KV cache pool (by default enough for ``max_batch`` full contexts, up to

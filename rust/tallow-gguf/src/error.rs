@@ -64,4 +64,30 @@ pub enum GgufError {
         offset: u64,
         alignment: u64,
     },
+    #[error(
+        "{} is part {} of a model split into {count} files: load its first part, {}",
+        path.display(), no + 1, first.display()
+    )]
+    NotFirstSplitPart {
+        path: PathBuf,
+        /// Counted from 0, as in the file's `split.no`.
+        no: u64,
+        count: u64,
+        first: PathBuf,
+    },
+    #[error(
+        "{} is part of a split model, but its name does not end in {suffix}, so its other parts \
+         cannot be found",
+        path.display()
+    )]
+    SplitName { path: PathBuf, suffix: String },
+    #[error("part {} of {count} of the split model is missing: {}", no + 1, path.display())]
+    MissingSplitPart {
+        path: PathBuf,
+        /// Counted from 0, as in the file's `split.no`.
+        no: u64,
+        count: u64,
+    },
+    #[error("{}: {reason}", path.display())]
+    BadSplitPart { path: PathBuf, reason: String },
 }

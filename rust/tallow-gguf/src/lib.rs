@@ -3,10 +3,12 @@
 //! Opening a file parses the header (metadata and tensor table) and checks every offset, size,
 //! count and string length against the file before using it, so a damaged or hostile file gives
 //! a [`GgufError`] and never a panic or an out-of-bounds read. Tensor data is not copied: views
-//! borrow from the map.
+//! borrow from the map. A model split into several files (llama.cpp's `gguf-split`) opens as
+//! one [`GgufFile`] from its first part.
 
 mod error;
 mod reader;
+mod split;
 mod value;
 mod writer;
 
@@ -34,7 +36,9 @@ pub struct TensorInfo {
     /// Dimensions in GGML order: `dims[0]` is the contiguous (innermost) one.
     pub dims: Vec<u64>,
     pub ty: GgmlType,
-    /// Offset of the data from the start of the tensor data section.
+    /// Which file of a split model holds the data: 0 for the first, and for a model in one file.
+    pub part: usize,
+    /// Offset of the data from the start of the tensor data section of its file.
     pub offset: u64,
     /// Size of the data in bytes.
     pub size: u64,
@@ -60,22 +64,36 @@ impl Storage {
     }
 }
 
-/// An open GGUF file: its metadata, its tensor table and views of its tensor data.
-pub struct GgufFile {
+/// The bytes of one file, and where its tensor data starts.
+struct Part {
     storage: Storage,
+    data_offset: usize,
+}
+
+/// An open GGUF model: its metadata, its tensor table and views of its tensor data, in one file
+/// or in the parts of a split model.
+pub struct GgufFile {
+    /// The files, in order: one, or each part of a split model.
+    parts: Vec<Part>,
     version: u32,
     metadata: Vec<(String, Value)>,
     metadata_index: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
     tensor_index: HashMap<String, usize>,
     alignment: u64,
-    data_offset: usize,
 }
 
 impl GgufFile {
-    /// Maps and parses the file at `path`.
+    /// Maps and parses the file at `path`. If it is the first part of a split model, the other
+    /// parts are found beside it by name (`<prefix>-00002-of-00003.gguf`, ...), mapped too, and
+    /// their tensors join this file's; a missing or inconsistent part is an error.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref();
+        Self::open_one(path)?.join_split_parts(path)
+    }
+
+    /// Maps and parses the one file at `path`.
+    fn open_one(path: &Path) -> Result<Self, GgufError> {
         let io_error = |source: std::io::Error| {
             if source.kind() == std::io::ErrorKind::NotFound {
                 GgufError::NotFound {
@@ -105,7 +123,8 @@ impl GgufFile {
         Self::parse(Storage::Mapped(map))
     }
 
-    /// Parses a GGUF image held in memory.
+    /// Parses a GGUF image held in memory (one file: a split model's other parts are not looked
+    /// for).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, GgufError> {
         Self::parse(Storage::Owned(bytes))
     }
@@ -196,14 +215,16 @@ impl GgufFile {
         let data_offset = data_offset.min(bytes.len() as u64) as usize;
 
         Ok(GgufFile {
-            storage,
+            parts: vec![Part {
+                storage,
+                data_offset,
+            }],
             version,
             metadata,
             metadata_index,
             tensors,
             tensor_index,
             alignment,
-            data_offset,
         })
     }
 
@@ -215,9 +236,9 @@ impl GgufFile {
         self.alignment
     }
 
-    /// Size of the whole file in bytes.
+    /// Size of the whole file in bytes (of all its parts, for a split model).
     pub fn file_size(&self) -> u64 {
-        self.storage.bytes().len() as u64
+        self.parts.iter().map(|p| p.bytes().len() as u64).sum()
     }
 
     /// All metadata in file order.
@@ -241,8 +262,9 @@ impl GgufFile {
 
     /// The raw bytes of a tensor of this file (checked against the file when it was opened).
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
-        let start = self.data_offset + info.offset as usize;
-        &self.storage.bytes()[start..start + info.size as usize]
+        let part = &self.parts[info.part];
+        let start = part.data_offset + info.offset as usize;
+        &part.bytes()[start..start + info.size as usize]
     }
 
     /// Tells the OS that the bytes `bytes` of a tensor's data, already copied elsewhere, are
@@ -250,18 +272,28 @@ impl GgufFile {
     /// file again if touched. Best effort: it does nothing for a file held in memory or where
     /// the OS cannot.
     pub fn release(&self, info: &TensorInfo, bytes: Range<usize>) {
-        let start = self.data_offset + info.offset as usize;
+        let part = &self.parts[info.part];
+        let start = part.data_offset + info.offset as usize;
         let end = (start + bytes.end).min(start + info.size as usize);
-        self.release_range(start + bytes.start..end);
+        part.release(start + bytes.start..end);
     }
 
-    /// [`GgufFile::release`] for the header (metadata and tensor table): once the values a
-    /// caller needs are parsed, its pages need not stay resident.
+    /// [`GgufFile::release`] for the header (metadata and tensor table) of every part: once the
+    /// values a caller needs are parsed, its pages need not stay resident.
     pub fn release_header(&self) {
-        self.release_range(0..self.data_offset);
+        for part in &self.parts {
+            part.release(0..part.data_offset);
+        }
+    }
+}
+
+impl Part {
+    fn bytes(&self) -> &[u8] {
+        self.storage.bytes()
     }
 
-    fn release_range(&self, range: Range<usize>) {
+    /// Drops the pages of `range` from resident memory (see [`GgufFile::release`]).
+    fn release(&self, range: Range<usize>) {
         #[cfg(unix)]
         if let Storage::Mapped(map) = &self.storage {
             if range.is_empty() {
@@ -311,6 +343,7 @@ fn read_tensor_info(r: &mut Reader<'_>) -> Result<TensorInfo, GgufError> {
         name,
         dims,
         ty,
+        part: 0, // set when the file joins a split model's first part
         offset,
         size,
     })

@@ -132,7 +132,9 @@ pub fn grammar_error(message: impl Into<String>) -> PyErr {
 pub fn gguf_error(err: GgufError) -> PyErr {
     let message = err.to_string();
     match err {
-        GgufError::NotFound { .. } => raise(|e| &e.not_found, message),
+        GgufError::NotFound { .. } | GgufError::MissingSplitPart { .. } => {
+            raise(|e| &e.not_found, message)
+        }
         GgufError::UnsupportedTensorType { .. } => raise(|e| &e.unsupported, message),
         GgufError::Io { .. } => raise(|e| &e.tallow, message),
         _ => raise(|e| &e.gguf, message),

@@ -102,6 +102,12 @@ impl Model {
         &self.path
     }
 
+    /// Bytes of the model's GGUF file (of all its parts, for a model split into several).
+    #[getter]
+    fn file_size(&self) -> u64 {
+        self.inner.gguf().file_size()
+    }
+
     #[getter]
     fn architecture(&self) -> &str {
         &self.config().architecture
