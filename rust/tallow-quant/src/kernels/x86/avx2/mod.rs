@@ -61,7 +61,7 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         GgmlType::Q6_K => (Some(q6_k_q8_k), None, Some(packed::q6_k), None),
         GgmlType::Q8_K => (None, None, None, Some(quantize::q8_k)),
         GgmlType::IQ4_NL => (Some(iq4_nl_q8_0), Some(tile_iq4_nl), None, None),
-        GgmlType::IQ4_XS => (Some(iq4_xs_q8_k), None, None, None),
+        GgmlType::IQ4_XS => (Some(iq4_xs_q8_k), Some(tile_iq4_xs), None, None),
         GgmlType::MXFP4 => (Some(mxfp4_q8_0), None, None, None),
     };
     let dequantize: Option<RawDequantize> = match ty {
@@ -677,6 +677,43 @@ signed_tile! {
     tile_iq4_nl_q8_0: BlockIq4Nl, |w| looked_up(&w.qs, table(&IQ4_VALUES));
 }
 
+/// IQ4_XS against up to 8 tokens: [`iq4_xs_q8_k`] token by token, each block's values looked
+/// up once for every token.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_iq4_xs_q8_k<const T: usize>(
+    w: &[u8],
+    a: &[&[u8]],
+    scales: &crate::kernels::TileScales,
+    out: &mut [f32],
+) {
+    let (w, a) = tile_operands::<BlockIq4Xs, BlockQ8K, T>(w, a, scales, out);
+    let values = table(&IQ4_VALUES);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for (b, w) in w.iter().enumerate() {
+        let groups = w.qs.as_chunks::<16>().0;
+        let q: [__m256i; 8] = std::array::from_fn(|g| looked_up(&groups[g], values));
+        let group_scales = w.scales().map(|s| _mm256_set1_epi32(s));
+        let wd = fp16(w.d);
+        for t in 0..T {
+            let mut sumi = _mm256_setzero_si256();
+            for ((q, scale), a) in q
+                .iter()
+                .zip(&group_scales)
+                .zip(a[t][b].qs.as_chunks::<32>().0)
+            {
+                let sums = dot_i8_i8(*q, load_i8(a));
+                sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(sums, *scale));
+            }
+            let d = _mm256_set1_ps(wd * a[t][b].d());
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
+        }
+    }
+    for t in 0..T {
+        out[t] = hsum(acc[t]);
+    }
+}
+
 macro_rules! tile_entry_points {
     ($($kernel:ident => $entry:ident),* $(,)?) => {
         $(
@@ -704,4 +741,5 @@ tile_entry_points!(
     tile_q5_0_q8_0 => tile_q5_0,
     tile_q8_0_q8_0 => tile_q8_0,
     tile_iq4_nl_q8_0 => tile_iq4_nl,
+    tile_iq4_xs_q8_k => tile_iq4_xs,
 );
