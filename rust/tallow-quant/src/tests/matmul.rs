@@ -365,7 +365,14 @@ fn tiled_matmul_equals_per_token_matmul_and_scalar() {
             GgmlType::Q4_1,
             GgmlType::Q5_0,
             GgmlType::Q8_0,
+            GgmlType::IQ4_NL,
+            GgmlType::IQ4_XS,
         ] {
+            // Super-blocks of 256 for IQ4_XS: one to three.
+            let cols = match ty.block_len() {
+                256 => 256 * (1 + cols / 32 % 3),
+                _ => cols,
+            };
             let weight = random_blocks(&mut rng, ty, rows * cols / ty.block_len());
             let x = rng.activations(n_tokens * cols);
             let acts = acts_for(ty, &x, n_tokens, cols);
