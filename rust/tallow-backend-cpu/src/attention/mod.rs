@@ -663,12 +663,7 @@ mod tests {
     /// visible positions, and the same bits whether it runs alone or in a chunk.
     #[test]
     fn paged_attention_matches_the_reference_for_any_chunking() {
-        let chunks = [
-            vec![(0, 75)],
-            vec![(4, 5)],
-            vec![(30, 9), (0, 3)],
-            vec![(60, 15), (8, 20), (33, 1)],
-        ];
+        let chunks = chunks_of_75_positions();
         check_paged_attention(
             4,
             tallow_kv::KvDtype::F32,
@@ -684,12 +679,7 @@ mod tests {
     /// positions only, with the same bits alone or in any chunk.
     #[test]
     fn windowed_softcapped_attention_matches_the_reference_for_any_chunking() {
-        let chunks = [
-            vec![(0, 75)],
-            vec![(4, 5)],
-            vec![(30, 9), (0, 3)],
-            vec![(60, 15), (8, 20), (33, 1)],
-        ];
+        let chunks = chunks_of_75_positions();
         for window in [1, 7, 37, 200] {
             let params = Scores {
                 scale: 0.1,
@@ -705,6 +695,18 @@ mod tests {
             window: Some(150),
         };
         check_paged_attention(16, tallow_kv::KvDtype::F16, 300, &chunks, params, 1.0);
+    }
+
+    /// Chunks of 75 positions over pages of 4 (segments of 32), at several offsets: with 1
+    /// and 8 threads, [`check_paged_attention`] sees units split by segment and not, and
+    /// query heads cut between threads.
+    fn chunks_of_75_positions() -> [Vec<(usize, usize)>; 4] {
+        [
+            vec![(0, 75)],
+            vec![(4, 5)],
+            vec![(30, 9), (0, 3)],
+            vec![(60, 15), (8, 20), (33, 1)],
+        ]
     }
 
     /// Chunks of 300 positions over pages of 16 (segments of 128), at several offsets: with
@@ -759,12 +761,7 @@ mod tests {
     /// scores, some far below), windowed and not.
     #[test]
     fn attention_with_sinks_matches_the_reference_for_any_chunking() {
-        let chunks = [
-            vec![(0, 75)],
-            vec![(4, 5)],
-            vec![(30, 9), (0, 3)],
-            vec![(60, 15), (8, 20), (33, 1)],
-        ];
+        let chunks = chunks_of_75_positions();
         let sinks = [0.5, -3.0, 2.0, 8.0, -20.0, 0.0, 1.0, 3.0, -1.0];
         for window in [None, Some(9)] {
             let params = Scores {
