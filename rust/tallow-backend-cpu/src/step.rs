@@ -85,29 +85,6 @@ impl<'s> CpuStep<'s> {
             ty, input, n, m.cols, bytes, scales,
         )?)
     }
-
-    /// `outs[i] = input · matrices[i]ᵀ` over the `n` rows of `input`, the activations
-    /// quantized once for all the matrices that read the same type, in the layer arena
-    /// (which this does not reset).
-    fn products<const N: usize>(
-        layer: &GrowingArena,
-        input: &[f32],
-        n: usize,
-        matrices: [&Matrix; N],
-        outs: [&mut [f32]; N],
-    ) -> Result<(), BackendError> {
-        let ty = matrices[0].ty.vec_dot_type();
-        if matrices.iter().all(|m| m.ty.vec_dot_type() == ty) {
-            let acts = Self::quantize(layer, matrices[0], input, n)?;
-            Matrix::matmul_many(matrices, &acts, outs)?;
-            return Ok(());
-        }
-        for (m, out) in matrices.into_iter().zip(outs) {
-            let acts = Self::quantize(layer, m, input, n)?;
-            m.matmul(&acts, out)?;
-        }
-        Ok(())
-    }
 }
 
 impl<'s> Step<CpuBackend> for CpuStep<'s> {
@@ -175,9 +152,21 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         matrices: [&Matrix; N],
         outs: [&mut Self::Rows; N],
     ) -> Result<(), BackendError> {
+        let n = self.n_tokens();
         reset(self.layer)?;
+        let layer: &GrowingArena = self.layer;
         let outs = outs.map(|out| &mut out[..]);
-        Self::products(self.layer, input, self.n_tokens(), matrices, outs)
+        let ty = matrices[0].ty.vec_dot_type();
+        if matrices.iter().all(|m| m.ty.vec_dot_type() == ty) {
+            let acts = Self::quantize(layer, matrices[0], input, n)?;
+            Matrix::matmul_many(matrices, &acts, outs)?;
+            return Ok(());
+        }
+        for (m, out) in matrices.into_iter().zip(outs) {
+            let acts = Self::quantize(layer, m, input, n)?;
+            m.matmul(&acts, out)?;
+        }
+        Ok(())
     }
 
     fn add_bias(&mut self, x: &mut Self::Rows, bias: &Vec<f32>) -> Result<(), BackendError> {

@@ -123,8 +123,10 @@ impl<B: Backend> Forward<'_, B> {
         let mut moe = match &cfg.experts {
             Some(e) => Some(MoeRows {
                 router: step.rows(n, e.count)?,
-                shared_gate: step.rows(n, 1)?,
-                shared_out: step.rows(n, d)?,
+                shared: match e.n_ff_shared {
+                    Some(_) => Some((step.rows(n, 1)?, step.rows(n, d)?)),
+                    None => None,
+                },
             }),
             None => None,
         };
@@ -205,11 +207,10 @@ struct FfnRows<R> {
 }
 
 /// The buffers of a mixture-of-experts block: the router's logits, and the shared expert's
-/// gate and output.
+/// gate and output where there is one.
 struct MoeRows<R> {
     router: R,
-    shared_gate: R,
-    shared_out: R,
+    shared: Option<(R, R)>,
 }
 
 impl<B: Backend> Forward<'_, B> {
@@ -253,10 +254,11 @@ impl<B: Backend> Forward<'_, B> {
         step.experts(h, &rows.router, &layer.experts, moe, out)?;
         if let Some((shared, gate)) = &layer.shared {
             let shared_rows = dense_rows.as_mut().ok_or_else(missing)?;
-            dense(step, shared, shared_rows, &mut rows.shared_out)?;
-            step.matmul(h, [gate], [&mut rows.shared_gate])?;
-            step.scale_by_sigmoid(&mut rows.shared_out, &rows.shared_gate)?;
-            step.add(out, &rows.shared_out)?;
+            let (shared_gate, shared_out) = rows.shared.as_mut().ok_or_else(missing)?;
+            dense(step, shared, shared_rows, shared_out)?;
+            step.matmul(h, [gate], [shared_gate])?;
+            step.scale_by_sigmoid(shared_out, shared_gate)?;
+            step.add(out, shared_out)?;
         }
         Ok(())
     }

@@ -175,7 +175,7 @@ impl<B: Backend> Weights<B> {
                 let expert_vectors = match &config.experts {
                     Some(e) => Some(ExpertVectors {
                         router_bias: bias("ffn_gate_inp", e.count)?,
-                        biases: expert_biases(backend, file, config, i)?,
+                        biases: expert_biases(backend, file, e, d, i)?,
                     }),
                     None => None,
                 };
@@ -297,22 +297,16 @@ struct ExpertVectors<B: Backend> {
 fn expert_biases<B: Backend>(
     backend: &B,
     file: &GgufFile,
-    config: &ModelConfig,
+    e: &ExpertConfig,
+    n_embd: usize,
     layer: usize,
 ) -> Result<Option<[Vec<B::Vector>; 3]>, ModelError> {
-    let Some(e) = &config.experts else {
-        return Ok(None);
-    };
     let name = |t: &str| format!("blk.{layer}.ffn_{t}_exps.bias");
     if file.tensor(&name("gate")).is_none() {
         return Ok(None);
     }
     let part = |t: &str, len: usize| -> Result<Vec<B::Vector>, ModelError> {
-        let name = name(t);
-        let info = tensor(file, &name, &[len as u64, e.count as u64])?;
-        let mut values = vec![0.0; len * e.count];
-        tallow_quant::dequantize(info.ty, file.tensor_data(info), &mut values)?;
-        file.release(info, 0..info.size as usize);
+        let values = host_tensor(file, &name(t), &[len as u64, e.count as u64])?;
         values
             .chunks_exact(len)
             .map(|bias| backend.upload_vector(bias).map_err(ModelError::from))
@@ -321,7 +315,7 @@ fn expert_biases<B: Backend>(
     Ok(Some([
         part("gate", e.n_ff)?,
         part("up", e.n_ff)?,
-        part("down", config.n_embd)?,
+        part("down", n_embd)?,
     ]))
 }
 
@@ -402,21 +396,36 @@ fn split_rows<const N: usize>(
     cols: usize,
     parts: [usize; N],
 ) -> Result<[MatrixSpec; N], ModelError> {
-    let whole = matrix(file, name, parts.iter().sum(), cols, MatrixUse::Product)?;
-    let row_bytes = whole.tensor.size / whole.rows as u64;
+    let whole = tensor(
+        file,
+        name,
+        &[cols as u64, parts.iter().sum::<usize>() as u64],
+    )?;
     let mut first = 0;
     Ok(parts.map(|rows| {
-        let mut tensor = whole.tensor.clone();
-        tensor.offset += first as u64 * row_bytes;
-        tensor.size = rows as u64 * row_bytes;
-        tensor.dims = vec![cols as u64, rows as u64];
+        let spec = row_run(whole, first, rows, cols);
         first += rows;
-        MatrixSpec {
-            rows,
-            tensor,
-            ..whole.clone()
-        }
+        spec
     }))
+}
+
+/// Rows `first..first + rows` of the matrix (or stack of matrices) in `whole`, rows of `cols`
+/// values, as a matrix of its own over the same bytes.
+fn row_run(whole: &TensorInfo, first: usize, rows: usize, cols: usize) -> MatrixSpec {
+    let row_bytes = whole
+        .ty
+        .bytes_for(cols as u64)
+        .expect("checked against the file");
+    let mut tensor = whole.clone();
+    tensor.offset += first as u64 * row_bytes;
+    tensor.size = rows as u64 * row_bytes;
+    tensor.dims = vec![cols as u64, rows as u64];
+    MatrixSpec {
+        tensor,
+        rows,
+        cols,
+        usage: MatrixUse::Product,
+    }
 }
 
 /// The `count` matrices of `rows` by `cols` stacked in a 3-D tensor of experts (GGML shape
@@ -428,28 +437,21 @@ fn expert_matrices(
     cols: usize,
     count: usize,
 ) -> Result<Vec<MatrixSpec>, ModelError> {
-    let info = tensor(file, name, &[cols as u64, rows as u64, count as u64])?;
-    let bytes = info.size / count as u64;
-    Ok((0..count as u64)
-        .map(|e| {
-            let mut tensor = info.clone();
-            tensor.offset += e * bytes;
-            tensor.size = bytes;
-            tensor.dims = vec![cols as u64, rows as u64];
-            MatrixSpec {
-                tensor,
-                rows,
-                cols,
-                usage: MatrixUse::Product,
-            }
-        })
+    let stack = tensor(file, name, &[cols as u64, rows as u64, count as u64])?;
+    Ok((0..count)
+        .map(|e| row_run(stack, e * rows, rows, cols))
         .collect())
 }
 
 /// A one-dimensional tensor, converted to f32 in host memory (the file's pages released).
 fn host_vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-    let info = tensor(file, name, &[len as u64])?;
-    let mut out = vec![0.0; len];
+    host_tensor(file, name, &[len as u64])
+}
+
+/// A tensor of dimensions `dims`, converted to f32 in host memory (the file's pages released).
+fn host_tensor(file: &GgufFile, name: &str, dims: &[u64]) -> Result<Vec<f32>, ModelError> {
+    let info = tensor(file, name, dims)?;
+    let mut out = vec![0.0; dims.iter().product::<u64>() as usize];
     tallow_quant::dequantize(info.ty, file.tensor_data(info), &mut out)?;
     file.release(info, 0..info.size as usize);
     Ok(out)

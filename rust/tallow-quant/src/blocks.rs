@@ -150,6 +150,34 @@ pub(crate) fn e8m0_half(e: u8) -> f32 {
     f32::from_bits(bits)
 }
 
+/// A block of 32 weights `scale * VALUES[q]`, its nibbles `qs` as in Q4_0 (IQ4_NL, MXFP4).
+pub(crate) trait LookupBlock: Block {
+    /// The 16 values the nibbles index.
+    const VALUES: [i8; 16];
+    fn qs(&self) -> &[u8; 16];
+    fn scale(&self) -> f32;
+}
+
+impl LookupBlock for BlockIq4Nl {
+    const VALUES: [i8; 16] = IQ4_VALUES;
+    fn qs(&self) -> &[u8; 16] {
+        &self.qs
+    }
+    fn scale(&self) -> f32 {
+        crate::fp16::f16_to_f32(self.d)
+    }
+}
+
+impl LookupBlock for BlockMxfp4 {
+    const VALUES: [i8; 16] = MXFP4_VALUES;
+    fn qs(&self) -> &[u8; 16] {
+        &self.qs
+    }
+    fn scale(&self) -> f32 {
+        e8m0_half(self.e[0])
+    }
+}
+
 impl BlockIq4Xs {
     /// The eight group scales, minus 32.
     #[inline]

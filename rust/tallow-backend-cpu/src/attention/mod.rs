@@ -671,6 +671,7 @@ mod tests {
             &chunks,
             Scores::plain(64),
             1.0,
+            None,
         );
     }
 
@@ -686,7 +687,7 @@ mod tests {
                 softcap: Some(1.5),
                 window: Some(window),
             };
-            check_paged_attention(4, tallow_kv::KvDtype::F32, 75, &chunks, params, 1.0);
+            check_paged_attention(4, tallow_kv::KvDtype::F32, 75, &chunks, params, 1.0, None);
         }
         let chunks = chunks_of_300_positions();
         let params = Scores {
@@ -694,7 +695,7 @@ mod tests {
             softcap: None,
             window: Some(150),
         };
-        check_paged_attention(16, tallow_kv::KvDtype::F16, 300, &chunks, params, 1.0);
+        check_paged_attention(16, tallow_kv::KvDtype::F16, 300, &chunks, params, 1.0, None);
     }
 
     /// Chunks of 75 positions over pages of 4 (segments of 32), at several offsets: with 1
@@ -730,7 +731,7 @@ mod tests {
         let chunks = chunks_of_300_positions();
         for query_scale in [1.0, 40.0] {
             let (dtype, params) = (tallow_kv::KvDtype::F16, Scores::plain(64));
-            check_paged_attention(16, dtype, 300, &chunks, params, query_scale);
+            check_paged_attention(16, dtype, 300, &chunks, params, query_scale, None);
         }
     }
 
@@ -739,7 +740,7 @@ mod tests {
     fn paged_attention_over_quantized_pages_matches_the_reference_for_any_chunking() {
         let chunks = chunks_of_300_positions();
         for dtype in [tallow_kv::KvDtype::Q8_0, tallow_kv::KvDtype::Q4_0] {
-            check_paged_attention(16, dtype, 300, &chunks, Scores::plain(64), 1.0);
+            check_paged_attention(16, dtype, 300, &chunks, Scores::plain(64), 1.0, None);
         }
     }
 
@@ -753,7 +754,15 @@ mod tests {
             window: Some(150),
         };
         for params in [Scores::plain(64), windowed] {
-            check_paged_attention(16, tallow_kv::KvDtype::Bf16, 300, &chunks, params, 1.0);
+            check_paged_attention(
+                16,
+                tallow_kv::KvDtype::Bf16,
+                300,
+                &chunks,
+                params,
+                1.0,
+                None,
+            );
         }
     }
 
@@ -769,30 +778,11 @@ mod tests {
                 ..Scores::plain(64)
             };
             let dtype = tallow_kv::KvDtype::F32;
-            check_paged_attention_with(4, dtype, 75, &chunks, params, 1.0, Some(&sinks));
+            check_paged_attention(4, dtype, 75, &chunks, params, 1.0, Some(&sinks));
         }
     }
 
     fn check_paged_attention(
-        page_size: usize,
-        dtype: tallow_kv::KvDtype,
-        total: usize,
-        chunk_sets: &[Vec<(usize, usize)>],
-        params: Scores,
-        query_scale: f32,
-    ) {
-        check_paged_attention_with(
-            page_size,
-            dtype,
-            total,
-            chunk_sets,
-            params,
-            query_scale,
-            None,
-        );
-    }
-
-    fn check_paged_attention_with(
         page_size: usize,
         dtype: tallow_kv::KvDtype,
         total: usize,

@@ -6,9 +6,9 @@
 
 use super::decode;
 use crate::blocks::{
-    as_blocks, e8m0_half, k4_scales_mins, q3k_scales, Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4,
-    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
-    BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES, MXFP4_VALUES, QK_K,
+    as_blocks, k4_scales_mins, q3k_scales, Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K,
+    BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
+    BlockQ8_0, BlockQ8_1, LookupBlock, IQ4_VALUES, QK_K,
 };
 use crate::fp16::{bf16_to_f32, f16_to_f32};
 use crate::GgmlType;
@@ -44,15 +44,15 @@ pub(crate) fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::Q5_K => each_block(src, dst, q5_k),
         GgmlType::Q6_K => each_block(src, dst, q6_k),
         GgmlType::Q8_K => each_block(src, dst, q8_k),
-        GgmlType::IQ4_NL => each_block(src, dst, iq4_nl),
+        GgmlType::IQ4_NL => each_block(src, dst, looked_up::<BlockIq4Nl>),
         GgmlType::IQ4_XS => each_block(src, dst, iq4_xs),
-        GgmlType::MXFP4 => each_block(src, dst, mxfp4),
+        GgmlType::MXFP4 => each_block(src, dst, looked_up::<BlockMxfp4>),
     }
 }
 
-fn iq4_nl(b: &BlockIq4Nl, out: &mut [f32; 32]) {
-    let d = f16_to_f32(b.d);
-    for (y, q) in out.iter_mut().zip(decode::looked_up(&b.qs, &IQ4_VALUES)) {
+fn looked_up<B: LookupBlock>(b: &B, out: &mut [f32; 32]) {
+    let d = b.scale();
+    for (y, q) in out.iter_mut().zip(decode::looked_up(b.qs(), &B::VALUES)) {
         *y = d * f32::from(q);
     }
 }
@@ -65,13 +65,6 @@ fn iq4_xs(b: &BlockIq4Xs, out: &mut [f32; QK_K]) {
         for (y, q) in out.iter_mut().zip(decode::looked_up(qs, &IQ4_VALUES)) {
             *y = dl * f32::from(q);
         }
-    }
-}
-
-fn mxfp4(b: &BlockMxfp4, out: &mut [f32; 32]) {
-    let d = e8m0_half(b.e[0]);
-    for (y, q) in out.iter_mut().zip(decode::looked_up(&b.qs, &MXFP4_VALUES)) {
-        *y = d * f32::from(q);
     }
 }
 

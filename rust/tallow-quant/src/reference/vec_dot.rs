@@ -7,9 +7,9 @@
 
 use super::decode;
 use crate::blocks::{
-    as_blocks, e8m0_half, k4_scales_mins, q3k_scales, Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4,
-    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
-    BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES, MXFP4_VALUES, QK_K,
+    as_blocks, k4_scales_mins, q3k_scales, Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K,
+    BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
+    BlockQ8_0, BlockQ8_1, LookupBlock, IQ4_VALUES, QK_K,
 };
 use crate::fp16::{bf16_to_f32, f16_to_f32};
 
@@ -101,21 +101,17 @@ pub(crate) fn block_q8_0_q8_0(w: &BlockQ8_0, a: &BlockQ8_0) -> f32 {
 }
 
 pub(crate) fn iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    over_blocks(w, a, block_iq4_nl_q8_0)
-}
-
-pub(crate) fn block_iq4_nl_q8_0(w: &BlockIq4Nl, a: &BlockQ8_0) -> f32 {
-    let q = decode::looked_up(&w.qs, &IQ4_VALUES);
-    dot_i8(&q, &a.qs) as f32 * (f16_to_f32(w.d) * f16_to_f32(a.d))
+    over_blocks(w, a, block_lookup_q8_0::<BlockIq4Nl>)
 }
 
 pub(crate) fn mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    over_blocks(w, a, block_mxfp4_q8_0)
+    over_blocks(w, a, block_lookup_q8_0::<BlockMxfp4>)
 }
 
-pub(crate) fn block_mxfp4_q8_0(w: &BlockMxfp4, a: &BlockQ8_0) -> f32 {
-    let q = decode::looked_up(&w.qs, &MXFP4_VALUES);
-    dot_i8(&q, &a.qs) as f32 * (e8m0_half(w.e[0]) * f16_to_f32(a.d))
+/// IQ4_NL and MXFP4: the values the nibbles index, one float multiply per block.
+pub(crate) fn block_lookup_q8_0<B: LookupBlock>(w: &B, a: &BlockQ8_0) -> f32 {
+    let q = decode::looked_up(w.qs(), &B::VALUES);
+    dot_i8(&q, &a.qs) as f32 * (w.scale() * f16_to_f32(a.d))
 }
 
 /// IQ4_XS: the groups' integer sums times their scales add up exactly in an i32 (at most

@@ -17,9 +17,9 @@ mod quantize;
 
 use super::tile_operands;
 use crate::blocks::{
-    as_blocks, e8m0_half, k4_scales_mins, q3k_scales, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K,
-    BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
-    BlockQ8_0, BlockQ8_1, IQ4_VALUES, MXFP4_VALUES,
+    as_blocks, k4_scales_mins, q3k_scales, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K,
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
+    BlockQ8_1, LookupBlock, IQ4_VALUES,
 };
 use crate::kernels::activations::{clamped_swiglu_loop, gated_loop, RawActivations};
 use crate::kernels::attention::{loops, RawAttention};
@@ -60,9 +60,14 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         GgmlType::Q5_K => (Some(q5_k_q8_k), None, Some(packed::q5_k), None),
         GgmlType::Q6_K => (Some(q6_k_q8_k), None, Some(packed::q6_k), None),
         GgmlType::Q8_K => (None, None, None, Some(quantize::q8_k)),
-        GgmlType::IQ4_NL => (Some(iq4_nl_q8_0), Some(tile_iq4_nl), None, None),
+        GgmlType::IQ4_NL => (
+            Some(lookup_q8_0::<BlockIq4Nl>),
+            Some(tile_iq4_nl),
+            None,
+            None,
+        ),
         GgmlType::IQ4_XS => (Some(iq4_xs_q8_k), Some(tile_iq4_xs), None, None),
-        GgmlType::MXFP4 => (Some(mxfp4_q8_0), None, None, None),
+        GgmlType::MXFP4 => (Some(lookup_q8_0::<BlockMxfp4>), None, None, None),
     };
     let dequantize: Option<RawDequantize> = match ty {
         GgmlType::Q8_0 => Some(dequantize::q8_0),
@@ -262,30 +267,14 @@ unsafe fn q4_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
     hsum(acc)
 }
 
+/// IQ4_NL and MXFP4: the values the nibbles index, looked up 32 at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq4_nl_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    let values = table(&IQ4_VALUES);
+unsafe fn lookup_q8_0<B: LookupBlock>(w: &[u8], a: &[u8]) -> f32 {
+    let values = table(&B::VALUES);
     let mut acc = _mm256_setzero_ps();
-    for (w, a) in as_blocks::<BlockIq4Nl>(w)
-        .iter()
-        .zip(as_blocks::<BlockQ8_0>(a))
-    {
-        let sums = _mm256_cvtepi32_ps(dot_i8_i8(looked_up(&w.qs, values), load_i8(&a.qs)));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(w.d) * fp16(a.d)), sums, acc);
-    }
-    hsum(acc)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mxfp4_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    let values = table(&MXFP4_VALUES);
-    let mut acc = _mm256_setzero_ps();
-    for (w, a) in as_blocks::<BlockMxfp4>(w)
-        .iter()
-        .zip(as_blocks::<BlockQ8_0>(a))
-    {
-        let sums = _mm256_cvtepi32_ps(dot_i8_i8(looked_up(&w.qs, values), load_i8(&a.qs)));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(e8m0_half(w.e[0]) * fp16(a.d)), sums, acc);
+    for (w, a) in as_blocks::<B>(w).iter().zip(as_blocks::<BlockQ8_0>(a)) {
+        let sums = _mm256_cvtepi32_ps(dot_i8_i8(looked_up(w.qs(), values), load_i8(&a.qs)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(w.scale() * fp16(a.d)), sums, acc);
     }
     hsum(acc)
 }
