@@ -9,7 +9,8 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step prints the seconds since the start, so a slow run shows where its time went.
+step() { printf '\n==> [%ds] %s\n' "$SECONDS" "$*"; }
 
 PYTHON="${PYTHON:-python3}"
 if [[ ! -x .venv/bin/python ]]; then
@@ -67,7 +68,8 @@ done
 
 step "pytest"
 # The chat page's tests leave their screenshots here.
-TALLOW_SCREENSHOTS="${TALLOW_SCREENSHOTS:-target/screenshots}" python -m pytest "$@"
+TALLOW_SCREENSHOTS="${TALLOW_SCREENSHOTS:-target/screenshots}" python -m pytest --durations=30 "$@"
 
 step "NEON: the kernel, KV and model crates' tests built for aarch64, run under qemu"
 bash scripts/test-aarch64.sh
+step "done"
