@@ -37,7 +37,20 @@ F16_FIELDS: dict[str, list[int]] = {
     "IQ4_XS": [0],
     # Its scale is an E8M0 byte: any value is finite.
     "MXFP4": [],
+    "IQ2_XXS": [0],
+    "IQ2_XS": [0],
+    "IQ2_S": [0],
+    "IQ3_XXS": [0],
+    "IQ3_S": [0],
+    "IQ1_S": [0],
+    # Its f16 scale is split over the top nibbles of four words: see IQ1M_SCALE_BYTES.
+    "IQ1_M": [],
+    "TQ1_0": [52],
+    "TQ2_0": [64],
 }
+
+IQ1M_SCALE_BYTES = [49, 51, 53, 55]
+"""The bytes of an IQ1_M block whose top nibbles hold its f16 scale, lowest nibble first."""
 
 
 def finite_halves(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -56,6 +69,11 @@ def random_blocks(type_name: str, n_blocks: int, seed: int) -> bytes:
     for offset in F16_FIELDS[type_name]:
         halves = finite_halves(rng, (n_blocks,))
         blocks[:, offset : offset + 2] = halves.view(np.uint8).reshape(n_blocks, 2)
+    if type_name == "IQ1_M":
+        halves = finite_halves(rng, (n_blocks,))
+        for k, at in enumerate(IQ1M_SCALE_BYTES):
+            nibble = ((halves >> (4 * k)) & 0xF).astype(np.uint8)
+            blocks[:, at] = (blocks[:, at] & 0x0F) | (nibble << 4)
     return blocks.tobytes()
 
 

@@ -25,11 +25,20 @@ pub enum GgmlType {
     IQ4_NL,
     IQ4_XS,
     MXFP4,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ3_XXS,
+    IQ1_S,
+    IQ3_S,
+    IQ2_S,
+    IQ1_M,
+    TQ1_0,
+    TQ2_0,
 }
 
 impl GgmlType {
     /// Every type that can hold weights (has a dot product with activations).
-    pub const WEIGHTS: [GgmlType; 16] = [
+    pub const WEIGHTS: [GgmlType; 25] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -46,10 +55,19 @@ impl GgmlType {
         GgmlType::IQ4_NL,
         GgmlType::IQ4_XS,
         GgmlType::MXFP4,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ1_S,
+        GgmlType::IQ3_S,
+        GgmlType::IQ2_S,
+        GgmlType::IQ1_M,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
     ];
 
     /// Every supported type, in GGML id order.
-    pub const ALL: [GgmlType; 18] = [
+    pub const ALL: [GgmlType; 27] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -64,9 +82,18 @@ impl GgmlType {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_K,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ1_S,
         GgmlType::IQ4_NL,
+        GgmlType::IQ3_S,
+        GgmlType::IQ2_S,
         GgmlType::IQ4_XS,
+        GgmlType::IQ1_M,
         GgmlType::BF16,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
         GgmlType::MXFP4,
     ];
 
@@ -87,9 +114,18 @@ impl GgmlType {
             13 => Self::Q5_K,
             14 => Self::Q6_K,
             15 => Self::Q8_K,
+            16 => Self::IQ2_XXS,
+            17 => Self::IQ2_XS,
+            18 => Self::IQ3_XXS,
+            19 => Self::IQ1_S,
             20 => Self::IQ4_NL,
+            21 => Self::IQ3_S,
+            22 => Self::IQ2_S,
             23 => Self::IQ4_XS,
+            29 => Self::IQ1_M,
             30 => Self::BF16,
+            34 => Self::TQ1_0,
+            35 => Self::TQ2_0,
             39 => Self::MXFP4,
             _ => return None,
         })
@@ -116,6 +152,15 @@ impl GgmlType {
             Self::IQ4_XS => 23,
             Self::BF16 => 30,
             Self::MXFP4 => 39,
+            Self::IQ2_XXS => 16,
+            Self::IQ2_XS => 17,
+            Self::IQ3_XXS => 18,
+            Self::IQ1_S => 19,
+            Self::IQ3_S => 21,
+            Self::IQ2_S => 22,
+            Self::IQ1_M => 29,
+            Self::TQ1_0 => 34,
+            Self::TQ2_0 => 35,
         }
     }
 
@@ -140,6 +185,15 @@ impl GgmlType {
             Self::IQ4_NL => "IQ4_NL",
             Self::IQ4_XS => "IQ4_XS",
             Self::MXFP4 => "MXFP4",
+            Self::IQ2_XXS => "IQ2_XXS",
+            Self::IQ2_XS => "IQ2_XS",
+            Self::IQ3_XXS => "IQ3_XXS",
+            Self::IQ1_S => "IQ1_S",
+            Self::IQ3_S => "IQ3_S",
+            Self::IQ2_S => "IQ2_S",
+            Self::IQ1_M => "IQ1_M",
+            Self::TQ1_0 => "TQ1_0",
+            Self::TQ2_0 => "TQ2_0",
         }
     }
 
@@ -151,6 +205,8 @@ impl GgmlType {
             Self::IQ4_NL | Self::MXFP4 => 32,
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => 256,
             Self::IQ4_XS => 256,
+            Self::IQ2_XXS | Self::IQ2_XS | Self::IQ2_S | Self::IQ3_XXS | Self::IQ3_S => 256,
+            Self::IQ1_S | Self::IQ1_M | Self::TQ1_0 | Self::TQ2_0 => 256,
         }
     }
 
@@ -174,13 +230,22 @@ impl GgmlType {
             Self::IQ4_NL => 18,
             Self::IQ4_XS => 136,
             Self::MXFP4 => 17,
+            Self::IQ2_XXS => 66,
+            Self::IQ2_XS => 74,
+            Self::IQ3_XXS => 98,
+            Self::IQ1_S => 50,
+            Self::IQ3_S => 110,
+            Self::IQ2_S => 82,
+            Self::IQ1_M => 56,
+            Self::TQ1_0 => 54,
+            Self::TQ2_0 => 66,
         }
     }
 
     /// The format the activations must be quantized to before a dot product with weights of
     /// this type, as in ggml: Q4_0, Q5_0, Q8_0 and the 32-element non-linear formats (IQ4_NL,
     /// MXFP4) pair with Q8_0; Q4_1 and Q5_1 with Q8_1 (whose block sum carries the weights'
-    /// offset term); K-quants and IQ4_XS with Q8_K. Float weights (F32, F16,
+    /// offset term); K-quants and the 256-element IQ and TQ formats with Q8_K. Float weights (F32, F16,
     /// BF16) take F32 activations, so the only rounding is that of the weights themselves.
     /// Q8_1 and Q8_K are activation formats and map to themselves.
     pub const fn vec_dot_type(self) -> GgmlType {
@@ -191,7 +256,8 @@ impl GgmlType {
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => {
                 Self::Q8_K
             }
-            Self::IQ4_XS => Self::Q8_K,
+            Self::IQ4_XS | Self::IQ2_XXS | Self::IQ2_XS | Self::IQ2_S | Self::IQ3_XXS => Self::Q8_K,
+            Self::IQ3_S | Self::IQ1_S | Self::IQ1_M | Self::TQ1_0 | Self::TQ2_0 => Self::Q8_K,
         }
     }
 
@@ -222,7 +288,7 @@ mod tests {
             assert_eq!(GgmlType::from_id(ty.id()), Some(ty));
         }
         assert_eq!(GgmlType::from_id(4), None);
-        assert_eq!(GgmlType::from_id(16), None);
+        assert_eq!(GgmlType::from_id(31), None);
     }
 
     #[test]

@@ -5,8 +5,6 @@
 //! of blocks without copying and without alignment requirements. Multi-byte fields (f16, f32,
 //! i16) are stored little-endian, as in GGUF files.
 
-use crate::GgmlType;
-
 /// Elements in a K-quant super-block (`QK_K`).
 pub(crate) const QK_K: usize = 256;
 
@@ -48,10 +46,15 @@ macro_rules! block {
         unsafe impl Block for $name {}
 
         const _: () = assert!(
-            size_of::<$name>() == GgmlType::$ty.block_bytes() && align_of::<$name>() == 1
+            size_of::<$name>() == crate::GgmlType::$ty.block_bytes() && align_of::<$name>() == 1
         );
     };
 }
+
+mod grid;
+mod grids;
+
+pub(crate) use grid::*;
 
 block! {
     /// 32 weights `d * (q - 8)`, q in 0..16. Byte j holds element j (low nibble) and j+16.

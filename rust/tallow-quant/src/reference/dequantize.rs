@@ -8,7 +8,11 @@ use super::decode;
 use crate::blocks::{
     as_blocks, k4_scales_mins, q3k_scales, Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K,
     BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
-    BlockQ8_0, BlockQ8_1, LookupBlock, IQ4_VALUES, QK_K,
+    BlockQ8_0, BlockQ8_1, GridBlock, LookupBlock, IQ4_VALUES, QK_K,
+};
+use crate::blocks::{
+    BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockTq1_0,
+    BlockTq2_0,
 };
 use crate::fp16::{bf16_to_f32, f16_to_f32};
 use crate::GgmlType;
@@ -47,6 +51,15 @@ pub(crate) fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::IQ4_NL => each_block(src, dst, looked_up::<BlockIq4Nl>),
         GgmlType::IQ4_XS => each_block(src, dst, iq4_xs),
         GgmlType::MXFP4 => each_block(src, dst, looked_up::<BlockMxfp4>),
+        GgmlType::IQ2_XXS => each_block(src, dst, grid::<BlockIq2Xxs>),
+        GgmlType::IQ2_XS => each_block(src, dst, grid::<BlockIq2Xs>),
+        GgmlType::IQ2_S => each_block(src, dst, grid::<BlockIq2S>),
+        GgmlType::IQ3_XXS => each_block(src, dst, grid::<BlockIq3Xxs>),
+        GgmlType::IQ3_S => each_block(src, dst, grid::<BlockIq3S>),
+        GgmlType::IQ1_S => each_block(src, dst, grid::<BlockIq1S>),
+        GgmlType::IQ1_M => each_block(src, dst, grid::<BlockIq1M>),
+        GgmlType::TQ1_0 => each_block(src, dst, grid::<BlockTq1_0>),
+        GgmlType::TQ2_0 => each_block(src, dst, grid::<BlockTq2_0>),
     }
 }
 
@@ -54,6 +67,21 @@ fn looked_up<B: LookupBlock>(b: &B, out: &mut [f32; 32]) {
     let d = b.scale();
     for (y, q) in out.iter_mut().zip(decode::looked_up(b.qs(), &B::VALUES)) {
         *y = d * f32::from(q);
+    }
+}
+
+/// The IQ1/IQ2/IQ3 and ternary formats, group scale times value (exact, see
+/// `crate::blocks::GridBlock`).
+fn grid<B: GridBlock>(b: &B, out: &mut [f32; QK_K]) {
+    let mut values = [0i8; QK_K];
+    let scales = b.decode(&mut values);
+    let unit = b.d() * B::UNIT;
+    let groups = values.as_chunks::<16>().0.iter().zip(scales);
+    for ((values, scale), out) in groups.zip(out.as_chunks_mut::<16>().0) {
+        let dl = unit * scale as f32;
+        for (y, &q) in out.iter_mut().zip(values) {
+            *y = dl * f32::from(q);
+        }
     }
 }
 

@@ -44,7 +44,16 @@ pub(crate) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
         | GgmlType::Q6_K
         | GgmlType::IQ4_NL
         | GgmlType::IQ4_XS
-        | GgmlType::MXFP4 => return None,
+        | GgmlType::MXFP4
+        | GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::IQ2_S
+        | GgmlType::IQ3_XXS
+        | GgmlType::IQ3_S
+        | GgmlType::IQ1_S
+        | GgmlType::IQ1_M
+        | GgmlType::TQ1_0
+        | GgmlType::TQ2_0 => return None,
     })
 }
 

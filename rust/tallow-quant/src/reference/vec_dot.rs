@@ -9,7 +9,7 @@ use super::decode;
 use crate::blocks::{
     as_blocks, k4_scales_mins, q3k_scales, Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K,
     BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
-    BlockQ8_0, BlockQ8_1, LookupBlock, IQ4_VALUES, QK_K,
+    BlockQ8_0, BlockQ8_1, GridBlock, LookupBlock, IQ4_VALUES, QK_K,
 };
 use crate::fp16::{bf16_to_f32, f16_to_f32};
 
@@ -124,6 +124,23 @@ pub(crate) fn iq4_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
             .map(|((qs, scale), a)| scale * dot_i8(&decode::looked_up(qs, &IQ4_VALUES), a))
             .sum();
         sumi as f32 * (f16_to_f32(w.d) * a.d())
+    })
+}
+
+/// The IQ1/IQ2/IQ3 and ternary formats: each group of 16's integer sum times its integer
+/// scale, summed exactly in an i32 (at most 16 x 16 x 62 x 31 x 128), then one float multiply
+/// per super-block.
+pub(crate) fn grid_q8_k<B: GridBlock>(w: &[u8], a: &[u8]) -> f32 {
+    over_blocks(w, a, |w: &B, a: &BlockQ8K| {
+        let mut values = [0i8; QK_K];
+        let scales = w.decode(&mut values);
+        let groups = values
+            .as_chunks::<16>()
+            .0
+            .iter()
+            .zip(a.qs.as_chunks::<16>().0);
+        let sumi: i32 = groups.zip(scales).map(|((v, a), s)| s * dot_i8(v, a)).sum();
+        sumi as f32 * (w.d() * B::UNIT * a.d())
     })
 }
 

@@ -10,12 +10,41 @@ pub fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q8_1 => &[0],
         GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
+        GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S => &[0],
+        GgmlType::IQ3_XXS | GgmlType::IQ3_S | GgmlType::IQ1_S => &[0],
+        GgmlType::TQ1_0 => &[52],
+        GgmlType::TQ2_0 => &[64],
+        // Its f16 scale is split over four nibbles: see `set_iq1m_scale`.
+        GgmlType::IQ1_M => &[],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_K | GgmlType::MXFP4 => &[],
     }
+}
+
+/// The bytes of an IQ1_M block whose top nibbles hold its f16 scale, lowest nibble first
+/// (the high bytes of its four little-endian scale words).
+const IQ1M_SCALE_BYTES: [usize; 4] = [49, 51, 53, 55];
+
+/// Writes the f16 scale `half` into an IQ1_M block.
+pub fn set_iq1m_scale(block: &mut [u8], half: [u8; 2]) {
+    let bits = u16::from_le_bytes(half);
+    for (k, &at) in IQ1M_SCALE_BYTES.iter().enumerate() {
+        block[at] = (block[at] & 0x0f) | ((((bits >> (4 * k)) & 0xf) as u8) << 4);
+    }
+}
+
+/// The f16 scale of an IQ1_M block.
+pub fn iq1m_scale(block: &[u8]) -> [u8; 2] {
+    let bits = IQ1M_SCALE_BYTES
+        .iter()
+        .enumerate()
+        .fold(0u16, |bits, (k, &at)| {
+            bits | (u16::from(block[at] >> 4) << (4 * k))
+        });
+    bits.to_le_bytes()
 }
 
 /// Byte offsets of the E8M0 shared exponents inside one block.
@@ -63,6 +92,9 @@ pub fn random_blocks(rng: &mut Rng, ty: GgmlType, blocks: usize) -> Vec<u8> {
                 }
                 for &offset in f16_fields(ty) {
                     block[offset..offset + 2].copy_from_slice(&f32_to_f16(scale(rng)));
+                }
+                if ty == GgmlType::IQ1_M {
+                    set_iq1m_scale(block, f32_to_f16(scale(rng)));
                 }
             }
         }

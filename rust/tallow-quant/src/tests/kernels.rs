@@ -2,7 +2,10 @@
 
 use crate::kernels::{reference_kernel, Isa, RawVecDot};
 use crate::testing::Rng;
-use crate::testing::{dequantized, e8m0_fields, f16_fields, magnitude, random_acts, random_blocks};
+use crate::testing::{
+    dequantized, e8m0_fields, f16_fields, iq1m_scale, magnitude, random_acts, random_blocks,
+    set_iq1m_scale,
+};
 use crate::GgmlType;
 
 /// Allowed |simd - reference| relative to `sum(|w| * |a|)`: the kernels differ from the
@@ -232,6 +235,9 @@ fn restore_scales(ty: GgmlType, to: &mut [u8], from: &[u8]) {
         }
         for &f in e8m0_fields(ty) {
             to[f] = from[f];
+        }
+        if ty == GgmlType::IQ1_M {
+            set_iq1m_scale(to, iq1m_scale(from));
         }
     }
 }

@@ -367,8 +367,17 @@ fn tiled_matmul_equals_per_token_matmul_and_scalar() {
             GgmlType::Q8_0,
             GgmlType::IQ4_NL,
             GgmlType::IQ4_XS,
+            GgmlType::IQ2_XXS,
+            GgmlType::IQ2_XS,
+            GgmlType::IQ2_S,
+            GgmlType::IQ3_XXS,
+            GgmlType::IQ3_S,
+            GgmlType::IQ1_S,
+            GgmlType::IQ1_M,
+            GgmlType::TQ1_0,
+            GgmlType::TQ2_0,
         ] {
-            // Super-blocks of 256 for IQ4_XS: one to three.
+            // Super-blocks of 256: one to three.
             let cols = match ty.block_len() {
                 256 => 256 * (1 + cols / 32 % 3),
                 _ => cols,

@@ -7,6 +7,10 @@ mod packed;
 use super::activations::RawActivations;
 use super::attention::RawAttention;
 use super::{RawFloatRow, RawPacked, RawRow, RawVecDot};
+use crate::blocks::{
+    BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockTq1_0,
+    BlockTq2_0,
+};
 use crate::reference::quantize::quantizer;
 use crate::reference::vec_dot as reference;
 use crate::GgmlType;
@@ -30,6 +34,15 @@ pub(super) fn row(ty: GgmlType) -> RawRow {
         GgmlType::IQ4_NL => (Some(reference::iq4_nl_q8_0), None),
         GgmlType::IQ4_XS => (Some(reference::iq4_xs_q8_k), None),
         GgmlType::MXFP4 => (Some(reference::mxfp4_q8_0), None),
+        GgmlType::IQ2_XXS => (Some(reference::grid_q8_k::<BlockIq2Xxs>), None),
+        GgmlType::IQ2_XS => (Some(reference::grid_q8_k::<BlockIq2Xs>), None),
+        GgmlType::IQ2_S => (Some(reference::grid_q8_k::<BlockIq2S>), None),
+        GgmlType::IQ3_XXS => (Some(reference::grid_q8_k::<BlockIq3Xxs>), None),
+        GgmlType::IQ3_S => (Some(reference::grid_q8_k::<BlockIq3S>), None),
+        GgmlType::IQ1_S => (Some(reference::grid_q8_k::<BlockIq1S>), None),
+        GgmlType::IQ1_M => (Some(reference::grid_q8_k::<BlockIq1M>), None),
+        GgmlType::TQ1_0 => (Some(reference::grid_q8_k::<BlockTq1_0>), None),
+        GgmlType::TQ2_0 => (Some(reference::grid_q8_k::<BlockTq2_0>), None),
         GgmlType::Q8_1 | GgmlType::Q8_K => (None, None),
     };
     RawRow {

@@ -19,7 +19,11 @@ use super::tile_operands;
 use crate::blocks::{
     as_blocks, k4_scales_mins, q3k_scales, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K,
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
-    BlockQ8_1, LookupBlock, IQ4_VALUES,
+    BlockQ8_1, GridBlock, LookupBlock, IQ4_VALUES,
+};
+use crate::blocks::{
+    BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockTq1_0,
+    BlockTq2_0,
 };
 use crate::kernels::activations::{clamped_swiglu_loop, gated_loop, RawActivations};
 use crate::kernels::attention::{loops, RawAttention};
@@ -68,6 +72,25 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         ),
         GgmlType::IQ4_XS => (Some(iq4_xs_q8_k), Some(tile_iq4_xs), None, None),
         GgmlType::MXFP4 => (Some(lookup_q8_0::<BlockMxfp4>), None, None, None),
+        GgmlType::IQ2_XXS => (
+            Some(grid_q8_k::<BlockIq2Xxs>),
+            Some(tile_iq2_xxs),
+            None,
+            None,
+        ),
+        GgmlType::IQ2_XS => (Some(grid_q8_k::<BlockIq2Xs>), Some(tile_iq2_xs), None, None),
+        GgmlType::IQ2_S => (Some(grid_q8_k::<BlockIq2S>), Some(tile_iq2_s), None, None),
+        GgmlType::IQ3_XXS => (
+            Some(grid_q8_k::<BlockIq3Xxs>),
+            Some(tile_iq3_xxs),
+            None,
+            None,
+        ),
+        GgmlType::IQ3_S => (Some(grid_q8_k::<BlockIq3S>), Some(tile_iq3_s), None, None),
+        GgmlType::IQ1_S => (Some(grid_q8_k::<BlockIq1S>), Some(tile_iq1_s), None, None),
+        GgmlType::IQ1_M => (Some(grid_q8_k::<BlockIq1M>), Some(tile_iq1_m), None, None),
+        GgmlType::TQ1_0 => (Some(grid_q8_k::<BlockTq1_0>), Some(tile_tq1_0), None, None),
+        GgmlType::TQ2_0 => (Some(grid_q8_k::<BlockTq2_0>), Some(tile_tq2_0), None, None),
     };
     let dequantize: Option<RawDequantize> = match ty {
         GgmlType::Q8_0 => Some(dequantize::q8_0),
@@ -299,6 +322,48 @@ unsafe fn iq4_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum(acc)
+}
+
+/// The IQ1/IQ2/IQ3 and ternary formats: each block decoded to its integer values (table
+/// lookups), then as IQ4_XS, with a scale per group of 16 (per 128-bit lane).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn grid_q8_k<B: GridBlock>(w: &[u8], a: &[u8]) -> f32 {
+    let mut values = [0i8; 256];
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in as_blocks::<B>(w).iter().zip(as_blocks::<BlockQ8K>(a)) {
+        let (q, scales) = decoded(w, &mut values);
+        let d = _mm256_set1_ps(w.d() * B::UNIT * a.d());
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(grid_sums(&q, &scales, a)), acc);
+    }
+    hsum(acc)
+}
+
+/// A grid block's 256 values as eight vectors of 32, and its group scales as eight vectors
+/// of i32 lanes (four lanes a group of 16, as `dot_i8_i8` sums elements).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decoded<B: GridBlock>(w: &B, values: &mut [i8; 256]) -> ([__m256i; 8], [__m256i; 8]) {
+    let scales = w.decode(values);
+    let chunks = values.as_chunks::<32>().0;
+    let pairs = scales.as_chunks::<2>().0;
+    (
+        std::array::from_fn(|c| load_i8(&chunks[c])),
+        std::array::from_fn(|c| {
+            _mm256_setr_m128i(_mm_set1_epi32(pairs[c][0]), _mm_set1_epi32(pairs[c][1]))
+        }),
+    )
+}
+
+/// The integer sums of a decoded grid block against one Q8_K block, times the group scales.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn grid_sums(q: &[__m256i; 8], scales: &[__m256i; 8], a: &BlockQ8K) -> __m256i {
+    let mut sumi = _mm256_setzero_si256();
+    for ((q, scale), a) in q.iter().zip(scales).zip(a.qs.as_chunks::<32>().0) {
+        let sums = dot_i8_i8(*q, load_i8(a));
+        sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(sums, *scale));
+    }
+    sumi
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -703,20 +768,47 @@ unsafe fn tile_iq4_xs_q8_k<const T: usize>(
     }
 }
 
+/// The grid formats against up to 8 tokens: [`grid_q8_k`] token by token, each block decoded
+/// once.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_grid_q8_k<B: GridBlock, const T: usize>(
+    w: &[u8],
+    a: &[&[u8]],
+    scales: &crate::kernels::TileScales,
+    out: &mut [f32],
+) {
+    let (w, a) = tile_operands::<B, BlockQ8K, T>(w, a, scales, out);
+    let mut values = [0i8; 256];
+    let mut acc = [_mm256_setzero_ps(); T];
+    for (b, w) in w.iter().enumerate() {
+        let (q, group_scales) = decoded(w, &mut values);
+        let wd = w.d() * B::UNIT;
+        for t in 0..T {
+            let sumi = grid_sums(&q, &group_scales, &a[t][b]);
+            let d = _mm256_set1_ps(wd * a[t][b].d());
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
+        }
+    }
+    for t in 0..T {
+        out[t] = hsum(acc[t]);
+    }
+}
+
 macro_rules! tile_entry_points {
-    ($($kernel:ident => $entry:ident),* $(,)?) => {
+    ($($kernel:ident $(<$block:ty>)? => $entry:ident),* $(,)?) => {
         $(
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn $entry(w: &[u8], a: &[&[u8]], scales: &crate::kernels::TileScales, out: &mut [f32]) {
                 match a.len() {
-                    8 => $kernel::<8>(w, a, scales, out),
-                    7 => $kernel::<7>(w, a, scales, out),
-                    6 => $kernel::<6>(w, a, scales, out),
-                    5 => $kernel::<5>(w, a, scales, out),
-                    4 => $kernel::<4>(w, a, scales, out),
-                    3 => $kernel::<3>(w, a, scales, out),
-                    2 => $kernel::<2>(w, a, scales, out),
-                    1 => $kernel::<1>(w, a, scales, out),
+                    8 => $kernel::<$($block,)? 8>(w, a, scales, out),
+                    7 => $kernel::<$($block,)? 7>(w, a, scales, out),
+                    6 => $kernel::<$($block,)? 6>(w, a, scales, out),
+                    5 => $kernel::<$($block,)? 5>(w, a, scales, out),
+                    4 => $kernel::<$($block,)? 4>(w, a, scales, out),
+                    3 => $kernel::<$($block,)? 3>(w, a, scales, out),
+                    2 => $kernel::<$($block,)? 2>(w, a, scales, out),
+                    1 => $kernel::<$($block,)? 1>(w, a, scales, out),
                     n => panic!("no tile of {n} tokens"),
                 }
             }
@@ -731,4 +823,13 @@ tile_entry_points!(
     tile_q8_0_q8_0 => tile_q8_0,
     tile_iq4_nl_q8_0 => tile_iq4_nl,
     tile_iq4_xs_q8_k => tile_iq4_xs,
+    tile_grid_q8_k<BlockIq2Xxs> => tile_iq2_xxs,
+    tile_grid_q8_k<BlockIq2Xs> => tile_iq2_xs,
+    tile_grid_q8_k<BlockIq2S> => tile_iq2_s,
+    tile_grid_q8_k<BlockIq3Xxs> => tile_iq3_xxs,
+    tile_grid_q8_k<BlockIq3S> => tile_iq3_s,
+    tile_grid_q8_k<BlockIq1S> => tile_iq1_s,
+    tile_grid_q8_k<BlockIq1M> => tile_iq1_m,
+    tile_grid_q8_k<BlockTq1_0> => tile_tq1_0,
+    tile_grid_q8_k<BlockTq2_0> => tile_tq2_0,
 );

@@ -744,7 +744,16 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
         | GgmlType::Q8_K
         | GgmlType::IQ4_NL
         | GgmlType::IQ4_XS
-        | GgmlType::MXFP4 => none,
+        | GgmlType::MXFP4
+        | GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::IQ2_S
+        | GgmlType::IQ3_XXS
+        | GgmlType::IQ3_S
+        | GgmlType::IQ1_S
+        | GgmlType::IQ1_M
+        | GgmlType::TQ1_0
+        | GgmlType::TQ2_0 => none,
     }
 }
 

@@ -1,0 +1,325 @@
+//! The IQ1, IQ2, IQ3 and ternary (TQ) formats: super-blocks of 256 weights whose values are
+//! small integers (codebook entries with signs, or -1/0/1) times a small integer scale per
+//! group, times the block's scale.
+//!
+//! Every format decodes the same way, through [`GridBlock::decode`]: 256 `i8` values and 16
+//! integer scales (one per 16 elements; a format whose scale covers 32 repeats it), so that
+//! weight `e` is `d * UNIT * scale[e / 16] * value[e]`. The products are exact in f32 (at most
+//! 22 significant bits), so the reference dequantizer gives ggml's bits whatever the order of
+//! its multiplies, and one dot product (integer sums per group, one float multiply per block)
+//! serves every format.
+
+use super::grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use super::{Block, QK_K};
+use crate::fp16::f16_to_f32;
+
+/// A super-block whose weights are `d() * UNIT * scale[e / 16] * value[e]`.
+pub(crate) trait GridBlock: Block {
+    /// The power of two the integer values are in units of.
+    const UNIT: f32;
+    /// The block's float scale.
+    fn d(&self) -> f32;
+    /// Writes the 256 integer values and returns the 16 integer group scales.
+    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16];
+}
+
+block! {
+    /// 8 groups of 32: bytes 8g..8g+4 of `qs` index [`IQ2XXS_GRID`] for 8 values each; the u32
+    /// at 8g+4 holds four 7-bit sign indices ([`KSIGNS`]) and, in its top 4 bits, the scale
+    /// `s`: weights `d * (2s + 1) / 8 * grid * sign`.
+    BlockIq2Xxs = IQ2_XXS { d: [u8; 2], qs: [u8; 64] }
+}
+block! {
+    /// 16 groups of 16: u16 `k` of `qs` holds a 9-bit index into [`IQ2XS_GRID`] (8 values) and
+    /// a 7-bit sign index; group g's scale `s` is nibble g of `scales` (low first):
+    /// `d * (2s + 1) / 8 * grid * sign`.
+    BlockIq2Xs = IQ2_XS { d: [u8; 2], qs: [u8; 64], scales: [u8; 8] }
+}
+block! {
+    /// 16 groups of 16: entry k of [`IQ2S_GRID`] (8 values) is `qs[k]` with bits 2(k%4)..+2 of
+    /// `qh[k / 4]` above it; `signs[k]` gives the 8 values' signs bit by bit; scales as IQ2_XS.
+    BlockIq2S = IQ2_S { d: [u8; 2], qs: [u8; 32], signs: [u8; 32], qh: [u8; 8], scales: [u8; 8] }
+}
+block! {
+    /// 8 groups of 32: `qs[k]` indexes [`IQ3XXS_GRID`] (4 values); the u32 `signs_scales[g]`
+    /// holds four 7-bit sign indices and the scale `s` in its top 4 bits:
+    /// `d * (2s + 1) / 4 * grid * sign`.
+    BlockIq3Xxs = IQ3_XXS { d: [u8; 2], qs: [u8; 64], signs_scales: [u8; 32] }
+}
+block! {
+    /// 8 groups of 32: entry k of [`IQ3S_GRID`] (4 values) is `qs[k]` with bit k%8 of
+    /// `qh[k / 8]` as its ninth bit; bit e%8 of `signs[e / 8]` is element e's sign; group g's
+    /// scale `s` is nibble g of `scales`: `d * (2s + 1) * grid * sign`.
+    BlockIq3S = IQ3_S { d: [u8; 2], qs: [u8; 64], qh: [u8; 8], signs: [u8; 32], scales: [u8; 4] }
+}
+block! {
+    /// 8 groups of 32: u16 `qh[g]` holds four 3-bit high parts of the [`IQ1S_GRID`] indices
+    /// (low parts in `qs`), the scale `s` in bits 12..15 and the sign of the group's shift in
+    /// bit 15: `d * (2s + 1) * (grid ± 1/8)`.
+    BlockIq1S = IQ1_S { d: [u8; 2], qs: [u8; 32], qh: [u8; 16] }
+}
+block! {
+    /// 16 groups of 16: nibble k of `qh` holds index k's high 3 bits and the sign of its
+    /// shift; the four u16 of `scales` hold 3-bit group scales in bits 0..12 and, in their top
+    /// nibbles, the f16 block scale: `d * (2s + 1) * (grid ± 1/8)`.
+    BlockIq1M = IQ1_M { qs: [u8; 32], qh: [u8; 16], scales: [u8; 8] }
+}
+block! {
+    /// 256 ternary weights `d * (t - 1)`: bytes hold five (`qs`) or four (`qh`) base-3 digits
+    /// as a fixed-point fraction of 3^5, digit n read as `(byte * 3^n mod 256) * 3 >> 8`.
+    BlockTq1_0 = TQ1_0 { qs: [u8; 48], qh: [u8; 4], d: [u8; 2] }
+}
+block! {
+    /// 256 ternary weights `d * (t - 1)`, t in 0..3: byte 32h + m holds element 128h + 32l + m
+    /// at bits 2l..2l+2.
+    BlockTq2_0 = TQ2_0 { qs: [u8; 64], d: [u8; 2] }
+}
+
+/// The 128 sign patterns of the IQ2/IQ3 formats (`ksigns_iq2xs`): seven explicit signs and
+/// an eighth that makes their count even.
+pub(crate) const KSIGNS: [u8; 128] = {
+    let mut table = [0u8; 128];
+    let mut i = 0;
+    while i < 128 {
+        table[i] = i as u8 | (((i as u8).count_ones() as u8 & 1) << 7);
+        i += 1;
+    }
+    table
+};
+
+/// For each sign byte, `0xff` in the bytes whose bit is set.
+const SIGN_MASKS: [u64; 256] = {
+    let mut table = [0u64; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut j = 0;
+        while j < 8 {
+            if i & (1 << j) != 0 {
+                table[i] |= 0xff << (8 * j);
+            }
+            j += 1;
+        }
+        i += 1;
+    }
+    table
+};
+
+/// The 8 codebook values of `entry` with the signs of the bits of `signs`: bytewise
+/// `(v ^ m) + (m & 1)` negates where the mask `m` is `0xff`, without carries as every value is
+/// at least 1.
+#[inline]
+fn signed(entry: u64, signs: u8) -> [i8; 8] {
+    let mask = SIGN_MASKS[usize::from(signs)];
+    let v = (entry ^ mask).wrapping_add(mask & 0x0101_0101_0101_0101);
+    v.to_le_bytes().map(|b| b as i8)
+}
+
+#[inline]
+fn put8(values: &mut [i8; QK_K], at: usize, v: [i8; 8]) {
+    values[at..at + 8].copy_from_slice(&v);
+}
+
+#[inline]
+fn u16_at(bytes: &[u8], k: usize) -> u16 {
+    u16::from_le_bytes([bytes[2 * k], bytes[2 * k + 1]])
+}
+
+#[inline]
+fn u32_at(bytes: &[u8], k: usize) -> u32 {
+    u32::from_le_bytes([
+        bytes[4 * k],
+        bytes[4 * k + 1],
+        bytes[4 * k + 2],
+        bytes[4 * k + 3],
+    ])
+}
+
+/// Odd scales `2s + 1` from the nibbles of `packed`, one per group of 16 (`per_nibble` groups
+/// share a nibble).
+#[inline]
+fn nibble_scales(packed: &[u8], per_nibble: usize) -> [i32; 16] {
+    std::array::from_fn(|g| {
+        let n = g / per_nibble;
+        2 * i32::from((packed[n / 2] >> (4 * (n % 2))) & 0xf) + 1
+    })
+}
+
+impl GridBlock for BlockIq2Xxs {
+    const UNIT: f32 = 0.125;
+    fn d(&self) -> f32 {
+        f16_to_f32(self.d)
+    }
+    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
+        let mut scales = [0; 16];
+        for g in 0..8 {
+            let aux = u32_at(&self.qs, 2 * g + 1);
+            for l in 0..4 {
+                let entry = IQ2XXS_GRID[usize::from(self.qs[8 * g + l])];
+                let signs = KSIGNS[((aux >> (7 * l)) & 127) as usize];
+                put8(values, 32 * g + 8 * l, signed(entry, signs));
+            }
+            scales[2 * g] = 2 * (aux >> 28) as i32 + 1;
+            scales[2 * g + 1] = scales[2 * g];
+        }
+        scales
+    }
+}
+
+impl GridBlock for BlockIq2Xs {
+    const UNIT: f32 = 0.125;
+    fn d(&self) -> f32 {
+        f16_to_f32(self.d)
+    }
+    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
+        for k in 0..32 {
+            let q = u16_at(&self.qs, k);
+            let entry = IQ2XS_GRID[usize::from(q & 511)];
+            put8(values, 8 * k, signed(entry, KSIGNS[usize::from(q >> 9)]));
+        }
+        nibble_scales(&self.scales, 1)
+    }
+}
+
+impl GridBlock for BlockIq2S {
+    const UNIT: f32 = 0.125;
+    fn d(&self) -> f32 {
+        f16_to_f32(self.d)
+    }
+    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
+        for k in 0..32 {
+            let high = usize::from((self.qh[k / 4] >> (2 * (k % 4))) & 3) << 8;
+            let entry = IQ2S_GRID[usize::from(self.qs[k]) | high];
+            put8(values, 8 * k, signed(entry, self.signs[k]));
+        }
+        nibble_scales(&self.scales, 1)
+    }
+}
+
+impl GridBlock for BlockIq3Xxs {
+    const UNIT: f32 = 0.25;
+    fn d(&self) -> f32 {
+        f16_to_f32(self.d)
+    }
+    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
+        let mut scales = [0; 16];
+        for g in 0..8 {
+            let aux = u32_at(&self.signs_scales, g);
+            for l in 0..4 {
+                let low = u64::from(IQ3XXS_GRID[usize::from(self.qs[8 * g + 2 * l])]);
+                let high = u64::from(IQ3XXS_GRID[usize::from(self.qs[8 * g + 2 * l + 1])]);
+                let signs = KSIGNS[((aux >> (7 * l)) & 127) as usize];
+                put8(values, 32 * g + 8 * l, signed(low | (high << 32), signs));
+            }
+            scales[2 * g] = 2 * (aux >> 28) as i32 + 1;
+            scales[2 * g + 1] = scales[2 * g];
+        }
+        scales
+    }
+}
+
+impl GridBlock for BlockIq3S {
+    const UNIT: f32 = 1.0;
+    fn d(&self) -> f32 {
+        f16_to_f32(self.d)
+    }
+    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
+        let entry = |k: usize| {
+            let high = usize::from((self.qh[k / 8] >> (k % 8)) & 1) << 8;
+            u64::from(IQ3S_GRID[usize::from(self.qs[k]) | high])
+        };
+        for k in 0..32 {
+            let pair = entry(2 * k) | (entry(2 * k + 1) << 32);
+            put8(values, 8 * k, signed(pair, self.signs[k]));
+        }
+        nibble_scales(&self.scales, 2)
+    }
+}
+
+/// IQ1 values `8 * grid ± 1` (the grid in units of the 1/8 shift) of the 8 entries' bytes.
+#[inline]
+fn shifted(entry: u64, negative_shift: bool) -> [i8; 8] {
+    let shift = if negative_shift { -1 } else { 1 };
+    entry.to_le_bytes().map(|b| 8 * (b as i8) + shift)
+}
+
+impl GridBlock for BlockIq1S {
+    const UNIT: f32 = 0.125;
+    fn d(&self) -> f32 {
+        f16_to_f32(self.d)
+    }
+    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
+        let mut scales = [0; 16];
+        for g in 0..8 {
+            let qh = u16_at(&self.qh, g);
+            for l in 0..4 {
+                let index =
+                    usize::from(self.qs[4 * g + l]) | (usize::from((qh >> (3 * l)) & 7) << 8);
+                put8(
+                    values,
+                    32 * g + 8 * l,
+                    shifted(IQ1S_GRID[index], qh & 0x8000 != 0),
+                );
+            }
+            scales[2 * g] = 2 * i32::from((qh >> 12) & 7) + 1;
+            scales[2 * g + 1] = scales[2 * g];
+        }
+        scales
+    }
+}
+
+impl GridBlock for BlockIq1M {
+    const UNIT: f32 = 0.125;
+    fn d(&self) -> f32 {
+        let sc: [u16; 4] = std::array::from_fn(|k| u16_at(&self.scales, k));
+        let bits =
+            (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
+        f16_to_f32(bits.to_le_bytes())
+    }
+    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
+        for k in 0..32 {
+            let nibble = (self.qh[k / 2] >> (4 * (k % 2))) & 0xf;
+            let index = usize::from(self.qs[k]) | (usize::from(nibble & 7) << 8);
+            put8(values, 8 * k, shifted(IQ1S_GRID[index], nibble & 8 != 0));
+        }
+        std::array::from_fn(|g| {
+            let sc = u16_at(&self.scales, g / 4);
+            2 * i32::from((sc >> (3 * (g % 4))) & 7) + 1
+        })
+    }
+}
+
+impl GridBlock for BlockTq1_0 {
+    const UNIT: f32 = 1.0;
+    fn d(&self) -> f32 {
+        f16_to_f32(self.d)
+    }
+    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
+        const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+        let digit =
+            |byte: u8, n: usize| (((u16::from(byte.wrapping_mul(POW3[n])) * 3) >> 8) as i8) - 1;
+        let mut e = 0;
+        for (bytes, digits) in [(&self.qs[..32], 5), (&self.qs[32..], 5), (&self.qh[..], 4)] {
+            for n in 0..digits {
+                for &byte in bytes {
+                    values[e] = digit(byte, n);
+                    e += 1;
+                }
+            }
+        }
+        [1; 16]
+    }
+}
+
+impl GridBlock for BlockTq2_0 {
+    const UNIT: f32 = 1.0;
+    fn d(&self) -> f32 {
+        f16_to_f32(self.d)
+    }
+    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
+        for (e, v) in values.iter_mut().enumerate() {
+            let (half, l, m) = (e / 128, (e / 32) % 4, e % 32);
+            *v = ((self.qs[32 * half + m] >> (2 * l)) & 3) as i8 - 1;
+        }
+        [1; 16]
+    }
+}
