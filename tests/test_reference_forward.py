@@ -7,12 +7,15 @@ dequantizer) and computes in float64, so it measures how far tallow's quantized 
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
+from gguf_layout import read_layout
+from test_quant import F16_FIELDS, IQ1M_SCALE_BYTES, random_blocks
 
 from tallow import _core
 
@@ -110,3 +113,91 @@ def test_incremental_decode_matches_one_pass(smollm2_path: Path) -> None:
         step = ctx.eval([token])
         np.testing.assert_allclose(step, whole[pos], rtol=0, atol=1e-3)
     assert ctx.n_past == len(tokens)
+
+
+GRID_FORMATS = [
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ3_XXS",
+    "IQ3_S",
+    "IQ1_S",
+    "IQ1_M",
+    "TQ1_0",
+    "TQ2_0",
+]
+"""The codebook and ternary formats, which no catalog model holds."""
+
+
+def _scaled_random_blocks(type_name: str, reference: np.ndarray, seed: int) -> bytes:
+    """Random blocks of ``type_name`` for ``reference``'s elements, their block scales all one
+    value chosen so that the weights' RMS is ``reference``'s."""
+    qtype = GGMLQuantizationType[type_name]
+    n_blocks = reference.size // GGML_QUANT_SIZES[qtype][0]
+
+    def with_scale(blocks: np.ndarray, d: float) -> np.ndarray:
+        half = np.array([d], dtype=np.float16).view(np.uint16)[0]
+        for offset in F16_FIELDS[type_name]:
+            blocks[:, offset : offset + 2] = np.array([half], dtype=np.uint16).view(np.uint8)
+        if type_name == "IQ1_M":
+            for k, at in enumerate(IQ1M_SCALE_BYTES):
+                blocks[:, at] = (blocks[:, at] & 0x0F) | (((half >> (4 * k)) & 0xF) << 4)
+        return blocks
+
+    raw = np.frombuffer(random_blocks(type_name, n_blocks, seed), dtype=np.uint8)
+    blocks = with_scale(raw.reshape(n_blocks, -1).copy(), 1.0)
+    rms = np.sqrt(np.mean(dequantize(blocks, qtype).astype(np.float64) ** 2))
+    target = np.sqrt(np.mean(reference.astype(np.float64) ** 2))
+    return with_scale(blocks, target / rms).tobytes()
+
+
+def _with_grid_ffn_down(src: Path, dst: Path) -> Path:
+    """A copy of ``src`` whose last layers' ``ffn_down`` matrices are random blocks of the grid
+    formats, one format a layer, with the original weights' RMS. (Random weights in every
+    layer would make a network that amplifies any rounding, 8-bit activations' included,
+    beyond the tolerance of a comparison.)"""
+    layout = read_layout(src)
+    n_layer = 1 + max(
+        int(r.name.split(".")[1]) for r in layout.tensors if r.name.startswith("blk.")
+    )
+    first = n_layer - len(GRID_FORMATS)
+    data = src.read_bytes()
+    header = bytearray(data[: layout.data_start])
+    reader = GGUFReader(src)
+    body = bytearray()
+    for record, tensor in zip(layout.tensors, reader.tensors, strict=True):
+        assert record.name == tensor.name
+        blob = bytes(tensor.data.tobytes())
+        layer = int(record.name.split(".")[1]) if record.name.startswith("blk.") else -1
+        if record.name.endswith("ffn_down.weight") and layer >= first:
+            type_name = GRID_FORMATS[layer - first]
+            original = dequantize(tensor.data, tensor.tensor_type)
+            blob = _scaled_random_blocks(type_name, original, seed=len(body))
+            type_id = GGMLQuantizationType[type_name].value
+            struct.pack_into("<I", header, record.type_pos, type_id)
+        body += b"\0" * (-len(body) % layout.alignment)
+        struct.pack_into("<Q", header, record.offset_pos, len(body))
+        body += blob
+    dst.write_bytes(bytes(header) + bytes(body))
+    return dst
+
+
+def test_codebook_and_ternary_formats_in_a_model_match_the_numpy_reference(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    """smollm2 with its last nine ffn_down matrices replaced by random IQ1/IQ2/IQ3/TQ blocks
+    (one format each): tallow's logits against the numpy forward pass over the gguf package's
+    dequantization. Random weights amplify the 8-bit activations' rounding (random Q8_0 blocks
+    there stray as far), so the bounds are looser than above, yet a weight scale 25% off in
+    any one of these layers takes the correlation under 0.988 and the RMS difference over 1.1."""
+    path = _with_grid_ffn_down(smollm2_path, tmp_path / "grid.gguf")
+    types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+    assert [types[f"blk.{i}.ffn_down.weight"] for i in range(21, 30)] == GRID_FORMATS
+    model = _core.Model(str(path))
+    tokens = model.tokenize("The quick brown fox jumps over the lazy dog. 1234", False, False)
+    expected = NumpyLlama(path).forward(tokens)
+    got = model.new_context(64).eval(tokens, all_logits=True).astype(np.float64)
+    for pos in range(len(tokens)):
+        e, g = expected[pos], got[pos]
+        assert np.corrcoef(e, g)[0, 1] > 0.99, f"position {pos}"
+        assert np.sqrt(np.mean((e - g) ** 2)) < 0.7, f"position {pos}"
