@@ -23,6 +23,26 @@ pub(crate) trait GridBlock: Block {
     fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16];
 }
 
+/// A grid block whose values are codebook magnitudes (1 to 62) with explicit signs (the IQ2
+/// and IQ3 formats), which SIMD kernels apply to the activations instead.
+pub(crate) trait SignedGridBlock: GridBlock {
+    /// Values 8k..8k+8: their magnitudes (bytes, first value lowest) and their signs (bit j
+    /// set: value j is negative).
+    fn piece(&self, k: usize) -> (u64, u8);
+    /// The 16 integer group scales.
+    fn scales(&self) -> [i32; 16];
+}
+
+/// [`GridBlock::decode`] of a [`SignedGridBlock`].
+#[inline]
+fn decode_signed<B: SignedGridBlock>(b: &B, values: &mut [i8; QK_K]) -> [i32; 16] {
+    for (k, out) in values.as_chunks_mut::<8>().0.iter_mut().enumerate() {
+        let (magnitudes, signs) = b.piece(k);
+        *out = signed(magnitudes, signs);
+    }
+    b.scales()
+}
+
 block! {
     /// 8 groups of 32: bytes 8g..8g+4 of `qs` index [`IQ2XXS_GRID`] for 8 values each; the u32
     /// at 8g+4 holds four 7-bit sign indices ([`KSIGNS`]) and, in its top 4 bits, the scale
@@ -77,7 +97,7 @@ block! {
 
 /// The 128 sign patterns of the IQ2/IQ3 formats (`ksigns_iq2xs`): seven explicit signs and
 /// an eighth that makes their count even.
-pub(crate) const KSIGNS: [u8; 128] = {
+pub(crate) static KSIGNS: [u8; 128] = {
     let mut table = [0u8; 128];
     let mut i = 0;
     while i < 128 {
@@ -88,7 +108,7 @@ pub(crate) const KSIGNS: [u8; 128] = {
 };
 
 /// For each sign byte, `0xff` in the bytes whose bit is set.
-const SIGN_MASKS: [u64; 256] = {
+pub(crate) static SIGN_MASKS: [u64; 256] = {
     let mut table = [0u64; 256];
     let mut i = 0;
     while i < 256 {
@@ -144,93 +164,98 @@ fn nibble_scales(packed: &[u8], per_nibble: usize) -> [i32; 16] {
     })
 }
 
-impl GridBlock for BlockIq2Xxs {
-    const UNIT: f32 = 0.125;
-    fn d(&self) -> f32 {
-        f16_to_f32(self.d)
-    }
-    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
-        let mut scales = [0; 16];
-        for g in 0..8 {
-            let aux = u32_at(&self.qs, 2 * g + 1);
-            for l in 0..4 {
-                let entry = IQ2XXS_GRID[usize::from(self.qs[8 * g + l])];
-                let signs = KSIGNS[((aux >> (7 * l)) & 127) as usize];
-                put8(values, 32 * g + 8 * l, signed(entry, signs));
+/// The GridBlock items of a SignedGridBlock.
+macro_rules! signed_grid_block {
+    ($block:ident, $unit:expr) => {
+        impl GridBlock for $block {
+            const UNIT: f32 = $unit;
+            fn d(&self) -> f32 {
+                f16_to_f32(self.d)
             }
-            scales[2 * g] = 2 * (aux >> 28) as i32 + 1;
-            scales[2 * g + 1] = scales[2 * g];
+            fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
+                decode_signed(self, values)
+            }
         }
-        scales
+    };
+}
+
+signed_grid_block!(BlockIq2Xxs, 0.125);
+signed_grid_block!(BlockIq2Xs, 0.125);
+signed_grid_block!(BlockIq2S, 0.125);
+signed_grid_block!(BlockIq3Xxs, 0.25);
+signed_grid_block!(BlockIq3S, 1.0);
+
+/// Scales `2s + 1` from the top 4 bits of each group of 32's u32 in `words` (IQ2_XXS, IQ3_XXS).
+#[inline]
+fn top_nibble_scales(words: &[u8]) -> [i32; 16] {
+    std::array::from_fn(|g| 2 * (u32_at(words, g / 2) >> 28) as i32 + 1)
+}
+
+impl SignedGridBlock for BlockIq2Xxs {
+    #[inline(always)]
+    fn piece(&self, k: usize) -> (u64, u8) {
+        let (g, l) = (k / 4, k % 4);
+        let aux = u32_at(&self.qs, 2 * g + 1);
+        let signs = KSIGNS[((aux >> (7 * l)) & 127) as usize];
+        (IQ2XXS_GRID[usize::from(self.qs[8 * g + l])], signs)
+    }
+    fn scales(&self) -> [i32; 16] {
+        let words: [u8; 32] = std::array::from_fn(|k| self.qs[8 * (k / 4) + 4 + k % 4]);
+        top_nibble_scales(&words)
     }
 }
 
-impl GridBlock for BlockIq2Xs {
-    const UNIT: f32 = 0.125;
-    fn d(&self) -> f32 {
-        f16_to_f32(self.d)
+impl SignedGridBlock for BlockIq2Xs {
+    #[inline(always)]
+    fn piece(&self, k: usize) -> (u64, u8) {
+        let q = u16_at(&self.qs, k);
+        (
+            IQ2XS_GRID[usize::from(q & 511)],
+            KSIGNS[usize::from(q >> 9)],
+        )
     }
-    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
-        for k in 0..32 {
-            let q = u16_at(&self.qs, k);
-            let entry = IQ2XS_GRID[usize::from(q & 511)];
-            put8(values, 8 * k, signed(entry, KSIGNS[usize::from(q >> 9)]));
-        }
+    fn scales(&self) -> [i32; 16] {
         nibble_scales(&self.scales, 1)
     }
 }
 
-impl GridBlock for BlockIq2S {
-    const UNIT: f32 = 0.125;
-    fn d(&self) -> f32 {
-        f16_to_f32(self.d)
+impl SignedGridBlock for BlockIq2S {
+    #[inline(always)]
+    fn piece(&self, k: usize) -> (u64, u8) {
+        let high = usize::from((self.qh[k / 4] >> (2 * (k % 4))) & 3) << 8;
+        (IQ2S_GRID[usize::from(self.qs[k]) | high], self.signs[k])
     }
-    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
-        for k in 0..32 {
-            let high = usize::from((self.qh[k / 4] >> (2 * (k % 4))) & 3) << 8;
-            let entry = IQ2S_GRID[usize::from(self.qs[k]) | high];
-            put8(values, 8 * k, signed(entry, self.signs[k]));
-        }
+    fn scales(&self) -> [i32; 16] {
         nibble_scales(&self.scales, 1)
     }
 }
 
-impl GridBlock for BlockIq3Xxs {
-    const UNIT: f32 = 0.25;
-    fn d(&self) -> f32 {
-        f16_to_f32(self.d)
+impl SignedGridBlock for BlockIq3Xxs {
+    #[inline(always)]
+    fn piece(&self, k: usize) -> (u64, u8) {
+        let (g, l) = (k / 4, k % 4);
+        let entry = |i: usize| u64::from(IQ3XXS_GRID[usize::from(self.qs[8 * g + 2 * l + i])]);
+        let aux = u32_at(&self.signs_scales, g);
+        (
+            entry(0) | (entry(1) << 32),
+            KSIGNS[((aux >> (7 * l)) & 127) as usize],
+        )
     }
-    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
-        let mut scales = [0; 16];
-        for g in 0..8 {
-            let aux = u32_at(&self.signs_scales, g);
-            for l in 0..4 {
-                let low = u64::from(IQ3XXS_GRID[usize::from(self.qs[8 * g + 2 * l])]);
-                let high = u64::from(IQ3XXS_GRID[usize::from(self.qs[8 * g + 2 * l + 1])]);
-                let signs = KSIGNS[((aux >> (7 * l)) & 127) as usize];
-                put8(values, 32 * g + 8 * l, signed(low | (high << 32), signs));
-            }
-            scales[2 * g] = 2 * (aux >> 28) as i32 + 1;
-            scales[2 * g + 1] = scales[2 * g];
-        }
-        scales
+    fn scales(&self) -> [i32; 16] {
+        top_nibble_scales(&self.signs_scales)
     }
 }
 
-impl GridBlock for BlockIq3S {
-    const UNIT: f32 = 1.0;
-    fn d(&self) -> f32 {
-        f16_to_f32(self.d)
-    }
-    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
-        let entry = |k: usize| {
-            let high = usize::from((self.qh[k / 8] >> (k % 8)) & 1) << 8;
-            u64::from(IQ3S_GRID[usize::from(self.qs[k]) | high])
+impl SignedGridBlock for BlockIq3S {
+    #[inline(always)]
+    fn piece(&self, k: usize) -> (u64, u8) {
+        let entry = |i: usize| {
+            let high = usize::from((self.qh[i / 8] >> (i % 8)) & 1) << 8;
+            u64::from(IQ3S_GRID[usize::from(self.qs[i]) | high])
         };
-        for k in 0..32 {
-            let pair = entry(2 * k) | (entry(2 * k + 1) << 32);
-            put8(values, 8 * k, signed(pair, self.signs[k]));
-        }
+        (entry(2 * k) | (entry(2 * k + 1) << 32), self.signs[k])
+    }
+    fn scales(&self) -> [i32; 16] {
         nibble_scales(&self.scales, 2)
     }
 }

@@ -19,7 +19,7 @@ use super::tile_operands;
 use crate::blocks::{
     as_blocks, k4_scales_mins, q3k_scales, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K,
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
-    BlockQ8_1, GridBlock, LookupBlock, IQ4_VALUES,
+    BlockQ8_1, GridBlock, LookupBlock, SignedGridBlock, IQ4_VALUES, SIGN_MASKS,
 };
 use crate::blocks::{
     BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockTq1_0,
@@ -73,20 +73,35 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         GgmlType::IQ4_XS => (Some(iq4_xs_q8_k), Some(tile_iq4_xs), None, None),
         GgmlType::MXFP4 => (Some(lookup_q8_0::<BlockMxfp4>), None, None, None),
         GgmlType::IQ2_XXS => (
-            Some(grid_q8_k::<BlockIq2Xxs>),
+            Some(signed_grid_q8_k::<BlockIq2Xxs>),
             Some(tile_iq2_xxs),
             None,
             None,
         ),
-        GgmlType::IQ2_XS => (Some(grid_q8_k::<BlockIq2Xs>), Some(tile_iq2_xs), None, None),
-        GgmlType::IQ2_S => (Some(grid_q8_k::<BlockIq2S>), Some(tile_iq2_s), None, None),
+        GgmlType::IQ2_XS => (
+            Some(signed_grid_q8_k::<BlockIq2Xs>),
+            Some(tile_iq2_xs),
+            None,
+            None,
+        ),
+        GgmlType::IQ2_S => (
+            Some(signed_grid_q8_k::<BlockIq2S>),
+            Some(tile_iq2_s),
+            None,
+            None,
+        ),
         GgmlType::IQ3_XXS => (
-            Some(grid_q8_k::<BlockIq3Xxs>),
+            Some(signed_grid_q8_k::<BlockIq3Xxs>),
             Some(tile_iq3_xxs),
             None,
             None,
         ),
-        GgmlType::IQ3_S => (Some(grid_q8_k::<BlockIq3S>), Some(tile_iq3_s), None, None),
+        GgmlType::IQ3_S => (
+            Some(signed_grid_q8_k::<BlockIq3S>),
+            Some(tile_iq3_s),
+            None,
+            None,
+        ),
         GgmlType::IQ1_S => (Some(grid_q8_k::<BlockIq1S>), Some(tile_iq1_s), None, None),
         GgmlType::IQ1_M => (Some(grid_q8_k::<BlockIq1M>), Some(tile_iq1_m), None, None),
         GgmlType::TQ1_0 => (Some(grid_q8_k::<BlockTq1_0>), Some(tile_tq1_0), None, None),
@@ -338,20 +353,69 @@ unsafe fn grid_q8_k<B: GridBlock>(w: &[u8], a: &[u8]) -> f32 {
     hsum(acc)
 }
 
+/// The IQ2 and IQ3 formats: each 32 values' codebook magnitudes and signs gathered straight
+/// into vectors, the signs moved onto the activations (`vpsignb`), no decoding through
+/// memory; the same integer sums, hence the same bits, as [`grid_q8_k`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in as_blocks::<B>(w).iter().zip(as_blocks::<BlockQ8K>(a)) {
+        let scales = scale_vectors(&w.scales());
+        let mut sumi = _mm256_setzero_si256();
+        for (c, a) in a.qs.as_chunks::<32>().0.iter().enumerate() {
+            let (magnitudes, signs) = signed_chunk(w, c);
+            let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(load_i8(a), signs));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, scales[c]));
+        }
+        let d = _mm256_set1_ps(w.d() * B::UNIT * a.d());
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum(acc)
+}
+
+/// Values 32c..32c+32 of a signed grid block: their magnitudes, and +-1 bytes with their
+/// signs (for `vpsignb`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn signed_chunk<B: SignedGridBlock>(w: &B, c: usize) -> (__m256i, __m256i) {
+    // Written out: closures and `array::from_fn` here would not inherit the target features
+    // and would stay calls.
+    let (m0, s0) = w.piece(4 * c);
+    let (m1, s1) = w.piece(4 * c + 1);
+    let (m2, s2) = w.piece(4 * c + 2);
+    let (m3, s3) = w.piece(4 * c + 3);
+    let ones = |s: u8| (SIGN_MASKS[usize::from(s)] | 0x0101_0101_0101_0101) as i64;
+    (
+        _mm256_set_epi64x(m3 as i64, m2 as i64, m1 as i64, m0 as i64),
+        _mm256_set_epi64x(ones(s3), ones(s2), ones(s1), ones(s0)),
+    )
+}
+
+/// Group scales (one per 16 values) as eight vectors of i16 lanes, a 128-bit lane a group:
+/// `vpmaddwd` against them adds the `vpmaddubsw` pairs and applies the scales in one step
+/// (at most 2 x 62 x 127 x 2 x 31 per i32 lane).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_vectors(scales: &[i32; 16]) -> [__m256i; 8] {
+    let mut vectors = [_mm256_setzero_si256(); 8];
+    for (v, pair) in vectors.iter_mut().zip(scales.as_chunks::<2>().0) {
+        // At most 31: `2s + 1` of a 4-bit s.
+        *v = i16_pair(pair[0] as i16, pair[1] as i16);
+    }
+    vectors
+}
+
 /// A grid block's 256 values as eight vectors of 32, and its group scales as eight vectors
-/// of i32 lanes (four lanes a group of 16, as `dot_i8_i8` sums elements).
+/// ([`scale_vectors`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decoded<B: GridBlock>(w: &B, values: &mut [i8; 256]) -> ([__m256i; 8], [__m256i; 8]) {
     let scales = w.decode(values);
-    let chunks = values.as_chunks::<32>().0;
-    let pairs = scales.as_chunks::<2>().0;
-    (
-        std::array::from_fn(|c| load_i8(&chunks[c])),
-        std::array::from_fn(|c| {
-            _mm256_setr_m128i(_mm_set1_epi32(pairs[c][0]), _mm_set1_epi32(pairs[c][1]))
-        }),
-    )
+    let mut q = [_mm256_setzero_si256(); 8];
+    for (q, chunk) in q.iter_mut().zip(values.as_chunks::<32>().0) {
+        *q = load_i8(chunk);
+    }
+    (q, scale_vectors(&scales))
 }
 
 /// The integer sums of a decoded grid block against one Q8_K block, times the group scales.
@@ -360,8 +424,9 @@ unsafe fn decoded<B: GridBlock>(w: &B, values: &mut [i8; 256]) -> ([__m256i; 8],
 unsafe fn grid_sums(q: &[__m256i; 8], scales: &[__m256i; 8], a: &BlockQ8K) -> __m256i {
     let mut sumi = _mm256_setzero_si256();
     for ((q, scale), a) in q.iter().zip(scales).zip(a.qs.as_chunks::<32>().0) {
-        let sums = dot_i8_i8(*q, load_i8(a));
-        sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(sums, *scale));
+        let pairs =
+            _mm256_maddubs_epi16(_mm256_sign_epi8(*q, *q), _mm256_sign_epi8(load_i8(a), *q));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, *scale));
     }
     sumi
 }
@@ -746,8 +811,12 @@ unsafe fn tile_iq4_xs_q8_k<const T: usize>(
     let mut acc = [_mm256_setzero_ps(); T];
     for (b, w) in w.iter().enumerate() {
         let groups = w.qs.as_chunks::<16>().0;
-        let q: [__m256i; 8] = std::array::from_fn(|g| looked_up(&groups[g], values));
-        let group_scales = w.scales().map(|s| _mm256_set1_epi32(s));
+        let mut q = [_mm256_setzero_si256(); 8];
+        let mut group_scales = [_mm256_setzero_si256(); 8];
+        for (g, scale) in w.scales().into_iter().enumerate() {
+            q[g] = looked_up(&groups[g], values);
+            group_scales[g] = _mm256_set1_epi32(scale);
+        }
         let wd = fp16(w.d);
         for t in 0..T {
             let mut sumi = _mm256_setzero_si256();
@@ -795,6 +864,42 @@ unsafe fn tile_grid_q8_k<B: GridBlock, const T: usize>(
     }
 }
 
+/// The IQ2 and IQ3 formats against up to 8 tokens: [`signed_grid_q8_k`] token by token, each
+/// block's vectors gathered once.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_signed_grid_q8_k<B: SignedGridBlock, const T: usize>(
+    w: &[u8],
+    a: &[&[u8]],
+    scales: &crate::kernels::TileScales,
+    out: &mut [f32],
+) {
+    let (w, a) = tile_operands::<B, BlockQ8K, T>(w, a, scales, out);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for (b, w) in w.iter().enumerate() {
+        let mut chunks = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 8];
+        for (c, chunk) in chunks.iter_mut().enumerate() {
+            *chunk = signed_chunk(w, c);
+        }
+        let group_scales = scale_vectors(&w.scales());
+        let wd = w.d() * B::UNIT;
+        for t in 0..T {
+            let mut sumi = _mm256_setzero_si256();
+            let activations = a[t][b].qs.as_chunks::<32>().0;
+            for (c, &(magnitudes, signs)) in chunks.iter().enumerate() {
+                let signed = _mm256_sign_epi8(load_i8(&activations[c]), signs);
+                let pairs = _mm256_maddubs_epi16(magnitudes, signed);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, group_scales[c]));
+            }
+            let d = _mm256_set1_ps(wd * a[t][b].d());
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
+        }
+    }
+    for t in 0..T {
+        out[t] = hsum(acc[t]);
+    }
+}
+
 macro_rules! tile_entry_points {
     ($($kernel:ident $(<$block:ty>)? => $entry:ident),* $(,)?) => {
         $(
@@ -823,11 +928,11 @@ tile_entry_points!(
     tile_q8_0_q8_0 => tile_q8_0,
     tile_iq4_nl_q8_0 => tile_iq4_nl,
     tile_iq4_xs_q8_k => tile_iq4_xs,
-    tile_grid_q8_k<BlockIq2Xxs> => tile_iq2_xxs,
-    tile_grid_q8_k<BlockIq2Xs> => tile_iq2_xs,
-    tile_grid_q8_k<BlockIq2S> => tile_iq2_s,
-    tile_grid_q8_k<BlockIq3Xxs> => tile_iq3_xxs,
-    tile_grid_q8_k<BlockIq3S> => tile_iq3_s,
+    tile_signed_grid_q8_k<BlockIq2Xxs> => tile_iq2_xxs,
+    tile_signed_grid_q8_k<BlockIq2Xs> => tile_iq2_xs,
+    tile_signed_grid_q8_k<BlockIq2S> => tile_iq2_s,
+    tile_signed_grid_q8_k<BlockIq3Xxs> => tile_iq3_xxs,
+    tile_signed_grid_q8_k<BlockIq3S> => tile_iq3_s,
     tile_grid_q8_k<BlockIq1S> => tile_iq1_s,
     tile_grid_q8_k<BlockIq1M> => tile_iq1_m,
     tile_grid_q8_k<BlockTq1_0> => tile_tq1_0,
