@@ -101,9 +101,9 @@ def test_tensor_offset_out_of_range(tmp_path: Path, smollm2_path: Path, layout: 
 
 def test_unsupported_tensor_type(tmp_path: Path, smollm2_path: Path, layout: Layout) -> None:
     victim = layout.tensors[5]
-    # 16 is GGML's IQ2_XXS: a real format that tallow does not implement.
+    # 40 is GGML's NVFP4: a real format that tallow does not implement.
     bad = patched_copy(
-        smollm2_path, tmp_path / "type.gguf", {victim.type_pos: struct.pack("<I", 16)}
+        smollm2_path, tmp_path / "type.gguf", {victim.type_pos: struct.pack("<I", 40)}
     )
     err = _load_error(bad)
     assert type(err) is tallow.UnsupportedError

@@ -116,13 +116,13 @@ fn misaligned_tensor() {
 
 #[test]
 fn unsupported_tensor_type() {
-    let b = sample().tensor_raw("iq", &[256], 16, 0);
+    let b = sample().tensor_raw("nv", &[256], 40, 0);
     let err = GgufFile::from_bytes(b.build()).err().unwrap();
     assert!(matches!(
         err,
-        GgufError::UnsupportedTensorType { type_id: 16, .. }
+        GgufError::UnsupportedTensorType { type_id: 40, .. }
     ));
-    assert!(err.to_string().contains("'iq'"), "{err}");
+    assert!(err.to_string().contains("'nv'"), "{err}");
 }
 
 #[test]
