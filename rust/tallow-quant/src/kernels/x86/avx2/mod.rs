@@ -346,9 +346,9 @@ unsafe fn grid_q8_k<B: GridBlock>(w: &[u8], a: &[u8]) -> f32 {
     let mut values = [0i8; 256];
     let mut acc = _mm256_setzero_ps();
     for (w, a) in as_blocks::<B>(w).iter().zip(as_blocks::<BlockQ8K>(a)) {
-        let (q, scales) = decoded(w, &mut values);
+        let (chunks, scales) = decoded(w, &mut values);
         let d = _mm256_set1_ps(w.d() * B::UNIT * a.d());
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(grid_sums(&q, &scales, a)), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(grid_sums(&chunks, &scales, a)), acc);
     }
     hsum(acc)
 }
@@ -360,21 +360,15 @@ unsafe fn grid_q8_k<B: GridBlock>(w: &[u8], a: &[u8]) -> f32 {
 unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (w, a) in as_blocks::<B>(w).iter().zip(as_blocks::<BlockQ8K>(a)) {
-        let scales = scale_vectors(&w.scales());
-        let mut sumi = _mm256_setzero_si256();
-        for (c, a) in a.qs.as_chunks::<32>().0.iter().enumerate() {
-            let (magnitudes, signs) = signed_chunk(w, c);
-            let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(load_i8(a), signs));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, scales[c]));
-        }
+        let sumi = grid_sums(&signed_chunks(w), &scale_vectors(&w.scales()), a);
         let d = _mm256_set1_ps(w.d() * B::UNIT * a.d());
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum(acc)
 }
 
-/// Values 32c..32c+32 of a signed grid block: their magnitudes, and +-1 bytes with their
-/// signs (for `vpsignb`).
+/// Values 32c..32c+32 of a signed grid block as [`grid_sums`] takes them: their magnitudes,
+/// and +-1 bytes with their signs.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn signed_chunk<B: SignedGridBlock>(w: &B, c: usize) -> (__m256i, __m256i) {
@@ -405,27 +399,49 @@ unsafe fn scale_vectors(scales: &[i32; 16]) -> [__m256i; 8] {
     vectors
 }
 
-/// A grid block's 256 values as eight vectors of 32, and its group scales as eight vectors
-/// ([`scale_vectors`]).
+/// The eight signed-grid chunks of a block ([`signed_chunk`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decoded<B: GridBlock>(w: &B, values: &mut [i8; 256]) -> ([__m256i; 8], [__m256i; 8]) {
-    let scales = w.decode(values);
-    let mut q = [_mm256_setzero_si256(); 8];
-    for (q, chunk) in q.iter_mut().zip(values.as_chunks::<32>().0) {
-        *q = load_i8(chunk);
+unsafe fn signed_chunks<B: SignedGridBlock>(w: &B) -> [(__m256i, __m256i); 8] {
+    let mut chunks = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 8];
+    for (c, chunk) in chunks.iter_mut().enumerate() {
+        *chunk = signed_chunk(w, c);
     }
-    (q, scale_vectors(&scales))
+    chunks
 }
 
-/// The integer sums of a decoded grid block against one Q8_K block, times the group scales.
+/// A grid block decoded through `values`, as [`grid_sums`] takes it: each 32 values'
+/// magnitudes and the values themselves (whose signs `vpsignb` moves onto the activations),
+/// and its group scales ([`scale_vectors`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn grid_sums(q: &[__m256i; 8], scales: &[__m256i; 8], a: &BlockQ8K) -> __m256i {
+unsafe fn decoded<B: GridBlock>(
+    w: &B,
+    values: &mut [i8; 256],
+) -> ([(__m256i, __m256i); 8], [__m256i; 8]) {
+    let scales = w.decode(values);
+    let mut chunks = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 8];
+    for (chunk, v) in chunks.iter_mut().zip(values.as_chunks::<32>().0) {
+        let q = load_i8(v);
+        *chunk = (_mm256_sign_epi8(q, q), q);
+    }
+    (chunks, scale_vectors(&scales))
+}
+
+/// The integer sums of a grid block, as (magnitudes, signs) chunks, against one Q8_K block,
+/// times the group scales: the same for every grid kernel, hence the same bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn grid_sums(
+    chunks: &[(__m256i, __m256i); 8],
+    scales: &[__m256i; 8],
+    a: &BlockQ8K,
+) -> __m256i {
     let mut sumi = _mm256_setzero_si256();
-    for ((q, scale), a) in q.iter().zip(scales).zip(a.qs.as_chunks::<32>().0) {
-        let pairs =
-            _mm256_maddubs_epi16(_mm256_sign_epi8(*q, *q), _mm256_sign_epi8(load_i8(a), *q));
+    for ((&(magnitudes, signs), scale), a) in
+        chunks.iter().zip(scales).zip(a.qs.as_chunks::<32>().0)
+    {
+        let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(load_i8(a), signs));
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, *scale));
     }
     sumi
@@ -851,10 +867,10 @@ unsafe fn tile_grid_q8_k<B: GridBlock, const T: usize>(
     let mut values = [0i8; 256];
     let mut acc = [_mm256_setzero_ps(); T];
     for (b, w) in w.iter().enumerate() {
-        let (q, group_scales) = decoded(w, &mut values);
+        let (chunks, group_scales) = decoded(w, &mut values);
         let wd = w.d() * B::UNIT;
         for t in 0..T {
-            let sumi = grid_sums(&q, &group_scales, &a[t][b]);
+            let sumi = grid_sums(&chunks, &group_scales, &a[t][b]);
             let d = _mm256_set1_ps(wd * a[t][b].d());
             acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
         }
@@ -877,20 +893,11 @@ unsafe fn tile_signed_grid_q8_k<B: SignedGridBlock, const T: usize>(
     let (w, a) = tile_operands::<B, BlockQ8K, T>(w, a, scales, out);
     let mut acc = [_mm256_setzero_ps(); T];
     for (b, w) in w.iter().enumerate() {
-        let mut chunks = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 8];
-        for (c, chunk) in chunks.iter_mut().enumerate() {
-            *chunk = signed_chunk(w, c);
-        }
+        let chunks = signed_chunks(w);
         let group_scales = scale_vectors(&w.scales());
         let wd = w.d() * B::UNIT;
         for t in 0..T {
-            let mut sumi = _mm256_setzero_si256();
-            let activations = a[t][b].qs.as_chunks::<32>().0;
-            for (c, &(magnitudes, signs)) in chunks.iter().enumerate() {
-                let signed = _mm256_sign_epi8(load_i8(&activations[c]), signs);
-                let pairs = _mm256_maddubs_epi16(magnitudes, signed);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, group_scales[c]));
-            }
+            let sumi = grid_sums(&chunks, &group_scales, &a[t][b]);
             let d = _mm256_set1_ps(wd * a[t][b].d());
             acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
         }
