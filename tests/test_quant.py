@@ -53,6 +53,13 @@ IQ1M_SCALE_BYTES = [49, 51, 53, 55]
 """The bytes of an IQ1_M block whose top nibbles hold its f16 scale, lowest nibble first."""
 
 
+def set_iq1m_scales(blocks: np.ndarray, halves: np.ndarray) -> None:
+    """Writes one f16 scale (bits) per IQ1_M block into the top nibbles that hold it."""
+    for k, at in enumerate(IQ1M_SCALE_BYTES):
+        nibble = ((halves >> (4 * k)) & 0xF).astype(np.uint8)
+        blocks[:, at] = (blocks[:, at] & 0x0F) | (nibble << 4)
+
+
 def finite_halves(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     """Random f16 bit patterns over the whole finite range (subnormals included)."""
     bits = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)
@@ -70,10 +77,7 @@ def random_blocks(type_name: str, n_blocks: int, seed: int) -> bytes:
         halves = finite_halves(rng, (n_blocks,))
         blocks[:, offset : offset + 2] = halves.view(np.uint8).reshape(n_blocks, 2)
     if type_name == "IQ1_M":
-        halves = finite_halves(rng, (n_blocks,))
-        for k, at in enumerate(IQ1M_SCALE_BYTES):
-            nibble = ((halves >> (4 * k)) & 0xF).astype(np.uint8)
-            blocks[:, at] = (blocks[:, at] & 0x0F) | (nibble << 4)
+        set_iq1m_scales(blocks, finite_halves(rng, (n_blocks,)))
     return blocks.tobytes()
 
 

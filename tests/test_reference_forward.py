@@ -15,7 +15,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from gguf_layout import read_layout
-from test_quant import F16_FIELDS, IQ1M_SCALE_BYTES, random_blocks
+from test_quant import F16_FIELDS, random_blocks, set_iq1m_scales
 
 from tallow import _core
 
@@ -140,8 +140,7 @@ def _scaled_random_blocks(type_name: str, reference: np.ndarray, seed: int) -> b
         for offset in F16_FIELDS[type_name]:
             blocks[:, offset : offset + 2] = np.array([half], dtype=np.uint16).view(np.uint8)
         if type_name == "IQ1_M":
-            for k, at in enumerate(IQ1M_SCALE_BYTES):
-                blocks[:, at] = (blocks[:, at] & 0x0F) | (((half >> (4 * k)) & 0xF) << 4)
+            set_iq1m_scales(blocks, np.full(n_blocks, half, dtype=np.uint16))
         return blocks
 
     raw = np.frombuffer(random_blocks(type_name, n_blocks, seed), dtype=np.uint8)
