@@ -11,6 +11,8 @@
 // Out row t (head h) = softmax(scores) · V over the positions token t sees: its sequence's
 // (chunk token_chunks[t], page table tables[table_starts[c]..]) from the first its window
 // lets it see up to positions[t]. Scores are q · k * scale, soft-capped where softcap > 0.
+// Where has_sinks, head h's logit sinks[h] joins the softmax's denominator and adds no value
+// (gpt-oss).
 // Block (t, h) of TILE threads: positions a tile at a time, each thread one position's score,
 // a running maximum and sum rescaling the outputs (each thread holds two dimensions).
 template <class Kv>
@@ -18,7 +20,7 @@ __device__ void attention(const float* q, float* out, const uint8_t* pages,
                           const uint32_t* tables, const uint32_t* table_starts,
                           const uint32_t* token_chunks, const uint32_t* positions, int n_head,
                           int n_head_kv, int head_dim, int n_pages, int page_size, float scale,
-                          float softcap, int window) {
+                          float softcap, int window, const float* sinks, int has_sinks) {
     __shared__ float query[MAX_HEAD_DIM];
     __shared__ float weights[TILE];
     __shared__ uint32_t tile_pages[TILE];
@@ -65,9 +67,17 @@ __device__ void attention(const float* q, float* out, const uint8_t* pages,
             acc[i] = acc[i] * correction + sum;
         }
     }
+    // With a sink: acc / (sum + exp(sink - max)), rescaled to the larger of the two maxima.
+    float rescale = 1.0f;
+    if (has_sinks) {
+        float sink = sinks[h], m = fmaxf(running_max, sink);
+        rescale = expf(running_max - m);
+        running_sum = running_sum * rescale + expf(sink - m);
+    }
     for (int i = 0; i < 2; ++i) {
         int d = threadIdx.x + i * TILE;
-        if (d < head_dim) out[((size_t)t * n_head + h) * head_dim + d] = acc[i] / running_sum;
+        if (d < head_dim)
+            out[((size_t)t * n_head + h) * head_dim + d] = acc[i] * rescale / running_sum;
     }
 }
 
@@ -76,9 +86,10 @@ __device__ void attention(const float* q, float* out, const uint8_t* pages,
         const float* q, float* out, const uint8_t* pages, const uint32_t* tables,              \
         const uint32_t* table_starts, const uint32_t* token_chunks, const uint32_t* positions, \
         int n_head, int n_head_kv, int head_dim, int n_pages, int page_size, float scale,      \
-        float softcap, int window) {                                                           \
+        float softcap, int window, const float* sinks, int has_sinks) {                        \
         attention<Kv>(q, out, pages, tables, table_starts, token_chunks, positions, n_head,    \
-                      n_head_kv, head_dim, n_pages, page_size, scale, softcap, window);        \
+                      n_head_kv, head_dim, n_pages, page_size, scale, softcap, window, sinks,  \
+                      has_sinks);                                                              \
     }                                                                                          \
     TALLOW_EXPORT(attention_##name)
 FOR_EACH_KV_FORMAT(ATTENTION)

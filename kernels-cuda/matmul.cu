@@ -8,20 +8,19 @@
 // Weight rows of one block (a warp each): they share the block's copy of the activations.
 #define ROWS 8
 
-// y[t * rows + r] = x[t] · w[r] for the `rows` rows of `w` (`row_bytes` each, `cols`
-// values) and `n` tokens of `x`. Block (b, tile): warp k over row ROWS * b + k for tokens
-// TOKENS * tile.. of them. A pass takes 32 runs of 32 values: the block copies those 1024
+// y[out[t] * rows + r] = x[in[t]] · w[r] for the `rows` rows of `w` (`row_bytes` each,
+// `cols` values) and the block's `tokens` tokens (at most TOKENS). Block (b, tile): warp k
+// over row ROWS * b + k. A pass takes 32 runs of 32 values: the block copies those 1024
 // values of each token's activations to shared memory (neighbouring threads reading
 // neighbouring values), and lane i decodes run i of its row and takes its dot products there.
 // The copy's rows are padded to 33 values, so that the 32 lanes, each reading its own run,
 // read 32 different banks.
 template <class Format>
-__device__ void matmul(const uint8_t* w, const float* x, float* y, int rows, int cols,
-                       int row_bytes, int n) {
+__device__ void matmul_rows(const uint8_t* w, const float* x, float* y, int rows, int cols,
+                            int row_bytes, int tokens, const int* in, const int* out) {
     __shared__ float tile[TOKENS][32 * 33];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int r = blockIdx.x * ROWS + warp, first = blockIdx.y * TOKENS;
-    int tokens = n - first < TOKENS ? n - first : TOKENS;
+    int r = blockIdx.x * ROWS + warp;
     const uint8_t* row = w + (size_t)(r < rows ? r : 0) * row_bytes;
     float acc[TOKENS];
     for (int t = 0; t < TOKENS; ++t) acc[t] = 0.0f;
@@ -32,7 +31,7 @@ __device__ void matmul(const uint8_t* w, const float* x, float* y, int rows, int
         __syncthreads();  // the last pass has read the tile
         for (int j = threadIdx.x; j < tokens * 1024; j += 32 * ROWS) {
             int t = j / 1024, v = j % 1024;
-            if (v < n_values) tile[t][v / 32 * 33 + v % 32] = x[(size_t)(first + t) * cols + 32 * base + v];
+            if (v < n_values) tile[t][v / 32 * 33 + v % 32] = x[(size_t)in[t] * cols + 32 * base + v];
         }
         __syncthreads();
         if (r >= rows || base + lane >= runs) continue;
@@ -46,8 +45,39 @@ __device__ void matmul(const uint8_t* w, const float* x, float* y, int rows, int
     }
     for (int t = 0; t < tokens; ++t) {
         float total = warp_sum(acc[t]);
-        if (lane == 0 && r < rows) y[(size_t)(first + t) * rows + r] = total;
+        if (lane == 0 && r < rows) y[(size_t)out[t] * rows + r] = total;
     }
+}
+
+// The `n` tokens of x, TOKENS * blockIdx.y.. in block (b, blockIdx.y).
+template <class Format>
+__device__ void matmul(const uint8_t* w, const float* x, float* y, int rows, int cols,
+                       int row_bytes, int n) {
+    int first = blockIdx.y * TOKENS, tokens = n - first < TOKENS ? n - first : TOKENS;
+    int token_rows[TOKENS];
+    for (int t = 0; t < TOKENS; ++t) token_rows[t] = first + t;
+    matmul_rows<Format>(w, x, y, rows, cols, row_bytes, tokens, token_rows, token_rows);
+}
+
+// A mixture of experts' products: block (b, i) takes tile i of `tiles` (expert, first index
+// in `pairs`, count, unused; count 0 past the last, see experts.cu's group_pairs): its
+// expert's weights (`experts[e]`, each expert's matrix in its own allocation) by the rows of x
+// its pairs name (row pair / divisor), into the pairs' rows of y.
+template <class Format>
+__device__ void matmul_experts(const uint64_t* experts, const float* x, float* y, int rows,
+                               int cols, int row_bytes, const uint32_t* pairs,
+                               const uint32_t* tiles, int divisor) {
+    const uint32_t* tile = tiles + 4 * blockIdx.y;
+    int count = (int)tile[2];
+    if (count == 0) return;  // the whole block
+    const uint8_t* w = (const uint8_t*)experts[tile[0]];
+    int in[TOKENS], out[TOKENS];
+    for (int t = 0; t < TOKENS; ++t) {
+        int pair = (int)pairs[tile[1] + (t < count ? t : count - 1)];
+        in[t] = pair / divisor;
+        out[t] = pair;
+    }
+    matmul_rows<Format>(w, x, y, rows, cols, row_bytes, count, in, out);
 }
 
 #define MATMUL(name, Format)                                                                \
@@ -56,5 +86,11 @@ __device__ void matmul(const uint8_t* w, const float* x, float* y, int rows, int
         int n) {                                                                            \
         matmul<Format>(w, x, y, rows, cols, row_bytes, n);                                   \
     }                                                                                       \
-    TALLOW_EXPORT(matmul_##name)
+    TALLOW_EXPORT(matmul_##name)                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * ROWS) matmul_experts_##name(          \
+        const uint64_t* experts, const float* x, float* y, int rows, int cols,               \
+        int row_bytes, const uint32_t* pairs, const uint32_t* tiles, int divisor) {          \
+        matmul_experts<Format>(experts, x, y, rows, cols, row_bytes, pairs, tiles, divisor); \
+    }                                                                                       \
+    TALLOW_EXPORT(matmul_experts_##name)
 FOR_EACH_FORMAT(MATMUL)

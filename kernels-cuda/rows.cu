@@ -1,4 +1,5 @@
-// Operations on rows of activations: RMSNorm, bias, residual add, gated activations.
+// Operations on rows of activations: RMSNorm, bias, residual add, gated activations, a
+// shared expert's sigmoid gate.
 
 #include "tallow.cuh"
 
@@ -29,13 +30,28 @@ extern "C" __global__ void add_bias(float* x, const float* bias, int n, int widt
 }
 TALLOW_EXPORT(add_bias)
 
-// gate = act(gate) * up for `n` values: SiLU where `gelu` is 0, GELU's tanh form otherwise
-// (`x * sigmoid(2c(x + 0.044715 x^3))`, as the CPU computes it).
-extern "C" __global__ void gated(float* gate, const float* up, int n, int gelu) {
+// gate = act(gate) * up for `n` values, as the CPU computes them: SiLU where `activation` is
+// 0; GELU's tanh form (`x * sigmoid(2c(x + 0.044715 x^3))`) where 1; gpt-oss's clamped
+// SwiGLU (`g * sigmoid(1.702 g) * (clamp(up, -7, 7) + 1)`, `g = min(gate, 7)`) where 2.
+extern "C" __global__ void gated(float* gate, const float* up, int n, int activation) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float x = gate[i];
-    float z = gelu ? 2.0f * 0.7978846f * (x + 0.044715f * x * x * x) : x;
-    gate[i] = x / (1.0f + expf(-z)) * up[i];
+    float x = gate[i], u = up[i], z = x;
+    if (activation == 1) {
+        z = 2.0f * 0.7978846f * (x + 0.044715f * x * x * x);
+    } else if (activation == 2) {
+        x = fminf(x, 7.0f);
+        z = 1.702f * x;
+        u = fminf(fmaxf(u, -7.0f), 7.0f) + 1.0f;
+    }
+    gate[i] = x / (1.0f + expf(-z)) * u;
 }
 TALLOW_EXPORT(gated)
+
+// Each row of `width` values of `x` times the sigmoid of its row's `gates` value, for `n`
+// values (a shared expert's gate).
+extern "C" __global__ void scale_by_sigmoid(float* x, const float* gates, int n, int width) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= 1.0f / (1.0f + expf(-gates[i / width]));
+}
+TALLOW_EXPORT(scale_by_sigmoid)

@@ -1,7 +1,8 @@
 // Causal attention over paged f16 keys and values, one workgroup per (token, query head): the
 // token's visible positions go 64 at a time, each thread scoring one, with an online softmax
 // (a running maximum, the sum of exponentials below it and their weighted sum of values,
-// rescaled when the maximum grows). Needs a reduce/*.wgsl before it.
+// rescaled when the maximum grows), and a sink's logit where there is one. Needs a
+// reduce/*.wgsl before it.
 
 struct Params {
     n_head: u32,
@@ -15,6 +16,9 @@ struct Params {
     // 0 when the layer sees every position.
     window: u32,
     groups_x: u32,
+    // 1 when each head's softmax has a sink (gpt-oss): a logit in `sinks` that joins the
+    // denominator and adds no value.
+    has_sinks: u32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
@@ -24,6 +28,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read> pages: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
+@group(0) @binding(6) var<storage, read> sinks: array<f32>;
 
 const THREADS: u32 = 64u;
 const MAX_HEAD_DIM: u32 = 512u;
@@ -106,10 +111,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, lanes: Lanes) {
         }
         workgroupBarrier();
     }
+    // With a sink: acc / (sum + exp(sink - max)), rescaled to the larger of the two maxima.
+    var rescale = 1.0;
+    if (p.has_sinks == 1u) {
+        let sink = sinks[head];
+        let m = max(running_max, sink);
+        rescale = exp(running_max - m);
+        sum = sum * rescale + exp(sink - m);
+    }
     for (var j = 0u; j < PER_THREAD; j++) {
         let d = tid + j * THREADS;
         if (d < p.head_dim) {
-            out[q_at + d] = acc[j] / sum;
+            out[q_at + d] = acc[j] * rescale / sum;
         }
     }
 }

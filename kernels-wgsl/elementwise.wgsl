@@ -4,7 +4,8 @@
 struct Params {
     n: u32,
     stride_x: u32,
-    // add_bias: the bias's length; gated: 0 for SiLU, 1 for GELU-tanh; softcap: the cap.
+    // add_bias: the bias's length; gated: 0 for SiLU, 1 for GELU-tanh, 2 for the clamped
+    // SwiGLU; softcap: the cap; scale_by_sigmoid: floats a row.
     arg: u32,
 }
 
@@ -35,17 +36,32 @@ fn add_bias(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 // x = act(x) * y: SiLU, or GELU with the tanh approximation written as
-// x * sigmoid(2 sqrt(2 / pi) (x + 0.044715 x^3)).
+// x * sigmoid(2 sqrt(2 / pi) (x + 0.044715 x^3)); or gpt-oss's clamped SwiGLU,
+// g * sigmoid(1.702 g) * (clamp(y, -7, 7) + 1) with g = min(x, 7).
 @compute @workgroup_size(64)
 fn gated(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = index(gid);
     if (i < p.n) {
-        let v = x[i];
+        var v = x[i];
+        var u = y[i];
         var z = v;
         if (p.arg == 1u) {
             z = 2.0 * 0.7978846 * (v + 0.044715 * v * v * v);
+        } else if (p.arg == 2u) {
+            v = min(v, 7.0);
+            z = 1.702 * v;
+            u = clamp(u, -7.0, 7.0) + 1.0;
         }
-        x[i] = v / (1.0 + exp(-z)) * y[i];
+        x[i] = v / (1.0 + exp(-z)) * u;
+    }
+}
+
+// x *= sigmoid(y[row]), rows of `arg` values (a shared expert's gate).
+@compute @workgroup_size(64)
+fn scale_by_sigmoid(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = index(gid);
+    if (i < p.n) {
+        x[i] *= 1.0 / (1.0 + exp(-y[i / p.arg]));
     }
 }
 

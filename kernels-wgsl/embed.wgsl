@@ -1,5 +1,5 @@
 // out[t] = row ids[t] of the table (rows first_row .. first_row + rows of it are in this
-// binding), dequantized, times scale. One invocation per run of 32 values of a token.
+// binding, from its row weight_row on), dequantized, times scale. One invocation per run of 32 values of a token.
 
 struct Params {
     rows: u32,
@@ -9,6 +9,7 @@ struct Params {
     first_row: u32,
     scale: f32,
     stride_x: u32,
+    weight_row: u32,
 }
 
 @group(0) @binding(0) var<storage, read> weights: array<u32>;
@@ -29,7 +30,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (id < p.first_row || id >= p.first_row + p.rows) {
         return;
     }
-    let w = dequant32((id - p.first_row) * p.row_bytes, c);
+    let w = dequant32((p.weight_row + id - p.first_row) * p.row_bytes, c);
     for (var i = 0u; i < 32u; i++) {
         out[t * p.cols + c * 32u + i] = w[i] * p.scale;
     }

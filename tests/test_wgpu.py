@@ -1,6 +1,6 @@
 """The wgpu backend, on whatever adapter wgpu finds (Mesa's llvmpipe on a machine without a GPU;
-the test command installs it): every architecture's logits and greedy tokens against
-transformers and the CPU backend, the engine's continuous batching, prefix cache and speculation
+the test command installs it): every architecture's logits and greedy tokens (mixtures of
+experts too) against transformers and the CPU backend, the engine's continuous batching, prefix cache and speculation
 on the GPU, and the device option's errors. Tiny models keep llvmpipe's slow kernels quick.
 """
 
@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 import pytest
 from conftest import all_logits, run_cli
-from test_architectures import ARCHITECTURES
+from test_architectures import ARCHITECTURES, MOE, MOE_TOLERANCE
 
 import tallow
 from tallow import _core
@@ -57,7 +57,29 @@ def test_every_architecture_matches_transformers_and_the_cpu(
     assert float(np.abs(on_gpu - on_cpu).max()) <= cpu_bound
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen3", "phi3", "gemma3"])
+@pytest.mark.parametrize("arch", MOE)
+@pytest.mark.parametrize("file_type", ["f32", "q8_0"])
+def test_mixtures_of_experts_match_transformers_and_the_cpu(
+    arch_dir: Path, prompt: list[int], arch: str, file_type: str
+) -> None:
+    """Each token's experts chosen, grouped and multiplied on the GPU: transformers' logits
+    at most positions within what the f16 KV pages (and Q8_0 weights) round; where they move
+    a router logit across a near tie (qwen2moe's gap is 0.0005) a token runs another expert,
+    as on the CPU with the same pages (the architecture test's account)."""
+    path = str(arch_dir / arch / f"{arch}-{file_type}.gguf")
+    reference = np.load(arch_dir / arch / "ref_logits.npy")
+    on_gpu = all_logits(_core.Model(path, device="gpu"), prompt, "f16")
+    on_cpu = all_logits(_core.Model(path), prompt, "f16")
+    median, most = {"f32": (TOLERANCE["f32"], 0.5), "q8_0": MOE_TOLERANCE["q8_0"]}[file_type]
+    for logits in (on_gpu, on_cpu):
+        per_position = np.abs(logits - reference).max(axis=1)
+        assert float(np.median(per_position)) <= median, per_position
+        assert float(per_position.max()) <= most, per_position
+    cpu_bound = 1e-3 if file_type == "f32" else 0.3
+    assert float(np.median(np.abs(on_gpu - on_cpu).max(axis=1))) <= cpu_bound
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen3", "phi3", "gemma3", "qwen3moe", "gpt-oss"])
 def test_greedy_tokens_match_transformers(arch_dir: Path, prompt: list[int], arch: str) -> None:
     """Token by token through the engine on the GPU, as transformers decodes."""
     model = _core.Model(str(arch_dir / arch / f"{arch}-f32.gguf"), device="gpu")
@@ -159,11 +181,6 @@ def test_bad_devices_are_clear_errors(arch_dir: Path) -> None:
         tallow.UnsupportedError, match="wgpu does not hold KV pages of f32; it holds f16"
     ):
         gpu.new_kv_cache(dtype="f32", max_pages=4)
-    moe = str(arch_dir / "qwen3moe" / "qwen3moe-q8_0.gguf")
-    with pytest.raises(
-        tallow.UnsupportedError, match="wgpu does not run mixture-of-experts layers"
-    ):
-        _core.Model(moe, device="gpu")
     # A pool on the CPU cannot serve a model on the GPU.
     kv = _core.Model(path).new_kv_cache(max_pages=4)
     seq = kv.create()

@@ -351,8 +351,11 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
             Matrix::matmul_each(jobs)?;
             if let Some([gate_bias, up_bias, _]) = &experts.biases {
                 for (e, r) in batch.iter().flatten().zip(spans.iter().flatten()) {
-                    add_rows(&mut gate[r.start * ff..r.end * ff], &gate_bias[*e]);
-                    add_rows(&mut up[r.start * ff..r.end * ff], &up_bias[*e]);
+                    add_rows(
+                        &mut gate[r.start * ff..r.end * ff],
+                        &gate_bias[e * ff..][..ff],
+                    );
+                    add_rows(&mut up[r.start * ff..r.end * ff], &up_bias[e * ff..][..ff]);
                 }
             }
             let run = first * ff..end * ff;
@@ -370,7 +373,7 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
             Matrix::matmul_each(jobs)?;
             if let Some([_, _, down_bias]) = &experts.biases {
                 for (e, r) in batch.iter().flatten().zip(spans.iter().flatten()) {
-                    add_rows(&mut down[r.start * d..r.end * d], &down_bias[*e]);
+                    add_rows(&mut down[r.start * d..r.end * d], &down_bias[e * d..][..d]);
                 }
             }
         }

@@ -4,7 +4,7 @@ use tallow_quant::GgmlType;
 
 /// Every source of `kernels-cuda/` (name, text): what NVRTC compiles for a device, headers
 /// included.
-pub const SOURCES: [(&str, &str); 9] = [
+pub const SOURCES: [(&str, &str); 10] = [
     (
         "tallow.cuh",
         include_str!("../../../kernels-cuda/tallow.cuh"),
@@ -18,6 +18,10 @@ pub const SOURCES: [(&str, &str); 9] = [
         include_str!("../../../kernels-cuda/attention.cu"),
     ),
     ("embed.cu", include_str!("../../../kernels-cuda/embed.cu")),
+    (
+        "experts.cu",
+        include_str!("../../../kernels-cuda/experts.cu"),
+    ),
     ("kv.cu", include_str!("../../../kernels-cuda/kv.cu")),
     ("logits.cu", include_str!("../../../kernels-cuda/logits.cu")),
     ("matmul.cu", include_str!("../../../kernels-cuda/matmul.cu")),
@@ -35,6 +39,9 @@ pub(crate) const PRODUCT_TOKENS: usize = 8;
 
 /// Weight rows a product's block takes, a warp each (matmul.cu's ROWS).
 pub(crate) const PRODUCT_ROWS: usize = 8;
+
+/// The most experts a token may choose (experts.cu's MAX_TOP_K).
+pub(crate) const MAX_TOP_K: usize = 32;
 
 /// Threads of an attention block (attention.cu's TILE).
 pub(crate) const ATTENTION_THREADS: u32 = 128;

@@ -124,7 +124,7 @@ impl<G: Gpu> Backend for CudaBackend<G> {
             kv_dtypes: vec![KvDtype::F16, KvDtype::Q8_0],
             max_head_dim: MAX_HEAD_DIM,
             head_dim_multiple: 1,
-            experts: false,
+            experts: true,
         }
     }
 

@@ -4,13 +4,14 @@
 use std::sync::Arc;
 
 use tallow_backend::{
-    Activation, BackendError, Experts, GroupPlan, Moe, Output, Scores, Step, StepInput,
+    Activation, BackendError, Experts, GroupPlan, Moe, Output, Routing, Scores, Step, StepInput,
 };
 use tallow_kv::PagedKvCache;
 
 use crate::gpu::{bytes_of, Args, Buffer, Device, Gpu};
 use crate::kernels::{
-    element_blocks, for_format, row_threads, ATTENTION_THREADS, PRODUCT_ROWS, PRODUCT_TOKENS,
+    element_blocks, for_format, row_threads, ATTENTION_THREADS, MAX_TOP_K, PRODUCT_ROWS,
+    PRODUCT_TOKENS,
 };
 use crate::pages::Pages;
 use crate::{CudaBackend, Matrix, Vector};
@@ -155,6 +156,121 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
             row_threads(gain.len),
             &args,
         )
+    }
+}
+
+/// A mixture-of-experts block's pairs, grouped by expert on the device.
+struct Grouped<G: Gpu> {
+    /// Each pair's expert and weight.
+    chosen: Buffer<G>,
+    weights: Buffer<G>,
+    /// The pairs by expert, and the tiles of products over them (experts.cu's group_pairs).
+    pairs: Buffer<G>,
+    tiles: Buffer<G>,
+    n_tiles: usize,
+}
+
+impl<'s, G: Gpu> CudaStep<'s, G> {
+    /// Routes each token and groups the pairs by expert (experts.cu).
+    fn group_pairs(
+        &self,
+        router: &Rows<G>,
+        n_expert: usize,
+        moe: Moe,
+    ) -> Result<Grouped<G>, BackendError> {
+        let (n, k) = (self.n_tokens(), moe.top_k);
+        if k == 0 || k > MAX_TOP_K || k > n_expert {
+            return Err(BackendError::Unsupported(format!(
+                "{k} of {n_expert} experts a token on cuda (at most {MAX_TOP_K})"
+            )));
+        }
+        // Every expert's run ends in a tile that may not be full.
+        let n_tiles = (n * k).div_ceil(PRODUCT_TOKENS) + n_expert.min(n * k);
+        let grouped = Grouped {
+            chosen: Buffer::for_step(self.device, n * k * 4)?,
+            weights: Buffer::for_step(self.device, n * k * 4)?,
+            pairs: Buffer::for_step(self.device, n * k * 4)?,
+            tiles: Buffer::for_step(self.device, n_tiles * 16)?,
+            n_tiles,
+        };
+        let mut args = Args::new();
+        args.ptr(router.buffer.ptr())
+            .ptr(grouped.chosen.ptr())
+            .ptr(grouped.weights.ptr());
+        args.int(n)?.int(n_expert)?.int(k)?;
+        args.i32(i32::from(moe.routing == Routing::SoftmaxTopK));
+        self.launch("route_tokens", [element_blocks(n), 1, 1], 256, &args)?;
+        let starts = Buffer::for_step(self.device, (n_expert + 1) * 4)?;
+        let mut args = Args::new();
+        args.ptr(grouped.chosen.ptr())
+            .ptr(grouped.pairs.ptr())
+            .ptr(starts.ptr())
+            .ptr(grouped.tiles.ptr());
+        args.int(n * k)?
+            .int(n_expert)?
+            .int(PRODUCT_TOKENS)?
+            .int(n_tiles)?;
+        self.launch("group_pairs", [1, 1, 1], 32, &args)?;
+        Ok(grouped)
+    }
+
+    /// Each pair's row of `out` is its expert's matrix of `matrices` times its row of `input`
+    /// (row `pair / divisor`).
+    fn expert_products(
+        &self,
+        input: &Rows<G>,
+        divisor: usize,
+        matrices: &[Matrix<G>],
+        grouped: &Grouped<G>,
+        out: &Rows<G>,
+    ) -> Result<(), BackendError> {
+        let m = &matrices[0];
+        let same = |e: &Matrix<G>| e.ty == m.ty && e.rows == m.rows && e.cols == m.cols;
+        if !matrices.iter().all(same) || input.width != m.cols || out.width != m.rows {
+            return Err(BackendError::InvalidArgument(format!(
+                "experts' products of {}x{} rows by {}x{} matrices into {}x{} rows",
+                input.n, input.width, m.rows, m.cols, out.n, out.width
+            )));
+        }
+        let addresses: Vec<u8> = (matrices.iter())
+            .flat_map(|e| e.buffer.ptr().0.to_ne_bytes())
+            .collect();
+        let table = Buffer::with_for_step(self.device, &addresses)?;
+        let mut args = Args::new();
+        args.ptr(table.ptr())
+            .ptr(input.buffer.ptr())
+            .ptr(out.buffer.ptr());
+        args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?;
+        args.ptr(grouped.pairs.ptr())
+            .ptr(grouped.tiles.ptr())
+            .int(divisor)?;
+        let grid = [
+            m.rows.div_ceil(PRODUCT_ROWS) as u32,
+            grouped.n_tiles as u32,
+            1,
+        ];
+        self.launch(
+            &for_format("matmul_experts", m.ty),
+            grid,
+            32 * PRODUCT_ROWS as u32,
+            &args,
+        )
+    }
+
+    /// Adds each pair's expert's bias (`biases`: every expert's, a row each).
+    fn expert_biases(
+        &self,
+        rows: &Rows<G>,
+        biases: &Vector<G>,
+        grouped: &Grouped<G>,
+    ) -> Result<(), BackendError> {
+        let mut args = Args::new();
+        args.ptr(rows.buffer.ptr())
+            .ptr(biases.buffer.ptr())
+            .ptr(grouped.chosen.ptr());
+        args.int(rows.len())?.int(rows.width)?;
+        let blocks = [element_blocks(rows.len()), 1, 1];
+        self.launch("add_expert_biases", blocks, 256, &args)
     }
 }
 
@@ -329,12 +445,6 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
         q: &mut Rows<G>,
         out: &mut Rows<G>,
     ) -> Result<(), BackendError> {
-        if sinks.is_some() {
-            // Only gpt-oss has them, and its experts are refused at load.
-            return Err(BackendError::Unsupported(
-                "attention sinks on this backend".into(),
-            ));
-        }
         let group = &self.groups[self.input.plan.group_of(layer)?];
         let pages = cache.store::<Pages<G>>()?;
         let l = *cache.layout();
@@ -357,6 +467,14 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
             .f32(scores.scale);
         args.f32(scores.softcap.unwrap_or(0.0))
             .int(scores.window.unwrap_or(0))?;
+        match sinks {
+            Some(sinks) if sinks.len != heads.n_head => {
+                return Err(mismatch("attention sinks", sinks.len, heads.n_head));
+            }
+            // Without sinks the kernel reads none: any address will do.
+            Some(sinks) => args.ptr(sinks.buffer.ptr()).i32(1),
+            None => args.ptr(q.buffer.ptr()).i32(0),
+        };
         let grid = [n as u32, heads.n_head as u32, 1];
         let name = format!("attention_{}", l.dtype.name());
         self.launch(&name, grid, ATTENTION_THREADS, &args)
@@ -368,41 +486,73 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
         gate: &mut Rows<G>,
         up: &Rows<G>,
     ) -> Result<(), BackendError> {
-        if activation == Activation::ClampedSwiglu {
-            // Only in experts, which are refused at load.
-            return Err(BackendError::Unsupported(
-                "the clamped SwiGLU on this backend".into(),
-            ));
-        }
         if gate.len() != up.len() {
             return Err(mismatch("a gated activation", up.len(), gate.len()));
         }
+        let activation = match activation {
+            Activation::Silu => 0,
+            Activation::GeluTanh => 1,
+            Activation::ClampedSwiglu => 2,
+        };
         let mut args = Args::new();
         args.ptr(gate.buffer.ptr())
             .ptr(up.buffer.ptr())
             .int(gate.len())?;
-        args.i32(i32::from(activation == Activation::GeluTanh));
+        args.i32(activation);
         self.launch("gated", [element_blocks(gate.len()), 1, 1], 256, &args)
     }
 
-    // Refused at load ([`tallow_backend::Capabilities::experts`]): no kernels for them yet.
     fn experts(
         &mut self,
-        _x: &Rows<G>,
-        _router: &Rows<G>,
-        _experts: &Experts<CudaBackend<G>>,
-        _moe: Moe,
-        _out: &mut Rows<G>,
+        x: &Rows<G>,
+        router: &Rows<G>,
+        experts: &Experts<CudaBackend<G>>,
+        moe: Moe,
+        out: &mut Rows<G>,
     ) -> Result<(), BackendError> {
-        Err(BackendError::Unsupported(
-            "mixture-of-experts layers on this backend".into(),
-        ))
+        let (n, k, n_expert) = (self.n_tokens(), moe.top_k, experts.len());
+        let d = x.width;
+        let ff = experts.gate[0].rows;
+        if x.n != n || router.n != n || router.width != n_expert || out.len() != x.len() {
+            return Err(mismatch(
+                "a mixture of experts' rows",
+                router.len(),
+                n * n_expert,
+            ));
+        }
+        let grouped = self.group_pairs(router, n_expert, moe)?;
+        let mut gate = self.new_rows(n * k, ff)?;
+        let up = self.new_rows(n * k, ff)?;
+        self.expert_products(x, k, &experts.gate, &grouped, &gate)?;
+        self.expert_products(x, k, &experts.up, &grouped, &up)?;
+        if let Some([gate_bias, up_bias, _]) = &experts.biases {
+            self.expert_biases(&gate, gate_bias, &grouped)?;
+            self.expert_biases(&up, up_bias, &grouped)?;
+        }
+        self.gated(moe.activation, &mut gate, &up)?;
+        let down = self.new_rows(n * k, d)?;
+        self.expert_products(&gate, 1, &experts.down, &grouped, &down)?;
+        if let Some([_, _, down_bias]) = &experts.biases {
+            self.expert_biases(&down, down_bias, &grouped)?;
+        }
+        let mut args = Args::new();
+        args.ptr(out.buffer.ptr())
+            .ptr(down.buffer.ptr())
+            .ptr(grouped.weights.ptr());
+        args.int(out.len())?.int(d)?.int(k)?;
+        let blocks = [element_blocks(out.len()), 1, 1];
+        self.launch("combine_experts", blocks, 256, &args)
     }
 
-    fn scale_by_sigmoid(&mut self, _x: &mut Rows<G>, _gates: &Rows<G>) -> Result<(), BackendError> {
-        Err(BackendError::Unsupported(
-            "mixture-of-experts layers on this backend".into(),
-        ))
+    fn scale_by_sigmoid(&mut self, x: &mut Rows<G>, gates: &Rows<G>) -> Result<(), BackendError> {
+        if gates.len() != x.n {
+            return Err(mismatch("sigmoid gates", gates.len(), x.n));
+        }
+        let mut args = Args::new();
+        args.ptr(x.buffer.ptr()).ptr(gates.buffer.ptr());
+        args.int(x.len())?.int(x.width)?;
+        let blocks = [element_blocks(x.len()), 1, 1];
+        self.launch("scale_by_sigmoid", blocks, 256, &args)
     }
 
     fn add(&mut self, x: &mut Rows<G>, y: &Rows<G>) -> Result<(), BackendError> {

@@ -16,6 +16,11 @@ fn kernel_names() -> Vec<String> {
         "rope",
         "gather_rows",
         "softcap",
+        "scale_by_sigmoid",
+        "route_tokens",
+        "group_pairs",
+        "add_expert_biases",
+        "combine_experts",
     ];
     let fixed = fixed.into_iter().chain(["argmax_rows"]).map(String::from);
     let per_kv = ["f16", "q8_0"]
@@ -23,7 +28,11 @@ fn kernel_names() -> Vec<String> {
         .flat_map(|t| [format!("kv_write_{t}"), format!("attention_{t}")]);
     let per_format = WEIGHT_FORMATS.iter().flat_map(|ty| {
         let name = ty.name().to_lowercase();
-        [format!("matmul_{name}"), format!("embed_{name}")]
+        [
+            format!("matmul_{name}"),
+            format!("matmul_experts_{name}"),
+            format!("embed_{name}"),
+        ]
     });
     fixed.chain(per_kv).chain(per_format).collect()
 }

@@ -46,6 +46,13 @@ impl Drop for Held {
     }
 }
 
+impl Buffer {
+    /// Whether `other` is this buffer (a clone of it).
+    pub(crate) fn same(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self._held, &other._held)
+    }
+}
+
 impl Deref for Buffer {
     type Target = wgpu::Buffer;
 

@@ -19,6 +19,7 @@ const ROPE: &str = include_str!("../../../kernels-wgsl/rope.wgsl");
 const KV: &str = include_str!("../../../kernels-wgsl/kv.wgsl");
 const ATTENTION: &str = include_str!("../../../kernels-wgsl/attention.wgsl");
 const ARGMAX: &str = include_str!("../../../kernels-wgsl/argmax.wgsl");
+const EXPERTS: &str = include_str!("../../../kernels-wgsl/experts.wgsl");
 /// Workgroup reductions for the kernels that need them, with subgroup operations or without.
 const REDUCE_SUBGROUP: &str = include_str!("../../../kernels-wgsl/reduce/subgroup.wgsl");
 const REDUCE_SHARED: &str = include_str!("../../../kernels-wgsl/reduce/shared.wgsl");
@@ -98,6 +99,9 @@ impl ProductShape {
 pub(crate) enum Kernel {
     /// Products of weights in a format, for blocks of 1 or 4 tokens (see matmul.wgsl).
     Matmul(GgmlType, u32),
+    /// The products of a mixture of experts, in tiles of 1 or 4 pairs (matmul.wgsl's
+    /// `experts`).
+    MatmulExperts(GgmlType, u32),
     Embed(GgmlType),
     Norm,
     NormInPlace,
@@ -105,10 +109,16 @@ pub(crate) enum Kernel {
     AddBias,
     Gated,
     Softcap,
+    ScaleBySigmoid,
     Rope,
     WriteKv,
     Attention,
     Argmax,
+    /// experts.wgsl's entry points.
+    Route,
+    Group,
+    AddBiases,
+    Combine,
 }
 
 impl Kernel {
@@ -119,18 +129,24 @@ impl Kernel {
             | Kernel::AddBias
             | Kernel::Gated
             | Kernel::Softcap
+            | Kernel::ScaleBySigmoid
             | Kernel::Rope
             | Kernel::Argmax => 2,
-            Kernel::Matmul(..) | Kernel::Embed(_) | Kernel::Norm | Kernel::NormInPlace => 3,
+            Kernel::Matmul(..)
+            | Kernel::MatmulExperts(..)
+            | Kernel::Embed(_)
+            | Kernel::Norm
+            | Kernel::NormInPlace => 3,
             Kernel::WriteKv => 4,
             Kernel::Attention => 5,
+            Kernel::Route | Kernel::Group | Kernel::AddBiases | Kernel::Combine => 8,
         }
     }
 
     /// The values of the kernel's `override` constants.
     fn constants(self, shape: ProductShape) -> Vec<(&'static str, f64)> {
         match self {
-            Kernel::Matmul(_, tokens) => vec![
+            Kernel::Matmul(_, tokens) | Kernel::MatmulExperts(_, tokens) => vec![
                 ("TOKENS", f64::from(tokens)),
                 ("LANES", f64::from(shape.lanes)),
                 ("ROWS", f64::from(shape.rows)),
@@ -157,7 +173,7 @@ impl Kernel {
             format!("{reduce}\n{body}")
         };
         Ok(match self {
-            Kernel::Matmul(ty, _) => {
+            Kernel::Matmul(ty, _) | Kernel::MatmulExperts(ty, _) => {
                 // F32 weights keep f32 products: in f16 they would lose their precision.
                 let arithmetic = if f16 && ty != GgmlType::F32 {
                     "enable f16;\nalias H = f16;\nconst HALF = true;"
@@ -165,7 +181,11 @@ impl Kernel {
                     "alias H = f32;\nconst HALF = false;"
                 };
                 let body = with_format(ty, MATMUL)?;
-                (format!("{arithmetic}\n{body}"), "main")
+                let entry = match self {
+                    Kernel::Matmul(..) => "main",
+                    _ => "experts",
+                };
+                (format!("{arithmetic}\n{body}"), entry)
             }
             Kernel::Embed(ty) => (with_format(ty, EMBED)?, "main"),
             Kernel::Norm => (reducing(NORM), "norm"),
@@ -174,10 +194,15 @@ impl Kernel {
             Kernel::AddBias => (ELEMENTWISE.into(), "add_bias"),
             Kernel::Gated => (ELEMENTWISE.into(), "gated"),
             Kernel::Softcap => (ELEMENTWISE.into(), "softcap"),
+            Kernel::ScaleBySigmoid => (ELEMENTWISE.into(), "scale_by_sigmoid"),
             Kernel::Rope => (ROPE.into(), "main"),
             Kernel::WriteKv => (KV.into(), "write"),
             Kernel::Attention => (reducing(ATTENTION), "main"),
             Kernel::Argmax => (reducing(ARGMAX), "main"),
+            Kernel::Route => (EXPERTS.into(), "route"),
+            Kernel::Group => (EXPERTS.into(), "group"),
+            Kernel::AddBiases => (EXPERTS.into(), "add_biases"),
+            Kernel::Combine => (EXPERTS.into(), "combine"),
         })
     }
 }

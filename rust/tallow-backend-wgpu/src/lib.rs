@@ -154,7 +154,7 @@ impl Backend for WgpuBackend {
             kv_dtypes: vec![KvDtype::F16],
             max_head_dim: MAX_HEAD_DIM,
             head_dim_multiple: 2,
-            experts: false,
+            experts: true,
         }
     }
 
@@ -163,16 +163,23 @@ impl Backend for WgpuBackend {
         file: &Arc<GgufFile>,
         specs: &[MatrixSpec],
     ) -> Result<Vec<Matrix>, BackendError> {
-        let matrices = specs
-            .iter()
-            .map(|spec| matrix::upload(&self.gpu, file, spec, self.max_part))
-            .collect();
+        let mut matrices = Vec::with_capacity(specs.len());
+        let mut start = 0;
+        while start < specs.len() {
+            let len = 1
+                + (specs[start + 1..].iter().zip(&specs[start..]))
+                    .take_while(|(spec, prev)| spec.follows(prev))
+                    .count();
+            let stack = &specs[start..start + len];
+            matrices.extend(matrix::upload_stack(&self.gpu, file, stack, self.max_part)?);
+            start += len;
+        }
         // Reading a matrix maps the file's pages around it too, some of them a neighbour's
         // already released: a last sweep gives back every matrix's pages.
         for spec in specs {
             file.release(&spec.tensor, 0..spec.tensor.size as usize);
         }
-        matrices
+        Ok(matrices)
     }
 
     fn upload_vector(&self, values: &[f32]) -> Result<Rows, BackendError> {

@@ -1,5 +1,7 @@
-//! Weight matrices on the GPU, in their GGUF block format as the file has them. A matrix
-//! larger than one binding may cover is split by rows into parts, each a buffer of its own.
+//! Weight matrices on the GPU, in their GGUF block format as the file has them. Matrices whose
+//! bytes lie back to back in one tensor (the experts of a stack, the parts of a fused tensor)
+//! share buffers, so that one dispatch reaches every expert; a buffer holds at most what one
+//! binding may cover, and a matrix across a buffer's end is split by rows into parts.
 
 use std::sync::Arc;
 
@@ -18,56 +20,81 @@ pub struct Matrix {
     pub(crate) parts: Vec<Part>,
 }
 
-/// Rows `first_row..first_row + rows` of a matrix.
+/// Rows `first_row..first_row + rows` of a matrix, at row `buffer_row` of `buffer`.
 pub(crate) struct Part {
     pub buffer: Buffer,
+    pub buffer_row: usize,
     pub first_row: usize,
     pub rows: usize,
 }
 
-/// Copies the matrix of `spec` to the GPU, in parts of at most `max_part` bytes, and gives
-/// back the file's pages.
-pub(crate) fn upload(
+/// Copies the matrices of `specs`, which lie back to back in one tensor (see
+/// [`MatrixSpec::follows`]), to the GPU in buffers of at most `max_part` bytes, and gives back
+/// the file's pages. Where every matrix fits a buffer and all have as many rows, buffers end
+/// between matrices.
+pub(crate) fn upload_stack(
     gpu: &Gpu,
     file: &Arc<GgufFile>,
-    spec: &MatrixSpec,
+    specs: &[MatrixSpec],
     max_part: u64,
-) -> Result<Matrix, BackendError> {
-    let ty = spec.tensor.ty;
-    if !kernels::reads(ty) || !spec.cols.is_multiple_of(ty.block_len().max(32)) {
+) -> Result<Vec<Matrix>, BackendError> {
+    let first = &specs[0];
+    let ty = first.tensor.ty;
+    if !kernels::reads(ty) || !first.cols.is_multiple_of(ty.block_len().max(32)) {
         return Err(BackendError::Unsupported(format!(
             "{} ({} weights, rows of {}) on wgpu",
-            spec.tensor.name,
+            first.tensor.name,
             ty.name(),
-            spec.cols
+            first.cols
         )));
     }
-    let data = file.tensor_data(&spec.tensor);
-    let row_bytes = data.len() / spec.rows;
-    let rows_per_part = (max_part as usize / row_bytes.max(1)).min(spec.rows);
-    if rows_per_part == 0 {
+    let row_bytes = first.tensor.size as usize / first.rows.max(1);
+    let total_rows: usize = specs.iter().map(|s| s.rows).sum();
+    let mut whole = first.tensor.clone();
+    whole.size = (total_rows * row_bytes) as u64;
+    let data = file.tensor_data(&whole);
+    let mut rows_per_buffer = (max_part as usize / row_bytes.max(1)).min(total_rows);
+    if rows_per_buffer == 0 {
         return Err(BackendError::Device(format!(
             "one row of {} is larger than a buffer of {} may be",
-            spec.tensor.name, gpu.info.name
+            first.tensor.name, gpu.info.name
         )));
     }
-    let mut parts = Vec::new();
-    for first_row in (0..spec.rows).step_by(rows_per_part) {
-        let rows = rows_per_part.min(spec.rows - first_row);
-        let bytes = &data[first_row * row_bytes..(first_row + rows) * row_bytes];
-        parts.push(Part {
-            buffer: gpu.buffer_with(bytes)?,
-            first_row,
-            rows,
-        });
+    if specs.iter().all(|s| s.rows == first.rows) && first.rows <= rows_per_buffer {
+        rows_per_buffer -= rows_per_buffer % first.rows;
+    }
+    let mut buffers = Vec::new();
+    for start in (0..total_rows).step_by(rows_per_buffer) {
+        let end = (start + rows_per_buffer).min(total_rows);
+        buffers.push(gpu.buffer_with(&data[start * row_bytes..end * row_bytes])?);
     }
     // The host keeps no second copy: the file's pages go back to the OS.
-    file.release(&spec.tensor, 0..data.len());
-    Ok(Matrix {
-        ty,
-        rows: spec.rows,
-        cols: spec.cols,
-        row_bytes,
-        parts,
-    })
+    file.release(&whole, 0..data.len());
+    let mut matrices = Vec::with_capacity(specs.len());
+    let mut at = 0;
+    for spec in specs {
+        let mut parts = Vec::new();
+        let mut row = at;
+        while row < at + spec.rows {
+            let buffer = row / rows_per_buffer;
+            let buffer_end = (buffer + 1) * rows_per_buffer;
+            let end = buffer_end.min(at + spec.rows);
+            parts.push(Part {
+                buffer: buffers[buffer].clone(),
+                buffer_row: row - buffer * rows_per_buffer,
+                first_row: row - at,
+                rows: end - row,
+            });
+            row = end;
+        }
+        matrices.push(Matrix {
+            ty,
+            rows: spec.rows,
+            cols: spec.cols,
+            row_bytes,
+            parts,
+        });
+        at += spec.rows;
+    }
+    Ok(matrices)
 }

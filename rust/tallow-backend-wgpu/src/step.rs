@@ -3,12 +3,14 @@
 
 use std::sync::Arc;
 
-use tallow_backend::{Activation, BackendError, Experts, Moe, Output, Scores, Step, StepInput};
+use tallow_backend::{
+    Activation, BackendError, Experts, Moe, Output, Routing, Scores, Step, StepInput,
+};
 use tallow_kv::{PageStore, PagedKvCache};
 
 use crate::gpu::{device_error, Buffer, Gpu, Word};
 use crate::kernels::{Kernel, Kernels};
-use crate::matrix::Matrix;
+use crate::matrix::{Matrix, Part};
 use crate::pages::Pages;
 use crate::profile::StepProfile;
 use crate::WgpuBackend;
@@ -51,11 +53,16 @@ pub struct WgpuStep<'s> {
     profile: Option<StepProfile>,
 }
 
+/// The most workgroups along one dimension of a dispatch.
+const MAX_GRID: usize = 65_535;
+
+/// The most experts a token may choose (experts.wgsl's MAX_TOP_K).
+const MAX_TOP_K: usize = 32;
+
 /// Workgroups for `units` units of work: along x up to the limit of a dimension, the rest
 /// along y. Returns (x, y).
 fn grid(units: usize) -> (u32, u32) {
-    const MAX: usize = 65_535;
-    let x = units.clamp(1, MAX);
+    let x = units.clamp(1, MAX_GRID);
     (x as u32, units.div_ceil(x).max(1) as u32)
 }
 
@@ -257,6 +264,11 @@ impl<'s> WgpuStep<'s> {
                 part.first_row as u32,
                 m.rows as u32,
                 x,
+                part.buffer_row as u32,
+                // The experts' parameters, which `main` does not read.
+                0,
+                0,
+                0,
             ];
             let buffers = [(0, &part.buffer), (1, &input.buffer), (2, &out.buffer)];
             // Blocks of 4 tokens, unless there are only a few (decoding).
@@ -266,6 +278,166 @@ impl<'s> WgpuStep<'s> {
             self.dispatch(kernel, &buffers, &params, (x, y, blocks))?;
         }
         Ok(())
+    }
+}
+
+/// Experts whose rows of one kind lie in one binding, each `expert_rows` after the last: one
+/// dispatch multiplies all their tiles.
+struct ExpertRun<'m> {
+    part: &'m Part,
+    first_expert: usize,
+    end_expert: usize,
+}
+
+/// The runs of `matrices` (one per expert): usually one, where the stack fits a buffer.
+fn expert_runs(matrices: &[Matrix]) -> Vec<ExpertRun<'_>> {
+    let mut runs: Vec<ExpertRun<'_>> = Vec::new();
+    for (e, m) in matrices.iter().enumerate() {
+        for part in &m.parts {
+            if let Some(run) = runs.last_mut() {
+                let follows = run.end_expert == e
+                    && m.parts.len() == 1
+                    && run.part.rows == m.rows
+                    && run.part.buffer.same(&part.buffer)
+                    && run.part.buffer_row + (e - run.first_expert) * m.rows == part.buffer_row;
+                if follows {
+                    run.end_expert += 1;
+                    continue;
+                }
+            }
+            runs.push(ExpertRun {
+                part,
+                first_expert: e,
+                end_expert: e + 1,
+            });
+        }
+    }
+    runs
+}
+
+/// A mixture-of-experts block's pairs, grouped by expert on the device.
+struct Grouped {
+    /// Each pair's expert and weight.
+    chosen: Rows,
+    weights: Rows,
+    pairs: Rows,
+    tiles: Rows,
+    /// Pairs a tile takes (matmul.wgsl's TOKENS).
+    per_tile: u32,
+}
+
+impl<'s> WgpuStep<'s> {
+    /// Routes each token and groups the pairs by expert (experts.wgsl's `route` and `group`).
+    fn group_pairs(
+        &mut self,
+        router: &Rows,
+        n_expert: usize,
+        moe: Moe,
+    ) -> Result<Grouped, BackendError> {
+        let (n, k) = (self.n_tokens(), moe.top_k);
+        if k > MAX_TOP_K {
+            return Err(BackendError::Unsupported(format!(
+                "{k} experts a token on wgpu (at most {MAX_TOP_K})"
+            )));
+        }
+        let per_tile: u32 = if n < 4 { 1 } else { 4 };
+        // Every expert's run ends in a tile that may not be full.
+        let tiles = (n * k).div_ceil(per_tile as usize) + n_expert.min(n * k);
+        if tiles > MAX_GRID {
+            return Err(BackendError::Unsupported(format!(
+                "{n} tokens in one step of a mixture of experts on wgpu"
+            )));
+        }
+        let grouped = Grouped {
+            chosen: self.rows(n, k)?,
+            weights: self.rows(n, k)?,
+            pairs: self.rows(n, k)?,
+            tiles: self.rows(tiles, 4)?,
+            per_tile,
+        };
+        let starts = self.rows(n_expert + 1, 1)?;
+        let routing = match moe.routing {
+            Routing::TopKSoftmax => 0,
+            Routing::SoftmaxTopK => 1,
+        };
+        let (gx, gy) = grid(n.div_ceil(64));
+        let params = [n as u32, n_expert as u32, k as u32, routing, gx * 64];
+        let buffers = [
+            (0, &router.buffer),
+            (1, &grouped.chosen.buffer),
+            (2, &grouped.weights.buffer),
+        ];
+        self.dispatch(Kernel::Route, &buffers, &params, (gx, gy, 1))?;
+        let params = [n as u32, n_expert as u32, k as u32, per_tile, 0];
+        let buffers = [
+            (1, &grouped.chosen.buffer),
+            (3, &grouped.pairs.buffer),
+            (4, &starts.buffer),
+            (5, &grouped.tiles.buffer),
+        ];
+        self.dispatch(Kernel::Group, &buffers, &params, (1, 1, 1))?;
+        Ok(grouped)
+    }
+
+    /// Each pair's row of `out` (`width` floats) is its expert's matrix of `matrices` times its
+    /// row of `input` (row `pair / divisor`).
+    fn expert_products(
+        &mut self,
+        input: &Rows,
+        divisor: usize,
+        matrices: &[Matrix],
+        grouped: &Grouped,
+        out: &Rows,
+    ) -> Result<(), BackendError> {
+        let m = &matrices[0];
+        let per_workgroup = self.kernels.product_shape().rows_per_workgroup();
+        let kernel = Kernel::MatmulExperts(m.ty, grouped.per_tile);
+        let tiles = grouped.tiles.len / 4;
+        for run in expert_runs(matrices) {
+            let part = run.part;
+            let (x, y) = grid(part.rows.div_ceil(per_workgroup));
+            let params = [
+                part.rows as u32,
+                m.cols as u32,
+                divisor as u32,
+                m.row_bytes as u32,
+                part.first_row as u32,
+                m.rows as u32,
+                x,
+                part.buffer_row as u32,
+                run.first_expert as u32,
+                run.end_expert as u32,
+                m.rows as u32,
+            ];
+            let buffers = [
+                (0, &part.buffer),
+                (1, &input.buffer),
+                (2, &out.buffer),
+                (4, &grouped.pairs.buffer),
+                (5, &grouped.tiles.buffer),
+            ];
+            self.dispatch(kernel, &buffers, &params, (x, y, tiles as u32))?;
+        }
+        Ok(())
+    }
+
+    /// Adds each pair's expert's bias (`biases`: every expert's, `width` floats each).
+    fn expert_biases(
+        &mut self,
+        rows: &Rows,
+        biases: &Rows,
+        grouped: &Grouped,
+        width: usize,
+    ) -> Result<(), BackendError> {
+        let k = grouped.chosen.len / self.n_tokens();
+        let (gx, gy) = grid(rows.len.div_ceil(64));
+        let params = [self.n_tokens() as u32, 0, k as u32, width as u32, gx * 64];
+        let buffers = [
+            (1, &grouped.chosen.buffer),
+            (6, &rows.buffer),
+            (7, &biases.buffer),
+        ];
+        self.dispatch(Kernel::AddBiases, &buffers, &params, (gx, gy, 1))
     }
 }
 
@@ -307,6 +479,7 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
                 part.first_row as u32,
                 scale.to_bits(),
                 x * 64,
+                part.buffer_row as u32,
             ];
             let buffers = [(0, &part.buffer), (1, &ids), (2, &out.buffer)];
             self.dispatch(Kernel::Embed(table.ty), &buffers, &params, (x, y, 1))?;
@@ -416,12 +589,6 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         q: &mut Rows,
         out: &mut Rows,
     ) -> Result<(), BackendError> {
-        if sinks.is_some() {
-            // Only gpt-oss has them, and its experts are refused at load.
-            return Err(BackendError::Unsupported(
-                "attention sinks on this backend".into(),
-            ));
-        }
         let group = self.group(layer)?;
         let (tokens, tables) = (group.tokens.clone(), group.tables.clone());
         let store = cache.store::<Pages>()?;
@@ -439,14 +606,18 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
             scores.softcap.unwrap_or(0.0).to_bits(),
             scores.window.unwrap_or(0) as u32,
             gx,
+            u32::from(sinks.is_some()),
         ];
         let pages = store.of_layer(layer).clone();
+        // Without sinks the kernel reads none: any buffer will do.
+        let sinks = sinks.map_or(&q.buffer, |s| &s.buffer);
         let buffers = [
             (0, &q.buffer),
             (1, &tokens),
             (2, &tables),
             (3, &pages),
             (4, &out.buffer),
+            (6, sinks),
         ];
         self.dispatch(Kernel::Attention, &buffers, &params, (gx, gy, 1))
     }
@@ -457,35 +628,55 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         gate: &mut Rows,
         up: &Rows,
     ) -> Result<(), BackendError> {
-        if activation == Activation::ClampedSwiglu {
-            // Only in experts, which are refused at load.
-            return Err(BackendError::Unsupported(
-                "the clamped SwiGLU on this backend".into(),
-            ));
-        }
-        let gelu = u32::from(activation == Activation::GeluTanh);
+        let activation = match activation {
+            Activation::Silu => 0,
+            Activation::GeluTanh => 1,
+            Activation::ClampedSwiglu => 2,
+        };
         let buffers = [(0, &gate.buffer), (1, &up.buffer)];
-        self.dispatch_each(Kernel::Gated, &buffers, gate.len, &[gelu])
+        self.dispatch_each(Kernel::Gated, &buffers, gate.len, &[activation])
     }
 
-    // Refused at load ([`tallow_backend::Capabilities::experts`]): no kernels for them yet.
     fn experts(
         &mut self,
-        _x: &Rows,
-        _router: &Rows,
-        _experts: &Experts<WgpuBackend>,
-        _moe: Moe,
-        _out: &mut Rows,
+        x: &Rows,
+        router: &Rows,
+        experts: &Experts<WgpuBackend>,
+        moe: Moe,
+        out: &mut Rows,
     ) -> Result<(), BackendError> {
-        Err(BackendError::Unsupported(
-            "mixture-of-experts layers on this backend".into(),
-        ))
+        let (n, k) = (self.n_tokens(), moe.top_k);
+        let d = x.len / n;
+        let ff = experts.gate[0].rows;
+        let grouped = self.group_pairs(router, experts.len(), moe)?;
+        let mut gate = self.rows(n * k, ff)?;
+        let up = self.rows(n * k, ff)?;
+        self.expert_products(x, k, &experts.gate, &grouped, &gate)?;
+        self.expert_products(x, k, &experts.up, &grouped, &up)?;
+        if let Some([gate_bias, up_bias, _]) = &experts.biases {
+            self.expert_biases(&gate, gate_bias, &grouped, ff)?;
+            self.expert_biases(&up, up_bias, &grouped, ff)?;
+        }
+        self.gated(moe.activation, &mut gate, &up)?;
+        let down = self.rows(n * k, d)?;
+        self.expert_products(&gate, 1, &experts.down, &grouped, &down)?;
+        if let Some([_, _, down_bias]) = &experts.biases {
+            self.expert_biases(&down, down_bias, &grouped, d)?;
+        }
+        let (gx, gy) = grid(out.len.div_ceil(64));
+        let params = [n as u32, 0, k as u32, d as u32, gx * 64];
+        let buffers = [
+            (2, &grouped.weights.buffer),
+            (6, &out.buffer),
+            (7, &down.buffer),
+        ];
+        self.dispatch(Kernel::Combine, &buffers, &params, (gx, gy, 1))
     }
 
-    fn scale_by_sigmoid(&mut self, _x: &mut Rows, _gates: &Rows) -> Result<(), BackendError> {
-        Err(BackendError::Unsupported(
-            "mixture-of-experts layers on this backend".into(),
-        ))
+    fn scale_by_sigmoid(&mut self, x: &mut Rows, gates: &Rows) -> Result<(), BackendError> {
+        let buffers = [(0, &x.buffer), (1, &gates.buffer)];
+        let width = (x.len / gates.len) as u32;
+        self.dispatch_each(Kernel::ScaleBySigmoid, &buffers, x.len, &[width])
     }
 
     fn add(&mut self, x: &mut Rows, y: &Rows) -> Result<(), BackendError> {

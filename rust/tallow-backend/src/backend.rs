@@ -55,6 +55,39 @@ pub struct MatrixSpec {
     pub usage: MatrixUse,
 }
 
+impl MatrixSpec {
+    /// Rows `first..first + rows` of the matrix (or stack of matrices) in `whole`, rows of
+    /// `cols` values, as a matrix of its own over the same bytes.
+    pub fn row_run(whole: &TensorInfo, first: usize, rows: usize, cols: usize) -> MatrixSpec {
+        let row_bytes = whole
+            .ty
+            .bytes_for(cols as u64)
+            .expect("rows of whole blocks");
+        let mut tensor = whole.clone();
+        tensor.offset += first as u64 * row_bytes;
+        tensor.size = rows as u64 * row_bytes;
+        tensor.dims = vec![cols as u64, rows as u64];
+        MatrixSpec {
+            tensor,
+            rows,
+            cols,
+            usage: MatrixUse::Product,
+        }
+    }
+
+    /// Whether this matrix's bytes start where `prev`'s end, in the same tensor and with rows of
+    /// the same format and length: the experts of a stack, the parts of a fused tensor. A
+    /// backend may keep such matrices in one buffer.
+    pub fn follows(&self, prev: &MatrixSpec) -> bool {
+        let (t, p) = (&self.tensor, &prev.tensor);
+        t.name == p.name
+            && t.part == p.part
+            && t.ty == p.ty
+            && self.cols == prev.cols
+            && t.offset == p.offset + p.size
+    }
+}
+
 /// The experts of a mixture-of-experts layer: expert `e` is the gated feed-forward
 /// `down[e](act(gate[e] · x) * (up[e] · x))`, each product plus its bias where there are
 /// biases (gpt-oss).
@@ -62,8 +95,9 @@ pub struct Experts<B: Backend> {
     pub gate: Vec<B::Matrix>,
     pub up: Vec<B::Matrix>,
     pub down: Vec<B::Matrix>,
-    /// Every expert's gate, up and down biases.
-    pub biases: Option<[Vec<B::Vector>; 3]>,
+    /// The gate, up and down biases of every expert, each kind in one vector: expert `e`'s
+    /// run of `width` values starts at `e * width`.
+    pub biases: Option<[B::Vector; 3]>,
 }
 
 impl<B: Backend> Experts<B> {

@@ -9,7 +9,8 @@ use tallow_kv::{KvDtype, KvLayout, LayerGroups, PagedKvCache, SeqId};
 use tallow_quant::testing::Rng;
 
 use crate::harness::{
-    assert_close, batch, file_of, matrix_file, products, random, run, run_rows, upload, widen,
+    assert_close, batch, expert_stacks, file_of, matrix_file, products, random, run, run_rows,
+    stack_specs, upload, widen,
 };
 use crate::{reference, Family, Subject, ROPE_TOLERANCE, ROWS_TOLERANCE};
 
@@ -158,7 +159,9 @@ pub fn row_operations_match_the_reference<S: Subject>() {
 /// 9 tokens over 12 experts, 2 a token, so that tokens choose different experts, some experts
 /// several tokens and some none, against each token's experts run one after the other in
 /// f64; then the sigmoid gate of a shared expert. Experts in F32 (the products' rounding
-/// aside) and in Q8_0 (within the bound of three products of rounded activations).
+/// aside) and in Q8_0 (within the bound of three products of rounded activations), stacked
+/// in 3-D tensors as files hold them; also with buffers capped to a few experts and to less
+/// than one, where the backend splits what it uploads.
 /// Only where the backend runs experts (elsewhere a model with experts is refused at load).
 pub fn experts_match_the_reference<S: Subject>() {
     for ty in [GgmlType::F32, GgmlType::Q8_0] {
@@ -176,20 +179,7 @@ fn experts_of_type_match_the_reference<S: Subject>(ty: GgmlType) {
         .map(|(e, _)| e)
         .collect();
     assert!((3..count).contains(&chosen.len()), "{chosen:?}");
-    let shapes = [(ff, d), (ff, d), (d, ff)];
-    // Each expert's gate, up and down as files, and the values they hold.
-    let files: Vec<_> = (0..count)
-        .map(|e| {
-            let mut part = 0;
-            shapes.map(|(rows, cols)| {
-                part += 1;
-                matrix_file(ty, rows, cols, (50 + 3 * e + part) as u64)
-            })
-        })
-        .collect();
-    let held: Vec<[Vec<f32>; 3]> = (files.iter())
-        .map(|parts| parts.clone().map(|(_, values)| values))
-        .collect();
+    let (file, held) = expert_stacks(ty, [(ff, d), (ff, d), (d, ff)], count, 50);
     // gpt-oss's experts: biases (the gate's large enough to pass the clamp) and the
     // clamped SwiGLU.
     let bias_values: Vec<[Vec<f32>; 3]> = (0..count as u64)
@@ -198,23 +188,29 @@ fn experts_of_type_match_the_reference<S: Subject>(ty: GgmlType) {
                 .map(|(len, scale)| random(60 + e, len).iter().map(|v| scale * v).collect())
         })
         .collect();
-    for backend in S::variants(Family::Products) {
+    // An expert's matrices in Q8_0 take 6528 bytes (gate and up) or 6800 (down).
+    let expert_bytes = ty.bytes_for((d * ff) as u64).expect("whole blocks");
+    let capped = [5 * expert_bytes / 2, expert_bytes / 3].map(S::capped);
+    for backend in S::variants(Family::Products).chain(capped.into_iter().flatten()) {
         if !backend.capabilities().experts {
             continue;
         }
         let tolerance = 3.0 * S::products_bound(&backend, ty);
-        let matrices = |part: usize| -> Vec<_> {
-            let (rows, cols) = shapes[part];
-            (files.iter())
-                .map(|parts| upload(&backend, &parts[part].0, rows, cols))
-                .collect()
-        };
+        let specs = stack_specs(&file, count);
+        let mut matrices = backend.upload_matrices(&file, &specs).unwrap().into_iter();
+        let mut stack = || (0..count).map(|_| matrices.next().unwrap()).collect();
+        let (gate, up, down) = (stack(), stack(), stack());
         let biases = |backend: &S::Backend| {
             [0, 1, 2].map(|part| {
-                (bias_values.iter())
-                    .map(|b| backend.upload_vector(&b[part]).unwrap())
-                    .collect()
+                let values: Vec<f32> = bias_values.iter().flat_map(|b| b[part].clone()).collect();
+                backend.upload_vector(&values).unwrap()
             })
+        };
+        let mut experts = Experts::<S::Backend> {
+            gate,
+            up,
+            down,
+            biases: None,
         };
         let cases = [
             (Routing::TopKSoftmax, Activation::Silu, false),
@@ -222,12 +218,7 @@ fn experts_of_type_match_the_reference<S: Subject>(ty: GgmlType) {
             (Routing::TopKSoftmax, Activation::ClampedSwiglu, true),
         ];
         for (routing, activation, with_biases) in cases {
-            let experts = Experts::<S::Backend> {
-                gate: matrices(0),
-                up: matrices(1),
-                down: matrices(2),
-                biases: with_biases.then(|| biases(&backend)),
-            };
+            experts.biases = with_biases.then(|| biases(&backend));
             let moe = Moe {
                 top_k,
                 routing,
@@ -365,7 +356,8 @@ pub fn attention_tolerance(dtype: KvDtype) -> f64 {
 }
 
 /// Causal attention over KV pages of every type the backend holds, head shapes with
-/// grouped queries, plain, soft-capped and windowed scores: sequences that prefill a prompt
+/// grouped queries, plain, soft-capped and windowed scores, with and without sinks (one
+/// logit per query head, gpt-oss; one above every score): sequences that prefill a prompt
 /// and then add more tokens, and a fork of the first made after its prompt (its next tokens
 /// copy the shared, partly filled page first).
 pub fn paged_attention_matches_the_reference<S: Subject>() {
@@ -397,10 +389,20 @@ pub fn paged_attention_matches_the_reference<S: Subject>() {
                     window: Some(7),
                     ..Scores::plain(heads.head_dim)
                 };
-                for scores in [Scores::plain(heads.head_dim), windowed, short_window] {
-                    let (got, want) = attention_on(&backend, dtype, heads, scores);
+                let sinks: Vec<f32> = (0..heads.n_head)
+                    .map(|h| if h == 0 { 40.0 } else { h as f32 - 1.5 })
+                    .collect();
+                let cases = [
+                    (Scores::plain(heads.head_dim), None),
+                    (windowed, None),
+                    (short_window, None),
+                    (Scores::plain(heads.head_dim), Some(&sinks[..])),
+                    (short_window, Some(&sinks[..])),
+                ];
+                for (scores, sinks) in cases {
+                    let (got, want) = attention_on(&backend, dtype, heads, scores, sinks);
                     let what = format!(
-                        "{} {heads:?} {scores:?}, {}",
+                        "{} {heads:?} {scores:?} sinks {sinks:?}, {}",
                         dtype.name(),
                         S::describe(&backend)
                     );
@@ -426,6 +428,7 @@ fn attention_on<B: Backend>(
     dtype: KvDtype,
     heads: Heads,
     scores: Scores,
+    sinks: Option<&[f32]>,
 ) -> (Vec<f32>, Vec<f64>) {
     let page_size = 16;
     let layout = KvLayout::new(1, heads.n_head_kv, heads.head_dim)
@@ -478,7 +481,8 @@ fn attention_on<B: Backend>(
                 );
                 let mut o = step.rows(n, heads.q_dim())?;
                 step.write_kv(&mut cache, 0, &mut k, &mut v)?;
-                step.attention(&cache, 0, scores, None, &mut q, &mut o)?;
+                let sinks = sinks.map(|s| backend.upload_vector(s)).transpose()?;
+                step.attention(&cache, 0, scores, sinks.as_ref(), &mut q, &mut o)?;
                 step.read(&o, &mut out)
             })
             .unwrap();
@@ -498,6 +502,7 @@ fn attention_on<B: Backend>(
                     pos,
                     heads.head_dim,
                     scores,
+                    sinks,
                 ));
                 token += 1;
             }

@@ -55,6 +55,55 @@ pub(crate) fn file_of(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Ar
     Arc::new(GgufFile::from_bytes(image).expect("a file written here reads back"))
 }
 
+/// The three matrices of `count` experts (gate, up and down, each `shapes[i]` rows by cols) in
+/// random weights of `ty`, each kind stacked in one 3-D tensor as a model file holds them
+/// (`gate`, `up`, `down`), and the values each expert's matrices hold.
+pub(crate) fn expert_stacks(
+    ty: GgmlType,
+    shapes: [(usize, usize); 3],
+    count: usize,
+    seed: u64,
+) -> (Arc<GgufFile>, Vec<[Vec<f32>; 3]>) {
+    let mut rng = Rng::new(seed);
+    let data = shapes
+        .map(|(rows, cols)| random_blocks(&mut rng, ty, count * rows * cols / ty.block_len()));
+    let dims = shapes.map(|(rows, cols)| [cols as u64, rows as u64, count as u64]);
+    let names = ["gate", "up", "down"];
+    let tensors: Vec<TensorData<'_>> = (0..3)
+        .map(|i| TensorData {
+            name: names[i],
+            ty,
+            dims: &dims[i],
+            data: &data[i],
+        })
+        .collect();
+    let file =
+        GgufFile::from_bytes(tensors_image(&tensors)).expect("a file written here reads back");
+    let values = data.each_ref().map(|d| dequantized(ty, d));
+    let held = (0..count)
+        .map(|e| {
+            [0, 1, 2].map(|i| {
+                let per_expert = shapes[i].0 * shapes[i].1;
+                values[i][e * per_expert..][..per_expert].to_vec()
+            })
+        })
+        .collect();
+    (Arc::new(file), held)
+}
+
+/// The specs of every expert's gate, then every expert's up, then every down, of
+/// [`expert_stacks`]'s file.
+pub(crate) fn stack_specs(file: &GgufFile, count: usize) -> Vec<MatrixSpec> {
+    ["gate", "up", "down"]
+        .iter()
+        .flat_map(|name| {
+            let whole = file.tensor(name).expect("written above");
+            let (cols, rows) = (whole.dims[0] as usize, whole.dims[1] as usize);
+            (0..count).map(move |e| MatrixSpec::row_run(whole, e * rows, rows, cols))
+        })
+        .collect()
+}
+
 /// The tensor `w` of `file` on `backend`.
 pub(crate) fn upload<B: Backend>(
     backend: &B,

@@ -169,6 +169,7 @@ pub fn attention(
     pos: usize,
     head_dim: usize,
     scores: Scores,
+    sinks: Option<&[f32]>,
 ) -> Vec<f64> {
     let n_head = q.len() / head_dim;
     let n_head_kv = keys[0].len() / head_dim;
@@ -194,7 +195,8 @@ pub fn attention(
             .collect();
         let top = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let weights: Vec<f64> = logits.iter().map(|l| (l - top).exp()).collect();
-        let total: f64 = weights.iter().sum();
+        let sink = sinks.map_or(0.0, |s| (f64::from(s[h]) - top).exp());
+        let total: f64 = weights.iter().sum::<f64>() + sink;
         for d in kv.clone() {
             let mixed: f64 = visible
                 .clone()

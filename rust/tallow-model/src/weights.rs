@@ -289,7 +289,7 @@ fn ffn_specs(
 /// The vectors of a mixture-of-experts layer, where the file has them.
 struct ExpertVectors<B: Backend> {
     router_bias: Option<B::Vector>,
-    biases: Option<[Vec<B::Vector>; 3]>,
+    biases: Option<[B::Vector; 3]>,
 }
 
 /// Every expert's gate, up and down biases in layer `layer` (`ffn_*_exps.bias`, GGML shape
@@ -300,17 +300,14 @@ fn expert_biases<B: Backend>(
     e: &ExpertConfig,
     n_embd: usize,
     layer: usize,
-) -> Result<Option<[Vec<B::Vector>; 3]>, ModelError> {
+) -> Result<Option<[B::Vector; 3]>, ModelError> {
     let name = |t: &str| format!("blk.{layer}.ffn_{t}_exps.bias");
     if file.tensor(&name("gate")).is_none() {
         return Ok(None);
     }
-    let part = |t: &str, len: usize| -> Result<Vec<B::Vector>, ModelError> {
+    let part = |t: &str, len: usize| -> Result<B::Vector, ModelError> {
         let values = host_tensor(file, &name(t), &[len as u64, e.count as u64])?;
-        values
-            .chunks_exact(len)
-            .map(|bias| backend.upload_vector(bias).map_err(ModelError::from))
-            .collect()
+        Ok(backend.upload_vector(&values)?)
     };
     Ok(Some([
         part("gate", e.n_ff)?,
@@ -403,29 +400,10 @@ fn split_rows<const N: usize>(
     )?;
     let mut first = 0;
     Ok(parts.map(|rows| {
-        let spec = row_run(whole, first, rows, cols);
+        let spec = MatrixSpec::row_run(whole, first, rows, cols);
         first += rows;
         spec
     }))
-}
-
-/// Rows `first..first + rows` of the matrix (or stack of matrices) in `whole`, rows of `cols`
-/// values, as a matrix of its own over the same bytes.
-fn row_run(whole: &TensorInfo, first: usize, rows: usize, cols: usize) -> MatrixSpec {
-    let row_bytes = whole
-        .ty
-        .bytes_for(cols as u64)
-        .expect("checked against the file");
-    let mut tensor = whole.clone();
-    tensor.offset += first as u64 * row_bytes;
-    tensor.size = rows as u64 * row_bytes;
-    tensor.dims = vec![cols as u64, rows as u64];
-    MatrixSpec {
-        tensor,
-        rows,
-        cols,
-        usage: MatrixUse::Product,
-    }
 }
 
 /// The `count` matrices of `rows` by `cols` stacked in a 3-D tensor of experts (GGML shape
@@ -439,7 +417,7 @@ fn expert_matrices(
 ) -> Result<Vec<MatrixSpec>, ModelError> {
     let stack = tensor(file, name, &[cols as u64, rows as u64, count as u64])?;
     Ok((0..count)
-        .map(|e| row_run(stack, e * rows, rows, cols))
+        .map(|e| MatrixSpec::row_run(stack, e * rows, rows, cols))
         .collect())
 }
 
