@@ -17,6 +17,10 @@
 //! | Q4_K | 0..3: `scales`; 3..35: `qs` (word `3 + 8p + c`: step `c` of sub-block `2p` in the low nibbles, of `2p + 1` in the high ones) |
 //! | Q5_K | 0..3: `scales`; 3..11: `qh` (word `3 + c`: bit `s` of byte `i` is the fifth bit of column `4c + i` of sub-block `s`); 11..43: `qs` as Q4_K |
 //! | Q6_K | 0..4: `scales`; 4..36: `ql` (word `4 + 16h + 8m + c`); 36..52: `qh` (word `36 + 8h + c`) |
+//! | IQ4_NL | 0..4: `qs` as Q4_0 |
+//! | IQ4_XS | 0: `scales_l`; 1..33: `qs` (word `1 + 4s + c`: as Q4_0's word `c` for sub-block `s`) |
+//!
+//! IQ4_XS's `scales_h` (two bytes a row) goes with the f16 fields, after `d`.
 //!
 //! A *step* is four consecutive columns of a row; sub-blocks are runs of 32 columns.
 
@@ -122,6 +126,16 @@ impl Layout {
                 block_bytes: 210,
                 halves: &[208],
                 words: &[(192, 4, Copy), (0, 32, Copy), (128, 16, Copy)],
+            },
+            GgmlType::IQ4_NL => &Layout {
+                block_bytes: 18,
+                halves: &[0],
+                words: &[(2, 4, Copy)],
+            },
+            GgmlType::IQ4_XS => &Layout {
+                block_bytes: 136,
+                halves: &[0, 2],
+                words: &[(4, 1, Copy), (8, 32, Copy)],
             },
             _ => return None,
         })

@@ -32,8 +32,9 @@ use crate::kernels::{Packed, PACK_ROWS, TILE_LANES};
 use crate::{reference, sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
 /// The formats with a packed layout (and a packed kernel on every instruction set that packs:
-/// the scalar kernels and AVX2; AVX-512 has its own for Q4_0, Q4_1 and Q8_0).
-pub const PACKED_FORMATS: [GgmlType; 7] = [
+/// the scalar kernels and AVX2; AVX-512 has its own for the first seven, and runs AVX2's for
+/// IQ4_NL and IQ4_XS).
+pub const PACKED_FORMATS: [GgmlType; 9] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -41,6 +42,8 @@ pub const PACKED_FORMATS: [GgmlType; 7] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 /// Below this many multiply-adds a product runs on the calling thread.

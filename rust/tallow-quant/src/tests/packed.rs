@@ -8,7 +8,7 @@ use crate::{
     matmul_with, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantError, WeightSource, PACKED_FORMATS,
 };
 
-const PACKABLE: [GgmlType; 7] = PACKED_FORMATS;
+const PACKABLE: [GgmlType; 9] = PACKED_FORMATS;
 const RELATIVE_TOLERANCE: f64 = 1e-5;
 
 /// `cols` columns of 32-column formats: as many blocks of a 256-column format.

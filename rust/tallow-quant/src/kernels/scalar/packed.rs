@@ -8,8 +8,8 @@
 //! multiply-add per term.
 
 use crate::blocks::{
-    as_blocks, k4_scales_mins, Block, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
-    BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+    as_blocks, k4_scales_mins, Block, BlockIq4Nl, BlockIq4Xs, BlockQ4K, BlockQ4_0, BlockQ4_1,
+    BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES,
 };
 use crate::fp16::f16_to_f32;
 use crate::kernels::{TileScales, PACK_ROWS, TILE_LANES};
@@ -136,6 +136,21 @@ fn q6_k(w: &BlockQ6K, a: &BlockQ8K, da: f32, _: f32, acc: f32) -> f32 {
     (f16_to_f32(w.d) * da).mul_add((sums - 32 * offsets) as f32, acc)
 }
 
+/// IQ4_NL: `d * da * sum(value(q) * y)`.
+fn iq4_nl(w: &BlockIq4Nl, a: &BlockQ8_0, da: f32, _: f32, acc: f32) -> f32 {
+    let sums = dot(&decode::looked_up(&w.qs, &IQ4_VALUES), &a.qs);
+    (f16_to_f32(w.d) * da).mul_add(sums as f32, acc)
+}
+
+/// IQ4_XS: `d * da * sum(scale * value(q) * y)`, the scaled group sums exact in an i32.
+fn iq4_xs(w: &BlockIq4Xs, a: &BlockQ8K, da: f32, _: f32, acc: f32) -> f32 {
+    let groups = w.qs.as_chunks::<16>().0.iter().zip(w.scales());
+    let sums: i32 = (groups.zip(a.qs.as_chunks::<32>().0))
+        .map(|((qs, scale), y)| scale * dot(&decode::looked_up(qs, &IQ4_VALUES), y))
+        .sum();
+    (f16_to_f32(w.d) * da).mul_add(sums as f32, acc)
+}
+
 /// Declares each format's entry point.
 macro_rules! packed_entry_points {
     ($($ty:ident => $entry:ident($block:ident)),* $(,)?) => {
@@ -160,4 +175,6 @@ packed_entry_points!(
     Q4_K => q4_k_entry(q4_k),
     Q5_K => q5_k_entry(q5_k),
     Q6_K => q6_k_entry(q6_k),
+    IQ4_NL => iq4_nl_entry(iq4_nl),
+    IQ4_XS => iq4_xs_entry(iq4_xs),
 );

@@ -67,10 +67,15 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         GgmlType::IQ4_NL => (
             Some(lookup_q8_0::<BlockIq4Nl>),
             Some(tile_iq4_nl),
-            None,
+            Some(packed::iq4_nl),
             None,
         ),
-        GgmlType::IQ4_XS => (Some(iq4_xs_q8_k), Some(tile_iq4_xs), None, None),
+        GgmlType::IQ4_XS => (
+            Some(iq4_xs_q8_k),
+            Some(tile_iq4_xs),
+            Some(packed::iq4_xs),
+            None,
+        ),
         GgmlType::MXFP4 => (Some(lookup_q8_0::<BlockMxfp4>), None, None, None),
         GgmlType::IQ2_XXS => (
             Some(signed_grid_q8_k::<BlockIq2Xxs>),

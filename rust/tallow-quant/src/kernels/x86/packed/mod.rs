@@ -38,7 +38,7 @@ mod simd;
 use self::operands::{act_quad, Bytes, Operands};
 use self::simd::{Simd, V256, V512};
 use super::{Bw, Vnni};
-use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1};
+use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES};
 use crate::kernels::{TileScales, PACK_ROWS};
 
 /// `[f(0), .., f(n - 1)]` of integer vectors, built by a loop in the function that uses it: a
@@ -804,6 +804,168 @@ impl<S: Simd> Format<S> for Q6K {
     }
 }
 
+// ---- the codebook formats (AVX2; AVX-512 runs these) ----
+
+/// A step of IQ4_NL or IQ4_XS: the values its nibbles index (signed, within -127..=113) and
+/// their magnitudes, which multiply as unsigned bytes against the activations carrying the
+/// values' signs (`vpsignb`), so that a pair of products stays within 2 * 127 * 127.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_step(word: __m256i, n: usize) -> (__m256i, __m256i) {
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_VALUES.as_ptr().cast()));
+    let signed = _mm256_shuffle_epi8(table, V256::nibbles(word, n));
+    (signed, _mm256_abs_epi8(signed))
+}
+
+/// `acc` plus, per row, the dot products of `steps` (from step `first`) with `y`, each step's
+/// i16 pairs widened against the i16 pairs `scale` (1 where the format has no integer scale).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_pass_sum(
+    acc: __m256i,
+    steps: &[(__m256i, __m256i)],
+    y: &[i8; 32],
+    first: usize,
+    scale: __m256i,
+) -> __m256i {
+    let mut sums = acc;
+    for (j, &(signed, magnitude)) in steps.iter().enumerate() {
+        let y = _mm256_sign_epi8(quad::<V256>(y, first + j), signed);
+        let pairs = _mm256_maddubs_epi16(magnitude, y);
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, scale));
+    }
+    sums
+}
+
+/// IQ4_NL: `d * da * sum(value(q) * y)`, the nibbles as Q4_0's.
+struct Iq4Nl;
+
+impl Format<V256> for Iq4Nl {
+    type Act = BlockQ8_0;
+    type Fields = [u8; 32];
+    type Words = [u8; 256];
+    const SUBS: usize = 1;
+    const PASS: usize = 2;
+    type Half = __m256;
+    type Step = (__m256i, __m256i);
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half(fields: &[u8; 32], _: &[u8; 256], h: usize) -> __m256 {
+        V256::field(fields, 0, h)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(words: &[u8; 256], h: usize, _: usize, c: usize) -> (__m256i, __m256i) {
+        iq4_step(V256::word(words, c % 4, h), c / 4)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pass_sum(
+        acc: __m256i,
+        steps: &[(__m256i, __m256i)],
+        y: &[i8; 32],
+        _: &__m256,
+        _: usize,
+        first: usize,
+    ) -> __m256i {
+        iq4_pass_sum(acc, steps, y, first, _mm256_set1_epi16(1))
+    }
+    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
+        &act.qs
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish(
+        acc: __m256,
+        isum: __m256i,
+        d: &__m256,
+        _: &BlockQ8_0,
+        da: f32,
+        _: f32,
+    ) -> __m256 {
+        scaled::<V256>(acc, *d, da, _mm256_cvtepi32_ps(isum))
+    }
+}
+
+/// The scales of half an IQ4_XS block: `d`, and per row (i32 lane) the low nibbles of the
+/// sub-blocks' 6-bit scales (`scales_l`) and their top two bits (`scales_h`).
+struct Iq4XsHalf {
+    d: __m256,
+    low: __m256i,
+    high: __m256i,
+}
+
+/// IQ4_XS: `d * da * sum(scale * value(q) * y)` with a scale (`ls - 32`) per sub-block of 32,
+/// each sub-block's nibbles as Q4_0's.
+struct Iq4Xs;
+
+impl Format<V256> for Iq4Xs {
+    type Act = BlockQ8K;
+    type Fields = [u8; 64];
+    type Words = [u8; 33 * 64];
+    const SUBS: usize = 8;
+    const PASS: usize = 2;
+    type Half = Iq4XsHalf;
+    type Step = (__m256i, __m256i);
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half(fields: &[u8; 64], words: &Self::Words, h: usize) -> Iq4XsHalf {
+        // `scales_h` sits where a second f16 field would: two bytes a row.
+        let high: &[u8; 16] = fields[32 + 16 * h..][..16].try_into().unwrap();
+        Iq4XsHalf {
+            d: V256::field(fields, 0, h),
+            low: V256::word(words, 0, h),
+            high: _mm256_cvtepu16_epi32(_mm_loadu_si128(high.as_ptr().cast())),
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> (__m256i, __m256i) {
+        iq4_step(V256::word(words, 1 + 4 * s + c % 4, h), c / 4)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pass_sum(
+        acc: __m256i,
+        steps: &[(__m256i, __m256i)],
+        y: &[i8; 32],
+        half: &Iq4XsHalf,
+        s: usize,
+        first: usize,
+    ) -> __m256i {
+        let low = _mm256_srlv_epi32(half.low, _mm256_set1_epi32(4 * s as i32));
+        let high = _mm256_srlv_epi32(half.high, _mm256_set1_epi32(2 * s as i32));
+        let scale = _mm256_or_si256(
+            _mm256_and_si256(low, _mm256_set1_epi32(0xf)),
+            _mm256_slli_epi32::<4>(_mm256_and_si256(high, _mm256_set1_epi32(3))),
+        );
+        let scale = _mm256_sub_epi32(scale, _mm256_set1_epi32(32));
+        // In both i16 of each lane.
+        let pairs = _mm256_or_si256(
+            _mm256_and_si256(scale, _mm256_set1_epi32(0xffff)),
+            _mm256_slli_epi32::<16>(scale),
+        );
+        iq4_pass_sum(acc, steps, y, first, pairs)
+    }
+    fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+        k_y(act, s)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn finish(
+        acc: __m256,
+        isum: __m256i,
+        half: &Iq4XsHalf,
+        _: &BlockQ8K,
+        da: f32,
+        _: f32,
+    ) -> __m256 {
+        scaled::<V256>(acc, half.d, da, _mm256_cvtepi32_ps(isum))
+    }
+}
+
 /// Declares, in module `$module`, each format's entry point through the loop `$loop`: one
 /// tile width per token count (1 to 8, picked by `a.len()`).
 macro_rules! packed_entry_points {
@@ -843,6 +1005,8 @@ packed_entry_points!(avx2, packed_avx2::<V256>, "avx2,fma,f16c":
     Q4K => q4_k,
     Q5K => q5_k,
     Q6K => q6_k,
+    Iq4Nl => iq4_nl,
+    Iq4Xs => iq4_xs,
 );
 
 packed_entry_points!(avx512, packed_avx512::<V512<Bw>>, "avx512f,avx512bw":
