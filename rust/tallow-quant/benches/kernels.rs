@@ -14,10 +14,9 @@ use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
-use half::f16;
 use tallow_quant::{
-    dequantize, matmul_with, quantize_row, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantizedActs,
-    PACKED_FORMATS,
+    dequantize, matmul_with, quantize_row, testing, ActsBuffer, GgmlType, Isa, PackedMatrix,
+    QuantizedActs, PACKED_FORMATS,
 };
 
 /// (rows, cols): SmolLM2-135M's FFN down projection (1536 -> 576; its inputs must be whole
@@ -68,38 +67,20 @@ fn row_bytes(ty: GgmlType, cols: usize) -> usize {
     cols / ty.block_len() * ty.block_bytes()
 }
 
-/// Byte offsets and values of the f16 scale fields (d, then dmin) of a K-quant block.
-fn k_quant_scales(ty: GgmlType) -> &'static [(usize, f32)] {
-    match ty {
-        GgmlType::Q2_K => &[(80, 0.01), (82, 0.005)],
-        GgmlType::Q3_K => &[(108, 0.01)],
-        GgmlType::Q4_K | GgmlType::Q5_K => &[(0, 0.01), (2, 0.005)],
-        GgmlType::Q6_K => &[(208, 0.01)],
-        _ => unreachable!("{ty} is not a K-quant"),
-    }
-}
-
 /// A `rows` x `cols` weight matrix of `ty`: random floats in [-1, 1) through the crate's own
-/// `quantize_row` where it has one, otherwise (K-quants) random bytes with fixed finite
-/// f16 scales.
+/// `quantize_row` where it has one, otherwise (K-quants, the codebook formats) random blocks
+/// with finite scales (`tallow_quant::testing`).
 fn weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let rb = row_bytes(ty, cols);
+    if quantize_row(ty, &[0.0; 256], &mut vec![0; row_bytes(ty, 256)]).is_err() {
+        let mut blocks_rng = testing::Rng::new(rng.next_u64());
+        return testing::random_blocks(&mut blocks_rng, ty, rows * cols / ty.block_len());
+    }
     let mut out = vec![0u8; rows * rb];
     let mut x = vec![0f32; cols];
-    if quantize_row(ty, &[0.0; 256], &mut vec![0; row_bytes(ty, 256)]).is_ok() {
-        for row in out.chunks_exact_mut(rb) {
-            x.iter_mut().for_each(|v| *v = rng.signed_unit());
-            quantize_row(ty, &x, row).unwrap();
-        }
-    } else {
-        for chunk in out.chunks_exact_mut(8) {
-            chunk.copy_from_slice(&rng.next_u64().to_le_bytes());
-        }
-        for block in out.chunks_exact_mut(ty.block_bytes()) {
-            for &(offset, scale) in k_quant_scales(ty) {
-                block[offset..offset + 2].copy_from_slice(&f16::from_f32(scale).to_le_bytes());
-            }
-        }
+    for row in out.chunks_exact_mut(rb) {
+        x.iter_mut().for_each(|v| *v = rng.signed_unit());
+        quantize_row(ty, &x, row).unwrap();
     }
     out
 }
@@ -228,9 +209,12 @@ fn isas() -> Vec<Isa> {
 /// lesser x86 set (AVX-512 without VNNI, AVX2), so that one machine measures the kernels of the
 /// CPUs it stands for.
 fn packing_isas() -> Vec<Isa> {
-    let mut isas = vec![Isa::detected(), Isa::Avx512, Isa::Avx2];
-    isas.dedup();
-    isas.retain(|isa| *isa != Isa::Scalar && isa.is_available());
+    let mut isas = Vec::new();
+    for isa in [Isa::detected(), Isa::Avx512, Isa::Avx2] {
+        if isa != Isa::Scalar && isa.is_available() && !isas.contains(&isa) {
+            isas.push(isa);
+        }
+    }
     isas
 }
 

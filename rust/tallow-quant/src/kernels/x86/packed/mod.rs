@@ -888,12 +888,11 @@ impl Format<V256> for Iq4Nl {
     }
 }
 
-/// The scales of half an IQ4_XS block: `d`, and per row (i32 lane) the low nibbles of the
-/// sub-blocks' 6-bit scales (`scales_l`) and their top two bits (`scales_h`).
+/// The scales of half an IQ4_XS block: `d`, and per sub-block its scale (`ls - 32`) in both
+/// i16 of every lane.
 struct Iq4XsHalf {
     d: __m256,
-    low: __m256i,
-    high: __m256i,
+    scales: [__m256i; 8],
 }
 
 /// IQ4_XS: `d * da * sum(scale * value(q) * y)` with a scale (`ls - 32`) per sub-block of 32,
@@ -914,10 +913,26 @@ impl Format<V256> for Iq4Xs {
     unsafe fn half(fields: &[u8; 64], words: &Self::Words, h: usize) -> Iq4XsHalf {
         // `scales_h` sits where a second f16 field would: two bytes a row.
         let high: &[u8; 16] = fields[32 + 16 * h..][..16].try_into().unwrap();
+        let high = _mm256_cvtepu16_epi32(_mm_loadu_si128(high.as_ptr().cast()));
+        let low = V256::word(words, 0, h);
+        let mut scales = [_mm256_setzero_si256(); 8];
+        for (s, scale) in scales.iter_mut().enumerate() {
+            let low = _mm256_srlv_epi32(low, _mm256_set1_epi32(4 * s as i32));
+            let high = _mm256_srlv_epi32(high, _mm256_set1_epi32(2 * s as i32));
+            let ls = _mm256_or_si256(
+                _mm256_and_si256(low, _mm256_set1_epi32(0xf)),
+                _mm256_slli_epi32::<4>(_mm256_and_si256(high, _mm256_set1_epi32(3))),
+            );
+            let ls = _mm256_sub_epi32(ls, _mm256_set1_epi32(32));
+            // In both i16 of each lane.
+            *scale = _mm256_or_si256(
+                _mm256_and_si256(ls, _mm256_set1_epi32(0xffff)),
+                _mm256_slli_epi32::<16>(ls),
+            );
+        }
         Iq4XsHalf {
             d: V256::field(fields, 0, h),
-            low: V256::word(words, 0, h),
-            high: _mm256_cvtepu16_epi32(_mm_loadu_si128(high.as_ptr().cast())),
+            scales,
         }
     }
     #[inline]
@@ -935,19 +950,7 @@ impl Format<V256> for Iq4Xs {
         s: usize,
         first: usize,
     ) -> __m256i {
-        let low = _mm256_srlv_epi32(half.low, _mm256_set1_epi32(4 * s as i32));
-        let high = _mm256_srlv_epi32(half.high, _mm256_set1_epi32(2 * s as i32));
-        let scale = _mm256_or_si256(
-            _mm256_and_si256(low, _mm256_set1_epi32(0xf)),
-            _mm256_slli_epi32::<4>(_mm256_and_si256(high, _mm256_set1_epi32(3))),
-        );
-        let scale = _mm256_sub_epi32(scale, _mm256_set1_epi32(32));
-        // In both i16 of each lane.
-        let pairs = _mm256_or_si256(
-            _mm256_and_si256(scale, _mm256_set1_epi32(0xffff)),
-            _mm256_slli_epi32::<16>(scale),
-        );
-        iq4_pass_sum(acc, steps, y, first, pairs)
+        iq4_pass_sum(acc, steps, y, first, half.scales[s])
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
