@@ -14,9 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 from conftest import SHARED, all_logits, f32_pool, run_cli
+from test_rope_scaling import rewrite
 
 import tallow
 from tallow import _core
@@ -89,6 +91,40 @@ def test_mixture_of_experts_greedy_tokens_match_llama_cpp(
     expected = json.loads(LLAMA_CPP.read_text())["models"][arch][file_type]["llamacpp"]["greedy"]
     model = _core.Model(str(arch_dir / arch / f"{arch}-{file_type}.gguf"))
     assert _greedy(model, prompt, len(expected)) == expected
+
+
+def test_leading_dense_layers_run_a_dense_feed_forward(
+    arch_dir: Path, prompt: list[int], tmp_path: Path
+) -> None:
+    """A mixture whose first layers are dense (``leading_dense_block_count``, as DeepSeek's and
+    GLM-4.5's): qwen3moe with layer 0's experts all made one expert, so that any routing gives
+    that expert's output, against the same model with layer 0 written as a dense feed-forward
+    of that expert's weights (and no router)."""
+    src = arch_dir / "qwen3moe" / "qwen3moe-f32.gguf"
+    stacks = {
+        t.name: np.asarray(t.data, dtype=np.float64)
+        for t in gguf.GGUFReader(src).tensors
+        if t.name.startswith("blk.0.ffn_") and t.name.endswith("_exps.weight")
+    }
+    alike = {name: np.repeat(w[:1], len(w), axis=0) for name, w in stacks.items()}
+    count, ff = stacks["blk.0.ffn_gate_exps.weight"].shape[:2]
+    dense = {name.replace("_exps", ""): w[0] for name, w in stacks.items()}
+    alike_path = rewrite(src, tmp_path / "alike.gguf", {}, alike)
+    dense_path = rewrite(
+        src,
+        tmp_path / "dense.gguf",
+        {"qwen3moe.leading_dense_block_count": 1, "qwen3moe.feed_forward_length": int(ff)},
+        dense,
+        drop=frozenset(stacks) | {"blk.0.ffn_gate_inp.weight"},
+    )
+    assert count == 8
+    logits = {p: all_logits(_core.Model(str(p)), prompt) for p in (src, alike_path, dense_path)}
+    assert float(np.abs(logits[alike_path] - logits[dense_path]).max()) <= 1e-4
+    # The experts made alike change the model: the comparison above is not of two originals.
+    assert float(np.abs(logits[alike_path] - logits[src]).max()) > 1e-2
+    proc = run_cli("info", "-m", str(dense_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "8 experts, 2 per token, the first layer dense" in proc.stdout.decode()
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])

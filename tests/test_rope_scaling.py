@@ -25,9 +25,16 @@ from tallow.engine import Engine, EngineConfig
 F64 = npt.NDArray[np.float64]
 
 
-def rewrite(src: Path, dst: Path, fields: dict[str, object], tensors: dict[str, F64]) -> Path:
-    """``src`` with metadata ``fields`` set (ints as u32, floats as f32, strings) and float32
-    ``tensors`` added."""
+def rewrite(
+    src: Path,
+    dst: Path,
+    fields: dict[str, object],
+    tensors: dict[str, F64],
+    drop: frozenset[str] = frozenset(),
+) -> Path:
+    """``src`` with metadata ``fields`` set (ints as u32, floats as f32, strings), float32
+    ``tensors`` added (in place of any of the same name) and the tensors named in ``drop``
+    left out."""
     reader = gguf.GGUFReader(src)
     arch = str(reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
     writer = gguf.GGUFWriter(str(dst), arch)
@@ -47,6 +54,8 @@ def rewrite(src: Path, dst: Path, fields: dict[str, object], tensors: dict[str, 
         }[type(value)]
         writer.add_key_value(name, value, kind)
     for tensor in reader.tensors:
+        if tensor.name in drop or tensor.name in tensors:
+            continue
         writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
     for name, values in tensors.items():
         writer.add_tensor(name, values.astype(np.float32))

@@ -1,7 +1,8 @@
 """The wgpu backend, on whatever adapter wgpu finds (Mesa's llvmpipe on a machine without a GPU;
 the test command installs it): every architecture's logits and greedy tokens (mixtures of
-experts too) against transformers and the CPU backend, the engine's continuous batching, prefix cache and speculation
-on the GPU, and the device option's errors. Tiny models keep llvmpipe's slow kernels quick.
+experts too) against transformers and the CPU backend, the engine's continuous batching,
+prefix cache and speculation on the GPU, and the device option's errors. Tiny models keep
+llvmpipe's slow kernels quick.
 """
 
 from __future__ import annotations

@@ -51,6 +51,9 @@ pub struct CudaStep<'s, G: Gpu> {
     groups: Vec<GroupBuffers<G>>,
 }
 
+/// The most blocks along a launch's y dimension.
+const MAX_GRID_Y: usize = 65_535;
+
 fn mismatch(what: &str, got: usize, want: usize) -> BackendError {
     BackendError::InvalidArgument(format!("{what}: {got} values where {want} are needed"))
 }
@@ -186,6 +189,11 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
         }
         // Every expert's run ends in a tile that may not be full.
         let n_tiles = (n * k).div_ceil(PRODUCT_TOKENS) + n_expert.min(n * k);
+        if n_tiles > MAX_GRID_Y {
+            return Err(BackendError::Unsupported(format!(
+                "{n} tokens in one step of a mixture of experts on cuda"
+            )));
+        }
         let grouped = Grouped {
             chosen: Buffer::for_step(self.device, n * k * 4)?,
             weights: Buffer::for_step(self.device, n * k * 4)?,

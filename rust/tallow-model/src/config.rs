@@ -25,6 +25,16 @@ pub struct ExpertConfig {
     /// (`expert_shared_feed_forward_length`, or the `ffn_up_shexp` tensor's rows).
     pub n_ff_shared: Option<usize>,
     pub routing: Routing,
+    /// Layers before the first mixture, each a dense feed-forward of `feed_forward_length`
+    /// (`leading_dense_block_count`; DeepSeek, GLM-4.5 MoE).
+    pub leading_dense: usize,
+}
+
+impl ExpertConfig {
+    /// Whether layer `layer`'s feed-forward is the mixture (else a dense one).
+    pub fn in_layer(&self, layer: usize) -> bool {
+        layer >= self.leading_dense
+    }
 }
 
 /// The shape of a transformer, and its architecture's description.
@@ -123,9 +133,10 @@ impl ModelConfig {
             md.get(key).map(|_| md.f32_or(key, 1.0)).transpose()
         };
         let n_ff = md.usize("feed_forward_length")?;
-        let experts = experts(&md, arch.feed_forward, n_ff)?;
+        let n_layer = md.usize("block_count")?;
+        let experts = experts(&md, arch.feed_forward, n_ff, n_layer)?;
         let config = ModelConfig {
-            n_layer: md.usize("block_count")?,
+            n_layer,
             n_embd,
             n_ff,
             n_head,
@@ -174,16 +185,21 @@ impl ModelConfig {
             if e.n_ff_shared.is_some() {
                 out.push("a shared expert".into());
             }
+            match e.leading_dense {
+                0 => {}
+                1 => out.push("the first layer dense".into()),
+                n => out.push(format!("the first {n} layers dense")),
+            }
         }
         out
     }
 
-    /// The width of the dense gated feed-forward every token runs in each layer: the layer's
-    /// own, or in a mixture of experts the shared expert's, where there is one.
+    /// The width of the layers' dense feed-forward blocks, where some layers have one: every
+    /// layer's in a dense model, the leading layers' in a mixture of experts that begins dense.
     pub fn dense_ff(&self) -> Option<usize> {
         match &self.experts {
-            None => Some(self.n_ff),
-            Some(e) => e.n_ff_shared,
+            Some(e) if e.leading_dense == 0 => None,
+            _ => Some(self.n_ff),
         }
     }
 
@@ -222,6 +238,7 @@ fn experts(
     md: &Metadata<'_>,
     feed_forward: FeedForward,
     n_ff: usize,
+    n_layer: usize,
 ) -> Result<Option<ExpertConfig>, ModelError> {
     let routing = match feed_forward {
         FeedForward::Dense => return Ok(None),
@@ -254,12 +271,20 @@ fn experts(
             return Err(md.bad(key, "must be positive".into()));
         }
     }
+    let leading_dense = md.usize_or("leading_dense_block_count", 0)?;
+    if leading_dense > n_layer {
+        return Err(md.bad(
+            "leading_dense_block_count",
+            format!("{leading_dense} dense layers of {n_layer}"),
+        ));
+    }
     Ok(Some(ExpertConfig {
         count,
         used,
         n_ff,
         n_ff_shared,
         routing,
+        leading_dense,
     }))
 }
 

@@ -124,7 +124,14 @@ impl<B: Backend> Forward<'_, B> {
             Some(e) => Some(MoeRows {
                 router: step.rows(n, e.count)?,
                 shared: match e.n_ff_shared {
-                    Some(_) => Some((step.rows(n, 1)?, step.rows(n, d)?)),
+                    Some(ff) => Some(SharedRows {
+                        gate: step.rows(n, 1)?,
+                        out: step.rows(n, d)?,
+                        ffn: FfnRows {
+                            gate: step.rows(n, ff)?,
+                            up: step.rows(n, ff)?,
+                        },
+                    }),
                     None => None,
                 },
             }),
@@ -207,10 +214,18 @@ struct FfnRows<R> {
 }
 
 /// The buffers of a mixture-of-experts block: the router's logits, and the shared expert's
-/// gate and output where there is one.
+/// where there is one.
 struct MoeRows<R> {
     router: R,
-    shared: Option<(R, R)>,
+    shared: Option<SharedRows<R>>,
+}
+
+/// The buffers of a shared expert: its sigmoid gate (one value a row), its output and its
+/// feed-forward's.
+struct SharedRows<R> {
+    gate: R,
+    out: R,
+    ffn: FfnRows<R>,
 }
 
 impl<B: Backend> Forward<'_, B> {
@@ -253,10 +268,13 @@ impl<B: Backend> Forward<'_, B> {
         }
         step.experts(h, &rows.router, &layer.experts, moe, out)?;
         if let Some((shared, gate)) = &layer.shared {
-            let shared_rows = dense_rows.as_mut().ok_or_else(missing)?;
-            let (shared_gate, shared_out) = rows.shared.as_mut().ok_or_else(missing)?;
+            let SharedRows {
+                gate: shared_gate,
+                out: shared_out,
+                ffn: shared_rows,
+            } = rows.shared.as_mut().ok_or_else(missing)?;
             dense(step, shared, shared_rows, shared_out)?;
-            step.matmul(h, [gate], [shared_gate])?;
+            step.matmul(h, [gate], [&mut *shared_gate])?;
             step.scale_by_sigmoid(shared_out, shared_gate)?;
             step.add(out, shared_out)?;
         }

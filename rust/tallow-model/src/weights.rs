@@ -172,7 +172,7 @@ impl<B: Backend> Weights<B> {
                 };
                 let post_attn_norm = post_norm("post_attention_norm")?;
                 let ffn_norm = vector(&name(arch.ffn_norm), d)?;
-                let expert_vectors = match &config.experts {
+                let expert_vectors = match config.experts.as_ref().filter(|e| e.in_layer(i)) {
                     Some(e) => Some(ExpertVectors {
                         router_bias: bias("ffn_gate_inp", e.count)?,
                         biases: expert_biases(backend, file, e, d, i)?,
@@ -196,7 +196,11 @@ impl<B: Backend> Weights<B> {
                     sinks,
                     post_attn_norm,
                     ffn_norm,
-                    ffn: feed_forward(config.experts.as_ref(), expert_vectors, next),
+                    ffn: feed_forward(
+                        config.experts.as_ref().filter(|e| e.in_layer(i)),
+                        expert_vectors,
+                        next,
+                    ),
                     post_ffn_norm,
                 })
             })
@@ -240,8 +244,9 @@ impl<B: Backend> Weights<B> {
 }
 
 /// The matrices of layer `layer`'s feed-forward block, in the order [`feed_forward`] takes
-/// them: gate, up and down; or the router, every expert's gates, ups and downs, and the
-/// shared expert's gate, up, down and sigmoid gate.
+/// them: gate, up and down (a dense model's layers, a mixture's leading dense ones); or the
+/// router, every expert's gates, ups and downs, and the shared expert's gate, up, down and
+/// sigmoid gate.
 fn ffn_specs(
     file: &GgufFile,
     config: &ModelConfig,
@@ -268,7 +273,7 @@ fn ffn_specs(
         )?);
         Ok::<_, ModelError>(())
     };
-    let Some(e) = &config.experts else {
+    let Some(e) = config.experts.as_ref().filter(|e| e.in_layer(layer)) else {
         return dense(specs, "", config.n_ff);
     };
     specs.push(matrix(file, &name("ffn_gate_inp"), e.count, d, product)?);
