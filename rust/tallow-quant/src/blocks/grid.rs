@@ -29,9 +29,19 @@ pub(crate) trait SignedGridBlock: GridBlock {
     /// Values 8k..8k+8: their magnitudes (bytes, first value lowest) and their signs (bit j
     /// set: value j is negative).
     fn piece(&self, k: usize) -> (u64, u8);
+    /// Values 8k..8k+8: their magnitudes, and bytewise 1 or -1 with their signs (what SIMD
+    /// kernels move onto the activations).
+    #[inline(always)]
+    fn piece_ones(&self, k: usize) -> (u64, u64) {
+        let (magnitudes, signs) = self.piece(k);
+        (magnitudes, SIGN_MASKS[usize::from(signs)] | ONES)
+    }
     /// The 16 integer group scales.
     fn scales(&self) -> [i32; 16];
 }
+
+/// 1 in every byte.
+const ONES: u64 = 0x0101_0101_0101_0101;
 
 /// [`GridBlock::decode`] of a [`SignedGridBlock`].
 #[inline]
@@ -102,6 +112,23 @@ pub(crate) static KSIGNS: [u8; 128] = {
     let mut i = 0;
     while i < 128 {
         table[i] = i as u8 | (((i as u8).count_ones() as u8 & 1) << 7);
+        i += 1;
+    }
+    table
+};
+
+/// [`KSIGNS`] as [`SignedGridBlock::piece_ones`] gives them: per sign index, bytewise -1
+/// where the sign is set and 1 elsewhere (one load where `KSIGNS` then [`SIGN_MASKS`] are two).
+pub(crate) static KSIGN_ONES: [u64; 128] = {
+    let mut table = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        let signs = i | (((i as u32).count_ones() as usize & 1) << 7);
+        let mut j = 0;
+        while j < 8 {
+            table[i] |= if signs & (1 << j) != 0 { 0xff } else { 0x01 } << (8 * j);
+            j += 1;
+        }
         i += 1;
     }
     table
@@ -191,13 +218,27 @@ fn top_nibble_scales(words: &[u8]) -> [i32; 16] {
     std::array::from_fn(|g| 2 * (u32_at(words, g / 2) >> 28) as i32 + 1)
 }
 
+impl BlockIq2Xxs {
+    /// Values 8k..8k+8: their codebook entry and their sign index.
+    #[inline(always)]
+    fn entry(&self, k: usize) -> (u64, usize) {
+        let (g, l) = (k / 4, k % 4);
+        let aux = u32_at(&self.qs, 2 * g + 1);
+        let signs = ((aux >> (7 * l)) & 127) as usize;
+        (IQ2XXS_GRID[usize::from(self.qs[8 * g + l])], signs)
+    }
+}
+
 impl SignedGridBlock for BlockIq2Xxs {
     #[inline(always)]
     fn piece(&self, k: usize) -> (u64, u8) {
-        let (g, l) = (k / 4, k % 4);
-        let aux = u32_at(&self.qs, 2 * g + 1);
-        let signs = KSIGNS[((aux >> (7 * l)) & 127) as usize];
-        (IQ2XXS_GRID[usize::from(self.qs[8 * g + l])], signs)
+        let (magnitudes, signs) = self.entry(k);
+        (magnitudes, KSIGNS[signs])
+    }
+    #[inline(always)]
+    fn piece_ones(&self, k: usize) -> (u64, u64) {
+        let (magnitudes, signs) = self.entry(k);
+        (magnitudes, KSIGN_ONES[signs])
     }
     fn scales(&self) -> [i32; 16] {
         let words: [u8; 32] = std::array::from_fn(|k| self.qs[8 * (k / 4) + 4 + k % 4]);
@@ -205,14 +246,25 @@ impl SignedGridBlock for BlockIq2Xxs {
     }
 }
 
+impl BlockIq2Xs {
+    /// Values 8k..8k+8: their codebook entry and their sign index.
+    #[inline(always)]
+    fn entry(&self, k: usize) -> (u64, usize) {
+        let q = u16_at(&self.qs, k);
+        (IQ2XS_GRID[usize::from(q & 511)], usize::from(q >> 9))
+    }
+}
+
 impl SignedGridBlock for BlockIq2Xs {
     #[inline(always)]
     fn piece(&self, k: usize) -> (u64, u8) {
-        let q = u16_at(&self.qs, k);
-        (
-            IQ2XS_GRID[usize::from(q & 511)],
-            KSIGNS[usize::from(q >> 9)],
-        )
+        let (magnitudes, signs) = self.entry(k);
+        (magnitudes, KSIGNS[signs])
+    }
+    #[inline(always)]
+    fn piece_ones(&self, k: usize) -> (u64, u64) {
+        let (magnitudes, signs) = self.entry(k);
+        (magnitudes, KSIGN_ONES[signs])
     }
     fn scales(&self) -> [i32; 16] {
         nibble_scales(&self.scales, 1)
@@ -230,16 +282,30 @@ impl SignedGridBlock for BlockIq2S {
     }
 }
 
-impl SignedGridBlock for BlockIq3Xxs {
+impl BlockIq3Xxs {
+    /// Values 8k..8k+8: their two codebook entries and their sign index.
     #[inline(always)]
-    fn piece(&self, k: usize) -> (u64, u8) {
+    fn entry(&self, k: usize) -> (u64, usize) {
         let (g, l) = (k / 4, k % 4);
         let entry = |i: usize| u64::from(IQ3XXS_GRID[usize::from(self.qs[8 * g + 2 * l + i])]);
         let aux = u32_at(&self.signs_scales, g);
         (
             entry(0) | (entry(1) << 32),
-            KSIGNS[((aux >> (7 * l)) & 127) as usize],
+            ((aux >> (7 * l)) & 127) as usize,
         )
+    }
+}
+
+impl SignedGridBlock for BlockIq3Xxs {
+    #[inline(always)]
+    fn piece(&self, k: usize) -> (u64, u8) {
+        let (magnitudes, signs) = self.entry(k);
+        (magnitudes, KSIGNS[signs])
+    }
+    #[inline(always)]
+    fn piece_ones(&self, k: usize) -> (u64, u64) {
+        let (magnitudes, signs) = self.entry(k);
+        (magnitudes, KSIGN_ONES[signs])
     }
     fn scales(&self) -> [i32; 16] {
         top_nibble_scales(&self.signs_scales)
@@ -346,5 +412,19 @@ impl GridBlock for BlockTq2_0 {
             *v = ((self.qs[32 * half + m] >> (2 * l)) & 3) as i8 - 1;
         }
         [1; 16]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ksign_ones_are_the_masks_of_the_sign_patterns() {
+        for (i, &ones) in KSIGN_ONES.iter().enumerate() {
+            let signs = KSIGNS[i];
+            assert_eq!(signs.count_ones() % 2, 0, "{i}");
+            assert_eq!(ones, SIGN_MASKS[usize::from(signs)] | ONES, "{i}");
+        }
     }
 }

@@ -19,7 +19,7 @@ use super::tile_operands;
 use crate::blocks::{
     as_blocks, k4_scales_mins, q3k_scales, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K,
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
-    BlockQ8_1, GridBlock, LookupBlock, SignedGridBlock, IQ4_VALUES, SIGN_MASKS,
+    BlockQ8_1, GridBlock, LookupBlock, SignedGridBlock, IQ4_VALUES,
 };
 use crate::blocks::{
     BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockTq1_0,
@@ -379,14 +379,13 @@ unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
 unsafe fn signed_chunk<B: SignedGridBlock>(w: &B, c: usize) -> (__m256i, __m256i) {
     // Written out: closures and `array::from_fn` here would not inherit the target features
     // and would stay calls.
-    let (m0, s0) = w.piece(4 * c);
-    let (m1, s1) = w.piece(4 * c + 1);
-    let (m2, s2) = w.piece(4 * c + 2);
-    let (m3, s3) = w.piece(4 * c + 3);
-    let ones = |s: u8| (SIGN_MASKS[usize::from(s)] | 0x0101_0101_0101_0101) as i64;
+    let (m0, s0) = w.piece_ones(4 * c);
+    let (m1, s1) = w.piece_ones(4 * c + 1);
+    let (m2, s2) = w.piece_ones(4 * c + 2);
+    let (m3, s3) = w.piece_ones(4 * c + 3);
     (
         _mm256_set_epi64x(m3 as i64, m2 as i64, m1 as i64, m0 as i64),
-        _mm256_set_epi64x(ones(s3), ones(s2), ones(s1), ones(s0)),
+        _mm256_set_epi64x(s3 as i64, s2 as i64, s1 as i64, s0 as i64),
     )
 }
 

@@ -443,6 +443,27 @@ impl<S: Simd> Format<S> for Q50 {
     }
 }
 
+/// `acc` plus, per row, the dot products of signed steps (values, magnitudes; from step
+/// `first`) with `y`, each step's i16 pairs widened against the i16 pairs `scale` (1 where the
+/// format has no integer scale): Q8_0's and the IQ4 formats' AVX2 steps.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn signed_pass_sum(
+    acc: __m256i,
+    steps: &[(__m256i, __m256i)],
+    y: &[i8; 32],
+    first: usize,
+    scale: __m256i,
+) -> __m256i {
+    let mut sums = acc;
+    for (j, &(signed, magnitude)) in steps.iter().enumerate() {
+        let y = _mm256_sign_epi8(quad::<V256>(y, first + j), signed);
+        let pairs = _mm256_maddubs_epi16(magnitude, y);
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, scale));
+    }
+    sums
+}
+
 /// Q8_0 on AVX2: `d * da * sum(q * y)`, the steps as signed `q` and `|q|`. (AVX-512 without
 /// VNNI has no packed Q8_0 kernel: it has no byte sign instruction, and `vpmaddubsw` would
 /// saturate on the stored quants.)
@@ -478,14 +499,7 @@ impl Format<V256> for Q80 {
         _: usize,
         first: usize,
     ) -> __m256i {
-        let ones = _mm256_set1_epi16(1);
-        let mut sums = acc;
-        for (j, &(signed, magnitude)) in steps.iter().enumerate() {
-            let y = _mm256_sign_epi8(quad::<V256>(y, first + j), signed);
-            let pairs = _mm256_maddubs_epi16(magnitude, y);
-            sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
-        }
-        sums
+        signed_pass_sum(acc, steps, y, first, _mm256_set1_epi16(1))
     }
     fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
         &act.qs
@@ -817,26 +831,6 @@ unsafe fn iq4_step(word: __m256i, n: usize) -> (__m256i, __m256i) {
     (signed, _mm256_abs_epi8(signed))
 }
 
-/// `acc` plus, per row, the dot products of `steps` (from step `first`) with `y`, each step's
-/// i16 pairs widened against the i16 pairs `scale` (1 where the format has no integer scale).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq4_pass_sum(
-    acc: __m256i,
-    steps: &[(__m256i, __m256i)],
-    y: &[i8; 32],
-    first: usize,
-    scale: __m256i,
-) -> __m256i {
-    let mut sums = acc;
-    for (j, &(signed, magnitude)) in steps.iter().enumerate() {
-        let y = _mm256_sign_epi8(quad::<V256>(y, first + j), signed);
-        let pairs = _mm256_maddubs_epi16(magnitude, y);
-        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, scale));
-    }
-    sums
-}
-
 /// IQ4_NL: `d * da * sum(value(q) * y)`, the nibbles as Q4_0's.
 struct Iq4Nl;
 
@@ -869,7 +863,7 @@ impl Format<V256> for Iq4Nl {
         _: usize,
         first: usize,
     ) -> __m256i {
-        iq4_pass_sum(acc, steps, y, first, _mm256_set1_epi16(1))
+        signed_pass_sum(acc, steps, y, first, _mm256_set1_epi16(1))
     }
     fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
         &act.qs
@@ -950,7 +944,7 @@ impl Format<V256> for Iq4Xs {
         s: usize,
         first: usize,
     ) -> __m256i {
-        iq4_pass_sum(acc, steps, y, first, half.scales[s])
+        signed_pass_sum(acc, steps, y, first, half.scales[s])
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
