@@ -30,7 +30,8 @@ pub(crate) trait SignedGridBlock: GridBlock {
     /// set: value j is negative).
     fn piece(&self, k: usize) -> (u64, u8);
     /// Values 8k..8k+8: their magnitudes, and bytewise 1 or -1 with their signs (what SIMD
-    /// kernels move onto the activations).
+    /// kernels move onto the activations; only x86 has such kernels).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     #[inline(always)]
     fn piece_ones(&self, k: usize) -> (u64, u64) {
         let (magnitudes, signs) = self.piece(k);
@@ -41,6 +42,7 @@ pub(crate) trait SignedGridBlock: GridBlock {
 }
 
 /// 1 in every byte.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const ONES: u64 = 0x0101_0101_0101_0101;
 
 /// [`GridBlock::decode`] of a [`SignedGridBlock`].
@@ -119,6 +121,7 @@ pub(crate) static KSIGNS: [u8; 128] = {
 
 /// [`KSIGNS`] as [`SignedGridBlock::piece_ones`] gives them: per sign index, bytewise -1
 /// where the sign is set and 1 elsewhere (one load where `KSIGNS` then [`SIGN_MASKS`] are two).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) static KSIGN_ONES: [u64; 128] = {
     let mut table = [0u64; 128];
     let mut i = 0;
