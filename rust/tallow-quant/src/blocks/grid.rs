@@ -209,6 +209,23 @@ macro_rules! signed_grid_block {
     };
 }
 
+/// `piece` and `piece_ones` of a format whose values 8k..8k+8 are a codebook entry and a 7-bit
+/// sign index (its inherent `entry(k)`): IQ2_XXS, IQ2_XS, IQ3_XXS.
+macro_rules! sign_indexed_pieces {
+    () => {
+        #[inline(always)]
+        fn piece(&self, k: usize) -> (u64, u8) {
+            let (magnitudes, signs) = self.entry(k);
+            (magnitudes, KSIGNS[signs])
+        }
+        #[inline(always)]
+        fn piece_ones(&self, k: usize) -> (u64, u64) {
+            let (magnitudes, signs) = self.entry(k);
+            (magnitudes, KSIGN_ONES[signs])
+        }
+    };
+}
+
 signed_grid_block!(BlockIq2Xxs, 0.125);
 signed_grid_block!(BlockIq2Xs, 0.125);
 signed_grid_block!(BlockIq2S, 0.125);
@@ -233,16 +250,7 @@ impl BlockIq2Xxs {
 }
 
 impl SignedGridBlock for BlockIq2Xxs {
-    #[inline(always)]
-    fn piece(&self, k: usize) -> (u64, u8) {
-        let (magnitudes, signs) = self.entry(k);
-        (magnitudes, KSIGNS[signs])
-    }
-    #[inline(always)]
-    fn piece_ones(&self, k: usize) -> (u64, u64) {
-        let (magnitudes, signs) = self.entry(k);
-        (magnitudes, KSIGN_ONES[signs])
-    }
+    sign_indexed_pieces!();
     fn scales(&self) -> [i32; 16] {
         let words: [u8; 32] = std::array::from_fn(|k| self.qs[8 * (k / 4) + 4 + k % 4]);
         top_nibble_scales(&words)
@@ -259,16 +267,7 @@ impl BlockIq2Xs {
 }
 
 impl SignedGridBlock for BlockIq2Xs {
-    #[inline(always)]
-    fn piece(&self, k: usize) -> (u64, u8) {
-        let (magnitudes, signs) = self.entry(k);
-        (magnitudes, KSIGNS[signs])
-    }
-    #[inline(always)]
-    fn piece_ones(&self, k: usize) -> (u64, u64) {
-        let (magnitudes, signs) = self.entry(k);
-        (magnitudes, KSIGN_ONES[signs])
-    }
+    sign_indexed_pieces!();
     fn scales(&self) -> [i32; 16] {
         nibble_scales(&self.scales, 1)
     }
@@ -300,16 +299,7 @@ impl BlockIq3Xxs {
 }
 
 impl SignedGridBlock for BlockIq3Xxs {
-    #[inline(always)]
-    fn piece(&self, k: usize) -> (u64, u8) {
-        let (magnitudes, signs) = self.entry(k);
-        (magnitudes, KSIGNS[signs])
-    }
-    #[inline(always)]
-    fn piece_ones(&self, k: usize) -> (u64, u64) {
-        let (magnitudes, signs) = self.entry(k);
-        (magnitudes, KSIGN_ONES[signs])
-    }
+    sign_indexed_pieces!();
     fn scales(&self) -> [i32; 16] {
         top_nibble_scales(&self.signs_scales)
     }
