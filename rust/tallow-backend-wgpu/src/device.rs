@@ -1,13 +1,21 @@
 //! Finding GPUs and opening one.
 
+use std::sync::OnceLock;
+
 use tallow_backend::{BackendError, DeviceInfo};
 
 use crate::gpu::Gpu;
 
-fn instance() -> wgpu::Instance {
-    wgpu::Instance::new(wgpu::InstanceDescriptor {
-        backends: wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
-        ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
+/// The process's one wgpu instance: every device listing and every model's device come from
+/// it. With an instance per model, NVIDIA's Vulkan driver found no adapter any more after
+/// about thirty models in one process; with one, models come and go without limit.
+fn instance() -> &'static wgpu::Instance {
+    static INSTANCE: OnceLock<wgpu::Instance> = OnceLock::new();
+    INSTANCE.get_or_init(|| {
+        wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
+            ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
+        })
     })
 }
 
