@@ -1,6 +1,6 @@
 //! NVRTC, the CUDA runtime compiler, loaded at run time: `$TALLOW_NVRTC` (a path; the Python
 //! package sets it to the `nvidia-cuda-nvrtc-cu12` wheel's library, which `tallow[cuda]`
-//! installs), else the system's `libnvrtc.so.12`. It compiles each kernel source for the
+//! installs), else the system's (CUDA 12's or 13's). It compiles each kernel source for the
 //! device's exact architecture to a cubin (machine code: no PTX for the driver to translate,
 //! so no driver older than the compiler can refuse it).
 
@@ -29,7 +29,11 @@ impl Nvrtc {
     pub fn load() -> Result<Self, BackendError> {
         let candidates: Vec<PathBuf> = match std::env::var_os("TALLOW_NVRTC") {
             Some(path) => vec![path.into()],
-            None => vec!["libnvrtc.so.12".into(), "libnvrtc.so".into()],
+            None => vec![
+                "libnvrtc.so.12".into(),
+                "libnvrtc.so.13".into(),
+                "libnvrtc.so".into(),
+            ],
         };
         for candidate in &candidates {
             // SAFETY: NVRTC's initializers have no preconditions.
