@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import all_logits
-from test_architectures import ARCHITECTURES, MOE, MOE_TOLERANCE
+from test_architectures import ARCHITECTURES, MOE, check_mixture_on_a_gpu
 
 import tallow
 from tallow import _core, _nvrtc
@@ -66,24 +66,12 @@ def test_every_architecture_on_a_gpu_matches_transformers_and_the_cpu(
 def test_mixtures_of_experts_on_a_gpu_match_transformers_and_the_cpu(
     arch_dir: Path, prompt: list[int], arch: str, file_type: str
 ) -> None:
-    """Each token's experts routed, grouped and multiplied by kernels: transformers' logits at
-    most positions within what the f16 KV pages (and Q8_0 weights) round, where a router logit
-    near a tie may send a token to another expert (the architecture test's account)."""
-    path = str(arch_dir / arch / f"{arch}-{file_type}.gguf")
+    """Each token's experts routed, grouped and multiplied by kernels on the GPU."""
     if not cuda_devices():
         with pytest.raises(tallow.UnsupportedError, match=r"NVIDIA GPU and its driver"):
-            _core.Model(path, device="cuda:0")
+            _core.Model(str(arch_dir / arch / f"{arch}-{file_type}.gguf"), device="cuda:0")
         return
-    reference = np.load(arch_dir / arch / "ref_logits.npy")
-    on_gpu = all_logits(_core.Model(path, device="cuda:0"), prompt, "f16")
-    on_cpu = all_logits(_core.Model(path), prompt, "f16")
-    median, most = {"f32": (TOLERANCE["f32"], 0.5), "q8_0": MOE_TOLERANCE["q8_0"]}[file_type]
-    for logits in (on_gpu, on_cpu):
-        per_position = np.abs(logits - reference).max(axis=1)
-        assert float(np.median(per_position)) <= median, per_position
-        assert float(per_position.max()) <= most, per_position
-    cpu_bound = 1e-3 if file_type == "f32" else 0.3
-    assert float(np.median(np.abs(on_gpu - on_cpu).max(axis=1))) <= cpu_bound
+    check_mixture_on_a_gpu(arch_dir, prompt, arch, file_type, "cuda:0")
 
 
 def test_a_cuda_device_number_must_exist_or_be_a_number(smollm2_path: Path) -> None:

@@ -20,7 +20,7 @@ import gguf
 import numpy as np
 import pytest
 from conftest import all_logits, run_cli
-from test_architectures import ARCHITECTURES, MOE, MOE_TOLERANCE
+from test_architectures import ARCHITECTURES, MOE, check_mixture_on_a_gpu
 
 import tallow
 from tallow import _core
@@ -63,21 +63,8 @@ def test_every_architecture_matches_transformers_and_the_cpu(
 def test_mixtures_of_experts_match_transformers_and_the_cpu(
     arch_dir: Path, prompt: list[int], arch: str, file_type: str
 ) -> None:
-    """Each token's experts chosen, grouped and multiplied on the GPU: transformers' logits
-    at most positions within what the f16 KV pages (and Q8_0 weights) round; where they move
-    a router logit across a near tie (qwen2moe's gap is 0.0005) a token runs another expert,
-    as on the CPU with the same pages (the architecture test's account)."""
-    path = str(arch_dir / arch / f"{arch}-{file_type}.gguf")
-    reference = np.load(arch_dir / arch / "ref_logits.npy")
-    on_gpu = all_logits(_core.Model(path, device="gpu"), prompt, "f16")
-    on_cpu = all_logits(_core.Model(path), prompt, "f16")
-    median, most = {"f32": (TOLERANCE["f32"], 0.5), "q8_0": MOE_TOLERANCE["q8_0"]}[file_type]
-    for logits in (on_gpu, on_cpu):
-        per_position = np.abs(logits - reference).max(axis=1)
-        assert float(np.median(per_position)) <= median, per_position
-        assert float(per_position.max()) <= most, per_position
-    cpu_bound = 1e-3 if file_type == "f32" else 0.3
-    assert float(np.median(np.abs(on_gpu - on_cpu).max(axis=1))) <= cpu_bound
+    """Each token's experts chosen, grouped and multiplied on the GPU."""
+    check_mixture_on_a_gpu(arch_dir, prompt, arch, file_type, "gpu")
 
 
 @pytest.mark.parametrize("arch", ["llama3", "qwen3", "phi3", "gemma3", "qwen3moe", "gpt-oss"])
