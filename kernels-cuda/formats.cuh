@@ -1,6 +1,11 @@
 // GGUF's weight formats, as stored: each decodes the 32 values of one run of a row (a block,
 // or a 32-value part of a K-quant super-block) with the float operations, in the order, of
 // ggml's dequantize_row_* (so the values are tallow-quant's reference dequantization's).
+//
+// The quantized formats also give a run as integers, for the integer products (matvec.cu):
+// `ints(row, r, q, scale, offset)` writes the run's quants as bytes, four to a word in the
+// order of the values (q[k] holds values 4k..4k + 4), such that value 16h + i of the run is
+// scale[h] * (quant_i - ZERO) + offset[h] (h: the run's first or second half of 16).
 #pragma once
 
 #include "tallow.cuh"
@@ -11,6 +16,39 @@ __device__ __forceinline__ uint32_t u32_at(const uint8_t* p) {
     return u16_at(p) | u16_at(p + 2) << 16;
 }
 __device__ __forceinline__ float f16_at(const uint8_t* p) { return f16_to_f32((uint16_t)u16_at(p)); }
+
+// Whole-word loads, for the integer products: a 32-bit word at an address aligned to 4 bytes
+// (`word_at`), or made of two 16-bit halves at one aligned to 2 (`word_at2`, for formats whose
+// blocks are an odd number of halves: Q4_0's 18 bytes). The emulation faults on a misaligned
+// address, as a GPU does.
+__device__ __forceinline__ uint32_t half_at(const uint8_t* p) {
+#ifdef __CUDACC_RTC__
+    return *(const uint16_t*)p;
+#else
+    if ((uintptr_t)p % 2 != 0) tallow_emu::fault("a 2-byte load from an odd address");
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+#endif
+}
+__device__ __forceinline__ int word_at(const uint8_t* p) {
+#ifdef __CUDACC_RTC__
+    return *(const int*)p;
+#else
+    if ((uintptr_t)p % 4 != 0) tallow_emu::fault("a 4-byte load from a misaligned address");
+    int v;
+    memcpy(&v, p, 4);
+    return v;
+#endif
+}
+__device__ __forceinline__ int word_at2(const uint8_t* p) {
+    return (int)(half_at(p) | half_at(p + 2) << 16);
+}
+
+// Bits 0..4 of `bits` moved to bit 4 of each byte of a word (the fifth bits of Q5_0, Q5_1).
+__device__ __forceinline__ int fifth_bits(uint32_t bits) {
+    return (int)((bits & 1) << 4 | (bits & 2) << 11 | (bits & 4) << 18 | (bits & 8) << 25);
+}
 
 // The 6-bit scale and min of group j (0..8) of a Q4_K or Q5_K super-block's 12 packed bytes.
 __device__ __forceinline__ void k4_scale_min(const uint8_t* s, int j, float* scale, float* min) {
@@ -65,6 +103,17 @@ struct Q4_0 {
             out[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
         }
     }
+    static constexpr int ZERO = 8;
+    __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
+        const uint8_t* b = row + r * RUN_BYTES;
+        for (int k = 0; k < 4; ++k) {
+            uint32_t v = (uint32_t)word_at2(b + 2 + 4 * k);
+            q[k] = (int)(v & 0x0f0f0f0f);
+            q[k + 4] = (int)(v >> 4 & 0x0f0f0f0f);
+        }
+        scale[0] = scale[1] = f16_at(b);
+        offset[0] = offset[1] = 0.0f;
+    }
 };
 
 // d, m, nibbles as Q4_0; d * q + m.
@@ -77,6 +126,17 @@ struct Q4_1 {
             out[j] = d * (float)(b[4 + j] & 0xf) + m;
             out[j + 16] = d * (float)(b[4 + j] >> 4) + m;
         }
+    }
+    static constexpr int ZERO = 0;
+    __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
+        const uint8_t* b = row + r * RUN_BYTES;
+        for (int k = 0; k < 4; ++k) {
+            uint32_t v = (uint32_t)word_at(b + 4 + 4 * k);
+            q[k] = (int)(v & 0x0f0f0f0f);
+            q[k + 4] = (int)(v >> 4 & 0x0f0f0f0f);
+        }
+        scale[0] = scale[1] = f16_at(b);
+        offset[0] = offset[1] = f16_at(b + 2);
     }
 };
 
@@ -94,6 +154,18 @@ struct Q5_0 {
             out[j + 16] = d * (float)(hi - 16);
         }
     }
+    static constexpr int ZERO = 16;
+    __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
+        const uint8_t* b = row + r * RUN_BYTES;
+        uint32_t high = (uint32_t)word_at2(b + 2);
+        for (int k = 0; k < 4; ++k) {
+            uint32_t v = (uint32_t)word_at2(b + 6 + 4 * k);
+            q[k] = (int)(v & 0x0f0f0f0f) | fifth_bits(high >> 4 * k);
+            q[k + 4] = (int)(v >> 4 & 0x0f0f0f0f) | fifth_bits(high >> (16 + 4 * k));
+        }
+        scale[0] = scale[1] = f16_at(b);
+        offset[0] = offset[1] = 0.0f;
+    }
 };
 
 // d, m, high bits and nibbles as Q5_0; d * q + m.
@@ -110,6 +182,18 @@ struct Q5_1 {
             out[j + 16] = d * (float)hi + m;
         }
     }
+    static constexpr int ZERO = 0;
+    __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
+        const uint8_t* b = row + r * RUN_BYTES;
+        uint32_t high = (uint32_t)word_at(b + 4);
+        for (int k = 0; k < 4; ++k) {
+            uint32_t v = (uint32_t)word_at(b + 8 + 4 * k);
+            q[k] = (int)(v & 0x0f0f0f0f) | fifth_bits(high >> 4 * k);
+            q[k + 4] = (int)(v >> 4 & 0x0f0f0f0f) | fifth_bits(high >> (16 + 4 * k));
+        }
+        scale[0] = scale[1] = f16_at(b);
+        offset[0] = offset[1] = f16_at(b + 2);
+    }
 };
 
 // d, 32 signed bytes; q * d.
@@ -119,6 +203,13 @@ struct Q8_0 {
         const uint8_t* b = row + r * RUN_BYTES;
         float d = f16_at(b);
         for (int i = 0; i < 32; ++i) out[i] = (float)(int8_t)b[2 + i] * d;
+    }
+    static constexpr int ZERO = 0;
+    __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
+        const uint8_t* b = row + r * RUN_BYTES;
+        for (int k = 0; k < 8; ++k) q[k] = word_at2(b + 2 + 4 * k);
+        scale[0] = scale[1] = f16_at(b);
+        offset[0] = offset[1] = 0.0f;
     }
 };
 
@@ -138,6 +229,20 @@ struct Q2_K {
             out[l] = dl * (float)q - ml;
         }
     }
+    static constexpr int ZERO = 0;
+    __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
+        const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        const uint8_t* quants = b + 16 + 32 * (j / 4);
+        for (int k = 0; k < 8; ++k) {
+            q[k] = (int)((uint32_t)word_at(quants + 4 * k) >> 2 * (j % 4) & 0x03030303);
+        }
+        float d = f16_at(b + 80), dmin = f16_at(b + 82);
+        for (int h = 0; h < 2; ++h) {
+            scale[h] = d * (float)(b[2 * j + h] & 0xf);
+            offset[h] = -(dmin * (float)(b[2 * j + h] >> 4));
+        }
+    }
 };
 
 // 32 bytes of high bits (bit j of byte l: element 32j + l), 2-bit quants as Q2_K, 12 bytes
@@ -153,6 +258,22 @@ struct Q3_K {
             int low = (b[32 + 32 * (j / 4) + l] >> (2 * (j % 4))) & 3;
             int q = (b[l] >> j) & 1 ? low : low - 4;
             out[l] = dl * (float)q;
+        }
+    }
+    static constexpr int ZERO = 4;
+    __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
+        const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        const uint8_t* quants = b + 32 + 32 * (j / 4);
+        for (int k = 0; k < 8; ++k) {
+            uint32_t low = (uint32_t)word_at2(quants + 4 * k) >> 2 * (j % 4) & 0x03030303;
+            uint32_t high = (uint32_t)word_at2(b + 4 * k) >> j & 0x01010101;
+            q[k] = (int)(low | high << 2);
+        }
+        float d = f16_at(b + 108);
+        for (int h = 0; h < 2; ++h) {
+            scale[h] = d * q3k_scale(b + 96, 2 * j + h);
+            offset[h] = 0.0f;
         }
     }
 };
@@ -172,6 +293,19 @@ struct Q4_K {
             out[l] = dl * (float)q - ml;
         }
     }
+    static constexpr int ZERO = 0;
+    __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
+        const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        const uint8_t* quants = b + 16 + 32 * (j / 2);
+        for (int k = 0; k < 8; ++k) {
+            q[k] = (int)((uint32_t)word_at(quants + 4 * k) >> 4 * (j % 2) & 0x0f0f0f0f);
+        }
+        float sc, m;
+        k4_scale_min(b + 4, j, &sc, &m);
+        scale[0] = scale[1] = f16_at(b) * sc;
+        offset[0] = offset[1] = -(f16_at(b + 2) * m);
+    }
 };
 
 // As Q4_K with 32 bytes of fifth bits before the nibbles (bit j of byte l: group j, element l).
@@ -189,6 +323,21 @@ struct Q5_K {
             out[l] = dl * (float)q - ml;
         }
     }
+    static constexpr int ZERO = 0;
+    __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
+        const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        const uint8_t* quants = b + 48 + 32 * (j / 2);
+        for (int k = 0; k < 8; ++k) {
+            uint32_t low = (uint32_t)word_at(quants + 4 * k) >> 4 * (j % 2) & 0x0f0f0f0f;
+            uint32_t high = (uint32_t)word_at(b + 16 + 4 * k) >> j & 0x01010101;
+            q[k] = (int)(low | high << 4);
+        }
+        float sc, m;
+        k4_scale_min(b + 4, j, &sc, &m);
+        scale[0] = scale[1] = f16_at(b) * sc;
+        offset[0] = offset[1] = -(f16_at(b + 2) * m);
+    }
 };
 
 // 128 bytes of low nibbles, 64 of top 2 bits, 16 signed scales (groups of 16), d. In half
@@ -205,6 +354,22 @@ struct Q6_K {
             int low = (b[64 * half + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0xf;
             int high = (b[128 + 32 * half + l] >> (2 * k)) & 3;
             out[l] = dl * (float)((low | high << 4) - 32);
+        }
+    }
+    static constexpr int ZERO = 32;
+    __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
+        const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8, half = j / 4, k4 = j % 4;
+        const uint8_t* lows = b + 64 * half + 32 * (k4 % 2);
+        for (int k = 0; k < 8; ++k) {
+            uint32_t low = (uint32_t)word_at2(lows + 4 * k) >> 4 * (k4 / 2) & 0x0f0f0f0f;
+            uint32_t high = (uint32_t)word_at2(b + 128 + 32 * half + 4 * k) >> 2 * k4 & 0x03030303;
+            q[k] = (int)(low | high << 4);
+        }
+        float d = f16_at(b + 208);
+        for (int h = 0; h < 2; ++h) {
+            scale[h] = d * (float)(int8_t)b[192 + 2 * j + h];
+            offset[h] = 0.0f;
         }
     }
 };
@@ -250,18 +415,22 @@ struct KvQ8_0 {
     X(f16, KvF16)             \
     X(q8_0, KvQ8_0)
 
+// The quantized formats, for the integer products (matvec.cu): X(name, Format).
+#define FOR_EACH_QUANTIZED_FORMAT(X) \
+    X(q4_0, Q4_0)                    \
+    X(q4_1, Q4_1)                    \
+    X(q5_0, Q5_0)                    \
+    X(q5_1, Q5_1)                    \
+    X(q8_0, Q8_0)                    \
+    X(q2_k, Q2_K)                    \
+    X(q3_k, Q3_K)                    \
+    X(q4_k, Q4_K)                    \
+    X(q5_k, Q5_K)                    \
+    X(q6_k, Q6_K)
+
 // Every format, for kernels instantiated once per format: X(name, Format).
 #define FOR_EACH_FORMAT(X) \
     X(f32, F32)            \
     X(f16, F16)            \
     X(bf16, BF16)          \
-    X(q4_0, Q4_0)          \
-    X(q4_1, Q4_1)          \
-    X(q5_0, Q5_0)          \
-    X(q5_1, Q5_1)          \
-    X(q8_0, Q8_0)          \
-    X(q2_k, Q2_K)          \
-    X(q3_k, Q3_K)          \
-    X(q4_k, Q4_K)          \
-    X(q5_k, Q5_K)          \
-    X(q6_k, Q6_K)
+    FOR_EACH_QUANTIZED_FORMAT(X)

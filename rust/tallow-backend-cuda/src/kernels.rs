@@ -4,7 +4,7 @@ use tallow_quant::GgmlType;
 
 /// Every source of `kernels-cuda/` (name, text): what NVRTC compiles for a device, headers
 /// included.
-pub const SOURCES: [(&str, &str); 10] = [
+pub const SOURCES: [(&str, &str); 11] = [
     (
         "tallow.cuh",
         include_str!("../../../kernels-cuda/tallow.cuh"),
@@ -25,6 +25,7 @@ pub const SOURCES: [(&str, &str); 10] = [
     ("kv.cu", include_str!("../../../kernels-cuda/kv.cu")),
     ("logits.cu", include_str!("../../../kernels-cuda/logits.cu")),
     ("matmul.cu", include_str!("../../../kernels-cuda/matmul.cu")),
+    ("matvec.cu", include_str!("../../../kernels-cuda/matvec.cu")),
     ("rope.cu", include_str!("../../../kernels-cuda/rope.cu")),
     ("rows.cu", include_str!("../../../kernels-cuda/rows.cu")),
 ];
@@ -34,11 +35,22 @@ pub(crate) fn for_format(operation: &str, ty: GgmlType) -> String {
     format!("{operation}_{}", ty.name().to_lowercase())
 }
 
-/// Tokens a product's block takes (matmul.cu's TOKENS).
+/// Tokens a product's block takes (matmul.cu's TOKENS, matvec.cu's VEC_TOKENS).
 pub(crate) const PRODUCT_TOKENS: usize = 8;
 
 /// Weight rows a product's block takes, a warp each (matmul.cu's ROWS).
 pub(crate) const PRODUCT_ROWS: usize = 8;
+
+/// Weight rows an integer product's block takes, a warp each (matvec.cu's VEC_ROWS).
+pub(crate) const INTEGER_PRODUCT_ROWS: usize = 4;
+
+/// Whether products of `ty` weights in a step of `n_tokens` tokens take the integer kernels
+/// (matvec.cu), with the activations quantized to bytes: the quantized formats, in steps of
+/// at most one block's tokens (decode, where a product streams its weights once).
+pub(crate) fn integer_products(ty: GgmlType, n_tokens: usize) -> bool {
+    let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+    !float && n_tokens <= PRODUCT_TOKENS
+}
 
 /// The most experts a token may choose (experts.cu's MAX_TOP_K).
 pub(crate) const MAX_TOP_K: usize = 32;

@@ -77,6 +77,19 @@ impl<G: Gpu> CudaBackend<G> {
     }
 }
 
+/// The bound of the rounding error of the products of `ty` weights, relative to their
+/// magnitude `Σ|w·x|` (the conformance suite's `products_bound`). Products sum f32 values of
+/// the decoded weights (a row's runs of 32 in f32). Those of the quantized formats in steps of
+/// up to 8 tokens take the activations quantized to bytes a run of 32 (matvec.cu), each
+/// rounded by up to max|x| / 254; the emulation's kernel tests check them exactly against the
+/// rounded activations.
+pub fn products_bound(ty: GgmlType) -> f64 {
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1e-5,
+        _ => 1.0 / 64.0,
+    }
+}
+
 /// A weight matrix in its GGUF block format, row after row.
 pub struct Matrix<G: Gpu> {
     buffer: Buffer<G>,

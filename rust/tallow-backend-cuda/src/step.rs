@@ -10,8 +10,8 @@ use tallow_kv::PagedKvCache;
 
 use crate::gpu::{bytes_of, Args, Buffer, Device, Gpu};
 use crate::kernels::{
-    element_blocks, for_format, row_threads, ATTENTION_THREADS, MAX_TOP_K, PRODUCT_ROWS,
-    PRODUCT_TOKENS,
+    element_blocks, for_format, integer_products, row_threads, ATTENTION_THREADS,
+    INTEGER_PRODUCT_ROWS, MAX_TOP_K, PRODUCT_ROWS, PRODUCT_TOKENS,
 };
 use crate::pages::Pages;
 use crate::{CudaBackend, Matrix, Vector};
@@ -27,6 +27,13 @@ impl<G: Gpu> Rows<G> {
     fn len(&self) -> usize {
         self.n * self.width
     }
+}
+
+/// Rows of activations quantized for the integer products (matvec.cu's `quantize_q8`): a
+/// signed byte a value, and 16 bytes of scale and sums a run of 32.
+struct Quantized<G: Gpu> {
+    values: Buffer<G>,
+    runs: Buffer<G>,
 }
 
 /// What a layer group's attention reads, on the device.
@@ -118,24 +125,68 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
 
     /// `out = x · mᵀ` (`out` holds `x.n` rows of `m.rows`).
     fn product(&self, x: &Rows<G>, m: &Matrix<G>, out: &mut Rows<G>) -> Result<(), BackendError> {
+        self.product_of(x, &mut None, m, out)
+    }
+
+    /// `out = x · mᵀ`, taking x as `quantized` where it holds x's quantization (or leaving it
+    /// there for the next product of the same x, where this one quantizes it).
+    fn product_of(
+        &self,
+        x: &Rows<G>,
+        quantized: &mut Option<Quantized<G>>,
+        m: &Matrix<G>,
+        out: &mut Rows<G>,
+    ) -> Result<(), BackendError> {
         if x.width != m.cols || out.n != x.n || out.width != m.rows {
             return Err(BackendError::InvalidArgument(format!(
                 "a product of {}x{} rows and a {}x{} matrix into {}x{} rows",
                 x.n, x.width, m.rows, m.cols, out.n, out.width
             )));
         }
-        let mut args = Args::new();
-        args.ptr(m.buffer.ptr())
-            .ptr(x.buffer.ptr())
-            .ptr(out.buffer.ptr());
-        args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?.int(x.n)?;
         let tiles = x.n.div_ceil(PRODUCT_TOKENS) as u32;
+        let mut args = Args::new();
+        args.ptr(m.buffer.ptr());
+        if integer_products(m.ty, x.n) {
+            let q = match quantized {
+                Some(q) => q,
+                None => quantized.insert(self.quantize(x)?),
+            };
+            args.ptr(q.values.ptr())
+                .ptr(q.runs.ptr())
+                .ptr(out.buffer.ptr());
+            args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?.int(x.n)?;
+            return self.launch(
+                &for_format("matvec", m.ty),
+                [m.rows.div_ceil(INTEGER_PRODUCT_ROWS) as u32, tiles, 1],
+                32 * INTEGER_PRODUCT_ROWS as u32,
+                &args,
+            );
+        }
+        args.ptr(x.buffer.ptr()).ptr(out.buffer.ptr());
+        args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?.int(x.n)?;
         self.launch(
             &for_format("matmul", m.ty),
             [m.rows.div_ceil(PRODUCT_ROWS) as u32, tiles, 1],
             32 * PRODUCT_ROWS as u32,
             &args,
         )
+    }
+
+    /// x's rows (of whole runs of 32 values) quantized for the integer products.
+    fn quantize(&self, x: &Rows<G>) -> Result<Quantized<G>, BackendError> {
+        let n_runs = x.len() / 32;
+        let quantized = Quantized {
+            values: Buffer::for_step(self.device, x.len())?,
+            runs: Buffer::for_step(self.device, n_runs * 16)?,
+        };
+        let mut args = Args::new();
+        args.ptr(x.buffer.ptr())
+            .ptr(quantized.values.ptr())
+            .ptr(quantized.runs.ptr());
+        args.int(n_runs)?;
+        let blocks = [n_runs.div_ceil(8) as u32, 1, 1];
+        self.launch("quantize_q8", blocks, 256, &args)?;
+        Ok(quantized)
     }
 
     /// RMSNorm of each row of `width` values of `x` into `out` (which may be `x`).
@@ -223,10 +274,11 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
     }
 
     /// Each pair's row of `out` is its expert's matrix of `matrices` times its row of `input`
-    /// (row `pair / divisor`).
+    /// (row `pair / divisor`), taking `input` as `quantized` as [`Self::product_of`] does.
     fn expert_products(
         &self,
         input: &Rows<G>,
+        quantized: &mut Option<Quantized<G>>,
         divisor: usize,
         matrices: &[Matrix<G>],
         grouped: &Grouped<G>,
@@ -245,22 +297,32 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
             .collect();
         let table = Buffer::with_for_step(self.device, &addresses)?;
         let mut args = Args::new();
-        args.ptr(table.ptr())
-            .ptr(input.buffer.ptr())
-            .ptr(out.buffer.ptr());
+        args.ptr(table.ptr());
+        let (kernel, rows_a_block) = if integer_products(m.ty, self.n_tokens()) {
+            let q = match quantized {
+                Some(q) => q,
+                None => quantized.insert(self.quantize(input)?),
+            };
+            args.ptr(q.values.ptr()).ptr(q.runs.ptr());
+            ("matvec_experts", INTEGER_PRODUCT_ROWS)
+        } else {
+            args.ptr(input.buffer.ptr());
+            ("matmul_experts", PRODUCT_ROWS)
+        };
+        args.ptr(out.buffer.ptr());
         args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?;
         args.ptr(grouped.pairs.ptr())
             .ptr(grouped.tiles.ptr())
             .int(divisor)?;
         let grid = [
-            m.rows.div_ceil(PRODUCT_ROWS) as u32,
+            m.rows.div_ceil(rows_a_block) as u32,
             grouped.n_tiles as u32,
             1,
         ];
         self.launch(
-            &for_format("matmul_experts", m.ty),
+            &for_format(kernel, m.ty),
             grid,
-            32 * PRODUCT_ROWS as u32,
+            32 * rows_a_block as u32,
             &args,
         )
     }
@@ -373,8 +435,9 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
         matrices: [&Matrix<G>; N],
         outs: [&mut Rows<G>; N],
     ) -> Result<(), BackendError> {
+        let mut quantized = None;
         for (m, out) in matrices.into_iter().zip(outs) {
-            self.product(input, m, out)?;
+            self.product_of(input, &mut quantized, m, out)?;
         }
         Ok(())
     }
@@ -531,15 +594,16 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
         let grouped = self.group_pairs(router, n_expert, moe)?;
         let mut gate = self.new_rows(n * k, ff)?;
         let up = self.new_rows(n * k, ff)?;
-        self.expert_products(x, k, &experts.gate, &grouped, &gate)?;
-        self.expert_products(x, k, &experts.up, &grouped, &up)?;
+        let mut quantized = None;
+        self.expert_products(x, &mut quantized, k, &experts.gate, &grouped, &gate)?;
+        self.expert_products(x, &mut quantized, k, &experts.up, &grouped, &up)?;
         if let Some([gate_bias, up_bias, _]) = &experts.biases {
             self.expert_biases(&gate, gate_bias, &grouped)?;
             self.expert_biases(&up, up_bias, &grouped)?;
         }
         self.gated(moe.activation, &mut gate, &up)?;
         let down = self.new_rows(n * k, d)?;
-        self.expert_products(&gate, 1, &experts.down, &grouped, &down)?;
+        self.expert_products(&gate, &mut None, 1, &experts.down, &grouped, &down)?;
         if let Some([_, _, down_bias]) = &experts.biases {
             self.expert_biases(&down, down_bias, &grouped)?;
         }

@@ -33,9 +33,8 @@ impl Subject for RealGpu {
         format!("cuda:{}", ordinal())
     }
 
-    /// Products in f32 over the weights' decoded values, as on the emulation.
-    fn products_bound(_: &CudaBackend<Driver>, _: GgmlType) -> f64 {
-        1e-5
+    fn products_bound(_: &CudaBackend<Driver>, ty: GgmlType) -> f64 {
+        tallow_backend_cuda::products_bound(ty)
     }
 }
 

@@ -5,6 +5,7 @@
 //! `cargo run -p tallow-backend-cuda --features driver --example kernel_usage` prints it).
 
 use tallow_backend_cuda::{cubins, kernel_usage, SOURCES, WEIGHT_FORMATS};
+use tallow_quant::GgmlType;
 
 /// The kernels the backend launches, by name: the cubins must export each (`extern "C"`).
 fn kernel_names() -> Vec<String> {
@@ -21,6 +22,7 @@ fn kernel_names() -> Vec<String> {
         "group_pairs",
         "add_expert_biases",
         "combine_experts",
+        "quantize_q8",
     ];
     let fixed = fixed.into_iter().chain(["argmax_rows"]).map(String::from);
     let per_kv = ["f16", "q8_0"]
@@ -34,7 +36,14 @@ fn kernel_names() -> Vec<String> {
             format!("embed_{name}"),
         ]
     });
-    fixed.chain(per_kv).chain(per_format).collect()
+    // The integer products, of every quantized format.
+    let per_quantized = (WEIGHT_FORMATS.iter())
+        .filter(|ty| !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16))
+        .flat_map(|ty| {
+            let name = ty.name().to_lowercase();
+            [format!("matvec_{name}"), format!("matvec_experts_{name}")]
+        });
+    (fixed.chain(per_kv).chain(per_format).chain(per_quantized)).collect()
 }
 
 #[test]

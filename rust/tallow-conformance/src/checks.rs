@@ -224,26 +224,30 @@ fn experts_of_type_match_the_reference<S: Subject>(ty: GgmlType) {
                 routing,
                 activation,
             };
-            let (mut got, mut gated) = (vec![0f32; n * d], vec![0f32; n * d]);
-            run_rows(&backend, n, |step| {
-                let xs = step.upload(&x, d)?;
-                let logits = step.upload(&router, count)?;
-                let gates = step.upload(&router[..n], 1)?;
-                let mut out = step.rows(n, d)?;
-                step.experts(&xs, &logits, &experts, moe, &mut out)?;
-                step.read(&out, &mut got)?;
-                step.scale_by_sigmoid(&mut out, &gates)?;
-                step.read(&out, &mut gated)
-            });
-            let held_biases = with_biases.then_some(&bias_values[..]);
-            let (want, scale) = reference::experts(&x, &router, &held, held_biases, moe, d);
-            let what = format!("{ty} experts, {moe:?}, {}", S::describe(&backend));
-            assert_close(&got, &want, &scale, tolerance, &what);
-            let sigmoid = |t: usize| 1.0 / (1.0 + (-f64::from(router[t])).exp());
-            let want: Vec<f64> = (want.iter().enumerate())
-                .map(|(i, v)| v * sigmoid(i / d))
-                .collect();
-            assert_close(&gated, &want, &scale, tolerance, &format!("gated {what}"));
+            // All the tokens, and a step of 3 (decode's products, where a backend has them).
+            for n in [n, 3] {
+                let (x, router) = (&x[..n * d], &router[..n * count]);
+                let (mut got, mut gated) = (vec![0f32; n * d], vec![0f32; n * d]);
+                run_rows(&backend, n, |step| {
+                    let xs = step.upload(x, d)?;
+                    let logits = step.upload(router, count)?;
+                    let gates = step.upload(&router[..n], 1)?;
+                    let mut out = step.rows(n, d)?;
+                    step.experts(&xs, &logits, &experts, moe, &mut out)?;
+                    step.read(&out, &mut got)?;
+                    step.scale_by_sigmoid(&mut out, &gates)?;
+                    step.read(&out, &mut gated)
+                });
+                let held_biases = with_biases.then_some(&bias_values[..]);
+                let (want, scale) = reference::experts(x, router, &held, held_biases, moe, d);
+                let what = format!("{ty} experts x{n}, {moe:?}, {}", S::describe(&backend));
+                assert_close(&got, &want, &scale, tolerance, &what);
+                let sigmoid = |t: usize| 1.0 / (1.0 + (-f64::from(router[t])).exp());
+                let want: Vec<f64> = (want.iter().enumerate())
+                    .map(|(i, v)| v * sigmoid(i / d))
+                    .collect();
+                assert_close(&gated, &want, &scale, tolerance, &format!("gated {what}"));
+            }
         }
     }
 }

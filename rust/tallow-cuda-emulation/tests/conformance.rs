@@ -23,9 +23,8 @@ impl Subject for Cuda {
         "cuda (emulated)".into()
     }
 
-    /// Products in f32 over the weights' decoded values: sums of a row's runs of 32 in f32.
-    fn products_bound(_: &CudaBackend<Emulated>, _: GgmlType) -> f64 {
-        1e-5
+    fn products_bound(_: &CudaBackend<Emulated>, ty: GgmlType) -> f64 {
+        tallow_backend_cuda::products_bound(ty)
     }
 }
 

@@ -1,10 +1,13 @@
 //! The emulation itself: block reductions with blocks of one warp to 1024 threads (the
 //! backend launches one shape; the conformance suite checks what it computes), and the
 //! faults it reports: a divergent warp operation, mismatched arguments, unknown kernels.
+//! Also the integer products against their exact reference, which the suite cannot state.
 
 use tallow_backend_cuda::Args;
 use tallow_conformance::{assert_close, random, reference, widen, ROWS_TOLERANCE};
 use tallow_cuda_emulation::{host, launch};
+use tallow_quant::testing::{dequantized, random_blocks, Rng};
+use tallow_quant::GgmlType;
 
 fn ones(n: usize) -> Vec<f64> {
     vec![1.0; n]
@@ -97,4 +100,68 @@ fn unknown_kernels_and_mismatched_arguments_are_errors() {
         )
     };
     assert!(too_large.unwrap_err().0.contains("1 to 1024"));
+}
+
+/// The integer products (matvec.cu) in every quantized format, for 1 to 9 tokens: exactly
+/// the dequantized weights times the activations as `quantize_q8` rounds them (d = max|x| /
+/// 127 a run of 32, q = round(x / d)), up to f32 sums. The conformance suite compares them
+/// with the unquantized activations, within the rounding that quantizing them costs.
+#[test]
+fn integer_products_are_the_weights_times_the_quantized_activations() {
+    let quantized = tallow_backend_cuda::WEIGHT_FORMATS
+        .into_iter()
+        .filter(|ty| !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16));
+    for (f, ty) in quantized.enumerate() {
+        let (rows, cols) = (6, if ty.block_len() == 256 { 512 } else { 96 });
+        let bytes = random_blocks(&mut Rng::new(f as u64), ty, rows * cols / ty.block_len());
+        let w = dequantized(ty, &bytes);
+        // Word-aligned, as device allocations are.
+        let mut words = vec![0u32; bytes.len().div_ceil(4)];
+        bytemuck_copy(&bytes, &mut words);
+        for n in [1, 3, 9] {
+            let x = random(50 + n as u64, n * cols);
+            let n_runs = n * cols / 32;
+            let mut q = vec![0u32; n * cols / 4];
+            let mut runs = vec![0u32; 4 * n_runs];
+            let mut args = Args::new();
+            args.ptr(host(x.as_ptr()))
+                .ptr(host(q.as_mut_ptr()))
+                .ptr(host(runs.as_mut_ptr()))
+                .i32(n_runs as i32);
+            run("quantize_q8", n_runs.div_ceil(8) as u32, 256, &args);
+            let mut y = vec![0f32; n * rows];
+            let mut args = Args::new();
+            args.ptr(host(words.as_ptr()))
+                .ptr(host(q.as_ptr()))
+                .ptr(host(runs.as_ptr()))
+                .ptr(host(y.as_mut_ptr()));
+            for v in [rows, cols, bytes.len() / rows, n] {
+                args.i32(v as i32);
+            }
+            let name = format!("matvec_{}", ty.name().to_lowercase());
+            let grid = [rows.div_ceil(4) as u32, n.div_ceil(8) as u32, 1];
+            // SAFETY: the buffers hold what the kernels index: n rows of cols values.
+            unsafe { launch(&name, grid, [128, 1, 1], &args) }.unwrap();
+            let rounded: Vec<f32> = x
+                .chunks_exact(32)
+                .flat_map(|run| {
+                    let d = run.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+                    let inverse = if d == 0.0 { 0.0 } else { 1.0 / d };
+                    run.iter().map(move |v| (v * inverse).round_ties_even() * d)
+                })
+                .collect();
+            let (want, scale) = reference::products(&w, &rounded, cols);
+            let what = format!("{} x{n}", ty.name());
+            assert_close(&y, &want, &scale, 1e-5, &what);
+        }
+    }
+}
+
+/// `bytes` into the start of `words`, byte for byte.
+fn bytemuck_copy(bytes: &[u8], words: &mut [u32]) {
+    for (word, chunk) in words.iter_mut().zip(bytes.chunks(4)) {
+        let mut b = [0u8; 4];
+        b[..chunk.len()].copy_from_slice(chunk);
+        *word = u32::from_le_bytes(b);
+    }
 }
