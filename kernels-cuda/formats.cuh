@@ -374,6 +374,15 @@ struct Q6_K {
     }
 };
 
+// The activations of the integer products (matvec.cu, tiles.cu): each run of 32 values of a
+// row as signed bytes q (x ≈ d * q), and beside the bytes, the run's d and the sums of q over
+// its two halves of 16 (matvec.cu's quantize_q8).
+struct Q8Run {
+    float d;
+    int sums[2];
+    int unused;
+};
+
 // The KV page formats: each position of a head is a row of `row_bytes(head_dim)` bytes.
 // f16 values.
 struct KvF16 {

@@ -10,14 +10,6 @@
 // Weight rows of one block, a warp each.
 #define VEC_ROWS 4
 
-// One run of 32 activations, quantized: x ≈ d * q for the run's bytes q (`quantize_q8`), and
-// the sums of q over its two halves of 16.
-struct Q8Run {
-    float d;
-    int sums[2];
-    int unused;
-};
-
 // Runs of 32 values of x (rows of whole runs, one after the other) quantized as ggml's
 // quantize_row_q8_1 rounds them: d = max|x| / 127, q = round(x / d). A warp per run, 8 a block.
 extern "C" __global__ void quantize_q8(const float* x, int8_t* q, Q8Run* runs, int n_runs) {

@@ -4,7 +4,7 @@ use tallow_quant::GgmlType;
 
 /// Every source of `kernels-cuda/` (name, text): what NVRTC compiles for a device, headers
 /// included.
-pub const SOURCES: [(&str, &str); 11] = [
+pub const SOURCES: [(&str, &str); 12] = [
     (
         "tallow.cuh",
         include_str!("../../../kernels-cuda/tallow.cuh"),
@@ -28,6 +28,7 @@ pub const SOURCES: [(&str, &str); 11] = [
     ("matvec.cu", include_str!("../../../kernels-cuda/matvec.cu")),
     ("rope.cu", include_str!("../../../kernels-cuda/rope.cu")),
     ("rows.cu", include_str!("../../../kernels-cuda/rows.cu")),
+    ("tiles.cu", include_str!("../../../kernels-cuda/tiles.cu")),
 ];
 
 /// The kernel of `operation` (`"matmul"`, `"embed"`) for weights of `ty`: `matmul_q4_k`.
@@ -44,12 +45,35 @@ pub(crate) const PRODUCT_ROWS: usize = 8;
 /// Weight rows an integer product's block takes, a warp each (matvec.cu's VEC_ROWS).
 pub(crate) const INTEGER_PRODUCT_ROWS: usize = 4;
 
-/// Whether products of `ty` weights in a step of `n_tokens` tokens take the integer kernels
-/// (matvec.cu), with the activations quantized to bytes: the quantized formats, in steps of
-/// at most one block's tokens (decode, where a product streams its weights once).
-pub(crate) fn integer_products(ty: GgmlType, n_tokens: usize) -> bool {
-    let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-    !float && n_tokens <= PRODUCT_TOKENS
+/// Weight rows and tokens of a tiled integer product's block (tiles.cu's TILE_ROWS and
+/// TILE_TOKENS), and its threads.
+pub(crate) const TILE: usize = 64;
+pub(crate) const TILE_THREADS: u32 = 256;
+
+/// The kernels of a product of weights by a step's activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Product {
+    /// matmul.cu: f32 arithmetic over the decoded weights.
+    Float,
+    /// matvec.cu: the activations quantized to bytes, `dp4a` products a weight row a warp.
+    Vector,
+    /// tiles.cu: the same integer products in tiles of 64 rows by 64 tokens.
+    Tiles,
+}
+
+impl Product {
+    /// How products of `ty` weights run in a step of `n_tokens` tokens: the quantized formats
+    /// take the integer kernels, vectors for up to one block's tokens (decode, where a product
+    /// streams its weights once) and tiles for more; the float formats take f32 arithmetic.
+    pub(crate) fn of(ty: GgmlType, n_tokens: usize) -> Product {
+        if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            Product::Float
+        } else if n_tokens <= PRODUCT_TOKENS {
+            Product::Vector
+        } else {
+            Product::Tiles
+        }
+    }
 }
 
 /// The most experts a token may choose (experts.cu's MAX_TOP_K).

@@ -10,8 +10,8 @@ use tallow_kv::PagedKvCache;
 
 use crate::gpu::{bytes_of, Args, Buffer, Device, Gpu};
 use crate::kernels::{
-    element_blocks, for_format, integer_products, row_threads, ATTENTION_THREADS,
-    INTEGER_PRODUCT_ROWS, MAX_TOP_K, PRODUCT_ROWS, PRODUCT_TOKENS,
+    element_blocks, for_format, row_threads, Product, ATTENTION_THREADS, INTEGER_PRODUCT_ROWS,
+    MAX_TOP_K, PRODUCT_ROWS, PRODUCT_TOKENS, TILE, TILE_THREADS,
 };
 use crate::pages::Pages;
 use crate::{CudaBackend, Matrix, Vector};
@@ -143,33 +143,49 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
                 x.n, x.width, m.rows, m.cols, out.n, out.width
             )));
         }
-        let tiles = x.n.div_ceil(PRODUCT_TOKENS) as u32;
+        let product = Product::of(m.ty, x.n);
+        if product == Product::Tiles && m.rows.div_ceil(TILE) > MAX_GRID_Y {
+            return Err(BackendError::Unsupported(format!(
+                "a product of a matrix of {} rows on cuda",
+                m.rows
+            )));
+        }
         let mut args = Args::new();
         args.ptr(m.buffer.ptr());
-        if integer_products(m.ty, x.n) {
+        if product == Product::Float {
+            args.ptr(x.buffer.ptr());
+        } else {
             let q = match quantized {
                 Some(q) => q,
                 None => quantized.insert(self.quantize(x)?),
             };
-            args.ptr(q.values.ptr())
-                .ptr(q.runs.ptr())
-                .ptr(out.buffer.ptr());
-            args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?.int(x.n)?;
-            return self.launch(
-                &for_format("matvec", m.ty),
-                [m.rows.div_ceil(INTEGER_PRODUCT_ROWS) as u32, tiles, 1],
-                32 * INTEGER_PRODUCT_ROWS as u32,
-                &args,
-            );
+            args.ptr(q.values.ptr()).ptr(q.runs.ptr());
         }
-        args.ptr(x.buffer.ptr()).ptr(out.buffer.ptr());
+        args.ptr(out.buffer.ptr());
         args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?.int(x.n)?;
-        self.launch(
-            &for_format("matmul", m.ty),
-            [m.rows.div_ceil(PRODUCT_ROWS) as u32, tiles, 1],
-            32 * PRODUCT_ROWS as u32,
-            &args,
-        )
+        let tiles = |rows: usize, tokens: usize| [rows as u32, tokens as u32, 1];
+        let (kernel, grid, threads) = match product {
+            Product::Float => (
+                "matmul",
+                tiles(m.rows.div_ceil(PRODUCT_ROWS), x.n.div_ceil(PRODUCT_TOKENS)),
+                32 * PRODUCT_ROWS as u32,
+            ),
+            Product::Vector => (
+                "matvec",
+                tiles(
+                    m.rows.div_ceil(INTEGER_PRODUCT_ROWS),
+                    x.n.div_ceil(PRODUCT_TOKENS),
+                ),
+                32 * INTEGER_PRODUCT_ROWS as u32,
+            ),
+            // Tokens along x: neighbouring blocks share their weights.
+            Product::Tiles => (
+                "tiles",
+                [x.n.div_ceil(TILE) as u32, m.rows.div_ceil(TILE) as u32, 1],
+                TILE_THREADS,
+            ),
+        };
+        self.launch(&for_format(kernel, m.ty), grid, threads, &args)
     }
 
     /// x's rows (of whole runs of 32 values) quantized for the integer products.
@@ -298,7 +314,8 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
         let table = Buffer::with_for_step(self.device, &addresses)?;
         let mut args = Args::new();
         args.ptr(table.ptr());
-        let (kernel, rows_a_block) = if integer_products(m.ty, self.n_tokens()) {
+        // Tiles of a mixture's pairs are cut for blocks of PRODUCT_TOKENS.
+        let (kernel, rows_a_block) = if Product::of(m.ty, self.n_tokens()) == Product::Vector {
             let q = match quantized {
                 Some(q) => q,
                 None => quantized.insert(self.quantize(input)?),

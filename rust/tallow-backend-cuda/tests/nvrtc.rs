@@ -41,7 +41,11 @@ fn kernel_names() -> Vec<String> {
         .filter(|ty| !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16))
         .flat_map(|ty| {
             let name = ty.name().to_lowercase();
-            [format!("matvec_{name}"), format!("matvec_experts_{name}")]
+            [
+                format!("matvec_{name}"),
+                format!("matvec_experts_{name}"),
+                format!("tiles_{name}"),
+            ]
         });
     (fixed.chain(per_kv).chain(per_format).chain(per_quantized)).collect()
 }

@@ -102,23 +102,29 @@ fn unknown_kernels_and_mismatched_arguments_are_errors() {
     assert!(too_large.unwrap_err().0.contains("1 to 1024"));
 }
 
-/// The integer products (matvec.cu) in every quantized format, for 1 to 9 tokens: exactly
-/// the dequantized weights times the activations as `quantize_q8` rounds them (d = max|x| /
-/// 127 a run of 32, q = round(x / d)), up to f32 sums. The conformance suite compares them
-/// with the unquantized activations, within the rounding that quantizing them costs.
+/// The integer products in every quantized format, matvec.cu's for 1 to 9 tokens and
+/// tiles.cu's for tiles cut by the matrix's and the step's edges: exactly the dequantized
+/// weights times the activations as `quantize_q8` rounds them (d = max|x| / 127 a run of 32,
+/// q = round(x / d)), up to f32 sums. The conformance suite compares them with the
+/// unquantized activations, within the rounding that quantizing them costs.
 #[test]
 fn integer_products_are_the_weights_times_the_quantized_activations() {
     let quantized = tallow_backend_cuda::WEIGHT_FORMATS
         .into_iter()
         .filter(|ty| !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16));
     for (f, ty) in quantized.enumerate() {
-        let (rows, cols) = (6, if ty.block_len() == 256 { 512 } else { 96 });
-        let bytes = random_blocks(&mut Rng::new(f as u64), ty, rows * cols / ty.block_len());
-        let w = dequantized(ty, &bytes);
-        // Word-aligned, as device allocations are.
-        let mut words = vec![0u32; bytes.len().div_ceil(4)];
-        bytemuck_copy(&bytes, &mut words);
-        for n in [1, 3, 9] {
+        let cols = if ty.block_len() == 256 { 512 } else { 160 };
+        let name = ty.name().to_lowercase();
+        for (kernel, rows, n) in [("matvec", 6, 1), ("matvec", 6, 3), ("matvec", 6, 9)]
+            .into_iter()
+            .chain([("tiles", 70, 9), ("tiles", 70, 70)])
+        {
+            let blocks = rows * cols / ty.block_len();
+            let bytes = random_blocks(&mut Rng::new(f as u64), ty, blocks);
+            let w = dequantized(ty, &bytes);
+            // Word-aligned, as device allocations are.
+            let mut words = vec![0u32; bytes.len().div_ceil(4)];
+            bytemuck_copy(&bytes, &mut words);
             let x = random(50 + n as u64, n * cols);
             let n_runs = n * cols / 32;
             let mut q = vec![0u32; n * cols / 4];
@@ -138,10 +144,13 @@ fn integer_products_are_the_weights_times_the_quantized_activations() {
             for v in [rows, cols, bytes.len() / rows, n] {
                 args.i32(v as i32);
             }
-            let name = format!("matvec_{}", ty.name().to_lowercase());
-            let grid = [rows.div_ceil(4) as u32, n.div_ceil(8) as u32, 1];
+            let (grid, threads) = match kernel {
+                "matvec" => ([rows.div_ceil(4), n.div_ceil(8)], 128),
+                _ => ([n.div_ceil(64), rows.div_ceil(64)], 256),
+            };
+            let grid = [grid[0] as u32, grid[1] as u32, 1];
             // SAFETY: the buffers hold what the kernels index: n rows of cols values.
-            unsafe { launch(&name, grid, [128, 1, 1], &args) }.unwrap();
+            unsafe { launch(&format!("{kernel}_{name}"), grid, [threads, 1, 1], &args) }.unwrap();
             let rounded: Vec<f32> = x
                 .chunks_exact(32)
                 .flat_map(|run| {
@@ -151,7 +160,7 @@ fn integer_products_are_the_weights_times_the_quantized_activations() {
                 })
                 .collect();
             let (want, scale) = reference::products(&w, &rounded, cols);
-            let what = format!("{} x{n}", ty.name());
+            let what = format!("{kernel} {} {rows}x{cols} x{n}", ty.name());
             assert_close(&y, &want, &scale, 1e-5, &what);
         }
     }

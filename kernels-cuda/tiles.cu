@@ -1,0 +1,130 @@
+// Integer products for steps of more than 8 tokens (prefill, large batches): a block takes a
+// tile of 64 weight rows by 64 tokens and walks the rows' length 4 runs of 32 values at a
+// time. Each pass copies the tile's runs to shared memory, the weights as Format::ints gives
+// them (bytes, a scale and an offset per half run) and the activations as quantize_q8 left
+// them, and each thread multiplies 4 rows by 4 tokens out of shared memory with dp4a, so each
+// weight byte is read from memory once per 64 tokens (matmul.cu's tiles take 8).
+
+#include "formats.cuh"
+
+#define TILE_ROWS 64
+#define TILE_TOKENS 64
+// Runs of 32 values a pass.
+#define TILE_RUNS 4
+// Words of a tile's row in shared memory: a pass's runs, and one more so that the 16 tokens
+// (or rows) a warp reads at once fall in 16 different banks.
+#define TILE_WORDS (8 * TILE_RUNS + 1)
+
+// y[t * rows + r] = x[t] · w[r]. Block (a, b) takes tokens 64a.. and rows 64b.. (neighbouring
+// blocks share weights, read from memory once for all of a step's tokens while the
+// activations stay in L2). Thread (tx, ty) = (i % 16, i / 16) takes rows ty + 16i and tokens
+// tx + 16j (i, j < 4).
+template <class Format>
+__device__ void tiles(const uint8_t* w, const int8_t* q, const Q8Run* runs, float* y, int rows,
+                      int cols, int row_bytes, int n) {
+    __shared__ int w_quants[TILE_ROWS][TILE_WORDS];
+    __shared__ float w_scales[TILE_ROWS][TILE_RUNS][4];  // scale, scale, offset, offset
+    __shared__ int x_quants[TILE_TOKENS][TILE_WORDS];
+    __shared__ Q8Run x_runs[TILE_TOKENS][TILE_RUNS];
+    int first_token = blockIdx.x * TILE_TOKENS, first_row = blockIdx.y * TILE_ROWS;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    int n_runs = cols / 32;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    }
+    for (int base = 0; base < n_runs; base += TILE_RUNS) {
+        __syncthreads();  // the last pass has read the tiles
+        {
+            // A (row, run) of the weights and a (token, run)'s scale and sums a thread.
+            int row = threadIdx.x / TILE_RUNS, run = threadIdx.x % TILE_RUNS;
+            int quants[8];
+            float scale[2] = {0.0f, 0.0f}, offset[2] = {0.0f, 0.0f};
+            bool inside = first_row + row < rows && base + run < n_runs;
+            if (inside) {
+                const uint8_t* w_row = w + (size_t)(first_row + row) * row_bytes;
+                Format::ints(w_row, base + run, quants, scale, offset);
+            }
+#pragma unroll
+            for (int k = 0; k < 8; ++k) w_quants[row][8 * run + k] = inside ? quants[k] : 0;
+            w_scales[row][run][0] = scale[0];
+            w_scales[row][run][1] = scale[1];
+            w_scales[row][run][2] = offset[0];
+            w_scales[row][run][3] = offset[1];
+            int token = row;
+            Q8Run x = {0.0f, {0, 0}, 0};
+            if (first_token + token < n && base + run < n_runs) {
+                x = runs[(size_t)(first_token + token) * n_runs + base + run];
+            }
+            x_runs[token][run] = x;
+        }
+        // The activations' bytes: neighbouring threads read neighbouring words.
+        for (int e = threadIdx.x; e < TILE_TOKENS * 8 * TILE_RUNS; e += 256) {
+            int token = e / (8 * TILE_RUNS), word = e % (8 * TILE_RUNS);
+            int value = 0;
+            if (first_token + token < n && base + word / 8 < n_runs) {
+                size_t at = (size_t)(first_token + token) * cols + 32 * base + 4 * word;
+                value = word_at((const uint8_t*)q + at);
+            }
+            x_quants[token][word] = value;
+        }
+        __syncthreads();
+        for (int run = 0; run < TILE_RUNS && base + run < n_runs; ++run) {
+            int dot[4][4][2];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) dot[i][j][0] = dot[i][j][1] = 0;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                int wk[4], xk[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) wk[i] = w_quants[ty + 16 * i][8 * run + k];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) xk[j] = x_quants[tx + 16 * j][8 * run + k];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        dot[i][j][k / 4] = __dp4a(wk[i], xk[j], dot[i][j][k / 4]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                Q8Run x = x_runs[tx + 16 * j][run];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float* s = w_scales[ty + 16 * i][run];
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        sum += s[h] * (float)(dot[i][j][h] - Format::ZERO * x.sums[h]) +
+                               s[2 + h] * (float)x.sums[h];
+                    }
+                    acc[i][j] += x.d * sum;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            int r = first_row + ty + 16 * i, t = first_token + tx + 16 * j;
+            if (r < rows && t < n) y[(size_t)t * rows + r] = acc[i][j];
+        }
+    }
+}
+
+#define TILES(name, Format)                                                                \
+    extern "C" __global__ void __launch_bounds__(256) tiles_##name(                        \
+        const uint8_t* w, const int8_t* q, const Q8Run* runs, float* y, int rows, int cols, \
+        int row_bytes, int n) {                                                            \
+        tiles<Format>(w, q, runs, y, rows, cols, row_bytes, n);                             \
+    }                                                                                      \
+    TALLOW_EXPORT(tiles_##name)
+FOR_EACH_QUANTIZED_FORMAT(TILES)
