@@ -137,6 +137,11 @@ pub(crate) struct Device<G: Gpu> {
     spare: Mutex<Spare>,
     /// The most bytes of spare step buffers kept: a 16th of the device's memory, at most 1 GiB.
     spare_limit: usize,
+    /// Tables of experts' addresses (the experts' products take one), each made the first time
+    /// a step uses it and kept, with its size, until the device is dropped. A table is keyed
+    /// by what it holds, so one that outlives the matrices it names is never read wrongly;
+    /// uploading one per product would wait, each time, for every launch before it.
+    address_tables: Mutex<HashMap<Vec<u64>, (DevicePtr, usize)>>,
 }
 
 /// Step buffers given back, by size, for later steps to take instead of allocating: a step
@@ -164,7 +169,24 @@ impl<G: Gpu> Device<G> {
             usage: Usage::default(),
             spare: Mutex::default(),
             spare_limit,
+            address_tables: Mutex::default(),
         }
+    }
+
+    /// A table on the device holding `addresses`, made once for each list of them.
+    pub fn address_table(&self, addresses: &[u64]) -> Result<DevicePtr, BackendError> {
+        let mut tables = (self.address_tables.lock()).unwrap_or_else(|e| e.into_inner());
+        if let Some(&(ptr, _)) = tables.get(addresses) {
+            return Ok(ptr);
+        }
+        let bytes: Vec<u8> = addresses.iter().flat_map(|a| a.to_ne_bytes()).collect();
+        let ptr = self.alloc(bytes.len())?;
+        if let Err(e) = self.gpu.write(ptr, &bytes) {
+            self.free(ptr, bytes.len());
+            return Err(e);
+        }
+        tables.insert(addresses.to_vec(), (ptr, bytes.len()));
+        Ok(ptr)
     }
 
     /// `bytes` of fresh device memory, counted in use; where the device is full, the spare
@@ -205,6 +227,14 @@ impl<G: Gpu> Device<G> {
 impl<G: Gpu> Drop for Device<G> {
     fn drop(&mut self) {
         self.release_spare();
+        let tables = std::mem::take(
+            self.address_tables
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for (ptr, bytes) in tables.into_values() {
+            self.free(ptr, bytes);
+        }
     }
 }
 

@@ -308,12 +308,9 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
                 input.n, input.width, m.rows, m.cols, out.n, out.width
             )));
         }
-        let addresses: Vec<u8> = (matrices.iter())
-            .flat_map(|e| e.buffer.ptr().0.to_ne_bytes())
-            .collect();
-        let table = Buffer::with_for_step(self.device, &addresses)?;
+        let addresses: Vec<u64> = matrices.iter().map(|e| e.buffer.ptr().0).collect();
         let mut args = Args::new();
-        args.ptr(table.ptr());
+        args.ptr(self.device.address_table(&addresses)?);
         // Tiles of a mixture's pairs are cut for blocks of PRODUCT_TOKENS.
         let (kernel, rows_a_block) = if Product::of(m.ty, self.n_tokens()) == Product::Vector {
             let q = match quantized {
