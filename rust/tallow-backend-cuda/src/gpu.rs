@@ -269,19 +269,21 @@ impl<G: Gpu> Buffer<G> {
 
     /// `bytes` of zeroed memory for one step: a spare buffer where there is one.
     pub fn for_step(device: &Arc<Device<G>>, bytes: usize) -> Result<Self, BackendError> {
-        let buffer = Self::uninit_for_step(device, bytes)?;
+        let buffer = Self::scratch_for_step(device, bytes)?;
         device.gpu.zero(buffer.ptr, bytes)?;
         Ok(buffer)
     }
 
     /// A buffer holding `data` for one step.
     pub fn with_for_step(device: &Arc<Device<G>>, data: &[u8]) -> Result<Self, BackendError> {
-        let buffer = Self::uninit_for_step(device, data.len())?;
+        let buffer = Self::scratch_for_step(device, data.len())?;
         device.gpu.write(buffer.ptr, data)?;
         Ok(buffer)
     }
 
-    fn uninit_for_step(device: &Arc<Device<G>>, bytes: usize) -> Result<Self, BackendError> {
+    /// `bytes` for one step, holding whatever an earlier step left there: for what kernels
+    /// write whole before anything reads it (zeroing is a call to the driver a buffer).
+    pub fn scratch_for_step(device: &Arc<Device<G>>, bytes: usize) -> Result<Self, BackendError> {
         let size = step_size(bytes);
         let spare = {
             let mut spare = device.spare();

@@ -117,7 +117,8 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
 
     fn new_rows(&self, n: usize, width: usize) -> Result<Rows<G>, BackendError> {
         Ok(Rows {
-            buffer: Buffer::for_step(self.device, n * width * 4)?,
+            // The seam's rows are written before they are read.
+            buffer: Buffer::scratch_for_step(self.device, n * width * 4)?,
             n,
             width,
         })
@@ -192,8 +193,8 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
     fn quantize(&self, x: &Rows<G>) -> Result<Quantized<G>, BackendError> {
         let n_runs = x.len() / 32;
         let quantized = Quantized {
-            values: Buffer::for_step(self.device, x.len())?,
-            runs: Buffer::for_step(self.device, n_runs * 16)?,
+            values: Buffer::scratch_for_step(self.device, x.len())?,
+            runs: Buffer::scratch_for_step(self.device, n_runs * 16)?,
         };
         let mut args = Args::new();
         args.ptr(x.buffer.ptr())
