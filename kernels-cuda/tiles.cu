@@ -15,18 +15,18 @@
 // (or rows) a warp reads at once fall in 16 different banks.
 #define TILE_WORDS (8 * TILE_RUNS + 1)
 
-// y[t * rows + r] = x[t] · w[r]. Block (a, b) takes tokens 64a.. and rows 64b.. (neighbouring
-// blocks share weights, read from memory once for all of a step's tokens while the
-// activations stay in L2). Thread (tx, ty) = (i % 16, i / 16) takes rows ty + 16i and tokens
-// tx + 16j (i, j < 4).
+// y[out[t] * rows + r] = x[in[t]] · w[r] for the block's `count` tokens (at most TILE_TOKENS;
+// `in` and `out` in shared memory, written before the call) and rows 64b.. of block (a, b).
+// Thread (tx, ty) = (i % 16, i / 16) takes rows ty + 16i and tokens tx + 16j (i, j < 4).
 template <class Format>
-__device__ void tiles(const uint8_t* w, const int8_t* q, const Q8Run* runs, float* y, int rows,
-                      int cols, int row_bytes, int n) {
+__device__ void tile_product(const uint8_t* w, const int8_t* q, const Q8Run* runs, float* y,
+                             int rows, int cols, int row_bytes, int count, const int* in,
+                             const int* out) {
     __shared__ int w_quants[TILE_ROWS][TILE_WORDS];
     __shared__ float w_scales[TILE_ROWS][TILE_RUNS][4];  // scale, scale, offset, offset
     __shared__ int x_quants[TILE_TOKENS][TILE_WORDS];
     __shared__ Q8Run x_runs[TILE_TOKENS][TILE_RUNS];
-    int first_token = blockIdx.x * TILE_TOKENS, first_row = blockIdx.y * TILE_ROWS;
+    int first_row = blockIdx.y * TILE_ROWS;
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     int n_runs = cols / 32;
     float acc[4][4];
@@ -36,7 +36,7 @@ __device__ void tiles(const uint8_t* w, const int8_t* q, const Q8Run* runs, floa
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
     }
     for (int base = 0; base < n_runs; base += TILE_RUNS) {
-        __syncthreads();  // the last pass has read the tiles
+        __syncthreads();  // the last pass has read the tiles (the first: `in`, `out` written)
         {
             // A (row, run) of the weights and a (token, run)'s scale and sums a thread.
             int row = threadIdx.x / TILE_RUNS, run = threadIdx.x % TILE_RUNS;
@@ -55,8 +55,8 @@ __device__ void tiles(const uint8_t* w, const int8_t* q, const Q8Run* runs, floa
             w_scales[row][run][3] = offset[1];
             int token = row;
             Q8Run x = {0.0f, {0, 0}, 0};
-            if (first_token + token < n && base + run < n_runs) {
-                x = runs[(size_t)(first_token + token) * n_runs + base + run];
+            if (token < count && base + run < n_runs) {
+                x = runs[(size_t)in[token] * n_runs + base + run];
             }
             x_runs[token][run] = x;
         }
@@ -64,8 +64,8 @@ __device__ void tiles(const uint8_t* w, const int8_t* q, const Q8Run* runs, floa
         for (int e = threadIdx.x; e < TILE_TOKENS * 8 * TILE_RUNS; e += 256) {
             int token = e / (8 * TILE_RUNS), word = e % (8 * TILE_RUNS);
             int value = 0;
-            if (first_token + token < n && base + word / 8 < n_runs) {
-                size_t at = (size_t)(first_token + token) * cols + 32 * base + 4 * word;
+            if (token < count && base + word / 8 < n_runs) {
+                size_t at = (size_t)in[token] * cols + 32 * base + 4 * word;
                 value = word_at((const uint8_t*)q + at);
             }
             x_quants[token][word] = value;
@@ -114,17 +114,55 @@ __device__ void tiles(const uint8_t* w, const int8_t* q, const Q8Run* runs, floa
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            int r = first_row + ty + 16 * i, t = first_token + tx + 16 * j;
-            if (r < rows && t < n) y[(size_t)t * rows + r] = acc[i][j];
+            int r = first_row + ty + 16 * i, t = tx + 16 * j;
+            if (r < rows && t < count) y[(size_t)out[t] * rows + r] = acc[i][j];
         }
     }
 }
 
-#define TILES(name, Format)                                                                \
-    extern "C" __global__ void __launch_bounds__(256) tiles_##name(                        \
-        const uint8_t* w, const int8_t* q, const Q8Run* runs, float* y, int rows, int cols, \
-        int row_bytes, int n) {                                                            \
-        tiles<Format>(w, q, runs, y, rows, cols, row_bytes, n);                             \
-    }                                                                                      \
-    TALLOW_EXPORT(tiles_##name)
+// The `n` tokens of x, TILE_TOKENS * a.. in block (a, b): neighbouring blocks share their
+// weights, read from memory once for all of a step's tokens while the activations stay in L2.
+template <class Format>
+__device__ void tiles(const uint8_t* w, const int8_t* q, const Q8Run* runs, float* y, int rows,
+                      int cols, int row_bytes, int n) {
+    __shared__ int token_rows[TILE_TOKENS];
+    int first = blockIdx.x * TILE_TOKENS;
+    if (threadIdx.x < TILE_TOKENS) token_rows[threadIdx.x] = first + threadIdx.x;
+    int count = n - first < TILE_TOKENS ? n - first : TILE_TOKENS;
+    tile_product<Format>(w, q, runs, y, rows, cols, row_bytes, count, token_rows, token_rows);
+}
+
+// A mixture of experts' products, as matvec.cu's matvec_experts with tiles of up to
+// TILE_TOKENS pairs (block (i, b): tile i of `tiles`, rows 64b..).
+template <class Format>
+__device__ void tiles_experts(const uint64_t* experts, const int8_t* q, const Q8Run* runs,
+                              float* y, int rows, int cols, int row_bytes,
+                              const uint32_t* pairs, const uint32_t* tiles, int divisor) {
+    __shared__ int in[TILE_TOKENS], out[TILE_TOKENS];
+    const uint32_t* tile = tiles + 4 * blockIdx.x;
+    int count = (int)tile[2];
+    if (count == 0) return;  // the whole block
+    if (threadIdx.x < TILE_TOKENS) {
+        int pair = (int)pairs[tile[1] + (threadIdx.x < count ? threadIdx.x : count - 1)];
+        in[threadIdx.x] = pair / divisor;
+        out[threadIdx.x] = pair;
+    }
+    const uint8_t* w = (const uint8_t*)experts[tile[0]];
+    tile_product<Format>(w, q, runs, y, rows, cols, row_bytes, count, in, out);
+}
+
+#define TILES(name, Format)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) tiles_##name(                         \
+        const uint8_t* w, const int8_t* q, const Q8Run* runs, float* y, int rows, int cols,  \
+        int row_bytes, int n) {                                                             \
+        tiles<Format>(w, q, runs, y, rows, cols, row_bytes, n);                              \
+    }                                                                                       \
+    TALLOW_EXPORT(tiles_##name)                                                             \
+    extern "C" __global__ void __launch_bounds__(256) tiles_experts_##name(                 \
+        const uint64_t* experts, const int8_t* q, const Q8Run* runs, float* y, int rows,     \
+        int cols, int row_bytes, const uint32_t* pairs, const uint32_t* tiles, int divisor) { \
+        tiles_experts<Format>(experts, q, runs, y, rows, cols, row_bytes, pairs, tiles,      \
+                              divisor);                                                     \
+    }                                                                                       \
+    TALLOW_EXPORT(tiles_experts_##name)
 FOR_EACH_QUANTIZED_FORMAT(TILES)

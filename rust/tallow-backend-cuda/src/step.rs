@@ -239,6 +239,9 @@ struct Grouped<G: Gpu> {
     pairs: Buffer<G>,
     tiles: Buffer<G>,
     n_tiles: usize,
+    /// The most pairs of a tile: TILE where every product of the block takes tiles.cu's
+    /// kernels, PRODUCT_TOKENS otherwise.
+    per_tile: usize,
 }
 
 impl<'s, G: Gpu> CudaStep<'s, G> {
@@ -248,6 +251,7 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
         router: &Rows<G>,
         n_expert: usize,
         moe: Moe,
+        per_tile: usize,
     ) -> Result<Grouped<G>, BackendError> {
         let (n, k) = (self.n_tokens(), moe.top_k);
         if k == 0 || k > MAX_TOP_K || k > n_expert {
@@ -256,7 +260,7 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
             )));
         }
         // Every expert's run ends in a tile that may not be full.
-        let n_tiles = (n * k).div_ceil(PRODUCT_TOKENS) + n_expert.min(n * k);
+        let n_tiles = (n * k).div_ceil(per_tile) + n_expert.min(n * k);
         if n_tiles > MAX_GRID_Y {
             return Err(BackendError::Unsupported(format!(
                 "{n} tokens in one step of a mixture of experts on cuda"
@@ -268,6 +272,7 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
             pairs: Buffer::for_step(self.device, n * k * 4)?,
             tiles: Buffer::for_step(self.device, n_tiles * 16)?,
             n_tiles,
+            per_tile,
         };
         let mut args = Args::new();
         args.ptr(router.buffer.ptr())
@@ -284,7 +289,7 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
             .ptr(grouped.tiles.ptr());
         args.int(n * k)?
             .int(n_expert)?
-            .int(PRODUCT_TOKENS)?
+            .int(per_tile)?
             .int(n_tiles)?;
         self.launch("group_pairs", [1, 1, 1], 32, &args)?;
         Ok(grouped)
@@ -312,34 +317,42 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
         let addresses: Vec<u64> = matrices.iter().map(|e| e.buffer.ptr().0).collect();
         let mut args = Args::new();
         args.ptr(self.device.address_table(&addresses)?);
-        // Tiles of a mixture's pairs are cut for blocks of PRODUCT_TOKENS.
-        let (kernel, rows_a_block) = if Product::of(m.ty, self.n_tokens()) == Product::Vector {
+        let product = match Product::of(m.ty, self.n_tokens()) {
+            // Where another of the block's matrices cannot take tiles, they are cut for all.
+            Product::Tiles if grouped.per_tile != TILE => Product::Float,
+            product => product,
+        };
+        if product == Product::Float {
+            args.ptr(input.buffer.ptr());
+        } else {
             let q = match quantized {
                 Some(q) => q,
                 None => quantized.insert(self.quantize(input)?),
             };
             args.ptr(q.values.ptr()).ptr(q.runs.ptr());
-            ("matvec_experts", INTEGER_PRODUCT_ROWS)
-        } else {
-            args.ptr(input.buffer.ptr());
-            ("matmul_experts", PRODUCT_ROWS)
-        };
+        }
         args.ptr(out.buffer.ptr());
         args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?;
         args.ptr(grouped.pairs.ptr())
             .ptr(grouped.tiles.ptr())
             .int(divisor)?;
-        let grid = [
-            m.rows.div_ceil(rows_a_block) as u32,
-            grouped.n_tiles as u32,
-            1,
-        ];
-        self.launch(
-            &for_format(kernel, m.ty),
-            grid,
-            32 * rows_a_block as u32,
-            &args,
-        )
+        let (tiles, rows) = (grouped.n_tiles as u32, |a_block: usize| {
+            m.rows.div_ceil(a_block) as u32
+        });
+        let (kernel, grid, threads) = match product {
+            Product::Float => (
+                "matmul_experts",
+                [rows(PRODUCT_ROWS), tiles, 1],
+                32 * PRODUCT_ROWS as u32,
+            ),
+            Product::Vector => (
+                "matvec_experts",
+                [rows(INTEGER_PRODUCT_ROWS), tiles, 1],
+                32 * INTEGER_PRODUCT_ROWS as u32,
+            ),
+            Product::Tiles => ("tiles_experts", [tiles, rows(TILE), 1], TILE_THREADS),
+        };
+        self.launch(&for_format(kernel, m.ty), grid, threads, &args)
     }
 
     /// Adds each pair's expert's bias (`biases`: every expert's, a row each).
@@ -606,7 +619,13 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
                 n * n_expert,
             ));
         }
-        let grouped = self.group_pairs(router, n_expert, moe)?;
+        let tiled = |m: &[Matrix<G>]| Product::of(m[0].ty, n) == Product::Tiles;
+        let per_tile = if tiled(&experts.gate) && tiled(&experts.up) && tiled(&experts.down) {
+            TILE
+        } else {
+            PRODUCT_TOKENS
+        };
+        let grouped = self.group_pairs(router, n_expert, moe, per_tile)?;
         let mut gate = self.new_rows(n * k, ff)?;
         let up = self.new_rows(n * k, ff)?;
         let mut quantized = None;

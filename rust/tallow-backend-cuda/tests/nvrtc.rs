@@ -45,6 +45,7 @@ fn kernel_names() -> Vec<String> {
                 format!("matvec_{name}"),
                 format!("matvec_experts_{name}"),
                 format!("tiles_{name}"),
+                format!("tiles_experts_{name}"),
             ]
         });
     (fixed.chain(per_kv).chain(per_format).chain(per_quantized)).collect()
