@@ -153,15 +153,7 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
         }
         let mut args = Args::new();
         args.ptr(m.buffer.ptr());
-        if product == Product::Float {
-            args.ptr(x.buffer.ptr());
-        } else {
-            let q = match quantized {
-                Some(q) => q,
-                None => quantized.insert(self.quantize(x)?),
-            };
-            args.ptr(q.values.ptr()).ptr(q.runs.ptr());
-        }
+        self.activations(&mut args, product, x, quantized)?;
         args.ptr(out.buffer.ptr());
         args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?.int(x.n)?;
         let tiles = |rows: usize, tokens: usize| [rows as u32, tokens as u32, 1];
@@ -187,6 +179,27 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
             ),
         };
         self.launch(&for_format(kernel, m.ty), grid, threads, &args)
+    }
+
+    /// The activations' arguments of a `product` kernel: x, or for the integer products x's
+    /// quantization (`quantized`, made here where it does not hold it yet).
+    fn activations(
+        &self,
+        args: &mut Args,
+        product: Product,
+        x: &Rows<G>,
+        quantized: &mut Option<Quantized<G>>,
+    ) -> Result<(), BackendError> {
+        if product == Product::Float {
+            args.ptr(x.buffer.ptr());
+            return Ok(());
+        }
+        let q = match quantized {
+            Some(q) => q,
+            None => quantized.insert(self.quantize(x)?),
+        };
+        args.ptr(q.values.ptr()).ptr(q.runs.ptr());
+        Ok(())
     }
 
     /// x's rows (of whole runs of 32 values) quantized for the integer products.
@@ -322,15 +335,7 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
             Product::Tiles if grouped.per_tile != TILE => Product::Float,
             product => product,
         };
-        if product == Product::Float {
-            args.ptr(input.buffer.ptr());
-        } else {
-            let q = match quantized {
-                Some(q) => q,
-                None => quantized.insert(self.quantize(input)?),
-            };
-            args.ptr(q.values.ptr()).ptr(q.runs.ptr());
-        }
+        self.activations(&mut args, product, input, quantized)?;
         args.ptr(out.buffer.ptr());
         args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?;
         args.ptr(grouped.pairs.ptr())
