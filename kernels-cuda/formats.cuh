@@ -5,7 +5,8 @@
 // The quantized formats also give a run as integers, for the integer products (matvec.cu):
 // `ints(row, r, q, scale, offset)` writes the run's quants as bytes, four to a word in the
 // order of the values (q[k] holds values 4k..4k + 4), such that value 16h + i of the run is
-// scale[h] * (quant_i - ZERO) + offset[h] (h: the run's first or second half of 16).
+// scale[h] * (quant_i - ZERO) + offset[h] (h: the run's first or second half of 16). HALVES
+// is 2 where the halves' scales differ (Q2_K, Q3_K, Q6_K), 1 where they are the same.
 #pragma once
 
 #include "tallow.cuh"
@@ -104,6 +105,7 @@ struct Q4_0 {
         }
     }
     static constexpr int ZERO = 8;
+    static constexpr int HALVES = 1;
     __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
         const uint8_t* b = row + r * RUN_BYTES;
         for (int k = 0; k < 4; ++k) {
@@ -128,6 +130,7 @@ struct Q4_1 {
         }
     }
     static constexpr int ZERO = 0;
+    static constexpr int HALVES = 1;
     __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
         const uint8_t* b = row + r * RUN_BYTES;
         for (int k = 0; k < 4; ++k) {
@@ -155,6 +158,7 @@ struct Q5_0 {
         }
     }
     static constexpr int ZERO = 16;
+    static constexpr int HALVES = 1;
     __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
         const uint8_t* b = row + r * RUN_BYTES;
         uint32_t high = (uint32_t)word_at2(b + 2);
@@ -183,6 +187,7 @@ struct Q5_1 {
         }
     }
     static constexpr int ZERO = 0;
+    static constexpr int HALVES = 1;
     __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
         const uint8_t* b = row + r * RUN_BYTES;
         uint32_t high = (uint32_t)word_at(b + 4);
@@ -205,6 +210,7 @@ struct Q8_0 {
         for (int i = 0; i < 32; ++i) out[i] = (float)(int8_t)b[2 + i] * d;
     }
     static constexpr int ZERO = 0;
+    static constexpr int HALVES = 1;
     __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
         const uint8_t* b = row + r * RUN_BYTES;
         for (int k = 0; k < 8; ++k) q[k] = word_at2(b + 2 + 4 * k);
@@ -230,6 +236,7 @@ struct Q2_K {
         }
     }
     static constexpr int ZERO = 0;
+    static constexpr int HALVES = 2;
     __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
         const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
         int j = r % 8;
@@ -261,6 +268,7 @@ struct Q3_K {
         }
     }
     static constexpr int ZERO = 4;
+    static constexpr int HALVES = 2;
     __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
         const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
         int j = r % 8;
@@ -294,6 +302,7 @@ struct Q4_K {
         }
     }
     static constexpr int ZERO = 0;
+    static constexpr int HALVES = 1;
     __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
         const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
         int j = r % 8;
@@ -324,6 +333,7 @@ struct Q5_K {
         }
     }
     static constexpr int ZERO = 0;
+    static constexpr int HALVES = 1;
     __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
         const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
         int j = r % 8;
@@ -357,6 +367,7 @@ struct Q6_K {
         }
     }
     static constexpr int ZERO = 32;
+    static constexpr int HALVES = 2;
     __device__ static void ints(const uint8_t* row, int r, int* q, float* scale, float* offset) {
         const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
         int j = r % 8, half = j / 4, k4 = j % 4;

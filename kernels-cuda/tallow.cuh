@@ -22,6 +22,31 @@ typedef unsigned long long uint64_t;
 
 #define FULL_WARP 0xffffffffu
 
+// c += A · B for a warp's 16 x 8 tile of i32 over 32 bytes of k (mma.sync m16n8k32, s8 by
+// s8: tensor cores), its fragments as PTX lays them out (emulation/cuda_emulation.h spells the
+// layout out): a[4] of A's 16 x 32, b[2] of B's 32 x 8, c[4] of the tile. Every lane of the
+// warp calls it. Turing, which has no m16n8k32, takes it as four m8n8k16.
+__device__ __forceinline__ void mma_s8(int* c, const int* a, const int* b) {
+#ifdef __CUDACC_RTC__
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    // Rows group (c[0], c[1]) and group + 8 (c[2], c[3]), each over k 0..16 then 16..32.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        asm("mma.sync.aligned.m8n8k16.row.col.s32.s8.s8.s32 {%0, %1}, {%2}, {%3}, {%0, %1};"
+            : "+r"(c[2 * (i % 2)]), "+r"(c[2 * (i % 2) + 1])
+            : "r"(a[i]), "r"(b[i / 2]));
+    }
+#endif
+#else
+    tallow_emu::mma_s8_m16n8k32(c, a, b);
+#endif
+}
+
 // The sum of `v` over a warp, in every lane.
 __device__ __forceinline__ float warp_sum(float v) {
     for (int mask = 16; mask > 0; mask >>= 1) v += __shfl_xor_sync(FULL_WARP, v, mask);

@@ -2,8 +2,10 @@
 // tile of 64 weight rows by 64 tokens and walks the rows' length 4 runs of 32 values at a
 // time. Each pass copies the tile's runs to shared memory, the weights as Format::ints gives
 // them (bytes, a scale and an offset per half run) and the activations as quantize_q8 left
-// them, and each thread multiplies 4 rows by 4 tokens out of shared memory with dp4a, so each
-// weight byte is read from memory once per 64 tokens (matmul.cu's tiles take 8).
+// them, and each warp multiplies 16 rows by 32 tokens out of shared memory on the tensor cores
+// (mma_s8, a run at a time, or a half run where the halves' scales differ), scaling each
+// run's integer sums into f32 sums. Each weight byte is read from memory once per 64 tokens
+// (matmul.cu's tiles take 8).
 
 #include "formats.cuh"
 
@@ -11,13 +13,14 @@
 #define TILE_TOKENS 64
 // Runs of 32 values a pass.
 #define TILE_RUNS 4
-// Words of a tile's row in shared memory: a pass's runs, and one more so that the 16 tokens
-// (or rows) a warp reads at once fall in 16 different banks.
-#define TILE_WORDS (8 * TILE_RUNS + 1)
+// Words of a tile's row in shared memory: a pass's runs, and 4 more, so that the words a warp
+// reads for a fragment (word t of rows group, for group < 8, t < 4) fall in 32 banks.
+#define TILE_WORDS (8 * TILE_RUNS + 4)
 
 // y[out[t] * rows + r] = x[in[t]] · w[r] for the block's `count` tokens (at most TILE_TOKENS;
 // `in` and `out` in shared memory, written before the call) and rows 64b.. of block (a, b).
-// Thread (tx, ty) = (i % 16, i / 16) takes rows ty + 16i and tokens tx + 16j (i, j < 4).
+// Warp w takes rows 16 (w % 4).. and tokens 32 (w / 4)..: four 16 x 8 tiles of mma_s8, whose
+// fragments put (row, token) pairs (group + 8 (i / 2), 2t + i % 2) of each in lane 4 group + t.
 template <class Format>
 __device__ void tile_product(const uint8_t* w, const int8_t* q, const Q8Run* runs, float* y,
                              int rows, int cols, int row_bytes, int count, const int* in,
@@ -27,13 +30,15 @@ __device__ void tile_product(const uint8_t* w, const int8_t* q, const Q8Run* run
     __shared__ int x_quants[TILE_TOKENS][TILE_WORDS];
     __shared__ Q8Run x_runs[TILE_TOKENS][TILE_RUNS];
     int first_row = blockIdx.y * TILE_ROWS;
-    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int group = lane / 4, t = lane % 4;
+    int row0 = 16 * (warp % 4), token0 = 32 * (warp / 4);
     int n_runs = cols / 32;
-    float acc[4][4];
+    float acc[4][4];  // [tile j][fragment i]
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
     }
     for (int base = 0; base < n_runs; base += TILE_RUNS) {
         __syncthreads();  // the last pass has read the tiles (the first: `in`, `out` written)
@@ -72,50 +77,39 @@ __device__ void tile_product(const uint8_t* w, const int8_t* q, const Q8Run* run
         }
         __syncthreads();
         for (int run = 0; run < TILE_RUNS && base + run < n_runs; ++run) {
-            int dot[4][4][2];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-#pragma unroll
-                for (int j = 0; j < 4; ++j) dot[i][j][0] = dot[i][j][1] = 0;
-            }
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                int wk[4], xk[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) wk[i] = w_quants[ty + 16 * i][8 * run + k];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) xk[j] = x_quants[tx + 16 * j][8 * run + k];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        dot[i][j][k / 4] = __dp4a(wk[i], xk[j], dot[i][j][k / 4]);
-                    }
+            for (int h = 0; h < Format::HALVES; ++h) {
+                // A run (or half h of it: the other half's words zero).
+                int k = 8 * run + 4 * h, halves = Format::HALVES;
+                int a[4] = {w_quants[row0 + group][k + t], w_quants[row0 + group + 8][k + t], 0, 0};
+                if (halves == 1) {
+                    a[2] = w_quants[row0 + group][k + 4 + t];
+                    a[3] = w_quants[row0 + group + 8][k + 4 + t];
                 }
-            }
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                Q8Run x = x_runs[tx + 16 * j][run];
+                for (int j = 0; j < 4; ++j) {
+                    const int* x_row = x_quants[token0 + 8 * j + group];
+                    int b[2] = {x_row[k + t], halves == 1 ? x_row[k + 4 + t] : 0};
+                    int c[4] = {0, 0, 0, 0};
+                    mma_s8(c, a, b);
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float* s = w_scales[ty + 16 * i][run];
-                    float sum = 0.0f;
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        sum += s[h] * (float)(dot[i][j][h] - Format::ZERO * x.sums[h]) +
-                               s[2 + h] * (float)x.sums[h];
+                    for (int i = 0; i < 4; ++i) {
+                        const float* s = w_scales[row0 + group + 8 * (i / 2)][run];
+                        const Q8Run& x = x_runs[token0 + 8 * j + 2 * t + i % 2][run];
+                        int sum = halves == 1 ? x.sums[0] + x.sums[1] : x.sums[h];
+                        float v = s[h] * (float)(c[i] - Format::ZERO * sum) + s[2 + h] * (float)sum;
+                        acc[j][i] += x.d * v;
                     }
-                    acc[i][j] += x.d * sum;
                 }
             }
         }
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            int r = first_row + ty + 16 * i, t = tx + 16 * j;
-            if (r < rows && t < count) y[(size_t)out[t] * rows + r] = acc[i][j];
+        for (int i = 0; i < 4; ++i) {
+            int r = first_row + row0 + group + 8 * (i / 2), token = token0 + 8 * j + 2 * t + i % 2;
+            if (r < rows && token < count) y[(size_t)out[token] * rows + r] = acc[j][i];
         }
     }
 }
@@ -139,26 +133,28 @@ __device__ void tiles_experts(const uint64_t* experts, const int8_t* q, const Q8
                               float* y, int rows, int cols, int row_bytes,
                               const uint32_t* pairs, const uint32_t* tiles, int divisor) {
     __shared__ int in[TILE_TOKENS], out[TILE_TOKENS];
-    const uint32_t* tile = tiles + 4 * blockIdx.x;
-    int count = (int)tile[2];
+    uint32_t expert = tiles[4 * blockIdx.x], first = tiles[4 * blockIdx.x + 1];
+    int count = (int)tiles[4 * blockIdx.x + 2];
     if (count == 0) return;  // the whole block
-    if (threadIdx.x < TILE_TOKENS) {
-        int pair = (int)pairs[tile[1] + (threadIdx.x < count ? threadIdx.x : count - 1)];
+    if (threadIdx.x < count) {
+        int pair = (int)pairs[first + threadIdx.x];
         in[threadIdx.x] = pair / divisor;
         out[threadIdx.x] = pair;
     }
-    const uint8_t* w = (const uint8_t*)experts[tile[0]];
+    const uint8_t* w = (const uint8_t*)experts[expert];
     tile_product<Format>(w, q, runs, y, rows, cols, row_bytes, count, in, out);
 }
 
+// (256, 1): one block a multiprocessor at least, which leaves ptxas the registers it needs;
+// with 256 alone it spilled a value of tiles_experts in the formats of one scale a run.
 #define TILES(name, Format)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256) tiles_##name(                         \
+    extern "C" __global__ void __launch_bounds__(256, 1) tiles_##name(                      \
         const uint8_t* w, const int8_t* q, const Q8Run* runs, float* y, int rows, int cols,  \
         int row_bytes, int n) {                                                             \
         tiles<Format>(w, q, runs, y, rows, cols, row_bytes, n);                              \
     }                                                                                       \
     TALLOW_EXPORT(tiles_##name)                                                             \
-    extern "C" __global__ void __launch_bounds__(256) tiles_experts_##name(                 \
+    extern "C" __global__ void __launch_bounds__(256, 1) tiles_experts_##name(              \
         const uint64_t* experts, const int8_t* q, const Q8Run* runs, float* y, int rows,     \
         int cols, int row_bytes, const uint32_t* pairs, const uint32_t* tiles, int divisor) { \
         tiles_experts<Format>(experts, q, runs, y, rows, cols, row_bytes, pairs, tiles,      \

@@ -209,6 +209,33 @@ inline unsigned __dp4a(unsigned a, unsigned b, unsigned c) {
     return c;
 }
 
+namespace tallow_emu {
+
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 over the warp, its fragments laid out as
+// PTX lays them (lane: group = lane / 4, t = lane % 4; bytes in order within a register):
+//   a[0] = A[group][4t..4t + 4]   a[1] = A[group + 8][4t..]   a[2] = A[group][16 + 4t..]
+//   a[3] = A[group + 8][16 + 4t..]   (A: 16 x 32, rows by k)
+//   b[0] = B[4t..4t + 4][group]   b[1] = B[16 + 4t..][group]   (B: 32 x 8, k by columns)
+//   c[i] += (A · B)[group + 8 (i / 2)][2t + i % 2]
+inline void mma_s8_m16n8k32(int* c, const int* a, const int* b) {
+    uint64_t a_lanes[4][32], b_lanes[2][32];
+    for (int i = 0; i < 4; ++i) warp_exchange((uint32_t)a[i], a_lanes[i]);
+    for (int i = 0; i < 2; ++i) warp_exchange((uint32_t)b[i], b_lanes[i]);
+    auto byte = [](uint64_t word, int k) { return (int)(int8_t)(word >> (8 * (k % 4))); };
+    unsigned lane = linear_id() % 32, group = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        int row = (int)group + 8 * (i / 2), column = (int)(2 * t) + i % 2, sum = 0;
+        for (int k = 0; k < 32; ++k) {
+            uint64_t a_word = a_lanes[(row / 8) + 2 * (k / 16)][(row % 8) * 4 + (k % 16) / 4];
+            uint64_t b_word = b_lanes[k / 16][column * 4 + (k % 16) / 4];
+            sum += byte(a_word, k) * byte(b_word, k);
+        }
+        c[i] += sum;
+    }
+}
+
+}  // namespace tallow_emu
+
 template <class T>
 T __ldg(const T* p) {
     return *p;
