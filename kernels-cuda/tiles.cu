@@ -26,9 +26,11 @@ __device__ void tile_product(const uint8_t* w, const int8_t* q, const Q8Run* run
                              int rows, int cols, int row_bytes, int count, const int* in,
                              const int* out) {
     __shared__ int w_quants[TILE_ROWS][TILE_WORDS];
-    __shared__ float w_scales[TILE_ROWS][TILE_RUNS][4];  // scale, scale, offset, offset
+    // Per row, per run: scale, scale, offset, offset. The rows and the tokens are padded, a
+    // word and a run, so that the rows (tokens) of a fragment's epilogue fall in different banks.
+    __shared__ float w_scales[TILE_ROWS][4 * TILE_RUNS + 1];
     __shared__ int x_quants[TILE_TOKENS][TILE_WORDS];
-    __shared__ Q8Run x_runs[TILE_TOKENS][TILE_RUNS];
+    __shared__ Q8Run x_runs[TILE_TOKENS][TILE_RUNS + 1];
     int first_row = blockIdx.y * TILE_ROWS;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int group = lane / 4, t = lane % 4;
@@ -54,10 +56,11 @@ __device__ void tile_product(const uint8_t* w, const int8_t* q, const Q8Run* run
             }
 #pragma unroll
             for (int k = 0; k < 8; ++k) w_quants[row][8 * run + k] = inside ? quants[k] : 0;
-            w_scales[row][run][0] = scale[0];
-            w_scales[row][run][1] = scale[1];
-            w_scales[row][run][2] = offset[0];
-            w_scales[row][run][3] = offset[1];
+            float* scales = &w_scales[row][4 * run];
+            scales[0] = scale[0];
+            scales[1] = scale[1];
+            scales[2] = offset[0];
+            scales[3] = offset[1];
             int token = row;
             Q8Run x = {0.0f, {0, 0}, 0};
             if (token < count && base + run < n_runs) {
@@ -94,7 +97,7 @@ __device__ void tile_product(const uint8_t* w, const int8_t* q, const Q8Run* run
                     mma_s8(c, a, b);
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
-                        const float* s = w_scales[row0 + group + 8 * (i / 2)][run];
+                        const float* s = &w_scales[row0 + group + 8 * (i / 2)][4 * run];
                         const Q8Run& x = x_runs[token0 + 8 * j + 2 * t + i % 2][run];
                         int sum = halves == 1 ? x.sums[0] + x.sums[1] : x.sums[h];
                         float v = s[h] * (float)(c[i] - Format::ZERO * sum) + s[2 + h] * (float)sum;
