@@ -2,28 +2,26 @@
 
 #include "formats.cuh"
 
-// Tokens of one block: each run of weights is decoded once for all of them.
-#define TOKENS 8
-
 // Weight rows of one block (a warp each): they share the block's copy of the activations.
 #define ROWS 8
 
 // y[out[t] * rows + r] = x[in[t]] · w[r] for the `rows` rows of `w` (`row_bytes` each,
-// `cols` values) and the block's `tokens` tokens (at most TOKENS). Block (b, tile): warp k
-// over row ROWS * b + k. A pass takes 32 runs of 32 values: the block copies those 1024
-// values of each token's activations to shared memory (neighbouring threads reading
-// neighbouring values), and lane i decodes run i of its row and takes its dot products there.
+// `cols` values) and the block's `tokens` tokens (at most PRODUCT_TOKENS, each run of weights
+// decoded once for all of them). Block (b, tile): warp k over row ROWS * b + k. A pass
+// takes 32 runs of 32 values: the block copies those 1024 values of each token's activations
+// to shared memory (neighbouring threads reading neighbouring values), and lane i decodes run
+// i of its row and takes its dot products there.
 // The copy's rows are padded to 33 values, so that the 32 lanes, each reading its own run,
 // read 32 different banks.
 template <class Format>
 __device__ void matmul_rows(const uint8_t* w, const float* x, float* y, int rows, int cols,
                             int row_bytes, int tokens, const int* in, const int* out) {
-    __shared__ float tile[TOKENS][32 * 33];
+    __shared__ float tile[PRODUCT_TOKENS][32 * 33];
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int r = blockIdx.x * ROWS + warp;
     const uint8_t* row = w + (size_t)(r < rows ? r : 0) * row_bytes;
-    float acc[TOKENS];
-    for (int t = 0; t < TOKENS; ++t) acc[t] = 0.0f;
+    float acc[PRODUCT_TOKENS];
+    for (int t = 0; t < PRODUCT_TOKENS; ++t) acc[t] = 0.0f;
     float values[32];
     int runs = cols / 32;
     for (int base = 0; base < runs; base += 32) {
@@ -49,13 +47,14 @@ __device__ void matmul_rows(const uint8_t* w, const float* x, float* y, int rows
     }
 }
 
-// The `n` tokens of x, TOKENS * blockIdx.y.. in block (b, blockIdx.y).
+// The `n` tokens of x, PRODUCT_TOKENS * blockIdx.y.. in block (b, blockIdx.y).
 template <class Format>
 __device__ void matmul(const uint8_t* w, const float* x, float* y, int rows, int cols,
                        int row_bytes, int n) {
-    int first = blockIdx.y * TOKENS, tokens = n - first < TOKENS ? n - first : TOKENS;
-    int token_rows[TOKENS];
-    for (int t = 0; t < TOKENS; ++t) token_rows[t] = first + t;
+    int first = blockIdx.y * PRODUCT_TOKENS;
+    int tokens = n - first < PRODUCT_TOKENS ? n - first : PRODUCT_TOKENS;
+    int token_rows[PRODUCT_TOKENS];
+    for (int t = 0; t < PRODUCT_TOKENS; ++t) token_rows[t] = first + t;
     matmul_rows<Format>(w, x, y, rows, cols, row_bytes, tokens, token_rows, token_rows);
 }
 
@@ -71,11 +70,9 @@ __device__ void matmul_experts(const uint64_t* experts, const float* x, float* y
     int count = (int)tile[2];
     if (count == 0) return;  // the whole block
     const uint8_t* w = (const uint8_t*)experts[tile[0]];
-    int in[TOKENS], out[TOKENS];
-    for (int t = 0; t < TOKENS; ++t) {
-        int pair = (int)pairs[tile[1] + (t < count ? t : count - 1)];
-        in[t] = pair / divisor;
-        out[t] = pair;
+    int in[PRODUCT_TOKENS], out[PRODUCT_TOKENS];
+    for (int t = 0; t < PRODUCT_TOKENS; ++t) {
+        tile_pair(pairs, tile, t, divisor, &in[t], &out[t]);
     }
     matmul_rows<Format>(w, x, y, rows, cols, row_bytes, count, in, out);
 }

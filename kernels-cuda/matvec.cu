@@ -4,9 +4,6 @@
 
 #include "formats.cuh"
 
-// Tokens of one block, as matmul.cu's TOKENS (the experts' tiles are cut for both).
-#define VEC_TOKENS 8
-
 // Weight rows of one block, a warp each.
 #define VEC_ROWS 4
 
@@ -31,8 +28,8 @@ extern "C" __global__ void quantize_q8(const float* x, int8_t* q, Q8Run* runs, i
 }
 TALLOW_EXPORT(quantize_q8)
 
-// y[out[t] * rows + r] = x[in[t]] · w[r] for the block's `tokens` tokens (at most VEC_TOKENS),
-// with x quantized (`q`, `runs`: rows of cols / 32 runs). Warp k of block b takes row
+// y[out[t] * rows + r] = x[in[t]] · w[r] for the block's `tokens` tokens (at most
+// PRODUCT_TOKENS), with x quantized (`q`, `runs`: rows of cols / 32 runs). Warp k of block b takes row
 // VEC_ROWS * b + k; lane i its runs i, i + 32, ...: the run's quants and scales from
 // Format::ints, four dp4a a half per token, the integer sums scaled once per half.
 template <class Format>
@@ -43,15 +40,15 @@ __device__ void matvec_rows(const uint8_t* w, const int8_t* q, const Q8Run* runs
     if (r >= rows) return;  // the whole warp
     const uint8_t* row = w + (size_t)r * row_bytes;
     int n_runs = cols / 32;
-    float acc[VEC_TOKENS];
+    float acc[PRODUCT_TOKENS];
 #pragma unroll
-    for (int t = 0; t < VEC_TOKENS; ++t) acc[t] = 0.0f;
+    for (int t = 0; t < PRODUCT_TOKENS; ++t) acc[t] = 0.0f;
     for (int i = lane; i < n_runs; i += 32) {
         int quants[8];
         float scale[2], offset[2];
         Format::ints(row, i, quants, scale, offset);
 #pragma unroll
-        for (int t = 0; t < VEC_TOKENS; ++t) {
+        for (int t = 0; t < PRODUCT_TOKENS; ++t) {
             if (t >= tokens) break;
             size_t at = (size_t)in[t] * n_runs + i;
             const uint8_t* xq = (const uint8_t*)q + 32 * at;
@@ -71,21 +68,22 @@ __device__ void matvec_rows(const uint8_t* w, const int8_t* q, const Q8Run* runs
         }
     }
 #pragma unroll
-    for (int t = 0; t < VEC_TOKENS; ++t) {
+    for (int t = 0; t < PRODUCT_TOKENS; ++t) {
         if (t >= tokens) break;
         float total = warp_sum(acc[t]);
         if (lane == 0) y[(size_t)out[t] * rows + r] = total;
     }
 }
 
-// The `n` tokens of x, VEC_TOKENS * blockIdx.y.. in block (b, blockIdx.y).
+// The `n` tokens of x, PRODUCT_TOKENS * blockIdx.y.. in block (b, blockIdx.y).
 template <class Format>
 __device__ void matvec(const uint8_t* w, const int8_t* q, const Q8Run* runs, float* y,
                        int rows, int cols, int row_bytes, int n) {
-    int first = blockIdx.y * VEC_TOKENS, tokens = n - first < VEC_TOKENS ? n - first : VEC_TOKENS;
-    int token_rows[VEC_TOKENS];
+    int first = blockIdx.y * PRODUCT_TOKENS;
+    int tokens = n - first < PRODUCT_TOKENS ? n - first : PRODUCT_TOKENS;
+    int token_rows[PRODUCT_TOKENS];
 #pragma unroll
-    for (int t = 0; t < VEC_TOKENS; ++t) token_rows[t] = first + t;
+    for (int t = 0; t < PRODUCT_TOKENS; ++t) token_rows[t] = first + t;
     matvec_rows<Format>(w, q, runs, y, rows, cols, row_bytes, tokens, token_rows, token_rows);
 }
 
@@ -98,12 +96,10 @@ __device__ void matvec_experts(const uint64_t* experts, const int8_t* q, const Q
     int count = (int)tile[2];
     if (count == 0) return;  // the whole block
     const uint8_t* w = (const uint8_t*)experts[tile[0]];
-    int in[VEC_TOKENS], out[VEC_TOKENS];
+    int in[PRODUCT_TOKENS], out[PRODUCT_TOKENS];
 #pragma unroll
-    for (int t = 0; t < VEC_TOKENS; ++t) {
-        int pair = (int)pairs[tile[1] + (t < count ? t : count - 1)];
-        in[t] = pair / divisor;
-        out[t] = pair;
+    for (int t = 0; t < PRODUCT_TOKENS; ++t) {
+        tile_pair(pairs, tile, t, divisor, &in[t], &out[t]);
     }
     matvec_rows<Format>(w, q, runs, y, rows, cols, row_bytes, count, in, out);
 }

@@ -22,6 +22,21 @@ typedef unsigned long long uint64_t;
 
 #define FULL_WARP 0xffffffffu
 
+// Tokens of one block of matmul.cu's and matvec.cu's products, and so the most pairs of a
+// mixture's tiles cut for them (experts.cu's group_pairs; kernels.rs's PRODUCT_TOKENS).
+#define PRODUCT_TOKENS 8
+
+// Pair i of a mixture's tile (expert, first index in `pairs`, count, unused: experts.cu's
+// group_pairs), the tile's last pair where i is past its count: the row of x it reads
+// (pair / divisor) and the row of y it writes.
+__device__ __forceinline__ void tile_pair(const uint32_t* pairs, const uint32_t* tile, int i,
+                                          int divisor, int* in, int* out) {
+    int count = (int)tile[2];
+    int pair = (int)pairs[tile[1] + (i < count ? i : count - 1)];
+    *in = pair / divisor;
+    *out = pair;
+}
+
 // c += A · B for a warp's 16 x 8 tile of i32 over 32 bytes of k (mma.sync m16n8k32, s8 by
 // s8: tensor cores), its fragments as PTX lays them out (emulation/cuda_emulation.h spells the
 // layout out): a[4] of A's 16 x 32, b[2] of B's 32 x 8, c[4] of the tile. Every lane of the

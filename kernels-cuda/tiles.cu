@@ -136,15 +136,12 @@ __device__ void tiles_experts(const uint64_t* experts, const int8_t* q, const Q8
                               float* y, int rows, int cols, int row_bytes,
                               const uint32_t* pairs, const uint32_t* tiles, int divisor) {
     __shared__ int in[TILE_TOKENS], out[TILE_TOKENS];
-    uint32_t expert = tiles[4 * blockIdx.x], first = tiles[4 * blockIdx.x + 1];
-    int count = (int)tiles[4 * blockIdx.x + 2];
+    const uint32_t* tile = tiles + 4 * blockIdx.x;
+    int count = (int)tile[2];
     if (count == 0) return;  // the whole block
-    if (threadIdx.x < count) {
-        int pair = (int)pairs[first + threadIdx.x];
-        in[threadIdx.x] = pair / divisor;
-        out[threadIdx.x] = pair;
-    }
-    const uint8_t* w = (const uint8_t*)experts[expert];
+    int i = threadIdx.x;
+    if (i < count) tile_pair(pairs, tile, i, divisor, &in[i], &out[i]);
+    const uint8_t* w = (const uint8_t*)experts[tile[0]];
     tile_product<Format>(w, q, runs, y, rows, cols, row_bytes, count, in, out);
 }
 

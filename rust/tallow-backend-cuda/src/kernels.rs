@@ -36,7 +36,7 @@ pub(crate) fn for_format(operation: &str, ty: GgmlType) -> String {
     format!("{operation}_{}", ty.name().to_lowercase())
 }
 
-/// Tokens a product's block takes (matmul.cu's TOKENS, matvec.cu's VEC_TOKENS).
+/// Tokens a product's block takes (tallow.cuh's PRODUCT_TOKENS).
 pub(crate) const PRODUCT_TOKENS: usize = 8;
 
 /// Weight rows a product's block takes, a warp each (matmul.cu's ROWS).
@@ -66,7 +66,7 @@ impl Product {
     /// take the integer kernels, vectors for up to one block's tokens (decode, where a product
     /// streams its weights once) and tiles for more; the float formats take f32 arithmetic.
     pub(crate) fn of(ty: GgmlType, n_tokens: usize) -> Product {
-        if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        if !crate::is_quantized(ty) {
             Product::Float
         } else if n_tokens <= PRODUCT_TOKENS {
             Product::Vector

@@ -85,10 +85,17 @@ impl<G: Gpu> CudaBackend<G> {
 /// backend's bound, as its products round the activations alike. The emulation's kernel
 /// tests check those products exactly against the rounded activations.
 pub fn products_bound(ty: GgmlType) -> f64 {
-    match ty {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1e-5,
-        _ => 1.0 / 32.0,
+    if is_quantized(ty) {
+        1.0 / 32.0
+    } else {
+        1e-5
     }
+}
+
+/// Whether `ty` is one of the quantized formats of [`WEIGHT_FORMATS`], whose products are
+/// the integer kernels' (formats.cuh's FOR_EACH_QUANTIZED_FORMAT); the others are floats.
+pub fn is_quantized(ty: GgmlType) -> bool {
+    WEIGHT_FORMATS.contains(&ty) && !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
 /// A weight matrix in its GGUF block format, row after row.

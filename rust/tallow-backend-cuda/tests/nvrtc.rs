@@ -4,8 +4,7 @@
 //! kernel spills registers to local memory on Ampere or Hopper (ptxas's report:
 //! `cargo run -p tallow-backend-cuda --features driver --example kernel_usage` prints it).
 
-use tallow_backend_cuda::{cubins, kernel_usage, SOURCES, WEIGHT_FORMATS};
-use tallow_quant::GgmlType;
+use tallow_backend_cuda::{cubins, is_quantized, kernel_usage, SOURCES, WEIGHT_FORMATS};
 
 /// The kernels the backend launches, by name: the cubins must export each (`extern "C"`).
 fn kernel_names() -> Vec<String> {
@@ -38,7 +37,7 @@ fn kernel_names() -> Vec<String> {
     });
     // The integer products, of every quantized format.
     let per_quantized = (WEIGHT_FORMATS.iter())
-        .filter(|ty| !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16))
+        .filter(|&&ty| is_quantized(ty))
         .flat_map(|ty| {
             let name = ty.name().to_lowercase();
             [

@@ -7,7 +7,6 @@ use tallow_backend_cuda::Args;
 use tallow_conformance::{assert_close, random, reference, widen, ROWS_TOLERANCE};
 use tallow_cuda_emulation::{host, launch};
 use tallow_quant::testing::{dequantized, random_blocks, Rng};
-use tallow_quant::GgmlType;
 
 fn ones(n: usize) -> Vec<f64> {
     vec![1.0; n]
@@ -109,9 +108,8 @@ fn unknown_kernels_and_mismatched_arguments_are_errors() {
 /// unquantized activations, within the rounding that quantizing them costs.
 #[test]
 fn integer_products_are_the_weights_times_the_quantized_activations() {
-    let quantized = tallow_backend_cuda::WEIGHT_FORMATS
-        .into_iter()
-        .filter(|ty| !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16));
+    let quantized = (tallow_backend_cuda::WEIGHT_FORMATS.into_iter())
+        .filter(|&ty| tallow_backend_cuda::is_quantized(ty));
     for (f, ty) in quantized.enumerate() {
         let cols = if ty.block_len() == 256 { 512 } else { 160 };
         let name = ty.name().to_lowercase();
