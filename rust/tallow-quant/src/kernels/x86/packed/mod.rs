@@ -124,9 +124,6 @@ macro_rules! packed_loop {
                 // Per half, the outputs of each token.
                 let mut acc = [[S::zero_f(); T]; 2];
                 for (b, (fields, words)) in blocks.enumerate() {
-                    if T == 1 {
-                        prefetch_ahead::<S, F>(fields);
-                    }
                     // Where one vector holds the group, the second is the first again, unused.
                     let halves = [
                         F::half(fields, words, 0),
@@ -142,6 +139,9 @@ macro_rules! packed_loop {
                     const { assert!(S::HALVES * F::PASS <= MAX_PASS_STEPS) };
                     for s in 0..F::SUBS {
                         for pass in 0..8 / F::PASS {
+                            if T == 1 {
+                                prefetch_part::<S, F>(fields, s * (8 / F::PASS) + pass);
+                            }
                             let first = pass * F::PASS;
                             // Half `h`'s steps are `steps[h * F::PASS..][..F::PASS]`.
                             let mut steps = [F::step(words, 0, s, first); MAX_PASS_STEPS];
@@ -183,19 +183,29 @@ packed_loop!(packed_avx512, "avx512f,avx512bw");
 packed_loop!(packed_avx512_vnni, "avx512f,avx512bw,avx512vnni");
 
 /// How far ahead of the block it reads a one-token product asks for the weights. A
-/// matrix-vector product is one stream of weights read once; on Zen 3 the hardware prefetcher
-/// alone left 10-20% of the memory bandwidth of two threads unused (Q8_0 262144 x 640: 28.8
-/// against 33-35 GB/s with 512-2048 bytes ahead; 8 KiB ahead gained nothing). Tiles of several
-/// tokens compute long enough on each block for the hardware prefetcher to keep up.
-const PREFETCH_AHEAD: usize = 768;
+/// matrix-vector product is one stream of weights read once, and the hardware prefetcher alone
+/// does not keep a core's loads in flight while it computes. The requests are spread over the
+/// block's passes, a line or three at a time: a whole block's lines asked for at once
+/// (36 for Q4_K) filled the core's miss buffers, so that the loads waited behind them and a
+/// longer distance read slower. About a memory latency's worth of one thread's bandwidth
+/// (100 ns at 15-20 GB/s); on Zen 3, Q4_K at 2048 x 8192 and 36864 x 768 read 1536-3072 bytes
+/// ahead within noise of each other. Tiles of several tokens compute long enough on each block
+/// for the hardware prefetcher to keep up.
+const PREFETCH_AHEAD: usize = 2048;
 
-/// Asks for the cache lines [`PREFETCH_AHEAD`] bytes after each line of the block at `fields`.
+/// Asks for the cache lines [`PREFETCH_AHEAD`] bytes after part `i` of the block at `fields`
+/// (one part per pass).
 #[inline(always)]
-unsafe fn prefetch_ahead<S: Simd, F: Format<S>>(fields: &F::Fields) {
+unsafe fn prefetch_part<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize) {
     let block = (fields as *const F::Fields).cast::<i8>();
-    for line in (0..F::Fields::LEN + F::Words::LEN).step_by(64) {
+    let len = F::Fields::LEN + F::Words::LEN;
+    let parts = F::SUBS * (8 / F::PASS);
+    let (start, end) = (i * len / parts, (i + 1) * len / parts);
+    let mut line = start & !63;
+    while line < end {
         // A prefetch reads nothing and never faults, past the end of the weights included.
         _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_AHEAD + line));
+        line += 64;
     }
 }
 
