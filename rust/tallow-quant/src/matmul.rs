@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use tallow_threads::DisjointSlice;
 
-use crate::kernels::{Rows, Tile, VecDot, TILE_LANES};
+use crate::kernels::{Decoding, Rows, Tile, TileScales, VecDot, TILE_LANES};
 use crate::{sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool would
@@ -18,6 +18,10 @@ const MIN_CHUNK_ROWS: usize = 8;
 const TOKEN_BLOCK: usize = 16;
 /// Rows per call of a row kernel (one token), written out through a buffer on the stack.
 const ROW_BLOCK: usize = 64;
+/// Rows decoded at a time where a format decodes its rows once for many tokens: at 8192
+/// columns of a codebook format, 280 KiB, which the L2 cache holds beside a token group's
+/// activations.
+const DECODE_ROWS: usize = 16;
 
 /// `out[t * rows + r] = dot(weight row r, activations of token t)`, where `weight` is `rows`
 /// contiguous rows of `cols` elements of type `ty`, and `acts` holds `cols` columns in
@@ -84,12 +88,19 @@ pub fn matmul_with(
     let tile = kernels
         .tile
         .filter(|_| acts.has_tile_scales() && acts.n_tokens() >= 2);
+    // More tokens than a tile takes: a decoding, where this set has one for `ty`, decodes each
+    // weight row once for all of them, with the same bits as `kernel`.
+    let decoding = kernels
+        .decoding
+        .filter(|_| acts.has_tile_scales() && acts.n_tokens() > TILE_LANES);
     // One token: a row kernel, where this set has one for `ty`, takes each activation block
     // through several weight rows at once, with the same bits as `kernel`.
     let row_kernel = kernels.rows.filter(|_| acts.n_tokens() == 1);
     let product = Product {
         kernel,
         tile,
+        decoding,
+        blocks: cols / ty.block_len(),
         row_kernel,
         weight,
         row_bytes,
@@ -121,6 +132,9 @@ pub fn matmul_with(
 struct Product<'a> {
     kernel: VecDot,
     tile: Option<Tile>,
+    decoding: Option<Decoding>,
+    /// Blocks in a weight row.
+    blocks: usize,
     row_kernel: Option<Rows>,
     weight: &'a [u8],
     row_bytes: usize,
@@ -133,6 +147,9 @@ impl Product<'_> {
     /// with its index in `out`.
     fn rows_into(&self, range: Range<usize>, mut write: impl FnMut(usize, f32)) {
         let n_tokens = self.acts.n_tokens();
+        if let Some(decoding) = self.decoding {
+            return self.decoded_into(decoding, range, write);
+        }
         if let Some(tile) = self.tile {
             return self.tiles_into(tile, range, write);
         }
@@ -152,9 +169,11 @@ impl Product<'_> {
         for first in (0..n_tokens).step_by(TOKEN_BLOCK) {
             let tokens = first..n_tokens.min(first + TOKEN_BLOCK);
             for r in range.clone() {
-                let w = &self.weight[r * self.row_bytes..(r + 1) * self.row_bytes];
                 for t in tokens.clone() {
-                    write(t * self.rows + r, self.kernel.call(w, self.acts.row(t)));
+                    write(
+                        t * self.rows + r,
+                        self.kernel.call(self.row(r), self.acts.row(t)),
+                    );
                 }
             }
         }
@@ -162,22 +181,59 @@ impl Product<'_> {
 }
 
 impl Product<'_> {
-    /// [`Product::rows_into`] with tile kernels: per group of [`TILE_LANES`] tokens (the last
-    /// one possibly shorter), each weight row against the whole group in one tile.
-    fn tiles_into(&self, tile: Tile, range: Range<usize>, mut write: impl FnMut(usize, f32)) {
+    /// Weight row `r`.
+    fn row(&self, r: usize) -> &[u8] {
+        &self.weight[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Token group `g` of [`TILE_LANES`] tokens (the last one possibly shorter): its first
+    /// token, its number of tokens, their activation rows and scales.
+    fn token_group(&self, g: usize) -> (usize, usize, [&[u8]; TILE_LANES], TileScales<'_>) {
         let n_tokens = self.acts.n_tokens();
+        let first = g * TILE_LANES;
+        let a = std::array::from_fn(|i| self.acts.row((first + i).min(n_tokens - 1)));
+        let n = TILE_LANES.min(n_tokens - first);
+        (first, n, a, self.acts.tile_scales(g, 0))
+    }
+
+    /// [`Product::rows_into`] with tile kernels: per group of [`TILE_LANES`] tokens, each
+    /// weight row against the whole group in one tile.
+    fn tiles_into(&self, tile: Tile, range: Range<usize>, mut write: impl FnMut(usize, f32)) {
         let mut out = [0f32; TILE_LANES];
-        for g in 0..n_tokens.div_ceil(TILE_LANES) {
-            let first = g * TILE_LANES;
-            let n = TILE_LANES.min(n_tokens - first);
-            let a: [&[u8]; TILE_LANES] =
-                std::array::from_fn(|i| self.acts.row((first + i).min(n_tokens - 1)));
-            let scales = self.acts.tile_scales(g, 0);
+        for g in 0..self.acts.n_tokens().div_ceil(TILE_LANES) {
+            let (first, n, a, scales) = self.token_group(g);
             for r in range.clone() {
-                let w = &self.weight[r * self.row_bytes..(r + 1) * self.row_bytes];
-                tile.call(w, &a[..n], &scales, &mut out[..n]);
+                tile.call(self.row(r), &a[..n], &scales, &mut out[..n]);
                 for (lane, &v) in out[..n].iter().enumerate() {
                     write((first + lane) * self.rows + r, v);
+                }
+            }
+        }
+    }
+
+    /// [`Product::rows_into`] through a decoding: [`DECODE_ROWS`] weight rows decoded at a
+    /// time, then each group of [`TILE_LANES`] tokens against every decoded row.
+    fn decoded_into(
+        &self,
+        decoding: Decoding,
+        range: Range<usize>,
+        mut write: impl FnMut(usize, f32),
+    ) {
+        let row_bytes = decoding.row_bytes(self.blocks);
+        let mut decoded = vec![0u8; DECODE_ROWS.min(range.len()) * row_bytes];
+        let mut out = [0f32; TILE_LANES];
+        for start in range.clone().step_by(DECODE_ROWS) {
+            let rows = start..range.end.min(start + DECODE_ROWS);
+            for (r, dst) in rows.clone().zip(decoded.chunks_exact_mut(row_bytes)) {
+                decoding.decode(self.row(r), dst);
+            }
+            for g in 0..self.acts.n_tokens().div_ceil(TILE_LANES) {
+                let (first, n, a, scales) = self.token_group(g);
+                for (r, w) in rows.clone().zip(decoded.chunks_exact(row_bytes)) {
+                    decoding.tile(w, &a[..n], &scales, &mut out[..n]);
+                    for (lane, &v) in out[..n].iter().enumerate() {
+                        write((first + lane) * self.rows + r, v);
+                    }
                 }
             }
         }

@@ -93,6 +93,42 @@ impl Tile {
 /// activation row `a` of one token, one output per row. Equal bit for bit to the [`VecDot`]
 /// kernel of the same instruction set and format, row by row. Handed out by
 /// [`Isa::kernels`] only, for an instruction set the running CPU has.
+/// Rows of a format whose blocks cost more to decode than to multiply by one token (the
+/// codebook formats), decoded once for many tokens: `decode` writes a row's blocks as
+/// `block_bytes` each, and `tile` multiplies such a decoded row by up to [`TILE_LANES`]
+/// tokens with the bits of the format's `vec_dot`.
+#[derive(Clone, Copy)]
+pub(crate) struct RawDecoding {
+    pub(crate) decode: unsafe fn(w: &[u8], out: &mut [u8]),
+    pub(crate) tile: RawTile,
+    pub(crate) block_bytes: usize,
+}
+
+/// A [`RawDecoding`] of a set the CPU has.
+#[derive(Clone, Copy)]
+pub(crate) struct Decoding(RawDecoding);
+
+impl Decoding {
+    /// Bytes of a decoded row of `blocks` blocks.
+    #[inline]
+    pub(crate) fn row_bytes(self, blocks: usize) -> usize {
+        blocks * self.0.block_bytes
+    }
+
+    /// Decodes the whole blocks of the weight row `w` into `out` ([`Decoding::row_bytes`] of
+    /// them; the kernel views both as whole blocks and stops at the shorter).
+    #[inline]
+    pub(crate) fn decode(self, w: &[u8], out: &mut [u8]) {
+        unsafe { (self.0.decode)(w, out) }
+    }
+
+    /// The decoded row `w` against the tokens `a`, as [`Tile::call`].
+    #[inline]
+    pub(crate) fn tile(self, w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
+        unsafe { (self.0.tile)(w, a, scales, out) }
+    }
+}
+
 pub(crate) type RawRows = unsafe fn(w: &[u8], a: &[u8], out: &mut [f32]);
 
 /// Weight rows a row kernel takes through each activation block at once.

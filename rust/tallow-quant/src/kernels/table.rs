@@ -21,7 +21,8 @@ use std::sync::OnceLock;
 use super::activations::{ActivationKernels, RawActivations};
 use super::attention::{AttentionKernels, RawAttention};
 use super::{
-    Dequantizer, Isa, Packed, Quantizer, RawPacked, RawRows, RawTile, RawVecDot, Rows, Tile, VecDot,
+    Decoding, Dequantizer, Isa, Packed, Quantizer, RawDecoding, RawPacked, RawRows, RawTile,
+    RawVecDot, Rows, Tile, VecDot,
 };
 use crate::GgmlType;
 
@@ -37,6 +38,7 @@ pub(crate) struct RawRow {
     pub(crate) vec_dot: Option<RawVecDot>,
     pub(crate) tile: Option<RawTile>,
     pub(crate) rows: Option<RawRows>,
+    pub(crate) decoding: Option<RawDecoding>,
     pub(crate) packed: Option<RawPacked>,
     pub(crate) quantize: Option<RawQuantize>,
     pub(crate) dequantize: Option<RawDequantize>,
@@ -53,6 +55,8 @@ pub(crate) struct Kernels {
     pub(crate) tile: Option<Tile>,
     /// Several weight rows against one token, equal to `vec_dot` row by row.
     pub(crate) rows: Option<Rows>,
+    /// Rows decoded once for many tokens, equal to `vec_dot` token by token.
+    pub(crate) decoding: Option<Decoding>,
     /// Weights packed in groups of `PACK_ROWS` rows (see `crate::packed`).
     pub(crate) packed: Option<Packed>,
     /// Activations of this type from f32.
@@ -105,6 +109,7 @@ impl KernelTable {
                     vec_dot: Some(VecDot(vec_dot)),
                     tile: own.tile.map(Tile),
                     rows: own.rows.map(Rows),
+                    decoding: own.decoding.map(Decoding),
                     ..Kernels::default()
                 },
                 None => below,

@@ -12,6 +12,7 @@
 
 use std::arch::x86_64::*;
 
+mod decoded;
 mod dequantize;
 mod quantize;
 
@@ -112,6 +113,18 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         GgmlType::TQ1_0 => (Some(grid_q8_k::<BlockTq1_0>), Some(tile_tq1_0), None, None),
         GgmlType::TQ2_0 => (Some(grid_q8_k::<BlockTq2_0>), Some(tile_tq2_0), None, None),
     };
+    let decoding = match ty {
+        GgmlType::IQ2_XXS => Some(decoded::signed::<BlockIq2Xxs>()),
+        GgmlType::IQ2_XS => Some(decoded::signed::<BlockIq2Xs>()),
+        GgmlType::IQ2_S => Some(decoded::signed::<BlockIq2S>()),
+        GgmlType::IQ3_XXS => Some(decoded::signed::<BlockIq3Xxs>()),
+        GgmlType::IQ3_S => Some(decoded::signed::<BlockIq3S>()),
+        GgmlType::IQ1_S => Some(decoded::unsigned::<BlockIq1S>()),
+        GgmlType::IQ1_M => Some(decoded::unsigned::<BlockIq1M>()),
+        GgmlType::TQ1_0 => Some(decoded::unsigned::<BlockTq1_0>()),
+        GgmlType::TQ2_0 => Some(decoded::unsigned::<BlockTq2_0>()),
+        _ => None,
+    };
     let dequantize: Option<RawDequantize> = match ty {
         GgmlType::Q8_0 => Some(dequantize::q8_0),
         GgmlType::Q4_0 => Some(dequantize::q4_0),
@@ -121,6 +134,7 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         vec_dot,
         tile,
         rows: None,
+        decoding,
         packed,
         quantize,
         dequantize,
@@ -349,13 +363,12 @@ unsafe fn iq4_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn grid_q8_k<B: GridBlock>(w: &[u8], a: &[u8]) -> f32 {
     let mut values = [0i8; 256];
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = 0.0;
     for (w, a) in as_blocks::<B>(w).iter().zip(as_blocks::<BlockQ8K>(a)) {
         let (chunks, scales) = decoded(w, &mut values);
-        let d = _mm256_set1_ps(w.d() * B::UNIT * a.d());
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(grid_sums(&chunks, &scales, a)), acc);
+        acc = grid_block_sum(acc, w.d() * B::UNIT * a.d(), grid_sums(&chunks, &scales, a));
     }
-    hsum(acc)
+    acc
 }
 
 /// The IQ2 and IQ3 formats: each 32 values' codebook magnitudes and signs gathered straight
@@ -363,13 +376,27 @@ unsafe fn grid_q8_k<B: GridBlock>(w: &[u8], a: &[u8]) -> f32 {
 /// memory; the same integer sums, hence the same bits, as [`grid_q8_k`].
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = 0.0;
     for (w, a) in as_blocks::<B>(w).iter().zip(as_blocks::<BlockQ8K>(a)) {
         let sumi = grid_sums(&signed_chunks(w), &scale_vectors(&w.scales()), a);
-        let d = _mm256_set1_ps(w.d() * B::UNIT * a.d());
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        acc = grid_block_sum(acc, w.d() * B::UNIT * a.d(), sumi);
     }
-    hsum(acc)
+    acc
+}
+
+/// `acc` plus a grid block's product: `d` times the sum of the block's integer sums `sumi`.
+/// Taken once per block from the exact integer total, so that the products' bits do not
+/// depend on how a kernel spreads a block's sums over lanes (see `decoded`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn grid_block_sum(acc: f32, d: f32, sumi: __m256i) -> f32 {
+    let s = _mm_add_epi32(
+        _mm256_castsi256_si128(sumi),
+        _mm256_extracti128_si256::<1>(sumi),
+    );
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    acc + d * _mm_cvtsi128_si32(s) as f32
 }
 
 /// Values 32c..32c+32 of a signed grid block as [`grid_sums`] takes them: their magnitudes,
@@ -869,19 +896,16 @@ unsafe fn tile_grid_q8_k<B: GridBlock, const T: usize>(
 ) {
     let (w, a) = tile_operands::<B, BlockQ8K, T>(w, a, scales, out);
     let mut values = [0i8; 256];
-    let mut acc = [_mm256_setzero_ps(); T];
+    let mut acc = [0f32; T];
     for (b, w) in w.iter().enumerate() {
         let (chunks, group_scales) = decoded(w, &mut values);
         let wd = w.d() * B::UNIT;
         for t in 0..T {
             let sumi = grid_sums(&chunks, &group_scales, &a[t][b]);
-            let d = _mm256_set1_ps(wd * a[t][b].d());
-            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
+            acc[t] = grid_block_sum(acc[t], wd * a[t][b].d(), sumi);
         }
     }
-    for t in 0..T {
-        out[t] = hsum(acc[t]);
-    }
+    out.copy_from_slice(&acc);
 }
 
 /// The IQ2 and IQ3 formats against up to 8 tokens: [`signed_grid_q8_k`] token by token, each
@@ -895,20 +919,17 @@ unsafe fn tile_signed_grid_q8_k<B: SignedGridBlock, const T: usize>(
     out: &mut [f32],
 ) {
     let (w, a) = tile_operands::<B, BlockQ8K, T>(w, a, scales, out);
-    let mut acc = [_mm256_setzero_ps(); T];
+    let mut acc = [0f32; T];
     for (b, w) in w.iter().enumerate() {
         let chunks = signed_chunks(w);
         let group_scales = scale_vectors(&w.scales());
         let wd = w.d() * B::UNIT;
         for t in 0..T {
             let sumi = grid_sums(&chunks, &group_scales, &a[t][b]);
-            let d = _mm256_set1_ps(wd * a[t][b].d());
-            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
+            acc[t] = grid_block_sum(acc[t], wd * a[t][b].d(), sumi);
         }
     }
-    for t in 0..T {
-        out[t] = hsum(acc[t]);
-    }
+    out.copy_from_slice(&acc);
 }
 
 macro_rules! tile_entry_points {

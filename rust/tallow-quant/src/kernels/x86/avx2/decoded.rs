@@ -1,0 +1,139 @@
+//! The codebook formats (IQ1, IQ2, IQ3, TQ) decoded once for many tokens. Gathering a block's
+//! codebook entries costs more than multiplying it by one token, so a product of many tokens
+//! decodes each weight row once into [`DecodedBlock`]s, bytes that multiply as they are, and
+//! then runs every token against them ([`tile`]). The integer sum of each block is exact
+//! whichever way it is taken, and the grid formats' dot products and tiles turn it into a
+//! float once per block (`grid_block_sum`), so the decoded tiles give their bits.
+
+use std::arch::x86_64::*;
+
+use super::{grid_block_sum, load_i8, load_u8, scale_vectors, signed_chunks};
+use crate::blocks::{as_blocks, as_blocks_mut, Block, BlockQ8K, GridBlock, SignedGridBlock};
+use crate::kernels::x86::tile_operands;
+use crate::kernels::{RawDecoding, TileScales};
+
+/// What a decoded value is stored above: values lie within -62..=62, so `value + OFFSET` is an
+/// unsigned byte under 127 (a `vpmaddubsw` pair against activations within -127..=127 stays
+/// within i16).
+const OFFSET: i16 = 64;
+
+/// One grid block decoded: its 256 values plus [`OFFSET`], the `vpmaddwd` scale vector of each
+/// 32 values (as `scale_vectors` builds them), each group scale times `-OFFSET` (what the
+/// offset adds, taken back through the activations' group sums) and `d * UNIT` (an f32).
+#[repr(C)]
+pub(crate) struct DecodedBlock {
+    values: [[u8; 32]; 8],
+    scales: [[u8; 32]; 8],
+    offsets: [u8; 32],
+    d: [u8; 4],
+}
+
+// SAFETY: byte arrays only: alignment 1, any bit pattern.
+unsafe impl Block for DecodedBlock {}
+
+/// The decoding of the IQ2 and IQ3 formats.
+pub(super) const fn signed<B: SignedGridBlock>() -> RawDecoding {
+    RawDecoding {
+        decode: decode_signed::<B>,
+        tile,
+        block_bytes: size_of::<DecodedBlock>(),
+    }
+}
+
+/// The decoding of the IQ1 and TQ formats.
+pub(super) const fn unsigned<B: GridBlock>() -> RawDecoding {
+    RawDecoding {
+        decode: decode_unsigned::<B>,
+        tile,
+        block_bytes: size_of::<DecodedBlock>(),
+    }
+}
+
+/// Writes a decoded block: `values` are the block's 32-value chunks, signed.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn write(out: &mut DecodedBlock, values: [__m256i; 8], scales: &[i32; 16], d: f32) {
+    let offset = _mm256_set1_epi8(OFFSET as i8);
+    for (dst, v) in out.values.iter_mut().zip(values) {
+        _mm256_storeu_si256(dst.as_mut_ptr().cast(), _mm256_add_epi8(v, offset));
+    }
+    for (dst, v) in out.scales.iter_mut().zip(scale_vectors(scales)) {
+        _mm256_storeu_si256(dst.as_mut_ptr().cast(), v);
+    }
+    for (dst, &s) in out.offsets.as_chunks_mut::<2>().0.iter_mut().zip(scales) {
+        // At most 64 * 31.
+        *dst = (-OFFSET * s as i16).to_le_bytes();
+    }
+    out.d = d.to_le_bytes();
+}
+
+/// Decodes a row of IQ2/IQ3 blocks `w` into `out`, one [`DecodedBlock`] each.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_signed<B: SignedGridBlock>(w: &[u8], out: &mut [u8]) {
+    for (w, out) in as_blocks::<B>(w).iter().zip(as_blocks_mut(out)) {
+        let mut values = [_mm256_setzero_si256(); 8];
+        for (v, (magnitudes, signs)) in values.iter_mut().zip(signed_chunks(w)) {
+            *v = _mm256_sign_epi8(magnitudes, signs);
+        }
+        write(out, values, &w.scales(), w.d() * B::UNIT);
+    }
+}
+
+/// Decodes a row of IQ1/TQ blocks `w` into `out`, one [`DecodedBlock`] each.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_unsigned<B: GridBlock>(w: &[u8], out: &mut [u8]) {
+    let mut decoded = [0i8; 256];
+    for (w, out) in as_blocks::<B>(w).iter().zip(as_blocks_mut(out)) {
+        let scales = w.decode(&mut decoded);
+        let mut values = [_mm256_setzero_si256(); 8];
+        for (v, chunk) in values.iter_mut().zip(decoded.as_chunks::<32>().0) {
+            *v = load_i8(chunk);
+        }
+        write(out, values, &scales, w.d() * B::UNIT);
+    }
+}
+
+/// A decoded row against up to 8 tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile(w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
+    match a.len() {
+        8 => tile_of::<8>(w, a, scales, out),
+        7 => tile_of::<7>(w, a, scales, out),
+        6 => tile_of::<6>(w, a, scales, out),
+        5 => tile_of::<5>(w, a, scales, out),
+        4 => tile_of::<4>(w, a, scales, out),
+        3 => tile_of::<3>(w, a, scales, out),
+        2 => tile_of::<2>(w, a, scales, out),
+        1 => tile_of::<1>(w, a, scales, out),
+        n => panic!("no tile of {n} tokens"),
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_of<const T: usize>(w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
+    let (w, a) = tile_operands::<DecodedBlock, BlockQ8K, T>(w, a, scales, out);
+    let mut acc = [0f32; T];
+    for (b, w) in w.iter().enumerate() {
+        // sum(scale * (value + OFFSET) * y) - OFFSET * sum(scale * group sum of y), each
+        // 32 values and their scales loaded once for all the tokens.
+        let offsets = load_u8(&w.offsets);
+        let mut sumi = [_mm256_setzero_si256(); T];
+        for t in 0..T {
+            sumi[t] = _mm256_madd_epi16(load_u8(&a[t][b].bsums), offsets);
+        }
+        for c in 0..8 {
+            let (values, scale) = (load_u8(&w.values[c]), load_u8(&w.scales[c]));
+            for t in 0..T {
+                let y = load_i8(a[t][b].qs[32 * c..][..32].try_into().unwrap());
+                let pairs = _mm256_maddubs_epi16(values, y);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(pairs, scale));
+            }
+        }
+        let d = f32::from_le_bytes(w.d);
+        for t in 0..T {
+            acc[t] = grid_block_sum(acc[t], d * a[t][b].d(), sumi[t]);
+        }
+    }
+    out.copy_from_slice(&acc);
+}
