@@ -408,6 +408,19 @@ impl GridBlock for BlockTq2_0 {
     }
 }
 
+/// Q3_K decodes as a grid block too: its quants `q - 4 * !hbit` (-4..=3) times its signed 6-bit
+/// group scales, so that its products of many tokens take the grid formats' decoded rows.
+impl GridBlock for super::BlockQ3K {
+    const UNIT: f32 = 1.0;
+    fn d(&self) -> f32 {
+        f16_to_f32(self.d)
+    }
+    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
+        *values = crate::reference::decode::q3k(self);
+        super::q3k_scales(&self.scales).map(i32::from)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

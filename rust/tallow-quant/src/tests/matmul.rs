@@ -344,7 +344,8 @@ fn matmul_with_picks_the_kernels_of_the_given_isa() {
     ));
 }
 
-/// The tile kernels (several tokens per weight row) against per-token products of the same
+/// The tile kernels (several tokens per weight row), and the rows decoded once for more tokens
+/// than a tile (the codebook formats, Q3_K), against per-token products of the same
 /// instruction set, bit for bit, and against the scalar reference within rounding: random
 /// shapes with rows not a multiple of anything, odd block counts (the AVX-512 tail) and
 /// 2..=37 tokens (full and short token groups), on every set this CPU has, AVX2 included.
@@ -376,6 +377,7 @@ fn tiled_matmul_equals_per_token_matmul_and_scalar() {
             GgmlType::IQ1_M,
             GgmlType::TQ1_0,
             GgmlType::TQ2_0,
+            GgmlType::Q3_K,
         ] {
             // Super-blocks of 256: one to three.
             let cols = match ty.block_len() {
@@ -389,8 +391,12 @@ fn tiled_matmul_equals_per_token_matmul_and_scalar() {
             matmul_with(Isa::Scalar, ty, &weight, rows, cols, &acts, &mut scalar).unwrap();
             for &isa in &isas {
                 // Q5_0 has a tile on AVX2 only so far; elsewhere the tokens go one by one.
-                if ty != GgmlType::Q5_0 || isa == Isa::Avx2 {
-                    assert!(isa.kernels(ty).tile.is_some(), "{isa:?} has a {ty} tile");
+                // Q3_K has no tile: its rows are decoded once for more tokens than a tile.
+                let k = isa.kernels(ty);
+                match ty {
+                    GgmlType::Q3_K => assert!(k.decoding.is_some(), "{isa:?} decodes {ty}"),
+                    GgmlType::Q5_0 if isa != Isa::Avx2 => {}
+                    _ => assert!(k.tile.is_some(), "{isa:?} has a {ty} tile"),
                 }
                 let mut out = vec![f32::NAN; n_tokens * rows];
                 matmul_with(isa, ty, &weight, rows, cols, &acts, &mut out).unwrap();

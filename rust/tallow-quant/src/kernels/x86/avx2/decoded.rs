@@ -1,13 +1,14 @@
-//! The codebook formats (IQ1, IQ2, IQ3, TQ) decoded once for many tokens. Gathering a block's
+//! The codebook formats (IQ1, IQ2, IQ3, TQ), and Q3_K, decoded once for many tokens. Gathering a block's
 //! codebook entries costs more than multiplying it by one token, so a product of many tokens
 //! decodes each weight row once into [`DecodedBlock`]s, bytes that multiply as they are, and
 //! then runs every token against them ([`tile`]). The integer sum of each block is exact
 //! whichever way it is taken, and the grid formats' dot products and tiles turn it into a
-//! float once per block (`grid_block_sum`), so the decoded tiles give their bits.
+//! float once per block (`grid_block_sum`), as Q3_K's does, so the decoded tiles give their
+//! bits.
 
 use std::arch::x86_64::*;
 
-use super::{grid_block_sum, load_i8, load_u8, scale_vectors, signed_chunks};
+use super::{load_i8, load_u8, scale_vectors, signed_chunks};
 use crate::blocks::{as_blocks, as_blocks_mut, Block, BlockQ8K, GridBlock, SignedGridBlock};
 use crate::kernels::x86::tile_operands;
 use crate::kernels::{RawDecoding, TileScales};
@@ -40,7 +41,7 @@ pub(super) const fn signed<B: SignedGridBlock>() -> RawDecoding {
     }
 }
 
-/// The decoding of the IQ1 and TQ formats.
+/// The decoding of the formats that decode through [`GridBlock::decode`]: IQ1, TQ and Q3_K.
 pub(super) const fn unsigned<B: GridBlock>() -> RawDecoding {
     RawDecoding {
         decode: decode_unsigned::<B>,
@@ -113,12 +114,13 @@ unsafe fn tile(w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_of<const T: usize>(w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
     let (w, a) = tile_operands::<DecodedBlock, BlockQ8K, T>(w, a, scales, out);
-    let mut acc = [0f32; T];
+    // Lane `t`: token `t`'s output (lanes from `T` on stay 0).
+    let mut acc = _mm256_setzero_ps();
     for (b, w) in w.iter().enumerate() {
         // sum(scale * (value + OFFSET) * y) - OFFSET * sum(scale * group sum of y), each
         // 32 values and their scales loaded once for all the tokens.
         let offsets = load_u8(&w.offsets);
-        let mut sumi = [_mm256_setzero_si256(); T];
+        let mut sumi = [_mm256_setzero_si256(); 8];
         for t in 0..T {
             sumi[t] = _mm256_madd_epi16(load_u8(&a[t][b].bsums), offsets);
         }
@@ -130,10 +132,38 @@ unsafe fn tile_of<const T: usize>(w: &[u8], a: &[&[u8]], scales: &TileScales, ou
                 sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(pairs, scale));
             }
         }
-        let d = f32::from_le_bytes(w.d);
+        // As `grid_block_sum`, every token in its lane: acc + (d * da) * total.
+        let mut da = [0f32; 8];
         for t in 0..T {
-            acc[t] = grid_block_sum(acc[t], d * a[t][b].d(), sumi[t]);
+            da[t] = a[t][b].d();
         }
+        let d = _mm256_mul_ps(
+            _mm256_set1_ps(f32::from_le_bytes(w.d)),
+            _mm256_loadu_ps(da.as_ptr()),
+        );
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(totals(&sumi))));
     }
-    out.copy_from_slice(&acc);
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+    out.copy_from_slice(&lanes[..T]);
+}
+
+/// Lane `t`: the total of the lanes of `v[t]` (exact, as integers).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn totals(v: &[__m256i; 8]) -> __m256i {
+    // Within each 128-bit half: pairs, then the quarters of four vectors.
+    let pairs = [
+        _mm256_hadd_epi32(v[0], v[1]),
+        _mm256_hadd_epi32(v[2], v[3]),
+        _mm256_hadd_epi32(v[4], v[5]),
+        _mm256_hadd_epi32(v[6], v[7]),
+    ];
+    let low = _mm256_hadd_epi32(pairs[0], pairs[1]);
+    let high = _mm256_hadd_epi32(pairs[2], pairs[3]);
+    // `low` holds v[0..4]'s half totals, its low half then its high half; `high` v[4..8]'s.
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(low, high),
+        _mm256_permute2x128_si256::<0x31>(low, high),
+    )
 }

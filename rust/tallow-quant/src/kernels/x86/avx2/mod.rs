@@ -123,6 +123,7 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         GgmlType::IQ1_M => Some(decoded::unsigned::<BlockIq1M>()),
         GgmlType::TQ1_0 => Some(decoded::unsigned::<BlockTq1_0>()),
         GgmlType::TQ2_0 => Some(decoded::unsigned::<BlockTq2_0>()),
+        GgmlType::Q3_K => Some(decoded::unsigned::<BlockQ3K>()),
         _ => None,
     };
     let dequantize: Option<RawDequantize> = match ty {
@@ -587,7 +588,7 @@ unsafe fn shift_count(bits: usize) -> __m128i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q3_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
     let mask2 = _mm256_set1_epi8(3);
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = 0.0;
     for (w, a) in as_blocks::<BlockQ3K>(w)
         .iter()
         .zip(as_blocks::<BlockQ8K>(a))
@@ -616,10 +617,10 @@ unsafe fn q3_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scales, p));
             }
         }
-        let d = a.d() * fp16(w.d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        // As the grid formats, whose decoded rows Q3_K's products of many tokens take.
+        acc = grid_block_sum(acc, a.d() * fp16(w.d), sumi);
     }
-    hsum(acc)
+    acc
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
