@@ -1,10 +1,10 @@
-//! The codebook formats (IQ1, IQ2, IQ3, TQ), and Q3_K, decoded once for many tokens. Gathering a block's
-//! codebook entries costs more than multiplying it by one token, so a product of many tokens
-//! decodes each weight row once into [`DecodedBlock`]s, bytes that multiply as they are, and
-//! then runs every token against them ([`tile`]). The integer sum of each block is exact
-//! whichever way it is taken, and the grid formats' dot products and tiles turn it into a
-//! float once per block (`grid_block_sum`), as Q3_K's does, so the decoded tiles give their
-//! bits.
+//! The codebook formats (IQ1, IQ2, IQ3, TQ), and Q3_K, decoded once for many tokens.
+//! Gathering a block's codebook entries costs more than multiplying it by one token, so a
+//! product of many tokens decodes each weight row once into [`DecodedBlock`]s, bytes that
+//! multiply as they are, and then runs every token against them ([`tile`]). The integer sum
+//! of each block is exact whichever way it is taken, and these formats' dot products and
+//! tiles turn it into a float once per block (`grid_block_sum`), so the decoded tiles give
+//! their bits.
 
 use std::arch::x86_64::*;
 
