@@ -89,12 +89,8 @@ impl Tile {
     }
 }
 
-/// A row kernel: `out.len()` contiguous weight rows of equal length (`w`) against the
-/// activation row `a` of one token, one output per row. Equal bit for bit to the [`VecDot`]
-/// kernel of the same instruction set and format, row by row. Handed out by
-/// [`Isa::kernels`] only, for an instruction set the running CPU has.
 /// Rows of a format whose blocks cost more to decode than to multiply by one token (the
-/// codebook formats), decoded once for many tokens: `decode` writes a row's blocks as
+/// codebook formats, Q3_K), decoded once for many tokens: `decode` writes a row's blocks as
 /// `block_bytes` each, and `tile` multiplies such a decoded row by up to [`TILE_LANES`]
 /// tokens with the bits of the format's `vec_dot`.
 #[derive(Clone, Copy)]
@@ -119,16 +115,24 @@ impl Decoding {
     /// them; the kernel views both as whole blocks and stops at the shorter).
     #[inline]
     pub(crate) fn decode(self, w: &[u8], out: &mut [u8]) {
+        // SAFETY: only built by the kernel table of a set the CPU has; the
+        // kernel views both slices as whole blocks.
         unsafe { (self.0.decode)(w, out) }
     }
 
     /// The decoded row `w` against the tokens `a`, as [`Tile::call`].
     #[inline]
     pub(crate) fn tile(self, w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
+        // SAFETY: only built by the kernel table of a set the CPU has; the
+        // kernels check their operands' lengths.
         unsafe { (self.0.tile)(w, a, scales, out) }
     }
 }
 
+/// A row kernel: `out.len()` contiguous weight rows of equal length (`w`) against the
+/// activation row `a` of one token, one output per row. Equal bit for bit to the [`VecDot`]
+/// kernel of the same instruction set and format, row by row. Handed out by
+/// [`Isa::kernels`] only, for an instruction set the running CPU has.
 pub(crate) type RawRows = unsafe fn(w: &[u8], a: &[u8], out: &mut [f32]);
 
 /// Weight rows a row kernel takes through each activation block at once.

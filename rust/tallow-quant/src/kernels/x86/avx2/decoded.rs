@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{load_i8, load_u8, scale_vectors, signed_chunks};
+use super::{load_i8, load_u8, scale_vectors, signed_chunks, tile_entry_points};
 use crate::blocks::{as_blocks, as_blocks_mut, Block, BlockQ8K, GridBlock, SignedGridBlock};
 use crate::kernels::x86::tile_operands;
 use crate::kernels::{RawDecoding, TileScales};
@@ -80,7 +80,7 @@ unsafe fn decode_signed<B: SignedGridBlock>(w: &[u8], out: &mut [u8]) {
     }
 }
 
-/// Decodes a row of IQ1/TQ blocks `w` into `out`, one [`DecodedBlock`] each.
+/// Decodes a row of IQ1, TQ or Q3_K blocks `w` into `out`, one [`DecodedBlock`] each.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode_unsigned<B: GridBlock>(w: &[u8], out: &mut [u8]) {
     let mut decoded = [0i8; 256];
@@ -94,21 +94,8 @@ unsafe fn decode_unsigned<B: GridBlock>(w: &[u8], out: &mut [u8]) {
     }
 }
 
-/// A decoded row against up to 8 tokens.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile(w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
-    match a.len() {
-        8 => tile_of::<8>(w, a, scales, out),
-        7 => tile_of::<7>(w, a, scales, out),
-        6 => tile_of::<6>(w, a, scales, out),
-        5 => tile_of::<5>(w, a, scales, out),
-        4 => tile_of::<4>(w, a, scales, out),
-        3 => tile_of::<3>(w, a, scales, out),
-        2 => tile_of::<2>(w, a, scales, out),
-        1 => tile_of::<1>(w, a, scales, out),
-        n => panic!("no tile of {n} tokens"),
-    }
-}
+// `tile`: a decoded row against up to 8 tokens.
+tile_entry_points!(tile_of => tile);
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

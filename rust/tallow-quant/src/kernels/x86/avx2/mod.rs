@@ -954,6 +954,9 @@ macro_rules! tile_entry_points {
     };
 }
 
+// For `decoded`'s tile too.
+use tile_entry_points;
+
 tile_entry_points!(
     tile_q4_0_q8_0 => tile_q4_0,
     tile_q4_1_q8_1 => tile_q4_1,
