@@ -4,8 +4,8 @@
 //! or `dmin`: 32 bytes each, one f16 per row) and then its *words*: each run of four bytes of
 //! the block that the kernels read together, 64 bytes per word (four per row, row `r` at
 //! bytes `4r..4r + 4`). A word is the GGUF bytes unchanged, except where a [`Recode`] says
-//! otherwise, so that packing is a permutation of the block's bytes (a packed matrix is
-//! exactly as large as the GGUF one) and unpacking restores them exactly.
+//! otherwise or the block's bytes are first regrouped ([`Regroup`]), so that a packed matrix
+//! is exactly as large as the GGUF one and unpacking restores the block exactly.
 //!
 //! The words of each format, in packed order (the kernels index them by these numbers):
 //!
@@ -16,7 +16,7 @@
 //! | Q8_0 | 0..8: `qs` as `q + 128` ([`Recode::Unsigned`]) |
 //! | Q4_K | 0..3: `scales`; 3..35: `qs` (word `3 + 8p + c`: step `c` of sub-block `2p` in the low nibbles, of `2p + 1` in the high ones) |
 //! | Q5_K | 0..3: `scales`; 3..11: `qh` (word `3 + c`: bit `s` of byte `i` is the fifth bit of column `4c + i` of sub-block `s`); 11..43: `qs` as Q4_K |
-//! | Q6_K | 0..4: `scales`; 4..36: `ql` (word `4 + 16h + 8m + c`); 36..52: `qh` (word `36 + 8h + c`) |
+//! | Q6_K | [`Regroup::SixBits`]: 0..4: `scales`; 4..52: the 6-bit quants, three words per group `g` of 16 columns (word `4 + 3g + j`) |
 //! | IQ4_NL | 0..4: `qs` as Q4_0 |
 //! | IQ4_XS | 0: `scales_l`; 1..33: `qs` (word `1 + 4s + c`: as Q4_0's word `c` for sub-block `s`) |
 //!
@@ -29,6 +29,73 @@ use crate::GgmlType;
 
 /// Bytes of the largest block with a layout (Q6_K's): room for one unpacked block.
 pub(crate) const MAX_BLOCK_BYTES: usize = 210;
+
+/// How a block's bytes are rearranged before its words are taken from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Regroup {
+    /// Q6_K's quants, split in the GGUF block between 4 low bits (`ql`) and 2 high bits
+    /// (`qh`), stored whole: the first 192 bytes become 16 groups of 12 bytes, one group per
+    /// 16 columns, whose byte `4j + i` (`j < 3`) holds the 6-bit quant of the group's column
+    /// `4j + i` in its low bits and bits `2j, 2j + 1` of column `12 + i`'s in its top two.
+    /// A step of 4 columns is then one mask of a word (or, for the group's fourth step, three
+    /// shifts and masks) instead of two words' bits put together. The scales and `d` stay
+    /// where they are.
+    SixBits,
+}
+
+/// Bytes of a Q6_K block's quants, and where column `col`'s low 4 bits (byte, shift) and top
+/// 2 bits (byte, shift) are in a GGUF block.
+const Q6_QUANT_BYTES: usize = 192;
+fn q6_bits(col: usize) -> ((usize, usize), (usize, usize)) {
+    let (half, quarter, l) = (col / 128, col % 128 / 32, col % 32);
+    (
+        (64 * half + 32 * (quarter % 2) + l, 4 * (quarter / 2)),
+        (128 + 32 * half + l, 2 * quarter),
+    )
+}
+
+impl Regroup {
+    fn regroup(self, block: &[u8], out: &mut [u8]) {
+        match self {
+            Regroup::SixBits => {
+                out.copy_from_slice(block);
+                let mut q = [0u8; 256];
+                for (col, q) in q.iter_mut().enumerate() {
+                    let ((lo, lo_shift), (hi, hi_shift)) = q6_bits(col);
+                    *q = (block[lo] >> lo_shift) & 0xf | ((block[hi] >> hi_shift) & 3) << 4;
+                }
+                for (group, out) in q.chunks_exact(16).zip(out.chunks_exact_mut(12)) {
+                    for (k, out) in out.iter_mut().enumerate() {
+                        let top = (group[12 + k % 4] >> (2 * (k / 4))) & 3;
+                        *out = group[k] | top << 6;
+                    }
+                }
+            }
+        }
+    }
+
+    fn restore(self, regrouped: &[u8], out: &mut [u8]) {
+        match self {
+            Regroup::SixBits => {
+                out.copy_from_slice(regrouped);
+                out[..Q6_QUANT_BYTES].fill(0);
+                for col in 0..256 {
+                    let (g, k) = (col / 16, col % 16);
+                    let q = if k < 12 {
+                        regrouped[12 * g + k] & 0x3f
+                    } else {
+                        (0..3).fold(0, |q, j| {
+                            q | (regrouped[12 * g + 4 * j + k - 12] >> 6) << (2 * j)
+                        })
+                    };
+                    let ((lo, lo_shift), (hi, hi_shift)) = q6_bits(col);
+                    out[lo] |= (q & 0xf) << lo_shift;
+                    out[hi] |= (q >> 4) << hi_shift;
+                }
+            }
+        }
+    }
+}
 
 /// How a word's bytes are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,10 +147,12 @@ impl Recode {
 pub(crate) struct Layout {
     /// Bytes of a GGUF block.
     block_bytes: usize,
-    /// Byte offsets in the GGUF block of its f16 fields, in packed order.
+    /// How the block's bytes are rearranged first, where they are.
+    regroup: Option<Regroup>,
+    /// Byte offsets in the (regrouped) block of its f16 fields, in packed order.
     halves: &'static [usize],
-    /// Runs of words, in packed order: the byte offset in the GGUF block, the number of words
-    /// and how they are stored.
+    /// Runs of words, in packed order: the byte offset in the (regrouped) block, the number
+    /// of words and how they are stored.
     words: &'static [(usize, usize, Recode)],
 }
 
@@ -94,46 +163,55 @@ impl Layout {
         Some(match ty {
             GgmlType::Q4_0 => &Layout {
                 block_bytes: 18,
+                regroup: None,
                 halves: &[0],
                 words: &[(2, 4, Copy)],
             },
             GgmlType::Q4_1 => &Layout {
                 block_bytes: 20,
+                regroup: None,
                 halves: &[0, 2],
                 words: &[(4, 4, Copy)],
             },
             GgmlType::Q5_0 => &Layout {
                 block_bytes: 22,
+                regroup: None,
                 halves: &[0],
                 words: &[(6, 4, Copy), (2, 1, Spread)],
             },
             GgmlType::Q8_0 => &Layout {
                 block_bytes: 34,
+                regroup: None,
                 halves: &[0],
                 words: &[(2, 8, Unsigned)],
             },
             GgmlType::Q4_K => &Layout {
                 block_bytes: 144,
+                regroup: None,
                 halves: &[0, 2],
                 words: &[(4, 3, Copy), (16, 32, Copy)],
             },
             GgmlType::Q5_K => &Layout {
                 block_bytes: 176,
+                regroup: None,
                 halves: &[0, 2],
                 words: &[(4, 3, Copy), (16, 8, Copy), (48, 32, Copy)],
             },
             GgmlType::Q6_K => &Layout {
                 block_bytes: 210,
+                regroup: Some(Regroup::SixBits),
                 halves: &[208],
-                words: &[(192, 4, Copy), (0, 32, Copy), (128, 16, Copy)],
+                words: &[(192, 4, Copy), (0, 48, Copy)],
             },
             GgmlType::IQ4_NL => &Layout {
                 block_bytes: 18,
+                regroup: None,
                 halves: &[0],
                 words: &[(2, 4, Copy)],
             },
             GgmlType::IQ4_XS => &Layout {
                 block_bytes: 136,
+                regroup: None,
                 halves: &[0, 2],
                 words: &[(4, 1, Copy), (8, 32, Copy)],
             },
@@ -169,13 +247,21 @@ impl Layout {
     pub(crate) fn pack_group(&self, src: &[u8], group: &mut [u8]) {
         let row_bytes = src.len() / PACK_ROWS;
         let first = self.scale_bytes();
+        let mut regrouped = [[0u8; MAX_BLOCK_BYTES]; PACK_ROWS];
         for (b, dst) in group
             .chunks_exact_mut(self.packed_block_bytes())
             .enumerate()
         {
-            let blocks: [&[u8]; PACK_ROWS] = std::array::from_fn(|lane| {
+            let mut blocks: [&[u8]; PACK_ROWS] = std::array::from_fn(|lane| {
                 &src[lane * row_bytes + b * self.block_bytes..][..self.block_bytes]
             });
+            if let Some(regroup) = self.regroup {
+                for (block, out) in blocks.iter_mut().zip(&mut regrouped) {
+                    let out = &mut out[..self.block_bytes];
+                    regroup.regroup(block, out);
+                    *block = out;
+                }
+            }
             let (halves, words) = dst.split_at_mut(first);
             for (&at, out) in self
                 .halves
@@ -204,15 +290,23 @@ impl Layout {
     pub(crate) fn unpack_block(&self, group: &[u8], b: usize, lane: usize, out: &mut [u8]) {
         let packed = self.packed_block_bytes();
         let src = &group[b * packed..(b + 1) * packed];
+        let mut regrouped = [0u8; MAX_BLOCK_BYTES];
+        let block = match self.regroup {
+            Some(_) => &mut regrouped[..self.block_bytes],
+            None => &mut *out,
+        };
         for (k, &at) in self.halves.iter().enumerate() {
             let from = 2 * PACK_ROWS * k + 2 * lane;
-            out[at..at + 2].copy_from_slice(&src[from..from + 2]);
+            block[at..at + 2].copy_from_slice(&src[from..from + 2]);
         }
         for (at, from, recode) in self.each_word() {
             let word = src[from + 4 * lane..from + 4 * lane + 4]
                 .try_into()
                 .unwrap();
-            out[at..at + 4].copy_from_slice(&recode.unpack(word));
+            block[at..at + 4].copy_from_slice(&recode.unpack(word));
+        }
+        if let Some(regroup) = self.regroup {
+            regroup.restore(&regrouped[..self.block_bytes], out);
         }
     }
 }
@@ -237,6 +331,40 @@ mod tests {
                 seen[at..at + 4].iter_mut().for_each(|s| *s += 1);
             }
             assert!(seen.iter().all(|&s| s == 1), "{ty}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn six_bit_groups_hold_each_quant_and_restore_the_block() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut block = [0u8; 210];
+        for _ in 0..64 {
+            block.iter_mut().for_each(|b| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                *b = (state >> 56) as u8;
+            });
+            let mut regrouped = [0u8; 210];
+            Regroup::SixBits.regroup(&block, &mut regrouped);
+            assert_eq!(regrouped[192..], block[192..]);
+            for col in 0..256 {
+                let ((lo, lo_shift), (hi, hi_shift)) = q6_bits(col);
+                let q = (block[lo] >> lo_shift) & 0xf | ((block[hi] >> hi_shift) & 3) << 4;
+                // As the kernels read it: a mask for the first three steps of a group, the
+                // top two bits of those three bytes for the fourth.
+                let (g, k) = (col / 16, col % 16);
+                let read = if k < 12 {
+                    regrouped[12 * g + k] & 0x3f
+                } else {
+                    let top = |j: usize| regrouped[12 * g + 4 * j + k - 12] >> 6;
+                    top(0) | top(1) << 2 | top(2) << 4
+                };
+                assert_eq!(read, q, "column {col}");
+            }
+            let mut restored = [0u8; 210];
+            Regroup::SixBits.restore(&regrouped, &mut restored);
+            assert_eq!(restored, block);
         }
     }
 

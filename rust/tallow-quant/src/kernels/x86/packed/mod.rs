@@ -756,10 +756,9 @@ struct Q6Half<S: Simd> {
 }
 
 /// Q6_K: `d * da * sum(scale * (q - 32) * y)`, with `q` (0..64) taken as unsigned bytes and
-/// the 32 subtracted through the token's group sums. Sub-block `s` is columns `32s..`, run
-/// `k = s % 4` of GGUF half `s / 4`: its step `c` has its low 4 bits in word
-/// `4 + 16(s / 4) + 8(k % 2) + c` (low nibbles for `k < 2`) and its top 2 bits at bits `2k`
-/// of word `36 + 8(s / 4) + c`.
+/// the 32 subtracted through the token's group sums. Group `g` of 16 columns (steps `4g..`)
+/// is words `4 + 3g..`: step `j < 3` is word `4 + 3g + j`'s low 6 bits, and step 3 is the
+/// three words' top 2 bits.
 struct Q6K;
 
 impl<S: Simd> Format<S> for Q6K {
@@ -787,10 +786,18 @@ impl<S: Simd> Format<S> for Q6K {
     }
     #[inline(always)]
     unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> S::I {
-        let (half, k) = (s / 4, s % 4);
-        let low = S::nibbles(S::word(words, 4 + 16 * half + 8 * (k % 2) + c, h), k / 2);
-        let top = S::bits_to_4(S::word(words, 36 + 8 * half + c, h), 2 * k, 0x30);
-        S::or(low, top)
+        let first = 4 + 3 * (2 * s + c / 4);
+        if c % 4 < 3 {
+            return S::and(S::word(words, first + c % 4, h), S::splat_i32(0x3f3f3f3f));
+        }
+        // Bits 6 and 7 of the three words' bytes to bits 0-1, 2-3 and 4-5. A 16-bit shift
+        // moves the next byte's low bits into the top of a byte, which the masks clear.
+        let mut step = S::zero();
+        for j in 0..3 {
+            let top = S::shr16(S::word(words, first + j, h), 6 - 2 * j as u32);
+            step = S::or(step, S::and(top, S::splat_i32(0x03030303 << (2 * j))));
+        }
+        step
     }
     #[inline(always)]
     unsafe fn pass_sum(
