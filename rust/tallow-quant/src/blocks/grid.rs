@@ -17,8 +17,13 @@ use crate::fp16::f16_to_f32;
 pub(crate) trait GridBlock: Block {
     /// The power of two the integer values are in units of.
     const UNIT: f32;
+    /// The block's scale: the bits of an f16.
+    fn d_bits(&self) -> [u8; 2];
     /// The block's float scale.
-    fn d(&self) -> f32;
+    #[inline(always)]
+    fn d(&self) -> f32 {
+        f16_to_f32(self.d_bits())
+    }
     /// Writes the 256 integer values and returns the 16 integer group scales.
     fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16];
 }
@@ -169,12 +174,12 @@ fn put8(values: &mut [i8; QK_K], at: usize, v: [i8; 8]) {
     values[at..at + 8].copy_from_slice(&v);
 }
 
-#[inline]
+#[inline(always)]
 fn u16_at(bytes: &[u8], k: usize) -> u16 {
     u16::from_le_bytes([bytes[2 * k], bytes[2 * k + 1]])
 }
 
-#[inline]
+#[inline(always)]
 fn u32_at(bytes: &[u8], k: usize) -> u32 {
     u32::from_le_bytes([
         bytes[4 * k],
@@ -186,12 +191,15 @@ fn u32_at(bytes: &[u8], k: usize) -> u32 {
 
 /// Odd scales `2s + 1` from the nibbles of `packed`, one per group of 16 (`per_nibble` groups
 /// share a nibble).
-#[inline]
+#[inline(always)]
 fn nibble_scales(packed: &[u8], per_nibble: usize) -> [i32; 16] {
-    std::array::from_fn(|g| {
+    // A loop rather than `array::from_fn`, whose closure stayed a call in the SIMD kernels.
+    let mut scales = [0; 16];
+    for (g, scale) in scales.iter_mut().enumerate() {
         let n = g / per_nibble;
-        2 * i32::from((packed[n / 2] >> (4 * (n % 2))) & 0xf) + 1
-    })
+        *scale = 2 * i32::from((packed[n / 2] >> (4 * (n % 2))) & 0xf) + 1;
+    }
+    scales
 }
 
 /// The GridBlock items of a SignedGridBlock.
@@ -199,8 +207,9 @@ macro_rules! signed_grid_block {
     ($block:ident, $unit:expr) => {
         impl GridBlock for $block {
             const UNIT: f32 = $unit;
-            fn d(&self) -> f32 {
-                f16_to_f32(self.d)
+            #[inline(always)]
+            fn d_bits(&self) -> [u8; 2] {
+                self.d
             }
             fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
                 decode_signed(self, values)
@@ -233,26 +242,37 @@ signed_grid_block!(BlockIq3Xxs, 0.25);
 signed_grid_block!(BlockIq3S, 1.0);
 
 /// Scales `2s + 1` from the top 4 bits of each group of 32's u32 in `words` (IQ2_XXS, IQ3_XXS).
-#[inline]
+#[inline(always)]
 fn top_nibble_scales(words: &[u8]) -> [i32; 16] {
-    std::array::from_fn(|g| 2 * (u32_at(words, g / 2) >> 28) as i32 + 1)
+    let mut scales = [0; 16];
+    for (g, scale) in scales.iter_mut().enumerate() {
+        *scale = 2 * (u32_at(words, g / 2) >> 28) as i32 + 1;
+    }
+    scales
 }
 
 impl BlockIq2Xxs {
     /// Values 8k..8k+8: their codebook entry and their sign index.
     #[inline(always)]
     fn entry(&self, k: usize) -> (u64, usize) {
+        // Group g's 8 bytes in one load: 4 codebook indices, then the 4 sign indices (7 bits
+        // each) and the scale.
         let (g, l) = (k / 4, k % 4);
-        let aux = u32_at(&self.qs, 2 * g + 1);
-        let signs = ((aux >> (7 * l)) & 127) as usize;
-        (IQ2XXS_GRID[usize::from(self.qs[8 * g + l])], signs)
+        let group = u64::from_le_bytes(self.qs[8 * g..8 * g + 8].try_into().unwrap());
+        let signs = ((group >> (32 + 7 * l)) & 127) as usize;
+        (IQ2XXS_GRID[usize::from((group >> (8 * l)) as u8)], signs)
     }
 }
 
 impl SignedGridBlock for BlockIq2Xxs {
     sign_indexed_pieces!();
+    #[inline(always)]
     fn scales(&self) -> [i32; 16] {
-        let words: [u8; 32] = std::array::from_fn(|k| self.qs[8 * (k / 4) + 4 + k % 4]);
+        // The second u32 of each group of 8 bytes.
+        let mut words = [0u8; 32];
+        for (g, word) in words.as_chunks_mut::<4>().0.iter_mut().enumerate() {
+            word.copy_from_slice(&self.qs[8 * g + 4..8 * g + 8]);
+        }
         top_nibble_scales(&words)
     }
 }
@@ -268,6 +288,7 @@ impl BlockIq2Xs {
 
 impl SignedGridBlock for BlockIq2Xs {
     sign_indexed_pieces!();
+    #[inline(always)]
     fn scales(&self) -> [i32; 16] {
         nibble_scales(&self.scales, 1)
     }
@@ -279,6 +300,7 @@ impl SignedGridBlock for BlockIq2S {
         let high = usize::from((self.qh[k / 4] >> (2 * (k % 4))) & 3) << 8;
         (IQ2S_GRID[usize::from(self.qs[k]) | high], self.signs[k])
     }
+    #[inline(always)]
     fn scales(&self) -> [i32; 16] {
         nibble_scales(&self.scales, 1)
     }
@@ -300,6 +322,7 @@ impl BlockIq3Xxs {
 
 impl SignedGridBlock for BlockIq3Xxs {
     sign_indexed_pieces!();
+    #[inline(always)]
     fn scales(&self) -> [i32; 16] {
         top_nibble_scales(&self.signs_scales)
     }
@@ -314,6 +337,7 @@ impl SignedGridBlock for BlockIq3S {
         };
         (entry(2 * k) | (entry(2 * k + 1) << 32), self.signs[k])
     }
+    #[inline(always)]
     fn scales(&self) -> [i32; 16] {
         nibble_scales(&self.scales, 2)
     }
@@ -328,8 +352,9 @@ fn shifted(entry: u64, negative_shift: bool) -> [i8; 8] {
 
 impl GridBlock for BlockIq1S {
     const UNIT: f32 = 0.125;
-    fn d(&self) -> f32 {
-        f16_to_f32(self.d)
+    #[inline(always)]
+    fn d_bits(&self) -> [u8; 2] {
+        self.d
     }
     fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
         let mut scales = [0; 16];
@@ -353,11 +378,11 @@ impl GridBlock for BlockIq1S {
 
 impl GridBlock for BlockIq1M {
     const UNIT: f32 = 0.125;
-    fn d(&self) -> f32 {
+    fn d_bits(&self) -> [u8; 2] {
         let sc: [u16; 4] = std::array::from_fn(|k| u16_at(&self.scales, k));
         let bits =
             (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
-        f16_to_f32(bits.to_le_bytes())
+        bits.to_le_bytes()
     }
     fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
         for k in 0..32 {
@@ -374,8 +399,9 @@ impl GridBlock for BlockIq1M {
 
 impl GridBlock for BlockTq1_0 {
     const UNIT: f32 = 1.0;
-    fn d(&self) -> f32 {
-        f16_to_f32(self.d)
+    #[inline(always)]
+    fn d_bits(&self) -> [u8; 2] {
+        self.d
     }
     fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
         const POW3: [u8; 5] = [1, 3, 9, 27, 81];
@@ -396,8 +422,9 @@ impl GridBlock for BlockTq1_0 {
 
 impl GridBlock for BlockTq2_0 {
     const UNIT: f32 = 1.0;
-    fn d(&self) -> f32 {
-        f16_to_f32(self.d)
+    #[inline(always)]
+    fn d_bits(&self) -> [u8; 2] {
+        self.d
     }
     fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
         for (e, v) in values.iter_mut().enumerate() {
@@ -412,8 +439,9 @@ impl GridBlock for BlockTq2_0 {
 /// group scales, so that its products of many tokens take the grid formats' decoded rows.
 impl GridBlock for super::BlockQ3K {
     const UNIT: f32 = 1.0;
-    fn d(&self) -> f32 {
-        f16_to_f32(self.d)
+    #[inline(always)]
+    fn d_bits(&self) -> [u8; 2] {
+        self.d
     }
     fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
         *values = crate::reference::decode::q3k(self);

@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{load_i8, load_u8, scale_vectors, signed_chunks, tile_entry_points};
+use super::{grid_d, load_i8, load_u8, scale_vectors, signed_chunks, tile_entry_points};
 use crate::blocks::{as_blocks, as_blocks_mut, Block, BlockQ8K, GridBlock, SignedGridBlock};
 use crate::kernels::x86::tile_operands;
 use crate::kernels::{RawDecoding, TileScales};
@@ -76,7 +76,7 @@ unsafe fn decode_signed<B: SignedGridBlock>(w: &[u8], out: &mut [u8]) {
         for (v, (magnitudes, signs)) in values.iter_mut().zip(signed_chunks(w)) {
             *v = _mm256_sign_epi8(magnitudes, signs);
         }
-        write(out, values, &w.scales(), w.d() * B::UNIT);
+        write(out, values, &w.scales(), grid_d(w));
     }
 }
 
@@ -90,7 +90,7 @@ unsafe fn decode_unsigned<B: GridBlock>(w: &[u8], out: &mut [u8]) {
         for (v, chunk) in values.iter_mut().zip(decoded.as_chunks::<32>().0) {
             *v = load_i8(chunk);
         }
-        write(out, values, &scales, w.d() * B::UNIT);
+        write(out, values, &scales, grid_d(w));
     }
 }
 

@@ -367,7 +367,7 @@ unsafe fn grid_q8_k<B: GridBlock>(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = 0.0;
     for (w, a) in as_blocks::<B>(w).iter().zip(as_blocks::<BlockQ8K>(a)) {
         let (chunks, scales) = decoded(w, &mut values);
-        acc = grid_block_sum(acc, w.d() * B::UNIT * a.d(), grid_sums(&chunks, &scales, a));
+        acc = grid_block_sum(acc, grid_d(w) * a.d(), grid_sums(&chunks, &scales, a));
     }
     acc
 }
@@ -379,10 +379,25 @@ unsafe fn grid_q8_k<B: GridBlock>(w: &[u8], a: &[u8]) -> f32 {
 unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = 0.0;
     for (w, a) in as_blocks::<B>(w).iter().zip(as_blocks::<BlockQ8K>(a)) {
-        let sumi = grid_sums(&signed_chunks(w), &scale_vectors(&w.scales()), a);
-        acc = grid_block_sum(acc, w.d() * B::UNIT * a.d(), sumi);
+        // Each chunk taken as soon as it is gathered, in two sums side by side (the block's
+        // chunks gathered first, as `signed_chunks` does, went through the stack).
+        let scales = scale_vectors(&w.scales());
+        let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for c in (0..8).step_by(2) {
+            even = _mm256_add_epi32(even, signed_chunk_sum(w, c, a, scales[c]));
+            odd = _mm256_add_epi32(odd, signed_chunk_sum(w, c + 1, a, scales[c + 1]));
+        }
+        let sumi = _mm256_add_epi32(even, odd);
+        acc = grid_block_sum(acc, grid_d(w) * a.d(), sumi);
     }
     acc
+}
+
+/// A grid block's float scale times its format's unit (the f16 through F16C).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn grid_d<B: GridBlock>(w: &B) -> f32 {
+    fp16(w.d_bits()) * B::UNIT
 }
 
 /// `acc` plus a grid block's product: `d` times the sum of the block's integer sums `sumi`.
@@ -417,6 +432,24 @@ unsafe fn signed_chunk<B: SignedGridBlock>(w: &B, c: usize) -> (__m256i, __m256i
     )
 }
 
+/// The integer sum of chunk `c` of a signed grid block against the token's values, times the
+/// chunk's group scales (`scale`, as [`scale_vectors`] gives them): one term of [`grid_sums`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn signed_chunk_sum<B: SignedGridBlock>(
+    w: &B,
+    c: usize,
+    a: &BlockQ8K,
+    scale: __m256i,
+) -> __m256i {
+    let (magnitudes, signs) = signed_chunk(w, c);
+    let y = load_i8(a.qs[32 * c..][..32].try_into().unwrap());
+    _mm256_madd_epi16(
+        _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(y, signs)),
+        scale,
+    )
+}
+
 /// Group scales (one per 16 values) as eight vectors of i16 lanes, a 128-bit lane a group:
 /// `vpmaddwd` against them adds the `vpmaddubsw` pairs and applies the scales in one step
 /// (at most 2 x 62 x 127 x 2 x 31 per i32 lane).
@@ -424,9 +457,17 @@ unsafe fn signed_chunk<B: SignedGridBlock>(w: &B, c: usize) -> (__m256i, __m256i
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scale_vectors(scales: &[i32; 16]) -> [__m256i; 8] {
     let mut vectors = [_mm256_setzero_si256(); 8];
-    for (v, pair) in vectors.iter_mut().zip(scales.as_chunks::<2>().0) {
-        // At most 31: `2s + 1` of a 4-bit s.
-        *v = i16_pair(pair[0] as i16, pair[1] as i16);
+    for (half, scales) in scales.as_chunks::<8>().0.iter().enumerate() {
+        // Each scale (an i16: at most 31 in magnitude, Q3_K's negative) in both i16 of its
+        // i32 lane, then each pair of groups' lanes spread over the two 128-bit lanes.
+        let v = _mm256_loadu_si256(scales.as_ptr().cast());
+        let low = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
+        let v = _mm256_or_si256(low, _mm256_slli_epi32::<16>(v));
+        for k in 0..4 {
+            let (lo, hi) = (2 * k as i32, 2 * k as i32 + 1);
+            let spread = _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi);
+            vectors[4 * half + k] = _mm256_permutevar8x32_epi32(v, spread);
+        }
     }
     vectors
 }
@@ -900,7 +941,7 @@ unsafe fn tile_grid_q8_k<B: GridBlock, const T: usize>(
     let mut acc = [0f32; T];
     for (b, w) in w.iter().enumerate() {
         let (chunks, group_scales) = decoded(w, &mut values);
-        let wd = w.d() * B::UNIT;
+        let wd = grid_d(w);
         for t in 0..T {
             let sumi = grid_sums(&chunks, &group_scales, &a[t][b]);
             acc[t] = grid_block_sum(acc[t], wd * a[t][b].d(), sumi);
@@ -924,7 +965,7 @@ unsafe fn tile_signed_grid_q8_k<B: SignedGridBlock, const T: usize>(
     for (b, w) in w.iter().enumerate() {
         let chunks = signed_chunks(w);
         let group_scales = scale_vectors(&w.scales());
-        let wd = w.d() * B::UNIT;
+        let wd = grid_d(w);
         for t in 0..T {
             let sumi = grid_sums(&chunks, &group_scales, &a[t][b]);
             acc[t] = grid_block_sum(acc[t], wd * a[t][b].d(), sumi);
