@@ -43,9 +43,11 @@ pub(crate) enum Regroup {
     SixBits,
 }
 
-/// Bytes of a Q6_K block's quants, and where column `col`'s low 4 bits (byte, shift) and top
-/// 2 bits (byte, shift) are in a GGUF block.
+/// Bytes of a Q6_K block's quants (`ql` and `qh`).
 const Q6_QUANT_BYTES: usize = 192;
+
+/// Where column `col`'s low 4 bits (byte, shift) and top 2 bits (byte, shift) are in a GGUF
+/// Q6_K block.
 fn q6_bits(col: usize) -> ((usize, usize), (usize, usize)) {
     let (half, quarter, l) = (col / 128, col % 128 / 32, col % 32);
     (
@@ -55,6 +57,7 @@ fn q6_bits(col: usize) -> ((usize, usize), (usize, usize)) {
 }
 
 impl Regroup {
+    /// Writes the GGUF block `block` regrouped to `out`.
     fn regroup(self, block: &[u8], out: &mut [u8]) {
         match self {
             Regroup::SixBits => {
@@ -64,7 +67,8 @@ impl Regroup {
                     let ((lo, lo_shift), (hi, hi_shift)) = q6_bits(col);
                     *q = (block[lo] >> lo_shift) & 0xf | ((block[hi] >> hi_shift) & 3) << 4;
                 }
-                for (group, out) in q.chunks_exact(16).zip(out.chunks_exact_mut(12)) {
+                let quants = out[..Q6_QUANT_BYTES].chunks_exact_mut(12);
+                for (group, out) in q.chunks_exact(16).zip(quants) {
                     for (k, out) in out.iter_mut().enumerate() {
                         let top = (group[12 + k % 4] >> (2 * (k / 4))) & 3;
                         *out = group[k] | top << 6;
@@ -74,6 +78,7 @@ impl Regroup {
         }
     }
 
+    /// Writes the GGUF block that `regrouped` was regrouped from to `out`.
     fn restore(self, regrouped: &[u8], out: &mut [u8]) {
         match self {
             Regroup::SixBits => {
