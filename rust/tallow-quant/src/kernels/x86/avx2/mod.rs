@@ -383,9 +383,12 @@ unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
         // chunks gathered first, as `signed_chunks` does, went through the stack).
         let scales = scale_vectors(&w.scales());
         let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        let y = a.qs.as_chunks::<32>().0;
         for c in (0..8).step_by(2) {
-            even = _mm256_add_epi32(even, signed_chunk_sum(w, c, a, scales[c]));
-            odd = _mm256_add_epi32(odd, signed_chunk_sum(w, c + 1, a, scales[c + 1]));
+            let (m, s) = signed_chunk(w, c);
+            even = _mm256_add_epi32(even, chunk_sum(m, s, &y[c], scales[c]));
+            let (m, s) = signed_chunk(w, c + 1);
+            odd = _mm256_add_epi32(odd, chunk_sum(m, s, &y[c + 1], scales[c + 1]));
         }
         let sumi = _mm256_add_epi32(even, odd);
         acc = grid_block_sum(acc, grid_d(w) * a.d(), sumi);
@@ -396,7 +399,7 @@ unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
 /// A grid block's float scale times its format's unit (the f16 through F16C).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn grid_d<B: GridBlock>(w: &B) -> f32 {
+unsafe fn grid_d<B: GridBlock>(w: &B) -> f32 {
     fp16(w.d_bits()) * B::UNIT
 }
 
@@ -429,24 +432,6 @@ unsafe fn signed_chunk<B: SignedGridBlock>(w: &B, c: usize) -> (__m256i, __m256i
     (
         _mm256_set_epi64x(m3 as i64, m2 as i64, m1 as i64, m0 as i64),
         _mm256_set_epi64x(s3 as i64, s2 as i64, s1 as i64, s0 as i64),
-    )
-}
-
-/// The integer sum of chunk `c` of a signed grid block against the token's values, times the
-/// chunk's group scales (`scale`, as [`scale_vectors`] gives them): one term of [`grid_sums`].
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn signed_chunk_sum<B: SignedGridBlock>(
-    w: &B,
-    c: usize,
-    a: &BlockQ8K,
-    scale: __m256i,
-) -> __m256i {
-    let (magnitudes, signs) = signed_chunk(w, c);
-    let y = load_i8(a.qs[32 * c..][..32].try_into().unwrap());
-    _mm256_madd_epi16(
-        _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(y, signs)),
-        scale,
     )
 }
 
@@ -511,13 +496,21 @@ unsafe fn grid_sums(
     a: &BlockQ8K,
 ) -> __m256i {
     let mut sumi = _mm256_setzero_si256();
-    for ((&(magnitudes, signs), scale), a) in
+    for ((&(magnitudes, signs), &scale), y) in
         chunks.iter().zip(scales).zip(a.qs.as_chunks::<32>().0)
     {
-        let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(load_i8(a), signs));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, *scale));
+        sumi = _mm256_add_epi32(sumi, chunk_sum(magnitudes, signs, y, scale));
     }
     sumi
+}
+
+/// One term of [`grid_sums`]: a chunk's magnitudes against the token's 32 values `y` carrying
+/// the chunk's signs, times its group scales (`scale`, as [`scale_vectors`] gives them).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chunk_sum(magnitudes: __m256i, signs: __m256i, y: &[i8; 32], scale: __m256i) -> __m256i {
+    let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(load_i8(y), signs));
+    _mm256_madd_epi16(pairs, scale)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
