@@ -139,7 +139,7 @@ macro_rules! packed_loop {
                     const { assert!(S::HALVES * F::PASS <= MAX_PASS_STEPS) };
                     for s in 0..F::SUBS {
                         for pass in 0..8 / F::PASS {
-                            if T == 1 {
+                            if T == 1 && S::PREFETCH {
                                 prefetch_part::<S, F>(fields, s * (8 / F::PASS) + pass);
                             }
                             let first = pass * F::PASS;
@@ -182,9 +182,10 @@ packed_loop!(packed_avx2, "avx2,fma,f16c");
 packed_loop!(packed_avx512, "avx512f,avx512bw");
 packed_loop!(packed_avx512_vnni, "avx512f,avx512bw,avx512vnni");
 
-/// How far ahead of the block it reads a one-token product asks for the weights. A
-/// matrix-vector product is one stream of weights read once, and the hardware prefetcher alone
-/// does not keep a core's loads in flight while it computes. The requests are spread over the
+/// How far ahead of the block it reads a one-token product asks for the weights, where the
+/// vector width's cores want it ([`Simd::PREFETCH`]). A matrix-vector product is one stream of
+/// weights read once, and on some cores the hardware prefetcher alone does not keep the loads
+/// in flight while it computes. The requests are spread over the
 /// block's passes, a line or three at a time: a whole block's lines asked for at once
 /// (36 for Q4_K) filled the core's miss buffers, so that the loads waited behind them and a
 /// longer distance read slower. About a memory latency's worth of one thread's bandwidth
