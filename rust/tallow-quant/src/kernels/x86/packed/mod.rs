@@ -139,7 +139,7 @@ macro_rules! packed_loop {
                     const { assert!(S::HALVES * F::PASS <= MAX_PASS_STEPS) };
                     for s in 0..F::SUBS {
                         for pass in 0..8 / F::PASS {
-                            if T == 1 && S::PREFETCH {
+                            if T == 1 {
                                 prefetch_part::<S, F>(fields, s * (8 / F::PASS) + pass);
                             }
                             let first = pass * F::PASS;
@@ -182,20 +182,13 @@ packed_loop!(packed_avx2, "avx2,fma,f16c");
 packed_loop!(packed_avx512, "avx512f,avx512bw");
 packed_loop!(packed_avx512_vnni, "avx512f,avx512bw,avx512vnni");
 
-/// How far ahead of the block it reads a one-token product asks for the weights, where the
-/// vector width's cores want it ([`Simd::PREFETCH`]). A matrix-vector product is one stream of
-/// weights read once, and on some cores the hardware prefetcher alone does not keep the loads
-/// in flight while it computes. The requests are spread over the
-/// block's passes, a line or three at a time: a whole block's lines asked for at once
-/// (36 for Q4_K) filled the core's miss buffers, so that the loads waited behind them and a
-/// longer distance read slower. About a memory latency's worth of one thread's bandwidth
-/// (100 ns at 15-20 GB/s); on Zen 3, Q4_K at 2048 x 8192 and 36864 x 768 read 1536-3072 bytes
-/// ahead within noise of each other. Tiles of several tokens compute long enough on each block
-/// for the hardware prefetcher to keep up.
-const PREFETCH_AHEAD: usize = 2048;
-
-/// Asks for the cache lines [`PREFETCH_AHEAD`] bytes after part `i` of the block at `fields`
-/// (one part per pass).
+/// Asks for the cache lines [`Simd::PREFETCH`] ahead of part `i` of the block at `fields`
+/// (one part per pass). A matrix-vector product is one stream of weights read once, and the
+/// hardware prefetcher alone does not keep a core's loads in flight while it computes. The
+/// requests are spread over the block's passes, a line or three at a time: a whole block's
+/// lines asked for at once (36 for Q4_K) filled the core's miss buffers, so that the loads
+/// waited behind them. Tiles of several tokens compute long enough on each block for the
+/// hardware prefetcher to keep up.
 #[inline(always)]
 unsafe fn prefetch_part<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize) {
     let block = (fields as *const F::Fields).cast::<i8>();
@@ -205,7 +198,12 @@ unsafe fn prefetch_part<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize) {
     let mut line = start & !63;
     while line < end {
         // A prefetch reads nothing and never faults, past the end of the weights included.
-        _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_AHEAD + line));
+        let at = block.wrapping_add(S::PREFETCH.ahead + line);
+        if S::PREFETCH.into_l1 {
+            _mm_prefetch::<_MM_HINT_T0>(at);
+        } else {
+            _mm_prefetch::<_MM_HINT_T1>(at);
+        }
         line += 64;
     }
 }

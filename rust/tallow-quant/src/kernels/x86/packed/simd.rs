@@ -57,9 +57,9 @@ pub(super) trait Simd {
     /// Whether [`Simd::dot4`] is one instruction (VNNI's `vpdpbusd`): then a sum of byte
     /// products without an integer scale is cheapest taken straight into i32 lanes.
     const FUSED_DOT: bool = false;
-    /// Whether a one-token product asks for its weights ahead of its loads (see
+    /// How a one-token product asks for its weights ahead of its loads (see
     /// `super::prefetch_part`).
-    const PREFETCH: bool;
+    const PREFETCH: Prefetch;
     /// `acc` plus, per i32 lane, the sum of the four products of `u`'s unsigned bytes and
     /// `s`'s signed bytes.
     #[inline(always)]
@@ -111,15 +111,27 @@ fn byte_pair_pattern(lo: usize, hi: usize, signed: bool) -> i32 {
     }
 }
 
+/// How far ahead of the block it reads a one-token product asks for the weights, and into
+/// which cache.
+pub(super) struct Prefetch {
+    /// Bytes ahead.
+    pub ahead: usize,
+    /// Into the L1 cache (`_MM_HINT_T0`), else into L2 (`_MM_HINT_T1`).
+    pub into_l1: bool,
+}
+
 /// AVX2: eight rows per vector.
 pub(super) struct V256;
 
 impl Simd for V256 {
     const ROWS: usize = 8;
     // On Zen 3 (AVX2 only), the hardware prefetcher alone left a tenth to a fifth of the
-    // memory bandwidth unused: prefetching took one thread's Q4_K stream from 10-11 to
-    // 13-15 GiB/s.
-    const PREFETCH: bool = true;
+    // memory bandwidth unused: requests 2048 bytes ahead into L1 took one thread's Q4_K
+    // stream from 10-11 to 13-15 GiB/s.
+    const PREFETCH: Prefetch = Prefetch {
+        ahead: 2048,
+        into_l1: true,
+    };
     type I = __m256i;
     type F = __m256;
 
@@ -285,10 +297,14 @@ impl<D: DotBytes> Simd for V512<D> {
     type I = __m512i;
     type F = __m512;
     const FUSED_DOT: bool = D::FUSED;
-    // On Zen 4 the hardware prefetchers keep up alone, and the requests cost a fifth of one
-    // thread's stream (Q4_K at 36864 x 768: 15.5-18 GiB/s with them, 18-24 without; 1B
-    // decode on one thread 22-24 against 26-31 t/s).
-    const PREFETCH: bool = false;
+    // On Zen 4 requests into L1 cost a fifth of one thread's stream (Q4_K at 36864 x 768:
+    // 15.5-18 GiB/s with them, 18-24 without), while requests 8192 bytes ahead into L2 keep
+    // two threads' streams fuller (3B decode 14.3-15.4 to 16.8-19.9 t/s) and leave one
+    // thread's as it is.
+    const PREFETCH: Prefetch = Prefetch {
+        ahead: 8192,
+        into_l1: false,
+    };
 
     #[inline(always)]
     unsafe fn dot4(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
