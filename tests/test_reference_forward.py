@@ -188,7 +188,8 @@ def test_codebook_and_ternary_formats_in_a_model_match_the_numpy_reference(
     (one format each): tallow's logits against the numpy forward pass over the gguf package's
     dequantization. Random weights amplify the 8-bit activations' rounding (random Q8_0 blocks
     there stray as far), so the bounds are looser than above, yet a weight scale 25% off in
-    any one of these layers takes the correlation under 0.988 and the RMS difference over 1.1."""
+    any one of these layers takes the correlation under 0.988 and the RMS difference over 1.1
+    (AVX-512 machines, whose other kernels round differently, reach 0.77 unscaled)."""
     path = _with_grid_ffn_down(smollm2_path, tmp_path / "grid.gguf")
     types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
     assert [types[f"blk.{i}.ffn_down.weight"] for i in range(21, 30)] == GRID_FORMATS
@@ -199,4 +200,4 @@ def test_codebook_and_ternary_formats_in_a_model_match_the_numpy_reference(
     for pos in range(len(tokens)):
         e, g = expected[pos], got[pos]
         assert np.corrcoef(e, g)[0, 1] > 0.99, f"position {pos}"
-        assert np.sqrt(np.mean((e - g) ** 2)) < 0.7, f"position {pos}"
+        assert np.sqrt(np.mean((e - g) ** 2)) < 0.9, f"position {pos}"
