@@ -188,8 +188,9 @@ def test_codebook_and_ternary_formats_in_a_model_match_the_numpy_reference(
     (one format each): tallow's logits against the numpy forward pass over the gguf package's
     dequantization. Random weights amplify the 8-bit activations' rounding (random Q8_0 blocks
     there stray as far), so the bounds are looser than above, yet a weight scale 25% off in
-    any one of these layers takes the correlation under 0.988 and the RMS difference over 1.1
-    (AVX-512 machines, whose other kernels round differently, reach 0.77 unscaled)."""
+    any one of these layers takes the correlation under 0.99 and the RMS difference over 0.96
+    (unscaled, the RMS reaches 0.45 with the AVX2 kernels and 0.77 with AVX-512's; scaled,
+    at least 1.1 and 0.96)."""
     path = _with_grid_ffn_down(smollm2_path, tmp_path / "grid.gguf")
     types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
     assert [types[f"blk.{i}.ffn_down.weight"] for i in range(21, 30)] == GRID_FORMATS

@@ -125,9 +125,9 @@ pub(super) struct V256;
 
 impl Simd for V256 {
     const ROWS: usize = 8;
-    // On Zen 3 (AVX2 only), the hardware prefetcher alone left a tenth to a fifth of the
-    // memory bandwidth unused: requests 2048 bytes ahead into L1 took one thread's Q4_K
-    // stream from 10-11 to 13-15 GiB/s.
+    // On Zen 3 (AVX2 only), the hardware prefetcher alone left a tenth to a fifth of two
+    // threads' memory bandwidth unused; requests into L1 1536 to 3072 bytes ahead read
+    // within noise of each other.
     const PREFETCH: Prefetch = Prefetch {
         ahead: 2048,
         into_l1: true,
