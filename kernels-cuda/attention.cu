@@ -1,6 +1,7 @@
 // Causal attention over KV pages of any page format (see kv.cu for their layout).
 
-#include "formats.cuh"
+#include "tallow.cuh"
+#include "formats.h"
 
 // Positions of one tile: one per thread of a block.
 #define TILE 128

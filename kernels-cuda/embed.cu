@@ -1,6 +1,7 @@
 // Embedding: rows of a weight matrix in any format, by token id.
 
-#include "formats.cuh"
+#include "tallow.cuh"
+#include "formats.h"
 
 // Row ids[t] of `w` (rows of `row_bytes`, `cols` values) times `scale`, into row t of `out`
 // (one block per id).

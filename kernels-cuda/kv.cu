@@ -1,9 +1,10 @@
 // Writing the step's keys and values into the KV pages.
 //
 // A layer's pages are one buffer: keys then values, each [KV head][page][position] rows of
-// the page format (formats.cuh: KvF16, KvQ8_0).
+// the page format (kernels-gpu/formats.h: KvF16, KvQ8_0).
 
-#include "formats.cuh"
+#include "tallow.cuh"
+#include "formats.h"
 
 // Token t's keys and values (rows of `n_head_kv * head_dim` values of `k` and `v`) into its
 // slot (`slots[2t]`: page, `slots[2t + 1]`: position in it). One block per token; a thread

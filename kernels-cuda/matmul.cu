@@ -1,6 +1,7 @@
 // Products of weights in any format and f32 activations: y = x · Wᵀ.
 
-#include "formats.cuh"
+#include "tallow.cuh"
+#include "formats.h"
 
 // Weight rows of one block (a warp each): they share the block's copy of the activations.
 #define ROWS 8

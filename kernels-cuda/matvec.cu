@@ -2,7 +2,8 @@
 // signed bytes once per step, and each run of 32 weights meets them in `dp4a` dot products of
 // four bytes, read a word at a time (matmul.cu reads and converts the weights value by value).
 
-#include "formats.cuh"
+#include "tallow.cuh"
+#include "formats.h"
 
 // Weight rows of one block, a warp each.
 #define VEC_ROWS 4

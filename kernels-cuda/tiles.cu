@@ -7,7 +7,8 @@
 // run's integer sums into f32 sums. Each weight byte is read from memory once per 64 tokens
 // (matmul.cu's tiles take 8).
 
-#include "formats.cuh"
+#include "tallow.cuh"
+#include "formats.h"
 
 #define TILE_ROWS 64
 #define TILE_TOKENS 64

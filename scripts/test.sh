@@ -56,6 +56,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 # The module without GPU support (the wgpu feature off) builds as well.
 cargo clippy -p tallow-py --no-default-features -- -D warnings
 
+step "macOS: the Metal device code checked for Apple silicon"
+bash scripts/check-macos.sh
+
 step "cargo test"
 # The CUDA backend's NVRTC test compiles with the PyPI wheel's library (a test dependency).
 TALLOW_NVRTC="$(python -c 'import os; from tallow import _nvrtc; _nvrtc.point_to_the_wheel(); print(os.environ["TALLOW_NVRTC"])')"

@@ -1,106 +1,35 @@
-// CUDA's execution model on the CPU, for running tallow's kernels without a GPU.
+// CUDA's execution model on the CPU, for running tallow's CUDA kernels without a GPU.
 //
-// A kernel's source compiles unchanged as C++ after this header. A launch runs its blocks one
-// after the other; within a block, each GPU thread is a fiber (ucontext) on the calling OS
-// thread, switched only where the kernel synchronizes, so a block's threads really interleave
-// at barriers:
-// - __syncthreads() waits until every thread of the block that has not returned arrives;
-// - warp operations (__shfl_*_sync, __ballot_sync, __any_sync, __all_sync, __syncwarp)
-//   exchange values between the threads of a warp (32 consecutive thread ids), all of which
-//   must reach the same operation: a warp that diverges there is reported, not guessed at;
-// - __shared__ variables are shared by the block's threads (one block runs at a time);
-// - atomics are plain read-modify-writes (one fiber runs at a time).
-// Bugs that only a real GPU's memory model shows (missing fences between blocks, races that
-// the interleaving here happens to order) are out of its reach; indexing, layouts, reductions
-// and tile logic are not.
+// A kernel's source compiles unchanged as C++ after this header, on the emulator's scheduler
+// (rust/tallow-gpu-emulation/emulator/scheduler.h: each GPU thread a fiber, real barriers and
+// warp exchanges): __syncthreads() is its block barrier; __shfl_*_sync, __ballot_sync,
+// __any_sync, __all_sync and __syncwarp its warp operations; __shared__ variables statics;
+// __dp4a and mma.sync's m16n8k32 fragments are computed as PTX documents them.
 #pragma once
 
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <type_traits>
+#include <string>
 
-struct dim3 {
-    unsigned x, y, z;
-    constexpr dim3(unsigned x = 1, unsigned y = 1, unsigned z = 1) : x(x), y(y), z(z) {}
-};
+#include "scheduler.h"
+
+#define TALLOW_EMULATION 1
+
+using dim3 = tallow_emu::Index3;
 using uint3 = dim3;
 
 namespace tallow_emu {
-
-// The GPU thread running now, and its block's geometry.
-struct Lanes;
-extern thread_local uint3 thread_idx;
-extern thread_local uint3 block_idx;
-extern thread_local dim3 block_dim;
-extern thread_local dim3 grid_dim;
-
-// The calling thread's linear id within its block.
-unsigned linear_id();
-
-// Waits for every live thread of the block.
-void sync_block();
-
-// Publishes `bits` as this lane's value and waits for the warp; writes the lanes' values
-// to `out` (32 of them; a lane past the block's end holds 0) and returns the mask of the
-// lanes that exist.
-unsigned warp_exchange(uint64_t bits, uint64_t* out);
-
-// Aborts the process with a message naming the kernel's fault.
-[[noreturn]] void fault(const char* message);
-
-template <class T>
-uint64_t to_bits(T v) {
-    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "a shuffled value");
-    uint64_t bits = 0;
-    std::memcpy(&bits, &v, sizeof(T));
-    return bits;
-}
-
-template <class T>
-T from_bits(uint64_t bits) {
-    T v;
-    std::memcpy(&v, &bits, sizeof(T));
-    return v;
-}
-
-// The lane that `lane` reads from in a shuffle within segments of `width` lanes, or `lane`
-// itself where the source falls outside its segment.
-inline unsigned shuffle_source(unsigned lane, int source, int width) {
-    unsigned segment = lane / width * width;
-    if (source < (int)segment || source >= (int)(segment + width)) return lane;
-    return (unsigned)source;
-}
-
-template <class T>
-T shuffle(T v, int source_of_lane(unsigned lane, int arg), int arg, int width) {
-    uint64_t lanes[32];
-    warp_exchange(to_bits(v), lanes);
-    unsigned lane = linear_id() % 32;
-    return from_bits<T>(lanes[shuffle_source(lane, source_of_lane(lane, arg), width)]);
-}
-
-inline int xor_source(unsigned lane, int mask) { return (int)(lane ^ (unsigned)mask); }
-inline int down_source(unsigned lane, int delta) { return (int)lane + delta; }
-inline int up_source(unsigned lane, int delta) { return (int)lane - delta; }
-inline int index_source(unsigned, int source) { return source; }
-
-// Registers a kernel under its name for launches by name (see TALLOW_EXPORT).
-using Trampoline = void (*)(void* kernel, void** params);
-void register_kernel(const char* name, void* kernel, Trampoline call, const unsigned* sizes,
-                     unsigned n_params);
 
 template <class... A, std::size_t... I>
 void call_with(void (*kernel)(A...), void** params, std::index_sequence<I...>) {
     kernel(*static_cast<std::remove_reference_t<A>*>(params[I])...);
 }
 
+// Registers a CUDA kernel under "cuda/<name>".
 template <class... A>
 struct Registration {
     Registration(const char* name, void (*kernel)(A...)) {
         static const unsigned sizes[sizeof...(A) + 1] = {(unsigned)sizeof(A)..., 0};
         register_kernel(
-            name, (void*)kernel,
+            (std::string("cuda/") + name).c_str(), (void*)kernel,
             [](void* k, void** params) {
                 call_with((void (*)(A...))k, params, std::index_sequence_for<A...>{});
             },

@@ -618,8 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--device",
             default=None,
-            help="where the model runs: cpu, gpu (the first GPU), wgpu:N or cuda:N (see `tallow "
-            "info --devices`; default: $TALLOW_DEVICE, else cpu)",
+            help="where the model runs: cpu, gpu (the first GPU), wgpu:N, cuda:N or metal (see "
+            "`tallow info --devices`; default: $TALLOW_DEVICE, else cpu)",
         )
 
     def kv_dtype_arg(p: argparse.ArgumentParser) -> None:

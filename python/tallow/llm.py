@@ -90,8 +90,8 @@ class LLM:
     context, as transformers and llama.cpp do. ``speculative`` turns on speculative
     decoding (see :mod:`tallow.speculative`): the same tokens (greedy) or the same distribution
     (sampling), in fewer steps. ``device`` is where the model runs: ``"cpu"``, ``"gpu"`` (the
-    first GPU), ``"wgpu:N"`` or ``"cuda:N"`` (see ``tallow info --devices``); by default
-    ``TALLOW_DEVICE``, else the CPU. ``kv_dtype`` is what the KV cache holds keys and values
+    first GPU), ``"wgpu:N"``, ``"cuda:N"`` or ``"metal"`` (see ``tallow info --devices``); by
+    default ``TALLOW_DEVICE``, else the CPU. ``kv_dtype`` is what the KV cache holds keys and values
     in: ``"f16"``, ``"q8_0"`` (about half the memory), ``"q4_0"`` (about a quarter) or
     ``"bf16"``; see :class:`tallow.engine.EngineConfig`.
 
@@ -180,7 +180,7 @@ class LLM:
 
     @property
     def device(self) -> str:
-        """The device the model runs on: ``"cpu"``, ``"wgpu:N"`` or ``"cuda:N"``."""
+        """The device the model runs on: ``"cpu"``, ``"wgpu:N"``, ``"cuda:N"`` or ``"metal:0"``."""
         return self._model.device
 
     @property

@@ -12,10 +12,11 @@ use std::sync::Mutex;
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 use tallow_backend::{BackendError, DeviceInfo};
+use tallow_backend_gpu::{Args, DevicePtr, Gpu};
+use tallow_quant::GgmlType;
 
-use crate::gpu::{Args, DevicePtr, Gpu};
-use crate::kernels::SOURCES;
 use crate::nvrtc::Nvrtc;
+use crate::sources::SOURCES;
 
 /// The oldest architecture the kernels run on: Turing (sm_75).
 const OLDEST: u32 = 75;
@@ -126,12 +127,8 @@ impl Driver {
         };
         driver.current()?;
         let nvrtc = Nvrtc::load()?;
-        let headers: Vec<(&str, &str)> = SOURCES
-            .iter()
-            .copied()
-            .filter(|(n, _)| n.ends_with(".cuh"))
-            .collect();
-        for (source, text) in SOURCES.iter().filter(|(n, _)| n.ends_with(".cu")) {
+        let headers = headers();
+        for (source, text) in kernel_sources() {
             let cubin = cached_cubin(source, arch, || nvrtc.cubin(source, text, &headers, arch))?;
             // SAFETY: a cubin NVRTC made for this device's architecture, in a current context.
             let module = unsafe { result::module::load_data(cubin.as_ptr().cast()) }
@@ -179,8 +176,16 @@ impl Drop for Driver {
 }
 
 impl Gpu for Driver {
+    fn api(&self) -> &'static str {
+        "cuda"
+    }
+
     fn name(&self) -> String {
         self.name.clone()
+    }
+
+    fn integer_products(&self, ty: GgmlType) -> bool {
+        crate::integer_products(ty)
     }
 
     fn total_memory(&self) -> Option<u64> {
@@ -269,11 +274,11 @@ fn kernel_sources() -> impl Iterator<Item = (&'static str, &'static str)> {
         .filter(|(name, _)| name.ends_with(".cu"))
 }
 
-/// The headers the kernel sources include.
+/// The headers the kernel sources include (`.cuh`, and the `.h` shared with Metal's kernels).
 fn headers() -> Vec<(&'static str, &'static str)> {
     SOURCES
         .into_iter()
-        .filter(|(name, _)| name.ends_with(".cuh"))
+        .filter(|(name, _)| !name.ends_with(".cu"))
         .collect()
 }
 

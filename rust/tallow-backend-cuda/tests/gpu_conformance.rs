@@ -17,24 +17,24 @@ fn ordinal() -> usize {
 }
 
 impl Subject for RealGpu {
-    type Backend = CudaBackend<Driver>;
+    type Backend = CudaBackend;
 
-    fn variants(_: Family) -> impl Iterator<Item = CudaBackend<Driver>> {
+    fn variants(_: Family) -> impl Iterator<Item = CudaBackend> {
         let driver =
             Driver::open(ordinal()).unwrap_or_else(|e| panic!("no CUDA device to test: {e}"));
         std::iter::once(CudaBackend::new(driver))
     }
 
-    fn capped(_: u64) -> Option<CudaBackend<Driver>> {
+    fn capped(_: u64) -> Option<CudaBackend> {
         None
     }
 
-    fn describe(_: &CudaBackend<Driver>) -> String {
+    fn describe(_: &CudaBackend) -> String {
         format!("cuda:{}", ordinal())
     }
 
-    fn products_bound(_: &CudaBackend<Driver>, ty: GgmlType) -> f64 {
-        tallow_backend_cuda::products_bound(ty)
+    fn products_bound(backend: &CudaBackend, ty: GgmlType) -> f64 {
+        backend.products_bound(ty)
     }
 }
 

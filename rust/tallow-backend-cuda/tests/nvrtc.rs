@@ -4,50 +4,13 @@
 //! kernel spills registers to local memory on Ampere or Hopper (ptxas's report:
 //! `cargo run -p tallow-backend-cuda --features driver --example kernel_usage` prints it).
 
-use tallow_backend_cuda::{cubins, is_quantized, kernel_usage, SOURCES, WEIGHT_FORMATS};
+use tallow_backend_cuda::{cubins, integer_products, kernel_usage, SOURCES};
+use tallow_backend_gpu::kernels;
 
-/// The kernels the backend launches, by name: the cubins must export each (`extern "C"`).
+/// Every kernel the backend launches on CUDA, by name: the cubins must export each
+/// (`extern "C"`).
 fn kernel_names() -> Vec<String> {
-    let fixed = [
-        "rms_norm",
-        "add",
-        "add_bias",
-        "gated",
-        "rope",
-        "gather_rows",
-        "softcap",
-        "scale_by_sigmoid",
-        "route_tokens",
-        "group_pairs",
-        "add_expert_biases",
-        "combine_experts",
-        "quantize_q8",
-    ];
-    let fixed = fixed.into_iter().chain(["argmax_rows"]).map(String::from);
-    let per_kv = ["f16", "q8_0"]
-        .into_iter()
-        .flat_map(|t| [format!("kv_write_{t}"), format!("attention_{t}")]);
-    let per_format = WEIGHT_FORMATS.iter().flat_map(|ty| {
-        let name = ty.name().to_lowercase();
-        [
-            format!("matmul_{name}"),
-            format!("matmul_experts_{name}"),
-            format!("embed_{name}"),
-        ]
-    });
-    // The integer products, of every quantized format.
-    let per_quantized = (WEIGHT_FORMATS.iter())
-        .filter(|&&ty| is_quantized(ty))
-        .flat_map(|ty| {
-            let name = ty.name().to_lowercase();
-            [
-                format!("matvec_{name}"),
-                format!("matvec_experts_{name}"),
-                format!("tiles_{name}"),
-                format!("tiles_experts_{name}"),
-            ]
-        });
-    (fixed.chain(per_kv).chain(per_format).chain(per_quantized)).collect()
+    kernels::names(integer_products)
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! The devices a model runs on, by name: `"cpu"`, `"gpu"` (the first GPU), `"wgpu:N"` or
-//! `"cuda:N"`.
+//! The devices a model runs on, by name: `"cpu"`, `"gpu"` (the first GPU), `"wgpu:N"`,
+//! `"cuda:N"` or `"metal"`.
 //! Each backend built in is one entry of [`BACKENDS`]: how to list its devices and how to load
 //! a model on one of them.
 
@@ -55,7 +55,41 @@ const BACKENDS: &[Entry] = &[
         devices: cuda_devices,
         load: load_cuda,
     },
+    Entry {
+        name: "metal",
+        gpus: true,
+        devices: metal_devices,
+        load: load_metal,
+    },
 ];
+
+#[cfg(all(feature = "metal", target_os = "macos"))]
+fn metal_devices() -> Vec<DeviceInfo> {
+    tallow_backend_metal::devices()
+}
+
+#[cfg(all(feature = "metal", target_os = "macos"))]
+fn load_metal(index: usize, path: &Path, options: LoadOptions) -> Loaded {
+    if index != 0 {
+        return Err(ModelError::Device(format!(
+            "metal:{index}: tallow runs on the system's default Metal GPU, metal:0"
+        )));
+    }
+    let backend = tallow_backend_metal::MetalBackend::new(tallow_backend_metal::Metal::open()?);
+    Ok(Arc::new(Model::load(backend, path, options)?))
+}
+
+#[cfg(not(all(feature = "metal", target_os = "macos")))]
+fn metal_devices() -> Vec<DeviceInfo> {
+    Vec::new()
+}
+
+#[cfg(not(all(feature = "metal", target_os = "macos")))]
+fn load_metal(_index: usize, _path: &Path, _options: LoadOptions) -> Loaded {
+    Err(ModelError::Unsupported(
+        "Metal needs an Apple GPU on macOS (a build for macOS with the metal feature)".into(),
+    ))
+}
 
 #[cfg(feature = "cuda")]
 fn cuda_devices() -> Vec<DeviceInfo> {

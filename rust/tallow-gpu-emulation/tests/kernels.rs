@@ -3,24 +3,31 @@
 //! faults it reports: a divergent warp operation, mismatched arguments, unknown kernels.
 //! Also the integer products against their exact reference, which the suite cannot state.
 
-use tallow_backend_cuda::Args;
+use tallow_backend_gpu::{is_quantized, Args, WEIGHT_FORMATS};
 use tallow_conformance::{assert_close, random, reference, widen, ROWS_TOLERANCE};
-use tallow_cuda_emulation::{host, launch};
+use tallow_gpu_emulation::{host, launch, Api};
 use tallow_quant::testing::{dequantized, random_blocks, Rng};
 
 fn ones(n: usize) -> Vec<f64> {
     vec![1.0; n]
 }
 
-/// Runs `name` over `grid` blocks of `threads` threads.
-fn run(name: &str, grid: u32, threads: u32, args: &Args) {
+/// Runs `api`'s kernel `name` over `grid` blocks of `threads` threads.
+fn run(api: Api, name: &str, grid: u32, threads: u32, args: &Args) {
     // SAFETY: each test passes buffers as long as the kernel's indexing reaches.
-    unsafe { launch(name, [grid, 1, 1], [threads, 1, 1], args) }.unwrap();
+    unsafe { launch(api, name, [grid, 1, 1], [threads, 1, 1], args) }.unwrap();
 }
 
-/// RMSNorm over rows narrower than a block, wider, and not a multiple of it; in place too.
+/// RMSNorm over rows narrower than a block, wider, and not a multiple of it; in place too;
+/// with each API's kernel.
 #[test]
 fn rms_norm_matches_the_reference() {
+    for api in [Api::Cuda, Api::Metal] {
+        rms_norm_of(api);
+    }
+}
+
+fn rms_norm_of(api: Api) {
     for (rows, width, threads) in [(1, 64, 32), (7, 320, 128), (3, 1088, 256), (2, 50, 1024)] {
         let x = random(1, rows * width);
         let gain = random(2, width);
@@ -30,9 +37,15 @@ fn rms_norm_matches_the_reference() {
             .ptr(host(gain.as_ptr()))
             .f32(1e-5)
             .ptr(host(out.as_mut_ptr()));
-        run("rms_norm", rows as u32, threads, args.i32(width as i32));
+        run(
+            api,
+            "rms_norm",
+            rows as u32,
+            threads,
+            args.i32(width as i32),
+        );
         let want = reference::rms_norm(&widen(&x), &gain, 1e-5);
-        let what = format!("{rows}x{width}, {threads} threads");
+        let what = format!("{api:?}: {rows}x{width}, {threads} threads");
         assert_close(&out, &want, &ones(want.len()), ROWS_TOLERANCE, &what);
 
         let mut in_place = x.clone();
@@ -41,6 +54,7 @@ fn rms_norm_matches_the_reference() {
             .ptr(host(gain.as_ptr()))
             .f32(1e-5);
         run(
+            api,
             "rms_norm",
             rows as u32,
             threads,
@@ -56,6 +70,7 @@ fn a_warp_operation_that_half_a_warp_skips_is_an_error() {
     // SAFETY: 64 threads write their own value of `out`.
     let error = unsafe {
         launch(
+            Api::Cuda,
             "divergent_shuffle",
             [1, 1, 1],
             [64, 1, 1],
@@ -71,15 +86,22 @@ fn a_warp_operation_that_half_a_warp_skips_is_an_error() {
 
 #[test]
 fn unknown_kernels_and_mismatched_arguments_are_errors() {
-    // SAFETY: neither launch runs a kernel.
-    let unknown = unsafe { launch("no_such_kernel", [1, 1, 1], [32, 1, 1], &Args::new()) };
+    for api in [Api::Cuda, Api::Metal] {
+        launch_errors_of(api);
+    }
+}
+
+fn launch_errors_of(api: Api) {
+    // SAFETY: no launch runs a kernel.
+    let unknown = unsafe { launch(api, "no_such_kernel", [1, 1, 1], [32, 1, 1], &Args::new()) };
     assert!(unknown
         .unwrap_err()
         .0
-        .contains("no kernel named no_such_kernel"));
+        .contains(&format!("no kernel named {}/no_such_kernel", api.name())));
     let x = [0f32; 4];
     let missing = unsafe {
         launch(
+            api,
             "add",
             [1, 1, 1],
             [32, 1, 1],
@@ -87,8 +109,20 @@ fn unknown_kernels_and_mismatched_arguments_are_errors() {
         )
     };
     assert!(missing.unwrap_err().0.contains("do not match"));
+    // An int where a pointer goes.
+    let mistyped = unsafe {
+        launch(
+            api,
+            "add",
+            [1, 1, 1],
+            [32, 1, 1],
+            Args::new().ptr(host(x.as_ptr())).i32(0).i32(4),
+        )
+    };
+    assert!(mistyped.unwrap_err().0.contains("do not match"));
     let too_large = unsafe {
         launch(
+            api,
             "add",
             [1, 1, 1],
             [2048, 1, 1],
@@ -108,8 +142,7 @@ fn unknown_kernels_and_mismatched_arguments_are_errors() {
 /// unquantized activations, within the rounding that quantizing them costs.
 #[test]
 fn integer_products_are_the_weights_times_the_quantized_activations() {
-    let quantized = (tallow_backend_cuda::WEIGHT_FORMATS.into_iter())
-        .filter(|&ty| tallow_backend_cuda::is_quantized(ty));
+    let quantized = WEIGHT_FORMATS.into_iter().filter(|&ty| is_quantized(ty));
     for (f, ty) in quantized.enumerate() {
         let cols = if ty.block_len() == 256 { 512 } else { 160 };
         let name = ty.name().to_lowercase();
@@ -132,7 +165,13 @@ fn integer_products_are_the_weights_times_the_quantized_activations() {
                 .ptr(host(q.as_mut_ptr()))
                 .ptr(host(runs.as_mut_ptr()))
                 .i32(n_runs as i32);
-            run("quantize_q8", n_runs.div_ceil(8) as u32, 256, &args);
+            run(
+                Api::Cuda,
+                "quantize_q8",
+                n_runs.div_ceil(8) as u32,
+                256,
+                &args,
+            );
             let mut y = vec![0f32; n * rows];
             let mut args = Args::new();
             args.ptr(host(words.as_ptr()))
@@ -148,7 +187,8 @@ fn integer_products_are_the_weights_times_the_quantized_activations() {
             };
             let grid = [grid[0] as u32, grid[1] as u32, 1];
             // SAFETY: the buffers hold what the kernels index: n rows of cols values.
-            unsafe { launch(&format!("{kernel}_{name}"), grid, [threads, 1, 1], &args) }.unwrap();
+            let kernel = format!("{kernel}_{name}");
+            unsafe { launch(Api::Cuda, &kernel, grid, [threads, 1, 1], &args) }.unwrap();
             let rounded: Vec<f32> = x
                 .chunks_exact(32)
                 .flat_map(|run| {

@@ -14,7 +14,7 @@ use crate::kernels::{
     MAX_TOP_K, PRODUCT_ROWS, PRODUCT_TOKENS, TILE, TILE_THREADS,
 };
 use crate::pages::Pages;
-use crate::{CudaBackend, Matrix, Vector};
+use crate::{GpuBackend, Matrix, Vector};
 
 /// Rows of activations on the device.
 pub struct Rows<G: Gpu> {
@@ -29,7 +29,7 @@ impl<G: Gpu> Rows<G> {
     }
 }
 
-/// Rows of activations quantized for the integer products (matvec.cu's `quantize_q8`): a
+/// Rows of activations quantized for the integer products (the `quantize_q8` kernel): a
 /// signed byte a value, and 16 bytes of scale and sums a run of 32.
 struct Quantized<G: Gpu> {
     values: Buffer<G>,
@@ -44,10 +44,10 @@ struct GroupBuffers<G: Gpu> {
     table_starts: Buffer<G>,
 }
 
-/// One step of the CUDA backend.
-pub struct CudaStep<'s, G: Gpu> {
+/// One step of the backend.
+pub struct GpuStep<'s, G: Gpu> {
     device: &'s Arc<Device<G>>,
-    input: &'s StepInput<'s, CudaBackend<G>>,
+    input: &'s StepInput<'s, GpuBackend<G>>,
     /// The token ids.
     tokens: Buffer<G>,
     positions: Buffer<G>,
@@ -65,11 +65,11 @@ fn mismatch(what: &str, got: usize, want: usize) -> BackendError {
     BackendError::InvalidArgument(format!("{what}: {got} values where {want} are needed"))
 }
 
-impl<'s, G: Gpu> CudaStep<'s, G> {
+impl<'s, G: Gpu> GpuStep<'s, G> {
     /// Uploads what the step's kernels read of its plan and RoPEs.
     pub(crate) fn new(
         device: &'s Arc<Device<G>>,
-        input: &'s StepInput<'s, CudaBackend<G>>,
+        input: &'s StepInput<'s, GpuBackend<G>>,
     ) -> Result<Self, BackendError> {
         let plan = input.plan;
         let upload = |values: &[u32]| Buffer::with_for_step(device, &bytes_of(values));
@@ -89,7 +89,7 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
                 })
             })
             .collect::<Result<_, BackendError>>()?;
-        Ok(CudaStep {
+        Ok(GpuStep {
             device,
             input,
             tokens: upload(&input.batch.tokens)?,
@@ -144,11 +144,12 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
                 x.n, x.width, m.rows, m.cols, out.n, out.width
             )));
         }
-        let product = Product::of(m.ty, x.n);
+        let product = self.device.gpu.product(m.ty, x.n);
         if product == Product::Tiles && m.rows.div_ceil(TILE) > MAX_GRID_Y {
             return Err(BackendError::Unsupported(format!(
-                "a product of a matrix of {} rows on cuda",
-                m.rows
+                "a product of a matrix of {} rows on {}",
+                m.rows,
+                self.device.gpu.api()
             )));
         }
         let mut args = Args::new();
@@ -248,17 +249,17 @@ struct Grouped<G: Gpu> {
     /// Each pair's expert and weight.
     chosen: Buffer<G>,
     weights: Buffer<G>,
-    /// The pairs by expert, and the tiles of products over them (experts.cu's group_pairs).
+    /// The pairs by expert, and the tiles of products over them (the group_pairs kernel).
     pairs: Buffer<G>,
     tiles: Buffer<G>,
     n_tiles: usize,
-    /// The most pairs of a tile: TILE where every product of the block takes tiles.cu's
+    /// The most pairs of a tile: TILE where every product of the block takes the tiles
     /// kernels, PRODUCT_TOKENS otherwise.
     per_tile: usize,
 }
 
-impl<'s, G: Gpu> CudaStep<'s, G> {
-    /// Routes each token and groups the pairs by expert (experts.cu).
+impl<'s, G: Gpu> GpuStep<'s, G> {
+    /// Routes each token and groups the pairs by expert.
     fn group_pairs(
         &self,
         router: &Rows<G>,
@@ -269,14 +270,16 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
         let (n, k) = (self.n_tokens(), moe.top_k);
         if k == 0 || k > MAX_TOP_K || k > n_expert {
             return Err(BackendError::Unsupported(format!(
-                "{k} of {n_expert} experts a token on cuda (at most {MAX_TOP_K})"
+                "{k} of {n_expert} experts a token on {} (at most {MAX_TOP_K})",
+                self.device.gpu.api()
             )));
         }
         // Every expert's run ends in a tile that may not be full.
         let n_tiles = (n * k).div_ceil(per_tile) + n_expert.min(n * k);
         if n_tiles > MAX_GRID_Y {
             return Err(BackendError::Unsupported(format!(
-                "{n} tokens in one step of a mixture of experts on cuda"
+                "{n} tokens in one step of a mixture of experts on {}",
+                self.device.gpu.api()
             )));
         }
         let grouped = Grouped {
@@ -330,7 +333,7 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
         let addresses: Vec<u64> = matrices.iter().map(|e| e.buffer.ptr().0).collect();
         let mut args = Args::new();
         args.ptr(self.device.address_table(&addresses)?);
-        let product = match Product::of(m.ty, self.n_tokens()) {
+        let product = match self.device.gpu.product(m.ty, self.n_tokens()) {
             // Where another of the block's matrices cannot take tiles, they are cut for all.
             Product::Tiles if grouped.per_tile != TILE => Product::Float,
             product => product,
@@ -377,7 +380,7 @@ impl<'s, G: Gpu> CudaStep<'s, G> {
     }
 }
 
-impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
+impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
     type Rows = Rows<G>;
 
     fn rows(&mut self, n: usize, width: usize) -> Result<Rows<G>, BackendError> {
@@ -610,7 +613,7 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
         &mut self,
         x: &Rows<G>,
         router: &Rows<G>,
-        experts: &Experts<CudaBackend<G>>,
+        experts: &Experts<GpuBackend<G>>,
         moe: Moe,
         out: &mut Rows<G>,
     ) -> Result<(), BackendError> {
@@ -624,7 +627,7 @@ impl<'s, G: Gpu> Step<CudaBackend<G>> for CudaStep<'s, G> {
                 n * n_expert,
             ));
         }
-        let tiled = |m: &[Matrix<G>]| Product::of(m[0].ty, n) == Product::Tiles;
+        let tiled = |m: &[Matrix<G>]| self.device.gpu.product(m[0].ty, n) == Product::Tiles;
         let per_tile = if tiled(&experts.gate) && tiled(&experts.up) && tiled(&experts.down) {
             TILE
         } else {

@@ -1,5 +1,6 @@
-//! What the CUDA backend asks of a device: memory, copies and kernel launches by name. The
-//! driver implements it on a GPU; the emulation (tallow-cuda-emulation) on the CPU.
+//! What the backend asks of a device: memory, copies and kernel launches by name. Each GPU
+//! API implements it (tallow-backend-cuda's driver, tallow-backend-metal); the emulation
+//! (tallow-gpu-emulation) implements it on the CPU for either API's kernels.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -7,6 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tallow_backend::BackendError;
+use tallow_quant::GgmlType;
+
+use crate::kernels::Product;
 
 /// An address in a device's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,11 +23,22 @@ impl DevicePtr {
     }
 }
 
-/// A kernel's arguments, in order, as `cuLaunchKernel` takes them: each value's bytes.
+/// A kernel's arguments, in order: each value's bytes, and whether it is an address (a
+/// buffer, which Metal binds apart from plain values).
 #[derive(Debug, Default, Clone)]
 pub struct Args {
     values: Vec<[u8; 8]>,
     sizes: Vec<u32>,
+    pointers: Vec<bool>,
+}
+
+/// One argument of a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arg<'a> {
+    /// An address in device memory.
+    Pointer(DevicePtr),
+    /// A plain value's bytes (an `int`, a `float`).
+    Value(&'a [u8]),
 }
 
 impl Args {
@@ -32,22 +47,23 @@ impl Args {
         Self::default()
     }
 
-    fn push(&mut self, bytes: &[u8]) -> &mut Self {
+    fn push(&mut self, bytes: &[u8], pointer: bool) -> &mut Self {
         let mut value = [0u8; 8];
         value[..bytes.len()].copy_from_slice(bytes);
         self.values.push(value);
         self.sizes.push(bytes.len() as u32);
+        self.pointers.push(pointer);
         self
     }
 
     /// A pointer to device memory.
     pub fn ptr(&mut self, p: DevicePtr) -> &mut Self {
-        self.push(&p.0.to_ne_bytes())
+        self.push(&p.0.to_ne_bytes(), true)
     }
 
     /// An `int`.
     pub fn i32(&mut self, v: i32) -> &mut Self {
-        self.push(&v.to_ne_bytes())
+        self.push(&v.to_ne_bytes(), false)
     }
 
     /// An `int` from a size or count, which must fit one.
@@ -60,7 +76,16 @@ impl Args {
 
     /// A `float`.
     pub fn f32(&mut self, v: f32) -> &mut Self {
-        self.push(&v.to_ne_bytes())
+        self.push(&v.to_ne_bytes(), false)
+    }
+
+    /// The arguments in order.
+    pub fn each(&self) -> impl Iterator<Item = Arg<'_>> {
+        let values = self.values.iter().zip(&self.sizes).zip(&self.pointers);
+        values.map(|((value, &size), &pointer)| match pointer {
+            true => Arg::Pointer(DevicePtr(u64::from_ne_bytes(*value))),
+            false => Arg::Value(&value[..size as usize]),
+        })
     }
 
     /// Runs `launch` with the arguments as `cuLaunchKernel` takes them: a pointer to each
@@ -78,10 +103,23 @@ impl Args {
     }
 }
 
-/// A device the CUDA backend's kernels run on.
+/// A device the backend's kernels run on.
 pub trait Gpu: Send + Sync + 'static {
+    /// The API whose kernels it runs (`"cuda"`, `"metal"`): the backend's name.
+    fn api(&self) -> &'static str;
+
     /// What the device is called, and through what it runs (`"NVIDIA H100 (CUDA 12.8)"`).
     fn name(&self) -> String;
+
+    /// Whether its kernels take products of `ty` weights in integers (the activations
+    /// quantized to bytes): the quantized formats on CUDA, whose GPUs multiply bytes faster
+    /// than floats; otherwise products are in f32 over the decoded weights.
+    fn integer_products(&self, ty: GgmlType) -> bool;
+
+    /// The kernels that take a product of `ty` weights by `n_tokens` tokens.
+    fn product(&self, ty: GgmlType, n_tokens: usize) -> Product {
+        Product::of(self.integer_products(ty), n_tokens)
+    }
 
     /// Its memory in bytes, where known.
     fn total_memory(&self) -> Option<u64>;

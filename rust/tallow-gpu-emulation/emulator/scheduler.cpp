@@ -1,10 +1,10 @@
-// The scheduler of cuda_emulation.h: blocks one after the other, a block's threads as fibers.
+// The scheduler of scheduler.h: blocks one after the other, a block's threads as fibers.
 //
 // On x86-64 a fiber switch saves and restores the callee-saved registers and the stack pointer
 // (a few nanoseconds); elsewhere ucontext does it (with a system call for the signal mask on
 // every switch; TALLOW_EMU_UCONTEXT picks it on x86-64 too). Fiber stacks are mapped once per OS thread and reused by every launch.
 
-#include "cuda_emulation.h"
+#include "scheduler.h"
 
 #include <sys/mman.h>
 
@@ -22,10 +22,10 @@
 
 namespace tallow_emu {
 
-thread_local uint3 thread_idx;
-thread_local uint3 block_idx;
-thread_local dim3 block_dim;
-thread_local dim3 grid_dim;
+thread_local Index3 thread_idx;
+thread_local Index3 block_idx;
+thread_local Index3 block_dim;
+thread_local Index3 grid_dim;
 
 namespace {
 
@@ -103,7 +103,7 @@ enum class State { Runnable, AtBlockBarrier, AtWarpBarrier, Done };
 
 struct Fiber {
     Context context;
-    uint3 idx;
+    Index3 idx;
     State state = State::Runnable;
     uint64_t published = 0;
 };
@@ -166,7 +166,7 @@ void yield(State state) {
 
 // Releases the threads at barriers once all that must meet there have: each warp whose live
 // threads all wait at a warp operation, else the block once every live thread waits at
-// __syncthreads. Returns false where the block can go no further (a divergent warp).
+// a block barrier. Returns false where the block can go no further (a divergent warp).
 bool release(const char* name) {
     auto& fibers = block->fibers;
     bool released = false;
@@ -234,7 +234,7 @@ unsigned warp_exchange(uint64_t bits, uint64_t* out) {
 }
 
 void fault(const char* message) {
-    std::fprintf(stderr, "cuda emulation: %s\n", message);
+    std::fprintf(stderr, "gpu emulation: %s\n", message);
     std::abort();
 }
 
@@ -247,14 +247,14 @@ void register_kernel(const char* name, void* kernel, Trampoline call, const unsi
 
 using namespace tallow_emu;
 
-// Launches kernel `name` over `grid` blocks of `block_shape` threads with `params` (a pointer
-// to each argument, as cuLaunchKernel takes them; `sizes` their sizes in bytes, checked
-// against the kernel's parameters). Returns null, or a message that stays valid until the
+// Launches kernel `name` ("cuda/rms_norm") over `grid` blocks of `block_shape` threads with
+// `params` (a pointer to each argument, as cuLaunchKernel takes them; `sizes` their sizes in
+// bytes, checked against the kernel's parameters). Returns null, or a message that stays valid until the
 // calling thread's next launch.
 extern "C" const char* tallow_emu_launch(const char* name, const unsigned* grid,
                                          const unsigned* block_shape, void** params,
                                          const unsigned* sizes, unsigned n_params) {
-    static std::mutex one_launch_at_a_time;  // __shared__ statics are global
+    static std::mutex one_launch_at_a_time;  // block-shared statics are global
     std::lock_guard<std::mutex> lock(one_launch_at_a_time);
     auto found = kernels().find(name);
     if (found == kernels().end()) {
@@ -278,21 +278,21 @@ extern "C" const char* tallow_emu_launch(const char* name, const unsigned* grid,
     b.name = found->first.c_str();
     b.fibers.resize(threads);
     char* stack = stacks();
-    block_dim = dim3(block_shape[0], block_shape[1], block_shape[2]);
-    grid_dim = dim3(grid[0], grid[1], grid[2]);
+    block_dim = Index3(block_shape[0], block_shape[1], block_shape[2]);
+    grid_dim = Index3(grid[0], grid[1], grid[2]);
     Block* outer = block;
     block = &b;
     const char* result = nullptr;
     for (unsigned z = 0; z < grid[2] && !result; ++z)
         for (unsigned y = 0; y < grid[1] && !result; ++y)
             for (unsigned x = 0; x < grid[0] && !result; ++x) {
-                block_idx = dim3(x, y, z);
+                block_idx = Index3(x, y, z);
                 size_t i = 0;
                 for (unsigned tz = 0; tz < block_shape[2]; ++tz)
                     for (unsigned ty = 0; ty < block_shape[1]; ++ty)
                         for (unsigned tx = 0; tx < block_shape[0]; ++tx, ++i) {
                             Fiber& f = b.fibers[i];
-                            f.idx = dim3(tx, ty, tz);
+                            f.idx = Index3(tx, ty, tz);
                             f.state = State::Runnable;
                             prepare(f.context, stack + i * STACK_BYTES, STACK_BYTES, fiber_main);
                         }

@@ -1,11 +1,14 @@
-//! The CUDA backend's kernels (`kernels-cuda/`) run on the CPU, for tests without a GPU.
+//! The GPU backends' kernels run on the CPU, for tests without a GPU: CUDA's
+//! (`kernels-cuda/`) and Metal's (`kernels-metal/`).
 //!
-//! Each kernel's source is compiled as C++ after `kernels-cuda/emulation/cuda_emulation.h`,
-//! which runs a launch's blocks one after the other and each block's threads as fibers that
-//! switch where the kernel synchronizes: `__syncthreads` waits for every live thread of the
-//! block, warp shuffles and votes exchange values between the 32 threads of a warp (a warp
-//! that diverges there is an error), `__shared__` memory is the block's. Device memory is
-//! host memory: [`Emulated`] is the [`Gpu`] the CUDA backend runs on here.
+//! Each kernel's source is compiled as C++ after its API's header
+//! (`kernels-cuda/emulation/cuda_emulation.h`, `kernels-metal/emulation/metal_emulation.h`) on
+//! one scheduler (`emulator/`), which runs a launch's blocks one after the other and each
+//! block's threads as fibers that switch where the kernel synchronizes: a block barrier
+//! (`__syncthreads`, `threadgroup_barrier`) waits for every live thread of the block, warp
+//! (SIMD-group) operations exchange values between 32 threads (a warp that diverges there is
+//! an error), block-shared memory is the block's. Device memory is host memory: [`Emulated`]
+//! is the [`Gpu`] the backend runs on here, with either API's kernels.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -13,9 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use tallow_backend::BackendError;
-use tallow_backend_cuda::{Args, CudaBackend, DevicePtr, Gpu};
+use tallow_backend_gpu::{Args, DevicePtr, Gpu, GpuBackend};
+use tallow_quant::GgmlType;
 
 extern "C" {
+    fn tallow_emu_register_metal();
     fn tallow_emu_launch(
         name: *const c_char,
         grid: *const u32,
@@ -36,18 +41,52 @@ pub fn host<T>(p: *const T) -> DevicePtr {
     DevicePtr(p as usize as u64)
 }
 
-/// Runs kernel `name` over `grid` blocks of `block` threads with `args`, which must match its
-/// parameters in number and size.
+/// The GPU API whose kernels run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `kernels-cuda/`.
+    Cuda,
+    /// `kernels-metal/`.
+    Metal,
+}
+
+impl Api {
+    /// Its name, as the backend reports it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Cuda => "cuda",
+            Api::Metal => "metal",
+        }
+    }
+
+    /// Whether its products of `ty` weights are in integers, as on its GPUs.
+    pub fn integer_products(self, ty: GgmlType) -> bool {
+        match self {
+            Api::Cuda => tallow_backend_cuda::integer_products(ty),
+            Api::Metal => tallow_backend_metal::integer_products(ty),
+        }
+    }
+}
+
+/// Runs `api`'s kernel `name` over `grid` blocks of `block` threads with `args`, which must
+/// match its parameters in number and size.
 ///
 /// # Safety
 /// The pointers among `args` must be valid for every access the kernel makes through them.
 pub unsafe fn launch(
+    api: Api,
     name: &str,
     grid: [u32; 3],
     block: [u32; 3],
     args: &Args,
 ) -> Result<(), LaunchError> {
-    let name = CString::new(name).map_err(|_| LaunchError("a kernel's name has no NUL".into()))?;
+    if api == Api::Metal {
+        static REGISTERED: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers the Metal kernels' trampolines; no arguments.
+        REGISTERED.call_once(|| unsafe { tallow_emu_register_metal() });
+    }
+    let name = CString::new(format!("{}/{name}", api.name()))
+        .map_err(|_| LaunchError("a kernel's name has no NUL".into()))?;
     // SAFETY: every pointer passed lives until the call returns; the emulator checks the
     // arguments' count and sizes against the kernel's parameters; the caller vouches for the
     // memory the kernel reaches through them.
@@ -72,10 +111,11 @@ pub unsafe fn launch(
     ))
 }
 
-/// A GPU emulated on the CPU: its memory is host memory, its kernels the emulation's.
-/// Copies are checked against the allocations they touch.
-#[derive(Debug, Default)]
+/// A GPU emulated on the CPU: its memory is host memory, its kernels `api`'s under the
+/// emulation. Copies are checked against the allocations they touch.
+#[derive(Debug)]
 pub struct Emulated {
+    api: Api,
     /// Each allocation by its address (16-byte aligned, as device memory is more than).
     allocations: Mutex<BTreeMap<u64, Box<[u128]>>>,
     /// Allocations made so far.
@@ -83,14 +123,18 @@ pub struct Emulated {
 }
 
 impl Emulated {
-    /// A new emulated device with nothing allocated.
-    pub fn new() -> Self {
-        Self::default()
+    /// A new emulated device running `api`'s kernels, with nothing allocated.
+    pub fn new(api: Api) -> Self {
+        Emulated {
+            api,
+            allocations: Mutex::default(),
+            made: AtomicU64::new(0),
+        }
     }
 
-    /// The CUDA backend on a new emulated device.
-    pub fn backend() -> CudaBackend<Emulated> {
-        CudaBackend::new(Emulated::new())
+    /// The backend on a new emulated device running `api`'s kernels.
+    pub fn backend(api: Api) -> GpuBackend<Emulated> {
+        GpuBackend::new(Emulated::new(api))
     }
 
     /// How many allocations the device has made so far.
@@ -116,8 +160,16 @@ impl Emulated {
 }
 
 impl Gpu for Emulated {
+    fn api(&self) -> &'static str {
+        self.api.name()
+    }
+
     fn name(&self) -> String {
-        "CUDA emulated on the CPU".into()
+        format!("{} emulated on the CPU", self.api.name())
+    }
+
+    fn integer_products(&self, ty: GgmlType) -> bool {
+        self.api.integer_products(ty)
     }
 
     fn total_memory(&self) -> Option<u64> {
@@ -176,6 +228,6 @@ impl Gpu for Emulated {
     ) -> Result<(), BackendError> {
         // SAFETY: the backend passes pointers into the buffers it allocated here, sized for
         // the kernels' indexing (the conformance suite checks the results).
-        unsafe { launch(name, grid, block, args) }.map_err(|e| BackendError::Device(e.0))
+        unsafe { launch(self.api, name, grid, block, args) }.map_err(|e| BackendError::Device(e.0))
     }
 }

@@ -1,6 +1,6 @@
 //! KV pages in device memory: for each page slot (a layer's place in its group's pages) one
 //! buffer of K then V, each `[KV head][page][position]` rows of the page type (f16 values or
-//! Q8_0 blocks; kv.cu).
+//! Q8_0 blocks; the kv_write kernels).
 
 use std::sync::Arc;
 

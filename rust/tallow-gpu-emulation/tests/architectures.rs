@@ -1,12 +1,13 @@
 //! Every architecture of the shared reference models (F32 files: llama3's frequency scaling,
 //! qwen2's biases, qwen3's and gemma3's Q/K norms, phi3's fused tensors, gemma2's soft caps and
-//! windows, gemma3's local and global layers, and the four mixtures of experts) on the CUDA
-//! backend, its kernels emulated: transformers' logits at each of the 32 prompt positions,
-//! within what the f16 KV pages round (the bound the CPU and wgpu backends meet too).
+//! windows, gemma3's local and global layers, and the four mixtures of experts) on the GPU
+//! backend with CUDA's and Metal's kernels, emulated: transformers' logits at each of the 32
+//! prompt positions, within what the f16 KV pages round (the bound the CPU and wgpu backends
+//! meet too).
 
 use std::path::PathBuf;
 
-use tallow_cuda_emulation::Emulated;
+use tallow_gpu_emulation::{Api, Emulated};
 use tallow_model::{Logits, Model, SingleSequence};
 
 const ARCHITECTURES: [&str; 7] = [
@@ -51,16 +52,19 @@ const MIXTURES: [&str; 4] = ["qwen3moe", "mixtral", "qwen2moe", "gpt-oss"];
 /// across a near tie (qwen2moe's gap is 0.0005), and that token then runs another expert.
 const ROUTED_TOLERANCE: f32 = 0.5;
 
+/// Both APIs' kernels.
+const APIS: [Api; 2] = [Api::Cuda, Api::Metal];
+
 /// The largest difference from transformers' logits at each of the prompt's positions, on the
-/// emulated device.
-fn differences(arch: &str) -> Vec<f32> {
+/// emulated device with `api`'s kernels.
+fn differences(api: Api, arch: &str) -> Vec<f32> {
     let dir = arch_dir();
     let prompt: Vec<u32> = npy(&dir.join("prompt_ids.npy"), "<i4", i32::from_le_bytes)
         .into_iter()
         .map(|t| t as u32)
         .collect();
     let model = Model::load(
-        Emulated::backend(),
+        Emulated::backend(api),
         dir.join(arch).join(format!("{arch}-f32.gguf")),
         Default::default(),
     )
@@ -81,26 +85,32 @@ fn differences(arch: &str) -> Vec<f32> {
 
 #[test]
 fn every_architecture_gives_transformers_logits() {
-    for arch in ARCHITECTURES {
-        let worst = differences(arch).into_iter().fold(0f32, f32::max);
+    for (api, arch) in APIS
+        .into_iter()
+        .flat_map(|a| ARCHITECTURES.map(|arch| (a, arch)))
+    {
+        let worst = differences(api, arch).into_iter().fold(0f32, f32::max);
         assert!(
             worst <= TOLERANCE,
-            "{arch}: logits {worst} from transformers'"
+            "{arch} ({api:?}): logits {worst} from transformers'"
         );
     }
 }
 
 #[test]
 fn every_mixture_of_experts_gives_transformers_logits() {
-    for arch in MIXTURES {
-        let mut by_position = differences(arch);
+    for (api, arch) in APIS
+        .into_iter()
+        .flat_map(|a| MIXTURES.map(|arch| (a, arch)))
+    {
+        let mut by_position = differences(api, arch);
         by_position.sort_by(f32::total_cmp);
         let median = by_position[by_position.len() / 2];
         let worst = by_position[by_position.len() - 1];
         assert!(
             median <= TOLERANCE && worst <= ROUTED_TOLERANCE,
-            "{arch}: logits {median} (median over positions), {worst} (largest) from \
-             transformers'"
+            "{arch} ({api:?}): logits {median} (median over positions), {worst} (largest) \
+             from transformers'"
         );
     }
 }
@@ -112,12 +122,13 @@ fn every_mixture_of_experts_gives_transformers_logits() {
 #[test]
 fn steps_reuse_the_buffers_of_earlier_steps() {
     let dir = arch_dir();
-    for file in [
+    let files = [
         "llama3/llama3-f32.gguf",
         "llama3/llama3-q8_0.gguf",
         "qwen3moe/qwen3moe-q8_0.gguf",
-    ] {
-        let backend = Emulated::backend();
+    ];
+    for (api, file) in APIS.into_iter().flat_map(|a| files.map(|file| (a, file))) {
+        let backend = Emulated::backend(api);
         let model = Model::load(backend.clone(), dir.join(file), Default::default()).unwrap();
         let mut sequence = SingleSequence::new(&model, 16).unwrap();
         sequence.eval(&model, &[1, 2, 3, 4], Logits::Last).unwrap();
@@ -126,6 +137,6 @@ fn steps_reuse_the_buffers_of_earlier_steps() {
         for token in 6..9 {
             sequence.eval(&model, &[token], Logits::Last).unwrap();
         }
-        assert_eq!(backend.gpu().allocations_made(), made, "{file}");
+        assert_eq!(backend.gpu().allocations_made(), made, "{file} ({api:?})");
     }
 }

@@ -1,16 +1,17 @@
-//! Whole models on the CUDA backend, its kernels emulated: smollm2-135m (Q4_1) and
-//! gemma3-270m (Q4_K_M: sliding windows, GELU, Q/K norms, a vocabulary of 262,144) give the CPU
-//! backend's greedy tokens, and its logits on a prompt and then token by token within what
-//! the CPU's products round: it rounds activations to 8-bit blocks where CUDA keeps them in
-//! f32 (the largest difference is 3-6% of the largest logit; the wgpu backend with f32
-//! products gives CUDA's logits within 2e-4 of it, and the F32 reference models of every
-//! architecture give transformers' within 5e-3: tests/architectures.rs).
+//! Whole models on the GPU backend with CUDA's and Metal's kernels, emulated: smollm2-135m
+//! (Q4_1) and gemma3-270m (Q4_K_M: sliding windows, GELU, Q/K norms, a vocabulary of 262,144)
+//! give the CPU backend's greedy tokens, and its logits on a prompt and then token by token
+//! within what the CPU's products round: it rounds activations to 8-bit blocks where Metal
+//! keeps them in f32 and CUDA rounds them its own way (the largest difference is 3-6% of the
+//! largest logit; the wgpu backend with f32 products gives CUDA's logits within 2e-4 of it,
+//! and the F32 reference models of every architecture give transformers' within 5e-3:
+//! tests/architectures.rs).
 
 use std::path::PathBuf;
 
 use tallow_backend::Backend;
 use tallow_backend_cpu::CpuBackend;
-use tallow_cuda_emulation::Emulated;
+use tallow_gpu_emulation::{Api, Emulated};
 use tallow_model::{argmax, Logits, Model, SingleSequence};
 
 /// A model of the cache (`tallow pull NAME` puts it there; the test script pulls both).
@@ -44,16 +45,21 @@ fn same_as_the_cpu(name: &str, file: &str) {
     let path = path(name, file);
     let cpu = Model::load(CpuBackend::default(), &path, Default::default())
         .unwrap_or_else(|e| panic!("{e} (run `tallow pull {name}` first)"));
-    let cuda = Model::load(Emulated::backend(), &path, Default::default()).unwrap();
     let tokenizer = cpu.tokenizer();
     let prompt = tokenizer.encode("The capital of France is", tokenizer.add_bos(), false);
     let (want, want_tokens) = logits_and_tokens(&cpu, &prompt, 2);
-    let (got, got_tokens) = logits_and_tokens(&cuda, &prompt, 2);
-    assert_eq!(got_tokens, want_tokens, "{name}: greedy tokens");
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        let spread = w.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(worst <= 0.1 * spread, "{name} row {i}: {worst} of {spread}");
+    for api in [Api::Cuda, Api::Metal] {
+        let gpu = Model::load(Emulated::backend(api), &path, Default::default()).unwrap();
+        let (got, got_tokens) = logits_and_tokens(&gpu, &prompt, 2);
+        assert_eq!(got_tokens, want_tokens, "{name} ({api:?}): greedy tokens");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let spread = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                worst <= 0.1 * spread,
+                "{name} ({api:?}) row {i}: {worst} of {spread}"
+            );
+        }
     }
 }
 

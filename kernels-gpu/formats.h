@@ -1,0 +1,536 @@
+// GGUF's weight formats and the KV page formats, as the GPU kernels of every API read them:
+// included by CUDA's kernels (kernels-cuda/, after tallow.cuh) and Metal's (kernels-metal/,
+// after tallow.h), and by the emulation's C++ builds of both. The few spellings that differ
+// between the dialects are the macros below.
+//
+// Each weight format decodes the 32 values of one run of a row (a block, or a 32-value part
+// of a K-quant super-block) with the float operations, in the order, of ggml's
+// dequantize_row_* (so the values are tallow-quant's reference dequantization's).
+//
+// The quantized formats also give a run as integers, for the integer products (CUDA's
+// matvec.cu): `ints(row, r, q, scale, offset)` writes the run's quants as bytes, four to a
+// word in the order of the values (q[k] holds values 4k..4k + 4), such that value 16h + i of
+// the run is scale[h] * (quant_i - ZERO) + offset[h] (h: the run's first or second half of
+// 16). HALVES is 2 where the halves' scales differ (Q2_K, Q3_K, Q6_K), 1 where they are the
+// same.
+#pragma once
+
+#ifdef __METAL_VERSION__
+// Metal: functions are inline, pointers name their address space (GLOBAL: device memory,
+// PRIVATE: the thread's own), and the math functions are overloaded by type.
+#define GPU_FN inline
+#define GLOBAL device
+#define PRIVATE thread
+#define float_from_bits(u) as_type<float>((uint32_t)(u))
+#define fmaxf fmax
+#define fminf fmin
+#define fabsf fabs
+#define roundf round
+#define ldexpf ldexp
+#else
+#define GPU_FN __device__ __forceinline__
+#define GLOBAL
+#define PRIVATE
+#define float_from_bits(u) __uint_as_float(u)
+#endif
+
+// A float's bits.
+GPU_FN uint32_t as_bits(float f) {
+#ifdef __METAL_VERSION__
+    return as_type<uint32_t>(f);
+#else
+    return __float_as_uint(f);
+#endif
+}
+
+// An f16's bits as f32 (CUDA: no cuda_fp16.h, as NVRTC's wheel ships no headers).
+GPU_FN float f16_to_f32(uint16_t h) {
+#if defined(__CUDACC_RTC__)
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#elif defined(__METAL_VERSION__) && !defined(TALLOW_EMULATION)
+    return (float)as_type<half>(h);
+#else
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+    if (exponent == 0) {
+        // Zero or subnormal: mantissa * 2^-24.
+        float v = ldexpf((float)mantissa, -24);
+        return sign ? -v : v;
+    }
+    uint32_t bits = exponent == 31 ? sign | 0x7f800000u | (mantissa << 13)
+                                   : sign | ((exponent + 112) << 23) | (mantissa << 13);
+    return float_from_bits(bits);
+#endif
+}
+
+// The f16 nearest `f` (ties to even), as bits. In integer operations on every GPU: PTX's
+// cvt.rn.f16.f32 into a 16-bit register whose bytes are then stored one at a time loses the low
+// byte on an H200 (sm_90, NVRTC 12.9, driver 580), which the conformance suite catches there.
+GPU_FN uint16_t f32_to_f16(float f) {
+    uint32_t x = as_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000, exponent = (x >> 23) & 0xff, mantissa = x & 0x7fffff;
+    if (exponent == 0xff) return (uint16_t)(sign | 0x7c00 | (mantissa ? 0x200 : 0));
+    int e = (int)exponent - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00);
+    if (e <= 0) {
+        // Subnormal (or zero): the mantissa with its implicit bit, shifted into place.
+        if (e < -10) return (uint16_t)sign;
+        uint32_t m = mantissa | 0x800000;
+        int shift = 14 - e;
+        uint32_t bits = m >> shift, rest = m & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rest > mid || (rest == mid && (bits & 1))) ++bits;
+        return (uint16_t)(sign | bits);
+    }
+    uint32_t bits = sign | (uint32_t)e << 10 | mantissa >> 13, rest = mantissa & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (bits & 1))) ++bits;  // may carry into exponent
+    return (uint16_t)bits;
+}
+
+// A bf16's bits as f32.
+GPU_FN float bf16_to_f32(uint16_t h) { return float_from_bits((uint32_t)h << 16); }
+
+// Bytes are read one at a time: rows of most formats are not aligned to words.
+GPU_FN uint32_t u16_at(GLOBAL const uint8_t* p) { return p[0] | (uint32_t)p[1] << 8; }
+GPU_FN uint32_t u32_at(GLOBAL const uint8_t* p) {
+    return u16_at(p) | u16_at(p + 2) << 16;
+}
+GPU_FN float f16_at(GLOBAL const uint8_t* p) { return f16_to_f32((uint16_t)u16_at(p)); }
+
+// Whole-word loads, for the integer products: a 32-bit word at an address aligned to 4 bytes
+// (`word_at`), or made of two 16-bit halves at one aligned to 2 (`word_at2`, for formats whose
+// blocks are an odd number of halves: Q4_0's 18 bytes). The emulation faults on a misaligned
+// address, as a GPU does.
+GPU_FN uint32_t half_at(GLOBAL const uint8_t* p) {
+#ifdef TALLOW_EMULATION
+    if ((uintptr_t)p % 2 != 0) tallow_emu::fault("a 2-byte load from an odd address");
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+#else
+    return *(GLOBAL const uint16_t*)p;
+#endif
+}
+GPU_FN int word_at(GLOBAL const uint8_t* p) {
+#ifdef TALLOW_EMULATION
+    if ((uintptr_t)p % 4 != 0) tallow_emu::fault("a 4-byte load from a misaligned address");
+    int v;
+    memcpy(&v, p, 4);
+    return v;
+#else
+    return *(GLOBAL const int*)p;
+#endif
+}
+GPU_FN int word_at2(GLOBAL const uint8_t* p) {
+    return (int)(half_at(p) | half_at(p + 2) << 16);
+}
+
+// Bits 0..4 of `bits` moved to bit 4 of each byte of a word (the fifth bits of Q5_0, Q5_1).
+GPU_FN int fifth_bits(uint32_t bits) {
+    return (int)((bits & 1) << 4 | (bits & 2) << 11 | (bits & 4) << 18 | (bits & 8) << 25);
+}
+
+// The 6-bit scale and min of group j (0..8) of a Q4_K or Q5_K super-block's 12 packed bytes.
+GPU_FN void k4_scale_min(GLOBAL const uint8_t* s, int j, PRIVATE float* scale,
+                         PRIVATE float* minimum) {
+    if (j < 4) {
+        *scale = (float)(s[j] & 63);
+        *minimum = (float)(s[j + 4] & 63);
+    } else {
+        *scale = (float)((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4));
+        *minimum = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+// The signed 6-bit scale of group g (0..16) of a Q3_K super-block.
+GPU_FN float q3k_scale(GLOBAL const uint8_t* s, int g) {
+    int low = (s[g % 8] >> (4 * (g / 8))) & 0xf;
+    int high = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (float)((low | (high << 4)) - 32);
+}
+
+struct F32 {
+    enum : int { RUN_BYTES = 128 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* p = row + r * RUN_BYTES;
+        for (int i = 0; i < 32; ++i) out[i] = float_from_bits(u32_at(p + 4 * i));
+    }
+};
+
+struct F16 {
+    enum : int { RUN_BYTES = 64 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* p = row + r * RUN_BYTES;
+        for (int i = 0; i < 32; ++i) out[i] = f16_at(p + 2 * i);
+    }
+};
+
+struct BF16 {
+    enum : int { RUN_BYTES = 64 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* p = row + r * RUN_BYTES;
+        for (int i = 0; i < 32; ++i) out[i] = bf16_to_f32((uint16_t)u16_at(p + 2 * i));
+    }
+};
+
+// d, 16 bytes of nibbles: byte j holds element j (low) and j + 16 (high); d * (q - 8).
+struct Q4_0 {
+    enum : int { RUN_BYTES = 18 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        float d = f16_at(b);
+        for (int j = 0; j < 16; ++j) {
+            out[j] = d * (float)((b[2 + j] & 0xf) - 8);
+            out[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+        }
+    }
+    enum : int { ZERO = 8 };
+    enum : int { HALVES = 1 };
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        for (int k = 0; k < 4; ++k) {
+            uint32_t v = (uint32_t)word_at2(b + 2 + 4 * k);
+            q[k] = (int)(v & 0x0f0f0f0f);
+            q[k + 4] = (int)(v >> 4 & 0x0f0f0f0f);
+        }
+        scale[0] = scale[1] = f16_at(b);
+        offset[0] = offset[1] = 0.0f;
+    }
+};
+
+// d, m, nibbles as Q4_0; d * q + m.
+struct Q4_1 {
+    enum : int { RUN_BYTES = 20 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        float d = f16_at(b), m = f16_at(b + 2);
+        for (int j = 0; j < 16; ++j) {
+            out[j] = d * (float)(b[4 + j] & 0xf) + m;
+            out[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+        }
+    }
+    enum : int { ZERO = 0 };
+    enum : int { HALVES = 1 };
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        for (int k = 0; k < 4; ++k) {
+            uint32_t v = (uint32_t)word_at(b + 4 + 4 * k);
+            q[k] = (int)(v & 0x0f0f0f0f);
+            q[k + 4] = (int)(v >> 4 & 0x0f0f0f0f);
+        }
+        scale[0] = scale[1] = f16_at(b);
+        offset[0] = offset[1] = f16_at(b + 2);
+    }
+};
+
+// d, 4 bytes whose bit j is bit 4 of element j, nibbles as Q4_0; d * (q - 16).
+struct Q5_0 {
+    enum : int { RUN_BYTES = 22 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        float d = f16_at(b);
+        uint32_t high = u32_at(b + 2);
+        for (int j = 0; j < 16; ++j) {
+            int lo = (b[6 + j] & 0xf) | ((high >> j) & 1) << 4;
+            int hi = (b[6 + j] >> 4) | ((high >> (j + 16)) & 1) << 4;
+            out[j] = d * (float)(lo - 16);
+            out[j + 16] = d * (float)(hi - 16);
+        }
+    }
+    enum : int { ZERO = 16 };
+    enum : int { HALVES = 1 };
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        uint32_t high = (uint32_t)word_at2(b + 2);
+        for (int k = 0; k < 4; ++k) {
+            uint32_t v = (uint32_t)word_at2(b + 6 + 4 * k);
+            q[k] = (int)(v & 0x0f0f0f0f) | fifth_bits(high >> 4 * k);
+            q[k + 4] = (int)(v >> 4 & 0x0f0f0f0f) | fifth_bits(high >> (16 + 4 * k));
+        }
+        scale[0] = scale[1] = f16_at(b);
+        offset[0] = offset[1] = 0.0f;
+    }
+};
+
+// d, m, high bits and nibbles as Q5_0; d * q + m.
+struct Q5_1 {
+    enum : int { RUN_BYTES = 24 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        float d = f16_at(b), m = f16_at(b + 2);
+        uint32_t high = u32_at(b + 4);
+        for (int j = 0; j < 16; ++j) {
+            int lo = (b[8 + j] & 0xf) | ((high >> j) & 1) << 4;
+            int hi = (b[8 + j] >> 4) | ((high >> (j + 16)) & 1) << 4;
+            out[j] = d * (float)lo + m;
+            out[j + 16] = d * (float)hi + m;
+        }
+    }
+    enum : int { ZERO = 0 };
+    enum : int { HALVES = 1 };
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        uint32_t high = (uint32_t)word_at(b + 4);
+        for (int k = 0; k < 4; ++k) {
+            uint32_t v = (uint32_t)word_at(b + 8 + 4 * k);
+            q[k] = (int)(v & 0x0f0f0f0f) | fifth_bits(high >> 4 * k);
+            q[k + 4] = (int)(v >> 4 & 0x0f0f0f0f) | fifth_bits(high >> (16 + 4 * k));
+        }
+        scale[0] = scale[1] = f16_at(b);
+        offset[0] = offset[1] = f16_at(b + 2);
+    }
+};
+
+// d, 32 signed bytes; q * d.
+struct Q8_0 {
+    enum : int { RUN_BYTES = 34 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        float d = f16_at(b);
+        for (int i = 0; i < 32; ++i) out[i] = (float)(int8_t)b[2 + i] * d;
+    }
+    enum : int { ZERO = 0 };
+    enum : int { HALVES = 1 };
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        for (int k = 0; k < 8; ++k) q[k] = word_at2(b + 2 + 4 * k);
+        scale[0] = scale[1] = f16_at(b);
+        offset[0] = offset[1] = 0.0f;
+    }
+};
+
+// Super-blocks of 256 values, 8 runs each. Q2_K: 16 bytes of 4-bit scale (low) and min
+// (high) per group of 16, 64 bytes of 2-bit quants (byte l of half h holds element
+// 128h + 32k + l at bits 2k..2k+2), d, dmin; (d * sc) * q - (dmin * m).
+struct Q2_K {
+    enum : int { BLOCK_BYTES = 84 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        float d = f16_at(b + 80), dmin = f16_at(b + 82);
+        for (int l = 0; l < 32; ++l) {
+            int g = 2 * j + l / 16;
+            float dl = d * (float)(b[g] & 0xf), ml = dmin * (float)(b[g] >> 4);
+            int q = (b[16 + 32 * (j / 4) + l] >> (2 * (j % 4))) & 3;
+            out[l] = dl * (float)q - ml;
+        }
+    }
+    enum : int { ZERO = 0 };
+    enum : int { HALVES = 2 };
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        GLOBAL const uint8_t* quants = b + 16 + 32 * (j / 4);
+        for (int k = 0; k < 8; ++k) {
+            q[k] = (int)((uint32_t)word_at(quants + 4 * k) >> 2 * (j % 4) & 0x03030303);
+        }
+        float d = f16_at(b + 80), dmin = f16_at(b + 82);
+        for (int h = 0; h < 2; ++h) {
+            scale[h] = d * (float)(b[2 * j + h] & 0xf);
+            offset[h] = -(dmin * (float)(b[2 * j + h] >> 4));
+        }
+    }
+};
+
+// 32 bytes of high bits (bit j of byte l: element 32j + l), 2-bit quants as Q2_K, 12 bytes
+// of 6-bit scales, d; (d * (sc - 32)) * (q - 4 where the high bit is clear).
+struct Q3_K {
+    enum : int { BLOCK_BYTES = 110 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        float d = f16_at(b + 108);
+        for (int l = 0; l < 32; ++l) {
+            float dl = d * q3k_scale(b + 96, 2 * j + l / 16);
+            int low = (b[32 + 32 * (j / 4) + l] >> (2 * (j % 4))) & 3;
+            int q = (b[l] >> j) & 1 ? low : low - 4;
+            out[l] = dl * (float)q;
+        }
+    }
+    enum : int { ZERO = 4 };
+    enum : int { HALVES = 2 };
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        GLOBAL const uint8_t* quants = b + 32 + 32 * (j / 4);
+        for (int k = 0; k < 8; ++k) {
+            uint32_t low = (uint32_t)word_at2(quants + 4 * k) >> 2 * (j % 4) & 0x03030303;
+            uint32_t high = (uint32_t)word_at2(b + 4 * k) >> j & 0x01010101;
+            q[k] = (int)(low | high << 2);
+        }
+        float d = f16_at(b + 108);
+        for (int h = 0; h < 2; ++h) {
+            scale[h] = d * q3k_scale(b + 96, 2 * j + h);
+            offset[h] = 0.0f;
+        }
+    }
+};
+
+// d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles (bytes 32i..32i + 32:
+// group 2i low, 2i + 1 high); (d * sc) * q - (dmin * m).
+struct Q4_K {
+    enum : int { BLOCK_BYTES = 144 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        float sc, m;
+        k4_scale_min(b + 4, j, &sc, &m);
+        float dl = f16_at(b) * sc, ml = f16_at(b + 2) * m;
+        for (int l = 0; l < 32; ++l) {
+            int q = (b[16 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf;
+            out[l] = dl * (float)q - ml;
+        }
+    }
+    enum : int { ZERO = 0 };
+    enum : int { HALVES = 1 };
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        GLOBAL const uint8_t* quants = b + 16 + 32 * (j / 2);
+        for (int k = 0; k < 8; ++k) {
+            q[k] = (int)((uint32_t)word_at(quants + 4 * k) >> 4 * (j % 2) & 0x0f0f0f0f);
+        }
+        float sc, m;
+        k4_scale_min(b + 4, j, &sc, &m);
+        scale[0] = scale[1] = f16_at(b) * sc;
+        offset[0] = offset[1] = -(f16_at(b + 2) * m);
+    }
+};
+
+// As Q4_K with 32 bytes of fifth bits before the nibbles (bit j of byte l: group j, element l).
+struct Q5_K {
+    enum : int { BLOCK_BYTES = 176 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        float sc, m;
+        k4_scale_min(b + 4, j, &sc, &m);
+        float dl = f16_at(b) * sc, ml = f16_at(b + 2) * m;
+        for (int l = 0; l < 32; ++l) {
+            int q = (b[48 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf;
+            q |= ((b[16 + l] >> j) & 1) << 4;
+            out[l] = dl * (float)q - ml;
+        }
+    }
+    enum : int { ZERO = 0 };
+    enum : int { HALVES = 1 };
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8;
+        GLOBAL const uint8_t* quants = b + 48 + 32 * (j / 2);
+        for (int k = 0; k < 8; ++k) {
+            uint32_t low = (uint32_t)word_at(quants + 4 * k) >> 4 * (j % 2) & 0x0f0f0f0f;
+            uint32_t high = (uint32_t)word_at(b + 16 + 4 * k) >> j & 0x01010101;
+            q[k] = (int)(low | high << 4);
+        }
+        float sc, m;
+        k4_scale_min(b + 4, j, &sc, &m);
+        scale[0] = scale[1] = f16_at(b) * sc;
+        offset[0] = offset[1] = -(f16_at(b + 2) * m);
+    }
+};
+
+// 128 bytes of low nibbles, 64 of top 2 bits, 16 signed scales (groups of 16), d. In part
+// h (of 128), element 32k + l: low bits from ql[64h + 32(k % 2) + l] (high nibble for k >= 2), top
+// bits 2k..2k+2 of qh[32h + l]; (d * sc) * (q - 32).
+struct Q6_K {
+    enum : int { BLOCK_BYTES = 210 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8, part = j / 4, k = j % 4;
+        float d = f16_at(b + 208);
+        for (int l = 0; l < 32; ++l) {
+            float dl = d * (float)(int8_t)b[192 + 2 * j + l / 16];
+            int low = (b[64 * part + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0xf;
+            int high = (b[128 + 32 * part + l] >> (2 * k)) & 3;
+            out[l] = dl * (float)((low | high << 4) - 32);
+        }
+    }
+    enum : int { ZERO = 32 };
+    enum : int { HALVES = 2 };
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        int j = r % 8, part = j / 4, k4 = j % 4;
+        GLOBAL const uint8_t* lows = b + 64 * part + 32 * (k4 % 2);
+        for (int k = 0; k < 8; ++k) {
+            uint32_t low = (uint32_t)word_at2(lows + 4 * k) >> 4 * (k4 / 2) & 0x0f0f0f0f;
+            uint32_t high = (uint32_t)word_at2(b + 128 + 32 * part + 4 * k) >> 2 * k4 & 0x03030303;
+            q[k] = (int)(low | high << 4);
+        }
+        float d = f16_at(b + 208);
+        for (int h = 0; h < 2; ++h) {
+            scale[h] = d * (float)(int8_t)b[192 + 2 * j + h];
+            offset[h] = 0.0f;
+        }
+    }
+};
+
+// The activations of the integer products (CUDA's matvec.cu, tiles.cu): each run of 32 values of a
+// row as signed bytes q (x ≈ d * q), and beside the bytes, the run's d and the sums of q over
+// its two halves of 16 (the quantize_q8 kernel).
+struct Q8Run {
+    float d;
+    int sums[2];
+    int unused;
+};
+
+// The KV page formats: each position of a head is a row of `row_bytes(head_dim)` bytes.
+// f16 values.
+struct KvF16 {
+    static GPU_FN int row_bytes(int head_dim) { return 2 * head_dim; }
+    static GPU_FN float at(GLOBAL const uint8_t* row, int d) { return f16_at(row + 2 * d); }
+    static GPU_FN void store(GLOBAL const float* x, int head_dim, GLOBAL uint8_t* row) {
+        for (int d = 0; d < head_dim; ++d) {
+            uint16_t h = f32_to_f16(x[d]);
+            row[2 * d] = (uint8_t)h;
+            row[2 * d + 1] = (uint8_t)(h >> 8);
+        }
+    }
+};
+
+// Q8_0 blocks of 32 values, rounded as ggml's quantize_row_q8_0_ref: d = max|x| / 127 (as
+// f16), q = round(x / d).
+struct KvQ8_0 {
+    static GPU_FN int row_bytes(int head_dim) { return head_dim / 32 * 34; }
+    static GPU_FN float at(GLOBAL const uint8_t* row, int d) {
+        GLOBAL const uint8_t* b = row + d / 32 * 34;
+        return (float)(int8_t)b[2 + d % 32] * f16_at(b);
+    }
+    static GPU_FN void store(GLOBAL const float* x, int head_dim, GLOBAL uint8_t* row) {
+        for (int i = 0; i < head_dim / 32; ++i) {
+            GLOBAL const float* v = x + 32 * i;
+            GLOBAL uint8_t* b = row + 34 * i;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(v[j]));
+            float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            uint16_t h = f32_to_f16(d);
+            b[0] = (uint8_t)h;
+            b[1] = (uint8_t)(h >> 8);
+            for (int j = 0; j < 32; ++j) b[2 + j] = (uint8_t)(int8_t)roundf(v[j] * id);
+        }
+    }
+};
+
+#define FOR_EACH_KV_FORMAT(X) \
+    X(f16, KvF16)             \
+    X(q8_0, KvQ8_0)
+
+// The quantized formats, for the integer products (CUDA's matvec.cu): X(name, Format).
+#define FOR_EACH_QUANTIZED_FORMAT(X) \
+    X(q4_0, Q4_0)                    \
+    X(q4_1, Q4_1)                    \
+    X(q5_0, Q5_0)                    \
+    X(q5_1, Q5_1)                    \
+    X(q8_0, Q8_0)                    \
+    X(q2_k, Q2_K)                    \
+    X(q3_k, Q3_K)                    \
+    X(q4_k, Q4_K)                    \
+    X(q5_k, Q5_K)                    \
+    X(q6_k, Q6_K)
+
+// Every format, for kernels instantiated once per format: X(name, Format).
+#define FOR_EACH_FORMAT(X) \
+    X(f32, F32)            \
+    X(f16, F16)            \
+    X(bf16, BF16)          \
+    FOR_EACH_QUANTIZED_FORMAT(X)

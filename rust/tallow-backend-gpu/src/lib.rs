@@ -1,0 +1,222 @@
+//! What every native GPU backend shares: weights uploaded once in their GGUF block formats,
+//! KV pages in device memory, and each operation of a step a kernel launched by name, with its
+//! arguments in order, on a [`Gpu`]. A GPU API (CUDA, Metal) implements that small trait and
+//! writes the kernels (`kernels-cuda/`, `kernels-metal/`), each with the name, parameters and
+//! launch shape this crate gives it; the emulation (tallow-gpu-emulation) runs either set of
+//! kernels on the CPU.
+
+mod gpu;
+pub mod kernels;
+mod pages;
+mod step;
+
+use std::sync::Arc;
+
+use tallow_backend::{
+    Backend, BackendError, Capabilities, DeviceInfo, DeviceMemory, MatrixSpec, Rope, StepInput,
+};
+use tallow_gguf::GgufFile;
+use tallow_kv::{KvDtype, KvLayout, LayerGroups};
+use tallow_quant::GgmlType;
+
+pub use gpu::{Arg, Args, DevicePtr, Gpu};
+pub use kernels::Product;
+pub use pages::Pages;
+pub use step::GpuStep;
+
+use gpu::{bytes_of, Buffer, Device};
+
+/// The weight formats the kernels read (formats.h).
+pub const WEIGHT_FORMATS: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Most dimensions of an attention head (the attention kernels').
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The backend on the device `G` drives.
+pub struct GpuBackend<G: Gpu> {
+    device: Arc<Device<G>>,
+}
+
+impl<G: Gpu> Clone for GpuBackend<G> {
+    fn clone(&self) -> Self {
+        GpuBackend {
+            device: Arc::clone(&self.device),
+        }
+    }
+}
+
+impl<G: Gpu> GpuBackend<G> {
+    /// The backend on `gpu`.
+    pub fn new(gpu: G) -> Self {
+        GpuBackend {
+            device: Arc::new(Device::new(gpu)),
+        }
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &G {
+        &self.device.gpu
+    }
+
+    /// The bound of the rounding error of the products of `ty` weights, relative to their
+    /// magnitude `Σ|w·x|` (the conformance suite's `products_bound`). Float products sum f32
+    /// values of the decoded weights (a row's runs of 32 in f32). Integer products take the
+    /// activations quantized to bytes a run of 32, each rounded by up to max|x| / 254, which a
+    /// run with one large value makes large for the others: the CPU backend's bound, as its
+    /// products round the activations alike. The emulation's kernel tests check those products
+    /// exactly against the rounded activations.
+    pub fn products_bound(&self, ty: GgmlType) -> f64 {
+        if self.device.gpu.integer_products(ty) {
+            1.0 / 32.0
+        } else {
+            1e-5
+        }
+    }
+}
+
+/// Whether `ty` is one of the quantized formats of [`WEIGHT_FORMATS`], which have integer
+/// products (formats.h's FOR_EACH_QUANTIZED_FORMAT); the others are floats.
+pub fn is_quantized(ty: GgmlType) -> bool {
+    WEIGHT_FORMATS.contains(&ty) && !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+/// A weight matrix in its GGUF block format, row after row.
+pub struct Matrix<G: Gpu> {
+    buffer: Buffer<G>,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+}
+
+/// A vector of f32.
+pub struct Vector<G: Gpu> {
+    buffer: Buffer<G>,
+    len: usize,
+}
+
+/// Nothing is kept between steps: each step's buffers are its own.
+#[derive(Debug, Default)]
+pub struct Scratch;
+
+impl<G: Gpu> Backend for GpuBackend<G> {
+    type Matrix = Matrix<G>;
+    type Vector = Vector<G>;
+    type Ropes = Vec<Rope>;
+    type Pages = Pages<G>;
+    type Scratch = Scratch;
+    type Step<'s> = GpuStep<'s, G>;
+
+    fn device(&self) -> DeviceInfo {
+        DeviceInfo {
+            name: self.device.gpu.name(),
+            backend: self.device.gpu.api().into(),
+            memory: self.device.gpu.total_memory(),
+        }
+    }
+
+    fn memory(&self) -> Option<DeviceMemory> {
+        let (in_use, peak) = self.device.usage.now();
+        Some(DeviceMemory { in_use, peak })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: self.device.gpu.api(),
+            weight_formats: WEIGHT_FORMATS.to_vec(),
+            kv_dtypes: vec![KvDtype::F16, KvDtype::Q8_0],
+            max_head_dim: MAX_HEAD_DIM,
+            head_dim_multiple: 1,
+            experts: true,
+        }
+    }
+
+    fn upload_matrices(
+        &self,
+        file: &Arc<GgufFile>,
+        specs: &[MatrixSpec],
+    ) -> Result<Vec<Matrix<G>>, BackendError> {
+        specs
+            .iter()
+            .map(|spec| self.upload_matrix(file, spec))
+            .collect()
+    }
+
+    fn upload_vector(&self, values: &[f32]) -> Result<Vector<G>, BackendError> {
+        Ok(Vector {
+            buffer: Buffer::with(&self.device, &bytes_of(values))?,
+            len: values.len(),
+        })
+    }
+
+    fn upload_ropes(&self, ropes: Vec<Rope>) -> Result<Vec<Rope>, BackendError> {
+        Ok(ropes)
+    }
+
+    fn new_pages(
+        &self,
+        layout: KvLayout,
+        groups: &LayerGroups,
+        n_pages: usize,
+    ) -> Result<Pages<G>, BackendError> {
+        let capabilities = self.capabilities();
+        capabilities.check_kv(layout.dtype)?;
+        capabilities.check_head_dim(layout.head_dim)?;
+        Pages::new(&self.device, layout, groups, n_pages)
+    }
+
+    fn run_step<F>(
+        &self,
+        _: &mut Scratch,
+        input: &StepInput<'_, Self>,
+        f: F,
+    ) -> Result<(), BackendError>
+    where
+        F: for<'s> FnOnce(&mut GpuStep<'s, G>) -> Result<(), BackendError>,
+    {
+        let mut step = GpuStep::new(&self.device, input)?;
+        f(&mut step)
+    }
+}
+
+impl<G: Gpu> GpuBackend<G> {
+    fn upload_matrix(
+        &self,
+        file: &Arc<GgufFile>,
+        spec: &MatrixSpec,
+    ) -> Result<Matrix<G>, BackendError> {
+        let ty = spec.tensor.ty;
+        // The kernels take rows a run of 32 values at a time.
+        if !WEIGHT_FORMATS.contains(&ty) || !spec.cols.is_multiple_of(ty.block_len().max(32)) {
+            return Err(BackendError::Unsupported(format!(
+                "{} ({} weights, rows of {}) on {}",
+                spec.tensor.name,
+                ty.name(),
+                spec.cols,
+                self.device.gpu.api()
+            )));
+        }
+        let data = file.tensor_data(&spec.tensor);
+        Ok(Matrix {
+            buffer: Buffer::with(&self.device, data)?,
+            ty,
+            rows: spec.rows,
+            cols: spec.cols,
+            row_bytes: data.len() / spec.rows.max(1),
+        })
+    }
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The code that only macOS builds (the Metal backend's device, the module's Metal entry)
+# checked and linted for Apple silicon (aarch64-apple-darwin): checking needs no macOS SDK.
+# Installs the Rust target where it is missing; where it cannot be had (no rustup, or no
+# network to fetch it), says so and stops without failing.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+target=aarch64-apple-darwin
+if ! command -v rustup >/dev/null; then
+    echo "skipped: no rustup to install the Rust standard library for $target"
+    exit 0
+fi
+if ! rustup target list --installed | grep -qx "$target"; then
+    if ! timeout 600 rustup target add "$target"; then
+        echo "skipped: the Rust standard library for $target cannot be installed here"
+        exit 0
+    fi
+fi
+cargo clippy --target "$target" -p tallow-py -- -D warnings
