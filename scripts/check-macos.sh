@@ -18,4 +18,4 @@ if ! rustup target list --installed | grep -qx "$target"; then
         exit 0
     fi
 fi
-cargo clippy --target "$target" -p tallow-py -- -D warnings
+cargo clippy --target "$target" -p tallow-py -p tallow-backend-metal --all-targets -- -D warnings

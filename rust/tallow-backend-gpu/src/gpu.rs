@@ -2,6 +2,7 @@
 //! API implements it (tallow-backend-cuda's driver, tallow-backend-metal); the emulation
 //! (tallow-gpu-emulation) implements it on the CPU for either API's kernels.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -127,7 +128,19 @@ pub trait Gpu: Send + Sync + 'static {
     /// `bytes` of zeroed device memory.
     fn alloc(&self, bytes: usize) -> Result<DevicePtr, BackendError>;
 
-    /// Gives back memory from [`Gpu::alloc`].
+    /// Host memory used in place as device memory, on a device that shares the host's memory:
+    /// the device address of `region` (page-aligned, as a file's mapping is), which the device
+    /// keeps `owner` alive for until it is freed. `None` where the device copies instead.
+    fn borrow(
+        &self,
+        region: &[u8],
+        owner: Arc<dyn Any + Send + Sync>,
+    ) -> Result<Option<DevicePtr>, BackendError> {
+        let _ = (region, owner);
+        Ok(None)
+    }
+
+    /// Gives back memory from [`Gpu::alloc`] or [`Gpu::borrow`].
     fn free(&self, ptr: DevicePtr);
 
     /// Zeroes `bytes` from `dst`, in order with the launches.
@@ -180,6 +193,9 @@ pub(crate) struct Device<G: Gpu> {
     /// by what it holds, so one that outlives the matrices it names is never read wrongly;
     /// uploading one per product would wait, each time, for every launch before it.
     address_tables: Mutex<HashMap<Vec<u64>, (DevicePtr, usize)>>,
+    /// The host regions used in place ([`Gpu::borrow`]), by their address: a file's mapping
+    /// once for every matrix in it, until the device is dropped.
+    borrowed: Mutex<HashMap<usize, DevicePtr>>,
 }
 
 /// Step buffers given back, by size, for later steps to take instead of allocating: a step
@@ -208,7 +224,28 @@ impl<G: Gpu> Device<G> {
             spare: Mutex::default(),
             spare_limit,
             address_tables: Mutex::default(),
+            borrowed: Mutex::default(),
         }
+    }
+
+    /// The device address of `data`, a part of `region` that `owner` keeps alive, used in
+    /// place; `None` where the device copies instead.
+    pub fn borrowed(
+        &self,
+        region: &[u8],
+        data: &[u8],
+        owner: impl FnOnce() -> Arc<dyn Any + Send + Sync>,
+    ) -> Result<Option<DevicePtr>, BackendError> {
+        let mut borrowed = self.borrowed.lock().unwrap_or_else(|e| e.into_inner());
+        let key = region.as_ptr() as usize;
+        let base = match borrowed.get(&key) {
+            Some(&base) => base,
+            None => match self.gpu.borrow(region, owner())? {
+                Some(base) => *borrowed.entry(key).or_insert(base),
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(base.offset(data.as_ptr() as usize - key)))
     }
 
     /// A table on the device holding `addresses`, made once for each list of them.
@@ -272,6 +309,10 @@ impl<G: Gpu> Drop for Device<G> {
         );
         for (ptr, bytes) in tables.into_values() {
             self.free(ptr, bytes);
+        }
+        let borrowed = std::mem::take(self.borrowed.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for ptr in borrowed.into_values() {
+            self.gpu.free(ptr);
         }
     }
 }

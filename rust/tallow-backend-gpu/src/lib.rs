@@ -96,11 +96,27 @@ pub fn is_quantized(ty: GgmlType) -> bool {
 
 /// A weight matrix in its GGUF block format, row after row.
 pub struct Matrix<G: Gpu> {
-    buffer: Buffer<G>,
+    weights: Weights<G>,
     ty: GgmlType,
     rows: usize,
     cols: usize,
     row_bytes: usize,
+}
+
+/// Where a matrix's blocks are: a copy on the device, or the model file's mapping used in place
+/// (a device that shares the host's memory).
+enum Weights<G: Gpu> {
+    Copied(Buffer<G>),
+    InPlace(DevicePtr),
+}
+
+impl<G: Gpu> Matrix<G> {
+    fn ptr(&self) -> DevicePtr {
+        match &self.weights {
+            Weights::Copied(buffer) => buffer.ptr(),
+            Weights::InPlace(ptr) => *ptr,
+        }
+    }
 }
 
 /// A vector of f32.
@@ -211,8 +227,18 @@ impl<G: Gpu> GpuBackend<G> {
             )));
         }
         let data = file.tensor_data(&spec.tensor);
+        let in_place = match file.mapping(&spec.tensor) {
+            Some(region) => self
+                .device
+                .borrowed(region, data, || Arc::clone(file) as _)?,
+            None => None,
+        };
+        let weights = match in_place {
+            Some(ptr) => Weights::InPlace(ptr),
+            None => Weights::Copied(Buffer::with(&self.device, data)?),
+        };
         Ok(Matrix {
-            buffer: Buffer::with(&self.device, data)?,
+            weights,
             ty,
             rows: spec.rows,
             cols: spec.cols,

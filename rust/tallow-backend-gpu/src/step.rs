@@ -153,7 +153,7 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
             )));
         }
         let mut args = Args::new();
-        args.ptr(m.buffer.ptr());
+        args.ptr(m.ptr());
         self.activations(&mut args, product, x, quantized)?;
         args.ptr(out.buffer.ptr());
         args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?.int(x.n)?;
@@ -330,7 +330,7 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
                 input.n, input.width, m.rows, m.cols, out.n, out.width
             )));
         }
-        let addresses: Vec<u64> = matrices.iter().map(|e| e.buffer.ptr().0).collect();
+        let addresses: Vec<u64> = matrices.iter().map(|e| e.ptr().0).collect();
         let mut args = Args::new();
         args.ptr(self.device.address_table(&addresses)?);
         let product = match self.device.gpu.product(m.ty, self.n_tokens()) {
@@ -433,7 +433,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
             )));
         }
         let mut args = Args::new();
-        args.ptr(table.buffer.ptr())
+        args.ptr(table.ptr())
             .ptr(self.tokens.ptr())
             .int(table.cols)?;
         args.int(table.row_bytes)?.f32(scale).ptr(out.buffer.ptr());

@@ -2,7 +2,8 @@
 //! on.
 //!
 //! - Memory is unified: every buffer is `StorageModeShared`, so the host writes and reads it
-//!   in place, after the work queued before has finished. A device address is the buffer's
+//!   in place, after the work queued before has finished; the weights are read where the model
+//!   file is mapped (`newBufferWithBytesNoCopy` over the mapping), never copied. A device address is the buffer's
 //!   `gpuAddress` (Metal 3) plus an offset; a launch binds each address as its buffer and the
 //!   offset in it, and each plain value with `setBytes`.
 //! - Allocations past the device's `recommendedMaxWorkingSetSize` are refused before they are
@@ -13,9 +14,10 @@
 //! - Launches, fills and copies are encoded into one command buffer, committed when the host
 //!   next needs the results (a read, a write, a free).
 
+use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use objc2::rc::Retained;
 use objc2::runtime::ProtocolObject;
@@ -62,10 +64,15 @@ struct Pending {
     compute: Option<Retained<ComputeEncoder>>,
 }
 
+/// The pages of Apple silicon's memory (16 KiB): a buffer over host memory spans whole ones.
+const PAGE: usize = 16 << 10;
+
 /// The device's buffers and queued work.
 struct State {
     /// Each buffer by its device address.
     buffers: BTreeMap<u64, Retained<Buffer>>,
+    /// What keeps the host memory of each borrowed buffer alive, by its device address.
+    owners: HashMap<u64, Arc<dyn Any + Send + Sync>>,
     pending: Option<Pending>,
     pipelines: HashMap<String, Retained<Pipeline>>,
 }
@@ -77,6 +84,7 @@ pub struct Metal {
     library: Retained<ProtocolObject<dyn MTLLibrary>>,
     name: String,
     working_set: u64,
+    unified: bool,
     state: Mutex<State>,
 }
 
@@ -114,11 +122,13 @@ impl Metal {
         Ok(Metal {
             name: format!("{} (Metal)", device.name()),
             working_set: device.recommendedMaxWorkingSetSize(),
+            unified: device.hasUnifiedMemory(),
             device,
             queue,
             library,
             state: Mutex::new(State {
                 buffers: BTreeMap::new(),
+                owners: HashMap::new(),
                 pending: None,
                 pipelines: HashMap::new(),
             }),
@@ -247,11 +257,44 @@ impl Gpu for Metal {
         Ok(DevicePtr(at))
     }
 
+    fn borrow(
+        &self,
+        region: &[u8],
+        owner: Arc<dyn Any + Send + Sync>,
+    ) -> Result<Option<DevicePtr>, BackendError> {
+        if !self.unified || !(region.as_ptr() as usize).is_multiple_of(PAGE) {
+            return Ok(None);
+        }
+        // The mapping covers whole pages, the last one past the region's end included.
+        let length = region.len().div_ceil(PAGE) * PAGE;
+        let start = NonNull::new(region.as_ptr().cast_mut().cast()).expect("not null");
+        // SAFETY: page-aligned host memory of `length` bytes (the mapping's pages), kept alive
+        // by `owner` until the buffer is freed; the kernels only read weights.
+        let buffer = unsafe {
+            self.device
+                .newBufferWithBytesNoCopy_length_options_deallocator(
+                    start,
+                    length,
+                    MTLResourceOptions::StorageModeShared,
+                    None,
+                )
+        };
+        let Some(buffer) = buffer else {
+            return Ok(None);
+        };
+        let at = buffer.gpuAddress();
+        let mut state = self.state();
+        state.buffers.insert(at, buffer);
+        state.owners.insert(at, owner);
+        Ok(Some(DevicePtr(at)))
+    }
+
     fn free(&self, ptr: DevicePtr) {
         let mut state = self.state();
         // The queued work may use it.
         let _ = self.finish(&mut state);
         state.buffers.remove(&ptr.0);
+        state.owners.remove(&ptr.0);
     }
 
     fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<(), BackendError> {

@@ -267,6 +267,16 @@ impl GgufFile {
         &part.bytes()[start..start + info.size as usize]
     }
 
+    /// The whole of the file that holds `info`'s data, where that file is mapped (from a
+    /// page-aligned address, as the OS maps it) rather than held in memory: what a device that
+    /// shares the host's memory can read in place.
+    pub fn mapping(&self, info: &TensorInfo) -> Option<&[u8]> {
+        match &self.parts[info.part].storage {
+            Storage::Mapped(map) => Some(map),
+            Storage::Owned(_) => None,
+        }
+    }
+
     /// Tells the OS that the bytes `bytes` of a tensor's data, already copied elsewhere, are
     /// not needed: their pages leave the process's resident memory, and are read from the
     /// file again if touched. Best effort: it does nothing for a file held in memory or where

@@ -10,9 +10,11 @@
 //! an error), block-shared memory is the block's. Device memory is host memory: [`Emulated`]
 //! is the [`Gpu`] the backend runs on here, with either API's kernels.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::sync::Mutex;
 
 use tallow_backend::BackendError;
@@ -112,14 +114,40 @@ pub unsafe fn launch(
 }
 
 /// A GPU emulated on the CPU: its memory is host memory, its kernels `api`'s under the
-/// emulation. Copies are checked against the allocations they touch.
-#[derive(Debug)]
+/// emulation. Copies are checked against the allocations they touch. As on the real devices,
+/// Metal's uses the model file's mapping in place (unified memory) where CUDA's copies it.
 pub struct Emulated {
     api: Api,
-    /// Each allocation by its address (16-byte aligned, as device memory is more than).
-    allocations: Mutex<BTreeMap<u64, Box<[u128]>>>,
+    /// Each allocation by its address.
+    allocations: Mutex<BTreeMap<u64, Memory>>,
     /// Allocations made so far.
     made: AtomicU64,
+}
+
+/// An allocation of the emulated device.
+enum Memory {
+    /// Device memory (16-byte aligned, as device memory is more than).
+    Owned(Box<[u128]>),
+    /// Host memory used in place, `len` bytes that `_owner` keeps alive.
+    Borrowed {
+        len: usize,
+        _owner: Arc<dyn Any + Send + Sync>,
+    },
+}
+
+impl Memory {
+    fn len(&self) -> usize {
+        match self {
+            Memory::Owned(words) => words.len() * 16,
+            Memory::Borrowed { len, .. } => *len,
+        }
+    }
+}
+
+impl std::fmt::Debug for Emulated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Emulated").field("api", &self.api).finish()
+    }
 }
 
 impl Emulated {
@@ -137,7 +165,7 @@ impl Emulated {
         GpuBackend::new(Emulated::new(api))
     }
 
-    /// How many allocations the device has made so far.
+    /// How many allocations the device has made so far (host memory used in place is none).
     pub fn allocations_made(&self) -> u64 {
         self.made.load(Ordering::Relaxed)
     }
@@ -148,7 +176,7 @@ impl Emulated {
         let inside = allocations
             .range(..=at.0)
             .next_back()
-            .is_some_and(|(&start, a)| at.0 + bytes as u64 <= start + (a.len() * 16) as u64);
+            .is_some_and(|(&start, a)| at.0 + bytes as u64 <= start + a.len() as u64);
         if inside {
             return Ok(());
         }
@@ -181,8 +209,26 @@ impl Gpu for Emulated {
         let memory = vec![0u128; bytes.div_ceil(16)].into_boxed_slice();
         let at = memory.as_ptr() as u64;
         let mut allocations = self.allocations.lock().unwrap_or_else(|e| e.into_inner());
-        allocations.insert(at, memory);
+        allocations.insert(at, Memory::Owned(memory));
         Ok(DevicePtr(at))
+    }
+
+    fn borrow(
+        &self,
+        region: &[u8],
+        owner: Arc<dyn Any + Send + Sync>,
+    ) -> Result<Option<DevicePtr>, BackendError> {
+        if self.api != Api::Metal {
+            return Ok(None);
+        }
+        let at = region.as_ptr() as u64;
+        let mut allocations = self.allocations.lock().unwrap_or_else(|e| e.into_inner());
+        let memory = Memory::Borrowed {
+            len: region.len(),
+            _owner: owner,
+        };
+        allocations.insert(at, memory);
+        Ok(Some(DevicePtr(at)))
     }
 
     fn free(&self, ptr: DevicePtr) {

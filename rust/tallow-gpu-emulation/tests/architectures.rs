@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 
+use tallow_backend::Backend;
 use tallow_gpu_emulation::{Api, Emulated};
 use tallow_model::{Logits, Model, SingleSequence};
 
@@ -139,4 +140,29 @@ fn steps_reuse_the_buffers_of_earlier_steps() {
         }
         assert_eq!(backend.gpu().allocations_made(), made, "{file} ({api:?})");
     }
+}
+
+/// Metal's devices share the host's memory: the weights are read where the file is mapped,
+/// so loading a model copies none of its matrices to the device, where CUDA's copies each.
+#[test]
+fn metal_reads_the_weights_where_the_file_is_mapped() {
+    let path = arch_dir().join("llama3/llama3-f32.gguf");
+    let file_bytes = std::fs::metadata(&path).unwrap().len();
+    let in_use = |api| {
+        let backend = Emulated::backend(api);
+        let model = Model::load(backend.clone(), &path, Default::default()).unwrap();
+        let mut sequence = SingleSequence::new(&model, 8).unwrap();
+        let logits = sequence.eval(&model, &[1, 2, 3], Logits::Last).unwrap();
+        assert!(logits.iter().all(|v| v.is_finite()), "{api:?}");
+        backend.memory().unwrap().in_use
+    };
+    let (cuda, metal) = (in_use(Api::Cuda), in_use(Api::Metal));
+    assert!(
+        cuda > file_bytes / 2,
+        "cuda: {cuda} bytes for a file of {file_bytes}"
+    );
+    assert!(
+        metal < file_bytes / 8,
+        "metal: {metal} bytes for a file of {file_bytes}"
+    );
 }
