@@ -49,12 +49,6 @@ inline void matmul(device const uint8_t* w, device const float* x, device float*
                         tid);
 }
 
-// An expert's matrix: its address, as the host writes it into the table of a mixture's
-// experts (each expert's matrix is its own buffer).
-struct ExpertMatrix {
-    device const uint8_t* w;
-};
-
 // A mixture of experts' products: threadgroup (b, i) takes tile i of `tiles` (expert, first
 // index in `pairs`, count, unused; count 0 past the last, see experts.metal's group_pairs):
 // its expert's weights by the rows of x its pairs name (row pair / divisor), into the pairs'

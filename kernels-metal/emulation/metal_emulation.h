@@ -188,6 +188,59 @@ inline bool simd_any(bool predicate) {
     return false;
 }
 
+// SIMD-group matrices: Metal keeps a matrix spread over the SIMD-group's threads in a layout
+// it does not document, and only loads, stores and multiplies it whole, all 32 threads
+// together. Here every thread holds the whole matrix, and each operation waits for the
+// SIMD-group first, so that one thread missing it is the divergence the emulator reports.
+template <class T, int Cols, int Rows>
+struct simdgroup_matrix {
+    T e[Rows][Cols];
+};
+using simdgroup_float8x8 = simdgroup_matrix<float, 8, 8>;
+
+template <class T, int Cols, int Rows = Cols>
+simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(T value) {
+    simdgroup_matrix<T, Cols, Rows> m;
+    for (auto& row : m.e)
+        for (auto& v : row) v = value;
+    return m;
+}
+
+template <class T, int Cols, int Rows>
+void simdgroup_load(simdgroup_matrix<T, Cols, Rows>& d, const T* src,
+                    std::size_t elements_per_row = Cols) {
+    simdgroup_barrier(mem_flags::mem_none);
+    for (int r = 0; r < Rows; ++r)
+        for (int c = 0; c < Cols; ++c) d.e[r][c] = src[r * elements_per_row + c];
+}
+
+template <class T, int Cols, int Rows>
+void simdgroup_store(const simdgroup_matrix<T, Cols, Rows>& m, T* dst,
+                     std::size_t elements_per_row = Cols) {
+    simdgroup_barrier(mem_flags::mem_none);
+    for (int r = 0; r < Rows; ++r)
+        for (int c = 0; c < Cols; ++c) dst[r * elements_per_row + c] = m.e[r][c];
+    simdgroup_barrier(mem_flags::mem_none);
+}
+
+// d = a · b + c.
+template <class T, int K, int Rows, int Cols>
+void simdgroup_multiply_accumulate(simdgroup_matrix<T, Cols, Rows>& d,
+                                   const simdgroup_matrix<T, K, Rows>& a,
+                                   const simdgroup_matrix<T, Cols, K>& b,
+                                   const simdgroup_matrix<T, Cols, Rows>& c) {
+    simdgroup_barrier(mem_flags::mem_none);
+    simdgroup_matrix<T, Cols, Rows> out;
+    for (int r = 0; r < Rows; ++r) {
+        for (int col = 0; col < Cols; ++col) {
+            T sum = c.e[r][col];
+            for (int k = 0; k < K; ++k) sum += a.e[r][k] * b.e[k][col];
+            out.e[r][col] = sum;
+        }
+    }
+    d = out;
+}
+
 }  // namespace metal
 
 // Built-in kernel inputs, and how the emulator hands them to a kernel.

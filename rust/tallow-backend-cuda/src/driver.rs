@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 use tallow_backend::{BackendError, DeviceInfo};
-use tallow_backend_gpu::{Args, DevicePtr, Gpu};
+use tallow_backend_gpu::{Args, DevicePtr, Gpu, Product};
 use tallow_quant::GgmlType;
 
 use crate::nvrtc::Nvrtc;
@@ -184,8 +184,8 @@ impl Gpu for Driver {
         self.name.clone()
     }
 
-    fn integer_products(&self, ty: GgmlType) -> bool {
-        crate::integer_products(ty)
+    fn product(&self, ty: GgmlType, n_tokens: usize) -> Product {
+        crate::product(ty, n_tokens)
     }
 
     fn total_memory(&self) -> Option<u64> {

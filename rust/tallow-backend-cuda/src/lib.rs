@@ -14,12 +14,19 @@ pub use driver::{cubins, devices, kernel_usage, Driver, KernelUsage};
 pub use sources::SOURCES;
 pub use tallow_backend_gpu::GpuBackend;
 
+use tallow_backend_gpu::{is_quantized, Product, PRODUCT_TOKENS};
 use tallow_quant::GgmlType;
 
-/// Whether CUDA's kernels take products of `ty` weights in integers: the quantized formats,
-/// as dp4a and int8 tensor cores multiply bytes faster than f32 (matvec.cu, tiles.cu).
-pub fn integer_products(ty: GgmlType) -> bool {
-    tallow_backend_gpu::is_quantized(ty)
+/// The kernels CUDA takes a product of `ty` weights by `n_tokens` tokens with: for the
+/// quantized formats integer products, as dp4a and int8 tensor cores multiply bytes faster
+/// than f32 (matvec.cu for up to a block's tokens, where a product streams its weights once,
+/// and tiles.cu's tensor-core tiles for more); f32 products for the float formats.
+pub fn product(ty: GgmlType, n_tokens: usize) -> Product {
+    match (is_quantized(ty), n_tokens <= PRODUCT_TOKENS) {
+        (false, _) => Product::Float,
+        (true, true) => Product::Vector,
+        (true, false) => Product::Tiles,
+    }
 }
 
 /// The CUDA backend on an NVIDIA GPU.

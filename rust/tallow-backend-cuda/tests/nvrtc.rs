@@ -4,13 +4,13 @@
 //! kernel spills registers to local memory on Ampere or Hopper (ptxas's report:
 //! `cargo run -p tallow-backend-cuda --features driver --example kernel_usage` prints it).
 
-use tallow_backend_cuda::{cubins, integer_products, kernel_usage, SOURCES};
+use tallow_backend_cuda::{cubins, kernel_usage, product, SOURCES};
 use tallow_backend_gpu::kernels;
 
 /// Every kernel the backend launches on CUDA, by name: the cubins must export each
 /// (`extern "C"`).
 fn kernel_names() -> Vec<String> {
-    kernels::names(integer_products)
+    kernels::names(product)
 }
 
 #[test]

@@ -112,15 +112,9 @@ pub trait Gpu: Send + Sync + 'static {
     /// What the device is called, and through what it runs (`"NVIDIA H100 (CUDA 12.8)"`).
     fn name(&self) -> String;
 
-    /// Whether its kernels take products of `ty` weights in integers (the activations
-    /// quantized to bytes): the quantized formats on CUDA, whose GPUs multiply bytes faster
-    /// than floats; otherwise products are in f32 over the decoded weights.
-    fn integer_products(&self, ty: GgmlType) -> bool;
-
-    /// The kernels that take a product of `ty` weights by `n_tokens` tokens.
-    fn product(&self, ty: GgmlType, n_tokens: usize) -> Product {
-        Product::of(self.integer_products(ty), n_tokens)
-    }
+    /// The kernels that take a product of `ty` weights by a step's `n_tokens` tokens: its
+    /// API's choice (each API's crate says it in a function of the same name).
+    fn product(&self, ty: GgmlType, n_tokens: usize) -> Product;
 
     /// Its memory in bytes, where known.
     fn total_memory(&self) -> Option<u64>;

@@ -5,11 +5,10 @@ use tallow_quant::GgmlType;
 
 use crate::WEIGHT_FORMATS;
 
-/// Every kernel the backend may launch, by name, on a device whose products of a format are
-/// in integers where `integer` says so (`Gpu::integer_products`): what an API's kernels
-/// must define.
-pub fn names(integer: impl Fn(GgmlType) -> bool) -> Vec<String> {
-    let fixed = [
+/// Every kernel the backend may launch, by name, on a device whose products are `product`'s
+/// (`Gpu::product`): what an API's kernels must define.
+pub fn names(product: impl Fn(GgmlType, usize) -> Product) -> Vec<String> {
+    let mut names: Vec<String> = [
         "rms_norm",
         "add",
         "add_bias",
@@ -23,39 +22,32 @@ pub fn names(integer: impl Fn(GgmlType) -> bool) -> Vec<String> {
         "add_expert_biases",
         "combine_experts",
         "argmax_rows",
-    ];
-    let fixed = fixed.into_iter().map(String::from);
-    let per_kv = ["f16", "q8_0"]
-        .into_iter()
-        .flat_map(|t| [format!("kv_write_{t}"), format!("attention_{t}")]);
-    let per_format = WEIGHT_FORMATS.iter().flat_map(|ty| {
+    ]
+    .map(String::from)
+    .into();
+    for kv in ["f16", "q8_0"] {
+        names.extend([format!("kv_write_{kv}"), format!("attention_{kv}")]);
+    }
+    for ty in WEIGHT_FORMATS {
         let name = ty.name().to_lowercase();
-        [
-            format!("matmul_{name}"),
-            format!("matmul_experts_{name}"),
-            format!("embed_{name}"),
-        ]
-    });
-    let integer: Vec<GgmlType> = WEIGHT_FORMATS
-        .into_iter()
-        .filter(|&ty| integer(ty))
-        .collect();
-    let quantize = (!integer.is_empty()).then(|| "quantize_q8".to_string());
-    let per_integer = integer.into_iter().flat_map(|ty| {
-        let name = ty.name().to_lowercase();
-        [
-            format!("matvec_{name}"),
-            format!("matvec_experts_{name}"),
-            format!("tiles_{name}"),
-            format!("tiles_experts_{name}"),
-        ]
-    });
-    (fixed
-        .chain(quantize)
-        .chain(per_kv)
-        .chain(per_format)
-        .chain(per_integer))
-    .collect()
+        // The f32 products of every format, which a mixture falls back on.
+        let mut kernels = vec!["matmul", "matmul_experts", "embed"];
+        for n_tokens in [1, PRODUCT_TOKENS + 1] {
+            kernels.extend(product(ty, n_tokens).kernels());
+        }
+        names.extend(kernels.iter().map(|k| format!("{k}_{name}")));
+    }
+    let integer = |ty| {
+        [1, PRODUCT_TOKENS + 1]
+            .iter()
+            .any(|&n| product(ty, n).is_integer())
+    };
+    if WEIGHT_FORMATS.into_iter().any(integer) {
+        names.push("quantize_q8".into());
+    }
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// The kernel of `operation` (`"matmul"`, `"embed"`) for weights of `ty`: `matmul_q4_k`.
@@ -64,7 +56,7 @@ pub(crate) fn for_format(operation: &str, ty: GgmlType) -> String {
 }
 
 /// Tokens a product's block takes (PRODUCT_TOKENS in the kernels).
-pub(crate) const PRODUCT_TOKENS: usize = 8;
+pub const PRODUCT_TOKENS: usize = 8;
 
 /// Weight rows a product's block takes, a warp each (the matmul kernels' ROWS).
 pub(crate) const PRODUCT_ROWS: usize = 8;
@@ -77,11 +69,20 @@ pub(crate) const INTEGER_PRODUCT_ROWS: usize = 4;
 pub(crate) const TILE: usize = 64;
 pub(crate) const TILE_THREADS: u32 = 256;
 
+/// Weight rows and tokens of a tiled f32 product's block (the matmul_tiles kernels' TILE_ROWS
+/// and TILE_TOKENS), and its threads.
+pub(crate) const FLOAT_TILE_ROWS: usize = 64;
+pub(crate) const FLOAT_TILE_TOKENS: usize = 32;
+pub(crate) const FLOAT_TILE_THREADS: u32 = 128;
+
 /// The kernels of a product of weights by a step's activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Product {
-    /// `matmul_*`: f32 arithmetic over the decoded weights.
+    /// `matmul_*`: f32 arithmetic over the decoded weights, a weight row a warp.
     Float,
+    /// `matmul_tiles_*`: the same f32 products in tiles of 64 rows by 32 tokens, on the
+    /// device's matrix units (Metal's simdgroup matrices).
+    FloatTiles,
     /// `matvec_*`: the activations quantized to bytes, integer products a weight row a warp.
     Vector,
     /// `tiles_*`: the same integer products in tiles of 64 rows by 64 tokens.
@@ -89,17 +90,39 @@ pub enum Product {
 }
 
 impl Product {
-    /// How products run in a step of `n_tokens` tokens: where they are `integer`, vectors
-    /// for up to one block's tokens (decode, where a product streams its weights once) and
-    /// tiles for more; otherwise in f32.
-    pub fn of(integer: bool, n_tokens: usize) -> Product {
-        if !integer {
-            Product::Float
-        } else if n_tokens <= PRODUCT_TOKENS {
-            Product::Vector
-        } else {
-            Product::Tiles
+    /// Whether it takes the activations quantized to bytes.
+    pub fn is_integer(self) -> bool {
+        matches!(self, Product::Vector | Product::Tiles)
+    }
+
+    /// Its kernels' names, before the format's.
+    pub fn kernels(self) -> [&'static str; 2] {
+        match self {
+            Product::Float => ["matmul", "matmul_experts"],
+            Product::FloatTiles => ["matmul_tiles", "matmul_tiles_experts"],
+            Product::Vector => ["matvec", "matvec_experts"],
+            Product::Tiles => ["tiles", "tiles_experts"],
         }
+    }
+
+    /// Weight rows and tokens of one block, and its threads.
+    pub(crate) fn block(self) -> (usize, usize, u32) {
+        match self {
+            Product::Float => (PRODUCT_ROWS, PRODUCT_TOKENS, 32 * PRODUCT_ROWS as u32),
+            Product::FloatTiles => (FLOAT_TILE_ROWS, FLOAT_TILE_TOKENS, FLOAT_TILE_THREADS),
+            Product::Vector => (
+                INTEGER_PRODUCT_ROWS,
+                PRODUCT_TOKENS,
+                32 * INTEGER_PRODUCT_ROWS as u32,
+            ),
+            Product::Tiles => (TILE, TILE, TILE_THREADS),
+        }
+    }
+
+    /// Whether its blocks take tokens along the grid's x and rows along y (the tiles, whose
+    /// neighbouring blocks share their weights), rather than rows along x.
+    pub(crate) fn tokens_along_x(self) -> bool {
+        matches!(self, Product::FloatTiles | Product::Tiles)
     }
 }
 

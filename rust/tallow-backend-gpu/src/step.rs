@@ -10,8 +10,7 @@ use tallow_kv::PagedKvCache;
 
 use crate::gpu::{bytes_of, Args, Buffer, Device, Gpu};
 use crate::kernels::{
-    element_blocks, for_format, row_threads, Product, ATTENTION_THREADS, INTEGER_PRODUCT_ROWS,
-    MAX_TOP_K, PRODUCT_ROWS, PRODUCT_TOKENS, TILE, TILE_THREADS,
+    element_blocks, for_format, row_threads, Product, ATTENTION_THREADS, MAX_TOP_K, PRODUCT_TOKENS,
 };
 use crate::pages::Pages;
 use crate::{GpuBackend, Matrix, Vector};
@@ -145,7 +144,8 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
             )));
         }
         let product = self.device.gpu.product(m.ty, x.n);
-        if product == Product::Tiles && m.rows.div_ceil(TILE) > MAX_GRID_Y {
+        let (block_rows, block_tokens, threads) = product.block();
+        if product.tokens_along_x() && m.rows.div_ceil(block_rows) > MAX_GRID_Y {
             return Err(BackendError::Unsupported(format!(
                 "a product of a matrix of {} rows on {}",
                 m.rows,
@@ -157,28 +157,12 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
         self.activations(&mut args, product, x, quantized)?;
         args.ptr(out.buffer.ptr());
         args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?.int(x.n)?;
-        let tiles = |rows: usize, tokens: usize| [rows as u32, tokens as u32, 1];
-        let (kernel, grid, threads) = match product {
-            Product::Float => (
-                "matmul",
-                tiles(m.rows.div_ceil(PRODUCT_ROWS), x.n.div_ceil(PRODUCT_TOKENS)),
-                32 * PRODUCT_ROWS as u32,
-            ),
-            Product::Vector => (
-                "matvec",
-                tiles(
-                    m.rows.div_ceil(INTEGER_PRODUCT_ROWS),
-                    x.n.div_ceil(PRODUCT_TOKENS),
-                ),
-                32 * INTEGER_PRODUCT_ROWS as u32,
-            ),
-            // Tokens along x: neighbouring blocks share their weights.
-            Product::Tiles => (
-                "tiles",
-                [x.n.div_ceil(TILE) as u32, m.rows.div_ceil(TILE) as u32, 1],
-                TILE_THREADS,
-            ),
+        let (rows, tokens) = (m.rows.div_ceil(block_rows), x.n.div_ceil(block_tokens));
+        let grid = match product.tokens_along_x() {
+            true => [tokens as u32, rows as u32, 1],
+            false => [rows as u32, tokens as u32, 1],
         };
+        let kernel = product.kernels()[0];
         self.launch(&for_format(kernel, m.ty), grid, threads, &args)
     }
 
@@ -191,7 +175,7 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
         x: &Rows<G>,
         quantized: &mut Option<Quantized<G>>,
     ) -> Result<(), BackendError> {
-        if product == Product::Float {
+        if !product.is_integer() {
             args.ptr(x.buffer.ptr());
             return Ok(());
         }
@@ -253,8 +237,9 @@ struct Grouped<G: Gpu> {
     pairs: Buffer<G>,
     tiles: Buffer<G>,
     n_tiles: usize,
-    /// The most pairs of a tile: TILE where every product of the block takes the tiles
-    /// kernels, PRODUCT_TOKENS otherwise.
+    /// The most pairs of a tile: the tokens of a block of every product of the mixture
+    /// where they agree (the tiles' where every product takes tiles), PRODUCT_TOKENS
+    /// otherwise.
     per_tile: usize,
 }
 
@@ -334,8 +319,9 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
         let mut args = Args::new();
         args.ptr(self.device.address_table(&addresses)?);
         let product = match self.device.gpu.product(m.ty, self.n_tokens()) {
-            // Where another of the block's matrices cannot take tiles, they are cut for all.
-            Product::Tiles if grouped.per_tile != TILE => Product::Float,
+            // Where another of the block's matrices cannot take this product's tiles, they
+            // are cut for all, and this one takes f32 products.
+            product if product.block().1 != grouped.per_tile => Product::Float,
             product => product,
         };
         self.activations(&mut args, product, input, quantized)?;
@@ -344,22 +330,13 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
         args.ptr(grouped.pairs.ptr())
             .ptr(grouped.tiles.ptr())
             .int(divisor)?;
-        let (tiles, rows) = (grouped.n_tiles as u32, |a_block: usize| {
-            m.rows.div_ceil(a_block) as u32
-        });
-        let (kernel, grid, threads) = match product {
-            Product::Float => (
-                "matmul_experts",
-                [rows(PRODUCT_ROWS), tiles, 1],
-                32 * PRODUCT_ROWS as u32,
-            ),
-            Product::Vector => (
-                "matvec_experts",
-                [rows(INTEGER_PRODUCT_ROWS), tiles, 1],
-                32 * INTEGER_PRODUCT_ROWS as u32,
-            ),
-            Product::Tiles => ("tiles_experts", [tiles, rows(TILE), 1], TILE_THREADS),
+        let (block_rows, _, threads) = product.block();
+        let (tiles, rows) = (grouped.n_tiles as u32, m.rows.div_ceil(block_rows) as u32);
+        let grid = match product.tokens_along_x() {
+            true => [tiles, rows, 1],
+            false => [rows, tiles, 1],
         };
+        let kernel = product.kernels()[1];
         self.launch(&for_format(kernel, m.ty), grid, threads, &args)
     }
 
@@ -627,11 +604,11 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
                 n * n_expert,
             ));
         }
-        let tiled = |m: &[Matrix<G>]| self.device.gpu.product(m[0].ty, n) == Product::Tiles;
-        let per_tile = if tiled(&experts.gate) && tiled(&experts.up) && tiled(&experts.down) {
-            TILE
-        } else {
-            PRODUCT_TOKENS
+        // Tiles of pairs as large as every product's blocks take, or as the f32 products'.
+        let block_tokens = |m: &[Matrix<G>]| self.device.gpu.product(m[0].ty, n).block().1;
+        let per_tile = match [&experts.gate, &experts.up, &experts.down].map(|m| block_tokens(m)) {
+            [a, b, c] if a == b && b == c => a,
+            _ => PRODUCT_TOKENS,
         };
         let grouped = self.group_pairs(router, n_expert, moe, per_tile)?;
         let mut gate = self.new_rows(n * k, ff)?;

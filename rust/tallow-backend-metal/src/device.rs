@@ -29,7 +29,7 @@ use objc2_metal::{
     MTLResourceOptions, MTLResourceUsage, MTLSize,
 };
 use tallow_backend::{BackendError, DeviceInfo};
-use tallow_backend_gpu::{Arg, Args, DevicePtr, Gpu};
+use tallow_backend_gpu::{Arg, Args, DevicePtr, Gpu, Product};
 use tallow_quant::GgmlType;
 
 use crate::sources::library_source;
@@ -233,8 +233,8 @@ impl Gpu for Metal {
         Some(self.working_set)
     }
 
-    fn integer_products(&self, ty: GgmlType) -> bool {
-        crate::integer_products(ty)
+    fn product(&self, ty: GgmlType, n_tokens: usize) -> Product {
+        crate::product(ty, n_tokens)
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr, BackendError> {

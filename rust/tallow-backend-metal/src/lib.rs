@@ -15,11 +15,16 @@ pub use sources::{library_source, SOURCES};
 #[cfg(all(target_os = "macos", feature = "device"))]
 pub type MetalBackend = tallow_backend_gpu::GpuBackend<Metal>;
 
+use tallow_backend_gpu::{Product, PRODUCT_TOKENS};
 use tallow_quant::GgmlType;
 
-/// Whether Metal's kernels take products of `ty` weights in integers: never, as Apple GPUs
-/// have no byte dot products and multiply f32 (and f16) at full rate; weights are decoded to
-/// f32 where they are read.
-pub fn integer_products(_ty: GgmlType) -> bool {
-    false
+/// The kernels Metal takes a product of `ty` weights by `n_tokens` tokens with: f32 products
+/// over the weights decoded where they are read, as Apple GPUs have no byte dot products;
+/// a SIMD-group a weight row for up to a block's tokens (decode, where a product streams its
+/// weights once: matmul.metal), simdgroup-matrix tiles for more (tiles.metal).
+pub fn product(_ty: GgmlType, n_tokens: usize) -> Product {
+    match n_tokens <= PRODUCT_TOKENS {
+        true => Product::Float,
+        false => Product::FloatTiles,
+    }
 }

@@ -3,7 +3,7 @@
 /// Every source of `kernels-metal/` and the header it shares with CUDA's kernels
 /// (`kernels-gpu/formats.h`), as (name, text), headers first in the order they include
 /// each other.
-pub const SOURCES: [(&str, &str); 9] = [
+pub const SOURCES: [(&str, &str); 11] = [
     ("formats.h", include_str!("../../../kernels-gpu/formats.h")),
     ("tallow.h", include_str!("../../../kernels-metal/tallow.h")),
     (
@@ -30,6 +30,14 @@ pub const SOURCES: [(&str, &str); 9] = [
     (
         "rope.metal",
         include_str!("../../../kernels-metal/rope.metal"),
+    ),
+    (
+        "rows.metal",
+        include_str!("../../../kernels-metal/rows.metal"),
+    ),
+    (
+        "tiles.metal",
+        include_str!("../../../kernels-metal/tiles.metal"),
     ),
 ];
 

@@ -17,7 +17,7 @@ use crate::{reference, Family, Subject, ROPE_TOLERANCE, ROWS_TOLERANCE};
 /// Products of every weight format the backend runs, in every product variant: rows whose
 /// bytes are not whole words (3 Q4_0 blocks are 54 bytes), 37 rows (not whole workgroups of
 /// any usual size), rows of fewer 32-value runs than a workgroup has invocations and of more,
-/// and token counts around blocks of 4 and 8.
+/// and token counts around blocks of 4 and 8 and past two tiles of 32 (or one of 64).
 pub fn products_match_the_dequantized_weights<S: Subject>() {
     for backend in S::variants(Family::Products) {
         for (f, ty) in backend
@@ -36,7 +36,7 @@ pub fn products_match_the_dequantized_weights<S: Subject>() {
                 let (file, w) = matrix_file(ty, rows, cols, f as u64 + 1);
                 let m = upload(&backend, &file, rows, cols);
                 let bound = S::products_bound(&backend, ty);
-                for n in [1, 5, 11] {
+                for n in [1, 5, 11, 70] {
                     let x = random(100 + n as u64, n * cols);
                     let got = products(&backend, &m, &x, n, rows);
                     let (want, scale) = reference::products(&w, &x, cols);

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 
 use tallow_backend::BackendError;
-use tallow_backend_gpu::{Args, DevicePtr, Gpu, GpuBackend};
+use tallow_backend_gpu::{Args, DevicePtr, Gpu, GpuBackend, Product};
 use tallow_quant::GgmlType;
 
 extern "C" {
@@ -61,11 +61,11 @@ impl Api {
         }
     }
 
-    /// Whether its products of `ty` weights are in integers, as on its GPUs.
-    pub fn integer_products(self, ty: GgmlType) -> bool {
+    /// The kernels of its products of `ty` weights by `n_tokens` tokens, as on its GPUs.
+    pub fn product(self, ty: GgmlType, n_tokens: usize) -> Product {
         match self {
-            Api::Cuda => tallow_backend_cuda::integer_products(ty),
-            Api::Metal => tallow_backend_metal::integer_products(ty),
+            Api::Cuda => tallow_backend_cuda::product(ty, n_tokens),
+            Api::Metal => tallow_backend_metal::product(ty, n_tokens),
         }
     }
 }
@@ -196,8 +196,8 @@ impl Gpu for Emulated {
         format!("{} emulated on the CPU", self.api.name())
     }
 
-    fn integer_products(&self, ty: GgmlType) -> bool {
-        self.api.integer_products(ty)
+    fn product(&self, ty: GgmlType, n_tokens: usize) -> Product {
+        self.api.product(ty, n_tokens)
     }
 
     fn total_memory(&self) -> Option<u64> {

@@ -3,7 +3,7 @@
 //! faults it reports: a divergent warp operation, mismatched arguments, unknown kernels.
 //! Also the integer products against their exact reference, which the suite cannot state.
 
-use tallow_backend_gpu::{is_quantized, Args, WEIGHT_FORMATS};
+use tallow_backend_gpu::{is_quantized, kernels, Args, WEIGHT_FORMATS};
 use tallow_conformance::{assert_close, random, reference, widen, ROWS_TOLERANCE};
 use tallow_gpu_emulation::{host, launch, Api};
 use tallow_quant::testing::{dequantized, random_blocks, Rng};
@@ -61,6 +61,30 @@ fn rms_norm_of(api: Api) {
             args.ptr(host(in_place.as_mut_ptr())).i32(width as i32),
         );
         assert_eq!(in_place, out, "in place, {what}");
+    }
+}
+
+/// Each API defines every kernel the backend may launch on it (its products' as its crate
+/// chooses them, and every other operation's), with each API's name.
+#[test]
+fn every_api_defines_every_kernel_the_backend_launches() {
+    for api in [Api::Cuda, Api::Metal] {
+        let names = kernels::names(|ty, n| api.product(ty, n));
+        for name in &names {
+            // SAFETY: no arguments, so no kernel runs: the launch fails on their count.
+            let error = unsafe { launch(api, name, [1, 1, 1], [32, 1, 1], &Args::new()) };
+            let message = error.unwrap_err().0;
+            assert!(
+                message.contains("do not match"),
+                "{api:?} {name}: {message}"
+            );
+        }
+        let tiles = if api == Api::Cuda {
+            "tiles_q4_k"
+        } else {
+            "matmul_tiles_q4_k"
+        };
+        assert!(names.iter().any(|n| n == tiles), "{api:?}: {names:?}");
     }
 }
 
