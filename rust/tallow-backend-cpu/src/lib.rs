@@ -76,6 +76,10 @@ impl Backend for CpuBackend {
         file: &Arc<GgufFile>,
         specs: &[MatrixSpec],
     ) -> Result<Vec<Matrix>, BackendError> {
+        let capabilities = self.capabilities();
+        for spec in specs {
+            capabilities.check_weights(&spec.tensor.name, spec.tensor.ty)?;
+        }
         matrix::upload(file, specs, self.pack_weights)
     }
 

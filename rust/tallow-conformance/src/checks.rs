@@ -1,8 +1,9 @@
 //! The checks of the suite, each generic over the [`Subject`] it runs on.
 
 use tallow_backend::{
-    argmax, Activation, Backend, Batch, Experts, Heads, Logits, Moe, Output, Rope, RopeParams,
-    RopeScaling, RopeStyle, Routing, Scores, Step, StepInput, StepPlan,
+    argmax, Activation, Backend, BackendError, Batch, Experts, Heads, Logits, MatrixSpec,
+    MatrixUse, Moe, Output, Rope, RopeParams, RopeScaling, RopeStyle, Routing, Scores, Step,
+    StepInput, StepPlan,
 };
 use tallow_gguf::GgmlType;
 use tallow_kv::{KvDtype, KvLayout, LayerGroups, PagedKvCache, SeqId};
@@ -44,6 +45,42 @@ pub fn products_match_the_dequantized_weights<S: Subject>() {
                     assert_close(&got, &want, &scale, bound, &what);
                 }
             }
+        }
+    }
+}
+
+/// Every weight format tallow reads is one the backend runs (the check above takes each) or
+/// one it refuses by name: its capabilities say so before a model loads, and uploading a
+/// matrix of it anyway is that refusal, never a matrix whose products are wrong.
+pub fn formats_it_does_not_run_are_refused_by_name<S: Subject>() {
+    let backend = S::variants(Family::Products).next().expect("a variant");
+    let capabilities = backend.capabilities();
+    let mut rng = Rng::new(3);
+    for ty in GgmlType::ALL {
+        if capabilities.weight_formats.contains(&ty) {
+            continue;
+        }
+        let refused = capabilities.check_weights("w", ty).unwrap_err().to_string();
+        assert!(refused.contains(&format!("{ty:?}")), "{refused}");
+        let (rows, cols) = (4, 256);
+        let data = rng.bytes(rows * cols / ty.block_len() * ty.block_bytes());
+        let file = file_of(ty, rows, cols, &data);
+        let spec = MatrixSpec {
+            tensor: file.tensor("w").expect("the file's one tensor").clone(),
+            rows,
+            cols,
+            usage: MatrixUse::RowsAndProduct,
+        };
+        match backend.upload_matrices(&file, &[spec]) {
+            Err(BackendError::Unsupported(what)) => {
+                assert!(
+                    what.contains(ty.name()),
+                    "{}: {what}",
+                    S::describe(&backend)
+                )
+            }
+            Err(e) => panic!("{} {}: {e}", S::describe(&backend), ty.name()),
+            Ok(_) => panic!("{} uploads {} weights", S::describe(&backend), ty.name()),
         }
     }
 }

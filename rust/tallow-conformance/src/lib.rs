@@ -11,6 +11,7 @@
 //! | check | reference | tolerance |
 //! | --- | --- | --- |
 //! | products, logits | f64 sums of the dequantized weights | [`Subject::products_bound`] of the magnitude `Σ|w·x|` |
+//! | formats it does not run | refused by name, in its capabilities and at upload | exact |
 //! | embedding | dequantized rows, scaled | 1e-6 relative |
 //! | norms, bias, add, gated activations | f64 formulas | [`ROWS_TOLERANCE`] |
 //! | RoPE | `Rope::angles` (f32, as every backend takes them), rotation in f64 | [`ROPE_TOLERANCE`] |
@@ -75,6 +76,11 @@ macro_rules! suite {
         #[test]
         fn products_match_the_dequantized_weights_in_every_format() {
             $crate::products_match_the_dequantized_weights::<$subject>();
+        }
+
+        #[test]
+        fn formats_it_does_not_run_are_refused_by_name() {
+            $crate::formats_it_does_not_run_are_refused_by_name::<$subject>();
         }
 
         #[test]
