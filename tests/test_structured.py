@@ -25,8 +25,9 @@ import pydantic
 import pytest
 
 import tallow
-from tallow import _core
+from tallow import _core, structured
 from tallow.async_llm import AsyncLLM
+from tallow.tools import check_tools
 
 MODEL = "smollm2-135m"
 N_CTX = 512
@@ -387,6 +388,73 @@ def test_a_pydantic_model_is_a_schema(smollm2: tallow.LLM) -> None:
     out = smollm2.chat(messages("Describe a pet."), max_tokens=MAX_TOKENS, json_schema=Pet)
     pet = Pet.model_validate_json(out.text)
     assert 0 <= pet.legs <= 8
+
+
+def test_strict_schemas_close_the_objects_that_do_not_say() -> None:
+    """OpenAI's strict mode: an object schema that says neither ``additionalProperties`` nor
+    ``unevaluatedProperties`` takes no keys it does not name, wherever it is (properties,
+    items, definitions, branches); what a schema says is kept, and ``allOf``'s branches stay
+    open (closing each would forbid the others' keys)."""
+    leaf = {"type": "object", "properties": {"a": {"type": "string"}}}
+    schema = {
+        "type": "object",
+        "properties": {"x": leaf, "list": {"type": "array", "items": {"$ref": "#/$defs/item"}}},
+        "$defs": {"item": {"properties": {"b": {"type": "integer"}}}},
+        "anyOf": [leaf, {"type": "string"}],
+        "allOf": [{"type": "object", "properties": {"y": leaf}}],
+        "patternProperties": {"^o": {"type": "object", "additionalProperties": True}},
+    }
+    got = structured.closed(schema)
+    assert got["additionalProperties"] is False
+    assert got["properties"]["x"]["additionalProperties"] is False
+    assert got["$defs"]["item"]["additionalProperties"] is False
+    assert got["anyOf"][0]["additionalProperties"] is False
+    assert got["anyOf"][1] == {"type": "string"}
+    assert "additionalProperties" not in got["allOf"][0]
+    assert got["allOf"][0]["properties"]["y"]["additionalProperties"] is False
+    assert got["patternProperties"]["^o"]["additionalProperties"] is True
+    assert "additionalProperties" not in schema and "additionalProperties" not in leaf
+    # A strict tool's parameters are closed the same way; other tools' are left as given.
+    tools = [
+        {"type": "function", "function": {"name": name, "parameters": leaf, **extra}}
+        for name, extra in [("strict", {"strict": True}), ("loose", {})]
+    ]
+    strict, loose = (t["function"]["parameters"] for t in check_tools(tools))
+    assert strict["additionalProperties"] is False and "additionalProperties" not in loose
+    with pytest.raises(tallow.InvalidArgumentError, match="strict must be a boolean"):
+        check_tools([{"type": "function", "function": {"name": "f", "strict": "yes"}}])
+
+
+def test_a_strict_response_format_keeps_to_the_keys_it_names(client: openai.OpenAI) -> None:
+    """A schema of ``{"tags": [...]}`` that does not say ``additionalProperties`` (as
+    pydantic's do not): read as JSON Schema reads it, smollm2 adds a key of its own
+    (``{"tags": [", "], "json": {", ": "}, "}}``); with ``"strict": true`` it gives exactly
+    the object named. Its strings and list are bounded, so the answer ends in the budget."""
+    tags = {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}
+    schema = {"type": "object", "properties": {"tags": tags}, "required": ["tags"]}
+    done = client.chat.completions.create(
+        model=MODEL,
+        messages=messages("List three colors as JSON tags."),
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "tags", "schema": schema, "strict": True},
+        },
+    )
+    assert done.choices[0].finish_reason == "stop"
+    answer = json.loads(done.choices[0].message.content or "")
+    assert set(answer) == {"tags"}
+    with pytest.raises(openai.BadRequestError, match="strict' must be a boolean"):
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages("Hi"),
+            max_tokens=4,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "t", "schema": schema, "strict": "yes"},
+            },
+        )
 
 
 # -- bad constraints ------------------------------------------------------------------------------

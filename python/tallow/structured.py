@@ -17,6 +17,11 @@ after each ``,`` and ``:`` and no other whitespace between its tokens, unless th
 llguidance's ``x-guidance`` options itself. Compiling (and each token) is bounded: a
 constraint too large or too ambiguous raises :class:`~tallow.GrammarError` instead of slowing
 its request down without end.
+
+A schema is read as JSON Schema reads it: an object schema that does not say
+``additionalProperties`` lets the output add keys of its own. Where a request asks for strict
+schemas (OpenAI's ``"strict": true`` on a ``json_schema`` response format or on a tool), such
+objects are closed instead (:func:`closed`), as OpenAI and vLLM read them.
 """
 
 from __future__ import annotations
@@ -96,6 +101,62 @@ def structured_output(
         return Structured("choice", choices)
     kind: Kind = "regex" if name == "regex" else "grammar"
     return Structured(kind, checks.text(name, value))
+
+
+# The keywords whose values are schemas: one, a map of them, or a list of them.
+_ONE_SCHEMA = (
+    "additionalProperties",
+    "items",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "additionalItems",
+    "unevaluatedItems",
+)
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+
+
+def closed(schema: Mapping[str, object]) -> dict[str, object]:
+    """``schema`` (a JSON schema) with each object schema that says neither
+    ``additionalProperties`` nor ``unevaluatedProperties`` closed (``additionalProperties:
+    false``), as OpenAI's strict mode reads a schema. The branches of an ``allOf`` are left
+    open themselves (closing each would forbid the others' properties); what they hold is
+    closed. Raises :class:`GrammarError` for a schema nested deeper than Python can walk."""
+    try:
+        return _closed(schema, close=True)
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def _closed(schema: Mapping[str, object], close: bool) -> dict[str, object]:
+    out = dict(schema)
+    kind = out.get("type")
+    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind)
+    is_object |= kind is None and "properties" in out
+    if close and is_object and not {"additionalProperties", "unevaluatedProperties"} & out.keys():
+        out["additionalProperties"] = False
+    for key in _ONE_SCHEMA:
+        value = out.get(key)
+        if isinstance(value, Mapping):
+            out[key] = _closed(value, close=True)
+    for key in _SCHEMA_MAPS:
+        value = out.get(key)
+        if isinstance(value, Mapping):
+            out[key] = {name: _sub(sub, close=True) for name, sub in value.items()}
+    for key in _SCHEMA_LISTS:
+        value = out.get(key)
+        if isinstance(value, list):
+            out[key] = [_sub(sub, close=key != "allOf") for sub in value]
+    return out
+
+
+def _sub(schema: object, close: bool) -> object:
+    """A subschema closed (a ``true``/``false`` schema, or anything else, as it is)."""
+    return _closed(schema, close) if isinstance(schema, Mapping) else schema
 
 
 def _schema_text(schema: object) -> str:

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from tallow import checks
 from tallow.errors import InvalidArgumentError
-from tallow.structured import Structured
+from tallow.structured import Structured, closed
 
 __all__ = ["ToolCall", "ToolUse", "message_tool_fields", "tool_use"]
 
@@ -168,6 +168,12 @@ def check_tools(tools: object) -> list[dict[str, Any]]:
             _check_depth(parameters)
         except (TypeError, ValueError, RecursionError) as e:
             raise InvalidArgumentError(f"tools[{i}].function.parameters is not JSON: {e}") from None
+        strict = function.get("strict", False)
+        if not isinstance(strict, bool):
+            raise InvalidArgumentError(f"tools[{i}].function.strict must be a boolean")
+        if strict:
+            # OpenAI's strict mode: objects that do not say otherwise take no other keys.
+            parameters = closed(parameters)
         description = function.get("description")
         if description is not None and not isinstance(description, str):
             raise InvalidArgumentError(f"tools[{i}].function.description must be a string")

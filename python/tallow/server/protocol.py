@@ -15,8 +15,8 @@ from typing import Any, TypeGuard
 
 from tallow import checks
 from tallow.engine import SamplingParams
-from tallow.errors import InvalidArgumentError
-from tallow.structured import Structured, structured_output
+from tallow.errors import GrammarError, InvalidArgumentError
+from tallow.structured import Structured, closed, structured_output
 
 MAX_N = 16
 """Most choices one request may ask for."""
@@ -286,6 +286,17 @@ def _structured(f: _Fields) -> tuple[Structured | None, str | None]:
                     "'response_format' of type 'json_schema' needs 'json_schema': "
                     "{'name': ..., 'schema': {...}}",
                 )
+            strict = spec.get("strict", False) if isinstance(spec, dict) else False
+            if not isinstance(strict, bool):
+                raise invalid(
+                    "response_format", "'response_format.json_schema.strict' must be a boolean"
+                )
+            if strict and isinstance(schema, dict):
+                # OpenAI's strict mode: objects that do not say otherwise take no other keys.
+                try:
+                    schema = closed(schema)
+                except GrammarError as e:
+                    raise invalid("response_format", str(e)) from None
             given.append(("response_format", "json_schema", schema))
         elif kind != "text":
             raise invalid(
