@@ -21,8 +21,10 @@ struct AttentionShared {
 // lets it see up to positions[t]. Scores are q · k * scale, soft-capped where softcap > 0.
 // Where has_sinks, head h's logit sinks[h] joins the softmax's denominator and adds no value
 // (gpt-oss).
-// Threadgroup (t, h) of TILE threads: positions a tile at a time, each thread one position's
-// score, a running maximum and sum rescaling the outputs (each thread holds two dimensions).
+// Threadgroup (t, h) of TILE threads: positions a tile at a time, each SIMD-group scoring 32
+// of them (a key a step, read by the whole SIMD-group), each thread holding one position's
+// score, a running maximum and sum rescaling the outputs (each thread holds two dimensions
+// of them, and sums its dimension of the tile's values).
 template <class Kv>
 inline void attention(device const float* q, device float* out, device const uint8_t* pages,
                       device const uint32_t* tables, device const uint32_t* table_starts,
@@ -46,16 +48,23 @@ inline void attention(device const float* q, device float* out, device const uin
         int p = start + tid;
         // The last tile's query, weights and pages have been read.
         threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (p <= pos) shared.tile_pages[tid] = table[p / page_size];
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        // SIMD-group s scores positions start + 32 s + j, its lanes splitting each key's
+        // dimensions (neighbouring lanes read neighbouring values); lane j keeps the score.
+        uint lane = tid % 32, simd = tid / 32;
         float score = -INFINITY;
-        if (p <= pos) {
-            uint32_t page = table[p / page_size];
-            shared.tile_pages[tid] = page;
-            device const uint8_t* key = keys + page * block + (size_t)(p % page_size) * row_bytes;
+        for (int j = 0; j < 32; ++j) {
+            int pj = start + 32 * (int)simd + j;
+            if (pj > pos) break;  // the whole SIMD-group
+            device const uint8_t* key = keys + shared.tile_pages[32 * simd + j] * block +
+                                        (size_t)(pj % page_size) * row_bytes;
             float dot = 0.0f;
-            for (int d = 0; d < head_dim; ++d) dot += shared.query[d] * Kv::at(key, d);
-            score = dot * scale;
-            if (softcap > 0.0f) score = softcap * precise::tanh(score / softcap);
+            for (int d = lane; d < head_dim; d += 32) dot += shared.query[d] * Kv::at(key, d);
+            dot = simd_sum(dot);
+            if ((int)lane == j) score = dot * scale;
         }
+        if (p <= pos && softcap > 0.0f) score = softcap * precise::tanh(score / softcap);
         float new_max = max(running_max, group_max(score, shared.partial, tid, TILE));
         float correction = precise::exp(running_max - new_max);
         float w = p <= pos ? precise::exp(score - new_max) : 0.0f;

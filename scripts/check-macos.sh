@@ -8,14 +8,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 target=aarch64-apple-darwin
-if ! command -v rustup >/dev/null; then
-    echo "skipped: no rustup to install the Rust standard library for $target"
+if ! bash scripts/rust-target.sh "$target"; then
+    echo "skipped: no Rust standard library for $target"
     exit 0
-fi
-if ! rustup target list --installed | grep -qx "$target"; then
-    if ! timeout 600 rustup target add "$target"; then
-        echo "skipped: the Rust standard library for $target cannot be installed here"
-        exit 0
-    fi
 fi
 cargo clippy --target "$target" -p tallow-py -p tallow-backend-metal --all-targets -- -D warnings

@@ -16,15 +16,9 @@ if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-gcc >/
         exit 0
     fi
 fi
-if ! command -v rustup >/dev/null; then
-    echo "skipped: no rustup to install the Rust standard library for $target"
+if ! bash scripts/rust-target.sh "$target"; then
+    echo "skipped: no Rust standard library for $target"
     exit 0
-fi
-if ! rustup target list --installed | grep -qx "$target"; then
-    if ! timeout 600 rustup target add "$target"; then
-        echo "skipped: the Rust standard library for $target cannot be installed here"
-        exit 0
-    fi
 fi
 
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc

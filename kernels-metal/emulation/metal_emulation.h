@@ -136,26 +136,26 @@ T simd_sum(T v) {
     return values[0];
 }
 
-template <class T>
-T simd_max(T v) {
+// The SIMD-group's values folded by `pick` (which of two to keep), in every lane.
+template <class T, class Pick>
+T simd_fold(T v, Pick pick) {
     uint64_t lanes[32];
     unsigned live = tallow_emu::warp_exchange(tallow_emu::to_bits(v), lanes);
-    T best = v;
+    T kept = v;
     for (int i = 0; i < 32; ++i) {
-        if ((live >> i) & 1) best = max(best, tallow_emu::from_bits<T>(lanes[i]));
+        if ((live >> i) & 1) kept = pick(kept, tallow_emu::from_bits<T>(lanes[i]));
     }
-    return best;
+    return kept;
+}
+
+template <class T>
+T simd_max(T v) {
+    return simd_fold(v, max<T>);
 }
 
 template <class T>
 T simd_min(T v) {
-    uint64_t lanes[32];
-    unsigned live = tallow_emu::warp_exchange(tallow_emu::to_bits(v), lanes);
-    T best = v;
-    for (int i = 0; i < 32; ++i) {
-        if ((live >> i) & 1) best = min(best, tallow_emu::from_bits<T>(lanes[i]));
-    }
-    return best;
+    return simd_fold(v, min<T>);
 }
 
 template <class T>

@@ -11,9 +11,12 @@ use std::path::{Path, PathBuf};
 mod metal;
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    // Read when the script runs, not when it is compiled: checkouts in other folders may share
+    // one compiled build script.
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let root = manifest.join("../..");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let emulator = Path::new(env!("CARGO_MANIFEST_DIR")).join("emulator");
+    let emulator = manifest.join("emulator");
     for file in ["scheduler.h", "scheduler.cpp"] {
         println!("cargo:rerun-if-changed={}", emulator.join(file).display());
     }
