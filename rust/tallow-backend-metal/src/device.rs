@@ -6,8 +6,9 @@
 //!   file is mapped (`newBufferWithBytesNoCopy` over the mapping), never copied. A device address is the buffer's
 //!   `gpuAddress` (Metal 3) plus an offset; a launch binds each address as its buffer and the
 //!   offset in it, and each plain value with `setBytes`.
-//! - Allocations past the device's `recommendedMaxWorkingSetSize` are refused before they are
-//!   made: running past it slows every kernel to a crawl or fails the command buffer.
+//! - Allocations past the device's `recommendedMaxWorkingSetSize`, and model files larger than
+//!   it, are refused before they are used: running past it slows every kernel to a crawl or
+//!   fails the command buffer.
 //! - The kernels (`kernels-metal/`, one library) are compiled from source when the device is
 //!   opened, with fast math off (the CPU backend's float semantics); Metal keeps its own cache
 //!   of compiled libraries, so a later process compiles from that cache.
@@ -267,6 +268,13 @@ impl Gpu for Metal {
         }
         // The mapping covers whole pages, the last one past the region's end included.
         let length = region.len().div_ceil(PAGE) * PAGE;
+        if length as u64 > self.working_set {
+            return Err(device_error(format!(
+                "the model's {length} bytes pass the {} that {} can keep resident (its \
+                 recommendedMaxWorkingSetSize)",
+                self.working_set, self.name
+            )));
+        }
         let start = NonNull::new(region.as_ptr().cast_mut().cast()).expect("not null");
         // SAFETY: page-aligned host memory of `length` bytes (the mapping's pages), kept alive
         // by `owner` until the buffer is freed; the kernels only read weights.
