@@ -23,7 +23,6 @@
 #define PRIVATE thread
 #define float_from_bits(u) as_type<float>((uint32_t)(u))
 #define fmaxf fmax
-#define fminf fmin
 #define fabsf fabs
 #define roundf round
 #define ldexpf ldexp

@@ -28,12 +28,9 @@
 #define TALLOW_EMULATION 1
 #define __METAL_VERSION__ 310
 
-// Metal's scalar types.
-using uchar = unsigned char;
+// Metal's scalar types (those the kernels use).
 using ushort = unsigned short;
 using uint = unsigned int;
-using ulong = unsigned long;
-using half = _Float16;
 
 namespace metal {
 
@@ -46,7 +43,6 @@ struct vec3 {
 }  // namespace metal
 
 using uint3 = metal::vec3<uint>;
-using ushort3 = metal::vec3<ushort>;
 
 namespace metal {
 
@@ -58,23 +54,11 @@ T as_type(U u) {
     return t;
 }
 
-using std::abs;
-using std::ceil;
-using std::cos;
 using std::exp;
-using std::exp2;
 using std::fabs;
-using std::floor;
-using std::fma;
 using std::fmax;
-using std::fmin;
-using std::isinf;
-using std::isnan;
 using std::ldexp;
-using std::log;
-using std::pow;
 using std::round;
-using std::sin;
 using std::sqrt;
 using std::tanh;
 
@@ -90,19 +74,12 @@ template <class T>
 T clamp(T x, T lo, T hi) {
     return min(max(x, lo), hi);
 }
-inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
 
-// Metal's precise:: and fast:: variants: the same functions here.
+// Metal's precise:: variants: the same functions here.
 namespace precise {
 using std::exp;
 using std::tanh;
-inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
 }  // namespace precise
-namespace fast {
-using std::exp;
-using std::tanh;
-inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
-}  // namespace fast
 
 enum class mem_flags { mem_none, mem_device, mem_threadgroup };
 
@@ -136,56 +113,21 @@ T simd_sum(T v) {
     return values[0];
 }
 
-// The SIMD-group's values folded by `pick` (which of two to keep), in every lane.
-template <class T, class Pick>
-T simd_fold(T v, Pick pick) {
-    uint64_t lanes[32];
-    unsigned live = tallow_emu::warp_exchange(tallow_emu::to_bits(v), lanes);
-    T kept = v;
-    for (int i = 0; i < 32; ++i) {
-        if ((live >> i) & 1) kept = pick(kept, tallow_emu::from_bits<T>(lanes[i]));
-    }
-    return kept;
-}
-
+// The largest of the SIMD-group's values, in every lane.
 template <class T>
 T simd_max(T v) {
-    return simd_fold(v, max<T>);
-}
-
-template <class T>
-T simd_min(T v) {
-    return simd_fold(v, min<T>);
+    uint64_t lanes[32];
+    unsigned live = tallow_emu::warp_exchange(tallow_emu::to_bits(v), lanes);
+    T best = v;
+    for (int i = 0; i < 32; ++i) {
+        if ((live >> i) & 1) best = max(best, tallow_emu::from_bits<T>(lanes[i]));
+    }
+    return best;
 }
 
 template <class T>
 T simd_shuffle_xor(T v, ushort mask) {
     return tallow_emu::shuffle(v, tallow_emu::xor_source, mask, 32);
-}
-template <class T>
-T simd_shuffle_down(T v, ushort delta) {
-    return tallow_emu::shuffle(v, tallow_emu::down_source, delta, 32);
-}
-template <class T>
-T simd_shuffle_up(T v, ushort delta) {
-    return tallow_emu::shuffle(v, tallow_emu::up_source, delta, 32);
-}
-template <class T>
-T simd_shuffle(T v, ushort lane) {
-    return tallow_emu::shuffle(v, tallow_emu::index_source, lane, 32);
-}
-template <class T>
-T simd_broadcast(T v, ushort lane) {
-    return tallow_emu::shuffle(v, tallow_emu::index_source, lane, 32);
-}
-
-inline bool simd_any(bool predicate) {
-    uint64_t lanes[32];
-    tallow_emu::warp_exchange(predicate, lanes);
-    for (int i = 0; i < 32; ++i) {
-        if (lanes[i]) return true;
-    }
-    return false;
 }
 
 // SIMD-group matrices: Metal keeps a matrix spread over the SIMD-group's threads in a layout

@@ -14,19 +14,19 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// Writes the translation unit of every Metal kernel to `out` and returns its path.
-pub fn unit(kernels: &Path, shared: &Path, out: &Path) -> PathBuf {
-    let mut sources: Vec<PathBuf> = std::fs::read_dir(kernels)
+/// Writes the translation unit of every Metal kernel of `dir` to `out` and returns its path.
+pub fn unit(dir: &Path, shared: &Path, out: &Path) -> PathBuf {
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(dir)
         .expect("kernels-metal/")
         .map(|entry| entry.expect("a directory entry").path())
         .filter(|path| path.is_file())
         .collect();
     sources.sort();
-    println!("cargo:rerun-if-changed={}", kernels.display());
+    println!("cargo:rerun-if-changed={}", dir.display());
     for source in &sources {
         println!("cargo:rerun-if-changed={}", source.display());
     }
-    let emulation = kernels.join("emulation");
+    let emulation = dir.join("emulation");
     for header in ["metal_emulation.h", "metal_stdlib"] {
         println!(
             "cargo:rerun-if-changed={}",
@@ -45,7 +45,7 @@ pub fn unit(kernels: &Path, shared: &Path, out: &Path) -> PathBuf {
     let expanded = cc::Build::new()
         .cpp(true)
         .std("c++17")
-        .include(kernels)
+        .include(dir)
         .include(shared)
         .include(&emulation)
         .define("__METAL_VERSION__", "310")
