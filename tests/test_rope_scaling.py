@@ -32,7 +32,7 @@ def rewrite(
     tensors: dict[str, F64],
     drop: frozenset[str] = frozenset(),
 ) -> Path:
-    """``src`` with metadata ``fields`` set (ints as u32, floats as f32, strings), float32
+    """``src`` with metadata ``fields`` set (ints as u32, floats as f32, strings, bools), float32
     ``tensors`` added (in place of any of the same name) and the tensors named in ``drop``
     left out."""
     reader = gguf.GGUFReader(src)
@@ -51,6 +51,7 @@ def rewrite(
             int: gguf.GGUFValueType.UINT32,
             float: gguf.GGUFValueType.FLOAT32,
             str: gguf.GGUFValueType.STRING,
+            bool: gguf.GGUFValueType.BOOL,
         }[type(value)]
         writer.add_key_value(name, value, kind)
     for tensor in reader.tensors:

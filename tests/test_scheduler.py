@@ -842,3 +842,59 @@ def test_windowed_groups_share_a_cached_prefix_only_where_its_end_sees_it() -> N
     outs = s.update(step, model.forward(step))
     rest = run(s, model)
     assert tokens_of(outs + rest.get("b", [])) == first
+
+
+# -- embeddings -----------------------------------------------------------------------------------
+
+
+def embedding(rid: str, n_prompt: int, pooling: str, start: int = 100) -> Request:
+    r = req(rid, n_prompt, max_tokens=None, start=start)
+    r.pooling = pooling  # type: ignore[assignment]
+    return r
+
+
+def test_embeddings_take_the_rows_their_pooling_needs_and_finish_after_their_prompt() -> None:
+    kv, s = make(16, budget=4)
+    model = FakeModel(kv)
+    for pooling in ("mean", "last", "cls"):
+        s.add(embedding(pooling, 6, pooling, start=100 if pooling == "mean" else 200))
+    rows: dict[str, list[tuple[int, int, str, bool]]] = {}
+    finished: list[str] = []
+    while s.has_work():
+        step = s.schedule()
+        assert not step.sample_ids  # nothing is sampled for an embedding
+        for c, (_, _, kind) in zip(step.chunks, step.batch(), strict=True):
+            rows.setdefault(c.request_id, []).append((c.start_pos, c.n_hidden, kind, c.pooled))
+            assert not c.logits
+        for out in s.update(step, model.forward(step)):
+            assert out.finished and out.finish_reason == "stop" and not out.new_token_ids
+            finished.append(out.request_id)
+    assert sorted(finished) == ["cls", "last", "mean"]
+    # Every row of every chunk for mean pooling; the first chunk's for CLS; the last row.
+    assert rows["mean"] == [(0, 4, "hidden-all", False), (4, 2, "hidden-all", True)]
+    assert rows["cls"][0][0] == 0 and rows["cls"][0][1] > 0
+    assert all(r[1] == 0 for r in rows["cls"][1:])
+    assert rows["cls"][-1][3] and rows["last"][-1][1:] == (1, "hidden-last", True)
+    assert all(r[1] == 0 for r in rows["last"][:-1])
+
+
+def test_mean_pooling_computes_every_token_where_last_token_pooling_reuses_a_prefix() -> None:
+    kv, s = make(16)
+    model = FakeModel(kv)
+    run_one(s, model, req("a", 10, max_tokens=1))  # caches two pages of tokens 100..107
+    for pooling in ("mean", "cls", "last"):
+        r = embedding(pooling, 10, pooling)
+        s.add(r)
+        step = s.schedule()
+        assert chunks(step)[0][1] == (0 if pooling != "last" else 8)
+        s.update(step, model.forward(step))
+        assert r.num_cached_tokens == (0 if pooling != "last" else 8)
+
+
+def test_an_embedding_may_fill_the_context() -> None:
+    kv, s = make(16, max_model_len=8)
+    s.add(embedding("e", 8, "mean"))
+    s.add(req("g", 8))
+    outs = run(s, FakeModel(kv))
+    assert outs["e"][-1].error is None and outs["e"][-1].finish_reason == "stop"
+    assert isinstance(outs["g"][-1].error, ModelError)

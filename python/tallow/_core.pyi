@@ -6,7 +6,7 @@ which wraps these classes. Calls that compute release the GIL.
 
 import os
 from collections.abc import Sequence
-from typing import Literal, final, overload
+from typing import Any, Literal, final, overload
 
 import numpy
 import numpy.typing
@@ -129,6 +129,9 @@ class Model:
     def n_vocab(self) -> int:
         """Vocabulary size (length of a logits row)."""
     @property
+    def n_embd(self) -> int:
+        """Width of the hidden states (the embedding length)."""
+    @property
     def n_ctx_train(self) -> int:
         """The context length the model was trained with."""
     @property
@@ -193,18 +196,24 @@ class Model:
         cache: KvCache,
         batch: Sequence[tuple[int, list[int], str] | tuple[int, list[int], str, int]],
         output: Literal["logits"] = "logits",
+        *,
+        hidden: Literal[False] = False,
     ) -> numpy.typing.NDArray[numpy.float32]:
         """Run one ragged batch of ``(seq, tokens, logits)`` chunks.
 
         Each chunk's ``tokens`` take the last ``len(tokens)`` positions reserved for ``seq``
-        (:meth:`KvCache.reserve`); ``logits`` is ``"none"``, ``"last"`` or ``"all"``. A chunk
+        (:meth:`KvCache.reserve`); ``logits`` is ``"none"``, ``"last"`` or ``"all"``, or
+        ``"hidden-last"`` / ``"hidden-all"`` for rows that give their final hidden states
+        (after the output norm; no LM head runs for them) instead of logits. A chunk
         ``(seq, tokens, logits, parent)`` is a branch: ``seq`` was forked from ``parent``
         (:meth:`KvCache.fork`) after ``parent`` reserved the positions it computes in this
         batch, and takes them as ``parent`` writes them, so that one forward computes a text
         and continuations of it. Returns
         float32 logits of shape ``(rows, n_vocab)``, chunk by chunk; with
         ``output="argmax"`` only each row's greedy token (uint32, shape ``(rows,)``, the first
-        largest logit, NaN never), chosen on the model's device.
+        largest logit, NaN never), chosen on the model's device. With ``hidden=True`` (which
+        a batch with hidden-state rows needs), returns that and the hidden states (float32,
+        ``(rows, n_embd)``, chunk by chunk) as a pair.
         """
     @overload
     def forward(
@@ -212,7 +221,18 @@ class Model:
         cache: KvCache,
         batch: Sequence[tuple[int, list[int], str] | tuple[int, list[int], str, int]],
         output: Literal["argmax"],
+        *,
+        hidden: Literal[False] = False,
     ) -> numpy.typing.NDArray[numpy.uint32]: ...
+    @overload
+    def forward(
+        self,
+        cache: KvCache,
+        batch: Sequence[tuple[int, list[int], str] | tuple[int, list[int], str, int]],
+        output: Literal["logits", "argmax"] = "logits",
+        *,
+        hidden: Literal[True],
+    ) -> tuple[numpy.typing.NDArray[Any], numpy.typing.NDArray[numpy.float32]]: ...
     def constraint(
         self,
         kind: Literal["json_schema", "json_object", "regex", "choice", "grammar"],

@@ -20,12 +20,16 @@ from types import TracebackType
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+import numpy as np
+import numpy.typing as npt
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from tallow import _core, checks
 from tallow.catalog import DEFAULT_MODEL, resolve_model
 from tallow.classify import Classification, ClassifyTask
+from tallow.embed import EmbedTask
+from tallow.embed import inputs as embed_inputs
 from tallow.engine import Engine, EngineConfig, SamplingParams, load_model, sampling_params
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
 from tallow.output import GenerationResult, RequestOutput, ResultBuilder
@@ -431,28 +435,65 @@ class AsyncLLM:
     ) -> list[Classification]:
         """The classification of each prompt of ``task`` (from ``task.prompt_ids``), run as
         concurrent requests; the first error raised."""
-        results: list[Classification | None] = [None] * len(prompts)
+        outputs = await self._last_outputs(prompts, task.params)
+        return [task.result(out, len(ids)) for out, ids in zip(outputs, prompts, strict=True)]
+
+    async def embed(
+        self,
+        texts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+        *,
+        normalize: bool = True,
+        pooling: str | None = None,
+        dimensions: int | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """The embedding of each text, as :meth:`tallow.LLM.embed` (the same arguments): a
+        1-D array for one text, else a 2-D array with a row per input. The inputs run as
+        concurrent requests, batched with everything else the engine runs."""
+        self._check_open()
+        task = self.embed_task(pooling, normalize, dimensions)
+        vectors = await self.run_embeddings(task, [task.prompt_ids(i) for i in embed_inputs(texts)])
+        return vectors[0] if isinstance(texts, str) else np.stack(vectors)
+
+    def embed_task(
+        self, pooling: object = None, normalize: object = True, dimensions: object = None
+    ) -> EmbedTask:
+        """The embeddings of one kind for this model, checked (see
+        :class:`tallow.embed.EmbedTask`), for :meth:`run_embeddings`."""
+        return EmbedTask(self._prompts, pooling, normalize, dimensions)
+
+    async def run_embeddings(
+        self, task: EmbedTask, prompts: Sequence[list[int]]
+    ) -> list[npt.NDArray[np.float32]]:
+        """The embedding of each prompt of ``task`` (from ``task.prompt_ids``), run as
+        concurrent requests; the first error raised."""
+        return [task.result(out) for out in await self._last_outputs(prompts, task.params)]
+
+    async def _last_outputs(
+        self, prompts: Sequence[list[int]], params: SamplingParams
+    ) -> list[RequestOutput]:
+        """The last output of each of ``prompts`` run as concurrent requests with ``params``
+        (which produce no text: scoring, embedding); the first error raised, the other
+        requests then cancelled."""
+        results: list[RequestOutput | None] = [None] * len(prompts)
         errors: list[TallowError] = []
 
         async def one(i: int, ids: list[int]) -> None:
-            last = None
             try:
-                async for out in self.outputs(ids, task.params):
-                    last = out
+                async for out in self.outputs(ids, params):
+                    results[i] = out
             except TallowError as e:
                 errors.append(e)
                 group.cancel_scope.cancel()  # the others are of no use now
-                return
-            assert last is not None, "outputs() ends with a finished output or raises"
-            results[i] = task.result(last, len(ids))
 
         async with anyio.create_task_group() as group:
             for i, ids in enumerate(prompts):
                 group.start_soon(one, i, ids)
         if errors:
-            # One text's error is the call's, as the other front ends raise it.
+            # One input's error is the call's, as the other front ends raise it.
             raise errors[0]
-        return [r for r in results if r is not None]
+        done = [r for r in results if r is not None]
+        assert len(done) == len(prompts), "outputs() ends with a finished output or raises"
+        return done
 
     def stats(self) -> dict[str, float]:
         """KV pages total / used / free, tokens cached, slot utilization, running and waiting

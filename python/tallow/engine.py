@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +31,8 @@ from tallow._progress import format_bytes
 from tallow.catalog import resolve_model
 from tallow.errors import InvalidArgumentError, TallowError
 from tallow.output import OutputState, RequestOutput, SampledRow
-from tallow.scheduler import Request, Scheduler, SchedulerOutput, Step
+from tallow.pooling import Pooler
+from tallow.scheduler import Pooling, Request, Scheduler, SchedulerOutput, Step
 from tallow.speculative import (
     DraftModelProposer,
     DraftRequest,
@@ -82,6 +84,10 @@ class SamplingParams:
     the prompt and every continuation are computed in one step (each continuation in a branch
     of the prompt's KV), and the request's last output carries each one's log-likelihood in
     :attr:`~tallow.output.RequestOutput.scores` (see :mod:`tallow.classify`)."""
+    pooling: Pooling | None = None
+    """Embed the prompt instead of generating: its final hidden states pooled this way, in
+    the request's last output's :attr:`~tallow.output.RequestOutput.embedding` (see
+    :mod:`tallow.embed`)."""
 
     def check_constraint(self) -> None:
         """Raises :class:`InvalidArgumentError` where the constraint on the output cannot
@@ -366,6 +372,8 @@ class EngineRequest(Request):
     speculation: tuple[str, int] | None = None
     """(method, draft tokens per step) when the request speculates."""
     output: OutputState = field(repr=False)
+    pooler: Pooler | None = field(default=None, repr=False)
+    """An embedding request's pooling of its hidden states."""
 
 
 class Engine:
@@ -460,12 +468,17 @@ class Engine:
                 checks.token_ids("continuation", c, self.model.n_vocab)
             # The last token of a continuation is scored, never fed.
             branches = [list(c[:-1]) for c in params.continuations]
+        embedding = params.pooling is not None
+        if embedding and (branches is not None or params.max_tokens == 0):
+            raise InvalidArgumentError(
+                "an embedding request neither scores continuations nor takes max_tokens=0"
+            )
         request = EngineRequest(
             request_id,
             list(prompt_token_ids),
             params,
             sampler=sampler or params.new_sampler(self.model),
-            speculation=None if branches is not None else self._speculation(params),
+            speculation=None if branches is not None or embedding else self._speculation(params),
             output=OutputState(
                 self.model.stream_decoder(),
                 params.stop,
@@ -473,6 +486,8 @@ class Engine:
                 tools=params.tools,
             ),
             branches=branches,
+            pooling=params.pooling,
+            pooler=None if params.pooling is None else Pooler(params.pooling, self.model.n_embd),
         )
         self.scheduler.add(request)
         self._requests[request_id] = request
@@ -515,13 +530,14 @@ class Engine:
         sampled: dict[str, list[SampledRow]] = {}
         failed: dict[str, TallowError] = {}
         scores: dict[str, list[float]] = {}
+        embeddings: dict[str, npt.NDArray[np.float32]] = {}
         if step:
             try:
                 if self._greedy_on_device(step):
-                    tokens = self.model.forward(self.kv, step.batch(), output="argmax")
+                    tokens = self._forward(step, "argmax", embeddings)
                     sampled = self._take_argmax(step, tokens)
                 else:
-                    logits = self.model.forward(self.kv, step.batch())
+                    logits = self._forward(step, "logits", embeddings)
                     sampled, failed = self._sample(step, logits, proposals)
                     scores = self._score(step, logits)
             except TallowError as e:
@@ -531,13 +547,14 @@ class Engine:
         outputs = self.scheduler.update(
             step, {r: [t[0] for t in rows] for r, rows in sampled.items()}, failed
         )
-        return self._process(outputs, sampled, scores)
+        return self._process(outputs, sampled, scores, embeddings)
 
     def _process(
         self,
         outputs: list[SchedulerOutput],
         sampled: Mapping[str, list[SampledRow]],
         scores: Mapping[str, list[float]] | None = None,
+        embeddings: Mapping[str, npt.NDArray[np.float32]] | None = None,
     ) -> list[RequestOutput]:
         """Each request's output state turns its tokens into text; a request whose stop string
         matched ends now, and finished requests are forgotten."""
@@ -550,6 +567,7 @@ class Engine:
                     result,
                     cached_tokens=req.num_cached_tokens or 0,
                     scores=(scores or {}).get(out.request_id),
+                    embedding=(embeddings or {}).get(out.request_id),
                 )
                 if not out.finished:
                     self.scheduler.stop(out.request_id)
@@ -679,6 +697,38 @@ class Engine:
                 totals.append(_log_likelihood(block, c))
             scores[request_id] = totals
         return scores
+
+    def _forward(
+        self,
+        step: Step,
+        output: Literal["logits", "argmax"],
+        embeddings: dict[str, npt.NDArray[np.float32]],
+    ) -> npt.NDArray[Any]:
+        """The step's logits (or greedy tokens); the hidden states of its embedding requests
+        go to their poolers, and the vectors of those it completes into ``embeddings``."""
+        if not step.has_embeddings:
+            return self.model.forward(self.kv, step.batch(), output)
+        head, hidden = self.model.forward(self.kv, step.batch(), output, hidden=True)
+        embeddings.update(self._pool(step, hidden))
+        return head
+
+    def _pool(
+        self, step: Step, hidden: npt.NDArray[np.float32]
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """Each embedding request's rows of ``step`` taken by its pooler; the vectors of those
+        whose last chunk was in it."""
+        done = {}
+        row = 0
+        for chunk in step.chunks:
+            if not chunk.n_hidden and not chunk.pooled:
+                continue
+            pooler = self._requests[chunk.request_id].pooler
+            assert pooler is not None
+            pooler.add(hidden[row : row + chunk.n_hidden], chunk.start_pos)
+            row += chunk.n_hidden
+            if chunk.pooled:
+                done[chunk.request_id] = pooler.result()
+        return done
 
     def stats(self) -> dict[str, float]:
         """KV pages total / used / free, tokens cached, slot utilization, running and waiting

@@ -18,6 +18,8 @@ from tallow._signals import held_signals
 from tallow.catalog import DEFAULT_MODEL, resolve_model
 from tallow.chat_template import ChatTemplate
 from tallow.classify import Classification, ClassifyTask
+from tallow.embed import EmbedTask
+from tallow.embed import inputs as embed_inputs
 from tallow.engine import (
     Engine,
     EngineConfig,
@@ -476,6 +478,12 @@ class LLM:
         before the text comes from the prefix cache after the first."""
         task = self.classify_task(labels, prompt)
         prompts = [task.prompt_ids(text) for text in task.texts(texts)]
+        outputs = self._run_all(prompts, task.params)
+        return [task.result(out, len(ids)) for out, ids in zip(outputs, prompts, strict=True)]
+
+    def _run_all(self, prompts: Sequence[list[int]], params: SamplingParams) -> list[RequestOutput]:
+        """The last output of each of ``prompts`` run as concurrent requests with ``params``
+        (which produce no text: scoring, embedding)."""
         engine = self._open_engine()
         ids = [f"llm-{next(self._ids)}" for _ in prompts]
         results = []
@@ -483,12 +491,12 @@ class LLM:
             with self._lock, held_signals():
                 for request_id, prompt_ids in zip(ids, prompts, strict=True):
                     self._outputs[request_id] = deque()
-                    engine.add(request_id, prompt_ids, task.params)
-            for request_id, prompt_ids in zip(ids, prompts, strict=True):
+                    engine.add(request_id, prompt_ids, params)
+            for request_id in ids:
                 out = self._next_output(request_id)
                 while not out.finished:
                     out = self._next_output(request_id)
-                results.append(task.result(out, len(prompt_ids)))
+                results.append(out)
         finally:
             with self._lock, held_signals():
                 for request_id in ids:
@@ -503,6 +511,38 @@ class LLM:
         :class:`tallow.classify.ClassifyTask`)."""
         steps = self._open_engine().scheduler.max_tokens_per_step
         return ClassifyTask(self._prompts, labels, prompt, step_tokens=steps)
+
+    def embed(
+        self,
+        texts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+        *,
+        normalize: bool = True,
+        pooling: str | None = None,
+        dimensions: int | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """The embedding of each text: the model's final hidden states (after its output norm)
+        pooled into one vector, ``"mean"`` of every token's, the ``"last"`` token's or the
+        first (``"cls"``) token's; ``pooling=None`` takes the model's (its GGUF
+        ``pooling_type``, else the last token's). ``normalize`` scales each vector to unit
+        length; ``dimensions`` keeps only the first so many values (for models trained to
+        allow it, as Matryoshka embeddings are), before normalizing. ``texts`` is a text
+        (a 1-D array comes back), a list of texts, or token ids (a list, or a list of lists);
+        texts get the special tokens the model's metadata adds (see :mod:`tallow.embed`).
+        The inputs run as concurrent requests; a 2-D array comes back, one row per input."""
+        task = self.embed_task(pooling, normalize, dimensions)
+        items = embed_inputs(texts)
+        prompts = [task.prompt_ids(item) for item in items]
+        vectors = [task.result(out) for out in self._run_all(prompts, task.params)]
+        if isinstance(texts, str):
+            return vectors[0]
+        return np.stack(vectors)
+
+    def embed_task(
+        self, pooling: object = None, normalize: object = True, dimensions: object = None
+    ) -> EmbedTask:
+        """The embeddings of one kind for this model, checked (see
+        :class:`tallow.embed.EmbedTask`)."""
+        return EmbedTask(self._prompts, pooling, normalize, dimensions)
 
     def perplexity(
         self,

@@ -23,6 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+import numpy.typing as npt
+
 from tallow.errors import TallowError
 from tallow.scheduler import SchedulerOutput
 from tallow.stopping import StopMatcher, TokenDecoder
@@ -84,6 +87,9 @@ class RequestOutput:
     scores: list[float] | None = None
     """With the output of a scoring request (``SamplingParams.continuations``): the
     log-likelihood of each continuation after the prompt, the sum over its tokens."""
+    embedding: npt.NDArray[np.float32] | None = None
+    """With the output of an embedding request (``SamplingParams.pooling``): the pooled final
+    hidden states of its prompt (not normalized)."""
 
 
 class OutputState:

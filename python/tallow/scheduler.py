@@ -33,6 +33,11 @@ own pages again if they were not reused meanwhile.
 
 A chunk's logits are needed only when it reaches the end of the request's tokens.
 
+**Embeddings** (a request with ``pooling``) are prompts that produce final hidden states
+instead of logits: every chunk's rows for mean pooling, the first chunk's for CLS pooling,
+the last token's for last-token pooling. They are scheduled like any prompt, mixed with
+generation in the same steps, and finish after their last chunk.
+
 **Pages.** ``schedule()`` reserves every scheduled position with ``kv.reserve``. When a
 running request cannot get a page, the *youngest* running request (latest arrival; possibly
 itself) is preempted: its pages are freed, its tokens are kept, and it goes back to the front
@@ -69,6 +74,7 @@ from tallow.stopping import StopParams
 __all__ = [
     "FinishReason",
     "PagePool",
+    "Pooling",
     "Request",
     "RequestStatus",
     "ScheduledChunk",
@@ -78,6 +84,9 @@ __all__ = [
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
+
+Pooling = Literal["mean", "last", "cls"]
+"""How an embedding request's hidden states make one vector (see :attr:`Request.pooling`)."""
 
 
 Sampled = int | Sequence[int]
@@ -206,6 +215,11 @@ class Request:
     of the request's sequence (a fork) in the step that computes the prompt's last token, with
     a row of logits per token (an empty list takes no branch). It generates nothing and
     finishes (reason ``"stop"``) after that step; the engine reads the rows."""
+    pooling: Pooling | None = None
+    """An embedding request: the final hidden states of its prompt are pooled (``"mean"`` of
+    every token's, the ``"last"`` token's or the first token's, ``"cls"``) instead of
+    generating. Mean and CLS pooling compute every token (no cached prefix); it finishes
+    (reason ``"stop"``) after the step of its last token; the engine reads the rows."""
     abort_pending: bool = field(default=False, repr=False)
 
     @property
@@ -250,6 +264,11 @@ class ScheduledChunk:
     branch_of: int | None = None
     """For a branch: the sequence it was forked from (``seq`` is the fork); every token has a
     row of logits."""
+    n_hidden: int = 0
+    """Rows of final hidden states the chunk produces instead of logits (an embedding
+    request's, see :attr:`Request.pooling`): all its tokens', or its last token's (1)."""
+    pooled: bool = False
+    """The last chunk of an embedding request: its embedding is complete after this step."""
 
     @property
     def n_rows(self) -> int:
@@ -286,11 +305,16 @@ class Step:
         """Whether a scoring request's rows are in the step."""
         return any(c.scoring for c in self.chunks)
 
+    @property
+    def has_embeddings(self) -> bool:
+        """Whether a chunk of the step is an embedding request's (rows of hidden states, or
+        the last chunk, whose embedding is then complete)."""
+        return any(c.n_hidden or c.pooled for c in self.chunks)
+
     def batch(self) -> list[tuple[int, list[int], str] | tuple[int, list[int], str, int]]:
         """The step as ``Model.forward``'s ``batch`` argument."""
-        kind = {0: "none", 1: "last"}
         return [
-            (c.seq, c.token_ids, kind.get(c.n_rows, "all"))
+            (c.seq, c.token_ids, _rows(c))
             if c.branch_of is None
             else (c.seq, c.token_ids, "all", c.branch_of)
             for c in self.chunks
@@ -298,6 +322,13 @@ class Step:
 
     def __bool__(self) -> bool:
         return bool(self.chunks)
+
+
+def _rows(chunk: ScheduledChunk) -> str:
+    """``Model.forward``'s name of the rows a chunk (not a branch) produces."""
+    if chunk.n_hidden:
+        return "hidden-last" if chunk.n_hidden == 1 else "hidden-all"
+    return {0: "none", 1: "last"}.get(chunk.n_rows, "all")
 
 
 @dataclass(frozen=True)
@@ -548,8 +579,9 @@ class Scheduler:
                 self._pending.append(self._finish(req, "length", error=error))
                 continue
             tokens = req.token_slice(0, req.num_tokens)
-            # The last token is always computed: its logits give the next token.
-            limit = req.num_tokens - 1
+            # The last token is always computed: its logits give the next token. Mean and CLS
+            # pooling need every token's hidden state, so they start from nothing.
+            limit = 0 if req.pooling in ("mean", "cls") else req.num_tokens - 1
             hit, revived, n, need = self._admission(req, tokens, limit, budget, free)
             if need > free and hit % self._page_size:
                 # Part of a cached page costs a copy of it: where that does not fit, whole
@@ -578,15 +610,18 @@ class Scheduler:
             known = end - len(p.draft)
             last = known == p.req.num_tokens
             scoring = last and p.req.branches is not None
+            pooling = p.req.pooling
             step.chunks.append(
                 ScheduledChunk(
                     request_id=p.req.request_id,
                     seq=p.req.seq,
                     token_ids=p.req.token_slice(p.start_pos, known) + p.draft,
                     start_pos=p.start_pos,
-                    logits=last,
+                    logits=last and pooling is None,
                     draft=p.draft,
                     scoring=scoring,
+                    n_hidden=_hidden_rows(pooling, p.start_pos, p.n, last),
+                    pooled=last and pooling is not None,
                 )
             )
             if scoring:
@@ -723,7 +758,7 @@ class Scheduler:
                 outputs.append(self._finish(req, "abort"))
             elif chunk.request_id in failed:
                 outputs.append(self._finish(req, "abort", error=failed[chunk.request_id]))
-            elif chunk.scoring:
+            elif chunk.scoring or chunk.pooled:
                 outputs.append(self._finish(req, "stop"))
             elif chunk.logits:
                 outputs.append(self._append_all(req, chunk, tokens[chunk.request_id]))
@@ -805,7 +840,10 @@ class Scheduler:
                 f"continuations to score: {n} tokens and their branches ({branch_pages} pages) "
                 f"do not fit in the KV pool ({self.kv.n_pages} pages of {self._page_size} tokens)"
             )
-        if self.max_model_len is not None and n >= self.max_model_len:
+        if req.pooling is not None:
+            if self.max_model_len is not None and n > self.max_model_len:
+                return ModelError(f"{n} tokens are more than max_model_len={self.max_model_len}")
+        elif self.max_model_len is not None and n >= self.max_model_len:
             return ModelError(
                 f"{n} tokens leave no room for a completion in max_model_len={self.max_model_len}"
             )
@@ -897,3 +935,13 @@ class Scheduler:
         ):
             return self._finish(req, "length", new=[token])
         return SchedulerOutput(req.request_id, [token], False)
+
+
+def _hidden_rows(pooling: Pooling | None, start: int, n: int, last: bool) -> int:
+    """Rows of hidden states a chunk of ``n`` tokens from position ``start`` produces for an
+    embedding request pooled with ``pooling`` (0 for any other request)."""
+    if pooling == "mean" or (pooling == "cls" and start == 0):
+        return n
+    if pooling == "last" and last:
+        return 1
+    return 0

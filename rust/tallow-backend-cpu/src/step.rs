@@ -5,8 +5,8 @@ use std::ops::Range;
 
 use tallow_arena::GrowingArena;
 use tallow_backend::{
-    argmax, Activation, BackendError, Batch, Experts, Moe, Output, Rope, Scores, Step, StepInput,
-    StepPlan,
+    argmax, Activation, BackendError, Batch, Experts, Moe, Output, OutputRows, Rope, Scores, Step,
+    StepInput, StepPlan,
 };
 use tallow_kv::{KvLayout, PagedKvCache};
 use tallow_quant::QuantizedActs;
@@ -403,14 +403,14 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         Ok(())
     }
 
-    fn logit_rows(&mut self, x: &Self::Rows, out: &mut Self::Rows) -> Result<(), BackendError> {
+    fn output_rows(
+        &mut self,
+        x: &Self::Rows,
+        which: OutputRows,
+        out: &mut Self::Rows,
+    ) -> Result<(), BackendError> {
         let d = x.len() / self.n_tokens();
-        for (&row, out) in self
-            .step_plan
-            .logit_rows
-            .iter()
-            .zip(out.chunks_exact_mut(d))
-        {
+        for (&row, out) in which.of(self.step_plan).iter().zip(out.chunks_exact_mut(d)) {
             out.copy_from_slice(&x[row as usize * d..][..d]);
         }
         Ok(())

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use tallow_backend::{
-    Activation, BackendError, Experts, GroupPlan, Moe, Output, Routing, Scores, Step, StepInput,
+    Activation, BackendError, Experts, GroupPlan, Moe, Output, OutputRows, Routing, Scores, Step,
+    StepInput,
 };
 use tallow_kv::PagedKvCache;
 
@@ -52,6 +53,7 @@ pub struct GpuStep<'s, G: Gpu> {
     positions: Buffer<G>,
     token_chunks: Buffer<G>,
     logit_rows: Buffer<G>,
+    hidden_rows: Buffer<G>,
     /// For each RoPE, each token's cosines and sines.
     angles: Vec<Buffer<G>>,
     groups: Vec<GroupBuffers<G>>,
@@ -95,6 +97,7 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
             positions: upload(&plan.positions)?,
             token_chunks: upload(&plan.token_chunks)?,
             logit_rows: upload(&plan.logit_rows)?,
+            hidden_rows: upload(&plan.hidden_rows)?,
             angles,
             groups,
         })
@@ -655,17 +658,26 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         self.launch("add", [element_blocks(x.len()), 1, 1], 256, &args)
     }
 
-    fn logit_rows(&mut self, x: &Rows<G>, out: &mut Rows<G>) -> Result<(), BackendError> {
-        let rows = &self.input.plan.logit_rows;
+    fn output_rows(
+        &mut self,
+        x: &Rows<G>,
+        which: OutputRows,
+        out: &mut Rows<G>,
+    ) -> Result<(), BackendError> {
+        let rows = which.of(self.input.plan);
         if out.n != rows.len() || out.width != x.width {
-            return Err(mismatch("logit rows", out.len(), rows.len() * x.width));
+            return Err(mismatch("output rows", out.len(), rows.len() * x.width));
         }
         if rows.is_empty() {
             return Ok(());
         }
+        let indices = match which {
+            OutputRows::Logits => &self.logit_rows,
+            OutputRows::Hidden => &self.hidden_rows,
+        };
         let mut args = Args::new();
         args.ptr(x.buffer.ptr())
-            .ptr(self.logit_rows.ptr())
+            .ptr(indices.ptr())
             .ptr(out.buffer.ptr());
         args.int(x.width)?;
         self.launch(

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tallow_backend::{
-    Activation, BackendError, Experts, Moe, Output, Routing, Scores, Step, StepInput,
+    Activation, BackendError, Experts, Moe, Output, OutputRows, Routing, Scores, Step, StepInput,
 };
 use tallow_kv::{PageStore, PagedKvCache};
 
@@ -684,10 +684,15 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         self.dispatch_each(Kernel::Add, &buffers, x.len, &[0])
     }
 
-    fn logit_rows(&mut self, x: &Rows, out: &mut Rows) -> Result<(), BackendError> {
+    fn output_rows(
+        &mut self,
+        x: &Rows,
+        which: OutputRows,
+        out: &mut Rows,
+    ) -> Result<(), BackendError> {
         let d = (x.len / self.n_tokens()) as u64 * 4;
         // Runs of consecutive rows go in one copy.
-        let rows = &self.input.plan.logit_rows;
+        let rows = which.of(self.input.plan);
         let mut i = 0;
         while i < rows.len() {
             let first = rows[i];

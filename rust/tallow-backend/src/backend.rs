@@ -9,7 +9,7 @@ use crate::batch::Batch;
 use crate::capabilities::Capabilities;
 use crate::error::BackendError;
 use crate::ops::{Activation, Heads, Moe, Scores};
-use crate::output::Output;
+use crate::output::{Output, OutputRows};
 use crate::plan::StepPlan;
 use crate::rope::Rope;
 
@@ -299,9 +299,14 @@ pub trait Step<B: Backend> {
     /// `x += y`.
     fn add(&mut self, x: &mut Self::Rows, y: &Self::Rows) -> Result<(), BackendError>;
 
-    /// Copies the rows of `x` whose tokens produce logits (the plan's `logit_rows`), in
-    /// order, to `out`.
-    fn logit_rows(&mut self, x: &Self::Rows, out: &mut Self::Rows) -> Result<(), BackendError>;
+    /// Copies the rows of `x` whose tokens produce logits or hidden states (the plan's
+    /// `logit_rows` or `hidden_rows`, as `which` says), in order, to `out`.
+    fn output_rows(
+        &mut self,
+        x: &Self::Rows,
+        which: OutputRows,
+        out: &mut Self::Rows,
+    ) -> Result<(), BackendError>;
 
     /// The logits `softcap(x · mᵀ)` (`cap * tanh(v / cap)` when `softcap` is set) to host
     /// memory, or only each row's [`crate::argmax`] of them.

@@ -4,7 +4,8 @@ use std::ops::Range;
 
 use tallow_kv::{PageId, SeqId};
 
-/// Which positions of a sequence's chunk produce logits.
+/// Which positions of a sequence's chunk produce logits (or, for a chunk that asks for hidden
+/// states, which produce those instead).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {
     /// None (a prompt chunk that is not the last one).
@@ -25,11 +26,14 @@ pub struct SeqChunk {
     pub logits: Logits,
     /// The sequence this one was forked from for this batch (see [`Batch::push_branch`]).
     pub branch_of: Option<SeqId>,
+    /// Whether the rows [`SeqChunk::logits`] selects give their final hidden states (after the
+    /// output norm, what embeddings pool) instead of logits (see [`Batch::push_hidden`]).
+    pub hidden: bool,
 }
 
 impl SeqChunk {
-    /// The rows of the batch (its tokens) whose logits this chunk produces.
-    pub fn logit_rows(&self) -> Range<usize> {
+    /// The rows of the batch (its tokens) that [`SeqChunk::logits`] selects.
+    fn selected_rows(&self) -> Range<usize> {
         let end = self.start + self.len;
         match self.logits {
             Logits::None => end..end,
@@ -38,9 +42,32 @@ impl SeqChunk {
         }
     }
 
+    /// The rows of the batch (its tokens) whose logits this chunk produces.
+    pub fn logit_rows(&self) -> Range<usize> {
+        if self.hidden {
+            self.start..self.start
+        } else {
+            self.selected_rows()
+        }
+    }
+
+    /// The rows of the batch whose final hidden states this chunk produces.
+    pub fn hidden_rows(&self) -> Range<usize> {
+        if self.hidden {
+            self.selected_rows()
+        } else {
+            self.start..self.start
+        }
+    }
+
     /// Rows of logits this chunk produces.
     pub fn n_logits(&self) -> usize {
         self.logit_rows().len()
+    }
+
+    /// Rows of hidden states this chunk produces.
+    pub fn n_hidden(&self) -> usize {
+        self.hidden_rows().len()
     }
 }
 
@@ -67,7 +94,14 @@ impl Batch {
 
     /// Adds `tokens` as the next positions of `seq`.
     pub fn push(&mut self, seq: SeqId, tokens: &[u32], logits: Logits) -> &mut Self {
-        self.push_chunk(seq, tokens, logits, None)
+        self.push_chunk(seq, tokens, logits, None, false)
+    }
+
+    /// Adds `tokens` as the next positions of `seq`, the rows `rows` selects giving their final
+    /// hidden states (after the output norm, `n_embd` values a row) instead of logits: what an
+    /// embedding pools. No LM head runs for them.
+    pub fn push_hidden(&mut self, seq: SeqId, tokens: &[u32], rows: Logits) -> &mut Self {
+        self.push_chunk(seq, tokens, rows, None, true)
     }
 
     /// Adds `tokens` as the next positions of `seq`, a fork of `parent` made after `parent`
@@ -83,7 +117,7 @@ impl Batch {
         tokens: &[u32],
         logits: Logits,
     ) -> &mut Self {
-        self.push_chunk(seq, tokens, logits, Some(parent))
+        self.push_chunk(seq, tokens, logits, Some(parent), false)
     }
 
     fn push_chunk(
@@ -92,6 +126,7 @@ impl Batch {
         tokens: &[u32],
         logits: Logits,
         branch_of: Option<SeqId>,
+        hidden: bool,
     ) -> &mut Self {
         self.chunks.push(SeqChunk {
             seq,
@@ -99,6 +134,7 @@ impl Batch {
             len: tokens.len(),
             logits,
             branch_of,
+            hidden,
         });
         self.tokens.extend_from_slice(tokens);
         self
@@ -122,5 +158,10 @@ impl Batch {
     /// Rows of logits the batch produces, in chunk order.
     pub fn n_logits(&self) -> usize {
         self.chunks.iter().map(SeqChunk::n_logits).sum()
+    }
+
+    /// Rows of hidden states the batch produces, in chunk order.
+    pub fn n_hidden(&self) -> usize {
+        self.chunks.iter().map(SeqChunk::n_hidden).sum()
     }
 }

@@ -19,6 +19,6 @@ pub use batch::{Batch, KvCopy, Logits, SeqChunk};
 pub use capabilities::Capabilities;
 pub use error::BackendError;
 pub use ops::{Activation, Heads, Moe, Routing, Scores};
-pub use output::{argmax, Output};
+pub use output::{argmax, Output, OutputRows};
 pub use plan::{GroupPlan, KvSlot, StepPlan};
 pub use rope::{Rope, RopeParams, RopeScaling, RopeStyle};

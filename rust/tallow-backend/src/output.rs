@@ -1,6 +1,26 @@
 //! What a step leaves in host memory for the rows that produce logits: the logits
 //! themselves, or only the token a greedy choice takes from each row.
 
+use crate::plan::StepPlan;
+
+/// A step's rows of output: those that produce logits, or those that produce final hidden
+/// states (see [`crate::Batch::push_hidden`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputRows {
+    Logits,
+    Hidden,
+}
+
+impl OutputRows {
+    /// The rows (tokens) of the step, in output order.
+    pub fn of(self, plan: &StepPlan) -> &[u32] {
+        match self {
+            OutputRows::Logits => &plan.logit_rows,
+            OutputRows::Hidden => &plan.hidden_rows,
+        }
+    }
+}
+
 /// Where a step writes its result, one entry per row that produces logits.
 pub enum Output<'o> {
     /// `n_vocab` logits per row, row after row.

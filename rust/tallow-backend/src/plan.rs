@@ -1,5 +1,5 @@
 //! A step's plan: where each token's keys and values go, which pages each chunk's attention
-//! reads, and which rows produce logits. It is built once per step, on the host, from the batch
+//! reads, and which rows produce logits (or hidden states). It is built once per step, on the host, from the batch
 //! and the KV cache's page tables, before any operation runs; backends read it and none walks
 //! the page tables itself. Its arrays are plain `u32`s that a device takes as they are.
 
@@ -51,6 +51,8 @@ pub struct StepPlan {
     pub token_chunks: Vec<u32>,
     /// The rows (tokens) that produce logits, in the order of the logits.
     pub logit_rows: Vec<u32>,
+    /// The rows (tokens) that produce final hidden states, in the order of those.
+    pub hidden_rows: Vec<u32>,
     /// One per layer group.
     pub groups: Vec<GroupPlan>,
     /// The group of each layer.
@@ -81,6 +83,7 @@ impl StepPlan {
         self.positions.clear();
         self.token_chunks.clear();
         self.logit_rows.clear();
+        self.hidden_rows.clear();
         for (c, chunk) in batch.chunks.iter().enumerate() {
             let reserved = cache.seq_len(chunk.seq)?;
             let first = reserved.checked_sub(chunk.len).ok_or_else(|| {
@@ -97,6 +100,9 @@ impl StepPlan {
             }
             for row in chunk.logit_rows() {
                 self.logit_rows.push(word(row, "tokens")?);
+            }
+            for row in chunk.hidden_rows() {
+                self.hidden_rows.push(word(row, "tokens")?);
             }
         }
         let groups = cache.groups();
@@ -223,6 +229,24 @@ mod tests {
 
     fn reserve(cache: &mut PagedKvCache, seq: SeqId, n: usize) {
         cache.append_slots(seq, n).unwrap();
+    }
+
+    #[test]
+    fn hidden_rows_are_apart_from_logit_rows() {
+        let mut cache = cache(&[None]);
+        let (a, b, c) = (cache.create(), cache.create(), cache.create());
+        reserve(&mut cache, a, 2);
+        reserve(&mut cache, b, 3);
+        reserve(&mut cache, c, 2);
+        let mut batch = Batch::new();
+        batch.push(a, &[7, 8], Logits::Last);
+        batch.push_hidden(b, &[1, 2, 3], Logits::All);
+        batch.push_hidden(c, &[4, 5], Logits::Last);
+        assert_eq!((batch.n_logits(), batch.n_hidden()), (1, 4));
+        let mut plan = StepPlan::new();
+        plan.build(&batch, &cache).unwrap();
+        assert_eq!(plan.logit_rows, [1]);
+        assert_eq!(plan.hidden_rows, [2, 3, 4, 6]);
     }
 
     #[test]

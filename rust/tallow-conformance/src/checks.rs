@@ -2,8 +2,8 @@
 
 use tallow_backend::{
     argmax, Activation, Backend, BackendError, Batch, Experts, Heads, Logits, MatrixSpec,
-    MatrixUse, Moe, Output, Rope, RopeParams, RopeScaling, RopeStyle, Routing, Scores, Step,
-    StepInput, StepPlan,
+    MatrixUse, Moe, Output, OutputRows, Rope, RopeParams, RopeScaling, RopeStyle, Routing, Scores,
+    Step, StepInput, StepPlan,
 };
 use tallow_gguf::GgmlType;
 use tallow_kv::{KvDtype, KvLayout, LayerGroups, PagedKvCache, SeqId};
@@ -381,6 +381,37 @@ pub fn greedy_tokens_are_the_argmax_of_the_logits<S: Subject>() {
             assert_eq!(tokens, want, "{what}");
             assert!(want.iter().all(|&t| t < 150 && t != 7), "{want:?}");
         }
+    }
+}
+
+/// The rows a step gathers for the LM head and for hidden states are the plan's, in order,
+/// copied exactly: one chunk's last row produces logits, another's every row and a third's
+/// last row produce hidden states.
+pub fn output_rows_are_the_planned_rows<S: Subject>() {
+    let width = 40;
+    let mut batch = Batch::new();
+    batch.push(SeqId(0), &[0; 3], Logits::Last);
+    batch.push_hidden(SeqId(1), &[0; 4], Logits::All);
+    batch.push_hidden(SeqId(2), &[0; 2], Logits::Last);
+    let n = batch.tokens.len();
+    let x = random(31, n * width);
+    let row = |r: usize| x[r * width..][..width].to_vec();
+    for backend in S::variants(Family::Other) {
+        let ropes = backend.upload_ropes(Vec::new()).unwrap();
+        let (mut logit_rows, mut hidden_rows) = (vec![0f32; width], vec![0f32; 5 * width]);
+        run(&backend, &batch, &[0, 0, 0], &ropes, |step| {
+            let xs = step.upload(&x, width)?;
+            let mut logits = step.rows(1, width)?;
+            let mut hidden = step.rows(5, width)?;
+            step.output_rows(&xs, OutputRows::Logits, &mut logits)?;
+            step.output_rows(&xs, OutputRows::Hidden, &mut hidden)?;
+            step.read(&logits, &mut logit_rows)?;
+            step.read(&hidden, &mut hidden_rows)
+        });
+        let what = S::describe(&backend);
+        assert_eq!(logit_rows, row(2), "{what}");
+        let want: Vec<f32> = [3, 4, 5, 6, 8].into_iter().flat_map(row).collect();
+        assert_eq!(hidden_rows, want, "{what}");
     }
 }
 

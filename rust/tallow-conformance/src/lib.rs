@@ -114,6 +114,11 @@ macro_rules! suite {
         }
 
         #[test]
+        fn output_rows_are_the_planned_rows() {
+            $crate::output_rows_are_the_planned_rows::<$subject>();
+        }
+
+        #[test]
         fn experts_match_the_reference() {
             $crate::experts_match_the_reference::<$subject>();
         }

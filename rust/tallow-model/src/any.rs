@@ -3,7 +3,7 @@
 
 use std::any::Any;
 
-use tallow_backend::{Backend, Batch, DeviceInfo, DeviceMemory, Output};
+use tallow_backend::{Backend, Batch, DeviceInfo, DeviceMemory};
 use tallow_gguf::GgufFile;
 use tallow_grammar::{Constraint, Structured};
 use tallow_kv::{KvBudget, KvLayout, LayerGroups, PagedKvCache};
@@ -11,7 +11,7 @@ use tallow_tokenizer::Tokenizer;
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::forward::Scratch;
+use crate::forward::{Outputs, Scratch};
 use crate::Model;
 
 /// What [`Model`] offers, whatever its backend.
@@ -41,7 +41,7 @@ pub trait AnyModel: Send + Sync {
         cache: &mut PagedKvCache,
         batch: &Batch,
         scratch: &mut AnyScratch,
-        out: Output<'_>,
+        out: Outputs<'_>,
     ) -> Result<(), ModelError>;
 }
 
@@ -116,7 +116,7 @@ impl<B: Backend> AnyModel for Model<B> {
         cache: &mut PagedKvCache,
         batch: &Batch,
         scratch: &mut AnyScratch,
-        out: Output<'_>,
+        out: Outputs<'_>,
     ) -> Result<(), ModelError> {
         Model::forward_into(self, cache, batch, scratch.of::<B>(), out)
     }

@@ -125,6 +125,13 @@ impl ModelConfig {
                 .ok_or_else(|| ModelError::MissingMetadata(format!("{architecture}.vocab_size")))?,
         };
         let n_ctx_train = md.usize_or("context_length", 2048)?;
+        if md.get("attention.causal").and_then(Value::as_bool) == Some(false) {
+            // Encoder-style embedding models: every token sees the whole text.
+            return Err(ModelError::Unsupported(format!(
+                "bidirectional attention ({architecture}.attention.causal = false): tallow's \
+                 attention is causal"
+            )));
+        }
         let sliding_window = match arch.sliding {
             SlidingLayers::None => None,
             _ => Some(md.usize("attention.sliding_window")?).filter(|&w| w > 0),

@@ -2,7 +2,7 @@
 //! seam and driven by the architecture's description.
 
 use tallow_backend::{
-    Backend, BackendError, Batch, Moe, Output, Scores, Step, StepInput, StepPlan,
+    Backend, BackendError, Batch, Moe, Output, OutputRows, Scores, Step, StepInput, StepPlan,
 };
 use tallow_kv::PagedKvCache;
 
@@ -10,6 +10,25 @@ use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::ropes::rope_index;
 use crate::weights::{Dense, FeedForward, Weights};
+
+/// Where a forward pass writes what its batch asks for.
+pub struct Outputs<'o> {
+    /// The LM head's result for the rows that produce logits ([`Batch::n_logits`] of them).
+    pub head: Output<'o>,
+    /// The final hidden states (after the output norm) of the rows that ask for them
+    /// ([`Batch::n_hidden`] rows of `n_embd` floats).
+    pub hidden: &'o mut [f32],
+}
+
+impl<'o> From<Output<'o>> for Outputs<'o> {
+    /// The head's result alone, for a batch that asks for no hidden states.
+    fn from(head: Output<'o>) -> Self {
+        Outputs {
+            head,
+            hidden: &mut [],
+        }
+    }
+}
 
 pub(crate) struct Forward<'a, B: Backend> {
     pub backend: &'a B,
@@ -56,23 +75,31 @@ impl<B: Backend> Forward<'_, B> {
     /// Runs every chunk of `batch` at the positions reserved for it: the last `len`
     /// positions of its sequence in `cache` (see [`PagedKvCache::append_slots`]). Writes their
     /// keys and values there and, for the rows that ask for logits (chunk by chunk), their
-    /// logits or greedy tokens to `out`, which must hold exactly that many.
+    /// logits or greedy tokens to `out.head`, and for those that ask for hidden states, those
+    /// to `out.hidden`; each must hold exactly that many.
     pub fn run(
         &self,
         cache: &mut PagedKvCache,
         batch: &Batch,
         scratch: &mut Scratch<B>,
-        out: Output<'_>,
+        out: Outputs<'_>,
     ) -> Result<(), ModelError> {
         let n_vocab = self.config.n_vocab;
         if let Some(&id) = batch.tokens.iter().find(|&&id| id as usize >= n_vocab) {
             return Err(ModelError::TokenOutOfRange { id, n_vocab });
         }
-        let expected = out.len_for(batch.n_logits(), n_vocab);
-        if out.len() != expected {
+        let expected = out.head.len_for(batch.n_logits(), n_vocab);
+        if out.head.len() != expected {
             return Err(ModelError::InvalidArgument(format!(
                 "the output buffer holds {} values; this batch produces {expected}",
-                out.len()
+                out.head.len()
+            )));
+        }
+        let expected = batch.n_hidden() * self.config.n_embd;
+        if out.hidden.len() != expected {
+            return Err(ModelError::InvalidArgument(format!(
+                "the hidden-state buffer holds {} values; this batch produces {expected}",
+                out.hidden.len()
             )));
         }
         let Scratch {
@@ -102,7 +129,7 @@ impl<B: Backend> Forward<'_, B> {
         step: &mut S,
         cache: &mut PagedKvCache,
         batch: &Batch,
-        out: Output<'_>,
+        out: Outputs<'_>,
     ) -> Result<(), BackendError> {
         let (cfg, w) = (self.config, self.weights);
         let (n, d) = (batch.tokens.len(), cfg.n_embd);
@@ -194,16 +221,40 @@ impl<B: Backend> Forward<'_, B> {
             step.add(&mut x, &proj)?;
         }
 
-        // Only the rows that produce logits go through the output norm and the LM head.
+        // Only the rows that produce hidden states or logits go through the output norm, and
+        // only those that produce logits through the LM head.
+        let n_hidden = batch.n_hidden();
+        if n_hidden > 0 {
+            let normed = self.output_norm(step, &x, OutputRows::Hidden, n_hidden)?;
+            step.read(&normed, out.hidden)?;
+        }
         let n_logits = batch.n_logits();
         if n_logits > 0 {
-            let mut rows = step.rows(n_logits, d)?;
-            let mut normed = step.rows(n_logits, d)?;
-            step.logit_rows(&x, &mut rows)?;
-            step.rms_norm(&rows, &w.output_norm, cfg.rms_eps, &mut normed)?;
-            step.logits(&normed, w.output(), cfg.final_softcap, out)?;
+            let normed = self.output_norm(step, &x, OutputRows::Logits, n_logits)?;
+            step.logits(&normed, w.output(), cfg.final_softcap, out.head)?;
         }
         Ok(())
+    }
+
+    /// The `n` output rows `which` of `x`, after the output norm.
+    fn output_norm<S: Step<B>>(
+        &self,
+        step: &mut S,
+        x: &S::Rows,
+        which: OutputRows,
+        n: usize,
+    ) -> Result<S::Rows, BackendError> {
+        let d = self.config.n_embd;
+        let mut rows = step.rows(n, d)?;
+        let mut normed = step.rows(n, d)?;
+        step.output_rows(x, which, &mut rows)?;
+        step.rms_norm(
+            &rows,
+            &self.weights.output_norm,
+            self.config.rms_eps,
+            &mut normed,
+        )?;
+        Ok(normed)
     }
 }
 

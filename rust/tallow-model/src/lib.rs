@@ -24,7 +24,7 @@ pub use arch::{
 };
 pub use config::{supported_architectures, ModelConfig};
 pub use error::ModelError;
-pub use forward::Scratch;
+pub use forward::{Outputs, Scratch};
 pub use sampling::{sample_batch, Sampled, Sampler, SamplingParams};
 pub use sequence::SingleSequence;
 pub use tallow_backend::{
@@ -243,13 +243,14 @@ impl<B: Backend> Model<B> {
             cache,
             batch,
             &mut Scratch::new(),
-            Output::Logits(&mut logits),
+            Output::Logits(&mut logits).into(),
         )?;
         Ok(logits)
     }
 
     /// [`Model::forward`] writing its result to `out` (exactly `batch.n_logits() * n_vocab`
-    /// logits, or `batch.n_logits()` greedy tokens) and taking every intermediate buffer from
+    /// logits, or `batch.n_logits()` greedy tokens, and `batch.n_hidden() * n_embd` floats of
+    /// hidden states for the chunks that ask for them) and taking every intermediate buffer from
     /// `scratch`. Once `scratch` has served a batch of this shape (tokens per chunk, sequence
     /// lengths no longer than before), the call makes no heap allocation on the CPU.
     pub fn forward_into(
@@ -257,7 +258,7 @@ impl<B: Backend> Model<B> {
         cache: &mut PagedKvCache,
         batch: &Batch,
         scratch: &mut Scratch<B>,
-        out: Output<'_>,
+        out: Outputs<'_>,
     ) -> Result<(), ModelError> {
         self.check_kv_cache(cache)?;
         let forward = Forward {

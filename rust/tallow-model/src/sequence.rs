@@ -87,7 +87,7 @@ impl SingleSequence {
                 &mut self.cache,
                 &batch,
                 &mut self.scratch,
-                Output::Logits(&mut logits),
+                Output::Logits(&mut logits).into(),
             )
             .map(|()| logits);
         if result.is_err() {

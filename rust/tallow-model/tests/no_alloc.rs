@@ -73,7 +73,7 @@ fn decode_steps_allocate_nothing_once_warm() {
             &mut cache,
             &batch,
             &mut scratch,
-            Output::Logits(&mut logits),
+            Output::Logits(&mut logits).into(),
         )
         .unwrap();
 
@@ -97,7 +97,7 @@ fn decode_steps_allocate_nothing_once_warm() {
                 &mut cache,
                 &batch,
                 &mut scratch,
-                Output::Logits(&mut logits),
+                Output::Logits(&mut logits).into(),
             )
             .unwrap();
         let made = ALLOCATIONS.load(Ordering::SeqCst) - before;
@@ -133,7 +133,12 @@ fn scratch_grows_for_larger_batches_and_results_do_not_depend_on_it() {
         batch.push(seq, &ids, Logits::All);
         let mut logits = vec![0.0; ids.len() * n_vocab];
         model
-            .forward_into(&mut cache, &batch, scratch, Output::Logits(&mut logits))
+            .forward_into(
+                &mut cache,
+                &batch,
+                scratch,
+                Output::Logits(&mut logits).into(),
+            )
             .unwrap();
         logits
     };

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 use tallow_gguf::{Array, Value};
 use tallow_model::{
-    AnyModel, Batch, LoadOptions, Logits, ModelConfig, Output, SamplingParams, SeqId,
+    AnyModel, Batch, LoadOptions, Logits, ModelConfig, Output, Outputs, SamplingParams, SeqId,
     SingleSequence,
 };
 
@@ -122,6 +122,12 @@ impl Model {
     #[getter]
     fn n_vocab(&self) -> usize {
         self.config().n_vocab
+    }
+
+    /// Width of the hidden states (the embedding length).
+    #[getter]
+    fn n_embd(&self) -> usize {
+        self.config().n_embd
     }
 
     #[getter]
@@ -288,41 +294,60 @@ impl Model {
 
     /// Runs one ragged batch: `(seq, tokens, logits)` per sequence, where `tokens` take the last
     /// `len(tokens)` positions reserved for `seq` in `cache` and `logits` is `"none"`, `"last"`
-    /// or `"all"`; or `(seq, tokens, logits, parent)` for a branch: `seq` was forked from
-    /// `parent` after `parent` reserved the positions it computes in this batch, and takes
-    /// them as `parent` writes them (one forward computes a text and continuations of it). With `output="logits"`, returns float32 logits of shape `(rows, n_vocab)`,
+    /// or `"all"` (or `"hidden-last"`, `"hidden-all"`: those rows give their final hidden
+    /// states instead of logits); or `(seq, tokens, logits, parent)` for a branch: `seq` was
+    /// forked from `parent` after `parent` reserved the positions it computes in this batch,
+    /// and takes them as `parent` writes them (one forward computes a text and continuations
+    /// of it). With `output="logits"`, returns float32 logits of shape `(rows, n_vocab)`,
     /// chunk by chunk; with `output="argmax"`, only each row's greedy token (uint32, shape
-    /// `(rows,)`), chosen on the model's device.
-    #[pyo3(signature = (cache, batch, output = "logits"))]
+    /// `(rows,)`), chosen on the model's device. With `hidden=True`, returns that and the
+    /// hidden states (float32, `(rows, n_embd)`, chunk by chunk) as a pair.
+    #[pyo3(signature = (cache, batch, output = "logits", *, hidden = false))]
     fn forward<'py>(
         &self,
         py: Python<'py>,
         mut cache: PyRefMut<'_, KvCache>,
         batch: Vec<BatchEntry>,
         output: &str,
-    ) -> PyResult<Bound<'py, PyUntypedArray>> {
+        hidden: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let mut flat = Batch::new();
         for entry in &batch {
-            let (seq, tokens, logits, parent) = match entry {
-                BatchEntry::Chunk((seq, tokens, logits)) => (seq, tokens, logits, None),
-                BatchEntry::Branch((seq, tokens, logits, parent)) => {
-                    (seq, tokens, logits, Some(SeqId(*parent)))
+            let (seq, tokens, rows, parent) = match entry {
+                BatchEntry::Chunk((seq, tokens, rows)) => (SeqId(*seq), tokens, rows, None),
+                BatchEntry::Branch((seq, tokens, rows, parent)) => {
+                    (SeqId(*seq), tokens, rows, Some(SeqId(*parent)))
                 }
             };
-            let logits = match logits.as_str() {
-                "none" => Logits::None,
-                "last" => Logits::Last,
-                "all" => Logits::All,
+            let (rows, wants_hidden) = match rows.as_str() {
+                "none" => (Logits::None, false),
+                "last" => (Logits::Last, false),
+                "all" => (Logits::All, false),
+                "hidden-last" => (Logits::Last, true),
+                "hidden-all" => (Logits::All, true),
                 other => {
                     return Err(crate::errors::invalid_argument(format!(
-                        "logits must be 'none', 'last' or 'all', got {other:?}"
+                        "logits must be 'none', 'last', 'all', 'hidden-last' or 'hidden-all', \
+                         got {other:?}"
                     )))
                 }
             };
-            match parent {
-                Some(parent) => flat.push_branch(SeqId(*seq), parent, tokens, logits),
-                None => flat.push(SeqId(*seq), tokens, logits),
+            match (parent, wants_hidden) {
+                (Some(_), true) => {
+                    return Err(crate::errors::invalid_argument(
+                        "a branch produces logits, not hidden states",
+                    ))
+                }
+                (Some(parent), false) => flat.push_branch(seq, parent, tokens, rows),
+                (None, true) => flat.push_hidden(seq, tokens, rows),
+                (None, false) => flat.push(seq, tokens, rows),
             };
+        }
+        let (n_hidden, n_embd) = (flat.n_hidden(), self.config().n_embd);
+        if n_hidden > 0 && !hidden {
+            return Err(crate::errors::invalid_argument(
+                "the batch asks for hidden states: call forward(..., hidden=True)",
+            ));
         }
         let (rows, n_vocab) = (flat.n_logits(), self.config().n_vocab);
         let model = &self.inner;
@@ -330,35 +355,47 @@ impl Model {
             inner: pool,
             scratch,
         } = &mut *cache;
-        let mut run = |out: Output<'_>| {
+        // Not zeroed (the forward pass writes every value, and on an error the arrays are
+        // dropped unseen).
+        // SAFETY: f32 has no invalid bit patterns, and no Python code sees the array before it
+        // is filled.
+        let states = unsafe { PyArray2::<f32>::new(py, [n_hidden, n_embd], false) };
+        let mut run = |head: Output<'_>| {
+            // SAFETY: the array was just created here and no Python code has seen it yet, so
+            // this is the only reference to its (contiguous) data.
+            let hidden = unsafe { states.as_slice_mut()? };
             py.detach(|| {
                 guard(|| {
                     model
-                        .forward_into(pool, &flat, scratch, out)
+                        .forward_into(pool, &flat, scratch, Outputs { head, hidden })
                         .map_err(model_error)
                 })
             })
         };
-        match output {
+        let head = match output {
             "logits" => {
-                // Not zeroed (a megabyte a step for a few rows of a large vocabulary): the
-                // forward pass writes every value, and on an error the array is dropped unseen.
-                // SAFETY: f32 has no invalid bit patterns, and no Python code sees the array
-                // before it is filled.
+                // Not zeroed: a megabyte a step for a few rows of a large vocabulary.
+                // SAFETY: as `states`.
                 let array = unsafe { PyArray2::<f32>::new(py, [rows, n_vocab], false) };
-                // SAFETY: the array was just created here and no Python code has seen it yet,
-                // so this is the only reference to its (contiguous) data.
+                // SAFETY: as `states`.
                 run(Output::Logits(unsafe { array.as_slice_mut()? }))?;
-                Ok(array.as_untyped().clone())
+                array.into_any()
             }
             "argmax" => {
                 let mut tokens = vec![0u32; rows];
                 run(Output::Argmax(&mut tokens))?;
-                Ok(tokens.into_pyarray(py).as_untyped().clone())
+                tokens.into_pyarray(py).into_any()
             }
-            other => Err(crate::errors::invalid_argument(format!(
-                "output must be 'logits' or 'argmax', got {other:?}"
-            ))),
+            other => {
+                return Err(crate::errors::invalid_argument(format!(
+                    "output must be 'logits' or 'argmax', got {other:?}"
+                )))
+            }
+        };
+        if hidden {
+            Ok((head, states).into_pyobject(py)?.into_any())
+        } else {
+            Ok(head)
         }
     }
 

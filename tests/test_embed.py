@@ -1,0 +1,223 @@
+"""Embeddings: pooled final hidden states against transformers, through every front end.
+
+The oracle: transformers' logits at the 32 prompt positions of each tiny reference model
+(``shared/reference/arch``) are its final hidden states (after the output norm) times the output
+matrix; with a vocabulary of 512 over a width of 64 that matrix has full column rank, so a least
+squares solve gives back transformers' hidden states exactly (for gemma2, after undoing its final
+soft-cap). Mean, last-token and CLS pooling of any prefix of the prompt are then known.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import numpy.typing as npt
+import pytest
+from conftest import f32_pool
+from test_architectures import ARCHITECTURES, GGUF_NAMES, MOE
+from test_rope_scaling import rewrite
+
+import tallow
+from tallow import _core
+from tallow.engine import Engine, EngineConfig, SamplingParams
+from tallow.pooling import Pooler
+
+F32 = npt.NDArray[np.float32]
+
+
+def transformers_hidden(arch_dir: Path, arch: str) -> npt.NDArray[np.float64]:
+    """transformers' final hidden states at the 32 prompt positions, from its logits."""
+    reader = gguf.GGUFReader(arch_dir / arch / f"{arch}-f32.gguf")
+    tensors = {t.name: t for t in reader.tensors}
+    out = tensors.get("output.weight", tensors["token_embd.weight"])
+    matrix = np.asarray(out.data, dtype=np.float64).reshape(-1, int(out.shape[0]))
+    logits = np.load(arch_dir / arch / "ref_logits.npy").astype(np.float64)
+    name = GGUF_NAMES.get(arch, arch)
+    cap = reader.get_field(f"{name}.final_logit_softcapping")
+    if cap is not None:
+        c = float(cap.contents())
+        logits = c * np.arctanh(logits / c)
+    hidden, *_ = np.linalg.lstsq(matrix, logits.T, rcond=None)
+    return hidden.T
+
+
+def pooled(hidden: npt.NDArray[np.float64], pooling: str, k: int) -> npt.NDArray[np.float64]:
+    return {"mean": hidden[:k].mean(axis=0), "last": hidden[k - 1], "cls": hidden[0]}[pooling]
+
+
+@pytest.mark.parametrize("arch", [a for a, _ in ARCHITECTURES] + MOE)
+def test_pooled_hidden_states_match_transformers(
+    arch_dir: Path, prompt: list[int], arch: str
+) -> None:
+    hidden = transformers_hidden(arch_dir, arch)
+    llm = tallow.LLM(arch_dir / arch / f"{arch}-f32.gguf", progress=False, kv_dtype="f32")
+    for pooling in ("mean", "last", "cls"):
+        lengths = (1, 7, 32)
+        got = llm.embed([prompt[:k] for k in lengths], pooling=pooling, normalize=False)
+        assert got.shape == (3, 64) and got.dtype == np.float32
+        for row, k in zip(got, lengths, strict=True):
+            want = pooled(hidden, pooling, k)
+            assert np.abs(row - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), (pooling, k)
+
+
+class _Recording:
+    """A model whose forward calls are recorded: the row kinds of each batch."""
+
+    def __init__(self, model: _core.Model) -> None:
+        self.model = model
+        self.kinds: list[set[str]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.model, name)
+
+    def forward(self, kv: _core.KvCache, batch: list[tuple[object, ...]], *a: object, **k: object):  # type: ignore[no-untyped-def]
+        self.kinds.append({str(c[2]) for c in batch})
+        return self.model.forward(kv, batch, *a, **k)  # type: ignore[call-overload]
+
+
+def _drain(engine: Engine) -> tuple[list[int], dict[str, F32]]:
+    tokens: list[int] = []
+    vectors: dict[str, F32] = {}
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None
+            if out.embedding is not None:
+                vectors[out.request_id] = out.embedding
+            else:
+                tokens += out.new_token_ids
+    return tokens, vectors
+
+
+def test_long_prompts_pool_across_chunks_beside_generation(
+    arch_dir: Path, prompt: list[int]
+) -> None:
+    """Prompts cut into chunks of 5 tokens, in steps shared with a generating request: every
+    pooling still matches transformers, no step computes logits for an embedding's rows, and
+    the generation is the one it makes alone."""
+    hidden = transformers_hidden(arch_dir, "qwen3")
+    model = _core.Model(str(arch_dir / "qwen3" / "qwen3-f32.gguf"))
+    config = EngineConfig(max_tokens_per_step=5, kv_pages=64, page_size=4, kv_dtype="f32")
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    engine = Engine(model, config)
+    engine.add("gen", prompt[:9], greedy)
+    for pooling in ("mean", "last", "cls"):
+        engine.add(pooling, prompt, SamplingParams(max_tokens=None, pooling=pooling))
+    recording = _Recording(model)
+    engine.model = recording  # type: ignore[assignment]
+    tokens, vectors = _drain(engine)
+    assert sorted(vectors) == ["cls", "last", "mean"]
+    for pooling, vector in vectors.items():
+        want = pooled(hidden, pooling, len(prompt))
+        assert np.abs(vector - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), pooling
+    # Steps that held generation's rows and embeddings' rows both.
+    assert any({"last", "hidden-all"} <= kinds for kinds in recording.kinds)
+    alone = Engine(model, config)
+    alone.add("gen", prompt[:9], greedy)
+    assert _drain(alone) == (tokens, {}) and len(tokens) == 12
+
+
+def test_a_preempted_embedding_starts_over() -> None:
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    pooler = Pooler("mean", 3)
+    pooler.add(rows[:2], 0)
+    pooler.add(rows[2:], 2)
+    np.testing.assert_allclose(pooler.result(), rows.mean(axis=0))
+    # Preempted after its first chunk: computed again from position 0.
+    pooler.add(rows[:1], 0)
+    pooler.add(rows[1:], 1)
+    np.testing.assert_allclose(pooler.result(), rows.mean(axis=0))
+    cls = Pooler("cls", 3)
+    cls.add(rows, 0)
+    cls.add(rows[:0], 4)
+    np.testing.assert_array_equal(cls.result(), rows[0])
+
+
+def test_normalize_and_dimensions(smollm2: tallow.LLM) -> None:
+    texts = ["The cat sat on the mat.", "A dog ran in the park.", "The cat sat on the mat."]
+    raw = smollm2.embed(texts, normalize=False)
+    unit = smollm2.embed(texts)
+    assert raw.shape == (3, 576)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(unit, raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-5)
+    np.testing.assert_allclose(unit[0], unit[2], atol=1e-4)  # the same text, the same vector
+    assert not np.allclose(unit[0], unit[1])
+    short = smollm2.embed(texts, dimensions=64)
+    np.testing.assert_allclose(
+        short, raw[:, :64] / np.linalg.norm(raw[:, :64], axis=1, keepdims=True), atol=1e-5
+    )
+    one = smollm2.embed(texts[0])
+    assert one.shape == (576,)
+    np.testing.assert_allclose(one, unit[0], atol=1e-6)
+
+
+def test_the_pooling_comes_from_the_metadata(
+    arch_dir: Path, prompt: list[int], tmp_path: Path
+) -> None:
+    src = arch_dir / "qwen3" / "qwen3-f32.gguf"
+    hidden = transformers_hidden(arch_dir, "qwen3")
+    for code, pooling in ((1, "mean"), (2, "cls"), (3, "last")):
+        path = rewrite(src, tmp_path / f"pooled-{code}.gguf", {"qwen3.pooling_type": code}, {})
+        llm = tallow.LLM(path, progress=False, kv_dtype="f32")
+        got = llm.embed([prompt], normalize=False)[0]
+        np.testing.assert_allclose(got, pooled(hidden, pooling, len(prompt)), atol=1e-4)
+    # A model that names none pools its last token.
+    llm = tallow.LLM(src, progress=False, kv_dtype="f32")
+    np.testing.assert_allclose(
+        llm.embed([prompt], normalize=False)[0], pooled(hidden, "last", len(prompt)), atol=1e-4
+    )
+
+
+def test_bidirectional_models_are_refused(arch_dir: Path, tmp_path: Path) -> None:
+    src = arch_dir / "qwen3" / "qwen3-f32.gguf"
+    path = rewrite(src, tmp_path / "encoder.gguf", {"qwen3.attention.causal": False}, {})
+    with pytest.raises(tallow.UnsupportedError, match="bidirectional attention"):
+        tallow.LLM(path, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("texts", "options", "message"),
+    [
+        ([], {}, "input must be"),
+        (["a", [1, 2]], {}, "not a mix"),
+        ([[1], []], {}, "non-empty"),
+        ([[10**9]], {}, "out of range"),
+        (b"bytes", {}, "input must be"),
+        ("text", {"pooling": "max"}, "pooling must be one of"),
+        ("text", {"dimensions": 0}, "dimensions"),
+        ("text", {"dimensions": 577}, "dimensions"),
+        ("text", {"normalize": "yes"}, "normalize"),
+        ("word " * 600, {}, "longer than the context"),
+    ],
+)
+def test_bad_embedding_arguments(
+    smollm2: tallow.LLM, texts: object, options: dict[str, object], message: str
+) -> None:
+    with pytest.raises(tallow.InvalidArgumentError, match=message):
+        smollm2.embed(texts, **options)  # type: ignore[arg-type]
+
+
+def test_forward_returns_hidden_rows_apart_from_logits(arch_dir: Path, prompt: list[int]) -> None:
+    """One batch: logits for one sequence, hidden states for two others (no LM head row)."""
+    model = _core.Model(str(arch_dir / "qwen3" / "qwen3-f32.gguf"))
+    hidden = transformers_hidden(arch_dir, "qwen3")
+    kv = f32_pool(model)
+    seqs = [kv.create() for _ in range(3)]
+    for seq, n in zip(seqs, (4, 6, 5), strict=True):
+        kv.reserve(seq, n)
+    batch = [
+        (seqs[0], prompt[:4], "last"),
+        (seqs[1], prompt[:6], "hidden-all"),
+        (seqs[2], prompt[:5], "hidden-last"),
+    ]
+    with pytest.raises(tallow.InvalidArgumentError, match="hidden=True"):
+        model.forward(kv, batch)
+    logits, states = model.forward(kv, batch, hidden=True)
+    assert logits.shape == (1, 512) and states.shape == (7, 64)
+    np.testing.assert_allclose(states[:6], hidden[:6], atol=1e-4)
+    np.testing.assert_allclose(states[6], hidden[4], atol=1e-4)
+    reference = np.load(arch_dir / "qwen3" / "ref_logits.npy")
+    np.testing.assert_allclose(logits[0], reference[3], atol=1e-4)
+    with pytest.raises(tallow.InvalidArgumentError, match="branch"):
+        model.forward(kv, [(seqs[0], [1], "hidden-last", seqs[1])], hidden=True)
