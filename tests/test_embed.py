@@ -9,15 +9,22 @@ soft-cap). Mean, last-token and CLS pooling of any prefix of the prompt are then
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import gguf
+import httpx
 import numpy as np
 import numpy.typing as npt
+import openai
 import pytest
 from conftest import f32_pool
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_architectures import ARCHITECTURES, GGUF_NAMES, MOE
 from test_rope_scaling import rewrite
+from test_server import _json, post
 
 import tallow
 from tallow import _core
@@ -221,3 +228,89 @@ def test_forward_returns_hidden_rows_apart_from_logits(arch_dir: Path, prompt: l
     np.testing.assert_allclose(logits[0], reference[3], atol=1e-4)
     with pytest.raises(tallow.InvalidArgumentError, match="branch"):
         model.forward(kv, [(seqs[0], [1], "hidden-last", seqs[1])], hidden=True)
+
+
+# -- the server -----------------------------------------------------------------------------------
+
+MODEL = "smollm2-135m"
+
+
+def test_the_server_embeds_as_the_python_api(client: openai.OpenAI, smollm2: tallow.LLM) -> None:
+    texts = ["The cat sat on the mat.", "Embeddings through the official client."]
+    want = smollm2.embed(texts)
+    # The client asks for base64 by default and decodes it.
+    got = client.embeddings.create(model=MODEL, input=texts)
+    assert [d.index for d in got.data] == [0, 1]
+    np.testing.assert_allclose(np.array([d.embedding for d in got.data]), want, atol=1e-5)
+    assert got.usage.prompt_tokens == sum(len(smollm2.tokenize(t)) for t in texts)
+    assert got.usage.total_tokens == got.usage.prompt_tokens
+    floats = client.embeddings.create(
+        model=MODEL, input=texts[0], encoding_format="float", dimensions=32
+    )
+    np.testing.assert_allclose(
+        floats.data[0].embedding, smollm2.embed(texts[0], dimensions=32), atol=1e-5
+    )
+    ids = smollm2.tokenize(texts[1])
+    by_ids = client.embeddings.create(model=MODEL, input=[ids], encoding_format="float")
+    np.testing.assert_allclose(by_ids.data[0].embedding, want[1], atol=1e-5)
+    mean = httpx.post(
+        f"{client.base_url}embeddings",
+        json={"model": MODEL, "input": "x y z", "pooling": "mean", "normalize": False},
+    ).json()
+    np.testing.assert_allclose(
+        mean["data"][0]["embedding"],
+        smollm2.embed("x y z", pooling="mean", normalize=False),
+        atol=1e-4,
+    )
+    card = client.models.retrieve(MODEL).model_dump()
+    assert card["capabilities"] == ["generate", "embed"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"model": MODEL}, "input", "missing_required_parameter"),
+        ({"model": MODEL, "input": []}, "input", "invalid_type"),
+        ({"model": MODEL, "input": [[1], []]}, "input", "invalid_type"),
+        ({"model": MODEL, "input": ["a", 1]}, "input", "invalid_type"),
+        ({"model": MODEL, "input": [10**6]}, "input", "invalid_value"),
+        (
+            {"model": MODEL, "input": "a", "encoding_format": "int8"},
+            "encoding_format",
+            "invalid_value",
+        ),
+        ({"model": MODEL, "input": "a", "dimensions": 0}, "dimensions", "invalid_value"),
+        ({"model": MODEL, "input": "a", "dimensions": 100000}, "dimensions", "invalid_value"),
+        ({"model": MODEL, "input": "a", "pooling": "max"}, "pooling", "invalid_value"),
+        ({"model": MODEL, "input": "a " * 600}, "input", "context_length_exceeded"),
+        ({"model": "gpt-4", "input": "a"}, "model", "model_not_found"),
+    ],
+)
+def test_bad_embedding_requests_are_answered_400(
+    server: str, body: dict[str, Any], param: str, code: str
+) -> None:
+    response = httpx.post(f"{server}/v1/embeddings", json=body)
+    assert response.status_code == (404 if code == "model_not_found" else 400), response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == (param, code), error
+
+
+_FIELDS = ["input", "encoding_format", "dimensions", "pooling", "normalize", "model"]
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(changes=st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=3), whole=_json)
+def test_no_embedding_body_gets_a_server_error(
+    server: str, changes: dict[str, Any], whole: object
+) -> None:
+    body: object = whole
+    if changes or not isinstance(whole, dict):
+        body = {"model": MODEL, "input": "hello", **changes}
+    response = post(server, "/v1/embeddings", json.dumps(body, ensure_ascii=True))
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    else:
+        assert response.json()["data"]

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import time
+from base64 import b64encode
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import numpy as np
+import numpy.typing as npt
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -29,6 +32,7 @@ from starlette.types import Receive, Scope, Send
 
 from tallow.async_llm import AsyncLLM
 from tallow.classify import Classification, ClassifyTask
+from tallow.embed import EmbedTask, capabilities
 from tallow.engine import SamplingParams
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
 from tallow.output import RequestOutput, TokenLogprob
@@ -37,6 +41,7 @@ from tallow.server.metrics import CONTENT_TYPE, Metrics
 from tallow.server.protocol import (
     APIError,
     ClassifyRequest,
+    EmbeddingRequest,
     GenerationRequest,
     check_model,
     choice_params,
@@ -44,6 +49,7 @@ from tallow.server.protocol import (
     parse_chat,
     parse_classify,
     parse_completion,
+    parse_embeddings,
     parse_json,
     usage,
 )
@@ -157,7 +163,9 @@ class ServerOptions:
     can then write a turn of another role)."""
 
 
-JSON_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/classify"})
+JSON_ROUTES = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/v1/classify", "/v1/embeddings"}
+)
 """The routes (all POST) whose request body the app reads, with :func:`read_json_body`."""
 
 
@@ -236,6 +244,7 @@ class _Server:
             "created": self.created,
             "owned_by": "tallow",
             "max_model_len": self.llm.n_ctx,
+            "capabilities": capabilities(self.llm.model),
         }
 
     async def metrics_endpoint(self, request: Request) -> Response:
@@ -318,6 +327,63 @@ class _Server:
             raise invalid("input", str(e)) from None
         except ModelError as e:
             raise invalid("input", str(e), "context_length_exceeded") from None
+        return req, task, prompts
+
+    # -- embeddings ---------------------------------------------------------------------------
+
+    async def embeddings(self, request: Request) -> Response:
+        return await self._counted("/v1/embeddings", self._embeddings(request))
+
+    async def _embeddings(self, request: Request) -> Response:
+        try:
+            raw = await read_json_body(request, self.options)
+            req, task, prompts = await anyio.to_thread.run_sync(self._prepare_embeddings, raw)
+        except APIError as e:
+            return error_response(e)
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+        vectors: list[list[npt.NDArray[np.float32]]] = []
+        failure: list[TallowError] = []
+
+        async def run() -> None:
+            try:
+                vectors.append(await self.llm.run_embeddings(task, prompts))
+            except TallowError as e:
+                failure.append(e)
+
+        if not await _unless_disconnected(request, run):
+            return Response(status_code=499)
+        if failure:
+            return error_response(APIError(500, str(failure[0]), type="server_error"))
+        return JSONResponse(
+            {
+                "object": "list",
+                "model": req.model,
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": _encoded(v, req.base64)}
+                    for i, v in enumerate(vectors[0])
+                ],
+                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+            }
+        )
+
+    def _prepare_embeddings(
+        self, raw: bytes
+    ) -> tuple[EmbeddingRequest, EmbedTask, list[list[int]]]:
+        """In a worker thread: the parsed request, its task and the token ids of its inputs
+        (each problem a 400 naming its field)."""
+        req = parse_embeddings(parse_json(raw), self.llm.model.n_vocab)
+        check_model(req.model, self.names)
+        try:
+            task = self.llm.embed_task(req.pooling, req.normalize, req.dimensions)
+        except InvalidArgumentError as e:
+            message = str(e)
+            raise invalid("dimensions" if "dimensions" in message else "pooling", message) from None
+        try:
+            prompts = [task.prompt_ids(item) for item in req.inputs]
+        except InvalidArgumentError as e:
+            code = "context_length_exceeded" if "context" in str(e) else "invalid_value"
+            raise invalid("input", str(e), code) from None
         return req, task, prompts
 
     # -- generation ---------------------------------------------------------------------------
@@ -635,6 +701,14 @@ class _Server:
         }
 
 
+def _encoded(vector: npt.NDArray[np.float32], base64: bool) -> list[float] | str:
+    """An embedding as the response carries it: floats, or the base64 of its little-endian
+    float32 bytes."""
+    if base64:
+        return b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return [float(v) for v in vector]
+
+
 def _cached(choices: list[_Choice], n: int) -> int:
     """Prompt tokens served from the prefix cache, counted once per prompt as the prompt tokens
     are (by the first choice of each)."""
@@ -703,6 +777,7 @@ def create_app(
             Route("/v1/completions", server.completions, methods=["POST"]),
             Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
             Route("/v1/classify", server.classify, methods=["POST"]),
+            Route("/v1/embeddings", server.embeddings, methods=["POST"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: internal_error},
         middleware=security_middleware(options.api_key, options.allowed_origins),

@@ -513,6 +513,65 @@ def parse_classify(body: object) -> ClassifyRequest:
     return ClassifyRequest(model, texts, labels, f.string("prompt"))
 
 
+MAX_EMBEDDING_INPUTS = 2048
+"""Most inputs one ``POST /v1/embeddings`` may hold (OpenAI's limit)."""
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """What a ``POST /v1/embeddings`` body asks for."""
+
+    model: str
+    inputs: list[str] | list[list[int]]
+    base64: bool
+    """``encoding_format`` ``"base64"``: each vector as the base64 of its little-endian
+    float32 values (what OpenAI's Python client asks for and decodes)."""
+    dimensions: int | None
+    pooling: str | None
+    normalize: bool
+
+
+def parse_embeddings(body: object, n_vocab: int) -> EmbeddingRequest:
+    """A ``POST /v1/embeddings`` body: ``model``, ``input`` (a text, a list of texts, a list
+    of token ids or a list of lists of them), ``encoding_format`` (``"float"`` or
+    ``"base64"``), ``dimensions``, and tallow's ``pooling`` (``"mean"``, ``"last"``,
+    ``"cls"``) and ``normalize`` (default true)."""
+    f = _Fields(body)
+    model = f.string("model", required=True)
+    assert model is not None
+    value = f.body.get("input")
+    if value is None:
+        raise invalid("input", "'input' is required", "missing_required_parameter")
+    if isinstance(value, str):
+        inputs: list[str] | list[list[int]] = [value]
+    elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        inputs = list(value)
+    elif isinstance(value, list) and value and _is_token_ids(value):
+        inputs = [_in_vocab("input", value, n_vocab)]
+    elif isinstance(value, list) and value and all(_is_token_ids(v) and v for v in value):
+        inputs = [_in_vocab("input", v, n_vocab) for v in value]
+    else:
+        raise invalid(
+            "input",
+            "'input' must be a string, a non-empty list of strings, a list of token ids or a "
+            "list of non-empty lists of token ids",
+            "invalid_type",
+        )
+    if len(inputs) > MAX_EMBEDDING_INPUTS:
+        raise invalid("input", f"'input' may hold at most {MAX_EMBEDDING_INPUTS} inputs")
+    encoding = f.string("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise invalid("encoding_format", "'encoding_format' must be 'float' or 'base64'")
+    return EmbeddingRequest(
+        model,
+        inputs,
+        encoding == "base64",
+        f.integer("dimensions", None, 1, 2**31),
+        f.string("pooling"),
+        f.boolean("normalize", True),
+    )
+
+
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
     """OpenAI's usage object; ``cached_tokens`` are the prompt tokens served from the prefix
     cache."""
