@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import openai
 import pytest
-from conftest import f32_pool
+from conftest import assert_one_line_error, f32_pool, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_architectures import ARCHITECTURES, GGUF_NAMES, MOE
@@ -314,3 +314,21 @@ def test_no_embedding_body_gets_a_server_error(
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
     else:
         assert response.json()["data"]
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def test_the_command_line_embeds_as_the_python_api(smollm2: tallow.LLM) -> None:
+    texts = ["first text", "second text"]
+    proc = run_cli("embed", "-m", MODEL, "--pooling", "mean", "--dimensions", "48", *texts)
+    lines = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert [line["text"] for line in lines] == texts
+    want = smollm2.embed(texts, pooling="mean", dimensions=48)
+    np.testing.assert_allclose([line["embedding"] for line in lines], want, atol=1e-5)
+    from_stdin = run_cli("embed", "-m", MODEL, "--no-normalize", input=b"first text\n\n")
+    (line,) = [json.loads(x) for x in from_stdin.stdout.decode().splitlines()]
+    np.testing.assert_allclose(
+        line["embedding"], smollm2.embed("first text", normalize=False), atol=1e-4
+    )
+    assert_one_line_error(run_cli("embed", "-m", MODEL, "--dimensions", "0", "x"), "dimensions")

@@ -487,6 +487,22 @@ def _cmd_classify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_embed(args: argparse.Namespace) -> int:
+    texts = [_check_arg_text(t) for t in args.text]
+    if not texts:
+        texts = [line for line in _read_file("-").splitlines() if line.strip()]
+    if not texts:
+        raise InvalidArgumentError("no text to embed: give TEXT or lines on stdin")
+    llm = _load(args.model, device=args.device)
+    vectors = llm.embed(
+        texts, normalize=not args.no_normalize, pooling=args.pooling, dimensions=args.dimensions
+    )
+    for text, vector in zip(texts, vectors, strict=True):
+        line = {"text": text, "embedding": [float(v) for v in vector]}
+        print(json.dumps(line, ensure_ascii=False))
+    return 0
+
+
 def _cmd_perplexity(args: argparse.Namespace) -> int:
     text = _read_file(args.file)
     llm = _load(args.model, device=args.device, kv_dtype=args.kv_dtype)
@@ -858,6 +874,22 @@ def build_parser() -> argparse.ArgumentParser:
     model_arg(p)
     device_arg(p)
     p.set_defaults(func=_cmd_classify)
+
+    p = sub.add_parser(
+        "embed",
+        help="embeddings of texts",
+        description="For each TEXT (or each non-empty line of stdin), the model's final hidden "
+        "states pooled into one vector (the pooling the model's metadata names, else the last "
+        "token's) and scaled to unit length. Prints one JSON object a line: the text and its "
+        "embedding.",
+    )
+    p.add_argument("text", nargs="*", metavar="TEXT")
+    p.add_argument("--pooling", choices=["mean", "last", "cls"], help="instead of the model's")
+    p.add_argument("--dimensions", type=int, help="keep the first N values (Matryoshka models)")
+    p.add_argument("--no-normalize", action="store_true", help="leave the vectors' length")
+    model_arg(p)
+    device_arg(p)
+    p.set_defaults(func=_cmd_embed)
 
     p = sub.add_parser(
         "perplexity",
