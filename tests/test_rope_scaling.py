@@ -32,9 +32,9 @@ def rewrite(
     tensors: dict[str, F64],
     drop: frozenset[str] = frozenset(),
 ) -> Path:
-    """``src`` with metadata ``fields`` set (ints as u32, floats as f32, strings, bools), float32
-    ``tensors`` added (in place of any of the same name) and the tensors named in ``drop``
-    left out."""
+    """``src`` with metadata ``fields`` set (ints as u32, floats as f32, strings, bools, lists),
+    float32 ``tensors`` added (in place of any of the same name) and the tensors named in
+    ``drop`` left out."""
     reader = gguf.GGUFReader(src)
     arch = str(reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
     writer = gguf.GGUFWriter(str(dst), arch)
@@ -47,6 +47,9 @@ def rewrite(
         sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
     for name, value in fields.items():
+        if isinstance(value, list):
+            writer.add_array(name, value)
+            continue
         kind = {
             int: gguf.GGUFValueType.UINT32,
             float: gguf.GGUFValueType.FLOAT32,

@@ -34,6 +34,7 @@ from tallow.engine import Engine, EngineConfig, SamplingParams, load_model, samp
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
 from tallow.output import GenerationResult, RequestOutput, ResultBuilder
 from tallow.prompt import ChatPrompt, Prompts
+from tallow.rerank import Reranked, RerankTask, ranked
 
 __all__ = ["AsyncLLM"]
 
@@ -437,6 +438,41 @@ class AsyncLLM:
         concurrent requests; the first error raised."""
         outputs = await self._last_outputs(prompts, task.params)
         return [task.result(out, len(ids)) for out, ids in zip(outputs, prompts, strict=True)]
+
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        prompt: str | None = None,
+        instruction: str | None = None,
+    ) -> list[Reranked]:
+        """The documents ranked by their relevance to ``query``, as :meth:`tallow.LLM.rerank`
+        (the same arguments). The documents run as concurrent requests."""
+        self._check_open()
+        task = self.rerank_task(query, prompt, instruction)
+        docs = task.documents(documents)
+        top_n = None if top_n is None else checks.integer("top_n", top_n, 1)
+        return ranked(await self.run_reranking(task, docs), top_n)
+
+    def rerank_task(
+        self, query: object, prompt: object = None, instruction: object = None
+    ) -> RerankTask:
+        """The prompt and answers of a reranking for ``query``, checked (see
+        :class:`tallow.rerank.RerankTask`), for :meth:`run_reranking`."""
+        steps = self._engine.scheduler.max_tokens_per_step
+        return RerankTask(self._prompts, query, prompt, instruction, step_tokens=steps)
+
+    async def run_reranking(self, task: RerankTask, documents: Sequence[str]) -> list[Reranked]:
+        """The relevance of each of ``documents`` (checked by ``task.documents``), in their
+        order, run as concurrent requests; the first error raised."""
+        prompts = [task.prompt_ids(d) for d in documents]
+        outputs = await self._last_outputs(prompts, task.params)
+        return [
+            task.result(i, d, out, len(ids))
+            for i, (d, out, ids) in enumerate(zip(documents, outputs, prompts, strict=True))
+        ]
 
     async def embed(
         self,

@@ -25,7 +25,13 @@ from tallow.errors import InvalidArgumentError
 from tallow.output import RequestOutput
 from tallow.prompt import Prompts
 
-__all__ = ["DEFAULT_INSTRUCTION", "Classification", "ClassifyTask"]
+__all__ = [
+    "DEFAULT_INSTRUCTION",
+    "Classification",
+    "ClassifyTask",
+    "check_branches",
+    "label_probs",
+]
 
 DEFAULT_INSTRUCTION = (
     "Classify the text as one of: {labels}. Answer with the label only.\n\nText: {text}"
@@ -86,7 +92,7 @@ class ClassifyTask:
         for label, tokens in zip(self.labels, ids, strict=True):
             if not tokens:
                 raise InvalidArgumentError(f"label {label!r} has no tokens")
-        _check_branches(ids, step_tokens)
+        check_branches(ids, step_tokens)
         self.params = SamplingParams(max_tokens=None, continuations=tuple(tuple(t) for t in ids))
         listed = ", ".join(self.labels)
         if prompt is None:
@@ -151,10 +157,7 @@ class ClassifyTask:
         if out.error is not None:
             raise out.error
         assert out.scores is not None, "a scoring request ends with scores"
-        top = max(out.scores)
-        weights = [math.exp(s - top) for s in out.scores]
-        total = sum(weights)
-        probs = [w / total for w in weights]
+        probs = label_probs(out.scores)
         best = max(range(len(probs)), key=probs.__getitem__)
         return Classification(
             label=self.labels[best],
@@ -166,7 +169,16 @@ class ClassifyTask:
         )
 
 
-def _check_branches(ids: list[list[int]], step_tokens: int) -> None:
+def label_probs(logprobs: Sequence[float]) -> list[float]:
+    """The probability of each label among the labels: the softmax of their
+    log-likelihoods."""
+    top = max(logprobs)
+    weights = [math.exp(s - top) for s in logprobs]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def check_branches(ids: list[list[int]], step_tokens: int) -> None:
     """Refuse labels whose tokens after their first (each label's branch) could never be
     computed in one step of ``step_tokens`` tokens beside the text's last token."""
     branch_tokens = sum(len(tokens) - 1 for tokens in ids)

@@ -21,15 +21,7 @@ from tallow.errors import InvalidArgumentError
 from tallow.output import RequestOutput
 from tallow.prompt import Prompts
 
-__all__ = ["EmbedTask", "capabilities", "inputs"]
-
-
-def capabilities(model: _core.Model) -> list[str]:
-    """What ``model`` is for, as a server lists it: ``"generate"`` and ``"embed"``, or only
-    ``"embed"`` for a model whose metadata makes it an embedding model (it names a pooling)."""
-    if pooling.is_embedding_model(model):
-        return ["embed"]
-    return ["generate", "embed"]
+__all__ = ["EmbedTask", "inputs"]
 
 
 def inputs(value: object) -> list[str] | list[list[int]]:

@@ -31,6 +31,7 @@ from tallow.engine import (
 from tallow.errors import InvalidArgumentError
 from tallow.output import GenerationResult, RequestOutput, ResultBuilder
 from tallow.prompt import Prompts
+from tallow.rerank import Reranked, RerankTask, ranked
 
 __all__ = ["LLM", "GenerationResult", "TextStream"]
 
@@ -511,6 +512,42 @@ class LLM:
         :class:`tallow.classify.ClassifyTask`)."""
         steps = self._open_engine().scheduler.max_tokens_per_step
         return ClassifyTask(self._prompts, labels, prompt, step_tokens=steps)
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        prompt: str | None = None,
+        instruction: str | None = None,
+    ) -> list[Reranked]:
+        """The documents ranked by their relevance to ``query`` as the model judges it (a
+        reranker such as Qwen3-Reranker: see :mod:`tallow.rerank`), most relevant first, the
+        first ``top_n`` of them (``None``: all). ``prompt`` (holding ``{query}`` and
+        ``{document}``) or ``instruction`` (the task in Qwen3-Reranker's prompt) replace the
+        model's prompt. The documents run as concurrent requests; the part of the prompt
+        before the document comes from the prefix cache after the first."""
+        task = self.rerank_task(query, prompt, instruction)
+        docs = task.documents(documents)
+        top_n = None if top_n is None else checks.integer("top_n", top_n, 1)
+        prompts = [task.prompt_ids(d) for d in docs]
+        outputs = self._run_all(prompts, task.params)
+        return ranked(
+            [
+                task.result(i, d, out, len(ids))
+                for i, (d, out, ids) in enumerate(zip(docs, outputs, prompts, strict=True))
+            ],
+            top_n,
+        )
+
+    def rerank_task(
+        self, query: object, prompt: object = None, instruction: object = None
+    ) -> RerankTask:
+        """The prompt and answers of a reranking for ``query``, checked (see
+        :class:`tallow.rerank.RerankTask`)."""
+        steps = self._open_engine().scheduler.max_tokens_per_step
+        return RerankTask(self._prompts, query, prompt, instruction, step_tokens=steps)
 
     def embed(
         self,

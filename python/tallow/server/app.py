@@ -30,19 +30,22 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
+from tallow import _core, pooling
 from tallow.async_llm import AsyncLLM
 from tallow.classify import Classification, ClassifyTask
-from tallow.embed import EmbedTask, capabilities
+from tallow.embed import EmbedTask
 from tallow.engine import SamplingParams
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
 from tallow.output import RequestOutput, TokenLogprob
 from tallow.prompt import ChatPrompt
+from tallow.rerank import Reranked, RerankTask, has_rerank_prompt, ranked
 from tallow.server.metrics import CONTENT_TYPE, Metrics
 from tallow.server.protocol import (
     APIError,
     ClassifyRequest,
     EmbeddingRequest,
     GenerationRequest,
+    RerankRequest,
     check_model,
     choice_params,
     invalid,
@@ -51,6 +54,7 @@ from tallow.server.protocol import (
     parse_completion,
     parse_embeddings,
     parse_json,
+    parse_rerank,
     usage,
 )
 from tallow.server.security import security_middleware
@@ -164,7 +168,14 @@ class ServerOptions:
 
 
 JSON_ROUTES = frozenset(
-    {"/v1/completions", "/v1/chat/completions", "/v1/classify", "/v1/embeddings"}
+    {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/classify",
+        "/v1/embeddings",
+        "/v1/rerank",
+        "/rerank",
+    }
 )
 """The routes (all POST) whose request body the app reads, with :func:`read_json_body`."""
 
@@ -244,7 +255,7 @@ class _Server:
             "created": self.created,
             "owned_by": "tallow",
             "max_model_len": self.llm.n_ctx,
-            "capabilities": capabilities(self.llm.model),
+            "capabilities": _capabilities(self.llm.model),
         }
 
     async def metrics_endpoint(self, request: Request) -> Response:
@@ -385,6 +396,67 @@ class _Server:
             code = "context_length_exceeded" if "context" in str(e) else "invalid_value"
             raise invalid("input", str(e), code) from None
         return req, task, prompts
+
+    # -- reranking ----------------------------------------------------------------------------
+
+    async def rerank(self, request: Request) -> Response:
+        return await self._counted("/v1/rerank", self._rerank(request))
+
+    async def _rerank(self, request: Request) -> Response:
+        try:
+            raw = await read_json_body(request, self.options)
+            req, task = await anyio.to_thread.run_sync(self._prepare_rerank, raw)
+        except APIError as e:
+            return error_response(e)
+        results: list[list[Reranked]] = []
+        failure: list[TallowError] = []
+
+        async def run() -> None:
+            try:
+                results.append(await self.llm.run_reranking(task, req.documents))
+            except TallowError as e:
+                failure.append(e)
+
+        if not await _unless_disconnected(request, run):
+            return Response(status_code=499)
+        if failure:
+            return error_response(APIError(500, str(failure[0]), type="server_error"))
+        prompt_tokens = sum(r.prompt_tokens for r in results[0])
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+
+        def entry(r: Reranked) -> dict[str, Any]:
+            out: dict[str, Any] = {"index": r.index, "relevance_score": r.relevance_score}
+            if req.return_documents:
+                out["document"] = {"text": r.document}
+            return out
+
+        return JSONResponse(
+            {
+                "id": f"rerank-{next(self._ids)}",
+                "object": "list",
+                "model": req.model,
+                "results": [entry(r) for r in ranked(results[0], req.top_n)],
+                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+            }
+        )
+
+    def _prepare_rerank(self, raw: bytes) -> tuple[RerankRequest, RerankTask]:
+        """In a worker thread: the parsed request and its task, its documents' prompts checked
+        (each problem a 400 naming its field)."""
+        req = parse_rerank(parse_json(raw))
+        check_model(req.model, self.names)
+        try:
+            task = self.llm.rerank_task(req.query, instruction=req.instruction)
+        except InvalidArgumentError as e:
+            raise invalid("query", str(e)) from None
+        try:
+            for document in req.documents:
+                task.prompt_ids(document)
+        except InvalidArgumentError as e:
+            raise invalid("documents", str(e)) from None
+        except ModelError as e:
+            raise invalid("documents", str(e), "context_length_exceeded") from None
+        return req, task
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -701,6 +773,17 @@ class _Server:
         }
 
 
+def _capabilities(model: _core.Model) -> list[str]:
+    """What ``model`` is for, as its metadata says: a reranker (``pooling_type`` rank, or a
+    reranking prompt) ranks; an embedding model (it names another pooling) embeds; any other
+    model generates and embeds (its last token's hidden state)."""
+    if pooling.is_rank_model(model) or has_rerank_prompt(model):
+        return ["rerank"]
+    if pooling.is_embedding_model(model):
+        return ["embed"]
+    return ["generate", "embed"]
+
+
 def _encoded(vector: npt.NDArray[np.float32], base64: bool) -> list[float] | str:
     """An embedding as the response carries it: floats, or the base64 of its little-endian
     float32 bytes."""
@@ -778,6 +861,8 @@ def create_app(
             Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
             Route("/v1/classify", server.classify, methods=["POST"]),
             Route("/v1/embeddings", server.embeddings, methods=["POST"]),
+            Route("/v1/rerank", server.rerank, methods=["POST"]),
+            Route("/rerank", server.rerank, methods=["POST"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: internal_error},
         middleware=security_middleware(options.api_key, options.allowed_origins),

@@ -572,6 +572,55 @@ def parse_embeddings(body: object, n_vocab: int) -> EmbeddingRequest:
     )
 
 
+MAX_RERANK_DOCUMENTS = 1000
+"""Most documents one ``POST /v1/rerank`` may hold (Cohere's limit)."""
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    """What a ``POST /v1/rerank`` body asks for."""
+
+    model: str
+    query: str
+    documents: list[str]
+    top_n: int | None
+    return_documents: bool
+    instruction: str | None
+
+
+def parse_rerank(body: object) -> RerankRequest:
+    """A ``POST /v1/rerank`` body (the Cohere and Jina shape llama.cpp's server takes):
+    ``model``, ``query``, ``documents`` (strings, or objects with a ``text``), ``top_n``,
+    ``return_documents`` (default false), and Qwen3-Reranker's ``instruction``."""
+    f = _Fields(body)
+    model = f.string("model", required=True)
+    query = f.string("query", required=True)
+    assert model is not None and query is not None
+    value = f.body.get("documents")
+    if not isinstance(value, list) or not value:
+        raise invalid("documents", "'documents' must be a non-empty list", "invalid_type")
+    documents = []
+    for item in value:
+        text = item.get("text") if isinstance(item, dict) else item
+        if not isinstance(text, str):
+            raise invalid(
+                "documents",
+                "each document must be a string or an object with a string 'text'",
+                "invalid_type",
+            )
+        documents.append(text)
+    if len(documents) > MAX_RERANK_DOCUMENTS:
+        raise invalid("documents", f"'documents' may hold at most {MAX_RERANK_DOCUMENTS}")
+    return RerankRequest(
+        model,
+        query,
+        documents,
+        f.integer("top_n", None, 1, 2**31),
+        f.boolean("return_documents", False),
+        f.string("instruction"),
+    )
+
+
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
     """OpenAI's usage object; ``cached_tokens`` are the prompt tokens served from the prefix
     cache."""
