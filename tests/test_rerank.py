@@ -144,7 +144,7 @@ def test_bad_reranking_arguments(
 def test_the_async_api_ranks_as_the_sync_one(reranker_path: Path, reranker: tallow.LLM) -> None:
     want = reranker.rerank(QUERY, DOCUMENTS)
 
-    async def main() -> list[tallow.rerank.Reranked]:
+    async def main() -> list[tallow.Reranked]:
         async with tallow.AsyncLLM(reranker_path, n_ctx=512) as llm:
             return await llm.rerank(QUERY, DOCUMENTS)
 

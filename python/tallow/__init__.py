@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     )
     from tallow.llm import LLM, TextStream
     from tallow.output import GenerationResult
+    from tallow.rerank import Reranked
 
     __version__: str
 
@@ -58,6 +59,7 @@ _WHERE = {
     "UnsupportedError": "tallow.errors",
     "LLM": "tallow.llm",
     "GenerationResult": "tallow.output",
+    "Reranked": "tallow.rerank",
     "TextStream": "tallow.llm",
 }
 
@@ -73,6 +75,7 @@ __all__ = [
     "InvalidArgumentError",
     "ModelError",
     "ModelNotFoundError",
+    "Reranked",
     "SamplingParams",
     "TallowError",
     "TextStream",

@@ -153,6 +153,9 @@ class Model:
         """End-of-generation token ids (EOS, end-of-turn, ...): sampling one ends generation."""
     def metadata(self) -> dict[str, object]:
         """Every GGUF metadata key with its value (lists for arrays)."""
+    def metadata_value(self, key: str) -> object | None:
+        """The value of one GGUF metadata key (lists for arrays), or None where the file has
+        no such key."""
     def tensors(self) -> list[tuple[str, str, list[int]]]:
         """The tensor table: ``(name, type name, dims)`` with dims in GGML order."""
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:

@@ -42,7 +42,7 @@ _RANK = 4
 
 
 def _pooling_type(model: _core.Model) -> int | None:
-    value = model.metadata().get(f"{model.architecture}.pooling_type")
+    value = model.metadata_value(f"{model.architecture}.pooling_type")
     return value if isinstance(value, int) else None
 
 

@@ -62,11 +62,11 @@ class Reranked:
 
 def has_rerank_prompt(model: _core.Model) -> bool:
     """Whether ``model``'s metadata holds a reranking prompt."""
-    return isinstance(model.metadata().get(_TEMPLATE_KEY), str)
+    return isinstance(model.metadata_value(_TEMPLATE_KEY), str)
 
 
 def _answers(model: _core.Model) -> list[str]:
-    labels = model.metadata().get(f"{model.architecture}.classifier.output_labels")
+    labels = model.metadata_value(f"{model.architecture}.classifier.output_labels")
     if isinstance(labels, list) and len(labels) >= 2 and all(isinstance(x, str) for x in labels):
         return [str(x) for x in labels]
     return ["yes", "no"]
@@ -98,7 +98,7 @@ class RerankTask:
             raise InvalidArgumentError("the query must not be empty")
         quoted = model.quote_special(query)
         if prompt is None and instruction is None:
-            prompt = model.metadata().get(_TEMPLATE_KEY)
+            prompt = model.metadata_value(_TEMPLATE_KEY)
         if prompt is not None:
             if instruction is not None:
                 raise InvalidArgumentError("give a prompt or an instruction, not both")

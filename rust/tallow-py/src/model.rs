@@ -169,6 +169,16 @@ impl Model {
         Ok(dict)
     }
 
+    /// The value of one GGUF metadata key (arrays become lists), or None where the file has
+    /// no such key.
+    fn metadata_value<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.inner
+            .gguf()
+            .get(key)
+            .map(|value| value_to_py(py, value))
+            .transpose()
+    }
+
     /// `(name, type name, dims)` of every tensor, in file order.
     fn tensors(&self) -> Vec<(String, &'static str, Vec<u64>)> {
         self.inner
