@@ -29,7 +29,35 @@ import tallow
 from tallow import _core
 from tallow.engine import load_model
 
-WORDS = ["the", "a", "river", "house", "green", "market", "quietly", "opened", "seven", "cold", "morning", "train", "city", "people", "music", "bright", "old", "letter", "window", "small", "road", "later", "under", "because", "never", "found", "paper"]
+WORDS = [
+    "the",
+    "a",
+    "river",
+    "house",
+    "green",
+    "market",
+    "quietly",
+    "opened",
+    "seven",
+    "cold",
+    "morning",
+    "train",
+    "city",
+    "people",
+    "music",
+    "bright",
+    "old",
+    "letter",
+    "window",
+    "small",
+    "road",
+    "later",
+    "under",
+    "because",
+    "never",
+    "found",
+    "paper",
+]
 
 
 def text_of(llm: tallow.LLM, n_tokens: int, rng: random.Random) -> str:
