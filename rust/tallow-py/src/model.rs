@@ -171,7 +171,11 @@ impl Model {
 
     /// The value of one GGUF metadata key (arrays become lists), or None where the file has
     /// no such key.
-    fn metadata_value<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+    fn metadata_value<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         self.inner
             .gguf()
             .get(key)
