@@ -117,6 +117,10 @@ def _content_text(content: object, i: int) -> str:
     raise InvalidArgumentError(f"messages[{i}].content must be a string or a list of text parts")
 
 
+_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "bos_token", "eos_token"})
+"""The variables a template gets from tallow itself."""
+
+
 @dataclass
 class ChatTemplate:
     """A compiled chat template with the special-token strings it may use."""
@@ -169,14 +173,20 @@ class ChatTemplate:
         *,
         quote: Callable[[str], str] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        extra: Mapping[str, object] | None = None,
     ) -> str:
         """The prompt text of ``messages``, ending with the opening of the assistant's turn
         when ``add_generation_prompt``. ``quote`` is applied to every string of the messages and
         the tools first (``Model.quote_special``, which marks the control tokens they spell so
         that they are tokenized as text). Raises :class:`InvalidArgumentError` for malformed
         messages, or when the template itself refuses them (``raise_exception``). ``tools``
-        (OpenAI's function tools, checked) reach the template as ``tools``."""
+        (OpenAI's function tools, checked) reach the template as ``tools``; ``extra`` holds more
+        variables (``chat_template_kwargs``: ``enable_thinking``, ...), which cannot replace
+        those."""
         checked = check_messages(messages)
+        taken = sorted(set(extra or ()) & _VARIABLES)
+        if taken:
+            raise InvalidArgumentError(f"chat_template_kwargs cannot set {taken[0]!r}")
         if quote is not None:
             if any(mark in self.source for mark in _QUOTE_MARKS):
                 raise InvalidArgumentError(
@@ -188,6 +198,7 @@ class ChatTemplate:
             tools = None if tools is None else _quoted(tools, quote)
         try:
             text: str = self._template.render(
+                **(extra or {}),
                 messages=checked,
                 add_generation_prompt=add_generation_prompt,
                 tools=tools,

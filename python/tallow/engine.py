@@ -32,6 +32,7 @@ from tallow.catalog import resolve_model
 from tallow.errors import InvalidArgumentError, TallowError
 from tallow.output import OutputState, RequestOutput, SampledRow
 from tallow.pooling import Pooler
+from tallow.reasoning import Block
 from tallow.scheduler import Pooling, Request, Scheduler, SchedulerOutput, Step
 from tallow.speculative import (
     DraftModelProposer,
@@ -84,6 +85,13 @@ class SamplingParams:
     the prompt and every continuation are computed in one step (each continuation in a branch
     of the prompt's KV), and the request's last output carries each one's log-likelihood in
     :attr:`~tallow.output.RequestOutput.scores` (see :mod:`tallow.classify`)."""
+    chat_template_kwargs: Mapping[str, object] | None = None
+    """Chat: more variables for the chat template (``enable_thinking``, ...)."""
+    reasoning_budget: int | None = None
+    """Chat with a model that reasons: the most tokens its reasoning block may hold before
+    it is closed (see :mod:`tallow.reasoning`); None: no limit."""
+    reasoning: Block | None = None
+    """The reasoning block the reply may have (set by :meth:`tallow.prompt.Prompts.chat`)."""
     pooling: Pooling | None = None
     """Embed the prompt instead of generating: its final hidden states pooled this way, in
     the request's last output's :attr:`~tallow.output.RequestOutput.embedding` (see
@@ -122,6 +130,7 @@ class SamplingParams:
             top_logprobs=self.top_logprobs,
             logprobs=self.logprobs,
             constraint=constraint,
+            reasoning=None if self.reasoning is None else self.reasoning.sampler_args(),
         )
 
 
@@ -151,6 +160,10 @@ def sampling_params(
     constraint = structured_output(
         **{name: options.pop(name) for name in STRUCTURED_OPTIONS if name in options}
     )
+    if "enable_thinking" in options:
+        thinking = checks.boolean("enable_thinking", options.pop("enable_thinking"))
+        kwargs = dict(_template_kwargs(options.get("chat_template_kwargs")) or {})
+        options["chat_template_kwargs"] = {**kwargs, "enable_thinking": thinking}
     fields: dict[str, object] = {
         "max_tokens": None if max_tokens is None else checks.integer("max_tokens", max_tokens, 0),
         "temperature": checks.number("temperature", temperature, 0.0),
@@ -179,6 +192,9 @@ _OPTIONS = frozenset(
         "logprobs",
         "top_logprobs",
         "speculative",
+        "chat_template_kwargs",
+        "reasoning_budget",
+        "enable_thinking",
     }
 )
 
@@ -204,10 +220,25 @@ def _check_option(name: str, value: object) -> object:
         return checks.boolean(name, value)
     if name == "top_logprobs":
         return checks.integer(name, value, 0, MAX_TOP_LOGPROBS)
+    if name == "chat_template_kwargs":
+        return _template_kwargs(value)
+    if name == "reasoning_budget":
+        return None if value is None else checks.integer(name, value, 0)
     # speculative: checked now, resolved against the engine's setting when the request
     # reaches an engine.
     speculative_config(value)
     return value
+
+
+def _template_kwargs(value: object) -> Mapping[str, object] | None:
+    """Variables for a chat template: a mapping of names to JSON-like values."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise InvalidArgumentError("chat_template_kwargs must map names to values")
+    if checks.nests_deeper(value):
+        raise InvalidArgumentError("chat_template_kwargs nests too deeply")
+    return dict(value)
 
 
 def _bias(token: object, value: object) -> float:
@@ -484,6 +515,9 @@ class Engine:
                 params.stop,
                 logprobs=params.logprobs,
                 tools=params.tools,
+                reasoning=None
+                if params.reasoning is None
+                else (params.reasoning, self.model.stream_decoder()),
             ),
             branches=branches,
             pooling=params.pooling,

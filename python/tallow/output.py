@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tallow.errors import TallowError
+from tallow.reasoning import Block, ReasoningSplit
 from tallow.scheduler import SchedulerOutput
 from tallow.stopping import StopMatcher, TokenDecoder
 from tallow.tools import ToolCall, ToolStream, ToolUse
@@ -87,6 +88,9 @@ class RequestOutput:
     scores: list[float] | None = None
     """With the output of a scoring request (``SamplingParams.continuations``): the
     log-likelihood of each continuation after the prompt, the sum over its tokens."""
+    reasoning: str = ""
+    """New reasoning text (a reply of a model that reasons, see :mod:`tallow.reasoning`): what
+    it wrote inside its reasoning block, apart from :attr:`text`."""
     embedding: npt.NDArray[np.float32] | None = None
     """With the output of an embedding request (``SamplingParams.pooling``): the pooled final
     hidden states of its prompt (not normalized)."""
@@ -102,12 +106,18 @@ class OutputState:
         *,
         logprobs: bool = False,
         tools: ToolUse | None = None,
+        reasoning: tuple[Block, TokenDecoder] | None = None,
     ) -> None:
         self._decoder = decoder
         self._matcher = StopMatcher(tuple(stop))
         self._logprobs = logprobs
         self._tools = None if tools is None else ToolStream(tools)
         self._tokens = 0
+        # A reply that may reason: its tokens split into the reasoning (decoded apart) and
+        # the answer; the whitespace that opens either is dropped.
+        self._split = None if reasoning is None else ReasoningSplit(reasoning[0])
+        self._thoughts = None if reasoning is None else reasoning[1]
+        self._trim = {"reasoning": True, "answer": reasoning is not None}
 
     def process(self, out: SchedulerOutput, rows: Sequence[SampledRow] = ()) -> RequestOutput:
         """The output of a step from the scheduler's (``out``) and the rows the sampler drew
@@ -116,9 +126,17 @@ class OutputState:
         the caller ends the request in the scheduler."""
         new: list[int] = []
         pieces: list[str] = []
+        thoughts: list[str] = []
         for token in out.new_token_ids:
             new.append(token)
-            pieces.append(self._matcher.push(self._decoder.push(token)))
+            if self._split is not None and self._thoughts is not None:
+                reasoning, mark = self._split.push(token)
+                if mark:
+                    continue
+                if reasoning:
+                    thoughts.append(self._trimmed("reasoning", self._thoughts.push(token)))
+                    continue
+            pieces.append(self._matcher.push(self._trimmed("answer", self._decoder.push(token))))
             if self._matcher.stopped:
                 break
         self._tokens += len(new)
@@ -129,7 +147,10 @@ class OutputState:
             finished, reason, stop_reason = True, "stop", self._matcher.matched
         elif finished and reason in ("stop", "length"):
             # The end of the text: what was held back comes out, unless it completes a stop.
-            pieces.append(self._matcher.push(self._decoder.finish()) + self._matcher.flush())
+            tail = self._trimmed("answer", self._decoder.finish())
+            pieces.append(self._matcher.push(tail) + self._matcher.flush())
+            if self._thoughts is not None:
+                thoughts.append(self._trimmed("reasoning", self._thoughts.finish()))
             if self._matcher.stopped and stop_reason is None:
                 reason, stop_reason = "stop", self._matcher.matched
         text = "".join(pieces)
@@ -162,7 +183,15 @@ class OutputState:
             error,
             logprobs,
             calls,
+            reasoning="".join(thoughts),
         )
+
+    def _trimmed(self, part: str, text: str) -> str:
+        """``text`` of the reasoning or the answer, without the whitespace that opens it."""
+        if self._trim[part]:
+            text = text.lstrip()
+            self._trim[part] = not text
+        return text
 
 
 @dataclass(frozen=True)
@@ -195,6 +224,9 @@ class GenerationResult:
     """The calls of the tools the reply made (chat with ``tools``)."""
     cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache instead of being computed."""
+    reasoning: str | None = None
+    """What a model that reasons wrote in its reasoning block, apart from :attr:`text` (None
+    where the reply had no block; see :mod:`tallow.reasoning`)."""
 
 
 class ResultBuilder:
@@ -204,6 +236,7 @@ class ResultBuilder:
         self._prompt_tokens = prompt_tokens
         self._tokens: list[int] = []
         self._text: list[str] = []
+        self._reasoning: list[str] = []
         self._logprobs: list[TokenLogprob] | None = [] if logprobs else None
         self._last: RequestOutput | None = None
         self._start = time.perf_counter()
@@ -216,6 +249,7 @@ class ResultBuilder:
         self._first = self._first or time.perf_counter()
         self._tokens += out.new_token_ids
         self._text.append(out.text)
+        self._reasoning.append(out.reasoning)
         if self._logprobs is not None and out.logprobs:
             self._logprobs += out.logprobs
         self._last = out
@@ -238,4 +272,5 @@ class ResultBuilder:
             logprobs=self._logprobs,
             tool_calls=last.tool_calls,
             cached_tokens=last.cached_tokens,
+            reasoning="".join(self._reasoning) or None,
         )

@@ -4,7 +4,7 @@ the server: text, token ids or chat messages in, checked token ids out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -12,6 +12,7 @@ from tallow import _core, checks
 from tallow.chat_template import ChatTemplate
 from tallow.engine import SamplingParams
 from tallow.errors import InvalidArgumentError, ModelError
+from tallow.reasoning import block_of
 from tallow.tools import tool_use
 
 __all__ = ["ChatPrompt", "Prompts"]
@@ -96,9 +97,11 @@ class Prompts:
         tool_choice: object = None,
     ) -> ChatPrompt:
         """A chat request: the prompt of ``messages`` with ``tools`` described to the model
-        (see :mod:`tallow.tools`), and ``params`` with the tools whose calls the reply's text
-        is parsed for, constrained to the model's call syntax where ``tool_choice`` requires or
-        names a call (which no other constraint may join)."""
+        (see :mod:`tallow.tools`) and ``params.chat_template_kwargs`` given to the template,
+        and ``params`` with the tools whose calls the reply's text is parsed for, constrained
+        to the model's call syntax where ``tool_choice`` requires or names a call (which no
+        other constraint may join), and with the reasoning block the reply may have (see
+        :mod:`tallow.reasoning`)."""
         use = tool_use(tools, tool_choice, self.chat_template.source)
         if use is not None:
             constraint = use.constraint(self._single_tokens(use.markers))
@@ -112,8 +115,10 @@ class Prompts:
             messages,
             parse_special=checks.boolean("parse_special", parse_special),
             tools=None if use is None else use.tools,
+            template_kwargs=params.chat_template_kwargs,
         )
-        return ChatPrompt(ids, params)
+        block = block_of(self.model, ids, params.reasoning_budget)
+        return ChatPrompt(ids, replace(params, reasoning=block))
 
     def _single_tokens(self, texts: Sequence[str]) -> dict[str, int]:
         """Each of ``texts`` that the vocabulary holds as one token, with its id."""
@@ -126,16 +131,20 @@ class Prompts:
         *,
         parse_special: bool = False,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: Mapping[str, object] | None = None,
     ) -> list[int]:
         """The token ids of a conversation rendered with :attr:`chat_template`, ending with the
         opening of the assistant's turn. Control tokens come only from the template: text in
         the messages that spells one (``<|im_end|>``) is tokenized as plain text, unless
         ``parse_special``. As Hugging Face's ``apply_chat_template``, the template writes any
         BOS itself."""
+        template = self.chat_template
         if parse_special:
-            text = self.chat_template.render(messages, tools=tools)
+            text = template.render(messages, tools=tools, extra=template_kwargs)
             return self.check_fits(self.model.tokenize(text, False, True))
-        text = self.chat_template.render(messages, quote=self.model.quote_special, tools=tools)
+        text = template.render(
+            messages, quote=self.model.quote_special, tools=tools, extra=template_kwargs
+        )
         return self.check_fits(self.model.tokenize_quoted(text, False))
 
     def check_fits(self, ids: list[int]) -> list[int]:

@@ -100,6 +100,8 @@ class _Choice:
     prompt_ids: list[int]
     params: SamplingParams
     text: list[str] = field(default_factory=list)
+    reasoning: list[str] | None = None
+    """Chat with a model that reasons: what it wrote in its reasoning block."""
     tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
@@ -553,6 +555,8 @@ class _Server:
                 raise invalid("tool_choice", message) from None
             if message.startswith("tools"):
                 raise invalid("tools", message) from None
+            if message.startswith("chat_template_kwargs"):
+                raise invalid("chat_template_kwargs", message) from None
             raise
 
     def _prompt_ids(self, req: GenerationRequest) -> list[list[int]]:
@@ -607,6 +611,8 @@ class _Server:
                         choice.tokens += n
                         self.metrics.generation_tokens.inc(n)
                     choice.text.append(out.text)
+                    if out.reasoning:
+                        choice.reasoning = [*(choice.reasoning or []), out.reasoning]
                     if out.logprobs:
                         choice.logprobs.extend(out.logprobs)
                     if out.finished:
@@ -667,13 +673,16 @@ class _Server:
         async def on_output(c: _Choice, out: RequestOutput) -> None:
             # With tools, the text of a call is held back and comes parsed at the end.
             text, finish, calls = out.text, out.finish_reason, out.tool_calls
-            if not text and not out.logprobs and finish is None:
+            if not text and not out.reasoning and not out.logprobs and finish is None:
                 return
             logprobs = (
                 self._logprobs(kind, c, out.logprobs or []) if req.logprobs is not None else None
             )
             if kind == "chat":
                 delta: dict[str, Any] = {"content": text} if text else {}
+                if out.reasoning:
+                    # vLLM's and llama.cpp's field for a reasoning model's thinking.
+                    delta["reasoning_content"] = out.reasoning
                 if calls:
                     delta["tool_calls"] = [
                         {"index": i, **call.to_openai()} for i, call in enumerate(calls)
@@ -719,6 +728,8 @@ class _Server:
                     "content": text or None,
                     "tool_calls": [call.to_openai() for call in c.tool_calls],
                 }
+            if c.reasoning is not None:
+                message["reasoning_content"] = "".join(c.reasoning)
             return {
                 "index": c.index,
                 "message": message,

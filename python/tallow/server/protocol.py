@@ -208,6 +208,17 @@ class _Fields:
             )
         return float(value)
 
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """``chat_template_kwargs``: variables for the chat template (vLLM's field)."""
+        value = self.body.get("chat_template_kwargs")
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise invalid(
+                "chat_template_kwargs", "'chat_template_kwargs' must be an object", "invalid_type"
+            )
+        return value
+
     def stop(self) -> tuple[str, ...]:
         value = self.body.get("stop")
         if value is None:
@@ -351,6 +362,8 @@ def _sampling(
         logprobs=top_logprobs >= 0,
         top_logprobs=max(top_logprobs, 0),
         structured=structured,
+        chat_template_kwargs=f.template_kwargs(),
+        reasoning_budget=f.integer("reasoning_budget", None, 0, 2**31),
     )
 
 

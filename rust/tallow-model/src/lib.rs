@@ -25,7 +25,7 @@ pub use arch::{
 pub use config::{supported_architectures, ModelConfig};
 pub use error::ModelError;
 pub use forward::{Outputs, Scratch};
-pub use sampling::{sample_batch, Sampled, Sampler, SamplingParams};
+pub use sampling::{sample_batch, Reasoning, Sampled, Sampler, SamplingParams};
 pub use sequence::SingleSequence;
 pub use tallow_backend::{
     argmax, Backend, Batch, DeviceInfo, Logits, Output, RopeScaling, SeqChunk,

@@ -109,6 +109,33 @@ pub struct Sampled {
     pub top: Vec<(u32, f32)>,
 }
 
+/// A reasoning block that the output may open with (`<think>` ... `</think>`): what it reasons
+/// is free of the constraint on the output, which applies to the answer after the block, and a
+/// budget of tokens closes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reasoning {
+    /// The token that opens the block.
+    pub start: u32,
+    /// The token that closes it.
+    pub end: u32,
+    /// The most tokens the block may hold before `end` is chosen in place of its next one.
+    pub budget: Option<usize>,
+    /// Whether the prompt opened the block already (the output starts inside it); otherwise
+    /// the output opens one if its first token is `start`.
+    pub opened: bool,
+}
+
+/// Where the output stands with its reasoning block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    /// Before the first token: it may open the block.
+    Before,
+    /// Inside, with this many tokens so far.
+    Inside(usize),
+    /// After the block, or the output did not open one: the answer.
+    After,
+}
+
 /// Sampling parameters, random state and token history of one request.
 #[derive(Debug, Clone)]
 pub struct Sampler {
@@ -118,6 +145,8 @@ pub struct Sampler {
     counts: HashMap<u32, u32>,
     /// What the output must match, where the request constrains it.
     constraint: Option<Constraint>,
+    /// The output's reasoning block, where it may have one, and where the output stands.
+    reasoning: Option<(Reasoning, Block)>,
 }
 
 impl Sampler {
@@ -128,7 +157,24 @@ impl Sampler {
             params,
             counts: HashMap::new(),
             constraint: None,
+            reasoning: None,
         })
+    }
+
+    /// This sampler, for an output that may reason in a block first (see [`Reasoning`]).
+    pub fn with_reasoning(mut self, reasoning: Reasoning) -> Self {
+        let block = if reasoning.opened {
+            Block::Inside(0)
+        } else {
+            Block::Before
+        };
+        self.reasoning = Some((reasoning, block));
+        self
+    }
+
+    /// Whether the output is inside its reasoning block (or may still open one).
+    pub fn is_reasoning(&self) -> bool {
+        matches!(self.reasoning, Some((_, Block::Before | Block::Inside(_))))
     }
 
     /// This sampler, choosing only tokens that `constraint` allows (and advancing it with
@@ -251,6 +297,7 @@ impl Sampler {
         p.temperature == 0.0
             && !self.changes_logits()
             && !self.is_constrained()
+            && self.reasoning.is_none_or(|(r, _)| r.budget.is_none())
             && !p.logprobs
             && p.top_logprobs == 0
     }
@@ -321,15 +368,61 @@ impl Sampler {
     }
 
     /// The logits after the penalties and the logit bias, with the tokens the constraint does
-    /// not allow next set to -inf.
+    /// not allow next set to -inf. Inside a reasoning block the constraint waits (before it,
+    /// the block's opening token is allowed beside what the constraint allows), and a block
+    /// that has spent its budget can only close.
     fn adjusted<'l>(&mut self, logits: &'l [f32]) -> Result<Cow<'l, [f32]>, ModelError> {
         let penalized = self.penalized(logits);
-        let Some(constraint) = &mut self.constraint else {
-            return Ok(penalized);
+        match self.reasoning {
+            Some((r, Block::Inside(used))) => {
+                if r.budget.is_some_and(|budget| used >= budget) {
+                    let mut forced = vec![f32::NEG_INFINITY; penalized.len()];
+                    if let Some(end) = forced.get_mut(r.end as usize) {
+                        *end = 0.0;
+                    }
+                    return Ok(Cow::Owned(forced));
+                }
+                Ok(penalized)
+            }
+            Some((r, Block::Before)) => {
+                let Some(constraint) = &mut self.constraint else {
+                    return Ok(penalized);
+                };
+                let opening = penalized.get(r.start as usize).copied();
+                let mut masked = penalized.into_owned();
+                constraint.mask(&mut masked)?;
+                if let (Some(value), Some(slot)) = (opening, masked.get_mut(r.start as usize)) {
+                    *slot = value;
+                }
+                Ok(Cow::Owned(masked))
+            }
+            None | Some((_, Block::After)) => {
+                let Some(constraint) = &mut self.constraint else {
+                    return Ok(penalized);
+                };
+                let mut masked = penalized.into_owned();
+                constraint.mask(&mut masked)?;
+                Ok(Cow::Owned(masked))
+            }
+        }
+    }
+
+    /// Moves the reasoning block on past `token`; whether the constraint takes `token` (the
+    /// answer's tokens only).
+    fn advance_block(&mut self, token: u32) -> bool {
+        let Some((r, block)) = &mut self.reasoning else {
+            return true;
         };
-        let mut masked = penalized.into_owned();
-        constraint.mask(&mut masked)?;
-        Ok(Cow::Owned(masked))
+        *block = match *block {
+            Block::Before if token == r.start => Block::Inside(0),
+            Block::Before | Block::After => Block::After,
+            Block::Inside(_) if token == r.end => {
+                *block = Block::After;
+                return false;
+            }
+            Block::Inside(used) => Block::Inside(used + 1),
+        };
+        *block == Block::After
     }
 
     /// The logits after the penalties for the tokens seen so far and the logit bias.
@@ -364,8 +457,10 @@ impl Sampler {
     /// Records `token` (advancing the constraint) and, if asked for, its log probabilities
     /// under the raw `logits`.
     fn record(&mut self, logits: &[f32], token: u32) -> Result<Sampled, ModelError> {
-        if let Some(constraint) = &mut self.constraint {
-            constraint.accept(token)?;
+        if self.advance_block(token) {
+            if let Some(constraint) = &mut self.constraint {
+                constraint.accept(token)?;
+            }
         }
         self.accept(&[token]);
         let p = &self.params;
@@ -627,6 +722,48 @@ mod tests {
             assert!(s.take_argmax(&[0], &[]).is_err());
         }
         assert!(sampling(0.0, 0, 1.0, 1).take_argmax(&[0, 1], &[]).is_err());
+    }
+
+    #[test]
+    fn a_reasoning_block_closes_when_its_budget_is_spent() {
+        // Token 2 is always the most likely; 0 opens the block and 1 closes it.
+        let logits = [0.0f32, -1.0, 3.0, 1.0];
+        let block = |budget, opened| Reasoning {
+            start: 0,
+            end: 1,
+            budget,
+            opened,
+        };
+        let tokens = |s: &mut Sampler, n: usize| -> Vec<u32> {
+            (0..n).map(|_| s.sample(&logits).unwrap().token).collect()
+        };
+        // Opened by the prompt: three tokens, then the close, then free again.
+        let mut s = sampling(0.0, 0, 1.0, 1).with_reasoning(block(Some(3), true));
+        assert!(s.is_reasoning() && !s.is_plain_greedy());
+        assert_eq!(tokens(&mut s, 4), [2, 2, 2, 1]);
+        assert!(!s.is_reasoning());
+        assert_eq!(tokens(&mut s, 3), [2, 2, 2]);
+        // A budget of nothing closes the block at once, sampling or not.
+        let mut s = sampling(1.0, 0, 1.0, 5).with_reasoning(block(Some(0), true));
+        assert_eq!(tokens(&mut s, 1), [1]);
+        // Not opened by the prompt: a first token other than the opening means no block.
+        let mut s = sampling(0.0, 0, 1.0, 1).with_reasoning(block(Some(1), false));
+        assert!(s.is_reasoning());
+        assert_eq!(tokens(&mut s, 3), [2, 2, 2]);
+        assert!(!s.is_reasoning());
+        // Without a budget the block lasts as long as the model reasons.
+        let mut s = sampling(0.0, 0, 1.0, 1).with_reasoning(block(None, true));
+        assert!(s.is_plain_greedy());
+        assert_eq!(tokens(&mut s, 5), [2; 5]);
+        assert!(s.is_reasoning());
+        // Greedy choices taken from the device follow the block too.
+        let mut s = sampling(0.0, 0, 1.0, 1).with_reasoning(block(None, false));
+        let taken: Vec<u32> = (s.take_argmax(&[0], &[]).unwrap().into_iter())
+            .chain(s.take_argmax(&[1], &[]).unwrap())
+            .map(|t| t.token)
+            .collect();
+        assert_eq!(taken, [0, 1]);
+        assert!(!s.is_reasoning());
     }
 
     #[test]

@@ -12,8 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 use tallow_gguf::{Array, Value};
 use tallow_model::{
-    AnyModel, Batch, LoadOptions, Logits, ModelConfig, Output, Outputs, SamplingParams, SeqId,
-    SingleSequence,
+    AnyModel, Batch, LoadOptions, Logits, ModelConfig, Output, Outputs, Reasoning, SamplingParams,
+    SeqId, SingleSequence,
 };
 
 use crate::constraint::{structured, Constraint};
@@ -601,7 +601,7 @@ impl Sampler {
     #[pyo3(signature = (
         temperature, top_k, top_p, seed = None, *, min_p = 0.0, repetition_penalty = 1.0,
         frequency_penalty = 0.0, presence_penalty = 0.0, logit_bias = None, top_logprobs = 0,
-        logprobs = false, constraint = None
+        logprobs = false, constraint = None, reasoning = None
     ))]
     fn new(
         temperature: f32,
@@ -616,6 +616,7 @@ impl Sampler {
         top_logprobs: usize,
         logprobs: bool,
         constraint: Option<PyRefMut<'_, Constraint>>,
+        reasoning: Option<(u32, u32, Option<usize>, bool)>,
     ) -> PyResult<Self> {
         let mut logit_bias: Vec<(u32, f32)> = logit_bias.unwrap_or_default().into_iter().collect();
         logit_bias.sort_by_key(|&(token, _)| token);
@@ -636,7 +637,21 @@ impl Sampler {
         if let Some(mut constraint) = constraint {
             inner = inner.with_constraint(constraint.take()?);
         }
+        if let Some((start, end, budget, opened)) = reasoning {
+            inner = inner.with_reasoning(Reasoning {
+                start,
+                end,
+                budget,
+                opened,
+            });
+        }
         Ok(Sampler { inner })
+    }
+
+    /// Whether the output is inside its reasoning block (or may still open one).
+    #[getter]
+    fn is_reasoning(&self) -> bool {
+        self.inner.is_reasoning()
     }
 
     /// Picks a token from one row of logits (and remembers it for the penalties).

@@ -1,0 +1,216 @@
+"""Reasoning: a reply's thinking block apart from its answer, its budget, and a constraint or
+tools that apply to the answer only; through the Python API, the async API and the server.
+
+The model is the default one with two of its unused control tokens renamed ``<think>`` and
+``</think>`` (so that it counts as a model that reasons) and a chat template in Qwen 3's manner:
+``enable_thinking`` false writes an empty block, otherwise the generation prompt opens the block
+(as DeepSeek-R1's does). Its greedy tokens inside the block are whatever it writes; a budget then
+closes the block, and the answer follows. Oracles: the same greedy tokens from a plain forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import numpy as np
+import openai
+import pytest
+from conftest import serving
+from test_rope_scaling import rewrite
+
+import tallow
+from tallow import _core
+from tallow.reasoning import Block, ReasoningSplit, block_of, marks
+
+TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+MESSAGES = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
+BAN = {0: float("-inf"), 2: float("-inf")}
+"""The end-of-text and end-of-turn tokens, banned so that replies run their whole length (the
+135M model would end at once)."""
+
+
+@pytest.fixture(scope="module")
+def thinker_path(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = _core.Model(str(smollm2_path))
+    tokens = list(model.metadata()["tokenizer.ggml.tokens"])  # type: ignore[call-overload]
+    tokens[3], tokens[4] = "<think>", "</think>"
+    fields = {"tokenizer.ggml.tokens": tokens, "tokenizer.chat_template": TEMPLATE}
+    return rewrite(smollm2_path, tmp_path_factory.mktemp("think") / "thinker.gguf", fields, {})
+
+
+@pytest.fixture(scope="module")
+def thinker(thinker_path: Path) -> tallow.LLM:
+    return tallow.LLM(thinker_path, n_ctx=512, progress=False)
+
+
+def greedy(model: _core.Model, ids: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens after ``ids`` (none of :data:`BAN`), one plain forward each."""
+    kv = model.new_kv_cache(max_pages=model.kv_pages_to_hold(len(ids) + n, chunk=len(ids)))
+    seq = kv.create()
+    kv.reserve(seq, len(ids))
+    logits = model.forward(kv, [(seq, ids, "last")])
+    out: list[int] = []
+    for _ in range(n):
+        row = logits[-1].copy()
+        row[list(BAN)] = -np.inf
+        out.append(int(np.argmax(row)))
+        kv.reserve(seq, 1)
+        logits = model.forward(kv, [(seq, out[-1:], "last")])
+    return out
+
+
+def test_the_marks_and_where_a_block_starts(thinker: tallow.LLM, smollm2: tallow.LLM) -> None:
+    model = thinker._model
+    assert marks(model) == (3, 4) and marks(smollm2._model) is None
+    ids = model.tokenize("<|im_start|>assistant\n", False, True)
+    assert block_of(model, [*ids, 3, 198], 7) == Block(3, 4, opened=True, budget=7)
+    assert block_of(model, [*ids, 3, 198, 198, 4, 198, 198], None) is None
+    assert block_of(model, ids, None) == Block(3, 4, opened=False)
+    assert block_of(smollm2._model, [*ids, 3], None) is None
+
+
+def test_splitting_a_reply() -> None:
+    split = ReasoningSplit(Block(3, 4, opened=False))
+    assert [split.push(t) for t in (3, 10, 3, 4, 11, 4)] == [
+        (True, True),
+        (True, False),
+        (True, False),  # the opening mark again, inside: reasoning text
+        (True, True),
+        (False, False),
+        (False, False),  # a closing mark in the answer is answer
+    ]
+    split = ReasoningSplit(Block(3, 4, opened=False))
+    assert split.push(10) == (False, False) and not split.reasoning
+
+
+def test_the_budget_closes_the_block_and_the_answer_follows(thinker: tallow.LLM) -> None:
+    model = thinker._model
+    prompt = thinker._prompts.chat_ids(MESSAGES)
+    assert prompt[-2:] == [3, *model.tokenize("\n", False, False)]
+    thought = greedy(model, prompt, 6)
+    assert 4 not in thought  # the model would go on thinking: the budget must close it
+    answer = greedy(model, [*prompt, *thought, 4], 8)
+    result = thinker.chat(
+        MESSAGES, max_tokens=15, temperature=0, reasoning_budget=6, logit_bias=BAN
+    )
+    assert result.token_ids == [*thought, 4, *answer]
+    assert result.reasoning == model.detokenize(thought).lstrip()
+    assert result.text == model.detokenize(answer).lstrip()
+    # Streamed: the answer's text only; the reasoning comes with the result.
+    stream = thinker.chat_stream(
+        MESSAGES, max_tokens=15, temperature=0, reasoning_budget=6, logit_bias=BAN
+    )
+    assert "".join(stream) == result.text
+    assert stream.result is not None and stream.result.reasoning == result.reasoning
+
+
+def test_enable_thinking_false_leaves_no_block(thinker: tallow.LLM) -> None:
+    model = thinker._model
+    result = thinker.chat(
+        MESSAGES, max_tokens=8, temperature=0, enable_thinking=False, logit_bias=BAN
+    )
+    assert result.reasoning is None
+    prompt = thinker._prompts.chat_ids(MESSAGES, template_kwargs={"enable_thinking": False})
+    assert model.detokenize(prompt).endswith("</think>\n\n")
+    assert result.token_ids == greedy(model, prompt, 8)
+    same = thinker.chat(
+        MESSAGES,
+        max_tokens=8,
+        temperature=0,
+        chat_template_kwargs={"enable_thinking": False},
+        logit_bias=BAN,
+    )
+    assert same.token_ids == result.token_ids
+    with pytest.raises(tallow.InvalidArgumentError, match="cannot set 'messages'"):
+        thinker.chat(MESSAGES, chat_template_kwargs={"messages": []})
+    with pytest.raises(tallow.InvalidArgumentError, match="reasoning_budget"):
+        thinker.chat(MESSAGES, reasoning_budget=-1)
+
+
+def test_a_constraint_applies_to_the_answer_only(thinker: tallow.LLM) -> None:
+    model = thinker._model
+    prompt = thinker._prompts.chat_ids(MESSAGES)
+    thought = greedy(model, prompt, 5)
+    result = thinker.chat(
+        MESSAGES,
+        max_tokens=20,
+        temperature=0,
+        reasoning_budget=5,
+        choice=["yes", "no"],
+        logit_bias=BAN,
+    )
+    assert result.token_ids[:6] == [*thought, 4]  # the reasoning is free
+    assert result.text in ("yes", "no")
+    assert result.reasoning == model.detokenize(thought).lstrip()
+
+
+def test_the_async_api_gives_reasoning_deltas(thinker_path: Path, thinker: tallow.LLM) -> None:
+    want = thinker.chat(MESSAGES, max_tokens=12, temperature=0, reasoning_budget=4, logit_bias=BAN)
+
+    async def main() -> tuple[str, str]:
+        async with tallow.AsyncLLM(thinker_path, n_ctx=512) as llm:
+            params = tallow.SamplingParams(
+                max_tokens=12, temperature=0.0, reasoning_budget=4, logit_bias=BAN
+            )
+            chat = llm.chat_prompt(MESSAGES, params)
+            thoughts, text = [], []
+            async for out in llm.outputs(chat.ids, chat.params):
+                thoughts.append(out.reasoning)
+                text.append(out.text)
+            return "".join(thoughts), "".join(text)
+
+    assert anyio.run(main) == (want.reasoning, want.text)
+
+
+@pytest.fixture(scope="module")
+def think_server(thinker_path: Path) -> Iterator[str]:
+    with serving("-m", str(thinker_path), "--ctx", "512") as url:
+        yield url
+
+
+def test_the_server_returns_reasoning_content(think_server: str, thinker: tallow.LLM) -> None:
+    want = thinker.chat(MESSAGES, max_tokens=12, temperature=0, reasoning_budget=4, logit_bias=BAN)
+    client = openai.OpenAI(base_url=f"{think_server}/v1", api_key="unused", max_retries=0)
+    extra: dict[str, Any] = {"reasoning_budget": 4, "logit_bias": {"0": -100, "2": -100}}
+    done = client.chat.completions.create(
+        model="thinker.gguf", messages=MESSAGES, max_tokens=12, temperature=0, extra_body=extra
+    )
+    message = done.choices[0].message.model_dump()
+    assert (message["reasoning_content"], message["content"]) == (want.reasoning, want.text)
+    stream = client.chat.completions.create(
+        model="thinker.gguf",
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        extra_body=extra,
+    )
+    thoughts, text = [], []
+    for chunk in stream:
+        if chunk.choices:
+            delta = chunk.choices[0].delta.model_dump()
+            thoughts.append(delta.get("reasoning_content") or "")
+            text.append(delta.get("content") or "")
+    assert ("".join(thoughts), "".join(text)) == (want.reasoning, want.text)
+    off = client.chat.completions.create(
+        model="thinker.gguf",
+        messages=MESSAGES,
+        max_tokens=6,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert off.choices[0].message.model_dump().get("reasoning_content") is None
+    bad = httpx.post(
+        f"{think_server}/v1/chat/completions",
+        json={"model": "thinker.gguf", "messages": MESSAGES, "chat_template_kwargs": [1]},
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
