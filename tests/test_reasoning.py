@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import anyio
 import httpx
 import numpy as np
@@ -214,3 +215,31 @@ def test_the_server_returns_reasoning_content(think_server: str, thinker: tallow
         json={"model": "thinker.gguf", "messages": MESSAGES, "chat_template_kwargs": [1]},
     )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_the_messages_api_returns_thinking_blocks(think_server: str, thinker: tallow.LLM) -> None:
+    want = thinker.chat(MESSAGES, max_tokens=12, temperature=0, reasoning_budget=4, logit_bias=BAN)
+    claude = anthropic.Anthropic(base_url=think_server, api_key="unused", max_retries=0)
+    extra = {"temperature": 0, "logit_bias": {"0": -100, "2": -100}}
+    thinking: Any = {"type": "enabled", "budget_tokens": 4}
+    got = claude.messages.create(
+        model="thinker.gguf", max_tokens=12, messages=MESSAGES, thinking=thinking, extra_body=extra
+    )
+    assert [b.type for b in got.content] == ["thinking", "text"]
+    assert got.content[0].thinking == want.reasoning  # type: ignore[union-attr]
+    assert got.content[1].text == want.text  # type: ignore[union-attr]
+    with claude.messages.stream(
+        model="thinker.gguf", max_tokens=12, messages=MESSAGES, thinking=thinking, extra_body=extra
+    ) as stream:
+        kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert "thinking_delta" in kinds and "text_delta" in kinds
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in got.content]
+    off = claude.messages.create(
+        model="thinker.gguf",
+        max_tokens=6,
+        messages=MESSAGES,
+        thinking={"type": "disabled"},
+        extra_body=extra,
+    )
+    assert [b.type for b in off.content] == ["text"]

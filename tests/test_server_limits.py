@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -54,6 +55,15 @@ def test_the_api_key_guards_every_v1_route(guarded: str) -> None:
     assert client.models.list().data[0].id == MODEL
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{guarded}/v1", api_key="nope", max_retries=0).models.list()
+    # Anthropic's clients send it as x-api-key.
+    assert httpx.get(f"{guarded}/v1/models", headers={"x-api-key": KEY}).status_code == 200
+    _error(httpx.get(f"{guarded}/v1/models", headers={"x-api-key": "nope"}), 401, "invalid_api_key")
+    claude = anthropic.Anthropic(base_url=guarded, api_key=KEY, max_retries=0)
+    assert claude.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=guarded, api_key="nope", max_retries=0).messages.count_tokens(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}]
+        )
     # Health and metrics stay open.
     assert httpx.get(f"{guarded}/health").status_code == 200
     assert httpx.get(f"{guarded}/metrics").status_code == 200

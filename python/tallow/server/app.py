@@ -13,7 +13,7 @@ import itertools
 import json
 import time
 from base64 import b64encode
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +39,8 @@ from tallow.errors import InvalidArgumentError, ModelError, TallowError
 from tallow.output import RequestOutput, TokenLogprob
 from tallow.prompt import ChatPrompt
 from tallow.rerank import Reranked, RerankTask, has_rerank_prompt, ranked
+from tallow.server.messages import MessagesRequest, Reply, parse_messages
+from tallow.server.messages import error_body as messages_error_body
 from tallow.server.metrics import CONTENT_TYPE, Metrics
 from tallow.server.protocol import (
     APIError,
@@ -115,7 +117,9 @@ class _EventStream(Response):
     """A ``text/event-stream`` response whose events a producer writes while it runs, cancelled
     (and so its engine requests aborted) when the client disconnects."""
 
-    def __init__(self, produce: Callable[[Emit], Awaitable[None]]) -> None:
+    def __init__(self, produce: Callable[[Emit], Awaitable[None]], *, named: bool = False) -> None:
+        """``named``: each event goes with an ``event:`` line of its ``type`` and the stream
+        ends without ``data: [DONE]`` (Anthropic's events); otherwise OpenAI's."""
         # No Content-Length: the body is written as the events come.
         self.status_code = 200
         self.background = None
@@ -125,6 +129,7 @@ class _EventStream(Response):
             (b"x-accel-buffering", b"no"),
         ]
         self._produce = produce
+        self._named = named
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
@@ -133,6 +138,8 @@ class _EventStream(Response):
 
             async def emit(event: dict[str, Any]) -> None:
                 data = b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
+                if self._named:
+                    data = f"event: {event['type']}\n".encode() + data
                 async with lock:
                     try:
                         await send({"type": "http.response.body", "body": data, "more_body": True})
@@ -146,7 +153,8 @@ class _EventStream(Response):
 
             tg.start_soon(watch_disconnect)
             await self._produce(emit)
-            end = {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False}
+            last = b"" if self._named else b"data: [DONE]\n\n"
+            end = {"type": "http.response.body", "body": last, "more_body": False}
             with contextlib.suppress(OSError):
                 await send(end)
             tg.cancel_scope.cancel()
@@ -177,6 +185,8 @@ JSON_ROUTES = frozenset(
         "/v1/embeddings",
         "/v1/rerank",
         "/rerank",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
     }
 )
 """The routes (all POST) whose request body the app reads, with :func:`read_json_body`."""
@@ -460,6 +470,91 @@ class _Server:
             raise invalid("documents", str(e), "context_length_exceeded") from None
         return req, task
 
+    # -- Anthropic's Messages API ------------------------------------------------------------
+
+    async def messages(self, request: Request) -> Response:
+        return await self._counted("/v1/messages", self._messages(request))
+
+    async def _messages(self, request: Request) -> Response:
+        try:
+            raw = await read_json_body(request, self.options)
+            req, chat = await anyio.to_thread.run_sync(self._prepare_messages, raw, False)
+        except APIError as e:
+            return _anthropic_error(e)
+        arrival = time.perf_counter()
+        self.metrics.prompt_tokens.inc(len(chat.ids))
+        reply = Reply(req.model, len(chat.ids))
+        choice = _Choice(0, chat.ids, chat.params)
+
+        def failure(error: TallowError) -> APIError:
+            if isinstance(error, InvalidArgumentError):  # the constraint could not go on
+                field = "output_config" if req.params.structured is not None else "tool_choice"
+                return invalid(field, str(error))
+            return APIError(500, str(error), type="server_error")
+
+        if req.stream:
+
+            async def produce(emit: Emit) -> None:
+                await emit(reply.start())
+
+                async def on_output(c: _Choice, out: RequestOutput) -> None:
+                    await reply.stream(out, emit)
+
+                error = await self._run([choice], arrival, on_output)
+                if error is not None:
+                    await emit(messages_error_body(failure(error)))
+
+            return _EventStream(produce, named=True)
+        errors: list[TallowError] = []
+
+        async def run() -> None:
+            async def on_output(c: _Choice, out: RequestOutput) -> None:
+                reply.add(out)
+
+            error = await self._run([choice], arrival, on_output)
+            if error is not None:
+                errors.append(error)
+
+        if not await _unless_disconnected(request, run):
+            return Response(status_code=499)
+        if errors:
+            return _anthropic_error(failure(errors[0]))
+        return JSONResponse(reply.message())
+
+    async def count_tokens(self, request: Request) -> Response:
+        return await self._counted("/v1/messages/count_tokens", self._count_tokens(request))
+
+    async def _count_tokens(self, request: Request) -> Response:
+        try:
+            raw = await read_json_body(request, self.options)
+            _, chat = await anyio.to_thread.run_sync(self._prepare_messages, raw, True)
+        except APIError as e:
+            return _anthropic_error(e)
+        return JSONResponse({"input_tokens": len(chat.ids)})
+
+    def _prepare_messages(self, raw: bytes, counting: bool) -> tuple[MessagesRequest, ChatPrompt]:
+        """In a worker thread: the parsed request and its chat prompt, checked (each problem a
+        400 naming its field)."""
+        req = parse_messages(
+            parse_json(raw), self.llm.model.n_vocab, self.llm.n_ctx, counting=counting
+        )
+        check_model(req.model, self.names)
+        try:
+            chat = self._chat(req.messages, req.params, req.tools, req.tool_choice)
+        except InvalidArgumentError as e:
+            raise invalid("messages", str(e)) from None
+        except ModelError as e:
+            raise invalid("messages", str(e), "context_length_exceeded") from None
+        if not counting:
+            self._check_room(chat.ids, req.params.max_tokens)
+            if req.params.structured is not None:
+                # Checked here so that a bad schema is a 400 (and kept compiled).
+                try:
+                    req.params.structured.check(self.llm.model)
+                except InvalidArgumentError as e:  # GrammarError
+                    raise invalid("output_config", str(e)) from None
+        return req, chat
+
     # -- generation ---------------------------------------------------------------------------
 
     async def completions(self, request: Request) -> Response:
@@ -538,16 +633,26 @@ class _Server:
         return APIError(500, str(error), type="server_error")
 
     def _chat_prompt(self, req: GenerationRequest) -> ChatPrompt:
-        """The chat request's prompt and parameters, its tools checked (each problem a 400
-        naming ``tools`` or ``tool_choice``)."""
+        """The chat request's prompt and parameters (see :meth:`_chat`)."""
         assert req.messages is not None
+        return self._chat(req.messages, req.params, req.tools, req.tool_choice)
+
+    def _chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams,
+        tools: object,
+        tool_choice: object,
+    ) -> ChatPrompt:
+        """A chat's prompt and parameters, its tools checked (each problem a 400 naming
+        ``tools``, ``tool_choice`` or ``chat_template_kwargs``; other problems are raised)."""
         try:
             return self.llm.chat_prompt(
-                req.messages,
-                req.params,
+                messages,
+                params,
                 parse_special=self.options.parse_special_in_messages,
-                tools=req.tools,
-                tool_choice=req.tool_choice,
+                tools=tools,
+                tool_choice=tool_choice,
             )
         except InvalidArgumentError as e:
             message = str(e)
@@ -573,17 +678,21 @@ class _Server:
             raise invalid(param, str(e)) from None
         except ModelError as e:
             raise invalid(param, str(e), "context_length_exceeded") from None
-        n_ctx = self.llm.n_ctx
         for ids in prompts:
-            wanted = req.params.max_tokens or 0
-            if len(ids) + wanted > n_ctx:
-                raise invalid(
-                    "max_tokens",
-                    f"this model's context holds {n_ctx} tokens, but {len(ids) + wanted} were "
-                    f"asked for ({len(ids)} in the prompt, {wanted} to generate)",
-                    "context_length_exceeded",
-                )
+            self._check_room(ids, req.params.max_tokens)
         return prompts
+
+    def _check_room(self, ids: list[int], max_tokens: int | None) -> None:
+        """A 400 where ``max_tokens`` after the prompt ``ids`` go beyond the context."""
+        n_ctx = self.llm.n_ctx
+        wanted = max_tokens or 0
+        if len(ids) + wanted > n_ctx:
+            raise invalid(
+                "max_tokens",
+                f"this model's context holds {n_ctx} tokens, but {len(ids) + wanted} were "
+                f"asked for ({len(ids)} in the prompt, {wanted} to generate)",
+                "context_length_exceeded",
+            )
 
     async def _run(
         self,
@@ -795,6 +904,11 @@ def _capabilities(model: _core.Model) -> list[str]:
     return ["generate", "embed"]
 
 
+def _anthropic_error(error: APIError) -> Response:
+    """``error`` as Anthropic's API answers it."""
+    return JSONResponse(messages_error_body(error), status_code=error.status)
+
+
 def _encoded(vector: npt.NDArray[np.float32], base64: bool) -> list[float] | str:
     """An embedding as the response carries it: floats, or the base64 of its little-endian
     float32 bytes."""
@@ -874,6 +988,8 @@ def create_app(
             Route("/v1/embeddings", server.embeddings, methods=["POST"]),
             Route("/v1/rerank", server.rerank, methods=["POST"]),
             Route("/rerank", server.rerank, methods=["POST"]),
+            Route("/v1/messages", server.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", server.count_tokens, methods=["POST"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: internal_error},
         middleware=security_middleware(options.api_key, options.allowed_origins),

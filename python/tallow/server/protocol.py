@@ -154,7 +154,7 @@ def _in_vocab(name: str, ids: list[int], n_vocab: int) -> list[int]:
     return list(ids)
 
 
-class _Fields:
+class Fields:
     """Typed access to the fields of a JSON object, each failure an :class:`APIError`."""
 
     def __init__(self, body: object) -> None:
@@ -277,7 +277,7 @@ GUIDED_FIELDS = {
 """vLLM's fields that constrain the output, and the generation option each one is."""
 
 
-def _structured(f: _Fields) -> tuple[Structured | None, str | None]:
+def _structured(f: Fields) -> tuple[Structured | None, str | None]:
     """The constraint on the output that the request asks for (OpenAI's ``response_format``
     or one of vLLM's ``guided_*`` fields), and the field that asks."""
     given: list[tuple[str, str, object]] = []
@@ -332,7 +332,7 @@ def _structured(f: _Fields) -> tuple[Structured | None, str | None]:
 
 
 def _sampling(
-    f: _Fields,
+    f: Fields,
     n_vocab: int,
     max_tokens: int | None,
     top_logprobs: int,
@@ -368,7 +368,7 @@ def _sampling(
 
 
 def _common(
-    f: _Fields, max_tokens_default: int | None, n_ctx: int
+    f: Fields, max_tokens_default: int | None, n_ctx: int
 ) -> tuple[str, int | None, int, bool, bool]:
     model = f.string("model", required=True)
     assert model is not None
@@ -396,7 +396,7 @@ def _common(
 
 def parse_completion(body: object, n_vocab: int, n_ctx: int) -> GenerationRequest:
     """A ``POST /v1/completions`` body."""
-    f = _Fields(body)
+    f = Fields(body)
     model, max_tokens, n, stream, include_usage = _common(f, 16, n_ctx)
     logprobs = f.integer("logprobs", None, 0, MAX_TOP_LOGPROBS)
     echo = f.boolean("echo", False)
@@ -456,7 +456,7 @@ def _prompts(value: object, n_vocab: int) -> list[str | list[int]]:
 
 def parse_chat(body: object, n_vocab: int, n_ctx: int) -> GenerationRequest:
     """A ``POST /v1/chat/completions`` body."""
-    f = _Fields(body)
+    f = Fields(body)
     model, max_tokens, n, stream, include_usage = _common(f, None, n_ctx)
     want_logprobs = f.boolean("logprobs", False)
     top = f.integer("top_logprobs", None, 0, MAX_TOP_LOGPROBS)
@@ -511,7 +511,7 @@ class ClassifyRequest:
 def parse_classify(body: object) -> ClassifyRequest:
     """A ``POST /v1/classify`` body: ``model``, ``input`` (a text or a list of them),
     ``labels`` (a list of strings) and optionally ``prompt`` (holding ``{text}``)."""
-    f = _Fields(body)
+    f = Fields(body)
     model = f.string("model", required=True)
     assert model is not None
     value = f.body.get("input")
@@ -549,7 +549,7 @@ def parse_embeddings(body: object, n_vocab: int) -> EmbeddingRequest:
     of token ids or a list of lists of them), ``encoding_format`` (``"float"`` or
     ``"base64"``), ``dimensions``, and tallow's ``pooling`` (``"mean"``, ``"last"``,
     ``"cls"``) and ``normalize`` (default true)."""
-    f = _Fields(body)
+    f = Fields(body)
     model = f.string("model", required=True)
     assert model is not None
     value = f.body.get("input")
@@ -605,7 +605,7 @@ def parse_rerank(body: object) -> RerankRequest:
     """A ``POST /v1/rerank`` body (the Cohere and Jina shape llama.cpp's server takes):
     ``model``, ``query``, ``documents`` (strings, or objects with a ``text``), ``top_n``,
     ``return_documents`` (default false), and Qwen3-Reranker's ``instruction``."""
-    f = _Fields(body)
+    f = Fields(body)
     model = f.string("model", required=True)
     query = f.string("query", required=True)
     assert model is not None and query is not None

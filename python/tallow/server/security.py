@@ -17,8 +17,9 @@ __all__ = ["ApiKeyMiddleware", "has_api_key", "security_middleware"]
 
 
 class ApiKeyMiddleware:
-    """Answers every ``/v1`` request that does not carry ``Authorization: Bearer <key>`` with
-    OpenAI's 401 error body; other routes (``/health``, ``/metrics``) stay open."""
+    """Answers every ``/v1`` request that does not carry ``Authorization: Bearer <key>`` (or
+    ``x-api-key: <key>``, as Anthropic's clients send it) with OpenAI's 401 error body; other
+    routes (``/health``, ``/metrics``) stay open."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -29,7 +30,7 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or not (path == "/v1" or path.startswith("/v1/")):
             await self.app(scope, receive, send)
             return
-        given = self._bearer(scope)
+        given = self._given(scope)
         if given is not None and hmac.compare_digest(given, self._key):
             await self.app(scope, receive, send)
             return
@@ -56,19 +57,24 @@ class ApiKeyMiddleware:
         await send({"type": "http.response.body", "body": body})
 
     @staticmethod
-    def _bearer(scope: Scope) -> bytes | None:
+    def _given(scope: Scope) -> bytes | None:
+        """The key a request carries: its bearer token, else its ``x-api-key`` (``b""`` for
+        an Authorization header of another kind), or None."""
+        key = None
         for name, value in scope.get("headers", []):
             if name == b"authorization":
                 scheme, _, token = value.partition(b" ")
                 if scheme.lower() == b"bearer" and token.strip():
                     return bytes(token.strip())
                 return b""
-        return None
+            if name == b"x-api-key":
+                key = bytes(value.strip())
+        return key
 
 
 def has_api_key(scope: Scope, api_key: str) -> bool:
     """Whether the request of ``scope`` carries ``Authorization: Bearer <api_key>``."""
-    given = ApiKeyMiddleware._bearer(scope)
+    given = ApiKeyMiddleware._given(scope)
     return given is not None and hmac.compare_digest(given, api_key.encode())
 
 
@@ -83,7 +89,7 @@ def security_middleware(api_key: str | None, allowed_origins: Sequence[str]) -> 
                 CORSMiddleware,
                 allow_origins=list(allowed_origins),
                 allow_methods=["GET", "POST"],
-                allow_headers=["authorization", "content-type"],
+                allow_headers=["authorization", "content-type", "x-api-key", "anthropic-version"],
                 max_age=600,
             )
         )
