@@ -243,3 +243,33 @@ def test_the_messages_api_returns_thinking_blocks(think_server: str, thinker: ta
         extra_body=extra,
     )
     assert [b.type for b in off.content] == ["text"]
+
+
+def test_the_responses_api_returns_a_reasoning_item(think_server: str, thinker: tallow.LLM) -> None:
+    want = thinker.chat(MESSAGES, max_tokens=12, temperature=0, reasoning_budget=4, logit_bias=BAN)
+    client = openai.OpenAI(base_url=f"{think_server}/v1", api_key="unused", max_retries=0)
+    extra = {"reasoning_budget": 4, "logit_bias": {"0": -100, "2": -100}}
+    got = client.responses.create(
+        model="thinker.gguf",
+        input=MESSAGES[0]["content"],
+        max_output_tokens=12,
+        temperature=0,
+        extra_body=extra,
+    )
+    assert [item.type for item in got.output] == ["reasoning", "message"]
+    assert got.output[0].content[0].text == want.reasoning  # type: ignore[union-attr,index]
+    assert got.output_text == want.text
+    assert got.usage is not None and got.usage.output_tokens_details.reasoning_tokens == 5
+    deltas = [
+        e.delta
+        for e in client.responses.create(
+            model="thinker.gguf",
+            input=MESSAGES[0]["content"],
+            max_output_tokens=12,
+            temperature=0,
+            extra_body=extra,
+            stream=True,
+        )
+        if e.type == "response.reasoning_text.delta"
+    ]
+    assert "".join(deltas) == want.reasoning

@@ -88,6 +88,8 @@ class RequestOutput:
     scores: list[float] | None = None
     """With the output of a scoring request (``SamplingParams.continuations``): the
     log-likelihood of each continuation after the prompt, the sum over its tokens."""
+    reasoning_tokens: int = 0
+    """Of :attr:`new_token_ids`, those of the reasoning block (its marks included)."""
     reasoning: str = ""
     """New reasoning text (a reply of a model that reasons, see :mod:`tallow.reasoning`): what
     it wrote inside its reasoning block, apart from :attr:`text`."""
@@ -127,10 +129,12 @@ class OutputState:
         new: list[int] = []
         pieces: list[str] = []
         thoughts: list[str] = []
+        reasoning_tokens = 0
         for token in out.new_token_ids:
             new.append(token)
             if self._split is not None and self._thoughts is not None:
                 reasoning, mark = self._split.push(token)
+                reasoning_tokens += reasoning
                 if mark:
                     continue
                 if reasoning:
@@ -183,6 +187,7 @@ class OutputState:
             error,
             logprobs,
             calls,
+            reasoning_tokens=reasoning_tokens,
             reasoning="".join(thoughts),
         )
 

@@ -59,6 +59,8 @@ from tallow.server.protocol import (
     parse_rerank,
     usage,
 )
+from tallow.server.responses import Response as ResponseObject
+from tallow.server.responses import ResponsesRequest, ResponseStore, parse_responses
 from tallow.server.security import security_middleware
 from tallow.tools import ToolCall
 
@@ -185,6 +187,7 @@ JSON_ROUTES = frozenset(
         "/v1/embeddings",
         "/v1/rerank",
         "/rerank",
+        "/v1/responses",
         "/v1/messages",
         "/v1/messages/count_tokens",
     }
@@ -240,6 +243,7 @@ class _Server:
         self.metrics = Metrics(llm.stats)
         self._ids = itertools.count()
         self._token_text: dict[int, str] = {}
+        self.responses_store = ResponseStore()
 
     # -- plain endpoints ----------------------------------------------------------------------
 
@@ -469,6 +473,94 @@ class _Server:
         except ModelError as e:
             raise invalid("documents", str(e), "context_length_exceeded") from None
         return req, task
+
+    # -- OpenAI's Responses API --------------------------------------------------------------
+
+    async def responses(self, request: Request) -> Response:
+        return await self._counted("/v1/responses", self._responses(request))
+
+    async def _responses(self, request: Request) -> Response:
+        try:
+            raw = await read_json_body(request, self.options)
+            req, chat = await anyio.to_thread.run_sync(self._prepare_responses, raw)
+        except APIError as e:
+            return error_response(e)
+        arrival = time.perf_counter()
+        self.metrics.prompt_tokens.inc(len(chat.ids))
+        answer = ResponseObject(req, len(chat.ids))
+        choice = _Choice(0, chat.ids, chat.params)
+
+        def failure(error: TallowError) -> APIError:
+            if isinstance(error, InvalidArgumentError):  # the constraint could not go on
+                return invalid(
+                    "text" if req.params.structured is not None else "tool_choice", str(error)
+                )
+            return APIError(500, str(error), type="server_error")
+
+        def keep() -> None:
+            if req.store and answer.status != "failed":
+                self.responses_store.put(answer.body(), answer.conversation())
+
+        if req.stream:
+
+            async def produce(emit: Emit) -> None:
+                await answer.start(emit)
+
+                async def on_output(c: _Choice, out: RequestOutput) -> None:
+                    await answer.stream(out, emit)
+
+                error = await self._run([choice], arrival, on_output)
+                if error is not None:
+                    await answer.fail(emit, failure(error))
+                keep()
+
+            return _EventStream(produce, named=True)
+        errors: list[TallowError] = []
+
+        async def run() -> None:
+            async def on_output(c: _Choice, out: RequestOutput) -> None:
+                answer.add(out)
+
+            error = await self._run([choice], arrival, on_output)
+            if error is not None:
+                errors.append(error)
+
+        if not await _unless_disconnected(request, run):
+            return Response(status_code=499)
+        if errors:
+            return error_response(failure(errors[0]))
+        keep()
+        return JSONResponse(answer.body())
+
+    async def stored_response(self, request: Request) -> Response:
+        found = self.responses_store.response(request.path_params["response_id"])
+        if found is None:
+            error = APIError(
+                404, "no stored response with this id", type="not_found", code="not_found"
+            )
+            return error_response(error)
+        return JSONResponse(found)
+
+    def _prepare_responses(self, raw: bytes) -> tuple[ResponsesRequest, ChatPrompt]:
+        """In a worker thread: the parsed request and its chat prompt, checked (each problem a
+        400 naming its field)."""
+        req = parse_responses(
+            parse_json(raw), self.llm.model.n_vocab, self.llm.n_ctx, self.responses_store
+        )
+        check_model(req.model, self.names)
+        try:
+            chat = self._chat(req.messages, req.params, req.tools, req.tool_choice)
+        except InvalidArgumentError as e:
+            raise invalid("input", str(e)) from None
+        except ModelError as e:
+            raise invalid("input", str(e), "context_length_exceeded") from None
+        self._check_room(chat.ids, req.params.max_tokens)
+        if req.params.structured is not None:
+            try:
+                req.params.structured.check(self.llm.model)
+            except InvalidArgumentError as e:  # GrammarError
+                raise invalid("text", str(e)) from None
+        return req, chat
 
     # -- Anthropic's Messages API ------------------------------------------------------------
 
@@ -988,6 +1080,8 @@ def create_app(
             Route("/v1/embeddings", server.embeddings, methods=["POST"]),
             Route("/v1/rerank", server.rerank, methods=["POST"]),
             Route("/rerank", server.rerank, methods=["POST"]),
+            Route("/v1/responses", server.responses, methods=["POST"]),
+            Route("/v1/responses/{response_id}", server.stored_response, methods=["GET"]),
             Route("/v1/messages", server.messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", server.count_tokens, methods=["POST"]),
         ],
