@@ -273,3 +273,38 @@ def test_the_responses_api_returns_a_reasoning_item(think_server: str, thinker: 
         if e.type == "response.reasoning_text.delta"
     ]
     assert "".join(deltas) == want.reasoning
+
+
+def test_tool_calls_are_read_from_the_answer(thinker: tallow.LLM) -> None:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 8}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ]
+    model = thinker._model
+    prompt = thinker._prompts.chat_ids(MESSAGES, tools=tools)
+    thought = greedy(model, prompt, 3)
+    result = thinker.chat(
+        MESSAGES,
+        max_tokens=60,
+        temperature=0,
+        reasoning_budget=3,
+        logit_bias=BAN,
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    # The reasoning is free; the call, constrained, comes after the block and is parsed.
+    assert result.token_ids[:4] == [*thought, 4]
+    assert result.reasoning == model.detokenize(thought).lstrip()
+    assert result.tool_calls is not None
+    assert [c.name for c in result.tool_calls] == ["get_weather"]
+    assert "<tool_call>" not in result.text and "<tool_call>" not in result.reasoning
