@@ -24,49 +24,18 @@ import time
 
 import anyio
 import numpy as np
+from classify_bench import texts_of
 
 import tallow
 from tallow import _core
 from tallow.engine import load_model
 
-WORDS = [
-    "the",
-    "a",
-    "river",
-    "house",
-    "green",
-    "market",
-    "quietly",
-    "opened",
-    "seven",
-    "cold",
-    "morning",
-    "train",
-    "city",
-    "people",
-    "music",
-    "bright",
-    "old",
-    "letter",
-    "window",
-    "small",
-    "road",
-    "later",
-    "under",
-    "because",
-    "never",
-    "found",
-    "paper",
-]
-
 
 def text_of(llm: tallow.LLM, n_tokens: int, rng: random.Random) -> str:
     """A text of random words, ``n_tokens`` tokens long with the model's special tokens."""
-    while True:
-        words = " ".join(rng.choice(WORDS) for _ in range(n_tokens))
-        text = llm.detokenize(llm.tokenize(words, add_special=False)[:n_tokens])
-        if len(llm.tokenize(text)) == n_tokens:
-            return text
+    special = len(llm.tokenize("x")) - len(llm.tokenize("x", add_special=False))
+    (text,) = texts_of(llm, n_tokens - special, 1, rng.randrange(2**32))
+    return text
 
 
 def forward_ms(model: _core.Model, ids: list[int], rows: str) -> float:

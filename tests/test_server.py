@@ -307,6 +307,18 @@ def post(server: str, path: str, body: object, **headers: str) -> httpx.Response
     return httpx.post(f"{server}{path}", content=content, headers=headers, timeout=60)
 
 
+OPENAI_ERROR = {"message", "type", "param", "code"}
+"""The fields of OpenAI's error object."""
+
+
+def post_hostile(server: str, path: str, body: object) -> httpx.Response:
+    """``body`` posted as a hostile client would send it (JSON with ASCII escapes, so that lone
+    surrogates travel as ``\\ud800``); the answer, which must not be a 5xx."""
+    response = post(server, path, json.dumps(body, ensure_ascii=True))
+    assert response.status_code < 500, response.text
+    return response
+
+
 def assert_error(
     response: httpx.Response, status: int, param: str | None, code: str | None
 ) -> None:
@@ -581,11 +593,9 @@ def test_no_request_body_gets_a_server_error(
         if fields.get("max_tokens") is None and fields.get("max_completion_tokens") is None:
             fields["max_tokens"] = 2
         body = fields
-    # ASCII escapes: lone surrogates travel as \ud800, as a hostile client would send them.
-    response = post(server, path, json.dumps(body, ensure_ascii=True))
-    assert response.status_code < 500, response.text
+    response = post_hostile(server, path, body)
     if response.status_code >= 400:
-        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+        assert set(response.json()["error"]) == OPENAI_ERROR
     elif "text/event-stream" in response.headers["content-type"]:
         assert response.text.rstrip().endswith("data: [DONE]")
     else:

@@ -468,11 +468,7 @@ class AsyncLLM:
         """The relevance of each of ``documents`` (checked by ``task.documents``), in their
         order, run as concurrent requests; the first error raised."""
         prompts = [task.prompt_ids(d) for d in documents]
-        outputs = await self._last_outputs(prompts, task.params)
-        return [
-            task.result(i, d, out, len(ids))
-            for i, (d, out, ids) in enumerate(zip(documents, outputs, prompts, strict=True))
-        ]
+        return task.results(documents, prompts, await self._last_outputs(prompts, task.params))
 
     async def embed(
         self,

@@ -532,14 +532,7 @@ class LLM:
         docs = task.documents(documents)
         top_n = None if top_n is None else checks.integer("top_n", top_n, 1)
         prompts = [task.prompt_ids(d) for d in docs]
-        outputs = self._run_all(prompts, task.params)
-        return ranked(
-            [
-                task.result(i, d, out, len(ids))
-                for i, (d, out, ids) in enumerate(zip(docs, outputs, prompts, strict=True))
-            ],
-            top_n,
-        )
+        return ranked(task.results(docs, prompts, self._run_all(prompts, task.params)), top_n)
 
     def rerank_task(
         self, query: object, prompt: object = None, instruction: object = None

@@ -176,14 +176,22 @@ class RerankTask:
             raise InvalidArgumentError("no documents to rerank")
         return [checks.text("document", d) for d in documents]
 
-    def result(self, index: int, document: str, out: RequestOutput, prompt_tokens: int) -> Reranked:
-        """Document ``index``'s relevance from its request's last output."""
-        if out.error is not None:
-            raise out.error
-        assert out.scores is not None, "a scoring request ends with scores"
-        return Reranked(
-            index, document, label_probs(out.scores)[0], prompt_tokens, out.cached_tokens
-        )
+    def results(
+        self,
+        documents: Sequence[str],
+        prompts: Sequence[list[int]],
+        outputs: Sequence[RequestOutput],
+    ) -> list[Reranked]:
+        """Each document's relevance, in their order, from its prompt (``prompt_ids``) and its
+        request's last output."""
+        results = []
+        for i, (document, ids, out) in enumerate(zip(documents, prompts, outputs, strict=True)):
+            if out.error is not None:
+                raise out.error
+            assert out.scores is not None, "a scoring request ends with scores"
+            probability = label_probs(out.scores)[0]
+            results.append(Reranked(i, document, probability, len(ids), out.cached_tokens))
+        return results
 
 
 def ranked(results: Sequence[Reranked], top_n: int | None = None) -> list[Reranked]:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import numpy as np
@@ -32,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 
 from tallow import _core, pooling
 from tallow.async_llm import AsyncLLM
-from tallow.classify import Classification, ClassifyTask
+from tallow.classify import ClassifyTask
 from tallow.embed import EmbedTask
 from tallow.engine import SamplingParams
 from tallow.errors import InvalidArgumentError, ModelError, TallowError
@@ -67,6 +67,8 @@ from tallow.tools import ToolCall
 __all__ = ["JSON_ROUTES", "ServerOptions", "create_app", "read_json_body"]
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
+P = TypeVar("P")
+R = TypeVar("R")
 
 
 STATIC = Path(__file__).parent / "static"
@@ -113,6 +115,18 @@ class _Choice:
     cached_tokens: int = 0
     offset: int = 0
     """Characters of the token texts reported so far (``text_offset`` of completions)."""
+
+
+class ChatReply(Protocol):
+    """How one API tells a chat reply (a Responses response, a Messages message) as the
+    request's outputs come: whole (:meth:`add`, then :meth:`body`) or as events."""
+
+    def add(self, out: RequestOutput) -> None: ...
+    def body(self) -> dict[str, Any]: ...
+    def error_body(self, error: APIError) -> dict[str, Any]: ...
+    async def start(self, emit: Emit) -> None: ...
+    async def stream(self, out: RequestOutput, emit: Emit) -> None: ...
+    async def fail(self, emit: Emit, error: APIError) -> None: ...
 
 
 class _EventStream(Response):
@@ -293,30 +307,57 @@ class _Server:
     async def classify(self, request: Request) -> Response:
         return await self._counted("/v1/classify", self._classify(request))
 
-    async def _classify(self, request: Request) -> Response:
+    async def _batch(
+        self,
+        request: Request,
+        prepare: Callable[[bytes], P],
+        run: Callable[[P], Awaitable[R]],
+        failed: Callable[[TallowError], APIError] | None = None,
+    ) -> tuple[P, R] | Response:
+        """What a route that runs one batch of requests (classification, embeddings,
+        reranking) has to answer with: its body read and ``prepare``d in a worker thread (its
+        problems a 4xx), then ``run`` (aborted when the client goes away: 499), whose failure
+        ``failed`` maps (by default a 500)."""
         try:
             raw = await read_json_body(request, self.options)
-            req, task, prompts = await anyio.to_thread.run_sync(self._prepare_classify, raw)
+            prepared = await anyio.to_thread.run_sync(prepare, raw)
         except APIError as e:
             return error_response(e)
-        prompt_tokens = sum(len(ids) for ids in prompts)
-        self.metrics.prompt_tokens.inc(prompt_tokens)
-        results: list[list[Classification]] = []
+        results: list[R] = []
         failure: list[TallowError] = []
 
-        async def run() -> None:
+        async def work() -> None:
             try:
-                results.append(await self.llm.run_classification(task, prompts))
+                results.append(await run(prepared))
             except TallowError as e:
                 failure.append(e)
 
-        if not await _unless_disconnected(request, run):
+        if not await _unless_disconnected(request, work):
             return Response(status_code=499)
         if failure:
-            if isinstance(failure[0], InvalidArgumentError):
-                # Labels that no step or KV pool of this server could score.
-                return error_response(invalid("labels", str(failure[0])))
+            if failed is not None:
+                return error_response(failed(failure[0]))
             return error_response(APIError(500, str(failure[0]), type="server_error"))
+        return prepared, results[0]
+
+    async def _classify(self, request: Request) -> Response:
+        def failed(error: TallowError) -> APIError:
+            if isinstance(error, InvalidArgumentError):
+                # Labels that no step or KV pool of this server could score.
+                return invalid("labels", str(error))
+            return APIError(500, str(error), type="server_error")
+
+        done = await self._batch(
+            request,
+            self._prepare_classify,
+            lambda p: self.llm.run_classification(p[1], p[2]),
+            failed,
+        )
+        if isinstance(done, Response):
+            return done
+        (req, _, prompts), results = done
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        self.metrics.prompt_tokens.inc(prompt_tokens)
         return JSONResponse(
             {
                 "id": f"classify-{next(self._ids)}",
@@ -330,9 +371,9 @@ class _Server:
                         "probs": c.probs,
                         "num_classes": len(c.labels),
                     }
-                    for i, c in enumerate(results[0])
+                    for i, c in enumerate(results)
                 ],
-                "usage": usage(prompt_tokens, 0, sum(c.cached_tokens for c in results[0])),
+                "usage": usage(prompt_tokens, 0, sum(c.cached_tokens for c in results)),
             }
         )
 
@@ -362,33 +403,21 @@ class _Server:
         return await self._counted("/v1/embeddings", self._embeddings(request))
 
     async def _embeddings(self, request: Request) -> Response:
-        try:
-            raw = await read_json_body(request, self.options)
-            req, task, prompts = await anyio.to_thread.run_sync(self._prepare_embeddings, raw)
-        except APIError as e:
-            return error_response(e)
+        done = await self._batch(
+            request, self._prepare_embeddings, lambda p: self.llm.run_embeddings(p[1], p[2])
+        )
+        if isinstance(done, Response):
+            return done
+        (req, _, prompts), vectors = done
         prompt_tokens = sum(len(ids) for ids in prompts)
         self.metrics.prompt_tokens.inc(prompt_tokens)
-        vectors: list[list[npt.NDArray[np.float32]]] = []
-        failure: list[TallowError] = []
-
-        async def run() -> None:
-            try:
-                vectors.append(await self.llm.run_embeddings(task, prompts))
-            except TallowError as e:
-                failure.append(e)
-
-        if not await _unless_disconnected(request, run):
-            return Response(status_code=499)
-        if failure:
-            return error_response(APIError(500, str(failure[0]), type="server_error"))
         return JSONResponse(
             {
                 "object": "list",
                 "model": req.model,
                 "data": [
                     {"object": "embedding", "index": i, "embedding": _encoded(v, req.base64)}
-                    for i, v in enumerate(vectors[0])
+                    for i, v in enumerate(vectors)
                 ],
                 "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
             }
@@ -419,25 +448,13 @@ class _Server:
         return await self._counted("/v1/rerank", self._rerank(request))
 
     async def _rerank(self, request: Request) -> Response:
-        try:
-            raw = await read_json_body(request, self.options)
-            req, task = await anyio.to_thread.run_sync(self._prepare_rerank, raw)
-        except APIError as e:
-            return error_response(e)
-        results: list[list[Reranked]] = []
-        failure: list[TallowError] = []
-
-        async def run() -> None:
-            try:
-                results.append(await self.llm.run_reranking(task, req.documents))
-            except TallowError as e:
-                failure.append(e)
-
-        if not await _unless_disconnected(request, run):
-            return Response(status_code=499)
-        if failure:
-            return error_response(APIError(500, str(failure[0]), type="server_error"))
-        prompt_tokens = sum(r.prompt_tokens for r in results[0])
+        done = await self._batch(
+            request, self._prepare_rerank, lambda p: self.llm.run_reranking(p[1], p[0].documents)
+        )
+        if isinstance(done, Response):
+            return done
+        (req, _), results = done
+        prompt_tokens = sum(r.prompt_tokens for r in results)
         self.metrics.prompt_tokens.inc(prompt_tokens)
 
         def entry(r: Reranked) -> dict[str, Any]:
@@ -451,7 +468,7 @@ class _Server:
                 "id": f"rerank-{next(self._ids)}",
                 "object": "list",
                 "model": req.model,
-                "results": [entry(r) for r in ranked(results[0], req.top_n)],
+                "results": [entry(r) for r in ranked(results, req.top_n)],
                 "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
             }
         )
@@ -485,52 +502,14 @@ class _Server:
             req, chat = await anyio.to_thread.run_sync(self._prepare_responses, raw)
         except APIError as e:
             return error_response(e)
-        arrival = time.perf_counter()
-        self.metrics.prompt_tokens.inc(len(chat.ids))
         answer = ResponseObject(req, len(chat.ids))
-        choice = _Choice(0, chat.ids, chat.params)
-
-        def failure(error: TallowError) -> APIError:
-            if isinstance(error, InvalidArgumentError):  # the constraint could not go on
-                return invalid(
-                    "text" if req.params.structured is not None else "tool_choice", str(error)
-                )
-            return APIError(500, str(error), type="server_error")
 
         def keep() -> None:
             if req.store and answer.status != "failed":
                 self.responses_store.put(answer.body(), answer.conversation())
 
-        if req.stream:
-
-            async def produce(emit: Emit) -> None:
-                await answer.start(emit)
-
-                async def on_output(c: _Choice, out: RequestOutput) -> None:
-                    await answer.stream(out, emit)
-
-                error = await self._run([choice], arrival, on_output)
-                if error is not None:
-                    await answer.fail(emit, failure(error))
-                keep()
-
-            return _EventStream(produce, named=True)
-        errors: list[TallowError] = []
-
-        async def run() -> None:
-            async def on_output(c: _Choice, out: RequestOutput) -> None:
-                answer.add(out)
-
-            error = await self._run([choice], arrival, on_output)
-            if error is not None:
-                errors.append(error)
-
-        if not await _unless_disconnected(request, run):
-            return Response(status_code=499)
-        if errors:
-            return error_response(failure(errors[0]))
-        keep()
-        return JSONResponse(answer.body())
+        constraint = "text" if req.params.structured is not None else "tool_choice"
+        return await self._reply(request, chat, answer, req.stream, constraint, keep)
 
     async def stored_response(self, request: Request) -> Response:
         found = self.responses_store.response(request.path_params["response_id"])
@@ -548,19 +527,7 @@ class _Server:
             parse_json(raw), self.llm.model.n_vocab, self.llm.n_ctx, self.responses_store
         )
         check_model(req.model, self.names)
-        try:
-            chat = self._chat(req.messages, req.params, req.tools, req.tool_choice)
-        except InvalidArgumentError as e:
-            raise invalid("input", str(e)) from None
-        except ModelError as e:
-            raise invalid("input", str(e), "context_length_exceeded") from None
-        self._check_room(chat.ids, req.params.max_tokens)
-        if req.params.structured is not None:
-            try:
-                req.params.structured.check(self.llm.model)
-            except InvalidArgumentError as e:  # GrammarError
-                raise invalid("text", str(e)) from None
-        return req, chat
+        return req, self._checked_chat(req, "input", "text")
 
     # -- Anthropic's Messages API ------------------------------------------------------------
 
@@ -573,28 +540,44 @@ class _Server:
             req, chat = await anyio.to_thread.run_sync(self._prepare_messages, raw, False)
         except APIError as e:
             return _anthropic_error(e)
+        constraint = "output_config" if req.params.structured is not None else "tool_choice"
+        reply = Reply(req.model, len(chat.ids))
+        return await self._reply(request, chat, reply, req.stream, constraint)
+
+    async def _reply(
+        self,
+        request: Request,
+        chat: ChatPrompt,
+        reply: ChatReply,
+        stream: bool,
+        constraint: str,
+        done: Callable[[], None] = lambda: None,
+    ) -> Response:
+        """One chat request run to its end and told as ``reply`` tells it (a Responses
+        response, a Messages message): whole, or as its events. A failure is a 400 naming
+        ``constraint`` where the constraint could not go on, a 500 otherwise; ``done`` runs
+        once the reply is whole."""
         arrival = time.perf_counter()
         self.metrics.prompt_tokens.inc(len(chat.ids))
-        reply = Reply(req.model, len(chat.ids))
         choice = _Choice(0, chat.ids, chat.params)
 
         def failure(error: TallowError) -> APIError:
-            if isinstance(error, InvalidArgumentError):  # the constraint could not go on
-                field = "output_config" if req.params.structured is not None else "tool_choice"
-                return invalid(field, str(error))
+            if isinstance(error, InvalidArgumentError):
+                return invalid(constraint, str(error))
             return APIError(500, str(error), type="server_error")
 
-        if req.stream:
+        if stream:
 
             async def produce(emit: Emit) -> None:
-                await emit(reply.start())
+                await reply.start(emit)
 
                 async def on_output(c: _Choice, out: RequestOutput) -> None:
                     await reply.stream(out, emit)
 
                 error = await self._run([choice], arrival, on_output)
                 if error is not None:
-                    await emit(messages_error_body(failure(error)))
+                    await reply.fail(emit, failure(error))
+                done()
 
             return _EventStream(produce, named=True)
         errors: list[TallowError] = []
@@ -610,8 +593,10 @@ class _Server:
         if not await _unless_disconnected(request, run):
             return Response(status_code=499)
         if errors:
-            return _anthropic_error(failure(errors[0]))
-        return JSONResponse(reply.message())
+            error = failure(errors[0])
+            return JSONResponse(reply.error_body(error), status_code=error.status)
+        done()
+        return JSONResponse(reply.body())
 
     async def count_tokens(self, request: Request) -> Response:
         return await self._counted("/v1/messages/count_tokens", self._count_tokens(request))
@@ -631,21 +616,34 @@ class _Server:
             parse_json(raw), self.llm.model.n_vocab, self.llm.n_ctx, counting=counting
         )
         check_model(req.model, self.names)
+        return req, self._checked_chat(req, "messages", "output_config", generates=not counting)
+
+    def _checked_chat(
+        self,
+        req: MessagesRequest | ResponsesRequest,
+        field: str,
+        format_field: str,
+        *,
+        generates: bool = True,
+    ) -> ChatPrompt:
+        """The chat prompt of a Messages or Responses request, checked: a problem with the
+        conversation is a 400 naming ``field``; for a request that generates, ``max_tokens``
+        past the context, and a format that does not compile (named ``format_field``)."""
         try:
             chat = self._chat(req.messages, req.params, req.tools, req.tool_choice)
         except InvalidArgumentError as e:
-            raise invalid("messages", str(e)) from None
+            raise invalid(field, str(e)) from None
         except ModelError as e:
-            raise invalid("messages", str(e), "context_length_exceeded") from None
-        if not counting:
+            raise invalid(field, str(e), "context_length_exceeded") from None
+        if generates:
             self._check_room(chat.ids, req.params.max_tokens)
             if req.params.structured is not None:
                 # Checked here so that a bad schema is a 400 (and kept compiled).
                 try:
                     req.params.structured.check(self.llm.model)
                 except InvalidArgumentError as e:  # GrammarError
-                    raise invalid("output_config", str(e)) from None
-        return req, chat
+                    raise invalid(format_field, str(e)) from None
+        return chat
 
     # -- generation ---------------------------------------------------------------------------
 

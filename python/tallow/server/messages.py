@@ -21,7 +21,7 @@ from typing import Any
 from tallow.engine import SamplingParams
 from tallow.errors import InvalidArgumentError
 from tallow.output import RequestOutput
-from tallow.server.protocol import APIError, Fields, invalid
+from tallow.server.protocol import APIError, Fields, flat_tools, invalid
 from tallow.structured import Structured, closed, structured_output
 from tallow.tools import ToolCall
 
@@ -80,24 +80,11 @@ def parse_messages(
         raise invalid("messages", "'messages' must be a non-empty list", "invalid_type")
     for i, message in enumerate(raw):
         messages += _message(i, message)
-    tools = _tools(f.body.get("tools"))
+    tools = flat_tools(f.body.get("tools"), types=(None, "custom"), schema="input_schema")
     choice = _tool_choice(f.body.get("tool_choice"))
     if choice == "none":
         tools, choice = None, None
     kwargs, budget = _thinking(f.body.get("thinking"))
-    stops = f.body.get("stop_sequences")
-    if stops is None:
-        stops = []
-    if (
-        not isinstance(stops, list)
-        or not all(isinstance(s, str) and s for s in stops)
-        or len(stops) > MAX_STOP_SEQUENCES
-    ):
-        raise invalid(
-            "stop_sequences",
-            f"'stop_sequences' must be a list of up to {MAX_STOP_SEQUENCES} non-empty strings",
-            "invalid_type",
-        )
     top_k = f.integer("top_k", None, 0, n_vocab)
     top_p = f.number("top_p", 1.0, 0.0, 1.0)
     temperature = f.number("temperature", 1.0, 0.0, 1.0)
@@ -109,7 +96,7 @@ def parse_messages(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k or 0,
-        stop=tuple(stops),
+        stop=f.stop("stop_sequences", MAX_STOP_SEQUENCES),
         # An extension, as on the OpenAI routes.
         logit_bias=f.logit_bias(n_vocab),
         structured=_output_format(f.body.get("output_config")),
@@ -204,26 +191,6 @@ def _message(i: int, message: object) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(value: object) -> list[dict[str, Any]] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise invalid("tools", "'tools' must be a list", "invalid_type")
-    tools = []
-    for i, tool in enumerate(value):
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-            raise invalid("tools", f"tools[{i}] must be an object with a string 'name'")
-        if tool.get("type") not in (None, "custom"):
-            raise invalid("tools", f"tools[{i}]: server tools ({tool['type']!r}) are not supported")
-        function: dict[str, Any] = {"name": tool["name"]}
-        if tool.get("description") is not None:
-            function["description"] = tool["description"]
-        if tool.get("input_schema") is not None:
-            function["parameters"] = tool["input_schema"]
-        tools.append({"type": "function", "function": function})
-    return tools or None
-
-
 def _tool_choice(value: object) -> object:
     """Anthropic's ``tool_choice`` as OpenAI's: auto, any (required), a named tool, none."""
     if value is None:
@@ -283,6 +250,8 @@ def _thinking(value: object) -> tuple[dict[str, Any] | None, int | None]:
     )
 
 
+Emit = Callable[[dict[str, Any]], Awaitable[None]]
+
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 
 
@@ -329,8 +298,8 @@ class Reply:
             "cache_creation_input_tokens": 0,
         }
 
-    def message(self) -> dict[str, Any]:
-        """The whole reply, once its last output was added."""
+    def body(self) -> dict[str, Any]:
+        """The message, whole once its last output was added."""
         content: list[dict[str, Any]] = []
         if self.thinking:
             content.append(
@@ -353,15 +322,21 @@ class Reply:
 
     # -- streaming --------------------------------------------------------------------------
 
-    def start(self) -> dict[str, Any]:
+    async def start(self, emit: Emit) -> None:
         """The ``message_start`` event."""
-        message = {**self.message(), "content": [], "stop_reason": None, "stop_sequence": None}
+        message = {**self.body(), "content": [], "stop_reason": None, "stop_sequence": None}
         message["usage"] = {**self.usage(), "output_tokens": 0}
-        return {"type": "message_start", "message": message}
+        await emit({"type": "message_start", "message": message})
 
-    async def stream(
-        self, out: RequestOutput, emit: Callable[[dict[str, Any]], Awaitable[None]]
-    ) -> None:
+    async def fail(self, emit: Emit, error: APIError) -> None:
+        """The event of a reply whose generation failed."""
+        await emit(error_body(error))
+
+    @staticmethod
+    def error_body(error: APIError) -> dict[str, Any]:
+        return error_body(error)
+
+    async def stream(self, out: RequestOutput, emit: Emit) -> None:
         """Take the request's next output and emit the events it makes."""
         self.add(out)
         if out.reasoning:
@@ -391,9 +366,7 @@ class Reply:
         )
         await emit({"type": "message_stop"})
 
-    async def _delta(
-        self, emit: Callable[[dict[str, Any]], Awaitable[None]], kind: str, delta: dict[str, Any]
-    ) -> None:
+    async def _delta(self, emit: Emit, kind: str, delta: dict[str, Any]) -> None:
         if self._open != kind:
             await self._close(emit)
             self._index += 1
@@ -408,7 +381,7 @@ class Reply:
             )
         await emit({"type": "content_block_delta", "index": self._index, "delta": delta})
 
-    async def _close(self, emit: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    async def _close(self, emit: Emit) -> None:
         if self._open is not None:
             await emit({"type": "content_block_stop", "index": self._index})
             self._open = None

@@ -219,19 +219,20 @@ class Fields:
             )
         return value
 
-    def stop(self) -> tuple[str, ...]:
-        value = self.body.get("stop")
+    def stop(self, name: str = "stop", most: int = MAX_STOPS) -> tuple[str, ...]:
+        """Stop strings: a non-empty string, or a list of at most ``most`` of them."""
+        value = self.body.get(name)
         if value is None:
             return ()
         stops = [value] if isinstance(value, str) else value
         if (
             not isinstance(stops, list)
             or not all(isinstance(s, str) and s for s in stops)
-            or len(stops) > MAX_STOPS
+            or len(stops) > most
         ):
             raise invalid(
-                "stop",
-                f"'stop' must be a non-empty string or a list of up to {MAX_STOPS} of them",
+                name,
+                f"'{name}' must be a non-empty string or a list of up to {most} of them",
                 "invalid_type",
             )
         return tuple(stops)
@@ -632,6 +633,39 @@ def parse_rerank(body: object) -> RerankRequest:
         f.boolean("return_documents", False),
         f.string("instruction"),
     )
+
+
+def flat_tools(
+    value: object, *, types: tuple[str | None, ...], schema: str
+) -> list[dict[str, Any]] | None:
+    """Tools given flat, ``{"name", "description", <schema>}`` (as the Responses and Messages
+    APIs give them), as OpenAI's function tools; a tool's ``type`` must be one of ``types``
+    (None: absent), and ``"strict": true`` closes the objects of its schema."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise invalid("tools", "'tools' must be a list", "invalid_type")
+    tools = []
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise invalid("tools", f"tools[{i}] must be an object with a string 'name'")
+        if tool.get("type") not in types:
+            raise invalid(
+                "tools", f"tools[{i}]: tools of type {tool.get('type')!r} are not supported"
+            )
+        function: dict[str, Any] = {"name": tool["name"]}
+        if tool.get("description") is not None:
+            function["description"] = tool["description"]
+        parameters = tool.get(schema)
+        if tool.get("strict") is True and isinstance(parameters, dict):
+            try:
+                parameters = closed(parameters)
+            except GrammarError as e:
+                raise invalid("tools", str(e)) from None
+        if parameters is not None:
+            function["parameters"] = parameters
+        tools.append({"type": "function", "function": function})
+    return tools or None
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

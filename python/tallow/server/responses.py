@@ -23,7 +23,7 @@ from typing import Any
 from tallow.engine import SamplingParams
 from tallow.errors import InvalidArgumentError
 from tallow.output import RequestOutput
-from tallow.server.protocol import APIError, Fields, invalid
+from tallow.server.protocol import APIError, Fields, flat_tools, invalid
 from tallow.structured import Structured, closed, structured_output
 from tallow.tools import ToolCall
 
@@ -106,7 +106,7 @@ def parse_responses(
     messages += _input(f.body.get("input"))
     if instructions is not None:
         messages = [{"role": "system", "content": instructions}, *messages]
-    tools = _tools(f.body.get("tools"))
+    tools = flat_tools(f.body.get("tools"), types=("function",), schema="parameters")
     choice = _tool_choice(f.body.get("tool_choice"))
     if choice == "none":
         tools, choice = None, None
@@ -217,27 +217,6 @@ def _input(value: object) -> list[dict[str, Any]]:
         else:
             raise invalid("input", f"{where}: items of type {kind!r} are not supported")
     return out
-
-
-def _tools(value: object) -> list[dict[str, Any]] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise invalid("tools", "'tools' must be a list", "invalid_type")
-    tools = []
-    for i, tool in enumerate(value):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise invalid("tools", f"tools[{i}]: only function tools are supported")
-        if not isinstance(tool.get("name"), str):
-            raise invalid("tools", f"tools[{i}] needs a string 'name'")
-        function = {
-            k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None
-        }
-        parameters = function.get("parameters")
-        if tool.get("strict") is True and isinstance(parameters, dict):
-            function["parameters"] = closed(parameters)
-        tools.append({"type": "function", "function": function})
-    return tools or None
 
 
 def _tool_choice(value: object) -> object:
@@ -381,6 +360,10 @@ class Response:
             if done
             else None,
         }
+
+    @staticmethod
+    def error_body(error: APIError) -> dict[str, Any]:
+        return error.body()
 
     def conversation(self) -> list[dict[str, Any]]:
         """The request's conversation with this response's answer after it (instructions
