@@ -25,7 +25,9 @@ from test_rope_scaling import rewrite
 
 import tallow
 from tallow import _core
-from tallow.reasoning import Block, ReasoningSplit, block_of, marks
+from tallow.output import OutputState
+from tallow.reasoning import Block, Channels, ReasoningSplit, block_of, marks, splitter
+from tallow.scheduler import SchedulerOutput
 
 TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
@@ -308,3 +310,75 @@ def test_tool_calls_are_read_from_the_answer(thinker: tallow.LLM) -> None:
     assert result.tool_calls is not None
     assert [c.name for c in result.tool_calls] == ["get_weather"]
     assert "<tool_call>" not in result.text and "<tool_call>" not in result.reasoning
+
+
+HARMONY_TEMPLATE = (
+    "{% for message in messages %}<|start|>{{ message['role'] }}<|message|>"
+    "{{ message['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
+HARMONY = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"]
+
+
+@pytest.fixture(scope="module")
+def harmony(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tallow.LLM:
+    """The default model with six control tokens renamed as gpt-oss's harmony format has them."""
+    model = _core.Model(str(smollm2_path))
+    tokens = list(model.metadata()["tokenizer.ggml.tokens"])  # type: ignore[call-overload]
+    tokens[3:9] = HARMONY
+    fields = {"tokenizer.ggml.tokens": tokens, "tokenizer.chat_template": HARMONY_TEMPLATE}
+    path = rewrite(smollm2_path, tmp_path_factory.mktemp("harmony") / "harmony.gguf", fields, {})
+    return tallow.LLM(path, n_ctx=512, progress=False)
+
+
+def test_harmony_channels_split_the_reasoning_from_the_answer(harmony: tallow.LLM) -> None:
+    model = harmony._model
+    start, channel, message, end, ret, _ = range(3, 9)
+    # <|end|> closes a message, not the turn: <|return|> and <|call|> do.
+    assert ret in model.eog_ids and end not in model.eog_ids
+    chat = harmony._prompts.chat(MESSAGES, tallow.SamplingParams())
+    assistant = model.tokenize("assistant", False, False)
+    assert chat.params.reasoning == Channels(start, channel, message, end, tuple(assistant))
+    with pytest.raises(tallow.InvalidArgumentError, match="harmony"):
+        harmony._prompts.chat(MESSAGES, tallow.SamplingParams(reasoning_budget=8))
+    # A prompt that opens the analysis channel's message: the reply starts as reasoning.
+    analysis = [*assistant, channel, *model.tokenize("analysis", False, False)]
+    opened = block_of(model, [*chat.ids, *analysis[len(assistant) :], message], None)
+    assert opened == Channels(start, channel, message, end, tuple(analysis), body=True)
+    assert splitter(opened, model.detokenize).reasoning
+
+    def words(text: str) -> list[int]:
+        return model.tokenize(text, False, False)
+
+    reply = [
+        channel, *words("analysis"), message, *words("The sky is blue."), end,
+        start, *assistant, channel, *words("final"), message, *words("Yes, it is."),
+    ]  # fmt: skip
+    assert chat.params.reasoning is not None
+    state = OutputState(
+        model.stream_decoder(),
+        reasoning=(chat.params.reasoning, model.stream_decoder(), model.detokenize),
+    )
+    first = state.process(SchedulerOutput("r", reply[:9], False))
+    last = state.process(SchedulerOutput("r", reply[9:], True, "stop"))
+    assert first.reasoning + last.reasoning == "The sky is blue."
+    assert first.text + last.text == "Yes, it is."
+    assert first.reasoning_tokens + last.reasoning_tokens == len(words("The sky is blue.")) + 2
+
+
+def test_a_reply_that_leaves_the_harmony_format_is_its_answer(harmony: tallow.LLM) -> None:
+    model = harmony._model
+    chat = harmony._prompts.chat(MESSAGES, tallow.SamplingParams())
+    assert chat.params.reasoning is not None
+    state = OutputState(
+        model.stream_decoder(),
+        reasoning=(chat.params.reasoning, model.stream_decoder(), model.detokenize),
+    )
+    plain = model.tokenize(" word" * 40, False, False)
+    out = state.process(SchedulerOutput("r", plain, True, "length"))
+    # The first tokens were read as a header (after the prompt's "assistant"); past its bound
+    # of 32 tokens the rest is answer.
+    header = 32 - len(model.tokenize("assistant", False, False))
+    assert out.reasoning == "" and out.text.strip() == " ".join(["word"] * (40 - header))
+    result = harmony.chat(MESSAGES, max_tokens=6, temperature=0)
+    assert result.reasoning is None

@@ -32,7 +32,7 @@ from tallow.catalog import resolve_model
 from tallow.errors import InvalidArgumentError, TallowError
 from tallow.output import OutputState, RequestOutput, SampledRow
 from tallow.pooling import Pooler
-from tallow.reasoning import Block
+from tallow.reasoning import Block, Channels
 from tallow.scheduler import Pooling, Request, Scheduler, SchedulerOutput, Step
 from tallow.speculative import (
     DraftModelProposer,
@@ -90,8 +90,9 @@ class SamplingParams:
     reasoning_budget: int | None = None
     """Chat with a model that reasons: the most tokens its reasoning block may hold before
     it is closed (see :mod:`tallow.reasoning`); None: no limit."""
-    reasoning: Block | None = None
-    """The reasoning block the reply may have (set by :meth:`tallow.prompt.Prompts.chat`)."""
+    reasoning: Block | Channels | None = None
+    """The reasoning block the reply may have, or its channels (set by
+    :meth:`tallow.prompt.Prompts.chat`)."""
     pooling: Pooling | None = None
     """Embed the prompt instead of generating: its final hidden states pooled this way, in
     the request's last output's :attr:`~tallow.output.RequestOutput.embedding` (see
@@ -130,7 +131,7 @@ class SamplingParams:
             top_logprobs=self.top_logprobs,
             logprobs=self.logprobs,
             constraint=constraint,
-            reasoning=None if self.reasoning is None else self.reasoning.sampler_args(),
+            reasoning=self.reasoning.sampler_args() if isinstance(self.reasoning, Block) else None,
         )
 
 
@@ -517,7 +518,7 @@ class Engine:
                 tools=params.tools,
                 reasoning=None
                 if params.reasoning is None
-                else (params.reasoning, self.model.stream_decoder()),
+                else (params.reasoning, self.model.stream_decoder(), self.model.detokenize),
             ),
             branches=branches,
             pooling=params.pooling,

@@ -19,7 +19,7 @@ processor:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tallow.errors import TallowError
-from tallow.reasoning import Block, ReasoningSplit
+from tallow.reasoning import Block, Channels, splitter
 from tallow.scheduler import SchedulerOutput
 from tallow.stopping import StopMatcher, TokenDecoder
 from tallow.tools import ToolCall, ToolStream, ToolUse
@@ -108,7 +108,7 @@ class OutputState:
         *,
         logprobs: bool = False,
         tools: ToolUse | None = None,
-        reasoning: tuple[Block, TokenDecoder] | None = None,
+        reasoning: tuple[Block | Channels, TokenDecoder, Callable[[list[int]], str]] | None = None,
     ) -> None:
         self._decoder = decoder
         self._matcher = StopMatcher(tuple(stop))
@@ -117,7 +117,7 @@ class OutputState:
         self._tokens = 0
         # A reply that may reason: its tokens split into the reasoning (decoded apart) and
         # the answer; the whitespace that opens either is dropped.
-        self._split = None if reasoning is None else ReasoningSplit(reasoning[0])
+        self._split = None if reasoning is None else splitter(reasoning[0], reasoning[2])
         self._thoughts = None if reasoning is None else reasoning[1]
         self._trim = {"reasoning": True, "answer": reasoning is not None}
 

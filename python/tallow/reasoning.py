@@ -11,15 +11,35 @@ token is the opening mark.
 The sampler knows the block too (:class:`Block`): a constraint on the output (a JSON schema, a
 tool call's syntax) applies to the answer only, and ``reasoning_budget`` tokens into the block
 the closing mark is chosen in place of the next token, so that the model answers.
+
+gpt-oss writes its reply as messages on channels instead (OpenAI's harmony format:
+``<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...``):
+a model whose vocabulary holds ``<|start|>``, ``<|channel|>``, ``<|message|>`` and ``<|end|>``
+as single tokens has its reply split by channel (:class:`Channels`): the ``analysis`` channel's
+messages are the reasoning, the others' the answer, the headers neither. There the sampler does
+not know the channels: a reasoning budget is refused, and a constraint applies from the reply's
+first token.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tallow import _core
+from tallow.errors import InvalidArgumentError
 
-__all__ = ["START", "END", "Block", "ReasoningSplit", "block_of", "marks"]
+__all__ = [
+    "END",
+    "START",
+    "Block",
+    "Channels",
+    "ChannelSplit",
+    "ReasoningSplit",
+    "block_of",
+    "marks",
+    "splitter",
+]
 
 START = "<think>"
 END = "</think>"
@@ -43,28 +63,70 @@ class Block:
         return self.start, self.end, self.budget, self.opened
 
 
+@dataclass(frozen=True)
+class Channels:
+    """A reply in harmony's channels: the ids of ``<|start|>``, ``<|channel|>``,
+    ``<|message|>`` and ``<|end|>``, and where the prompt left the reply: the header tokens it
+    began (``header``, after its last ``<|start|>``), or inside a message's body (``body``
+    set) on that header's channel."""
+
+    start: int
+    channel: int
+    message: int
+    end: int
+    header: tuple[int, ...] = ()
+    body: bool = False
+
+
+_HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
+_MAX_HEADER = 32
+"""Tokens of a message header (``assistant<|channel|>analysis``) past which the reply is
+taken as an answer that left the format."""
+
+
+def _single_tokens(model: _core.Model, texts: tuple[str, ...]) -> list[int] | None:
+    ids = [model.tokenize(text, False, True) for text in texts]
+    if any(len(found) != 1 for found in ids) or len({found[0] for found in ids}) != len(ids):
+        return None
+    return [found[0] for found in ids]
+
+
 def marks(model: _core.Model) -> tuple[int, int] | None:
     """The ids of ``<think>`` and ``</think>`` where ``model``'s vocabulary holds each as one
     token (a model that reasons), else None."""
-    start = model.tokenize(START, False, True)
-    end = model.tokenize(END, False, True)
-    if len(start) != 1 or len(end) != 1 or start == end:
-        return None
-    return start[0], end[0]
+    found = _single_tokens(model, (START, END))
+    return None if found is None else (found[0], found[1])
 
 
-def block_of(model: _core.Model, prompt_ids: list[int], budget: int | None) -> Block | None:
-    """The reasoning block of a reply to the chat prompt ``prompt_ids``: None where the model
-    does not reason or the prompt closed the block already."""
+def block_of(
+    model: _core.Model, prompt_ids: list[int], budget: int | None
+) -> Block | Channels | None:
+    """The reasoning block of a reply to the chat prompt ``prompt_ids`` (or its channels):
+    None where the model does not reason or the prompt closed the block already. Raises
+    :class:`InvalidArgumentError` for a budget on channels."""
+    harmony = _single_tokens(model, _HARMONY)
+    if harmony is not None:
+        if budget is not None:
+            raise InvalidArgumentError(
+                "reasoning_budget: this model reasons on harmony's channels (gpt-oss), "
+                "which a budget does not close"
+            )
+        start, channel, message, end = harmony
+        last = max((i for i, t in enumerate(prompt_ids) if t in (start, end)), default=-1)
+        header = prompt_ids[last + 1 :] if last >= 0 and prompt_ids[last] == start else []
+        if message in header:  # the prompt began the message's body
+            cut = header.index(message)
+            return Channels(start, channel, message, end, tuple(header[:cut]), body=True)
+        return Channels(start, channel, message, end, tuple(header))
     found = marks(model)
     if found is None:
         return None
-    start, end = found
+    opening, closing = found
     tail = prompt_ids[-_TAIL:]
-    last = max((i for i, t in enumerate(tail) if t in (start, end)), default=None)
-    if last is not None and tail[last] == end:
+    mark = max((i for i, t in enumerate(tail) if t in found), default=None)
+    if mark is not None and tail[mark] == closing:
         return None  # the template wrote an empty block: no reasoning this turn
-    return Block(start, end, opened=last is not None, budget=budget)
+    return Block(opening, closing, opened=mark is not None, budget=budget)
 
 
 class ReasoningSplit:
@@ -94,3 +156,59 @@ class ReasoningSplit:
                 return True, True
             return True, False
         return False, False
+
+
+class ChannelSplit:
+    """Splits a reply in harmony's channels into its reasoning (the ``analysis`` channel) and
+    its answer (the other channels), as its tokens come; ``detokenize`` reads a header's
+    channel name."""
+
+    def __init__(self, channels: Channels, detokenize: Callable[[list[int]], str]) -> None:
+        self._marks = channels
+        self._detokenize = detokenize
+        self._header: list[int] = list(channels.header)
+        self._analysis = channels.body and self._is_analysis()
+        self._in_body = channels.body
+
+    @property
+    def reasoning(self) -> bool:
+        """Whether the reply is in a message of the analysis channel."""
+        return self._in_body and self._analysis
+
+    def _is_analysis(self) -> bool:
+        m = self._marks
+        if m.channel not in self._header:
+            return False
+        after = self._header[self._header.index(m.channel) + 1 :]
+        return self._detokenize(after).strip().split(" ")[0] == "analysis"
+
+    def push(self, token: int) -> tuple[bool, bool]:
+        """Take the reply's next token: ``(is_reasoning, is_mark)``, as
+        :meth:`ReasoningSplit.push` tells them; header tokens count as marks."""
+        m = self._marks
+        if self._in_body:
+            if token == m.end:
+                self._in_body, self._header = False, []
+                return self._analysis, True
+            return self._analysis, False
+        if token == m.message:
+            self._in_body, self._analysis = True, self._is_analysis()
+            return self._analysis, True
+        if token == m.start:
+            self._header = []
+        elif len(self._header) >= _MAX_HEADER:
+            # Not a header: a reply that left the format goes on as answer.
+            self._in_body, self._analysis = True, False
+            return False, False
+        else:
+            self._header.append(token)
+        return False, True
+
+
+def splitter(
+    block: Block | Channels, detokenize: Callable[[list[int]], str]
+) -> ReasoningSplit | ChannelSplit:
+    """The splitter of a reply with ``block``."""
+    if isinstance(block, Channels):
+        return ChannelSplit(block, detokenize)
+    return ReasoningSplit(block)
