@@ -338,14 +338,21 @@ def test_harmony_channels_split_the_reasoning_from_the_answer(harmony: tallow.LL
     assert ret in model.eog_ids and end not in model.eog_ids
     chat = harmony._prompts.chat(MESSAGES, tallow.SamplingParams())
     assistant = model.tokenize("assistant", False, False)
-    assert chat.params.reasoning == Channels(start, channel, message, end, tuple(assistant))
-    with pytest.raises(tallow.InvalidArgumentError, match="harmony"):
-        harmony._prompts.chat(MESSAGES, tallow.SamplingParams(reasoning_budget=8))
+    answer = (channel, *model.tokenize("final", False, False), message)
+    close = (end, start, *assistant, *answer)
+    want = Channels(start, channel, message, end, tuple(assistant), False, answer, close)
+    assert chat.params.reasoning == want
+    # To the sampler, everything before the final channel's message is reasoning.
+    assert want.sampler_args() == (channel, list(answer), list(close), None, True)
     # A prompt that opens the analysis channel's message: the reply starts as reasoning.
     analysis = [*assistant, channel, *model.tokenize("analysis", False, False)]
     opened = block_of(model, [*chat.ids, *analysis[len(assistant) :], message], None)
-    assert opened == Channels(start, channel, message, end, tuple(analysis), body=True)
+    assert opened is not None and isinstance(opened, Channels)
+    assert (opened.header, opened.body, opened.answering) == (tuple(analysis), True, False)
     assert splitter(opened, model.detokenize).reasoning
+    # One that opens the final channel's message: the reply is the answer from its start.
+    final = block_of(model, [*chat.ids, *answer], None)
+    assert isinstance(final, Channels) and final.answering and final.sampler_args() is None
 
     def words(text: str) -> list[int]:
         return model.tokenize(text, False, False)
@@ -382,3 +389,29 @@ def test_a_reply_that_leaves_the_harmony_format_is_its_answer(harmony: tallow.LL
     assert out.reasoning == "" and out.text.strip() == " ".join(["word"] * (40 - header))
     result = harmony.chat(MESSAGES, max_tokens=6, temperature=0)
     assert result.reasoning is None
+
+
+def test_a_harmony_budget_closes_into_the_final_channel(harmony: tallow.LLM) -> None:
+    """The budget spent, ``<|end|><|start|>assistant<|channel|>final<|message|>`` is chosen
+    token by token; a constraint applies after it."""
+    model = harmony._model
+    prompt = harmony._prompts.chat_ids(MESSAGES)
+    chat = harmony._prompts.chat(MESSAGES, tallow.SamplingParams())
+    assert isinstance(chat.params.reasoning, Channels)
+    close = list(chat.params.reasoning.close)
+    thought = greedy(model, prompt, 3)
+    answer = greedy(model, [*prompt, *thought, *close], 5)
+    result = harmony.chat(MESSAGES, max_tokens=3 + len(close) + 5, temperature=0,
+                          reasoning_budget=3, logit_bias=BAN)  # fmt: skip
+    assert result.token_ids == [*thought, *close, *answer]
+    assert result.text == model.detokenize(answer).lstrip()
+    chosen = harmony.chat(
+        MESSAGES,
+        max_tokens=40,
+        temperature=0,
+        reasoning_budget=3,
+        choice=["yes", "no"],
+        logit_bias=BAN,
+    )
+    assert chosen.token_ids[: 3 + len(close)] == [*thought, *close]
+    assert chosen.text in ("yes", "no")

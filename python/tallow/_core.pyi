@@ -385,7 +385,7 @@ class Sampler:
         top_logprobs: int = 0,
         logprobs: bool = False,
         constraint: Constraint | None = None,
-        reasoning: tuple[int, int, int | None, bool] | None = None,
+        reasoning: tuple[int, list[int], list[int], int | None, bool] | None = None,
     ) -> Self:
         """``temperature`` 0 means greedy (argmax); ``top_k`` 0, ``top_p`` 1.0 and ``min_p``
         0 are off; ``seed`` None draws a random seed. Penalties apply to tokens this sampler
@@ -393,11 +393,12 @@ class Sampler:
         of its tokens (``-inf`` bans one). Log probabilities of the chosen tokens are computed
         only with ``logprobs`` or ``top_logprobs`` > 0 (NaN otherwise). With ``constraint``
         (which it takes over: one sampler per constraint) only the tokens it allows are
-        chosen, and each chosen token advances it. ``reasoning`` is ``(start, end, budget,
-        opened)``: the output may reason in a block between the tokens ``start`` and ``end``
-        (already open when ``opened``; else opened by a first token ``start``), free of the
-        constraint, which applies after the block; after ``budget`` tokens (None: no limit)
-        the block closes with ``end``."""
+        chosen, and each chosen token advances it. ``reasoning`` is ``(start, end, close, budget,
+        opened)``: the output may reason in a block that the token ``start`` opens (already
+        open when ``opened``; else opened by a first token ``start``) and that ends once the
+        output ends with the tokens ``end``, free of the constraint, which applies after the
+        block; after ``budget`` tokens (None: no limit) the tokens ``close`` are chosen, one
+        by one."""
     @property
     def is_reasoning(self) -> bool:
         """Whether the output is inside its reasoning block (or may still open one)."""

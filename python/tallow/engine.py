@@ -131,7 +131,7 @@ class SamplingParams:
             top_logprobs=self.top_logprobs,
             logprobs=self.logprobs,
             constraint=constraint,
-            reasoning=self.reasoning.sampler_args() if isinstance(self.reasoning, Block) else None,
+            reasoning=None if self.reasoning is None else self.reasoning.sampler_args(),
         )
 
 

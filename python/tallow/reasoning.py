@@ -16,18 +16,17 @@ gpt-oss writes its reply as messages on channels instead (OpenAI's harmony forma
 ``<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...``):
 a model whose vocabulary holds ``<|start|>``, ``<|channel|>``, ``<|message|>`` and ``<|end|>``
 as single tokens has its reply split by channel (:class:`Channels`): the ``analysis`` channel's
-messages are the reasoning, the others' the answer, the headers neither. There the sampler does
-not know the channels: a reasoning budget is refused, and a constraint applies from the reply's
-first token.
+messages are the reasoning, the others' the answer, the headers neither. To the sampler
+everything before ``<|channel|>final<|message|>`` is reasoning: a constraint applies after it,
+and a spent budget closes with ``<|end|><|start|>assistant<|channel|>final<|message|>``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tallow import _core
-from tallow.errors import InvalidArgumentError
 
 __all__ = [
     "END",
@@ -58,9 +57,9 @@ class Block:
     opened: bool
     budget: int | None = None
 
-    def sampler_args(self) -> tuple[int, int, int | None, bool]:
+    def sampler_args(self) -> SamplerArgs | None:
         """What :class:`tallow._core.Sampler` takes as ``reasoning``."""
-        return self.start, self.end, self.budget, self.opened
+        return self.start, [self.end], [self.end], self.budget, self.opened
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,25 @@ class Channels:
     end: int
     header: tuple[int, ...] = ()
     body: bool = False
+    answer: tuple[int, ...] = ()
+    """What opens the answer: ``<|channel|>final<|message|>``."""
+    close: tuple[int, ...] = ()
+    """What a spent budget closes the reasoning with: ``<|end|><|start|>assistant``, then
+    :attr:`answer`."""
+    budget: int | None = None
+    answering: bool = False
+    """Whether the prompt left the reply in a message of the final channel already."""
 
+    def sampler_args(self) -> SamplerArgs | None:
+        """What :class:`tallow._core.Sampler` takes as ``reasoning``: everything before the
+        answer is reasoning to it (None where the prompt began the answer)."""
+        if self.answering:
+            return None
+        return self.channel, list(self.answer), list(self.close), self.budget, True
+
+
+SamplerArgs = tuple[int, list[int], list[int], int | None, bool]
+"""``(start, end, close, budget, opened)``, as :class:`tallow._core.Sampler` takes them."""
 
 _HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
 _MAX_HEADER = 32
@@ -106,18 +123,19 @@ def block_of(
     :class:`InvalidArgumentError` for a budget on channels."""
     harmony = _single_tokens(model, _HARMONY)
     if harmony is not None:
-        if budget is not None:
-            raise InvalidArgumentError(
-                "reasoning_budget: this model reasons on harmony's channels (gpt-oss), "
-                "which a budget does not close"
-            )
         start, channel, message, end = harmony
+        answer = (channel, *model.tokenize("final", False, False), message)
+        close = (end, start, *model.tokenize("assistant", False, False), *answer)
         last = max((i for i, t in enumerate(prompt_ids) if t in (start, end)), default=-1)
         header = prompt_ids[last + 1 :] if last >= 0 and prompt_ids[last] == start else []
-        if message in header:  # the prompt began the message's body
-            cut = header.index(message)
-            return Channels(start, channel, message, end, tuple(header[:cut]), body=True)
-        return Channels(start, channel, message, end, tuple(header))
+        body = message in header  # the prompt began the message's body
+        if body:
+            header = header[: header.index(message)]
+        channels = Channels(
+            start, channel, message, end, tuple(header), body, answer, close, budget
+        )
+        split = ChannelSplit(channels, model.detokenize)
+        return replace(channels, answering=body and not split.reasoning)
     found = marks(model)
     if found is None:
         return None

@@ -109,16 +109,20 @@ pub struct Sampled {
     pub top: Vec<(u32, f32)>,
 }
 
-/// A reasoning block that the output may open with (`<think>` ... `</think>`): what it reasons
-/// is free of the constraint on the output, which applies to the answer after the block, and a
-/// budget of tokens closes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What an output may write before its answer: a reasoning block (`<think>` ... `</think>`),
+/// or gpt-oss's messages before its final channel (`...<|channel|>final<|message|>`). What it
+/// reasons is free of the constraint on the output, which applies to the answer after it, and
+/// a budget of tokens closes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reasoning {
-    /// The token that opens the block.
+    /// The token that opens the block (where the prompt did not).
     pub start: u32,
-    /// The token that closes it.
-    pub end: u32,
-    /// The most tokens the block may hold before `end` is chosen in place of its next one.
+    /// The tokens that end it: the answer starts once the output ends with them.
+    pub end: Vec<u32>,
+    /// What closes the block when its budget is spent, chosen token by token in place of the
+    /// model's (it ends with `end`).
+    pub close: Vec<u32>,
+    /// The most tokens the block may hold before `close` is chosen.
     pub budget: Option<usize>,
     /// Whether the prompt opened the block already (the output starts inside it); otherwise
     /// the output opens one if its first token is `start`.
@@ -145,8 +149,9 @@ pub struct Sampler {
     counts: HashMap<u32, u32>,
     /// What the output must match, where the request constrains it.
     constraint: Option<Constraint>,
-    /// The output's reasoning block, where it may have one, and where the output stands.
-    reasoning: Option<(Reasoning, Block)>,
+    /// The output's reasoning block, where it may have one, where the output stands, and
+    /// its last tokens inside the block (as many as the block's `end` has).
+    reasoning: Option<(Reasoning, Block, Vec<u32>)>,
 }
 
 impl Sampler {
@@ -168,13 +173,16 @@ impl Sampler {
         } else {
             Block::Before
         };
-        self.reasoning = Some((reasoning, block));
+        self.reasoning = Some((reasoning, block, Vec::new()));
         self
     }
 
     /// Whether the output is inside its reasoning block (or may still open one).
     pub fn is_reasoning(&self) -> bool {
-        matches!(self.reasoning, Some((_, Block::Before | Block::Inside(_))))
+        matches!(
+            self.reasoning,
+            Some((_, Block::Before | Block::Inside(_), _))
+        )
     }
 
     /// This sampler, choosing only tokens that `constraint` allows (and advancing it with
@@ -297,7 +305,10 @@ impl Sampler {
         p.temperature == 0.0
             && !self.changes_logits()
             && !self.is_constrained()
-            && self.reasoning.is_none_or(|(r, _)| r.budget.is_none())
+            && self
+                .reasoning
+                .as_ref()
+                .is_none_or(|(r, ..)| r.budget.is_none())
             && !p.logprobs
             && p.top_logprobs == 0
     }
@@ -373,30 +384,32 @@ impl Sampler {
     /// that has spent its budget can only close.
     fn adjusted<'l>(&mut self, logits: &'l [f32]) -> Result<Cow<'l, [f32]>, ModelError> {
         let penalized = self.penalized(logits);
-        match self.reasoning {
-            Some((r, Block::Inside(used))) => {
-                if r.budget.is_some_and(|budget| used >= budget) {
+        match &self.reasoning {
+            Some((r, Block::Inside(used), _)) => {
+                let closing = r.budget.and_then(|budget| used.checked_sub(budget));
+                if let Some(&token) = closing.and_then(|i| r.close.get(i)) {
                     let mut forced = vec![f32::NEG_INFINITY; penalized.len()];
-                    if let Some(end) = forced.get_mut(r.end as usize) {
-                        *end = 0.0;
+                    if let Some(slot) = forced.get_mut(token as usize) {
+                        *slot = 0.0;
                     }
                     return Ok(Cow::Owned(forced));
                 }
                 Ok(penalized)
             }
-            Some((r, Block::Before)) => {
+            Some((r, Block::Before, _)) => {
+                let start = r.start as usize;
                 let Some(constraint) = &mut self.constraint else {
                     return Ok(penalized);
                 };
-                let opening = penalized.get(r.start as usize).copied();
+                let opening = penalized.get(start).copied();
                 let mut masked = penalized.into_owned();
                 constraint.mask(&mut masked)?;
-                if let (Some(value), Some(slot)) = (opening, masked.get_mut(r.start as usize)) {
+                if let (Some(value), Some(slot)) = (opening, masked.get_mut(start)) {
                     *slot = value;
                 }
                 Ok(Cow::Owned(masked))
             }
-            None | Some((_, Block::After)) => {
+            None | Some((_, Block::After, _)) => {
                 let Some(constraint) = &mut self.constraint else {
                     return Ok(penalized);
                 };
@@ -410,17 +423,23 @@ impl Sampler {
     /// Moves the reasoning block on past `token`; whether the constraint takes `token` (the
     /// answer's tokens only).
     fn advance_block(&mut self, token: u32) -> bool {
-        let Some((r, block)) = &mut self.reasoning else {
+        let Some((r, block, recent)) = &mut self.reasoning else {
             return true;
         };
         *block = match *block {
             Block::Before if token == r.start => Block::Inside(0),
             Block::Before | Block::After => Block::After,
-            Block::Inside(_) if token == r.end => {
-                *block = Block::After;
-                return false;
+            Block::Inside(used) => {
+                recent.push(token);
+                if recent.len() > r.end.len() {
+                    recent.remove(0);
+                }
+                if *recent == r.end {
+                    *block = Block::After;
+                    return false;
+                }
+                Block::Inside(used + 1)
             }
-            Block::Inside(used) => Block::Inside(used + 1),
         };
         *block == Block::After
     }
@@ -730,7 +749,8 @@ mod tests {
         let logits = [0.0f32, -1.0, 3.0, 1.0];
         let block = |budget, opened| Reasoning {
             start: 0,
-            end: 1,
+            end: vec![1],
+            close: vec![1],
             budget,
             opened,
         };
@@ -764,6 +784,34 @@ mod tests {
             .collect();
         assert_eq!(taken, [0, 1]);
         assert!(!s.is_reasoning());
+    }
+
+    #[test]
+    fn a_block_may_end_with_several_tokens_and_close_with_more() {
+        // As gpt-oss: the answer starts after [4, 5] (`<|channel|>final<|message|>`), and a
+        // spent budget closes with [3, 4, 5] (`<|end|>` first).
+        let block = |budget| Reasoning {
+            start: 0,
+            end: vec![4, 5],
+            close: vec![3, 4, 5],
+            budget,
+            opened: true,
+        };
+        let row = |token: usize| -> Vec<f32> {
+            let mut row = vec![0.0f32; 6];
+            row[token] = 5.0;
+            row
+        };
+        let mut s = sampling(0.0, 0, 1.0, 1).with_reasoning(block(Some(2)));
+        let got: Vec<u32> = (0..6).map(|_| s.sample(&row(2)).unwrap().token).collect();
+        assert_eq!(got, [2, 2, 3, 4, 5, 2]);
+        assert!(!s.is_reasoning());
+        // The model's own: a partial end is not the end.
+        let mut s = sampling(0.0, 0, 1.0, 1).with_reasoning(block(None));
+        for (token, reasoning) in [(4, true), (2, true), (4, true), (5, false)] {
+            assert_eq!(s.sample(&row(token)).unwrap().token, token as u32);
+            assert_eq!(s.is_reasoning(), reasoning, "after {token}");
+        }
     }
 
     #[test]

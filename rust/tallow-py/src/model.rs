@@ -587,6 +587,9 @@ impl StreamDecoder {
     }
 }
 
+/// `Sampler(..., reasoning=(start, end, close, budget, opened))`: see [`Reasoning`].
+type ReasoningArgs = (u32, Vec<u32>, Vec<u32>, Option<usize>, bool);
+
 /// Chooses tokens from logits for one request: penalties and logit bias, then greedy
 /// (temperature 0) or seeded sampling with top-k, top-p and min-p.
 #[pyclass(module = "tallow._core")]
@@ -616,7 +619,7 @@ impl Sampler {
         top_logprobs: usize,
         logprobs: bool,
         constraint: Option<PyRefMut<'_, Constraint>>,
-        reasoning: Option<(u32, u32, Option<usize>, bool)>,
+        reasoning: Option<ReasoningArgs>,
     ) -> PyResult<Self> {
         let mut logit_bias: Vec<(u32, f32)> = logit_bias.unwrap_or_default().into_iter().collect();
         logit_bias.sort_by_key(|&(token, _)| token);
@@ -637,10 +640,11 @@ impl Sampler {
         if let Some(mut constraint) = constraint {
             inner = inner.with_constraint(constraint.take()?);
         }
-        if let Some((start, end, budget, opened)) = reasoning {
+        if let Some((start, end, close, budget, opened)) = reasoning {
             inner = inner.with_reasoning(Reasoning {
                 start,
                 end,
+                close,
                 budget,
                 opened,
             });
