@@ -454,7 +454,8 @@ class AsyncLLM:
         task = self.rerank_task(query, prompt, instruction)
         docs = task.documents(documents)
         top_n = None if top_n is None else checks.integer("top_n", top_n, 1)
-        return ranked(await self.run_reranking(task, docs), top_n)
+        prompts = [task.prompt_ids(d) for d in docs]
+        return ranked(await self.run_reranking(task, docs, prompts), top_n)
 
     def rerank_task(
         self, query: object, prompt: object = None, instruction: object = None
@@ -464,10 +465,12 @@ class AsyncLLM:
         steps = self._engine.scheduler.max_tokens_per_step
         return RerankTask(self._prompts, query, prompt, instruction, step_tokens=steps)
 
-    async def run_reranking(self, task: RerankTask, documents: Sequence[str]) -> list[Reranked]:
-        """The relevance of each of ``documents`` (checked by ``task.documents``), in their
-        order, run as concurrent requests; the first error raised."""
-        prompts = [task.prompt_ids(d) for d in documents]
+    async def run_reranking(
+        self, task: RerankTask, documents: Sequence[str], prompts: Sequence[list[int]]
+    ) -> list[Reranked]:
+        """The relevance of each of ``documents`` (checked by ``task.documents``), whose
+        prompts are ``prompts`` (from ``task.prompt_ids``), in their order, run as concurrent
+        requests; the first error raised."""
         return task.results(documents, prompts, await self._last_outputs(prompts, task.params))
 
     async def embed(

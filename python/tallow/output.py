@@ -117,8 +117,9 @@ class OutputState:
         self._tokens = 0
         # A reply that may reason: its tokens split into the reasoning (decoded apart) and
         # the answer; the whitespace that opens either is dropped.
-        self._split = None if reasoning is None else splitter(reasoning[0], reasoning[2])
-        self._thoughts = None if reasoning is None else reasoning[1]
+        self._reasoning = (
+            None if reasoning is None else (splitter(reasoning[0], reasoning[2]), reasoning[1])
+        )
         self._trim = {"reasoning": True, "answer": reasoning is not None}
 
     def process(self, out: SchedulerOutput, rows: Sequence[SampledRow] = ()) -> RequestOutput:
@@ -132,13 +133,14 @@ class OutputState:
         reasoning_tokens = 0
         for token in out.new_token_ids:
             new.append(token)
-            if self._split is not None and self._thoughts is not None:
-                reasoning, mark = self._split.push(token)
+            if self._reasoning is not None:
+                split, thinking = self._reasoning
+                reasoning, mark = split.push(token)
                 reasoning_tokens += reasoning
                 if mark:
                     continue
                 if reasoning:
-                    thoughts.append(self._trimmed("reasoning", self._thoughts.push(token)))
+                    thoughts.append(self._trimmed("reasoning", thinking.push(token)))
                     continue
             pieces.append(self._matcher.push(self._trimmed("answer", self._decoder.push(token))))
             if self._matcher.stopped:
@@ -153,8 +155,8 @@ class OutputState:
             # The end of the text: what was held back comes out, unless it completes a stop.
             tail = self._trimmed("answer", self._decoder.finish())
             pieces.append(self._matcher.push(tail) + self._matcher.flush())
-            if self._thoughts is not None:
-                thoughts.append(self._trimmed("reasoning", self._thoughts.finish()))
+            if self._reasoning is not None:
+                thoughts.append(self._trimmed("reasoning", self._reasoning[1].finish()))
             if self._matcher.stopped and stop_reason is None:
                 reason, stop_reason = "stop", self._matcher.matched
         text = "".join(pieces)
@@ -231,7 +233,7 @@ class GenerationResult:
     """Prompt tokens whose KV came from the prefix cache instead of being computed."""
     reasoning: str | None = None
     """What a model that reasons wrote in its reasoning block, apart from :attr:`text` (None
-    where the reply had no block; see :mod:`tallow.reasoning`)."""
+    where it wrote nothing there, or had no block; see :mod:`tallow.reasoning`)."""
 
 
 class ResultBuilder:

@@ -449,11 +449,13 @@ class _Server:
 
     async def _rerank(self, request: Request) -> Response:
         done = await self._batch(
-            request, self._prepare_rerank, lambda p: self.llm.run_reranking(p[1], p[0].documents)
+            request,
+            self._prepare_rerank,
+            lambda p: self.llm.run_reranking(p[1], p[0].documents, p[2]),
         )
         if isinstance(done, Response):
             return done
-        (req, _), results = done
+        (req, _, _), results = done
         prompt_tokens = sum(r.prompt_tokens for r in results)
         self.metrics.prompt_tokens.inc(prompt_tokens)
 
@@ -473,8 +475,8 @@ class _Server:
             }
         )
 
-    def _prepare_rerank(self, raw: bytes) -> tuple[RerankRequest, RerankTask]:
-        """In a worker thread: the parsed request and its task, its documents' prompts checked
+    def _prepare_rerank(self, raw: bytes) -> tuple[RerankRequest, RerankTask, list[list[int]]]:
+        """In a worker thread: the parsed request, its task and its documents' prompts
         (each problem a 400 naming its field)."""
         req = parse_rerank(parse_json(raw))
         check_model(req.model, self.names)
@@ -483,13 +485,12 @@ class _Server:
         except InvalidArgumentError as e:
             raise invalid("query", str(e)) from None
         try:
-            for document in req.documents:
-                task.prompt_ids(document)
+            prompts = [task.prompt_ids(document) for document in req.documents]
         except InvalidArgumentError as e:
             raise invalid("documents", str(e)) from None
         except ModelError as e:
             raise invalid("documents", str(e), "context_length_exceeded") from None
-        return req, task
+        return req, task, prompts
 
     # -- OpenAI's Responses API --------------------------------------------------------------
 

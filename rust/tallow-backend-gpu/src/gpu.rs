@@ -350,7 +350,10 @@ impl<G: Gpu> Buffer<G> {
     /// A buffer holding `data` for one step.
     pub fn with_for_step(device: &Arc<Device<G>>, data: &[u8]) -> Result<Self, BackendError> {
         let buffer = Self::scratch_for_step(device, data.len())?;
-        device.gpu.write(buffer.ptr, data)?;
+        // Nothing to copy (a step with no hidden-state rows, say): no call to the driver.
+        if !data.is_empty() {
+            device.gpu.write(buffer.ptr, data)?;
+        }
         Ok(buffer)
     }
 

@@ -1,7 +1,8 @@
 //! A step's plan: where each token's keys and values go, which pages each chunk's attention
-//! reads, and which rows produce logits (or hidden states). It is built once per step, on the host, from the batch
-//! and the KV cache's page tables, before any operation runs; backends read it and none walks
-//! the page tables itself. Its arrays are plain `u32`s that a device takes as they are.
+//! reads, and which rows produce logits (or hidden states). It is built once per step, on the
+//! host, from the batch and the KV cache's page tables, before any operation runs; backends
+//! read it and none walks the page tables itself. Its arrays are plain `u32`s that a device
+//! takes as they are.
 
 use tallow_kv::{KvError, PagedKvCache};
 
