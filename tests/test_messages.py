@@ -165,6 +165,27 @@ def test_a_tool_round_trip(claude: anthropic.Anthropic, smollm2: tallow.LLM) -> 
     assert all(b.name == "get_weather" and isinstance(b.input, dict) for b in streamed)
 
 
+def test_disable_parallel_tool_use_gives_one_call(
+    claude: anthropic.Anthropic, smollm2: tallow.LLM
+) -> None:
+    ask: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+    several = smollm2.chat(
+        ask, max_tokens=64, temperature=0, tools=[AS_OPENAI], tool_choice="required"
+    )
+    assert several.tool_calls is not None and len(several.tool_calls) > 1
+    got = claude.messages.create(
+        model=MODEL,
+        max_tokens=64,
+        extra_body=GREEDY,
+        messages=ask,
+        tools=[WEATHER],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+    )
+    uses = [b for b in got.content if b.type == "tool_use"]
+    assert len(uses) == 1 and got.stop_reason == "tool_use"
+    assert uses[0].input == json.loads(several.tool_calls[0].arguments)
+
+
 def test_count_tokens(claude: anthropic.Anthropic, smollm2: tallow.LLM) -> None:
     counted = claude.messages.count_tokens(model=MODEL, system="Be brief.", messages=USER)
     ids = smollm2._prompts.chat_ids([{"role": "system", "content": "Be brief."}, *USER])
@@ -188,6 +209,15 @@ def test_count_tokens(claude: anthropic.Anthropic, smollm2: tallow.LLM) -> None:
         ({"model": MODEL, "max_tokens": 4, "messages": USER, "temperature": 1.5}, 400),
         ({"model": MODEL, "max_tokens": 4, "messages": USER, "thinking": {"type": "x"}}, 400),
         ({"model": MODEL, "max_tokens": 4, "messages": USER, "tool_choice": {"type": "x"}}, 400),
+        (
+            {
+                "model": MODEL,
+                "max_tokens": 4,
+                "messages": USER,
+                "tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"},
+            },
+            400,
+        ),
         ({"model": MODEL, "max_tokens": 10**6, "messages": USER}, 400),
         ({"model": "claude-opus", "max_tokens": 4, "messages": USER}, 404),
     ],

@@ -10,6 +10,7 @@ closes the block, and the answer follows. Oracles: the same greedy tokens from a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -313,22 +314,42 @@ def test_tool_calls_are_read_from_the_answer(thinker: tallow.LLM) -> None:
 
 
 HARMONY_TEMPLATE = (
-    "{% for message in messages %}<|start|>{{ message['role'] }}<|message|>"
-    "{{ message['content'] }}<|end|>{% endfor %}"
+    "{% if reasoning_effort is defined %}<|start|>system<|message|>Reasoning: "
+    "{{ reasoning_effort }}<|end|>{% endif %}"
+    "{% if tools %}<|start|>developer<|message|># Tools\nnamespace functions {\n"
+    "{% for tool in tools %}type {{ tool.function.name }} = (_: "
+    "{{ tool.function.parameters | tojson }}) => any;\n{% endfor %}}<|end|>{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.tool_calls %}{% for call in message.tool_calls %}"
+    "<|start|>assistant to=functions.{{ call.function.name }}<|channel|>commentary json"
+    "<|message|>{{ call.function.arguments | tojson }}<|call|>{% endfor %}"
+    "{% elif message.role == 'tool' %}<|start|>functions.{{ message.name }} to=assistant"
+    "<|channel|>commentary<|message|>{{ message.content }}<|end|>"
+    "{% else %}<|start|>{{ message['role'] }}<|message|>{{ message['content'] }}<|end|>"
+    "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
 )
-HARMONY = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"]
+"""gpt-oss's template in short: the effort in a system message, the tools as a namespace of
+functions, past calls as messages addressed to them (``<|call|>`` ends a call)."""
+HARMONY = [
+    "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def harmony(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tallow.LLM:
-    """The default model with six control tokens renamed as gpt-oss's harmony format has them."""
+def harmony_path(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model with seven control tokens renamed as gpt-oss's harmony format has
+    them."""
     model = _core.Model(str(smollm2_path))
     tokens = list(model.metadata()["tokenizer.ggml.tokens"])  # type: ignore[call-overload]
-    tokens[3:9] = HARMONY
+    tokens[3 : 3 + len(HARMONY)] = HARMONY
     fields = {"tokenizer.ggml.tokens": tokens, "tokenizer.chat_template": HARMONY_TEMPLATE}
-    path = rewrite(smollm2_path, tmp_path_factory.mktemp("harmony") / "harmony.gguf", fields, {})
-    return tallow.LLM(path, n_ctx=512, progress=False)
+    return rewrite(smollm2_path, tmp_path_factory.mktemp("harmony") / "harmony.gguf", fields, {})
+
+
+@pytest.fixture(scope="module")
+def harmony(harmony_path: Path) -> tallow.LLM:
+    return tallow.LLM(harmony_path, n_ctx=512, progress=False)
 
 
 def test_harmony_channels_split_the_reasoning_from_the_answer(harmony: tallow.LLM) -> None:
@@ -415,3 +436,191 @@ def test_a_harmony_budget_closes_into_the_final_channel(harmony: tallow.LLM) -> 
     )
     assert chosen.token_ids[: 3 + len(close)] == [*thought, *close]
     assert chosen.text in ("yes", "no")
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 8}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def harmony_reply(model: _core.Model, header: str, body: str) -> list[int]:
+    """A reply that reasons, then sends ``body`` in a message with header ``header`` (its
+    ``<|channel|>`` and ``<|constrain|>`` parsed as tokens)."""
+
+    def special(text: str) -> list[int]:
+        return model.tokenize(text, False, True)
+
+    return [
+        *special("<|channel|>analysis<|message|>"), *model.tokenize("Look it up.", False, False),
+        *special(f"<|end|><|start|>{header}<|message|>"), *model.tokenize(body, False, False),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "assistant<|channel|>commentary to=functions.get_weather <|constrain|>json",
+        "assistant to=functions.get_weather<|channel|>commentary json",
+    ],
+)
+def test_a_harmony_message_to_a_function_is_its_call(harmony: tallow.LLM, header: str) -> None:
+    """The recipient may be written after the channel (as gpt-oss writes its calls) or before
+    it (as its template writes past calls); either way the message is a call, not text."""
+    model = harmony._model
+    chat = harmony._prompts.chat(MESSAGES, tallow.SamplingParams(), tools=[WEATHER])
+    assert chat.params.tools is not None and chat.params.tools.syntax == "harmony"
+    assert chat.params.reasoning is not None
+    reply = harmony_reply(model, header, '{"city": "Paris"}')
+
+    def process(use: Any) -> Any:
+        state = OutputState(
+            model.stream_decoder(),
+            tools=use,
+            reasoning=(chat.params.reasoning, model.stream_decoder(), model.detokenize),
+        )
+        return state.process(SchedulerOutput("r", reply, True, "stop"))
+
+    out = process(chat.params.tools)
+    assert (out.reasoning, out.text, out.finish_reason) == ("Look it up.", "", "tool_calls")
+    assert out.tool_calls is not None
+    assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    # Without tools (or to a recipient not among them), the message is text.
+    plain = process(None)
+    assert (plain.text, plain.tool_calls, plain.finish_reason) == (
+        '{"city": "Paris"}',
+        None,
+        "stop",
+    )
+    elsewhere = harmony_reply(model, "assistant<|channel|>commentary to=browser.search", "{}")
+    state = OutputState(
+        model.stream_decoder(),
+        tools=chat.params.tools,
+        reasoning=(chat.params.reasoning, model.stream_decoder(), model.detokenize),
+    )
+    out = state.process(SchedulerOutput("r", elsewhere, True, "stop"))
+    assert (out.text, out.tool_calls) == ("{}", None)
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_a_required_harmony_call_follows_the_reasoning(harmony: tallow.LLM, choice: object) -> None:
+    """Where a call is required, the reasoning closes into ``<|channel|>commentary``, and the
+    call's recipient, ``<|constrain|>json``, arguments and ``<|call|>`` are constrained."""
+    model = harmony._model
+    chat = harmony._prompts.chat(MESSAGES, tallow.SamplingParams(), tools=[WEATHER])
+    thought = greedy(model, chat.ids, 3)
+    result = harmony.chat(
+        MESSAGES,
+        max_tokens=80,
+        temperature=0,
+        reasoning_budget=3,
+        logit_bias=BAN,
+        tools=[WEATHER],
+        tool_choice=choice,
+    )
+    close = model.tokenize("<|end|><|start|>assistant<|channel|>commentary", False, True)
+    # The three free tokens are the model's own (this one writes no channel: they read as a
+    # header, neither reasoning nor text); then the budget closes into the commentary channel.
+    assert result.token_ids[: 3 + len(close)] == [*thought, *close]
+    assert result.finish_reason == "tool_calls" and result.text == ""
+    assert result.tool_calls is not None and len(result.tool_calls) == 1
+    call = result.tool_calls[0]
+    arguments = json.loads(call.arguments)
+    assert call.name == "get_weather" and set(arguments) == {"city"}
+    assert isinstance(arguments["city"], str) and len(arguments["city"]) <= 8
+    # The call is the one the format spells, ended by <|call|> (the end of the turn).
+    header = " to=functions.get_weather <|constrain|>json<|message|>"
+    written = model.detokenize(result.token_ids[3 + len(close) :])
+    assert written.startswith(header) and json.loads(written[len(header) :]) == arguments
+
+
+def test_reasoning_effort_reaches_the_template(harmony: tallow.LLM) -> None:
+    """gpt-oss reads ``reasoning_effort`` (``Reasoning: high`` in its system message); an
+    effort of ``"none"`` also sets ``enable_thinking`` false for templates that read that."""
+    params = tallow.engine.sampling_params(reasoning_effort="none")
+    assert params.chat_template_kwargs == {"reasoning_effort": "none", "enable_thinking": False}
+    given = tallow.engine.sampling_params(
+        reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}
+    )
+    assert given.chat_template_kwargs == {"reasoning_effort": "none", "enable_thinking": True}
+    high = harmony._prompts.chat_ids(MESSAGES, template_kwargs={"reasoning_effort": "high"})
+    assert "Reasoning: high" in harmony._model.detokenize(high)
+    result = harmony.chat(MESSAGES, max_tokens=1, temperature=0, reasoning_effort="high")
+    assert result.prompt_tokens == len(high)
+    with pytest.raises(tallow.InvalidArgumentError, match="reasoning_effort"):
+        harmony.chat(MESSAGES, max_tokens=1, reasoning_effort="extreme")
+
+
+@pytest.fixture(scope="module")
+def harmony_server(harmony_path: Path) -> Iterator[str]:
+    with serving("-m", str(harmony_path), "--ctx", "512") as url:
+        yield url
+
+
+def test_the_server_reads_harmony_calls_and_the_effort(
+    harmony_server: str, harmony: tallow.LLM
+) -> None:
+    want = harmony.chat(
+        MESSAGES,
+        max_tokens=80,
+        temperature=0,
+        reasoning_budget=3,
+        logit_bias=BAN,
+        tools=[WEATHER],
+        tool_choice="required",
+    )
+    assert want.tool_calls is not None
+    client = openai.OpenAI(base_url=f"{harmony_server}/v1", api_key="unused", max_retries=0)
+    extra: dict[str, Any] = {"reasoning_budget": 3, "logit_bias": {"0": -100, "2": -100}}
+    done = client.chat.completions.create(
+        model="harmony.gguf",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=80,
+        temperature=0,
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="required",
+        extra_body=extra,
+    )
+    choice = done.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    got = choice.message.tool_calls[0]
+    assert (got.function.name, got.function.arguments) == (  # type: ignore[union-attr]
+        want.tool_calls[0].name,
+        want.tool_calls[0].arguments,
+    )
+    # The effort: gpt-oss's system message, as many prompt tokens as the template makes.
+    high = harmony._prompts.chat_ids(MESSAGES, template_kwargs={"reasoning_effort": "high"})
+    response = client.responses.create(
+        model="harmony.gguf",
+        input=MESSAGES[0]["content"],
+        reasoning={"effort": "high"},
+        max_output_tokens=2,
+    )
+    assert response.usage is not None and response.usage.input_tokens == len(high)
+    assert response.reasoning is not None and response.reasoning.effort == "high"
+    chat = client.chat.completions.create(
+        model="harmony.gguf",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=2,
+        reasoning_effort="high",
+    )
+    assert chat.usage is not None and chat.usage.prompt_tokens == len(high)
+    for path, body, param in [
+        ("/v1/responses", {"input": "x", "reasoning": {"effort": "max"}}, "reasoning.effort"),
+        ("/v1/responses", {"input": "x", "reasoning": "high"}, "reasoning"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "reasoning_effort": 3}, "reasoning_effort"),
+    ]:
+        bad = httpx.post(f"{harmony_server}{path}", json={"model": "harmony.gguf", **body})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text

@@ -196,6 +196,34 @@ def test_a_tool_round_trip(client: openai.OpenAI, smollm2: tallow.LLM) -> None:
     assert done and all(json.loads(e.arguments) for e in done)
 
 
+def test_parallel_tool_calls_false_gives_one_call(
+    client: openai.OpenAI, smollm2: tallow.LLM
+) -> None:
+    ask = "What is the weather in Paris?"
+    several = smollm2.chat(
+        [{"role": "user", "content": ask}],
+        max_tokens=64,
+        temperature=0,
+        tools=[AS_CHAT],
+        tool_choice="required",
+    )
+    assert several.tool_calls is not None and len(several.tool_calls) > 1
+    got = client.responses.create(
+        model=MODEL,
+        input=ask,
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=64,
+        temperature=0,
+    )
+    calls = [item for item in got.output if item.type == "function_call"]
+    assert [(c.name, c.arguments) for c in calls] == [
+        (several.tool_calls[0].name, several.tool_calls[0].arguments)
+    ]
+    assert got.parallel_tool_calls is False
+
+
 def test_text_format_constrains_the_answer(client: openai.OpenAI) -> None:
     schema = {
         "type": "object",
@@ -234,6 +262,8 @@ def test_text_format_constrains_the_answer(client: openai.OpenAI) -> None:
         ({"model": MODEL, "input": "x", "text": {"format": {"type": "yaml"}}}, "text"),
         ({"model": MODEL, "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
         ({"model": MODEL, "input": "word " * 600}, "input"),
+        ({"model": MODEL, "input": "x", "reasoning": {"effort": "max"}}, "reasoning.effort"),
+        ({"model": MODEL, "input": "x", "parallel_tool_calls": "no"}, "parallel_tool_calls"),
     ],
 )
 def test_bad_responses_requests_are_answered_400(
@@ -258,6 +288,8 @@ _FIELDS = [
     "stream",
     "store",
     "metadata",
+    "reasoning",
+    "parallel_tool_calls",
 ]
 
 

@@ -27,7 +27,7 @@ from conftest import serving
 import tallow
 from tallow.async_llm import AsyncLLM
 from tallow.prompt import Prompts
-from tallow.tools import ToolStream, ToolUse, check_tools, syntax_of, tool_use
+from tallow.tools import MAX_CALLS, ToolStream, ToolUse, check_tools, syntax_of, tool_use
 
 MODEL = "smollm2-135m"
 N_CTX = 1024
@@ -460,6 +460,42 @@ def test_required_calls_are_calls_of_the_tools(llm: tallow.LLM) -> None:
             called(call.name, call.arguments)
 
 
+@pytest.mark.parametrize("template", [HERMES, MISTRAL])
+def test_a_reply_without_parallel_calls_makes_one(template: str) -> None:
+    """``parallel_tool_calls`` false: a required call's grammar has room for one, and of the
+    calls a free reply makes the first is kept."""
+    single = tool_use(TOOLS, "required", template, parallel=False)
+    assert single is not None and single.most == 1
+    several = use(template, "required")
+    assert several.most == MAX_CALLS
+    one, more = single.constraint(), several.constraint()
+    assert one is not None and more is not None
+    # The optional further calls, "(... call)?", are in one grammar only.
+    assert ")?" in str(more.spec) and ")?" not in str(one.spec)
+    reply = (
+        f"<tool_call>\n{ADD_CALL}\n</tool_call>\n<tool_call>\n{ADD_CALL}\n</tool_call>"
+        if template == HERMES
+        else f"[TOOL_CALLS][{ADD_CALL}, {ADD_CALL}]"
+    )
+    assert [c.name for c in several.parse(reply)[1]] == ["add", "add"]
+    assert [c.name for c in single.parse(reply)[1]] == ["add"]
+
+
+def test_required_calls_without_parallel_calls_are_one(llm: tallow.LLM) -> None:
+    for seed in range(4):
+        out = llm.chat(
+            [{"role": "user", "content": "Help me."}],
+            max_tokens=200,
+            temperature=1.0,
+            seed=seed,
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=False,
+        )
+        assert out.finish_reason == "tool_calls" and out.tool_calls and len(out.tool_calls) == 1
+        called(out.tool_calls[0].name, out.tool_calls[0].arguments)
+
+
 def test_auto_calls_and_the_round_trip(llm: tallow.LLM) -> None:
     """The model calls the tool of its own accord (``auto``); given the tool's result, it
     answers in text."""
@@ -607,6 +643,36 @@ def test_server_tool_calls_match_the_python_api(
         assert calls == [(c.name, c.arguments) for c in expected.tool_calls]
         for name, arguments in calls:
             called(name, arguments)
+
+
+def test_server_parallel_tool_calls_false_gives_one_call(
+    client: openai.OpenAI, llm: tallow.LLM
+) -> None:
+    ask = [{"role": "user", "content": "What is 2+3 and the weather in Oslo?"}]
+    several = llm.chat(ask, max_tokens=200, temperature=0, tools=TOOLS, tool_choice="required")
+    assert several.tool_calls is not None and len(several.tool_calls) > 1
+    one = llm.chat(
+        ask,
+        max_tokens=200,
+        temperature=0,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
+    assert one.tool_calls is not None and len(one.tool_calls) == 1
+    done = client.chat.completions.create(
+        model=MODEL,
+        messages=ask,  # type: ignore[arg-type]
+        max_tokens=200,
+        temperature=0,
+        tools=TOOLS,  # type: ignore[arg-type]
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
+    calls = done.choices[0].message.tool_calls
+    assert calls is not None
+    got = [(t.function.name, t.function.arguments) for t in calls]  # type: ignore[union-attr]
+    assert got == [(c.name, c.arguments) for c in one.tool_calls]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

@@ -90,6 +90,9 @@ class SamplingParams:
     reasoning_budget: int | None = None
     """Chat with a model that reasons: the most tokens its reasoning block may hold before
     it is closed (see :mod:`tallow.reasoning`); None: no limit."""
+    parallel_tool_calls: bool = True
+    """Chat with tools: whether a reply may make several calls (else it makes one: see
+    :mod:`tallow.tools`)."""
     reasoning: Block | Channels | None = None
     """The reasoning block the reply may have, or its channels (set by
     :meth:`tallow.prompt.Prompts.chat`)."""
@@ -161,10 +164,7 @@ def sampling_params(
     constraint = structured_output(
         **{name: options.pop(name) for name in STRUCTURED_OPTIONS if name in options}
     )
-    if "enable_thinking" in options:
-        thinking = checks.boolean("enable_thinking", options.pop("enable_thinking"))
-        kwargs = dict(_template_kwargs(options.get("chat_template_kwargs")) or {})
-        options["chat_template_kwargs"] = {**kwargs, "enable_thinking": thinking}
+    _fold_template_options(options)
     fields: dict[str, object] = {
         "max_tokens": None if max_tokens is None else checks.integer("max_tokens", max_tokens, 0),
         "temperature": checks.number("temperature", temperature, 0.0),
@@ -196,8 +196,51 @@ _OPTIONS = frozenset(
         "chat_template_kwargs",
         "reasoning_budget",
         "enable_thinking",
+        "reasoning_effort",
+        "parallel_tool_calls",
     }
 )
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+"""The values of ``reasoning_effort`` (OpenAI's)."""
+
+
+def _fold_template_options(options: dict[str, object]) -> None:
+    """``enable_thinking`` and ``reasoning_effort`` moved into ``chat_template_kwargs`` (see
+    :func:`template_kwargs`)."""
+    if "enable_thinking" in options or "reasoning_effort" in options:
+        options["chat_template_kwargs"] = template_kwargs(
+            options.get("chat_template_kwargs"),
+            enable_thinking=options.pop("enable_thinking", None),
+            reasoning_effort=options.pop("reasoning_effort", None),
+        )
+
+
+def template_kwargs(
+    kwargs: object, *, enable_thinking: object = None, reasoning_effort: object = None
+) -> Mapping[str, object] | None:
+    """Variables for a chat template: ``kwargs`` (a mapping), with ``enable_thinking`` and
+    ``reasoning_effort`` over it where given, as templates read them: Qwen 3's
+    ``enable_thinking``, gpt-oss's ``reasoning_effort`` (its system message's ``Reasoning:
+    high``). An effort of ``"none"`` also turns thinking off, unless ``kwargs`` or
+    ``enable_thinking`` say otherwise. Raises :class:`InvalidArgumentError`."""
+    checked = _template_kwargs(kwargs)
+    implied: dict[str, object] = {}
+    given: dict[str, object] = {}
+    if reasoning_effort is not None:
+        if reasoning_effort not in REASONING_EFFORTS:
+            raise InvalidArgumentError(
+                f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, "
+                f"got {checks.describe(reasoning_effort)}"
+            )
+        given["reasoning_effort"] = reasoning_effort
+        if reasoning_effort == "none":
+            implied["enable_thinking"] = False
+    if enable_thinking is not None:
+        given["enable_thinking"] = checks.boolean("enable_thinking", enable_thinking)
+    if not (implied or given):
+        return checked
+    return {**implied, **(checked or {}), **given}
 
 
 def _check_option(name: str, value: object) -> object:
@@ -217,7 +260,7 @@ def _check_option(name: str, value: object) -> object:
         if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
             raise InvalidArgumentError("stop_token_ids must be a list of token ids")
         return tuple(checks.integer("stop_token_ids", t, 0) for t in value)
-    if name in ("ignore_eos", "logprobs"):
+    if name in ("ignore_eos", "logprobs", "parallel_tool_calls"):
         return checks.boolean(name, value)
     if name == "top_logprobs":
         return checks.integer(name, value, 0, MAX_TOP_LOGPROBS)

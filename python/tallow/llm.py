@@ -446,8 +446,13 @@ class LLM:
         (``finish_reason="tool_calls"``). ``tool_choice`` is ``"auto"`` (the default),
         ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``; a
         required or named call is constrained to the model's call syntax and to the function's
-        parameters (see :mod:`tallow.tools`). An assistant message may carry its
-        ``tool_calls`` and a ``"tool"`` message the result, as in OpenAI's API.
+        parameters (see :mod:`tallow.tools`); ``parallel_tool_calls=False`` keeps the reply to
+        one call. An assistant message may carry its ``tool_calls`` and a ``"tool"`` message
+        the result, as in OpenAI's API.
+
+        A model that reasons (see :mod:`tallow.reasoning`) takes ``reasoning_budget`` (tokens),
+        ``enable_thinking``, ``reasoning_effort`` and ``chat_template_kwargs`` (variables for
+        its template) among the ``options``; its reasoning comes back in ``reasoning``.
         """
         stream = self.chat_stream(
             messages,

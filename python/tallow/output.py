@@ -27,10 +27,10 @@ import numpy as np
 import numpy.typing as npt
 
 from tallow.errors import TallowError
-from tallow.reasoning import Block, Channels, splitter
+from tallow.reasoning import Block, Channels, ChannelSplit, splitter
 from tallow.scheduler import SchedulerOutput
 from tallow.stopping import StopMatcher, TokenDecoder
-from tallow.tools import ToolCall, ToolStream, ToolUse
+from tallow.tools import ToolCall, ToolStream, ToolUse, addressed_calls
 
 __all__ = [
     "FinishReason",
@@ -163,14 +163,19 @@ class OutputState:
         calls = None
         if self._tools is not None:
             text = self._tools.feed(text)
-            if finished and reason in ("stop", "length"):
-                rest, found = self._tools.finish()
-                text += rest
-                if found:
-                    # The calls of a reply cut short (max_tokens, the context) keep "length".
-                    calls = found
-                    if reason == "stop":
-                        reason = "tool_calls"
+        if finished and reason in ("stop", "length"):
+            rest, found = self._tools.finish() if self._tools is not None else ("", [])
+            channels = None if self._reasoning is None else self._reasoning[0]
+            if isinstance(channels, ChannelSplit) and channels.addressed:
+                use = None if self._tools is None else self._tools.use
+                other, addressed = addressed_calls(use, channels.addressed)
+                rest, found = rest + other, found + addressed
+            text += rest
+            if found:
+                # The calls of a reply cut short (max_tokens, the context) keep "length".
+                calls = found
+                if reason == "stop":
+                    reason = "tool_calls"
         logprobs = None
         if self._logprobs and new:
             logprobs = [TokenLogprob(*row) for row in rows[: len(new)]]

@@ -102,7 +102,7 @@ class Prompts:
         to the model's call syntax where ``tool_choice`` requires or names a call (which no
         other constraint may join), and with the reasoning block the reply may have (see
         :mod:`tallow.reasoning`)."""
-        use = tool_use(tools, tool_choice, self.chat_template.source)
+        use = tool_use(tools, tool_choice, self.chat_template.source, params.parallel_tool_calls)
         if use is not None:
             constraint = use.constraint(self._single_tokens(use.markers))
             if constraint is not None and params.structured is not None:
@@ -117,7 +117,8 @@ class Prompts:
             tools=None if use is None else use.tools,
             template_kwargs=params.chat_template_kwargs,
         )
-        block = block_of(self.model, ids, params.reasoning_budget)
+        call = use is not None and use.constrained
+        block = block_of(self.model, ids, params.reasoning_budget, call)
         return ChatPrompt(ids, replace(params, reasoning=block))
 
     def _single_tokens(self, texts: Sequence[str]) -> dict[str, int]:

@@ -16,13 +16,18 @@ gpt-oss writes its reply as messages on channels instead (OpenAI's harmony forma
 ``<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...``):
 a model whose vocabulary holds ``<|start|>``, ``<|channel|>``, ``<|message|>`` and ``<|end|>``
 as single tokens has its reply split by channel (:class:`Channels`): the ``analysis`` channel's
-messages are the reasoning, the others' the answer, the headers neither. To the sampler
-everything before ``<|channel|>final<|message|>`` is reasoning: a constraint applies after it,
-and a spent budget closes with ``<|end|><|start|>assistant<|channel|>final<|message|>``.
+messages are the reasoning, the others' the answer, the headers neither; a message addressed to
+a recipient (``<|channel|>commentary to=functions.NAME ...<|message|>{...}<|call|>``) is a call,
+kept apart (:attr:`ChannelSplit.addressed`) for :func:`tallow.tools.addressed_calls`. To the
+sampler everything before ``<|channel|>final<|message|>`` is reasoning: a constraint applies
+after it, and a spent budget closes with
+``<|end|><|start|>assistant<|channel|>final<|message|>``. Where a call is required, what is
+before ``<|channel|>commentary`` is reasoning instead, and the call's grammar follows it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -76,7 +81,8 @@ class Channels:
     header: tuple[int, ...] = ()
     body: bool = False
     answer: tuple[int, ...] = ()
-    """What opens the answer: ``<|channel|>final<|message|>``."""
+    """What opens the answer: ``<|channel|>final<|message|>`` (``<|channel|>commentary``
+    where a call is required)."""
     close: tuple[int, ...] = ()
     """What a spent budget closes the reasoning with: ``<|end|><|start|>assistant``, then
     :attr:`answer`."""
@@ -116,15 +122,18 @@ def marks(model: _core.Model) -> tuple[int, int] | None:
 
 
 def block_of(
-    model: _core.Model, prompt_ids: list[int], budget: int | None
+    model: _core.Model, prompt_ids: list[int], budget: int | None, call: bool = False
 ) -> Block | Channels | None:
     """The reasoning block of a reply to the chat prompt ``prompt_ids`` (or its channels):
-    None where the model does not reason or the prompt closed the block already. Raises
-    :class:`InvalidArgumentError` for a budget on channels."""
+    None where the model does not reason or the prompt closed the block already. ``call``: the
+    reply must be a tool call (on channels, its answer is then a commentary message)."""
     harmony = _single_tokens(model, _HARMONY)
     if harmony is not None:
         start, channel, message, end = harmony
-        answer = (channel, *model.tokenize("final", False, False), message)
+        if call:
+            answer: tuple[int, ...] = (channel, *model.tokenize("commentary", False, False))
+        else:
+            answer = (channel, *model.tokenize("final", False, False), message)
         close = (end, start, *model.tokenize("assistant", False, False), *answer)
         last = max((i for i, t in enumerate(prompt_ids) if t in (start, end)), default=-1)
         header = prompt_ids[last + 1 :] if last >= 0 and prompt_ids[last] == start else []
@@ -177,50 +186,76 @@ class ReasoningSplit:
 
 
 class ChannelSplit:
-    """Splits a reply in harmony's channels into its reasoning (the ``analysis`` channel) and
-    its answer (the other channels), as its tokens come; ``detokenize`` reads a header's
-    channel name."""
+    """Splits a reply in harmony's channels into its reasoning (the ``analysis`` channel), its
+    answer (the other channels) and its addressed messages (calls), as its tokens come;
+    ``detokenize`` reads a header's channel and recipient."""
 
     def __init__(self, channels: Channels, detokenize: Callable[[list[int]], str]) -> None:
         self._marks = channels
         self._detokenize = detokenize
         self._header: list[int] = list(channels.header)
-        self._analysis = channels.body and self._is_analysis()
+        self._addressed: list[tuple[str, list[int]]] = []
         self._in_body = channels.body
+        self._kind = self._body_kind() if channels.body else "answer"
 
     @property
     def reasoning(self) -> bool:
         """Whether the reply is in a message of the analysis channel."""
-        return self._in_body and self._analysis
+        return self._in_body and self._kind == "reasoning"
 
-    def _is_analysis(self) -> bool:
+    @property
+    def addressed(self) -> list[tuple[str, str]]:
+        """The reply's messages addressed to a recipient (``to=functions.NAME`` in their
+        header), as ``(recipient, body)``, in order."""
+        return [(to, self._detokenize(body)) for to, body in self._addressed]
+
+    def _body_kind(self) -> str:
+        """What the message whose header is :attr:`_header` is: ``"call"`` (it names a
+        recipient, which starts an entry of :attr:`_addressed`), ``"reasoning"`` (on the
+        analysis channel) or ``"answer"``."""
         m = self._marks
-        if m.channel not in self._header:
-            return False
-        after = self._header[self._header.index(m.channel) + 1 :]
-        return self._detokenize(after).strip().split(" ")[0] == "analysis"
+        # Read apart, the parts of the header before and after <|channel|>: the recipient may
+        # be in either (``assistant to=functions.f<|channel|>commentary json``, or
+        # ``<|channel|>commentary to=functions.f <|constrain|>json``).
+        at = self._header.index(m.channel) if m.channel in self._header else len(self._header)
+        role = self._detokenize(self._header[:at])
+        channel = self._detokenize(self._header[at + 1 :])
+        recipient = _RECIPIENT.search(role) or _RECIPIENT.search(channel)
+        if recipient is not None:
+            self._addressed.append((recipient.group(1), []))
+            return "call"
+        if at < len(self._header) and channel.strip().split(" ")[0] == "analysis":
+            return "reasoning"
+        return "answer"
 
     def push(self, token: int) -> tuple[bool, bool]:
         """Take the reply's next token: ``(is_reasoning, is_mark)``, as
-        :meth:`ReasoningSplit.push` tells them; header tokens count as marks."""
+        :meth:`ReasoningSplit.push` tells them; header tokens, and a call's, count as marks."""
         m = self._marks
         if self._in_body:
             if token == m.end:
                 self._in_body, self._header = False, []
-                return self._analysis, True
-            return self._analysis, False
+                return self._kind == "reasoning", True
+            if self._kind == "call":
+                self._addressed[-1][1].append(token)
+                return False, True
+            return self._kind == "reasoning", False
         if token == m.message:
-            self._in_body, self._analysis = True, self._is_analysis()
-            return self._analysis, True
+            self._in_body, self._kind = True, self._body_kind()
+            return self._kind == "reasoning", True
         if token == m.start:
             self._header = []
         elif len(self._header) >= _MAX_HEADER:
             # Not a header: a reply that left the format goes on as answer.
-            self._in_body, self._analysis = True, False
+            self._in_body, self._kind = True, "answer"
             return False, False
         else:
             self._header.append(token)
         return False, True
+
+
+_RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+"""A message header's recipient: ``to=functions.get_weather``."""
 
 
 def splitter(

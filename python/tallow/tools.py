@@ -16,7 +16,14 @@ The syntax is the one the model's chat template teaches, told from the template'
   "arguments": {...}}</tool_call>`` blocks, text allowed around them;
 - ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``;
 - ``llama3``: the whole reply a JSON object ``{"name": ..., "parameters": {...}}``, after an
-  optional ``<|python_tag|>``.
+  optional ``<|python_tag|>``;
+- ``harmony`` (gpt-oss): a message addressed to the function, ``<|channel|>commentary
+  to=functions.NAME <|constrain|>json<|message|>{...}<|call|>``, its body the arguments. The
+  reply is split into messages by :mod:`tallow.reasoning`, which hands the addressed ones to
+  :func:`addressed_calls`.
+
+``parallel`` false (OpenAI's ``parallel_tool_calls``) keeps a reply to one call: a required call
+is constrained to one, and of the calls parsed out of a free reply the first is kept.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -32,9 +39,9 @@ from tallow import checks
 from tallow.errors import InvalidArgumentError
 from tallow.structured import Structured, closed
 
-__all__ = ["ToolCall", "ToolUse", "message_tool_fields", "tool_use"]
+__all__ = ["ToolCall", "ToolUse", "addressed_calls", "message_tool_fields", "tool_use"]
 
-Syntax = Literal["hermes", "mistral", "llama3"]
+Syntax = Literal["hermes", "mistral", "llama3", "harmony"]
 
 MAX_CALLS = 4
 """Most calls of a reply whose calls are required (the llama3 syntax has room for one): a
@@ -117,6 +124,8 @@ _ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 def syntax_of(template: str) -> Syntax:
     """The tool-call syntax a chat template teaches (``hermes`` where it says nothing)."""
+    if "<|call|>" in template:
+        return "harmony"
     if "[TOOL_CALLS]" in template:
         return "mistral"
     if "<tool_call>" not in template and (
@@ -211,6 +220,8 @@ class ToolUse:
     syntax: Syntax
     named: str | None = None
     """The function a named ``tool_choice`` calls."""
+    parallel: bool = True
+    """Whether a reply may make several calls (else the first is kept)."""
 
     @property
     def parses(self) -> bool:
@@ -218,18 +229,32 @@ class ToolUse:
         return self.choice != "none"
 
     @property
+    def constrained(self) -> bool:
+        """Whether the reply is a call (required or named), constrained as it is generated."""
+        return self.choice in ("required", "named")
+
+    @property
     def markers(self) -> tuple[str, ...]:
         """The texts of the syntax that mark a call (a model's vocabulary may hold each as one
         token, often a control token)."""
         return _MARKERS[self.syntax]
 
+    @property
+    def most(self) -> int:
+        """The most calls a constrained reply makes: one where a function is named, calls are
+        not parallel or the syntax ends the turn at a call; else :data:`MAX_CALLS`."""
+        single = self.choice == "named" or not self.parallel
+        return 1 if single or self.syntax in ("llama3", "harmony") else MAX_CALLS
+
     def constraint(self, marker_ids: Mapping[str, int] | None = None) -> Structured | None:
-        """The grammar of the reply where calls are required (one to :data:`MAX_CALLS`) or
-        named (one): the model's syntax around JSON that validates against each allowed
-        function (``None`` otherwise). ``marker_ids`` maps each of :attr:`markers` that is one
-        token of the model's vocabulary to its id: the grammar asks for that token, as the
-        model was trained to write it (a control token cannot be spelled as text at all)."""
-        if self.choice not in ("required", "named"):
+        """The grammar of the reply where calls are required (one to :attr:`most`) or named
+        (one): the model's syntax around JSON that validates against each allowed function
+        (``None`` otherwise). ``marker_ids`` maps each of :attr:`markers` that is one token of
+        the model's vocabulary to its id: the grammar asks for that token, as the model was
+        trained to write it (a control token cannot be spelled as text at all). A harmony
+        reply's grammar is that of what follows ``<|channel|>commentary`` (the reasoning
+        before it is free, see :mod:`tallow.reasoning`)."""
+        if not self.constrained:
             return None
         ids = marker_ids or {}
 
@@ -241,6 +266,8 @@ class ToolUse:
             for t in self.tools
             if self.named is None or t["function"]["name"] == self.named
         ]
+        if self.syntax == "harmony":
+            return _harmony_constraint(allowed, marker, "<|constrain|>" in ids)
         key = "parameters" if self.syntax == "llama3" else "arguments"
         # One JSON rule per function: each its own schema root, where the references of its
         # parameters ("#/$defs/...") resolve.
@@ -248,14 +275,13 @@ class ToolUse:
             f"call_{i}: %json {json.dumps(_call_schema(f, key))}" for i, f in enumerate(allowed)
         ]
         call = "call: " + " | ".join(f"call_{i}" for i in range(len(allowed)))
-        most = 1 if self.choice == "named" else MAX_CALLS
         if self.syntax == "mistral":
-            more = ' (", " call)?' * (most - 1)
+            more = ' (", " call)?' * (self.most - 1)
             start = f'start: {marker("[TOOL_CALLS]")} "[" call{more} "]"'
         elif self.syntax == "llama3":
             start = "start: call"
         else:
-            more = ' ("\\n" block)?' * (most - 1)
+            more = ' ("\\n" block)?' * (self.most - 1)
             block = f'{marker("<tool_call>")} "\\n" call "\\n" {marker("</tool_call>")}'
             start = f"start: block{more}\nblock: {block}"
         return Structured("grammar", "\n".join([start, call, *rules]))
@@ -264,8 +290,9 @@ class ToolUse:
         """The reply's text outside its calls, and the calls (with fresh ids); a reply with no
         well-formed call, or one that calls a function not among the tools, is all text. A
         reply that ends inside a call's JSON (cut short by ``max_tokens``, the context or a
-        stop string) keeps the calls before it; the cut one is dropped, markup and all."""
-        if not self.parses:
+        stop string) keeps the calls before it; the cut one is dropped, markup and all. (A
+        harmony reply's calls are its addressed messages: see :func:`addressed_calls`.)"""
+        if not self.parses or self.syntax == "harmony":
             return text, []
         if self.syntax == "hermes":
             content, calls = _parse_hermes(text)
@@ -273,17 +300,68 @@ class ToolUse:
             content, calls = _parse_mistral(text)
         else:
             content, calls = _parse_llama3(text)
-        names = {t["function"]["name"] for t in self.tools}
-        if any(c.name not in names for c in calls):
+        if any(c.name not in self._names for c in calls):
             # A call of a function the request did not offer: not a call the application can
             # make, so the reply stays text.
             return text, []
-        return content, [replace(c, id=_call_id(self.syntax)) for c in calls]
+        return content, self._kept(calls)
+
+    @property
+    def _names(self) -> set[str]:
+        return {t["function"]["name"] for t in self.tools}
+
+    def _kept(self, calls: list[ToolCall]) -> list[ToolCall]:
+        """The calls a reply keeps (the first alone unless :attr:`parallel`), with fresh ids."""
+        kept = calls if self.parallel else calls[:1]
+        return [replace(c, id=_call_id(self.syntax)) for c in kept]
 
 
-def tool_use(tools: object, tool_choice: object, template: str) -> ToolUse | None:
+def addressed_calls(
+    use: ToolUse | None, messages: Sequence[tuple[str, str]]
+) -> tuple[str, list[ToolCall]]:
+    """The calls among a harmony reply's addressed messages (``(recipient, body)``, such as
+    ``("functions.get_weather", '{"city": "Paris"}')``): those to a function of ``use``'s
+    tools whose body is a JSON object. The others (no tools, ``tool_choice="none"``, a
+    recipient not among the tools, such as a built-in ``browser.search``, or a body that is
+    no object) are text: their bodies, returned first."""
+    text: list[str] = []
+    calls: list[ToolCall] = []
+    for recipient, body in messages:
+        name = recipient.removeprefix("functions.")
+        call = None
+        if use is not None and use.parses and name in use._names:
+            call = _call({"name": name, "arguments": body})
+        if call is None:
+            text.append(body)
+        else:
+            calls.append(call)
+    return "".join(text), [] if use is None else use._kept(calls)
+
+
+def _harmony_constraint(
+    allowed: list[Mapping[str, Any]], marker: Callable[[str], str], constrains: bool
+) -> Structured:
+    """The grammar of a harmony call of one of ``allowed``, from after
+    ``<|channel|>commentary``: its recipient, ``<|constrain|>json`` where the vocabulary has
+    that token (``constrains``; else ``json`` alone, as gpt-oss's template writes past calls),
+    ``<|message|>``, the arguments and ``<|call|>``; ``marker`` spells a marker."""
+    constrain = f" {marker('<|constrain|>')}" if constrains else ""
+    message, end = marker("<|message|>"), marker("<|call|>")
+    rules = ["start: " + " | ".join(f"call_{i}" for i in range(len(allowed)))]
+    for i, function in enumerate(allowed):
+        header = json.dumps(f" to=functions.{function['name']} ")
+        rules.append(f'call_{i}: {header}{constrain} "json" {message} args_{i} {end}')
+        schema = {**function["parameters"], "x-guidance": _JSON_LAYOUT}
+        rules.append(f"args_{i}: %json {json.dumps(schema)}")
+    return Structured("grammar", "\n".join(rules))
+
+
+def tool_use(
+    tools: object, tool_choice: object, template: str, parallel: bool = True
+) -> ToolUse | None:
     """The checked tools of a request whose model has chat template ``template`` (``None``
-    when it gives none); ``tool_choice`` ``None`` means ``"auto"``. Raises
+    when it gives none); ``tool_choice`` ``None`` means ``"auto"``; ``parallel`` false keeps a
+    reply to one call. Raises
     :class:`InvalidArgumentError` for malformed tools or a choice that names none of them."""
     if tools is None:
         if tool_choice not in (None, "none", "auto"):
@@ -305,6 +383,7 @@ def tool_use(tools: object, tool_choice: object, template: str) -> ToolUse | Non
         "named" if choice is None else choice,  # type: ignore[arg-type]
         syntax_of(template),
         named,
+        parallel,
     )
 
 
@@ -466,12 +545,14 @@ _MARKERS: dict[Syntax, tuple[str, ...]] = {
     "hermes": ("<tool_call>", "</tool_call>"),
     "mistral": ("[TOOL_CALLS]",),
     "llama3": (),
+    "harmony": ("<|constrain|>", "<|message|>", "<|call|>"),
 }
 
 _OPENERS: dict[Syntax, str] = {
     "hermes": "<tool_call>",
     "mistral": "[TOOL_CALLS]",
     "llama3": "<|python_tag|>",
+    "harmony": "",
 }
 
 
@@ -486,8 +567,9 @@ class ToolStream:
         self._shown = 0
         self._held = False
         """A call has started: nothing more is shown until the end."""
-        self._plain = not use.parses
-        """The reply is text alone (no calls parsed, or a llama3 reply that is no call)."""
+        self._plain = not use.parses or use.syntax == "harmony"
+        """The reply is text alone (no calls parsed, a llama3 reply that is no call, or a
+        harmony reply, whose calls are not in its text)."""
 
     def feed(self, piece: str) -> str:
         """Take the next piece of the reply; return the text that can be shown now."""

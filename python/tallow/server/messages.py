@@ -81,7 +81,7 @@ def parse_messages(
     for i, message in enumerate(raw):
         messages += _message(i, message)
     tools = flat_tools(f.body.get("tools"), types=(None, "custom"), schema="input_schema")
-    choice = _tool_choice(f.body.get("tool_choice"))
+    choice, parallel = _tool_choice(f.body.get("tool_choice"))
     if choice == "none":
         tools, choice = None, None
     kwargs, budget = _thinking(f.body.get("thinking"))
@@ -102,6 +102,7 @@ def parse_messages(
         structured=_output_format(f.body.get("output_config")),
         chat_template_kwargs=kwargs,
         reasoning_budget=budget,
+        parallel_tool_calls=parallel,
     )
     return MessagesRequest(
         model, messages, params, stream=f.boolean("stream", False), tools=tools, tool_choice=choice
@@ -191,22 +192,26 @@ def _message(i: int, message: object) -> list[dict[str, Any]]:
     return out
 
 
-def _tool_choice(value: object) -> object:
-    """Anthropic's ``tool_choice`` as OpenAI's: auto, any (required), a named tool, none."""
+def _tool_choice(value: object) -> tuple[object, bool]:
+    """Anthropic's ``tool_choice`` as OpenAI's (auto, any: required, a named tool, none), and
+    whether the reply may make several calls (not where ``disable_parallel_tool_use``)."""
     if value is None:
-        return None
+        return None, True
     kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "auto":
-        return "auto"
-    if kind == "any":
-        return "required"
-    if kind == "none":
-        return "none"
-    if kind == "tool" and isinstance(value, dict) and isinstance(value.get("name"), str):
-        return {"type": "function", "function": {"name": value["name"]}}
-    raise invalid(
-        "tool_choice", "'tool_choice' must be {'type': 'auto' | 'any' | 'none'} or a named tool"
-    )
+    if not isinstance(value, dict) or kind not in ("auto", "any", "none", "tool"):
+        raise invalid(
+            "tool_choice",
+            "'tool_choice' must be {'type': 'auto' | 'any' | 'none'} or a named tool",
+        )
+    single = value.get("disable_parallel_tool_use", False)
+    if not isinstance(single, bool):
+        raise invalid("tool_choice", "'tool_choice.disable_parallel_tool_use' must be a boolean")
+    if kind == "tool":
+        name = value.get("name")
+        if not isinstance(name, str):
+            raise invalid("tool_choice", "a named 'tool_choice' must give the tool's 'name'")
+        return {"type": "function", "function": {"name": name}}, not single
+    return {"auto": "auto", "any": "required", "none": "none"}[kind], not single
 
 
 def _output_format(value: object) -> Structured | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
 from tallow import checks
-from tallow.engine import SamplingParams
+from tallow.engine import REASONING_EFFORTS, SamplingParams, template_kwargs
 from tallow.errors import GrammarError, InvalidArgumentError
 from tallow.structured import Structured, closed, structured_output
 
@@ -208,16 +208,25 @@ class Fields:
             )
         return float(value)
 
-    def template_kwargs(self) -> dict[str, Any] | None:
-        """``chat_template_kwargs``: variables for the chat template (vLLM's field)."""
+    def template_kwargs(
+        self, effort: object = None, effort_field: str = "reasoning_effort"
+    ) -> Mapping[str, Any] | None:
+        """``chat_template_kwargs``: variables for the chat template (vLLM's field), with a
+        ``reasoning_effort`` where ``effort`` (the field ``effort_field``) gives one (see
+        :func:`tallow.engine.template_kwargs`)."""
         value = self.body.get("chat_template_kwargs")
-        if value is None:
-            return None
-        if not isinstance(value, dict):
+        if value is not None and not isinstance(value, dict):
             raise invalid(
                 "chat_template_kwargs", "'chat_template_kwargs' must be an object", "invalid_type"
             )
-        return value
+        if effort is not None and effort not in REASONING_EFFORTS:
+            raise invalid(
+                effort_field, f"'{effort_field}' must be one of {', '.join(REASONING_EFFORTS)}"
+            )
+        try:
+            return template_kwargs(value, reasoning_effort=effort)
+        except InvalidArgumentError as e:
+            raise invalid("chat_template_kwargs", str(e)) from None
 
     def stop(self, name: str = "stop", most: int = MAX_STOPS) -> tuple[str, ...]:
         """Stop strings: a non-empty string, or a list of at most ``most`` of them."""
@@ -363,8 +372,9 @@ def _sampling(
         logprobs=top_logprobs >= 0,
         top_logprobs=max(top_logprobs, 0),
         structured=structured,
-        chat_template_kwargs=f.template_kwargs(),
+        chat_template_kwargs=f.template_kwargs(f.body.get("reasoning_effort")),
         reasoning_budget=f.integer("reasoning_budget", None, 0, 2**31),
+        parallel_tool_calls=f.boolean("parallel_tool_calls", True),
     )
 
 

@@ -123,10 +123,12 @@ def parse_responses(
         structured=structured,
         # Extensions, as on the chat route.
         logit_bias=f.logit_bias(n_vocab),
-        chat_template_kwargs=f.template_kwargs(),
+        chat_template_kwargs=f.template_kwargs(
+            _effort(f.body.get("reasoning")), "reasoning.effort"
+        ),
         reasoning_budget=f.integer("reasoning_budget", None, 0, 2**31),
+        parallel_tool_calls=f.boolean("parallel_tool_calls", True),
     )
-    f.boolean("parallel_tool_calls", True)
     echo = {
         "instructions": instructions,
         "previous_response_id": previous,
@@ -136,7 +138,8 @@ def parse_responses(
         "temperature": temperature,
         "top_p": top_p,
         "max_output_tokens": params.max_tokens,
-        "parallel_tool_calls": True,
+        "parallel_tool_calls": params.parallel_tool_calls,
+        "reasoning": {"effort": _effort(f.body.get("reasoning")), "summary": None},
         "metadata": f.body.get("metadata") if isinstance(f.body.get("metadata"), dict) else {},
     }
     return ResponsesRequest(
@@ -149,6 +152,16 @@ def parse_responses(
         tool_choice=choice,
         echo=echo,
     )
+
+
+def _effort(reasoning: object) -> object:
+    """``reasoning.effort``: how hard a model that reasons should think (given to its chat
+    template as ``reasoning_effort``)."""
+    if reasoning is None:
+        return None
+    if not isinstance(reasoning, dict):
+        raise invalid("reasoning", "'reasoning' must be an object such as {'effort': 'low'}")
+    return reasoning.get("effort")
 
 
 def _text(content: object, where: str) -> str:
