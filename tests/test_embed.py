@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import openai
 import pytest
-from conftest import assert_one_line_error, f32_pool, run_cli
+from conftest import assert_one_line_error, f32_pool, run_cli, serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_architectures import ARCHITECTURES, GGUF_NAMES, MOE
@@ -141,7 +141,24 @@ def test_a_preempted_embedding_starts_over() -> None:
     np.testing.assert_array_equal(cls.result(), rows[0])
 
 
-def test_normalize_and_dimensions(smollm2: tallow.LLM) -> None:
+@pytest.fixture(scope="module")
+def matryoshka_path(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model named as a Matryoshka family (Qwen3-Embedding): its embeddings may
+    be cut short."""
+    fields: dict[str, object] = {
+        "general.basename": "Qwen3-Embedding",
+        "general.name": "Qwen3 Embedding 0.6B",
+    }
+    dst = tmp_path_factory.mktemp("matryoshka") / "matryoshka.gguf"
+    return rewrite(smollm2_path, dst, fields, {})
+
+
+@pytest.fixture(scope="module")
+def matryoshka(matryoshka_path: Path) -> tallow.LLM:
+    return tallow.LLM(matryoshka_path, n_ctx=512, progress=False)
+
+
+def test_normalize_and_dimensions(smollm2: tallow.LLM, matryoshka: tallow.LLM) -> None:
     texts = ["The cat sat on the mat.", "A dog ran in the park.", "The cat sat on the mat."]
     raw = smollm2.embed(texts, normalize=False)
     unit = smollm2.embed(texts)
@@ -150,10 +167,16 @@ def test_normalize_and_dimensions(smollm2: tallow.LLM) -> None:
     np.testing.assert_allclose(unit, raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-5)
     np.testing.assert_allclose(unit[0], unit[2], atol=1e-4)  # the same text, the same vector
     assert not np.allclose(unit[0], unit[1])
-    short = smollm2.embed(texts, dimensions=64)
+    # Cut short only where the model was trained for it (the same weights, another name).
+    assert tallow.pooling.truncatable(matryoshka._model)
+    assert not tallow.pooling.truncatable(smollm2._model)
+    short = matryoshka.embed(texts, dimensions=64)
     np.testing.assert_allclose(
         short, raw[:, :64] / np.linalg.norm(raw[:, :64], axis=1, keepdims=True), atol=1e-5
     )
+    with pytest.raises(tallow.InvalidArgumentError, match="not trained for shorter ones"):
+        smollm2.embed(texts, dimensions=64)
+    np.testing.assert_allclose(smollm2.embed(texts, dimensions=576), unit, atol=1e-6)
     one = smollm2.embed(texts[0])
     assert one.shape == (576,)
     np.testing.assert_allclose(one, unit[0], atol=1e-6)
@@ -195,7 +218,7 @@ def test_bidirectional_models_are_refused(arch_dir: Path, tmp_path: Path) -> Non
         ("text", {"dimensions": 0}, "dimensions"),
         ("text", {"dimensions": 577}, "dimensions"),
         ("text", {"normalize": "yes"}, "normalize"),
-        ("word " * 600, {}, "longer than the context"),
+        ("text", {"dimensions": 64}, "not trained"),
     ],
 )
 def test_bad_embedding_arguments(
@@ -203,6 +226,15 @@ def test_bad_embedding_arguments(
 ) -> None:
     with pytest.raises(tallow.InvalidArgumentError, match=message):
         smollm2.embed(texts, **options)  # type: ignore[arg-type]
+
+
+def test_an_input_longer_than_the_context_is_a_model_error(smollm2: tallow.LLM) -> None:
+    """As for every prompt; an input as long as the context fits (nothing is generated)."""
+    with pytest.raises(tallow.ModelError, match="longer than the context"):
+        smollm2.embed("word " * 600)
+    with pytest.raises(tallow.ModelError, match="longer than the context"):
+        smollm2.embed([[1] * 513])
+    assert smollm2.embed([[1] * 512]).shape == (1, 576)
 
 
 def test_forward_returns_hidden_rows_apart_from_logits(arch_dir: Path, prompt: list[int]) -> None:
@@ -244,12 +276,8 @@ def test_the_server_embeds_as_the_python_api(client: openai.OpenAI, smollm2: tal
     np.testing.assert_allclose(np.array([d.embedding for d in got.data]), want, atol=1e-5)
     assert got.usage.prompt_tokens == sum(len(smollm2.tokenize(t)) for t in texts)
     assert got.usage.total_tokens == got.usage.prompt_tokens
-    floats = client.embeddings.create(
-        model=MODEL, input=texts[0], encoding_format="float", dimensions=32
-    )
-    np.testing.assert_allclose(
-        floats.data[0].embedding, smollm2.embed(texts[0], dimensions=32), atol=1e-5
-    )
+    floats = client.embeddings.create(model=MODEL, input=texts[0], encoding_format="float")
+    np.testing.assert_allclose(floats.data[0].embedding, want[0], atol=1e-5)
     ids = smollm2.tokenize(texts[1])
     by_ids = client.embeddings.create(model=MODEL, input=[ids], encoding_format="float")
     np.testing.assert_allclose(by_ids.data[0].embedding, want[1], atol=1e-5)
@@ -281,6 +309,8 @@ def test_the_server_embeds_as_the_python_api(client: openai.OpenAI, smollm2: tal
         ),
         ({"model": MODEL, "input": "a", "dimensions": 0}, "dimensions", "invalid_value"),
         ({"model": MODEL, "input": "a", "dimensions": 100000}, "dimensions", "invalid_value"),
+        ({"model": MODEL, "input": "a", "dimensions": 64}, "dimensions", "invalid_value"),
+        ({"model": MODEL, "input": [[1] * 513]}, "input", "context_length_exceeded"),
         ({"model": MODEL, "input": "a", "pooling": "max"}, "pooling", "invalid_value"),
         ({"model": MODEL, "input": "a " * 600}, "input", "context_length_exceeded"),
         ({"model": "gpt-4", "input": "a"}, "model", "model_not_found"),
@@ -315,15 +345,31 @@ def test_no_embedding_body_gets_a_server_error(
         assert response.json()["data"]
 
 
+def test_the_server_cuts_a_matryoshka_model_s_embeddings(
+    matryoshka_path: Path, matryoshka: tallow.LLM
+) -> None:
+    with serving("-m", str(matryoshka_path), "--ctx", "512") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        got = client.embeddings.create(model="matryoshka.gguf", input="a short text", dimensions=32)
+    assert len(got.data[0].embedding) == 32
+    np.testing.assert_allclose(
+        got.data[0].embedding, matryoshka.embed("a short text", dimensions=32), atol=1e-5
+    )
+
+
 # -- the command line -----------------------------------------------------------------------------
 
 
-def test_the_command_line_embeds_as_the_python_api(smollm2: tallow.LLM) -> None:
+def test_the_command_line_embeds_as_the_python_api(
+    smollm2: tallow.LLM, matryoshka_path: Path, matryoshka: tallow.LLM
+) -> None:
     texts = ["first text", "second text"]
-    proc = run_cli("embed", "-m", MODEL, "--pooling", "mean", "--dimensions", "48", *texts)
+    proc = run_cli(
+        "embed", "-m", str(matryoshka_path), "--pooling", "mean", "--dimensions", "48", *texts
+    )
     lines = [json.loads(line) for line in proc.stdout.decode().splitlines()]
     assert [line["text"] for line in lines] == texts
-    want = smollm2.embed(texts, pooling="mean", dimensions=48)
+    want = matryoshka.embed(texts, pooling="mean", dimensions=48)
     np.testing.assert_allclose([line["embedding"] for line in lines], want, atol=1e-5)
     from_stdin = run_cli("embed", "-m", MODEL, "--no-normalize", input=b"first text\n\n")
     (line,) = [json.loads(x) for x in from_stdin.stdout.decode().splitlines()]

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 import jinja2
 import jinja2.sandbox
 
-from tallow import _core
+from tallow import _core, checks
 from tallow.errors import InvalidArgumentError
 from tallow.tools import message_tool_fields
 
@@ -186,7 +186,9 @@ class ChatTemplate:
         checked = check_messages(messages)
         taken = sorted(set(extra or ()) & _VARIABLES)
         if taken:
-            raise InvalidArgumentError(f"chat_template_kwargs cannot set {taken[0]!r}")
+            raise checks.invalid(
+                "chat_template_kwargs", f"chat_template_kwargs cannot set {taken[0]!r}"
+            )
         if quote is not None:
             if any(mark in self.source for mark in _QUOTE_MARKS):
                 raise InvalidArgumentError(

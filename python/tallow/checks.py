@@ -15,9 +15,11 @@ from tallow.errors import InvalidArgumentError
 
 __all__ = [
     "MAX_JSON_DEPTH",
+    "argument_of",
     "boolean",
     "describe",
     "integer",
+    "invalid",
     "number",
     "strings",
     "text",
@@ -28,6 +30,21 @@ __all__ = [
 MAX_JSON_DEPTH = 64
 """Most levels of nesting of the JSON tallow reads from a client: a request body, a tool's
 parameters, a call's arguments (real ones need a few)."""
+
+
+def invalid(argument: str, message: str) -> InvalidArgumentError:
+    """An :class:`~tallow.errors.InvalidArgumentError` about ``argument`` (which
+    :func:`argument_of` tells, so that the server names the field without reading the
+    message)."""
+    error = InvalidArgumentError(message)
+    error.argument = argument  # type: ignore[attr-defined]
+    return error
+
+
+def argument_of(error: InvalidArgumentError, fields: Sequence[str], default: str) -> str:
+    """The argument ``error`` is about, where it is one of ``fields``; else ``default``."""
+    argument = getattr(error, "argument", None)
+    return argument if isinstance(argument, str) and argument in fields else default
 
 
 def nests_deeper(value: object, levels: int = MAX_JSON_DEPTH) -> bool:
@@ -47,10 +64,10 @@ def nests_deeper(value: object, levels: int = MAX_JSON_DEPTH) -> bool:
 def integer(name: str, value: object, low: int, high: int | None = None) -> int:
     """An ``int`` (not a ``bool``) in ``[low, high]`` (no upper bound when ``high`` is None)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"{name} must be an integer, got {describe(value)}")
+        raise invalid(name, f"{name} must be an integer, got {describe(value)}")
     if value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"between {low} and {high}"
-        raise InvalidArgumentError(f"{name} must be {bounds}, got {describe(value)}")
+        raise invalid(name, f"{name} must be {bounds}, got {describe(value)}")
     return value
 
 
@@ -65,7 +82,7 @@ def number(
     """A finite ``int`` or ``float`` (not a ``bool``) in ``[low, high]`` (``(low, high]`` with
     ``low_open``), as a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgumentError(f"{name} must be a number, got {describe(value)}")
+        raise invalid(name, f"{name} must be a number, got {describe(value)}")
     try:
         as_float = float(value)
     except OverflowError:  # an int beyond the float range
@@ -73,8 +90,9 @@ def number(
     too_low = as_float <= low if low_open else as_float < low
     if not math.isfinite(as_float) or too_low or as_float > high:
         bracket = "(" if low_open else "["
-        raise InvalidArgumentError(
-            f"{name} must be a finite number in {bracket}{low}, {high}], got {describe(value)}"
+        raise invalid(
+            name,
+            f"{name} must be a finite number in {bracket}{low}, {high}], got {describe(value)}",
         )
     return as_float
 
@@ -82,19 +100,19 @@ def number(
 def boolean(name: str, value: object) -> bool:
     """A ``bool``."""
     if not isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be True or False, got {describe(value)}")
+        raise invalid(name, f"{name} must be True or False, got {describe(value)}")
     return value
 
 
 def text(name: str, value: object) -> str:
     """A ``str`` that is valid Unicode (no lone surrogates, which have no UTF-8 form)."""
     if not isinstance(value, str):
-        raise InvalidArgumentError(f"{name} must be a string, got {describe(value)}")
+        raise invalid(name, f"{name} must be a string, got {describe(value)}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise InvalidArgumentError(
-            f"{name} is not valid Unicode: a lone surrogate at index {e.start}"
+        raise invalid(
+            name, f"{name} is not valid Unicode: a lone surrogate at index {e.start}"
         ) from None
     return value
 
@@ -105,26 +123,24 @@ def strings(name: str, value: object) -> tuple[str, ...]:
         return ()
     items = (value,) if isinstance(value, str) else value
     if isinstance(items, (bytes, Mapping)) or not isinstance(items, Sequence):
-        raise InvalidArgumentError(
-            f"{name} must be a string or a list of strings, got {describe(value)}"
-        )
+        raise invalid(name, f"{name} must be a string or a list of strings, got {describe(value)}")
     out = tuple(text(name, s) for s in items)
     if not all(out):
-        raise InvalidArgumentError(f"{name} must not hold empty strings")
+        raise invalid(name, f"{name} must not hold empty strings")
     return out
 
 
 def token_ids(name: str, value: object, n_vocab: int) -> list[int]:
     """A sequence of token ids of a vocabulary of ``n_vocab`` tokens, as a list."""
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
-        raise InvalidArgumentError(f"{name} must be a list of token ids, got {describe(value)}")
+        raise invalid(name, f"{name} must be a list of token ids, got {describe(value)}")
     ids = list(value)
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int):
-            raise InvalidArgumentError(f"{name}: {describe(t)} is not a token id")
+            raise invalid(name, f"{name}: {describe(t)} is not a token id")
         if not 0 <= t < n_vocab:
-            raise InvalidArgumentError(
-                f"{name}: token id {describe(t)} is out of range (0..{n_vocab - 1})"
+            raise invalid(
+                name, f"{name}: token id {describe(t)} is out of range (0..{n_vocab - 1})"
             )
     return ids
 

@@ -91,7 +91,7 @@ class ClassifyTask:
         ids = [model.tokenize(label, False, False) for label in self.labels]
         for label, tokens in zip(self.labels, ids, strict=True):
             if not tokens:
-                raise InvalidArgumentError(f"label {label!r} has no tokens")
+                raise checks.invalid("labels", f"label {label!r} has no tokens")
         check_branches(ids, step_tokens)
         self.params = SamplingParams(max_tokens=None, continuations=tuple(tuple(t) for t in ids))
         listed = ", ".join(self.labels)
@@ -110,7 +110,7 @@ class ClassifyTask:
         else:
             template = checks.text("prompt", prompt)
             if template.count(_TEXT) != 1:
-                raise InvalidArgumentError("prompt must hold '{text}' exactly once")
+                raise checks.invalid("prompt", "prompt must hold '{text}' exactly once")
             before, after = _fill(template, listed)
             self._before = prompts.with_bos(model.tokenize(before, False, True))
             self._after = model.tokenize(after, False, True)
@@ -125,9 +125,10 @@ class ClassifyTask:
         if around + 1 < n_ctx:
             return
         whose = "labels: listed in the prompt, they make it" if lists_labels else "prompt: it is"
-        raise InvalidArgumentError(
+        raise checks.invalid(
+            "labels" if lists_labels else "prompt",
             f"{whose} {around} tokens long without the text, which leaves no room for a text "
-            f"in a context of {n_ctx} positions"
+            f"in a context of {n_ctx} positions",
         )
 
     def prompt_ids(self, text: object) -> list[int]:
@@ -153,7 +154,7 @@ class ClassifyTask:
         """The classification from a request's last output. Labels whose branches the engine
         could never hold (its KV pool) raise :class:`InvalidArgumentError` naming them."""
         if isinstance(out.error, InvalidArgumentError):
-            raise InvalidArgumentError(f"labels: {out.error}")
+            raise checks.invalid("labels", f"labels: {out.error}")
         if out.error is not None:
             raise out.error
         assert out.scores is not None, "a scoring request ends with scores"
@@ -183,9 +184,10 @@ def check_branches(ids: list[list[int]], step_tokens: int) -> None:
     computed in one step of ``step_tokens`` tokens beside the text's last token."""
     branch_tokens = sum(len(tokens) - 1 for tokens in ids)
     if branch_tokens >= step_tokens:
-        raise InvalidArgumentError(
+        raise checks.invalid(
+            "labels",
             f"labels: their tokens after the first of each total {branch_tokens}, more than "
-            f"the {step_tokens - 1} that are scored in one step (give fewer or shorter labels)"
+            f"the {step_tokens - 1} that are scored in one step (give fewer or shorter labels)",
         )
 
 
@@ -200,17 +202,19 @@ def _fill(template: str, listed: str) -> tuple[str, str]:
 def _labels(labels: object) -> list[str]:
     """At least two distinct, non-empty labels."""
     if isinstance(labels, (str, bytes, bytearray)) or not isinstance(labels, Sequence):
-        raise InvalidArgumentError(
-            f"labels must be a list of strings, got {checks.describe(labels)}"
+        raise checks.invalid(
+            "labels", f"labels must be a list of strings, got {checks.describe(labels)}"
         )
-    out = [checks.text("label", label) for label in labels]
+    out = [checks.text("labels", label) for label in labels]
     if len(out) < 2:
-        raise InvalidArgumentError(f"a classification needs at least two labels, got {len(out)}")
+        raise checks.invalid(
+            "labels", f"a classification needs at least two labels, got {len(out)}"
+        )
     if any(not label for label in out):
-        raise InvalidArgumentError("a label must not be empty")
+        raise checks.invalid("labels", "a label must not be empty")
     seen: set[str] = set()
     for label in out:
         if label in seen:
-            raise InvalidArgumentError(f"label {label!r} is given twice")
+            raise checks.invalid("labels", f"label {label!r} is given twice")
         seen.add(label)
     return out

@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from tallow import _core, checks, pooling
 from tallow.engine import SamplingParams
-from tallow.errors import InvalidArgumentError
+from tallow.errors import InvalidArgumentError, ModelError
 from tallow.output import RequestOutput
 from tallow.prompt import Prompts
 
@@ -56,8 +56,9 @@ def _is_id(value: object) -> bool:
 class EmbedTask:
     """Embeddings of one kind for one model: ``pooling`` (``None``: the model's, see
     :func:`tallow.pooling.default_pooling`), ``normalize`` (scale each vector to unit length)
-    and ``dimensions`` (keep the first so many values, for models trained to allow it;
-    ``None``: all of them). Checked when made (:class:`InvalidArgumentError`)."""
+    and ``dimensions`` (keep the first so many values, for models trained to allow it, see
+    :func:`tallow.pooling.dimensions`; ``None``: all of them). Checked when made
+    (:class:`InvalidArgumentError`)."""
 
     def __init__(
         self,
@@ -70,11 +71,7 @@ class EmbedTask:
         self._prompts = prompts
         self.pooling = pooling.pooling(pooling_name, model)
         self.normalize = checks.boolean("normalize", normalize)
-        self.dimensions = (
-            None
-            if dimensions is None
-            else checks.integer("dimensions", dimensions, 1, model.n_embd)
-        )
+        self.dimensions = pooling.dimensions(dimensions, model)
         self.params = SamplingParams(max_tokens=None, pooling=self.pooling)
 
     @property
@@ -83,18 +80,18 @@ class EmbedTask:
 
     def prompt_ids(self, item: str | list[int]) -> list[int]:
         """The token ids that embed ``item`` (a text, or token ids checked against the
-        vocabulary), at most the context long."""
+        vocabulary); :class:`ModelError` where they are longer than the context."""
+        model = self.model
         if isinstance(item, str):
-            model = self.model
             ids = model.tokenize(checks.text("input", item), True, False)
             ids = ids or self._prompts.with_bos([])
             if not ids:
                 raise InvalidArgumentError("an empty text has no tokens to embed with this model")
         else:
-            ids = self._prompts.ids(item)
+            ids = checks.token_ids("input", item, model.n_vocab)
         n_ctx = self._prompts.n_ctx
         if len(ids) > n_ctx:
-            raise InvalidArgumentError(
+            raise ModelError(
                 f"an input of {len(ids)} tokens is longer than the context ({n_ctx} tokens)"
             )
         return ids

@@ -229,9 +229,10 @@ def template_kwargs(
     given: dict[str, object] = {}
     if reasoning_effort is not None:
         if reasoning_effort not in REASONING_EFFORTS:
-            raise InvalidArgumentError(
+            raise checks.invalid(
+                "reasoning_effort",
                 f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, "
-                f"got {checks.describe(reasoning_effort)}"
+                f"got {checks.describe(reasoning_effort)}",
             )
         given["reasoning_effort"] = reasoning_effort
         if reasoning_effort == "none":
@@ -279,9 +280,11 @@ def _template_kwargs(value: object) -> Mapping[str, object] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise InvalidArgumentError("chat_template_kwargs must map names to values")
+        raise checks.invalid(
+            "chat_template_kwargs", "chat_template_kwargs must map names to values"
+        )
     if checks.nests_deeper(value):
-        raise InvalidArgumentError("chat_template_kwargs nests too deeply")
+        raise checks.invalid("chat_template_kwargs", "chat_template_kwargs nests too deeply")
     return dict(value)
 
 

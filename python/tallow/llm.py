@@ -559,11 +559,13 @@ class LLM:
         pooled into one vector, ``"mean"`` of every token's, the ``"last"`` token's or the
         first (``"cls"``) token's; ``pooling=None`` takes the model's (its GGUF
         ``pooling_type``, else the last token's). ``normalize`` scales each vector to unit
-        length; ``dimensions`` keeps only the first so many values (for models trained to
-        allow it, as Matryoshka embeddings are), before normalizing. ``texts`` is a text
-        (a 1-D array comes back), a list of texts, or token ids (a list, or a list of lists);
-        texts get the special tokens the model's metadata adds (see :mod:`tallow.embed`).
-        The inputs run as concurrent requests; a 2-D array comes back, one row per input."""
+        length; ``dimensions`` keeps only the first so many values, before normalizing, for
+        a model trained for it (a Matryoshka model such as Qwen3-Embedding, told by its name:
+        :func:`tallow.pooling.truncatable`; others raise :class:`InvalidArgumentError`).
+        ``texts`` is a text (a 1-D array comes back), a list of texts, or token ids (a list,
+        or a list of lists); texts get the special tokens the model's metadata adds (see
+        :mod:`tallow.embed`). The inputs run as concurrent requests; a 2-D array comes back,
+        one row per input. An input longer than the context raises :class:`ModelError`."""
         task = self.embed_task(pooling, normalize, dimensions)
         items = embed_inputs(texts)
         prompts = [task.prompt_ids(item) for item in items]

@@ -15,22 +15,24 @@ model) pools its last token, as decoder embedding models such as Qwen3-Embedding
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import numpy.typing as npt
 
 from tallow import _core, checks
-from tallow.errors import InvalidArgumentError
 from tallow.scheduler import Pooling
 
 __all__ = [
     "POOLINGS",
     "Pooler",
     "default_pooling",
+    "dimensions",
     "finish",
     "is_embedding_model",
     "is_rank_model",
     "pooling",
+    "truncatable",
 ]
 
 POOLINGS: tuple[Pooling, ...] = ("mean", "last", "cls")
@@ -66,10 +68,55 @@ def pooling(value: object, model: _core.Model) -> Pooling:
     if value is None:
         return default_pooling(model)
     if value not in POOLINGS:
-        raise InvalidArgumentError(
-            f"pooling must be one of {', '.join(POOLINGS)}, got {checks.describe(value)}"
+        raise checks.invalid(
+            "pooling", f"pooling must be one of {', '.join(POOLINGS)}, got {checks.describe(value)}"
         )
     return value
+
+
+_MATRYOSHKA = (
+    "qwen3-embedding",
+    "embeddinggemma",
+    "nomic-embed-text-v1.5",
+    "nomic-embed-text-v2",
+    "mxbai-embed-large-v1",
+    "jina-embeddings-v3",
+    "snowflake-arctic-embed-m-v1.5",
+    "snowflake-arctic-embed-l-v2.0",
+)
+"""Embedding models trained so that the first values of a vector are an embedding of their own
+(Matryoshka representation learning), as their ``general.basename`` or ``general.name`` spells
+them (lower case, words joined by ``-``)."""
+
+
+def truncatable(model: _core.Model) -> bool:
+    """Whether ``model`` was trained for embeddings cut to their first values: one of the
+    Matryoshka families :data:`_MATRYOSHKA` lists, by its name in the metadata."""
+    for key in ("general.basename", "general.name"):
+        name = model.metadata_value(key)
+        if isinstance(name, str):
+            spelled = re.sub(r"[\s_]+", "-", name.strip().lower())
+            if any(family in spelled for family in _MATRYOSHKA):
+                return True
+    return False
+
+
+def dimensions(value: object, model: _core.Model) -> int | None:
+    """``value`` checked as how many values of ``model``'s embeddings to keep (``None``: all):
+    fewer than all only for a model trained for it (:func:`truncatable`), as OpenAI and vLLM
+    refuse ``dimensions`` for other models (their vectors cut short lose what they say)."""
+    if value is None:
+        return None
+    width = model.n_embd
+    kept = checks.integer("dimensions", value, 1, width)
+    if kept < width and not truncatable(model):
+        raise checks.invalid(
+            "dimensions",
+            f"dimensions: this model's embeddings have {width} values and it was not trained "
+            "for shorter ones (Matryoshka models such as Qwen3-Embedding are); leave "
+            "dimensions out",
+        )
+    return kept
 
 
 class Pooler:

@@ -106,9 +106,10 @@ class Prompts:
         if use is not None:
             constraint = use.constraint(self._single_tokens(use.markers))
             if constraint is not None and params.structured is not None:
-                raise InvalidArgumentError(
+                raise checks.invalid(
+                    "tool_choice",
                     f"tool_choice {use.choice!r} constrains the reply already: it cannot be "
-                    f"combined with {params.structured.kind}"
+                    f"combined with {params.structured.kind}",
                 )
             params = replace(params, tools=use, structured=constraint or params.structured)
         ids = self.chat_ids(

@@ -141,51 +141,55 @@ _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": Fa
 def check_tools(tools: object) -> list[dict[str, Any]]:
     """The tools as plain dicts, or :class:`InvalidArgumentError` naming what is wrong."""
     if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
-        raise InvalidArgumentError("tools must be a list of {'type': 'function', ...} objects")
+        raise checks.invalid("tools", "tools must be a list of {'type': 'function', ...} objects")
     out = []
     names = set()
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, Mapping) else None
         if not isinstance(tool, Mapping) or tool.get("type") != "function" or not function:
-            raise InvalidArgumentError(
-                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}"
+            raise checks.invalid(
+                "tools", f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}"
             )
         if not isinstance(function, Mapping):
-            raise InvalidArgumentError(f"tools[{i}].function must be an object")
+            raise checks.invalid("tools", f"tools[{i}].function must be an object")
         name = function.get("name")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", name):
-            raise InvalidArgumentError(
-                f"tools[{i}].function.name must be 1 to 64 letters, digits, '_', '.', ':' or '-'"
+            raise checks.invalid(
+                "tools",
+                f"tools[{i}].function.name must be 1 to 64 letters, digits, '_', '.', ':' or '-'",
             )
         if name in names:
-            raise InvalidArgumentError(f"tools[{i}]: the function {name!r} is given twice")
+            raise checks.invalid("tools", f"tools[{i}]: the function {name!r} is given twice")
         names.add(name)
         # Without parameters, a function takes none (as OpenAI reads it).
         parameters = function.get("parameters", _NO_PARAMETERS)
         if not isinstance(parameters, Mapping):
-            raise InvalidArgumentError(f"tools[{i}].function.parameters must be a JSON schema")
+            raise checks.invalid("tools", f"tools[{i}].function.parameters must be a JSON schema")
         # The arguments are an object (a call writes them as one), whatever the schema leaves
         # open; a schema of anything else could never be met.
         if parameters.get("type", "object") != "object":
-            raise InvalidArgumentError(
+            raise checks.invalid(
+                "tools",
                 f"tools[{i}].function.parameters must be the schema of an object (type "
-                f"'object'), not of type {parameters['type']!r}"
+                f"'object'), not of type {parameters['type']!r}",
             )
         parameters = {"type": "object", **parameters}
         try:
             json.dumps(parameters, allow_nan=False)
             _check_depth(parameters)
         except (TypeError, ValueError, RecursionError) as e:
-            raise InvalidArgumentError(f"tools[{i}].function.parameters is not JSON: {e}") from None
+            raise checks.invalid(
+                "tools", f"tools[{i}].function.parameters is not JSON: {e}"
+            ) from None
         strict = function.get("strict", False)
         if not isinstance(strict, bool):
-            raise InvalidArgumentError(f"tools[{i}].function.strict must be a boolean")
+            raise checks.invalid("tools", f"tools[{i}].function.strict must be a boolean")
         if strict:
             # OpenAI's strict mode: objects that do not say otherwise take no other keys.
             parameters = closed(parameters)
         description = function.get("description")
         if description is not None and not isinstance(description, str):
-            raise InvalidArgumentError(f"tools[{i}].function.description must be a string")
+            raise checks.invalid("tools", f"tools[{i}].function.description must be a string")
         checked: dict[str, Any] = {"name": name, "parameters": dict(parameters)}
         if description is not None:
             checked["description"] = description
@@ -201,12 +205,15 @@ def _check_choice(choice: object, names: list[str]) -> str | None:
     function = choice.get("function") if isinstance(choice, Mapping) else None
     name = function.get("name") if isinstance(function, Mapping) else None
     if not isinstance(choice, Mapping) or choice.get("type") != "function" or name is None:
-        raise InvalidArgumentError(
+        raise checks.invalid(
+            "tool_choice",
             "tool_choice must be 'auto', 'none', 'required' or "
-            "{'type': 'function', 'function': {'name': ...}}"
+            "{'type': 'function', 'function': {'name': ...}}",
         )
     if name not in names:
-        raise InvalidArgumentError(f"tool_choice names {name!r}, which is not one of the tools")
+        raise checks.invalid(
+            "tool_choice", f"tool_choice names {name!r}, which is not one of the tools"
+        )
     return None
 
 
@@ -365,12 +372,12 @@ def tool_use(
     :class:`InvalidArgumentError` for malformed tools or a choice that names none of them."""
     if tools is None:
         if tool_choice not in (None, "none", "auto"):
-            raise InvalidArgumentError("tool_choice needs tools")
+            raise checks.invalid("tool_choice", "tool_choice needs tools")
         return None
     checked = check_tools(tools)
     if not checked:
         if tool_choice not in (None, "none", "auto"):
-            raise InvalidArgumentError("tool_choice needs tools")
+            raise checks.invalid("tool_choice", "tool_choice needs tools")
         return None
     names = [t["function"]["name"] for t in checked]
     choice = _check_choice("auto" if tool_choice is None else tool_choice, names)

@@ -32,6 +32,7 @@ from starlette.types import Receive, Scope, Send
 
 from tallow import _core, pooling
 from tallow.async_llm import AsyncLLM
+from tallow.checks import argument_of
 from tallow.classify import ClassifyTask
 from tallow.embed import EmbedTask
 from tallow.engine import SamplingParams
@@ -387,8 +388,7 @@ class _Server:
         try:
             task = self.llm.classify_task(req.labels, req.prompt)
         except InvalidArgumentError as e:
-            message = str(e)
-            raise invalid("prompt" if message.startswith("prompt") else "labels", message) from None
+            raise invalid(argument_of(e, ("prompt", "labels"), "labels"), str(e)) from None
         try:
             prompts = [task.prompt_ids(text) for text in req.texts]
         except InvalidArgumentError as e:
@@ -433,13 +433,13 @@ class _Server:
         try:
             task = self.llm.embed_task(req.pooling, req.normalize, req.dimensions)
         except InvalidArgumentError as e:
-            message = str(e)
-            raise invalid("dimensions" if "dimensions" in message else "pooling", message) from None
+            raise invalid(argument_of(e, ("dimensions", "pooling"), "pooling"), str(e)) from None
         try:
             prompts = [task.prompt_ids(item) for item in req.inputs]
         except InvalidArgumentError as e:
-            code = "context_length_exceeded" if "context" in str(e) else "invalid_value"
-            raise invalid("input", str(e), code) from None
+            raise invalid("input", str(e)) from None
+        except ModelError as e:
+            raise invalid("input", str(e), "context_length_exceeded") from None
         return req, task, prompts
 
     # -- reranking ----------------------------------------------------------------------------
@@ -746,13 +746,10 @@ class _Server:
                 tool_choice=tool_choice,
             )
         except InvalidArgumentError as e:
-            message = str(e)
-            if message.startswith("tool_choice"):
-                raise invalid("tool_choice", message) from None
-            if message.startswith("tools"):
-                raise invalid("tools", message) from None
-            if message.startswith("chat_template_kwargs"):
-                raise invalid("chat_template_kwargs", message) from None
+            fields = ("tool_choice", "tools", "chat_template_kwargs")
+            argument = argument_of(e, fields, "")
+            if argument:
+                raise invalid(argument, str(e)) from None
             raise
 
     def _prompt_ids(self, req: GenerationRequest) -> list[list[int]]:
