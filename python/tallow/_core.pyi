@@ -27,6 +27,7 @@ __all__ = [
     "TallowError",
     "TokenizerError",
     "UnsupportedError",
+    "convert_checkpoint",
     "dequantize",
     "devices",
     "isa",
@@ -75,6 +76,15 @@ def devices() -> list[tuple[str, str, str, int | None]]:
     ``Model(..., device=...)`` takes (``"cpu"``, ``"wgpu:0"``, ...) and ``memory`` is in bytes
     where the driver says."""
 
+def convert_checkpoint(
+    folder: str | os.PathLike[str], out: str | os.PathLike[str], quantize: str | None = None
+) -> None:
+    """Write the GGUF of the Hugging Face checkpoint in ``folder`` to ``out``, as llama.cpp's
+    ``convert_hf_to_gguf.py`` writes it, its matrices rounded to ``quantize`` (``None``: the
+    checkpoint's precision). Written under ``out + ".partial"`` and moved into place once
+    whole. Raises UnsupportedError (an architecture tallow does not convert), ModelError (a
+    damaged checkpoint), ModelNotFoundError, InvalidArgumentError or TallowError (writing)."""
+
 def dequantize(type_name: str, data: bytes) -> numpy.typing.NDArray[numpy.float32]:
     """Dequantize ``data``, whole blocks of the GGML type ``type_name`` (e.g. ``"Q4_1"``), to a
     1-D float32 array."""
@@ -84,17 +94,26 @@ class Model:
     """A GGUF model loaded from disk (memory-mapped): weights, hyper-parameters and tokenizer."""
 
     def __new__(
-        cls, path: str | os.PathLike[str], *, n_ctx: int | None = None, device: str = "cpu"
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        n_ctx: int | None = None,
+        device: str = "cpu",
+        quantize: str | None = None,
     ) -> Self:
         """Open and check the GGUF file at ``path`` and prepare the model on ``device``:
         ``"cpu"``, ``"gpu"`` (the first GPU), ``"wgpu:N"`` or ``"cuda:N"`` (see :func:`devices`).
+        A Hugging Face checkpoint folder (``config.json``, ``*.safetensors``,
+        ``tokenizer.model``) is converted in memory as it loads, its matrices rounded to
+        ``quantize`` (``"q8_0"``, ``"f16"``, ...; ``None``: the checkpoint's precision).
 
         ``n_ctx`` is the longest context it will run at: a model with long-context RoPE
         factors (Phi-3 128k) uses them when ``n_ctx`` exceeds its original training context,
         and its short ones otherwise (``None``: the original context).
 
         Raises ModelNotFoundError, GgufError, UnsupportedError, TokenizerError, ModelError (no
-        such GPU, or it failed) or InvalidArgumentError (a malformed device name).
+        such GPU, or it failed; a checkpoint that cannot be converted) or
+        InvalidArgumentError (a malformed device name, a format ``quantize`` cannot name).
         """
     @property
     def device(self) -> str:

@@ -64,7 +64,8 @@ class AsyncLLM:
     cancel scope, a cancelled task, a stream closed early) aborts its request, and its KV pages
     are freed at the next step.
 
-    ``model`` is a path, a catalog name or a Hub name, as for :class:`tallow.LLM`.
+    ``model`` is a path (a GGUF file or a checkpoint folder, its matrices rounded to
+    ``quantize``), a catalog name or a Hub name, as for :class:`tallow.LLM`.
     ``max_num_seqs`` requests run at once (more wait); the KV pool holds ``kv_pages`` pages of
     ``page_size`` tokens, or ``kv_bytes`` of memory; ``n_ctx`` bounds each request's context
     (and, as for :class:`tallow.LLM`, picks a Phi-3 128k model's long or short RoPE factors).
@@ -93,8 +94,9 @@ class AsyncLLM:
         device: str | None = None,
         chat_template: str | None = None,
         kv_dtype: str = "f16",
+        quantize: str | None = None,
     ) -> None:
-        self._model = load_model(resolve_model(model), n_ctx, device)
+        self._model = load_model(resolve_model(model), n_ctx, device, quantize)
         self._engine = Engine(
             self._model,
             EngineConfig(

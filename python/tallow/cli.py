@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, TextIO
 # Only light modules here: the heavy ones (numpy, the engine) are imported by the commands,
 # after main() is listening for Ctrl-C.
 from tallow._progress import format_bytes
-from tallow.errors import InvalidArgumentError, TallowError
+from tallow.errors import InvalidArgumentError, ModelNotFoundError, TallowError
 
 if TYPE_CHECKING:
     from tallow.llm import LLM
@@ -120,13 +120,14 @@ def _check_arg_text(text: str) -> str:
     return text
 
 
-def _load(
-    model: str, n_ctx: int | None = None, device: str | None = None, kv_dtype: str = "f16"
-) -> LLM:
+def _load(args: argparse.Namespace, n_ctx: int | None = None, kv_dtype: str = "f16") -> LLM:
+    """The model ``args`` name (``--model``, ``--device``, ``--quantize``)."""
     from tallow.llm import LLM
 
+    model = args.model
     start = time.perf_counter()
-    llm = LLM(model, n_ctx=n_ctx, device=device, kv_dtype=kv_dtype)
+    device = getattr(args, "device", None)
+    llm = LLM(model, n_ctx=n_ctx, device=device, kv_dtype=kv_dtype, quantize=args.quantize)
     on = "" if llm.device == "cpu" else f" on {llm.device} ({llm.device_name})"
     _status(
         f"loaded {model} ({llm.architecture}, {llm.n_vocab} tokens of vocabulary){on} "
@@ -171,7 +172,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     max_tokens = None if args.max_tokens == -1 else args.max_tokens
     # Check the sampling arguments before spending time on loading the model.
     sampling_params(max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.stop)
-    llm = _load(args.model, args.ctx, args.device)
+    llm = _load(args, args.ctx)
     stream = llm.stream(
         prompt,
         max_tokens=max_tokens,
@@ -213,7 +214,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     max_tokens = None if args.max_tokens == -1 else args.max_tokens
     sampling_params(max_tokens, args.temperature, args.top_k, args.top_p, args.seed, None)
     _stdin()
-    llm = _load(args.model, args.ctx, args.device)
+    llm = _load(args, args.ctx)
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
     start: list[dict[str, str]] = []
@@ -329,6 +330,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "kv_dtype": args.kv_dtype,
         "n_ctx": args.ctx,
         "device": args.device,
+        "quantize": args.quantize,
         "chat_template": chat_template,
         "options": options,
     }
@@ -391,7 +393,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from tallow.engine import load_model
 
     path = catalog.resolve_model(args.model)
-    model = load_model(path, device=args.device)
+    model = load_model(path, device=args.device, quantize=args.quantize)
     params = sum(int(np.prod(dims)) for _, _, dims in model.tensors())
     size = model.file_size
     # Warm-up: threads, page tables and kernels' first touches.
@@ -459,7 +461,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
         text = _check_arg_text(args.text)
     else:
         text = _read_file("-")
-    llm = _load(args.model)
+    llm = _load(args)
     ids = llm.tokenize(text, add_special=args.add_special, parse_special=args.parse_special)
     if args.ids:
         print(json.dumps(ids))
@@ -474,7 +476,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
     if not texts:
         texts = [line for line in _read_file("-").splitlines() if line.strip()]
     labels = [label.strip() for label in _check_arg_text(args.labels).split(",")]
-    llm = _load(args.model, device=args.device)
+    llm = _load(args)
     results = llm.classify(texts, labels, args.prompt)
     for text, result in zip(texts, results, strict=True):
         probs = dict(zip(result.labels, result.probs, strict=True))
@@ -493,7 +495,7 @@ def _cmd_embed(args: argparse.Namespace) -> int:
         texts = [line for line in _read_file("-").splitlines() if line.strip()]
     if not texts:
         raise InvalidArgumentError("no text to embed: give TEXT or lines on stdin")
-    llm = _load(args.model, device=args.device)
+    llm = _load(args)
     vectors = llm.embed(
         texts, normalize=not args.no_normalize, pooling=args.pooling, dimensions=args.dimensions
     )
@@ -503,9 +505,23 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from tallow import _core
+
+    folder = Path(args.folder).expanduser()
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"no checkpoint folder at {folder}")
+    out = Path(args.out).expanduser()
+    start = time.perf_counter()
+    _core.convert_checkpoint(folder, out, args.type)
+    size = out.stat().st_size
+    _status(f"wrote {out} ({format_bytes(size)}) in {time.perf_counter() - start:.2f} s")
+    return 0
+
+
 def _cmd_perplexity(args: argparse.Namespace) -> int:
     text = _read_file(args.file)
-    llm = _load(args.model, device=args.device, kv_dtype=args.kv_dtype)
+    llm = _load(args, kv_dtype=args.kv_dtype)
     start = time.perf_counter()
     _status(f"perplexity of {args.file} with a context of {args.ctx} tokens")
 
@@ -595,7 +611,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
             size = "" if memory is None else f", {format_bytes(memory)}"
             print(f"{device:<8} {name} ({backend}{size})")
         return 0
-    llm = _load(args.model)
+    llm = _load(args)
     _write_info(llm, sys.stdout)
     return 0
 
@@ -626,8 +642,15 @@ def build_parser() -> argparse.ArgumentParser:
             "-m",
             "--model",
             default=catalog.DEFAULT_MODEL,
-            help="model file, catalog name or Hub name user/repo[:QUANT] "
-            f"(default: {catalog.DEFAULT_MODEL})",
+            help="model file, catalog name, Hub name user/repo[:QUANT] or checkpoint folder "
+            f"(config.json, *.safetensors) (default: {catalog.DEFAULT_MODEL})",
+        )
+        p.add_argument(
+            "--quantize",
+            default=None,
+            metavar="TYPE",
+            help="for a checkpoint folder: round its matrices to TYPE as it loads (q8_0, q5_1, "
+            "q5_0, q4_1, q4_0, f16, bf16, f32; default: the checkpoint's precision)",
         )
 
     def device_arg(p: argparse.ArgumentParser) -> None:
@@ -903,6 +926,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=512, help="chunk size in tokens (default 512)")
     kv_dtype_arg(p)
     p.set_defaults(func=_cmd_perplexity)
+
+    p = sub.add_parser(
+        "convert",
+        help="write a Hugging Face checkpoint folder as a GGUF file",
+        description="Convert FOLDER (config.json, *.safetensors, tokenizer.model, "
+        "tokenizer_config.json, as transformers saves a model) into OUT, as llama.cpp's "
+        "convert_hf_to_gguf.py does: the same metadata, tensor names and layouts.",
+    )
+    p.add_argument("folder", metavar="FOLDER")
+    p.add_argument("out", metavar="OUT", help="the GGUF file to write")
+    p.add_argument(
+        "--type",
+        default=None,
+        metavar="TYPE",
+        help="round the matrices to TYPE: q8_0, q5_1, q5_0, q4_1, q4_0, f16, bf16 or f32 "
+        "(default: the checkpoint's precision)",
+    )
+    p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser(
         "info",

@@ -377,12 +377,18 @@ def device_name(device: object) -> str:
 
 
 def load_model(
-    path: str | os.PathLike[str], n_ctx: object = None, device: object = None
+    path: str | os.PathLike[str],
+    n_ctx: object = None,
+    device: object = None,
+    quantize: object = None,
 ) -> _core.Model:
     """The model at ``path`` on ``device`` (see :func:`device_name`), prepared for requests of
     up to ``n_ctx`` positions (a positive integer, or ``None`` for the default): a model with
     long-context RoPE factors uses them only when ``n_ctx`` asks for more than its original
-    training context."""
+    training context. ``path`` is a GGUF file, or a Hugging Face checkpoint folder
+    (``config.json``, ``*.safetensors``, ``tokenizer.model``) converted as it loads, its
+    matrices rounded to ``quantize`` (``"q8_0"``, ``"q4_0"``, ``"f16"``, ...; ``None`` keeps
+    the checkpoint's precision; a GGUF file's tensors are used as they are)."""
     if n_ctx is not None:
         n_ctx = checks.integer("n_ctx", n_ctx, 1)
         if n_ctx > 2**32:
@@ -390,7 +396,9 @@ def load_model(
             n_ctx = None
     # A CUDA device compiles its kernels with NVRTC when it opens.
     _nvrtc.point_to_the_wheel()
-    return _core.Model(os.fspath(path), n_ctx=n_ctx, device=device_name(device))
+    if quantize is not None:
+        quantize = checks.text("quantize", quantize)
+    return _core.Model(os.fspath(path), n_ctx=n_ctx, device=device_name(device), quantize=quantize)
 
 
 def context_size(model: _core.Model, n_ctx: object) -> int:

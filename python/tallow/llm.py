@@ -85,9 +85,14 @@ class LLM:
     """A language model ready to generate text.
 
     ``model`` is a path to a ``.gguf`` file, the name of a catalog model (pulled into the
-    cache on first use; see :mod:`tallow.catalog`) or a Hugging Face Hub name such as
-    ``"user/repo:Q4_K_M"`` (see :mod:`tallow.hub`). ``n_ctx`` is the number of positions of the
-    context used by :meth:`generate` and :meth:`stream` (prompt plus generated tokens); by
+    cache on first use; see :mod:`tallow.catalog`), a Hugging Face Hub name such as
+    ``"user/repo:Q4_K_M"`` (see :mod:`tallow.hub`), or a Hugging Face checkpoint folder
+    (``config.json``, ``*.safetensors``, ``tokenizer.model``, ``tokenizer_config.json``) as
+    transformers saves it, converted as it loads, its matrices rounded to ``quantize``
+    (``"q8_0"``, ``"q5_1"``, ``"q5_0"``, ``"q4_1"``, ``"q4_0"``, ``"f16"``, ``"bf16"``,
+    ``"f32"``; ``None`` keeps the checkpoint's precision). ``n_ctx`` is the number of
+    positions of the context used by :meth:`generate` and :meth:`stream` (prompt plus
+    generated tokens); by
     default the model's training context, capped at 4096. A model with long-context RoPE factors
     (Phi-3 128k) uses its long factors only when ``n_ctx`` exceeds its original training
     context, as transformers and llama.cpp do. ``speculative`` turns on speculative
@@ -116,11 +121,12 @@ class LLM:
         device: str | None = None,
         chat_template: str | None = None,
         kv_dtype: str = "f16",
+        quantize: str | None = None,
     ) -> None:
         path = resolve_model(model, progress=progress)
         self.model_name = os.fspath(model)
         """The name or path given."""
-        self._model = load_model(path, n_ctx, device)
+        self._model = load_model(path, n_ctx, device, quantize)
         n_ctx = context_size(self._model, n_ctx)
         self.n_ctx = n_ctx
         """Context size of generations (prompt plus completion)."""

@@ -44,6 +44,7 @@ def build_app(
     kv_dtype: str = "f16",
     n_ctx: int | None = None,
     device: str | None = None,
+    quantize: str | None = None,
     chat_template: str | None = None,
     options: ServerOptions | None = None,
 ) -> Starlette:
@@ -59,6 +60,7 @@ def build_app(
         kv_dtype=kv_dtype,
         n_ctx=n_ctx,
         device=device,
+        quantize=quantize,
         chat_template=chat_template,
     )
     name = os.fspath(model)
@@ -76,6 +78,7 @@ def serve(
     kv_dtype: str = "f16",
     n_ctx: int | None = None,
     device: str | None = None,
+    quantize: str | None = None,
     chat_template: str | None = None,
     log_level: str = "info",
     options: ServerOptions | None = None,
@@ -88,7 +91,9 @@ def serve(
     8192 pages); ``kv_dtype`` what its pages hold keys and values in (``"f16"``, ``"q8_0"``,
     ``"q4_0"``, ``"bf16"``, see :class:`tallow.engine.EngineConfig`); ``n_ctx`` the context of each
     request (default: the model's, up to 4096); ``device`` where the model runs (as for
-    :class:`tallow.AsyncLLM`); ``chat_template`` a Jinja chat template that replaces the
+    :class:`tallow.AsyncLLM`); ``quantize`` what a checkpoint folder's matrices are rounded to
+    as it loads (as for :class:`tallow.LLM`); ``chat_template`` a Jinja chat template that
+    replaces the
     model's own; ``options`` the API key, CORS origins and request limits (see
     :class:`ServerOptions`).
     The port is taken before the model loads, so that a busy port fails at once; then
@@ -107,6 +112,7 @@ def serve(
             kv_dtype=kv_dtype,
             n_ctx=n_ctx,
             device=device,
+            quantize=quantize,
             chat_template=chat_template,
             options=options,
         )

@@ -23,7 +23,7 @@ pub use tallow_quant::GgmlType;
 pub use error::GgufError;
 use reader::Reader;
 pub use value::{Array, Strings, Value};
-pub use writer::{tensors_image, TensorData};
+pub use writer::{tensors_image, write_gguf, TensorData, TensorHeader};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;

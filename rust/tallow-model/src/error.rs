@@ -1,6 +1,7 @@
 //! Errors of model loading and inference.
 
 use tallow_backend::BackendError;
+use tallow_convert::ConvertError;
 use tallow_gguf::GgufError;
 use tallow_grammar::GrammarError;
 use tallow_kv::KvError;
@@ -11,6 +12,9 @@ use tallow_tokenizer::TokenizerError;
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
+    /// A Hugging Face checkpoint folder that cannot be converted.
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]

@@ -30,6 +30,7 @@ pub use sequence::SingleSequence;
 pub use tallow_backend::{
     argmax, Backend, Batch, DeviceInfo, Logits, Output, RopeScaling, SeqChunk,
 };
+pub use tallow_convert::OutType;
 pub use tallow_grammar::{Constraint, GrammarError, Structured};
 pub use tallow_kv::{
     pages_for_budget, KvBudget, KvDtype, KvLayout, KvStats, LayerGroups, PagedKvCache, SeqId,
@@ -62,17 +63,36 @@ pub struct LoadOptions {
     /// long-context RoPE factors (Phi-3 128k) uses them when this exceeds its original
     /// training context, and its short ones otherwise; `None` means the original context.
     pub context: Option<usize>,
+    /// What a Hugging Face checkpoint folder's matrices become at load (see
+    /// [`tallow_convert`]); a GGUF file's are used as they are.
+    pub convert: OutType,
+}
+
+/// The GGUF model at `path`: the file, or a Hugging Face checkpoint folder (`config.json`,
+/// `*.safetensors`, tokenizer files) converted in memory, its matrices as `convert` says.
+pub fn open_model(path: &Path, convert: OutType) -> Result<GgufFile, ModelError> {
+    if path.is_dir() {
+        return Ok(GgufFile::from_bytes(tallow_convert::convert_to_bytes(
+            path, convert,
+        )?)?);
+    }
+    Ok(GgufFile::open(path)?)
 }
 
 impl<B: Backend> Model<B> {
-    /// Opens the GGUF file at `path` and checks that it holds a model tallow can run on
-    /// `backend`, then uploads its weights there.
+    /// Opens the model at `path` (a GGUF file or a checkpoint folder, see [`open_model`])
+    /// and checks that it holds a model tallow can run on `backend`, then uploads its weights
+    /// there.
     pub fn load(
         backend: B,
         path: impl AsRef<Path>,
         options: LoadOptions,
     ) -> Result<Self, ModelError> {
-        Self::from_gguf(backend, GgufFile::open(path)?, options)
+        Self::from_gguf(
+            backend,
+            open_model(path.as_ref(), options.convert)?,
+            options,
+        )
     }
 
     /// [`Model::load`] of a file already open.

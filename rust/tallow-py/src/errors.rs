@@ -7,6 +7,7 @@ use pyo3::exceptions::{PyException, PyFileNotFoundError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
+use tallow_convert::ConvertError;
 use tallow_gguf::GgufError;
 use tallow_kv::KvError;
 use tallow_model::ModelError;
@@ -111,7 +112,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-fn raise(class: impl Fn(&Exceptions) -> &Py<PyType>, message: String) -> PyErr {
+pub(crate) fn raise(class: impl Fn(&Exceptions) -> &Py<PyType>, message: String) -> PyErr {
     Python::attach(|py| {
         let exceptions = EXCEPTIONS
             .get(py)
@@ -157,10 +158,27 @@ pub fn kv_error(err: KvError) -> PyErr {
     }
 }
 
+/// A checkpoint folder that cannot be converted: a format it cannot be rounded to is the
+/// caller's argument, an architecture it cannot take unsupported, a missing file not found,
+/// anything else a damaged model.
+pub fn convert_error(err: ConvertError) -> PyErr {
+    let message = err.to_string();
+    match err {
+        ConvertError::OutType(_) => raise(|e| &e.invalid_argument, message),
+        ConvertError::UnknownArchitecture(_) => raise(|e| &e.unsupported, message),
+        ConvertError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            raise(|e| &e.not_found, message)
+        }
+        ConvertError::Io { .. } | ConvertError::Write(_) => raise(|e| &e.tallow, message),
+        _ => raise(|e| &e.model, message),
+    }
+}
+
 pub fn model_error(err: ModelError) -> PyErr {
     let message = err.to_string();
     match err {
         ModelError::Gguf(err) => gguf_error(err),
+        ModelError::Convert(err) => convert_error(err),
         ModelError::Quant(err) => quant_error(err),
         ModelError::Kv(err) => kv_error(err),
         ModelError::Tokenizer(_) => raise(|e| &e.tokenizer, message),

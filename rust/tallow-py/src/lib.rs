@@ -2,6 +2,7 @@
 //! lives here; every call that computes releases the GIL.
 
 mod constraint;
+mod convert;
 mod device;
 mod errors;
 mod kv;
@@ -57,6 +58,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_bandwidth, m)?)?;
     m.add_function(wrap_pyfunction!(model::sample_batch, m)?)?;
     m.add_function(wrap_pyfunction!(device::devices, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::convert_checkpoint, m)?)?;
     m.add_class::<kv::KvCache>()?;
     m.add_class::<model::Model>()?;
     m.add_class::<model::Context>()?;

@@ -12,14 +12,14 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 use tallow_gguf::{Array, Value};
 use tallow_model::{
-    AnyModel, Batch, LoadOptions, Logits, ModelConfig, Output, Outputs, Reasoning, SamplingParams,
-    SeqId, SingleSequence,
+    AnyModel, Batch, LoadOptions, Logits, ModelConfig, OutType, Output, Outputs, Reasoning,
+    SamplingParams, SeqId, SingleSequence,
 };
 
 use crate::constraint::{structured, Constraint};
 use crate::kv::KvCache;
 
-use crate::errors::{guard, model_error};
+use crate::errors::{convert_error, guard, model_error};
 
 /// A GGUF model loaded for inference: weights (memory-mapped), configuration and tokenizer.
 #[pyclass(module = "tallow._core", frozen)]
@@ -39,16 +39,24 @@ impl Model {
 #[pymethods]
 impl Model {
     #[new]
-    #[pyo3(signature = (path, *, n_ctx = None, device = "cpu"))]
+    #[pyo3(signature = (path, *, n_ctx = None, device = "cpu", quantize = None))]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
         n_ctx: Option<usize>,
         device: &str,
+        quantize: Option<&str>,
     ) -> PyResult<Self> {
         let device = crate::device::canonical(device)?;
         let display = path.display().to_string();
-        let options = LoadOptions { context: n_ctx };
+        let convert = match quantize {
+            Some(name) => OutType::named(name).map_err(convert_error)?,
+            None => OutType::Keep,
+        };
+        let options = LoadOptions {
+            context: n_ctx,
+            convert,
+        };
         let inner = py.detach(|| {
             guard(|| crate::device::load(&path, options, &device)?.map_err(model_error))
         })?;

@@ -1,0 +1,365 @@
+//! The architectures a checkpoint converts from, as data: the GGUF architecture each class
+//! becomes, how its tensors are named and laid out, and the metadata its `config.json` gives,
+//! each as llama.cpp's converter writes it.
+
+use std::path::Path;
+
+use tallow_gguf::Value;
+
+use crate::config::Config;
+use crate::ConvertError;
+
+/// One architecture: the transformers classes it converts from, the GGUF name, and what sets
+/// it apart.
+pub struct Arch {
+    /// `architectures` in `config.json`.
+    pub classes: &'static [&'static str],
+    /// `general.architecture` of the GGUF.
+    pub gguf: &'static str,
+    /// Q and K rows reordered from transformers' rotate-half RoPE to GGML's adjacent pairs
+    /// (llama.cpp's `permute`), for architectures that GGML runs with the normal RoPE.
+    pub permute_qk: bool,
+    /// Norm gains stored as `w` where the model scales by `1 + w` (Gemma): written as `1 + w`.
+    pub norm_plus_one: bool,
+    /// Per layer, transformers' module names and the GGUF's (after `model.layers.N.` and
+    /// `blk.N.`), beside [`COMMON_LAYER`].
+    pub layer: &'static [(&'static str, &'static str)],
+    /// What this architecture's metadata adds to [`common`]'s.
+    pub metadata: fn(&Config, &mut Metadata) -> Result<(), ConvertError>,
+    /// Whether the tokenizer adds a space before the first word (GGUF's `add_space_prefix`,
+    /// written where false: Gemma's SentencePiece vocabulary does not).
+    pub space_prefix: bool,
+}
+
+/// Metadata under construction: `(key, value)` in order; keys of the architecture are given
+/// without their `<arch>.` prefix.
+pub struct Metadata {
+    arch: &'static str,
+    pub entries: Vec<(String, Value)>,
+}
+
+impl Metadata {
+    fn put(&mut self, key: &str, value: Value) {
+        self.entries.push((format!("{}.{key}", self.arch), value));
+    }
+
+    fn put_u32(&mut self, key: &str, value: Option<u64>) -> Result<(), ConvertError> {
+        if let Some(v) = value {
+            let v = u32::try_from(v).map_err(|_| ConvertError::Config {
+                file: "config.json".into(),
+                reason: format!("{key} {v} is out of range"),
+            })?;
+            self.put(key, Value::U32(v));
+        }
+        Ok(())
+    }
+
+    fn put_f32(&mut self, key: &str, value: Option<f64>) {
+        if let Some(v) = value {
+            self.put(key, Value::F32(v as f32));
+        }
+    }
+}
+
+/// Module names every architecture shares.
+const COMMON_LAYER: &[(&str, &str)] = &[
+    ("input_layernorm", "attn_norm"),
+    ("self_attn.q_proj", "attn_q"),
+    ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"),
+    ("self_attn.o_proj", "attn_output"),
+    ("self_attn.q_norm", "attn_q_norm"),
+    ("self_attn.k_norm", "attn_k_norm"),
+    ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"),
+    ("mlp.down_proj", "ffn_down"),
+];
+
+/// Llama's layer: a norm before the feed-forward.
+const LLAMA_LAYER: &[(&str, &str)] = &[("post_attention_layernorm", "ffn_norm")];
+
+/// Gemma 2 and 3: norms before and after both the attention and the feed-forward.
+const GEMMA_LAYER: &[(&str, &str)] = &[
+    ("post_attention_layernorm", "post_attention_norm"),
+    ("pre_feedforward_layernorm", "ffn_norm"),
+    ("post_feedforward_layernorm", "post_ffw_norm"),
+];
+
+/// Phi-3: Q, K and V in one matrix, gate and up in another.
+const PHI3_LAYER: &[(&str, &str)] = &[
+    ("post_attention_layernorm", "ffn_norm"),
+    ("self_attn.qkv_proj", "attn_qkv"),
+    ("mlp.gate_up_proj", "ffn_up"),
+];
+
+/// Tensors outside the layers: transformers' name and the GGUF's.
+pub const GLOBAL: &[(&str, &str)] = &[
+    ("model.embed_tokens.weight", "token_embd.weight"),
+    ("model.norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+];
+
+/// Every architecture a checkpoint converts from.
+pub const ARCHITECTURES: &[Arch] = &[
+    Arch {
+        classes: &["LlamaForCausalLM", "MistralForCausalLM"],
+        gguf: "llama",
+        permute_qk: true,
+        norm_plus_one: false,
+        layer: LLAMA_LAYER,
+        metadata: llama,
+        space_prefix: true,
+    },
+    Arch {
+        classes: &["Qwen2ForCausalLM"],
+        gguf: "qwen2",
+        permute_qk: false,
+        norm_plus_one: false,
+        layer: LLAMA_LAYER,
+        metadata: no_more,
+        space_prefix: true,
+    },
+    Arch {
+        classes: &["Qwen3ForCausalLM"],
+        gguf: "qwen3",
+        permute_qk: false,
+        norm_plus_one: false,
+        layer: LLAMA_LAYER,
+        metadata: no_more,
+        space_prefix: true,
+    },
+    Arch {
+        classes: &["Phi3ForCausalLM"],
+        gguf: "phi3",
+        permute_qk: false,
+        norm_plus_one: false,
+        layer: PHI3_LAYER,
+        metadata: phi3,
+        space_prefix: true,
+    },
+    Arch {
+        classes: &["Gemma2ForCausalLM"],
+        gguf: "gemma2",
+        permute_qk: false,
+        norm_plus_one: true,
+        layer: GEMMA_LAYER,
+        metadata: gemma2,
+        space_prefix: false,
+    },
+    Arch {
+        classes: &["Gemma3ForCausalLM"],
+        gguf: "gemma3",
+        permute_qk: false,
+        norm_plus_one: true,
+        layer: GEMMA_LAYER,
+        metadata: gemma3,
+        space_prefix: false,
+    },
+];
+
+/// The transformers classes tallow converts, for messages.
+pub fn names() -> String {
+    let names: Vec<&str> = ARCHITECTURES
+        .iter()
+        .flat_map(|a| a.classes)
+        .copied()
+        .collect();
+    names.join(", ")
+}
+
+/// The architecture of a configuration (its first class that tallow converts).
+pub fn of(config: &Config) -> Result<&'static Arch, ConvertError> {
+    let classes = config.architectures();
+    classes
+        .iter()
+        .find_map(|c| ARCHITECTURES.iter().find(|a| a.classes.contains(c)))
+        .ok_or_else(|| {
+            ConvertError::UnknownArchitecture(classes.first().copied().unwrap_or("").to_owned())
+        })
+}
+
+impl Arch {
+    /// The GGUF name of a tensor of the checkpoint, `None` for one the GGUF leaves out.
+    pub fn gguf_name(&self, name: &str) -> Option<String> {
+        if let Some((_, gguf)) = GLOBAL.iter().find(|(hf, _)| *hf == name) {
+            return Some((*gguf).to_owned());
+        }
+        let rest = name.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let layer: u32 = layer.parse().ok()?;
+        let (module, kind) = rest.rsplit_once('.')?;
+        if kind != "weight" && kind != "bias" {
+            return None;
+        }
+        let (_, gguf) = self
+            .layer
+            .iter()
+            .chain(COMMON_LAYER)
+            .find(|(hf, _)| *hf == module)?;
+        Some(format!("blk.{layer}.{gguf}.{kind}"))
+    }
+}
+
+/// The architecture's metadata, from its configuration; `dir`'s name is the model's name, as
+/// llama.cpp's converter names it.
+pub fn metadata(
+    config: &Config,
+    arch: &Arch,
+    dir: &Path,
+) -> Result<Vec<(String, Value)>, ConvertError> {
+    let mut m = Metadata {
+        arch: arch.gguf,
+        entries: vec![
+            (
+                "general.architecture".into(),
+                Value::String(arch.gguf.into()),
+            ),
+            ("general.type".into(), Value::String("model".into())),
+        ],
+    };
+    if let Some(name) = dir.file_name().and_then(|n| n.to_str()) {
+        m.entries
+            .push(("general.name".into(), Value::String(title(name))));
+    }
+    common(config, &mut m)?;
+    (arch.metadata)(config, &mut m)?;
+    Ok(m.entries)
+}
+
+/// A folder's name as a model's: words split at `-` and `_`, each capitalised.
+fn title(name: &str) -> String {
+    name.split(['-', '_'])
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            let mut chars = w.chars();
+            chars
+                .next()
+                .map_or(String::new(), |c| c.to_uppercase().chain(chars).collect())
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// What every architecture writes.
+fn common(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {
+    let heads = config.required(&["num_attention_heads"])?;
+    m.put_u32(
+        "block_count",
+        Some(config.required(&["num_hidden_layers"])?),
+    )?;
+    m.put_u32("context_length", config.uint(&["max_position_embeddings"])?)?;
+    m.put_u32("embedding_length", Some(config.required(&["hidden_size"])?))?;
+    m.put_u32("feed_forward_length", config.uint(&["intermediate_size"])?)?;
+    m.put_u32("attention.head_count", Some(heads))?;
+    let kv = config.uint(&["num_key_value_heads"])?.unwrap_or(heads);
+    m.put_u32("attention.head_count_kv", Some(kv))?;
+    m.put_f32("rope.freq_base", config.rope().theta()?);
+    m.put_f32(
+        "attention.layer_norm_rms_epsilon",
+        config.number(&["rms_norm_eps"])?,
+    );
+    let head_dim = config.uint(&["head_dim"])?;
+    m.put_u32("attention.key_length", head_dim)?;
+    m.put_u32("attention.value_length", head_dim)?;
+    Ok(())
+}
+
+fn no_more(_: &Config, _: &mut Metadata) -> Result<(), ConvertError> {
+    Ok(())
+}
+
+/// The width of one attention head.
+pub fn head_dim(config: &Config) -> Result<u64, ConvertError> {
+    if let Some(d) = config.uint(&["head_dim"])? {
+        return Ok(d);
+    }
+    let heads = config.required(&["num_attention_heads"])?;
+    Ok(config.required(&["hidden_size"])? / heads.max(1))
+}
+
+fn llama(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {
+    m.put_u32("vocab_size", config.uint(&["vocab_size"])?)?;
+    m.put_u32("rope.dimension_count", Some(head_dim(config)?))?;
+    let rope = config.rope();
+    match rope.kind() {
+        None | Some("llama3") => {} // llama3's factors are the rope_freqs tensor
+        Some("linear") => {
+            m.put("rope.scaling.type", Value::String("linear".into()));
+            m.put_f32("rope.scaling.factor", Some(rope.required("factor")?));
+        }
+        Some(other) => return Err(config.error(format!("rope type {other:?} is not converted"))),
+    }
+    Ok(())
+}
+
+fn phi3(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {
+    let context = config.uint(&["max_position_embeddings"])?;
+    let original = config
+        .uint(&["original_max_position_embeddings"])?
+        .or(context);
+    m.put_u32("rope.scaling.original_context_length", original)?;
+    let rotary = config
+        .rope()
+        .number("partial_rotary_factor")?
+        .unwrap_or(1.0);
+    m.put_u32(
+        "rope.dimension_count",
+        Some((head_dim(config)? as f64 * rotary) as u64),
+    )?;
+    m.put_u32(
+        "attention.sliding_window",
+        Some(config.uint(&["sliding_window"])?.unwrap_or(0)),
+    )?;
+    if let Some(kind) = config.rope().kind() {
+        return Err(config.error(format!("rope type {kind:?} is not converted for Phi-3")));
+    }
+    Ok(())
+}
+
+fn gemma2(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {
+    m.put_f32(
+        "attn_logit_softcapping",
+        config.number(&["attn_logit_softcapping"])?,
+    );
+    m.put_f32(
+        "final_logit_softcapping",
+        config.number(&["final_logit_softcapping"])?,
+    );
+    m.put_u32(
+        "attention.sliding_window",
+        config.uint(&["sliding_window"])?,
+    )?;
+    Ok(())
+}
+
+fn gemma3(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {
+    let global = config.rope_of("full_attention");
+    match global.kind() {
+        None => {}
+        Some("linear") => {
+            m.put("rope.scaling.type", Value::String("linear".into()));
+            m.put_f32("rope.scaling.factor", Some(global.required("factor")?));
+        }
+        Some(other) => return Err(config.error(format!("rope type {other:?} is not converted"))),
+    }
+    // The local layers' base: version 4's rope_local_base_freq, version 5's parameters of
+    // the sliding layers.
+    let local = match config.number(&["rope_local_base_freq"])? {
+        Some(base) => Some(base),
+        None => config.rope_of("sliding_attention").theta()?,
+    };
+    m.put_f32("rope.freq_base_swa", local);
+    m.put_u32(
+        "attention.sliding_window",
+        config.uint(&["sliding_window"])?,
+    )?;
+    m.put_f32(
+        "attn_logit_softcapping",
+        config.number(&["attn_logit_softcapping"])?,
+    );
+    m.put_f32(
+        "final_logit_softcapping",
+        config.number(&["final_logit_softcapping"])?,
+    );
+    Ok(())
+}

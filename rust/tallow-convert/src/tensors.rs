@@ -1,0 +1,327 @@
+//! A checkpoint's tensors as the GGUF holds them: named, laid out and typed as llama.cpp's
+//! converter writes them, each converted when it is written.
+
+use std::io::Write;
+
+use tallow_gguf::{GgmlType, TensorHeader};
+use tallow_quant::{dequantize, quantize_row};
+
+use crate::arch::{head_dim, Arch};
+use crate::config::Config;
+use crate::safetensors::Dtype;
+use crate::{Checkpoint, ConvertError};
+
+/// What the GGUF's tensors are made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OutType {
+    /// Each tensor in the checkpoint's precision (F32, F16 or BF16).
+    #[default]
+    Keep,
+    /// Each matrix rounded to this format (vectors stay F32, as llama.cpp keeps them; a
+    /// matrix whose rows are no whole number of its blocks becomes F16).
+    Type(GgmlType),
+}
+
+/// The formats a checkpoint's matrices may be rounded to at conversion.
+const OUT_TYPES: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q5_1,
+    GgmlType::Q5_0,
+    GgmlType::Q4_1,
+    GgmlType::Q4_0,
+];
+
+impl OutType {
+    /// The format called `name` (`"q8_0"`, `"F16"`: any case).
+    pub fn named(name: &str) -> Result<Self, ConvertError> {
+        OUT_TYPES
+            .iter()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
+            .map(|&t| OutType::Type(t))
+            .ok_or_else(|| not_an_out_type(name))
+    }
+
+    /// An error where tallow cannot round to this format.
+    pub fn check(self) -> Result<(), ConvertError> {
+        match self {
+            OutType::Type(ty) if !OUT_TYPES.contains(&ty) => Err(not_an_out_type(ty.name())),
+            _ => Ok(()),
+        }
+    }
+
+    /// The format of a tensor of `dims` (GGML order) from `source`.
+    fn of(self, source: Dtype, dims: &[u64]) -> GgmlType {
+        if dims.len() < 2 {
+            return GgmlType::F32;
+        }
+        let ty = match self {
+            OutType::Keep => source.ggml(),
+            OutType::Type(ty) => ty,
+        };
+        if dims[0].is_multiple_of(ty.block_len() as u64) {
+            ty
+        } else {
+            GgmlType::F16
+        }
+    }
+
+    /// `general.file_type`: llama.cpp's number of the format most of the matrices have.
+    pub fn file_type(self, plan: &[Planned]) -> u32 {
+        let ty = match self {
+            OutType::Type(ty) => ty,
+            OutType::Keep => plan
+                .iter()
+                .filter(|t| t.header.dims.len() >= 2)
+                .map(|t| t.header.ty)
+                .next()
+                .unwrap_or(GgmlType::F32),
+        };
+        match ty {
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q8_0 => 7,
+            GgmlType::Q5_0 => 8,
+            GgmlType::Q5_1 => 9,
+            GgmlType::BF16 => 32,
+            _ => 0,
+        }
+    }
+}
+
+fn not_an_out_type(name: &str) -> ConvertError {
+    let known: Vec<String> = OUT_TYPES.iter().map(|t| t.name().to_lowercase()).collect();
+    ConvertError::OutType(format!(
+        "tensors are not converted to {name} (they are to {})",
+        known.join(", ")
+    ))
+}
+
+/// How a tensor's values change on the way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transform {
+    None,
+    /// Rows reordered within each of `heads` heads (see [`Arch::permute_qk`]).
+    PermuteHeads {
+        heads: u64,
+    },
+    /// Each value plus one (see [`Arch::norm_plus_one`]).
+    PlusOne,
+}
+
+enum Source {
+    /// A tensor of the checkpoint: the file holding it and its name there.
+    Checkpoint {
+        file: usize,
+        name: String,
+        dtype: Dtype,
+        transform: Transform,
+    },
+    /// Values computed from the configuration (llama 3's RoPE factors).
+    Computed(Vec<f32>),
+}
+
+/// One tensor of the GGUF: what the table says of it and where its values come from.
+pub struct Planned {
+    pub header: TensorHeader,
+    source: Source,
+}
+
+/// Checkpoint tensors that the GGUF leaves out: buffers transformers saves that the forward
+/// computes itself.
+const LEFT_OUT: &[&str] = &["rotary_emb.inv_freq"];
+
+/// The GGUF's tensors, in the checkpoint's order (computed ones first).
+pub fn plan(
+    checkpoint: &Checkpoint,
+    arch: &Arch,
+    out: OutType,
+) -> Result<Vec<Planned>, ConvertError> {
+    out.check()?;
+    let config = &checkpoint.config;
+    let mut plan = Vec::new();
+    if let Some(factors) = llama3_rope_factors(config)? {
+        plan.push(Planned {
+            header: TensorHeader {
+                name: "rope_freqs.weight".into(),
+                ty: GgmlType::F32,
+                dims: vec![factors.len() as u64],
+            },
+            source: Source::Computed(factors),
+        });
+    }
+    let heads = config.required(&["num_attention_heads"])?;
+    let kv_heads = config.uint(&["num_key_value_heads"])?.unwrap_or(heads);
+    for (index, file) in checkpoint.files.iter().enumerate() {
+        for (name, view) in file.tensors() {
+            let Some(gguf) = arch.gguf_name(name) else {
+                if LEFT_OUT.iter().any(|suffix| name.ends_with(suffix)) {
+                    continue;
+                }
+                return Err(ConvertError::Tensor {
+                    name: name.clone(),
+                    reason: format!("not a tensor of {} that tallow knows", arch.classes[0]),
+                });
+            };
+            let transform =
+                if arch.permute_qk && (gguf.contains(".attn_q.") || gguf.contains(".attn_k.")) {
+                    let heads = if gguf.contains(".attn_q.") {
+                        heads
+                    } else {
+                        kv_heads
+                    };
+                    Transform::PermuteHeads { heads }
+                } else if arch.norm_plus_one && gguf.ends_with("norm.weight") {
+                    Transform::PlusOne
+                } else {
+                    Transform::None
+                };
+            let dims: Vec<u64> = view.shape.iter().rev().copied().collect();
+            if dims.is_empty() || dims.len() > 2 {
+                return Err(ConvertError::Tensor {
+                    name: name.clone(),
+                    reason: format!("shape {:?}: a vector or a matrix was expected", view.shape),
+                });
+            }
+            if let Transform::PermuteHeads { heads } = transform {
+                let rows = *dims.last().expect("not empty");
+                if heads == 0 || !rows.is_multiple_of(2 * heads) {
+                    return Err(ConvertError::Tensor {
+                        name: name.clone(),
+                        reason: format!("{rows} rows do not split into {heads} heads of pairs"),
+                    });
+                }
+            }
+            plan.push(Planned {
+                header: TensorHeader {
+                    name: gguf,
+                    ty: out.of(view.dtype, &dims),
+                    dims,
+                },
+                source: Source::Checkpoint {
+                    file: index,
+                    name: name.clone(),
+                    dtype: view.dtype,
+                    transform,
+                },
+            });
+        }
+    }
+    Ok(plan)
+}
+
+impl Planned {
+    /// Writes the tensor's data in its GGUF format.
+    pub fn write(&self, checkpoint: &Checkpoint, out: &mut dyn Write) -> Result<(), ConvertError> {
+        let (file, name, dtype, transform) = match &self.source {
+            Source::Computed(values) => {
+                for v in values {
+                    out.write_all(&v.to_le_bytes())?;
+                }
+                return Ok(());
+            }
+            Source::Checkpoint {
+                file,
+                name,
+                dtype,
+                transform,
+            } => (&checkpoint.files[*file], name, *dtype, *transform),
+        };
+        let view = &file.tensors()[name];
+        let bytes = file.data(view);
+        let row_len = self.header.dims[0] as usize;
+        let n_rows = self.header.dims.get(1).copied().unwrap_or(1) as usize;
+        let row_bytes = row_len * dtype.bytes() as usize;
+        let ty = self.header.ty;
+        let same = dtype.ggml() == ty;
+        let mut values = vec![0f32; row_len];
+        let mut packed =
+            vec![0u8; ty.bytes_for(row_len as u64).expect("planned sizes fit") as usize];
+        for row in 0..n_rows {
+            let from = match transform {
+                Transform::PermuteHeads { heads } => permuted_row(row, n_rows, heads as usize),
+                _ => row,
+            };
+            let src = &bytes[from * row_bytes..(from + 1) * row_bytes];
+            if same && transform != Transform::PlusOne {
+                out.write_all(src)?;
+                continue;
+            }
+            let error = |e: tallow_quant::QuantError| ConvertError::Tensor {
+                name: name.clone(),
+                reason: e.to_string(),
+            };
+            dequantize(dtype.ggml(), src, &mut values).map_err(error)?;
+            if transform == Transform::PlusOne {
+                values.iter_mut().for_each(|v| *v += 1.0);
+            }
+            quantize_row(ty, &values, &mut packed).map_err(error)?;
+            out.write_all(&packed)?;
+        }
+        Ok(())
+    }
+}
+
+/// Which row of a head-major Q or K matrix (or bias) lands at `row` once each head's rows go
+/// from transformers' halves (`x0..x(d/2), y0..y(d/2)`) to GGML's pairs (`x0, y0, x1, y1, ...`):
+/// llama.cpp's `permute`, `reshape(heads, 2, d/2, ...).swapaxes(1, 2)`.
+fn permuted_row(row: usize, n_rows: usize, heads: usize) -> usize {
+    let d = n_rows / heads;
+    let (head, within) = (row / d, row % d);
+    let (i, half) = (within / 2, within % 2);
+    head * d + half * (d / 2) + i
+}
+
+/// Llama 3's RoPE frequency factors (the GGUF's `rope_freqs`), computed from its scaling
+/// parameters in f32 as llama.cpp's converter computes them; `None` for other RoPE.
+fn llama3_rope_factors(config: &Config) -> Result<Option<Vec<f32>>, ConvertError> {
+    let rope = config.rope();
+    if rope.kind() != Some("llama3") {
+        return Ok(None);
+    }
+    let base = rope.theta()?.unwrap_or(10_000.0) as f32;
+    let dim = head_dim(config)? as usize;
+    let factor = rope.number("factor")?.unwrap_or(8.0) as f32;
+    let low = rope.number("low_freq_factor")?.unwrap_or(1.0) as f32;
+    let high = rope.number("high_freq_factor")?.unwrap_or(4.0) as f32;
+    let old = rope
+        .number("original_max_position_embeddings")?
+        .unwrap_or(8192.0) as f32;
+    let (low_wavelen, high_wavelen) = (old / low, old / high);
+    // torch divides a number by a tensor as the tensor's reciprocal times the number: done
+    // the same way here, the factors come out with the converter's bits.
+    let factors = (0..dim)
+        .step_by(2)
+        .map(|i| {
+            let freq = 1.0 / base.powf(i as f32 / dim as f32);
+            let wavelen = (1.0 / freq) * std::f32::consts::TAU;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = ((1.0 / wavelen) * old - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect();
+    Ok(Some(factors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_go_from_halves_to_pairs() {
+        // One head of 6 rows: x0 x1 x2 y0 y1 y2 becomes x0 y0 x1 y1 x2 y2.
+        let rows: Vec<usize> = (0..6).map(|r| permuted_row(r, 6, 1)).collect();
+        assert_eq!(rows, [0, 3, 1, 4, 2, 5]);
+        // Two heads of 4: each head on its own.
+        let rows: Vec<usize> = (0..8).map(|r| permuted_row(r, 8, 2)).collect();
+        assert_eq!(rows, [0, 2, 1, 3, 4, 6, 5, 7]);
+    }
+}

@@ -1,0 +1,123 @@
+"""Hugging Face checkpoint folders (``config.json``, ``*.safetensors``, ``tokenizer.model``):
+loaded as they are, converted in memory, and written as GGUF files by ``tallow convert``.
+
+Oracles: the GGUF files llama.cpp's converter made from the same folders of the tiny
+reference models (``shared/reference/arch/<arch>/hf``), whose logits and token ids the
+converted folder must give exactly, and transformers' logits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import all_logits, assert_one_line_error, run_cli
+from test_architectures import ARCHITECTURES
+
+import tallow
+from tallow import _core
+
+DENSE = [arch for arch, _ in ARCHITECTURES]
+TEXTS = ["Hello world", "  leading spaces and\ttabs\n", "naïve café ☕ 123", ""]
+
+
+@pytest.mark.parametrize("arch", DENSE)
+def test_a_folder_computes_what_llama_cpp_s_conversion_computes(
+    arch_dir: Path, prompt: list[int], arch: str
+) -> None:
+    folder = _core.Model(str(arch_dir / arch / "hf"))
+    converted = _core.Model(str(arch_dir / arch / f"{arch}-f32.gguf"))
+    got = all_logits(folder, prompt)
+    np.testing.assert_array_equal(got, all_logits(converted, prompt))
+    reference = np.load(arch_dir / arch / "ref_logits.npy")
+    assert float(np.abs(got - reference).max()) <= 1e-4
+    for text in TEXTS:
+        assert folder.tokenize(text, True, False) == converted.tokenize(text, True, False)
+    assert folder.architecture == converted.architecture
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen3", "gemma3"])
+def test_a_folder_quantized_as_it_loads(arch_dir: Path, prompt: list[int], arch: str) -> None:
+    """``quantize="q8_0"``: the matrices rounded on the way, to the bytes of llama.cpp's own
+    Q8_0 file of the folder, so to its logits."""
+    ours = tallow.LLM(arch_dir / arch / "hf", quantize="q8_0", progress=False)
+    theirs = _core.Model(str(arch_dir / arch / f"{arch}-q8_0.gguf"))
+    np.testing.assert_array_equal(all_logits(ours._model, prompt), all_logits(theirs, prompt))
+    kinds = {kind for _, kind, dims in ours._model.tensors() if len(dims) == 2}
+    assert kinds == {"Q8_0"}
+    with pytest.raises(tallow.InvalidArgumentError, match="q8_0, q5_1"):
+        tallow.LLM(arch_dir / arch / "hf", quantize="q4_k", progress=False)
+
+
+def test_tallow_convert_writes_the_gguf(arch_dir: Path, tmp_path: Path, prompt: list[int]) -> None:
+    out = tmp_path / "qwen3.gguf"
+    proc = run_cli("convert", str(arch_dir / "qwen3" / "hf"), str(out))
+    assert proc.returncode == 0, proc.stderr
+    written = _core.Model(str(out))
+    np.testing.assert_array_equal(
+        all_logits(written, prompt),
+        all_logits(_core.Model(str(arch_dir / "qwen3" / "qwen3-f32.gguf")), prompt),
+    )
+    assert not (tmp_path / "qwen3.gguf.partial").exists()
+    small = tmp_path / "qwen3-q4_0.gguf"
+    proc = run_cli("convert", str(arch_dir / "qwen3" / "hf"), str(small), "--type", "Q4_0")
+    assert proc.returncode == 0, proc.stderr
+    assert {kind for _, kind, dims in _core.Model(str(small)).tensors() if len(dims) == 2} == {
+        "Q4_0"
+    }
+    assert small.stat().st_size < out.stat().st_size / 4
+    assert_one_line_error(
+        run_cli("convert", str(tmp_path / "nowhere"), str(tmp_path / "x.gguf")),
+        "no checkpoint folder",
+    )
+    assert_one_line_error(
+        run_cli("convert", str(arch_dir / "qwen3" / "hf"), str(small), "--type", "q3"),
+        "not converted to q3",
+    )
+
+
+def copy_of(arch_dir: Path, tmp_path: Path, arch: str = "qwen3") -> Path:
+    folder = tmp_path / f"{arch}-copy"
+    shutil.copytree(arch_dir / arch / "hf", folder)
+    return folder
+
+
+def test_bad_folders_are_clear_errors(arch_dir: Path, tmp_path: Path) -> None:
+    folder = copy_of(arch_dir, tmp_path)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(tallow.ModelError, match="outside the data section"):
+        _core.Model(str(folder))
+    weights.write_bytes(b"\xff" * 64)
+    with pytest.raises(tallow.ModelError, match="not a safetensors file"):
+        _core.Model(str(folder))
+    weights.write_bytes(data)
+    (folder / "tokenizer.model").unlink()
+    with pytest.raises(tallow.ModelError, match="tokenizer.model"):
+        _core.Model(str(folder))
+    (folder / "config.json").write_text('{"architectures": ["BertModel"]}')
+    with pytest.raises(tallow.UnsupportedError, match="BertModel"):
+        _core.Model(str(folder))
+    (folder / "config.json").unlink()
+    with pytest.raises(tallow.ModelNotFoundError, match="config.json"):
+        _core.Model(str(folder))
+
+
+def test_mutated_checkpoints_never_crash(arch_dir: Path, tmp_path: Path) -> None:
+    """Bytes of the safetensors header changed at random: a model or a clear error."""
+    folder = copy_of(arch_dir, tmp_path)
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    header = 8 + int.from_bytes(data[:8], "little")
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        mutated = bytearray(data)
+        for at in rng.integers(0, header, size=int(rng.integers(1, 4))):
+            mutated[int(at)] = int(rng.integers(0, 256))
+        weights.write_bytes(bytes(mutated))
+        with contextlib.suppress(tallow.TallowError):
+            _core.Model(str(folder))
