@@ -22,8 +22,8 @@ pub struct Arch {
     /// Norm gains stored as `w` where the model scales by `1 + w` (Gemma): written as `1 + w`.
     pub norm_plus_one: bool,
     /// Per layer, transformers' module names and the GGUF's (after `model.layers.N.` and
-    /// `blk.N.`), beside [`COMMON_LAYER`].
-    pub layer: &'static [(&'static str, &'static str)],
+    /// `blk.N.`), beside [`COMMON_LAYER`]; a `*` in a module stands for an expert's number.
+    pub layer: &'static [&'static [(&'static str, &'static str)]],
     /// What this architecture's metadata adds to [`common`]'s.
     pub metadata: fn(&Config, &mut Metadata) -> Result<(), ConvertError>,
     /// Whether the tokenizer adds a space before the first word (GGUF's `add_space_prefix`,
@@ -92,6 +92,27 @@ const PHI3_LAYER: &[(&str, &str)] = &[
     ("mlp.gate_up_proj", "ffn_up"),
 ];
 
+/// A mixture of experts (Qwen 2 and 3 MoE): the router, each expert's gated feed-forward
+/// (stacked into one 3-D tensor per matrix), and Qwen 2 MoE's shared expert with its gate.
+const QWEN_MOE_LAYER: &[(&str, &str)] = &[
+    ("mlp.gate", "ffn_gate_inp"),
+    ("mlp.experts.*.gate_proj", "ffn_gate_exps"),
+    ("mlp.experts.*.up_proj", "ffn_up_exps"),
+    ("mlp.experts.*.down_proj", "ffn_down_exps"),
+    ("mlp.shared_expert.gate_proj", "ffn_gate_shexp"),
+    ("mlp.shared_expert.up_proj", "ffn_up_shexp"),
+    ("mlp.shared_expert.down_proj", "ffn_down_shexp"),
+    ("mlp.shared_expert_gate", "ffn_gate_inp_shexp"),
+];
+
+/// Mixtral's mixture: `w1` the gate, `w3` up, `w2` down.
+const MIXTRAL_LAYER: &[(&str, &str)] = &[
+    ("block_sparse_moe.gate", "ffn_gate_inp"),
+    ("block_sparse_moe.experts.*.w1", "ffn_gate_exps"),
+    ("block_sparse_moe.experts.*.w3", "ffn_up_exps"),
+    ("block_sparse_moe.experts.*.w2", "ffn_down_exps"),
+];
+
 /// Tensors outside the layers: transformers' name and the GGUF's.
 pub const GLOBAL: &[(&str, &str)] = &[
     ("model.embed_tokens.weight", "token_embd.weight"),
@@ -106,7 +127,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         gguf: "llama",
         permute_qk: true,
         norm_plus_one: false,
-        layer: LLAMA_LAYER,
+        layer: &[LLAMA_LAYER],
         metadata: llama,
         space_prefix: true,
     },
@@ -115,7 +136,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         gguf: "qwen2",
         permute_qk: false,
         norm_plus_one: false,
-        layer: LLAMA_LAYER,
+        layer: &[LLAMA_LAYER],
         metadata: no_more,
         space_prefix: true,
     },
@@ -124,8 +145,35 @@ pub const ARCHITECTURES: &[Arch] = &[
         gguf: "qwen3",
         permute_qk: false,
         norm_plus_one: false,
-        layer: LLAMA_LAYER,
+        layer: &[LLAMA_LAYER],
         metadata: no_more,
+        space_prefix: true,
+    },
+    Arch {
+        classes: &["MixtralForCausalLM"],
+        gguf: "llama",
+        permute_qk: true,
+        norm_plus_one: false,
+        layer: &[LLAMA_LAYER, MIXTRAL_LAYER],
+        metadata: mixtral,
+        space_prefix: true,
+    },
+    Arch {
+        classes: &["Qwen2MoeForCausalLM"],
+        gguf: "qwen2moe",
+        permute_qk: false,
+        norm_plus_one: false,
+        layer: &[LLAMA_LAYER, QWEN_MOE_LAYER],
+        metadata: experts,
+        space_prefix: true,
+    },
+    Arch {
+        classes: &["Qwen3MoeForCausalLM"],
+        gguf: "qwen3moe",
+        permute_qk: false,
+        norm_plus_one: false,
+        layer: &[LLAMA_LAYER, QWEN_MOE_LAYER],
+        metadata: experts,
         space_prefix: true,
     },
     Arch {
@@ -133,7 +181,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         gguf: "phi3",
         permute_qk: false,
         norm_plus_one: false,
-        layer: PHI3_LAYER,
+        layer: &[PHI3_LAYER],
         metadata: phi3,
         space_prefix: true,
     },
@@ -142,7 +190,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         gguf: "gemma2",
         permute_qk: false,
         norm_plus_one: true,
-        layer: GEMMA_LAYER,
+        layer: &[GEMMA_LAYER],
         metadata: gemma2,
         space_prefix: false,
     },
@@ -151,7 +199,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         gguf: "gemma3",
         permute_qk: false,
         norm_plus_one: true,
-        layer: GEMMA_LAYER,
+        layer: &[GEMMA_LAYER],
         metadata: gemma3,
         space_prefix: false,
     },
@@ -178,11 +226,21 @@ pub fn of(config: &Config) -> Result<&'static Arch, ConvertError> {
         })
 }
 
+/// Where a checkpoint tensor goes in the GGUF.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mapped {
+    /// A tensor of its own.
+    Tensor(String),
+    /// Expert `expert`'s matrix, one slice of a 3-D tensor that stacks every expert's.
+    Expert { name: String, expert: usize },
+}
+
 impl Arch {
-    /// The GGUF name of a tensor of the checkpoint, `None` for one the GGUF leaves out.
-    pub fn gguf_name(&self, name: &str) -> Option<String> {
+    /// Where a tensor of the checkpoint goes in the GGUF; `None` for one this architecture
+    /// does not have.
+    pub fn gguf_name(&self, name: &str) -> Option<Mapped> {
         if let Some((_, gguf)) = GLOBAL.iter().find(|(hf, _)| *hf == name) {
-            return Some((*gguf).to_owned());
+            return Some(Mapped::Tensor((*gguf).to_owned()));
         }
         let rest = name.strip_prefix("model.layers.")?;
         let (layer, rest) = rest.split_once('.')?;
@@ -191,12 +249,29 @@ impl Arch {
         if kind != "weight" && kind != "bias" {
             return None;
         }
+        // An expert's number becomes the pattern's `*`.
+        let (module, expert) = match module.split_once(".experts.") {
+            Some((before, after)) => {
+                let (number, after) = after.split_once('.')?;
+                (
+                    format!("{before}.experts.*.{after}"),
+                    Some(number.parse().ok()?),
+                )
+            }
+            None => (module.to_owned(), None),
+        };
         let (_, gguf) = self
             .layer
             .iter()
-            .chain(COMMON_LAYER)
+            .copied()
+            .chain([COMMON_LAYER])
+            .flatten()
             .find(|(hf, _)| *hf == module)?;
-        Some(format!("blk.{layer}.{gguf}.{kind}"))
+        let name = format!("blk.{layer}.{gguf}.{kind}");
+        Some(match expert {
+            Some(expert) => Mapped::Expert { name, expert },
+            None => Mapped::Tensor(name),
+        })
     }
 }
 
@@ -290,6 +365,45 @@ fn llama(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {
         Some(other) => return Err(config.error(format!("rope type {other:?} is not converted"))),
     }
     Ok(())
+}
+
+/// A mixture of experts' sizes.
+fn experts(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {
+    m.put_u32(
+        "expert_count",
+        Some(config.required(&["num_local_experts", "num_experts"])?),
+    )?;
+    m.put_u32(
+        "expert_used_count",
+        Some(config.required(&["num_experts_per_tok"])?),
+    )?;
+    m.put_u32(
+        "expert_feed_forward_length",
+        config.uint(&["moe_intermediate_size"])?,
+    )?;
+    m.put_u32(
+        "expert_shared_feed_forward_length",
+        config.uint(&["shared_expert_intermediate_size"])?,
+    )?;
+    // Qwen's dense layers among sparse ones are not converted (llama.cpp has no key for them).
+    let step = config.uint(&["decoder_sparse_step"])?.unwrap_or(1);
+    let dense = config
+        .get("mlp_only_layers")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|layers| !layers.is_empty());
+    if step != 1 || dense {
+        return Err(config.error(
+            "dense layers among the sparse ones (decoder_sparse_step, mlp_only_layers) are not \
+             converted"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+fn mixtral(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {
+    llama(config, m)?;
+    experts(config, m)
 }
 
 fn phi3(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {

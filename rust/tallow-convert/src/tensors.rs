@@ -1,14 +1,15 @@
 //! A checkpoint's tensors as the GGUF holds them: named, laid out and typed as llama.cpp's
 //! converter writes them, each converted when it is written.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use tallow_gguf::{GgmlType, TensorHeader};
 use tallow_quant::{dequantize, quantize_row};
 
-use crate::arch::{head_dim, Arch};
+use crate::arch::{head_dim, Arch, Mapped};
 use crate::config::Config;
-use crate::safetensors::Dtype;
+use crate::safetensors::{Dtype, TensorView};
 use crate::{Checkpoint, ConvertError};
 
 /// What the GGUF's tensors are made of.
@@ -52,9 +53,10 @@ impl OutType {
         }
     }
 
-    /// The format of a tensor of `dims` (GGML order) from `source`.
-    fn of(self, source: Dtype, dims: &[u64]) -> GgmlType {
-        if dims.len() < 2 {
+    /// The format of the tensor `name` of `dims` (GGML order) from `source`: vectors and a
+    /// mixture's routers stay F32, as llama.cpp keeps them.
+    fn of(self, source: Dtype, dims: &[u64], name: &str) -> GgmlType {
+        if dims.len() < 2 || name.contains(".ffn_gate_inp") {
             return GgmlType::F32;
         }
         let ty = match self {
@@ -113,10 +115,10 @@ enum Transform {
 }
 
 enum Source {
-    /// A tensor of the checkpoint: the file holding it and its name there.
+    /// Tensors of the checkpoint, each `(the file holding it, its name there)`: one, or a
+    /// mixture's experts in order, stacked.
     Checkpoint {
-        file: usize,
-        name: String,
+        parts: Vec<(usize, String)>,
         dtype: Dtype,
         transform: Transform,
     },
@@ -155,16 +157,26 @@ pub fn plan(
     }
     let heads = config.required(&["num_attention_heads"])?;
     let kv_heads = config.uint(&["num_key_value_heads"])?.unwrap_or(heads);
+    // Each expert's matrices, gathered by the stacked tensor they make.
+    let mut stacks: BTreeMap<String, Vec<(usize, usize, &str, &TensorView)>> = BTreeMap::new();
     for (index, file) in checkpoint.files.iter().enumerate() {
         for (name, view) in file.tensors() {
-            let Some(gguf) = arch.gguf_name(name) else {
-                if LEFT_OUT.iter().any(|suffix| name.ends_with(suffix)) {
+            let gguf = match arch.gguf_name(name) {
+                Some(Mapped::Tensor(gguf)) => gguf,
+                Some(Mapped::Expert { name: gguf, expert }) => {
+                    stacks
+                        .entry(gguf)
+                        .or_default()
+                        .push((expert, index, name, view));
                     continue;
                 }
-                return Err(ConvertError::Tensor {
-                    name: name.clone(),
-                    reason: format!("not a tensor of {} that tallow knows", arch.classes[0]),
-                });
+                None if LEFT_OUT.iter().any(|suffix| name.ends_with(suffix)) => continue,
+                None => {
+                    return Err(ConvertError::Tensor {
+                        name: name.clone(),
+                        reason: format!("not a tensor of {} that tallow knows", arch.classes[0]),
+                    })
+                }
             };
             let transform =
                 if arch.permute_qk && (gguf.contains(".attn_q.") || gguf.contains(".attn_k.")) {
@@ -197,18 +209,49 @@ pub fn plan(
             }
             plan.push(Planned {
                 header: TensorHeader {
+                    ty: out.of(view.dtype, &dims, &gguf),
                     name: gguf,
-                    ty: out.of(view.dtype, &dims),
                     dims,
                 },
                 source: Source::Checkpoint {
-                    file: index,
-                    name: name.clone(),
+                    parts: vec![(index, name.clone())],
                     dtype: view.dtype,
                     transform,
                 },
             });
         }
+    }
+    for (gguf, mut experts) in stacks {
+        experts.sort_by_key(|&(expert, ..)| expert);
+        let (_, _, first, view) = experts[0];
+        let numbered = experts.iter().enumerate().all(|(i, &(e, ..))| i == e);
+        let alike = experts
+            .iter()
+            .all(|&(_, _, _, v)| v.shape == view.shape && v.dtype == view.dtype);
+        if !numbered || !alike || view.shape.len() != 2 {
+            return Err(ConvertError::Tensor {
+                name: first.to_owned(),
+                reason: format!(
+                    "the experts of {gguf} are not matrices of one shape and type numbered from 0"
+                ),
+            });
+        }
+        let dims = vec![view.shape[1], view.shape[0], experts.len() as u64];
+        plan.push(Planned {
+            header: TensorHeader {
+                ty: out.of(view.dtype, &dims, &gguf),
+                name: gguf,
+                dims,
+            },
+            source: Source::Checkpoint {
+                parts: experts
+                    .iter()
+                    .map(|&(_, file, name, _)| (file, name.to_owned()))
+                    .collect(),
+                dtype: view.dtype,
+                transform: Transform::None,
+            },
+        });
     }
     Ok(plan)
 }
@@ -216,7 +259,7 @@ pub fn plan(
 impl Planned {
     /// Writes the tensor's data in its GGUF format.
     pub fn write(&self, checkpoint: &Checkpoint, out: &mut dyn Write) -> Result<(), ConvertError> {
-        let (file, name, dtype, transform) = match &self.source {
+        let (parts, dtype, transform) = match &self.source {
             Source::Computed(values) => {
                 for v in values {
                     out.write_all(&v.to_le_bytes())?;
@@ -224,42 +267,42 @@ impl Planned {
                 return Ok(());
             }
             Source::Checkpoint {
-                file,
-                name,
+                parts,
                 dtype,
                 transform,
-            } => (&checkpoint.files[*file], name, *dtype, *transform),
+            } => (parts, *dtype, *transform),
         };
-        let view = &file.tensors()[name];
-        let bytes = file.data(view);
         let row_len = self.header.dims[0] as usize;
-        let n_rows = self.header.dims.get(1).copied().unwrap_or(1) as usize;
+        let n_rows = self.header.dims[1..].iter().product::<u64>() as usize / parts.len();
         let row_bytes = row_len * dtype.bytes() as usize;
         let ty = self.header.ty;
-        let same = dtype.ggml() == ty;
         let mut values = vec![0f32; row_len];
         let mut packed =
             vec![0u8; ty.bytes_for(row_len as u64).expect("planned sizes fit") as usize];
-        for row in 0..n_rows {
-            let from = match transform {
-                Transform::PermuteHeads { heads } => permuted_row(row, n_rows, heads as usize),
-                _ => row,
-            };
-            let src = &bytes[from * row_bytes..(from + 1) * row_bytes];
-            if same && transform != Transform::PlusOne {
-                out.write_all(src)?;
-                continue;
-            }
+        for (file, name) in parts {
+            let file = &checkpoint.files[*file];
+            let bytes = file.data(&file.tensors()[name]);
             let error = |e: tallow_quant::QuantError| ConvertError::Tensor {
                 name: name.clone(),
                 reason: e.to_string(),
             };
-            dequantize(dtype.ggml(), src, &mut values).map_err(error)?;
-            if transform == Transform::PlusOne {
-                values.iter_mut().for_each(|v| *v += 1.0);
+            for row in 0..n_rows {
+                let from = match transform {
+                    Transform::PermuteHeads { heads } => permuted_row(row, n_rows, heads as usize),
+                    _ => row,
+                };
+                let src = &bytes[from * row_bytes..(from + 1) * row_bytes];
+                if dtype.ggml() == ty && transform != Transform::PlusOne {
+                    out.write_all(src)?;
+                    continue;
+                }
+                dequantize(dtype.ggml(), src, &mut values).map_err(error)?;
+                if transform == Transform::PlusOne {
+                    values.iter_mut().for_each(|v| *v += 1.0);
+                }
+                quantize_row(ty, &values, &mut packed).map_err(error)?;
+                out.write_all(&packed)?;
             }
-            quantize_row(ty, &values, &mut packed).map_err(error)?;
-            out.write_all(&packed)?;
         }
         Ok(())
     }

@@ -7,8 +7,10 @@ use std::path::PathBuf;
 use tallow_convert::{convert_to_bytes, OutType};
 use tallow_gguf::{GgmlType, GgufFile, Value};
 
-const DENSE: &[&str] = &[
-    "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3",
+/// Every reference architecture tallow converts (gpt-oss's fused, interleaved experts are not).
+const ARCHS: &[&str] = &[
+    "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen2moe",
+    "qwen3moe",
 ];
 
 /// `shared/reference/arch` (`$TALLOW_SHARED_DIR/reference/arch`).
@@ -31,7 +33,7 @@ const FILES: &[(&str, OutType)] = &[
 
 #[test]
 fn conversions_equal_llama_cpp_s() {
-    for (arch, (suffix, out_type)) in DENSE.iter().flat_map(|a| FILES.iter().map(move |f| (a, f))) {
+    for (arch, (suffix, out_type)) in ARCHS.iter().flat_map(|a| FILES.iter().map(move |f| (a, f))) {
         let dir = arch_dir().join(arch);
         let ours = GgufFile::from_bytes(convert_to_bytes(&dir.join("hf"), *out_type).unwrap())
             .unwrap_or_else(|e| panic!("{arch}: {e}"));
