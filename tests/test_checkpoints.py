@@ -10,6 +10,7 @@ converted folder must give exactly, and transformers' logits.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 from pathlib import Path
 
@@ -124,3 +125,76 @@ def test_mutated_checkpoints_never_crash(arch_dir: Path, tmp_path: Path) -> None
         weights.write_bytes(bytes(mutated))
         with contextlib.suppress(tallow.TallowError):
             _core.Model(str(folder))
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file of F32 tensors."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    header.pop("__metadata__", None)
+    out = {}
+    for name, entry in header.items():
+        assert entry["dtype"] == "F32"
+        start, end = entry["data_offsets"]
+        out[name] = np.frombuffer(data[8 + n + start : 8 + n + end], np.float32).reshape(
+            entry["shape"]
+        )
+    return out
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str) -> None:
+    """``tensors`` as a safetensors file of ``dtype`` (F32, F16 or BF16)."""
+    blobs = []
+    for values in tensors.values():
+        if dtype == "BF16":
+            blobs.append((values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+        else:
+            blobs.append(values.astype({"F32": np.float32, "F16": np.float16}[dtype]))
+    header, offset = {}, 0
+    for (name, values), blob in zip(tensors.items(), blobs, strict=True):
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(values.shape),
+            "data_offsets": [offset, offset + blob.nbytes],
+        }
+        offset += blob.nbytes
+    raw = json.dumps(header).encode()
+    with path.open("wb") as out:
+        out.write(len(raw).to_bytes(8, "little") + raw)
+        for blob in blobs:
+            out.write(blob.tobytes())
+
+
+def test_sharded_checkpoints_load_as_one(arch_dir: Path, tmp_path: Path, prompt: list[int]) -> None:
+    folder = copy_of(arch_dir, tmp_path)
+    tensors = read_safetensors(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    names = list(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2]}
+    shards["model-00002-of-00002.safetensors"] = names[1::2]
+    for file, part in shards.items():
+        write_safetensors(folder / file, {n: tensors[n] for n in part}, "F32")
+    index = {"weight_map": {n: file for file, part in shards.items() for n in part}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    want = all_logits(_core.Model(str(arch_dir / "qwen3" / "qwen3-f32.gguf")), prompt)
+    np.testing.assert_array_equal(all_logits(_core.Model(str(folder)), prompt), want)
+    # A shard the index names but the folder lacks.
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(tallow.ModelNotFoundError, match="00002-of-00002"):
+        _core.Model(str(folder))
+
+
+@pytest.mark.parametrize("dtype", ["F16", "BF16"])
+def test_half_precision_checkpoints_keep_their_precision(
+    arch_dir: Path, tmp_path: Path, prompt: list[int], dtype: str
+) -> None:
+    folder = copy_of(arch_dir, tmp_path)
+    tensors = read_safetensors(folder / "model.safetensors")
+    write_safetensors(folder / "model.safetensors", tensors, dtype)
+    model = _core.Model(str(folder))
+    kinds = {kind for _, kind, dims in model.tensors() if len(dims) == 2}
+    assert kinds == {dtype}
+    reference = np.load(arch_dir / "qwen3" / "ref_logits.npy")
+    # transformers' logits, to the half formats' rounding of the weights.
+    assert float(np.abs(all_logits(model, prompt) - reference).max()) <= 0.05

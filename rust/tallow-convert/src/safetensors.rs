@@ -137,6 +137,29 @@ impl SafetensorsFile {
         &self.tensors
     }
 
+    /// Tells the OS that `view`'s bytes, converted, are not needed again soon: their pages
+    /// leave the process's resident memory (and are read from the file again if touched), so
+    /// that converting a checkpoint holds one tensor of it at a time. Does nothing for a file
+    /// held in memory.
+    pub fn release(&self, view: &TensorView) {
+        #[cfg(unix)]
+        if let Bytes::Mapped(map) = &self.bytes {
+            if view.end > view.start {
+                // SAFETY: the map is read-only and private: dropping its pages loses nothing,
+                // the next read faults the file's bytes back in.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        self.data_offset + view.start,
+                        view.end - view.start,
+                    )
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = view;
+    }
+
     /// The bytes of `view`, a tensor of this file.
     pub fn data(&self, view: &TensorView) -> &[u8] {
         let all: &[u8] = match &self.bytes {

@@ -281,7 +281,8 @@ impl Planned {
             vec![0u8; ty.bytes_for(row_len as u64).expect("planned sizes fit") as usize];
         for (file, name) in parts {
             let file = &checkpoint.files[*file];
-            let bytes = file.data(&file.tensors()[name]);
+            let view = &file.tensors()[name];
+            let bytes = file.data(view);
             let error = |e: tallow_quant::QuantError| ConvertError::Tensor {
                 name: name.clone(),
                 reason: e.to_string(),
@@ -303,6 +304,7 @@ impl Planned {
                 quantize_row(ty, &values, &mut packed).map_err(error)?;
                 out.write_all(&packed)?;
             }
+            file.release(view);
         }
         Ok(())
     }
