@@ -151,8 +151,10 @@ def main() -> None:
     folder = root / "checkpoint"
     start = time.perf_counter()
     total = write_checkpoint(folder, args)
-    print(f"checkpoint: {total / 2**30:.2f} GiB of {args.dtype} safetensors in "
-          f"{len(list(folder.glob('*.safetensors')))} shards ({time.perf_counter() - start:.0f} s)")
+    print(
+        f"checkpoint: {total / 2**30:.2f} GiB of {args.dtype} safetensors in "
+        f"{len(list(folder.glob('*.safetensors')))} shards ({time.perf_counter() - start:.0f} s)"
+    )
     print("| load | quantize | seconds | peak RSS (GiB) | model (GiB) | peak / model |")
     print("|---|---|--:|--:|--:|--:|")
     for quantize in args.quantize or ["q8_0"]:
@@ -160,8 +162,10 @@ def main() -> None:
         _core.convert_checkpoint(folder, gguf, quantize)
         for what, path, q in (("folder", folder, quantize), ("GGUF", gguf, None)):
             seconds, peak, size = probe(path, q)
-            print(f"| {what} | {quantize} | {seconds:.2f} | {peak / 2**30:.2f} | "
-                  f"{size / 2**30:.2f} | {peak / size:.2f} |")
+            print(
+                f"| {what} | {quantize} | {seconds:.2f} | {peak / 2**30:.2f} | "
+                f"{size / 2**30:.2f} | {peak / size:.2f} |"
+            )
         os.unlink(gguf)
     if args.dir is None:
         shutil.rmtree(root)
