@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from conftest import all_logits, assert_one_line_error, run_cli
 from test_architectures import ARCHITECTURES
+from tokenizers import Tokenizer
 
 import tallow
 from tallow import _core
@@ -198,3 +199,19 @@ def test_half_precision_checkpoints_keep_their_precision(
     reference = np.load(arch_dir / "qwen3" / "ref_logits.npy")
     # transformers' logits, to the half formats' rounding of the weights.
     assert float(np.abs(all_logits(model, prompt) - reference).max()) <= 0.05
+
+
+@pytest.mark.parametrize("arch", ["qwen2moe", "qwen3moe"])
+def test_tokenizer_json_ids_equal_hf_tokenizers(
+    arch_dir: Path, reference_dir: Path, arch: str
+) -> None:
+    """A folder's byte-level BPE (``tokenizer.json``, Llama 3's pre-tokenizer) gives the ids HF
+    ``tokenizers`` gives, on the reference texts."""
+    folder = arch_dir / arch / "hf"
+    model = _core.Model(str(folder))
+    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    files = sorted((reference_dir / "tokenizer").glob("*.*"))
+    texts = [p.read_text(encoding="utf-8") for p in files if not p.name.endswith(".json")]
+    assert len(texts) >= 3
+    for text in [*texts, *TEXTS]:
+        assert model.tokenize(text, False, False) == hf.encode(text, add_special_tokens=False).ids
