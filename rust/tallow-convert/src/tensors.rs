@@ -207,18 +207,8 @@ pub fn plan(
                     });
                 }
             }
-            plan.push(Planned {
-                header: TensorHeader {
-                    ty: out.of(view.dtype, &dims, &gguf),
-                    name: gguf,
-                    dims,
-                },
-                source: Source::Checkpoint {
-                    parts: vec![(index, name.clone())],
-                    dtype: view.dtype,
-                    transform,
-                },
-            });
+            let parts = vec![(index, name.clone())];
+            plan.push(Planned::of(out, gguf, dims, view.dtype, parts, transform));
         }
     }
     for (gguf, mut experts) in stacks {
@@ -237,26 +227,47 @@ pub fn plan(
             });
         }
         let dims = vec![view.shape[1], view.shape[0], experts.len() as u64];
-        plan.push(Planned {
-            header: TensorHeader {
-                ty: out.of(view.dtype, &dims, &gguf),
-                name: gguf,
-                dims,
-            },
-            source: Source::Checkpoint {
-                parts: experts
-                    .iter()
-                    .map(|&(_, file, name, _)| (file, name.to_owned()))
-                    .collect(),
-                dtype: view.dtype,
-                transform: Transform::None,
-            },
-        });
+        let parts = experts
+            .iter()
+            .map(|&(_, file, name, _)| (file, name.to_owned()))
+            .collect();
+        plan.push(Planned::of(
+            out,
+            gguf,
+            dims,
+            view.dtype,
+            parts,
+            Transform::None,
+        ));
     }
     Ok(plan)
 }
 
 impl Planned {
+    /// The tensor `name` of `dims` made of the checkpoint's `parts` of `dtype`, in the format
+    /// `out` gives it.
+    fn of(
+        out: OutType,
+        name: String,
+        dims: Vec<u64>,
+        dtype: Dtype,
+        parts: Vec<(usize, String)>,
+        transform: Transform,
+    ) -> Self {
+        Planned {
+            header: TensorHeader {
+                ty: out.of(dtype, &dims, &name),
+                name,
+                dims,
+            },
+            source: Source::Checkpoint {
+                parts,
+                dtype,
+                transform,
+            },
+        }
+    }
+
     /// Writes the tensor's data in its GGUF format.
     pub fn write(&self, checkpoint: &Checkpoint, out: &mut dyn Write) -> Result<(), ConvertError> {
         let (parts, dtype, transform) = match &self.source {
