@@ -55,6 +55,8 @@ def test_a_folder_quantized_as_it_loads(arch_dir: Path, prompt: list[int], arch:
     assert {k for n, k, dims in tensors if len(dims) >= 2 and "gate_inp" not in n} == {"Q8_0"}
     with pytest.raises(tallow.InvalidArgumentError, match="q8_0, q5_1"):
         tallow.LLM(arch_dir / arch / "hf", quantize="q4_k", progress=False)
+    with pytest.raises(tallow.InvalidArgumentError, match="applies to a checkpoint folder"):
+        tallow.LLM(arch_dir / arch / f"{arch}-f32.gguf", quantize="q8_0", progress=False)
 
 
 def test_tallow_convert_writes_the_gguf(arch_dir: Path, tmp_path: Path, prompt: list[int]) -> None:

@@ -105,7 +105,8 @@ class Model:
         ``"cpu"``, ``"gpu"`` (the first GPU), ``"wgpu:N"`` or ``"cuda:N"`` (see :func:`devices`).
         A Hugging Face checkpoint folder (``config.json``, ``*.safetensors``,
         ``tokenizer.model``) is converted in memory as it loads, its matrices rounded to
-        ``quantize`` (``"q8_0"``, ``"f16"``, ...; ``None``: the checkpoint's precision).
+        ``quantize`` (``"q8_0"``, ``"f16"``, ...; ``None``: the checkpoint's precision; with a
+        GGUF file, whose tensors are used as they are, ``quantize`` is refused).
 
         ``n_ctx`` is the longest context it will run at: a model with long-context RoPE
         factors (Phi-3 128k) uses them when ``n_ctx`` exceeds its original training context,

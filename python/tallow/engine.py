@@ -388,7 +388,8 @@ def load_model(
     training context. ``path`` is a GGUF file, or a Hugging Face checkpoint folder
     (``config.json``, ``*.safetensors``, ``tokenizer.model``) converted as it loads, its
     matrices rounded to ``quantize`` (``"q8_0"``, ``"q4_0"``, ``"f16"``, ...; ``None`` keeps
-    the checkpoint's precision; a GGUF file's tensors are used as they are)."""
+    the checkpoint's precision; a GGUF file's tensors are used as they are, and ``quantize``
+    with one is an :class:`InvalidArgumentError`)."""
     if n_ctx is not None:
         n_ctx = checks.integer("n_ctx", n_ctx, 1)
         if n_ctx > 2**32:

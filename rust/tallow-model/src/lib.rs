@@ -69,12 +69,19 @@ pub struct LoadOptions {
 }
 
 /// The GGUF model at `path`: the file, or a Hugging Face checkpoint folder (`config.json`,
-/// `*.safetensors`, tokenizer files) converted in memory, its matrices as `convert` says.
+/// `*.safetensors`, tokenizer files) converted in memory, its matrices as `convert` says (a
+/// file's tensors are used as they are: rounding them again is refused).
 pub fn open_model(path: &Path, convert: OutType) -> Result<GgufFile, ModelError> {
     if path.is_dir() {
-        return Ok(GgufFile::from_bytes(tallow_convert::convert_to_bytes(
-            path, convert,
-        )?)?);
+        let image = tallow_convert::convert_to_bytes(path, convert)?;
+        return Ok(GgufFile::from_bytes(image)?);
+    }
+    if convert != OutType::Keep {
+        return Err(ModelError::InvalidArgument(format!(
+            "{}: quantize applies to a checkpoint folder; a GGUF file's tensors are used as \
+             they are (requantize the file with llama-quantize)",
+            path.display()
+        )));
     }
     Ok(GgufFile::open(path)?)
 }
