@@ -166,9 +166,10 @@ class OutputState:
         if finished and reason in ("stop", "length"):
             rest, found = self._tools.finish() if self._tools is not None else ("", [])
             channels = None if self._reasoning is None else self._reasoning[0]
-            if isinstance(channels, ChannelSplit) and channels.addressed:
+            messages = channels.addressed if isinstance(channels, ChannelSplit) else []
+            if messages:
                 use = None if self._tools is None else self._tools.use
-                other, addressed = addressed_calls(use, channels.addressed)
+                other, addressed = addressed_calls(use, messages)
                 rest, found = rest + other, found + addressed
             text += rest
             if found:

@@ -559,7 +559,6 @@ _OPENERS: dict[Syntax, str] = {
     "hermes": "<tool_call>",
     "mistral": "[TOOL_CALLS]",
     "llama3": "<|python_tag|>",
-    "harmony": "",
 }
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
 from tallow import checks
-from tallow.engine import REASONING_EFFORTS, SamplingParams, template_kwargs
+from tallow.checks import argument_of
+from tallow.engine import SamplingParams, template_kwargs
 from tallow.errors import GrammarError, InvalidArgumentError
 from tallow.structured import Structured, closed, structured_output
 
@@ -219,14 +220,13 @@ class Fields:
             raise invalid(
                 "chat_template_kwargs", "'chat_template_kwargs' must be an object", "invalid_type"
             )
-        if effort is not None and effort not in REASONING_EFFORTS:
-            raise invalid(
-                effort_field, f"'{effort_field}' must be one of {', '.join(REASONING_EFFORTS)}"
-            )
         try:
             return template_kwargs(value, reasoning_effort=effort)
         except InvalidArgumentError as e:
-            raise invalid("chat_template_kwargs", str(e)) from None
+            effort_is_wrong = argument_of(e, ("reasoning_effort",), "")
+            raise invalid(
+                effort_field if effort_is_wrong else "chat_template_kwargs", str(e)
+            ) from None
 
     def stop(self, name: str = "stop", most: int = MAX_STOPS) -> tuple[str, ...]:
         """Stop strings: a non-empty string, or a list of at most ``most`` of them."""

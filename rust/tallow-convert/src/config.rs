@@ -48,15 +48,25 @@ impl Config {
         self.json.get(key).filter(|v| !v.is_null())
     }
 
-    /// The first of `keys` that the configuration holds, as a whole number.
-    pub fn uint(&self, keys: &[&str]) -> Result<Option<u64>, ConvertError> {
+    /// The first of `keys` that the configuration holds, read by `read` (`what` it is, for
+    /// the error where it is not).
+    fn first<T>(
+        &self,
+        keys: &[&str],
+        what: &str,
+        read: fn(&Json) -> Option<T>,
+    ) -> Result<Option<T>, ConvertError> {
         let Some((key, value)) = keys.iter().find_map(|k| self.get(k).map(|v| (k, v))) else {
             return Ok(None);
         };
-        value
-            .as_u64()
+        read(value)
             .map(Some)
-            .ok_or_else(|| self.error(format!("{key} is not a whole number: {value}")))
+            .ok_or_else(|| self.error(format!("{key} is not {what}: {value}")))
+    }
+
+    /// The first of `keys` that the configuration holds, as a whole number.
+    pub fn uint(&self, keys: &[&str]) -> Result<Option<u64>, ConvertError> {
+        self.first(keys, "a whole number", Json::as_u64)
     }
 
     /// Like [`Config::uint`], for a key the model cannot do without.
@@ -67,13 +77,7 @@ impl Config {
 
     /// The first of `keys` that the configuration holds, as a number.
     pub fn number(&self, keys: &[&str]) -> Result<Option<f64>, ConvertError> {
-        let Some((key, value)) = keys.iter().find_map(|k| self.get(k).map(|v| (k, v))) else {
-            return Ok(None);
-        };
-        value
-            .as_f64()
-            .map(Some)
-            .ok_or_else(|| self.error(format!("{key} is not a number: {value}")))
+        self.first(keys, "a number", Json::as_f64)
     }
 
     /// The RoPE parameters: version 5's `rope_parameters`, else version 4's `rope_scaling`

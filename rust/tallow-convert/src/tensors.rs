@@ -74,12 +74,16 @@ impl OutType {
     pub fn file_type(self, plan: &[Planned]) -> u32 {
         let ty = match self {
             OutType::Type(ty) => ty,
-            OutType::Keep => plan
-                .iter()
-                .filter(|t| t.header.dims.len() >= 2)
-                .map(|t| t.header.ty)
-                .next()
-                .unwrap_or(GgmlType::F32),
+            OutType::Keep => {
+                let mut counts: BTreeMap<u32, (usize, GgmlType)> = BTreeMap::new();
+                for t in plan.iter().filter(|t| t.header.dims.len() >= 2) {
+                    counts.entry(t.header.ty.id()).or_insert((0, t.header.ty)).0 += 1;
+                }
+                counts
+                    .into_values()
+                    .max_by_key(|&(n, _)| n)
+                    .map_or(GgmlType::F32, |(_, ty)| ty)
+            }
         };
         match ty {
             GgmlType::F16 => 1,
