@@ -14,9 +14,9 @@ from ``--llama-bin`` (built by ``../shared/tools/build-llama-cpp.sh``).
 With ``--random 1b`` (``3b``, ``8b``) the model is a random-weight Llama-shaped Q4_K_M file
 that ``random_model.py`` writes (once, into ``$TALLOW_HOME/random``; smollm2-135m's tokenizer):
 the sizes people run, where a decode step streams the whole file (``moe`` and ``moe-active``:
-a Qwen 3 mixture of experts and the dense model with as many active parameters). Decode's rows also say what
-each engine's tg128 reads: the bytes of weights a step reads times its rate, beside the rate at
-which this machine's compute threads read a buffer of as many bytes
+a Qwen 3 mixture of experts and the dense model with as many active parameters). Decode's rows
+also say what each engine's tg128 reads: the bytes of weights a step reads times its rate,
+beside the rate at which this machine's compute threads read a buffer of as many bytes
 (``tallow._core.read_bandwidth``).
 
     python benches/compare_llamacpp.py --llama-bin BIN [-m MODEL | --random SIZE] [-r 3]

@@ -15,7 +15,8 @@ import pytest
 from conftest import assert_one_line_error, run_cli, serving
 
 import tallow
-from tallow import InvalidArgumentError
+from tallow import InvalidArgumentError, _core
+from tallow.engine import Engine, EngineConfig, SamplingParams
 from tallow.scheduler import Request, Scheduler
 from tallow.stopping import StopConditions
 
@@ -58,12 +59,73 @@ def test_probabilities_are_the_softmax_of_label_likelihoods(
     assert len(results) == len(TEXTS)
     for text, result in zip(TEXTS, results, strict=True):
         ids = task.prompt_ids(text)
-        expected = [label_logprob(smollm2, ids, t) for t in tokens]
+        plain = [label_logprob(smollm2, ids, t) for t in tokens]
+        # The first token's probability among the labels' first tokens: the log-likelihoods
+        # less the log of the first tokens' total probability.
+        firsts = {t[0] for t in tokens}
+        shift = math.log(sum(math.exp(label_logprob(smollm2, ids, [f])) for f in firsts))
+        expected = [lp - shift for lp in plain]
         assert result.labels == labels and result.prompt_tokens == len(ids)
         assert result.logprobs == pytest.approx(expected, abs=2e-3)
-        assert result.probs == pytest.approx(softmax(expected), abs=1e-3)
+        assert result.probs == pytest.approx(softmax(plain), abs=1e-3)
         assert sum(result.probs) == pytest.approx(1.0)
         assert result.label == labels[result.probs.index(max(result.probs))]
+
+
+class _Recording:
+    """A model whose forward calls are recorded: the ``vocab`` each one asks for."""
+
+    def __init__(self, model: _core.Model) -> None:
+        self.model = model
+        self.vocabs: list[object] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.model, name)
+
+    def forward(self, kv: _core.KvCache, batch: list[tuple[object, ...]], *a: object, **k: object):  # type: ignore[no-untyped-def]
+        self.vocabs.append(k.get("vocab"))
+        return self.model.forward(kv, batch, *a, **k)  # type: ignore[call-overload]
+
+
+def test_one_token_labels_read_only_their_logits(smollm2: tallow.LLM, smollm2_path: Path) -> None:
+    """Labels of one token each: the LM head computes their logits alone, and the scores are
+    those of the whole logits (the full path, taken where a generation shares the step), and
+    the log-likelihoods that generate reports less one constant."""
+    labels = ["positive", "negative", "neutral"]
+    task = smollm2.classify_task(labels)
+    tokens = [smollm2.tokenize(label, add_special=False) for label in labels]
+    assert all(len(t) == 1 for t in tokens)
+    model = _core.Model(str(smollm2_path))
+    config = EngineConfig(n_ctx=512, kv_pages=64)
+
+    def scores(beside_generation: bool) -> tuple[dict[str, list[float]], list[object]]:
+        engine = Engine(model, config)
+        recording = _Recording(model)
+        engine.model = recording  # type: ignore[assignment]
+        if beside_generation:
+            # Its prompt is computed first, so that its rows of logits share every step.
+            engine.add("gen", [1, 2, 3], SamplingParams(max_tokens=40, ignore_eos=True))
+            engine.step()
+        for i, text in enumerate(TEXTS):
+            engine.add(str(i), task.prompt_ids(text), task.params)
+        out: dict[str, list[float]] = {}
+        while engine.has_work():
+            for o in engine.step():
+                if o.scores is not None:
+                    out[o.request_id] = o.scores
+        return out, recording.vocabs
+
+    fast, vocabs = scores(False)
+    assert sorted(t[0] for t in tokens) in vocabs
+    full, full_vocabs = scores(True)
+    assert all(v is None for v in full_vocabs)
+    for i, text in enumerate(TEXTS):
+        assert fast[str(i)] == pytest.approx(full[str(i)], abs=1e-5)
+        plain = [label_logprob(smollm2, task.prompt_ids(text), t) for t in tokens]
+        shift = math.log(sum(math.exp(lp) for lp in plain))
+        assert fast[str(i)] == pytest.approx([lp - shift for lp in plain], abs=2e-3)
+        result = smollm2.classify(text, labels)[0]
+        assert result.probs == pytest.approx(softmax(plain), abs=1e-3)
 
 
 def test_the_instruction_comes_from_the_prefix_cache(smollm2: tallow.LLM) -> None:

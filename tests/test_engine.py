@@ -72,11 +72,11 @@ class FailingForward:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
-    def forward(self, kv: Any, batch: Any, output: Any = "logits") -> Any:
+    def forward(self, kv: Any, batch: Any, output: Any = "logits", **options: Any) -> Any:
         self.calls += 1
         if self.calls in self._fail_at:
             raise ModelError("injected failure")
-        return self._model.forward(kv, batch, output)
+        return self._model.forward(kv, batch, output, **options)
 
 
 def run_to_end(engine: Engine) -> dict[str, tuple[list[int], str | None, str | None]]:

@@ -60,3 +60,28 @@ def test_batched_forward_matches_one_sequence_at_a_time(model: _core.Model) -> N
         model.forward(kv, [(seqs[0], [1], "first")])
     with pytest.raises(tallow.InvalidArgumentError, match="does not fit"):
         model.forward(_core.KvCache(2, 1, 8, max_pages=4), [(0, [1], "last")])
+
+
+def test_chosen_tokens_logits_are_columns_of_the_logits(model: _core.Model) -> None:
+    """``vocab``: the logits of those tokens only, equal to their columns of the whole
+    logits, for every row of a batch; a token outside the vocabulary or ``vocab`` with the
+    argmax output is refused."""
+    vocab = [model.n_vocab - 1, 7, 300, 7]
+    results = []
+    for chosen in (None, vocab):
+        kv = model.new_kv_cache(page_size=16, max_pages=8)
+        a, b = kv.create(), kv.create()
+        kv.reserve(a, 5)
+        kv.reserve(b, 3)
+        batch = [(a, [1, 2, 3, 4, 5], "all"), (b, [9, 8, 7], "last")]
+        results.append(model.forward(kv, batch, vocab=chosen))
+    whole, chosen = results
+    assert chosen.shape == (6, len(vocab))
+    assert np.array_equal(chosen, whole[:, vocab])
+    kv = model.new_kv_cache(page_size=16, max_pages=8)
+    seq = kv.create()
+    kv.reserve(seq, 1)
+    with pytest.raises(tallow.ModelError, match="vocabulary"):
+        model.forward(kv, [(seq, [1], "last")], vocab=[model.n_vocab])
+    with pytest.raises(tallow.InvalidArgumentError, match="vocab"):
+        model.forward(kv, [(seq, [1], "last")], "argmax", vocab=[1])

@@ -221,6 +221,7 @@ class Model:
         output: Literal["logits"] = "logits",
         *,
         hidden: Literal[False] = False,
+        vocab: Sequence[int] | None = None,
     ) -> numpy.typing.NDArray[numpy.float32]:
         """Run one ragged batch of ``(seq, tokens, logits)`` chunks.
 
@@ -236,7 +237,10 @@ class Model:
         ``output="argmax"`` only each row's greedy token (uint32, shape ``(rows,)``, the first
         largest logit, NaN never), chosen on the model's device. With ``hidden=True`` (which
         a batch with hidden-state rows needs), returns that and the hidden states (float32,
-        ``(rows, n_embd)``, chunk by chunk) as a pair.
+        ``(rows, n_embd)``, chunk by chunk) as a pair. With ``vocab`` (token ids, each below
+        ``n_vocab``), ``output="logits"`` returns only those tokens' logits, shape
+        ``(rows, len(vocab))``, equal to their columns of the whole logits: the LM head
+        computes only their rows.
         """
     @overload
     def forward(
@@ -246,6 +250,7 @@ class Model:
         output: Literal["argmax"],
         *,
         hidden: Literal[False] = False,
+        vocab: None = None,
     ) -> numpy.typing.NDArray[numpy.uint32]: ...
     @overload
     def forward(
@@ -254,7 +259,18 @@ class Model:
         batch: Sequence[tuple[int, list[int], str] | tuple[int, list[int], str, int]],
         output: Literal["logits", "argmax"] = "logits",
         *,
+        hidden: Literal[False] = False,
+        vocab: Sequence[int] | None = None,
+    ) -> numpy.typing.NDArray[Any]: ...
+    @overload
+    def forward(
+        self,
+        cache: KvCache,
+        batch: Sequence[tuple[int, list[int], str] | tuple[int, list[int], str, int]],
+        output: Literal["logits", "argmax"] = "logits",
+        *,
         hidden: Literal[True],
+        vocab: Sequence[int] | None = None,
     ) -> tuple[numpy.typing.NDArray[Any], numpy.typing.NDArray[numpy.float32]]: ...
     def constraint(
         self,

@@ -3,7 +3,10 @@
 A text is classified by the probability the model gives each label as the continuation of a
 prompt that holds the text: the chat template's opening of the assistant's reply to an
 instruction (the default), or a prompt of the caller's with ``{text}`` in it. A label's
-log-likelihood is the sum over its tokens; the probabilities are their softmax over the labels.
+log-likelihood is the sum over its tokens, the first one's probability taken among the labels'
+first tokens; the probabilities are their softmax over the labels (the same as that of the
+plain log-likelihoods, which differ from these by one constant). Where every label is one
+token, the LM head computes only the labels' logits.
 
 The prompt is cut around the text and each part tokenized alone, so the part before the text
 is the same token ids for every text: with prefix caching its KV is computed once. The text's
@@ -52,7 +55,9 @@ class Classification:
     probs: list[float]
     """The probability of each label (of :attr:`labels`), summing to 1."""
     logprobs: list[float]
-    """Each label's log-likelihood after the prompt: the sum over its tokens."""
+    """Each label's log-likelihood after the prompt, the sum over its tokens, with its first
+    token's probability taken among the labels' first tokens (as if the answer had to start
+    like a label): the probabilities are their softmax."""
     prompt_tokens: int
     """Tokens of the prompt (instruction and text)."""
     cached_tokens: int = 0
@@ -93,7 +98,9 @@ class ClassifyTask:
             if not tokens:
                 raise checks.invalid("labels", f"label {label!r} has no tokens")
         check_branches(ids, step_tokens)
-        self.params = SamplingParams(max_tokens=None, continuations=tuple(tuple(t) for t in ids))
+        self.params = SamplingParams(
+            max_tokens=None, continuations=tuple(tuple(t) for t in ids), relative_scores=True
+        )
         listed = ", ".join(self.labels)
         if prompt is None:
             # The chat template renders the message with a mark where the text goes, a random

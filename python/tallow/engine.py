@@ -85,6 +85,12 @@ class SamplingParams:
     the prompt and every continuation are computed in one step (each continuation in a branch
     of the prompt's KV), and the request's last output carries each one's log-likelihood in
     :attr:`~tallow.output.RequestOutput.scores` (see :mod:`tallow.classify`)."""
+    relative_scores: bool = False
+    """With ``continuations``: take each one's first token's probability among the
+    continuations' first tokens only, instead of among the whole vocabulary. The scores then
+    differ from the log-likelihoods by one constant shared by all continuations, so that their
+    probabilities among themselves are the same; where every continuation is one token, the LM
+    head computes only those tokens' logits."""
     chat_template_kwargs: Mapping[str, object] | None = None
     """Chat: more variables for the chat template (``enable_thinking``, ...)."""
     reasoning_budget: int | None = None
@@ -626,6 +632,9 @@ class Engine:
                 if self._greedy_on_device(step):
                     tokens = self._forward(step, "argmax", embeddings)
                     sampled = self._take_argmax(step, tokens)
+                elif (vocab := self._scored_vocab(step)) is not None:
+                    logits = self._forward(step, "logits", embeddings, vocab)
+                    scores = self._score(step, logits, vocab)
                 else:
                     logits = self._forward(step, "logits", embeddings)
                     sampled, failed = self._sample(step, logits, proposals)
@@ -764,11 +773,33 @@ class Engine:
                     sampled[r] = [one]
         return sampled, failed
 
-    def _score(self, step: Step, logits: npt.NDArray[np.float32]) -> dict[str, list[float]]:
-        """The log-likelihood of each continuation of every scoring request in ``step``: its
-        first token from the prompt's last row, the others from its branch's rows."""
+    def _scored_vocab(self, step: Step) -> list[int] | None:
+        """The tokens whose logits are all that ``step`` reads, where each of its rows of
+        logits is the prompt's last row of a scoring request with relative scores and
+        continuations of one token: their tokens. Otherwise None (every logit is read)."""
+        if not step.has_scoring or step.sample_ids:
+            return None
+        vocab: set[int] = set()
+        for chunk in step.chunks:
+            if not chunk.n_rows:
+                continue
+            params = self._requests[chunk.request_id].params
+            assert isinstance(params, SamplingParams) and params.continuations is not None
+            if not params.relative_scores or any(len(c) > 1 for c in params.continuations):
+                return None
+            vocab.update(c[0] for c in params.continuations)
+        return sorted(vocab)
+
+    def _score(
+        self, step: Step, logits: npt.NDArray[np.float32], vocab: list[int] | None = None
+    ) -> dict[str, list[float]]:
+        """The score of each continuation of every scoring request in ``step`` (see
+        :attr:`SamplingParams.relative_scores`): its first token from the prompt's last row,
+        the others from its branch's rows. ``logits`` holds the tokens ``vocab`` only, where
+        given (:meth:`_scored_vocab`)."""
         if not step.has_scoring:
             return {}
+        column = None if vocab is None else {token: i for i, token in enumerate(vocab)}
         rows: dict[str, list[npt.NDArray[np.float32]]] = {}
         row = 0
         for chunk in step.chunks:
@@ -782,9 +813,20 @@ class Engine:
             fed = iter(branches)
             totals = []
             for c in params.continuations:
-                # The first token after the prompt's last row, the others after the branch's.
-                block = last[-1:] if len(c) == 1 else np.concatenate([last[-1:], next(fed)])
-                totals.append(_log_likelihood(block, c))
+                if len(c) == 1:
+                    totals.append(0.0)
+                    continue
+                # The tokens after the first, each from the branch's row before it.
+                totals.append(_log_likelihood(next(fed), c[1:]))
+            # The first token, from the prompt's last row: among the vocabulary, or among the
+            # continuations' first tokens (the row's columns of those tokens).
+            first, index = last[-1:], None
+            if column is not None or params.relative_scores:
+                firsts = sorted({c[0] for c in params.continuations})
+                first = first[:, [t if column is None else column[t] for t in firsts]]
+                index = {t: i for i, t in enumerate(firsts)}
+            for i, c in enumerate(params.continuations):
+                totals[i] += _log_likelihood(first, [c[0] if index is None else index[c[0]]])
             scores[request_id] = totals
         return scores
 
@@ -793,12 +835,14 @@ class Engine:
         step: Step,
         output: Literal["logits", "argmax"],
         embeddings: dict[str, npt.NDArray[np.float32]],
+        vocab: list[int] | None = None,
     ) -> npt.NDArray[Any]:
-        """The step's logits (or greedy tokens); the hidden states of its embedding requests
-        go to their poolers, and the vectors of those it completes into ``embeddings``."""
+        """The step's logits (of the tokens ``vocab`` only, where given) or greedy tokens; the
+        hidden states of its embedding requests go to their poolers, and the vectors of those
+        it completes into ``embeddings``."""
         if not step.has_embeddings:
-            return self.model.forward(self.kv, step.batch(), output)
-        head, hidden = self.model.forward(self.kv, step.batch(), output, hidden=True)
+            return self.model.forward(self.kv, step.batch(), output, vocab=vocab)
+        head, hidden = self.model.forward(self.kv, step.batch(), output, hidden=True, vocab=vocab)
         embeddings.update(self._pool(step, hidden))
         return head
 

@@ -138,7 +138,9 @@ class RerankTask:
         if not all(ids):
             raise InvalidArgumentError(f"the answers {self.labels} must each have tokens")
         check_branches(ids, step_tokens)
-        self.params = SamplingParams(max_tokens=None, continuations=tuple(tuple(t) for t in ids))
+        self.params = SamplingParams(
+            max_tokens=None, continuations=tuple(tuple(t) for t in ids), relative_scores=True
+        )
 
     def _check_room(self) -> None:
         """Refuse a prompt that leaves no room for a document in the context."""

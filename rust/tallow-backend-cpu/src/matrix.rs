@@ -61,6 +61,40 @@ impl Matrix {
         }
     }
 
+    /// The outputs of rows `rows` alone: `out[t * rows.len() + i] = dot(row rows[i],
+    /// activations of token t)`, equal bit for bit to those of [`Matrix::matmul`].
+    pub(crate) fn matmul_rows(
+        &self,
+        rows: &[u32],
+        acts: &QuantizedActs<'_>,
+        out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        match &self.data {
+            Data::Packed(packed) => packed.matmul_rows(rows, acts, out),
+            Data::Mapped { file, tensor } => {
+                let row_bytes = tensor.size as usize / self.rows.max(1);
+                let bytes = file.tensor_data(tensor);
+                let n_tokens = acts.n_tokens();
+                let mut column = vec![0f32; n_tokens];
+                for (i, &row) in rows.iter().enumerate() {
+                    let row = row as usize;
+                    let weights = bytes.get(row * row_bytes..(row + 1) * row_bytes).ok_or(
+                        QuantError::SizeMismatch {
+                            what: "row index below the row count",
+                            expected: self.rows,
+                            actual: row,
+                        },
+                    )?;
+                    tallow_quant::matmul(self.ty, weights, 1, self.cols, acts, &mut column)?;
+                    for (t, &v) in column.iter().enumerate() {
+                        out[t * rows.len() + i] = v;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// [`Matrix::matmul`] of several matrices that read the same activations: in one
     /// parallel loop when all are packed, else one after the other.
     pub(crate) fn matmul_many<const N: usize>(

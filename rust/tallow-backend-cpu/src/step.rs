@@ -426,11 +426,14 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         reset(self.layer)?;
         let n = x.len() / m.cols;
         let acts = Self::quantize(self.layer, m, x, n)?;
-        let product = |logits: &mut [f32]| -> Result<(), BackendError> {
-            m.matmul(&acts, logits)?;
+        let capped = |logits: &mut [f32]| {
             if let Some(cap) = softcap {
                 logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
             }
+        };
+        let product = |logits: &mut [f32]| -> Result<(), BackendError> {
+            m.matmul(&acts, logits)?;
+            capped(logits);
             Ok(())
         };
         match out {
@@ -441,6 +444,11 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
                 for (token, row) in tokens.iter_mut().zip(logits.chunks_exact(m.rows)) {
                     *token = argmax(row);
                 }
+                Ok(())
+            }
+            Output::Selected { tokens, logits } => {
+                m.matmul_rows(tokens, &acts, logits)?;
+                capped(logits);
                 Ok(())
             }
         }

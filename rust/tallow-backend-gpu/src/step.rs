@@ -708,6 +708,12 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         }
         match out {
             Output::Logits(values) => self.read(&logits, values),
+            // A few tokens' logits: all of them come back and are chosen on the host.
+            selected @ Output::Selected { .. } => {
+                let mut all = vec![0f32; x.n * m.rows];
+                self.read(&logits, &mut all)?;
+                selected.take_from(&all, m.rows)
+            }
             Output::Argmax(tokens) => {
                 let ids = Buffer::for_step(self.device, tokens.len() * 4)?;
                 let mut args = Args::new();

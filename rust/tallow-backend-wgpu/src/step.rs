@@ -720,13 +720,19 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         softcap: Option<f32>,
         mut out: Output<'_>,
     ) -> Result<(), BackendError> {
+        let n = x.len / m.cols;
+        if let Output::Selected { .. } = out {
+            // A few tokens' logits: all of them come back and are chosen on the host.
+            let mut all = vec![0f32; n * m.rows];
+            self.logits(x, m, softcap, Output::Logits(&mut all))?;
+            return out.take_from(&all, m.rows);
+        }
         // Blocks of rows whose logits fit one buffer (a large vocabulary's rows of a long
         // chunk do not): each block's logits are read back as it is done, or its greedy
         // tokens gathered on the device and read back once at the end.
-        let n = x.len / m.cols;
         let tokens = match out {
             Output::Argmax(_) => Some(self.rows(n, 1)?),
-            Output::Logits(_) => None,
+            Output::Logits(_) | Output::Selected { .. } => None,
         };
         let per_block = (self.max_part as usize / (m.rows * 4)).clamp(1, n.max(1));
         for first in (0..n).step_by(per_block) {

@@ -2,6 +2,7 @@
 //! themselves, or only the token a greedy choice takes from each row.
 
 use crate::plan::StepPlan;
+use crate::BackendError;
 
 /// A step's rows of output: those that produce logits, or those that produce final hidden
 /// states (see [`crate::Batch::push_hidden`]).
@@ -28,6 +29,13 @@ pub enum Output<'o> {
     /// Each row's greedy token, the [`argmax`] of its logits, chosen on the device so that
     /// only one number per row comes back.
     Argmax(&'o mut [u32]),
+    /// The logits of `tokens` only, `tokens.len()` per row, row after row: where a few
+    /// tokens' are all that is read (scoring one-token answers), the LM head computes only
+    /// their rows of the output matrix. Every id is below `n_vocab`.
+    Selected {
+        tokens: &'o [u32],
+        logits: &'o mut [f32],
+    },
 }
 
 impl Output<'_> {
@@ -36,6 +44,7 @@ impl Output<'_> {
         match self {
             Output::Logits(l) => l.len(),
             Output::Argmax(t) => t.len(),
+            Output::Selected { logits, .. } => logits.len(),
         }
     }
 
@@ -49,6 +58,7 @@ impl Output<'_> {
         match self {
             Output::Logits(l) => Output::Logits(l),
             Output::Argmax(t) => Output::Argmax(t),
+            Output::Selected { tokens, logits } => Output::Selected { tokens, logits },
         }
     }
 
@@ -57,7 +67,50 @@ impl Output<'_> {
         match self {
             Output::Logits(_) => rows * n_vocab,
             Output::Argmax(_) => rows,
+            Output::Selected { tokens, .. } => rows * tokens.len(),
         }
+    }
+
+    /// Fills this output from `logits`, every row's `n_vocab` logits: for a backend that
+    /// computes them all and chooses on the host.
+    pub fn take_from(self, logits: &[f32], n_vocab: usize) -> Result<(), BackendError> {
+        let rows = logits.len() / n_vocab.max(1);
+        if self.len() != self.len_for(rows, n_vocab) || rows * n_vocab != logits.len() {
+            return Err(BackendError::InvalidArgument(format!(
+                "an output of {} values for {rows} rows of {n_vocab} logits",
+                self.len()
+            )));
+        }
+        match self {
+            Output::Logits(out) => out.copy_from_slice(logits),
+            Output::Argmax(out) => {
+                for (token, row) in out.iter_mut().zip(logits.chunks_exact(n_vocab)) {
+                    *token = argmax(row);
+                }
+            }
+            Output::Selected {
+                tokens,
+                logits: out,
+            } => {
+                let width = tokens.len();
+                if width == 0 {
+                    return Ok(());
+                }
+                for (out, row) in out
+                    .chunks_exact_mut(width)
+                    .zip(logits.chunks_exact(n_vocab))
+                {
+                    for (o, &t) in out.iter_mut().zip(tokens) {
+                        *o = *row.get(t as usize).ok_or_else(|| {
+                            BackendError::InvalidArgument(format!(
+                                "token {t} is not below the vocabulary's {n_vocab}"
+                            ))
+                        })?;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 

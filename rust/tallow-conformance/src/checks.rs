@@ -384,6 +384,36 @@ pub fn greedy_tokens_are_the_argmax_of_the_logits<S: Subject>() {
     }
 }
 
+/// The logits of a few chosen tokens equal, bit for bit, those tokens' columns of the whole
+/// soft-capped logits the same step copies back: tokens out of order, one twice, in one
+/// block and in blocks of one row.
+pub fn chosen_tokens_logits_are_columns_of_the_logits<S: Subject>() {
+    let (rows, cols, n, cap) = (300, 256, 9, 30.0f32);
+    let chosen = [299u32, 4, 150, 4, 17];
+    let variants = S::variants(Family::Products).chain(S::capped(rows as u64 * 4));
+    for backend in variants {
+        let (file, _) = matrix_file(GgmlType::Q4_1, rows, cols, 13);
+        let m = upload(&backend, &file, rows, cols);
+        let x = random(14, n * cols);
+        let (mut logits, mut got) = (vec![0f32; n * rows], vec![f32::NAN; n * chosen.len()]);
+        run_rows(&backend, n, |step| {
+            let xs = step.upload(&x, cols)?;
+            step.logits(&xs, &m, Some(cap), Output::Logits(&mut logits))?;
+            let out = Output::Selected {
+                tokens: &chosen,
+                logits: &mut got,
+            };
+            step.logits(&xs, &m, Some(cap), out)
+        });
+        let want: Vec<u32> = logits
+            .chunks_exact(rows)
+            .flat_map(|row| chosen.map(|t| row[t as usize].to_bits()))
+            .collect();
+        let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "{}", S::describe(&backend));
+    }
+}
+
 /// The rows a step gathers for the LM head and for hidden states are the plan's, in order,
 /// copied exactly: one chunk's last row produces logits, another's every row and a third's
 /// last row produce hidden states.

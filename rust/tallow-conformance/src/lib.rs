@@ -114,6 +114,11 @@ macro_rules! suite {
         }
 
         #[test]
+        fn chosen_tokens_logits_are_columns_of_the_logits() {
+            $crate::chosen_tokens_logits_are_columns_of_the_logits::<$subject>();
+        }
+
+        #[test]
         fn output_rows_are_the_planned_rows() {
             $crate::output_rows_are_the_planned_rows::<$subject>();
         }

@@ -88,6 +88,11 @@ impl<B: Backend> Forward<'_, B> {
         if let Some(&id) = batch.tokens.iter().find(|&&id| id as usize >= n_vocab) {
             return Err(ModelError::TokenOutOfRange { id, n_vocab });
         }
+        if let Output::Selected { tokens, .. } = &out.head {
+            if let Some(&id) = tokens.iter().find(|&&id| id as usize >= n_vocab) {
+                return Err(ModelError::TokenOutOfRange { id, n_vocab });
+            }
+        }
         let expected = out.head.len_for(batch.n_logits(), n_vocab);
         if out.head.len() != expected {
             return Err(ModelError::InvalidArgument(format!(

@@ -322,9 +322,11 @@ impl Model {
     /// and takes them as `parent` writes them (one forward computes a text and continuations
     /// of it). With `output="logits"`, returns float32 logits of shape `(rows, n_vocab)`,
     /// chunk by chunk; with `output="argmax"`, only each row's greedy token (uint32, shape
-    /// `(rows,)`), chosen on the model's device. With `hidden=True`, returns that and the
-    /// hidden states (float32, `(rows, n_embd)`, chunk by chunk) as a pair.
-    #[pyo3(signature = (cache, batch, output = "logits", *, hidden = false))]
+    /// `(rows,)`), chosen on the model's device. With `vocab` (token ids), `output="logits"`
+    /// returns only those tokens' logits, shape `(rows, len(vocab))`, and the LM head
+    /// computes only their rows. With `hidden=True`, returns that and the hidden states
+    /// (float32, `(rows, n_embd)`, chunk by chunk) as a pair.
+    #[pyo3(signature = (cache, batch, output = "logits", *, hidden = false, vocab = None))]
     fn forward<'py>(
         &self,
         py: Python<'py>,
@@ -332,6 +334,7 @@ impl Model {
         batch: Vec<BatchEntry>,
         output: &str,
         hidden: bool,
+        vocab: Option<Vec<u32>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let mut flat = Batch::new();
         for entry in &batch {
@@ -394,8 +397,24 @@ impl Model {
                 })
             })
         };
-        let head = match output {
-            "logits" => {
+        let head = match (output, vocab) {
+            ("logits", Some(tokens)) => {
+                // SAFETY: as `states`.
+                let array = unsafe { PyArray2::<f32>::new(py, [rows, tokens.len()], false) };
+                // SAFETY: as `states`.
+                let logits = unsafe { array.as_slice_mut()? };
+                run(Output::Selected {
+                    tokens: &tokens,
+                    logits,
+                })?;
+                array.into_any()
+            }
+            (_, Some(_)) => {
+                return Err(crate::errors::invalid_argument(
+                    "vocab chooses logits: it goes with output='logits'",
+                ))
+            }
+            ("logits", None) => {
                 // Not zeroed: a megabyte a step for a few rows of a large vocabulary.
                 // SAFETY: as `states`.
                 let array = unsafe { PyArray2::<f32>::new(py, [rows, n_vocab], false) };
@@ -403,12 +422,12 @@ impl Model {
                 run(Output::Logits(unsafe { array.as_slice_mut()? }))?;
                 array.into_any()
             }
-            "argmax" => {
+            ("argmax", None) => {
                 let mut tokens = vec![0u32; rows];
                 run(Output::Argmax(&mut tokens))?;
                 tokens.into_pyarray(py).into_any()
             }
-            other => {
+            (other, None) => {
                 return Err(crate::errors::invalid_argument(format!(
                     "output must be 'logits' or 'argmax', got {other:?}"
                 )))

@@ -7,14 +7,19 @@
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     let x = x.clamp(EXP_MIN, EXP_MAX);
-    let n = (x * std::f32::consts::LOG2_E + EXP_ROUND) - EXP_ROUND;
+    let rounded = x * std::f32::consts::LOG2_E + EXP_ROUND;
+    let n = rounded - EXP_ROUND;
     let r = x - n * EXP_LN2_HI + n * EXP_LN2_LO;
     let mut y = EXP_POLY[0];
     for c in &EXP_POLY[1..] {
         y = y * r + c;
     }
     y = y * (r * r) + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+    // The integer `n` (within -126..=127) is the difference of the bits of `rounded` and of
+    // 1.5 * 2^23, which share their exponent: integer arithmetic that vectorizes, where a
+    // float-to-int cast (saturating, NaN to 0) left part of each vector to scalar code.
+    let n_bits = rounded.to_bits().wrapping_sub(EXP_ROUND.to_bits());
+    y * f32::from_bits(n_bits.wrapping_add(127) << 23)
 }
 
 /// The constants of [`exp`], shared with the vector versions: the clamp, the rounding constant

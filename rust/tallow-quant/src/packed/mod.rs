@@ -274,6 +274,70 @@ impl PackedMatrix {
         Self::matmul_many([self], acts, [out])
     }
 
+    /// The outputs of the weight rows `rows` alone: `out[t * rows.len() + i] = dot(weight row
+    /// rows[i], activations of token t)`, equal bit for bit to those of
+    /// [`PackedMatrix::matmul`]. Computes the groups that hold them, on the calling thread:
+    /// for the few rows of an output layer that a scoring request reads.
+    pub fn matmul_rows(
+        &self,
+        rows: &[u32],
+        acts: &QuantizedActs<'_>,
+        out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        if acts.ty() != self.ty.vec_dot_type() {
+            return Err(QuantError::ActivationType {
+                weights: self.ty,
+                expected: self.ty.vec_dot_type(),
+                actual: acts.ty(),
+            });
+        }
+        sizes::expect_len("activation columns", self.cols, acts.cols())?;
+        let n_tokens = acts.n_tokens();
+        let out_len = sizes::product(n_tokens, rows.len(), "output")?;
+        sizes::expect_len("output elements", out_len, out.len())?;
+        if let Some(&row) = rows.iter().find(|&&r| r as usize >= self.rows) {
+            return Err(QuantError::SizeMismatch {
+                what: "row index below the row count",
+                expected: self.rows,
+                actual: row as usize,
+            });
+        }
+        if self.cols == 0 {
+            out.fill(0.0);
+            return Ok(());
+        }
+        let group_of = |i: usize| rows[i] as usize / PACK_ROWS;
+        // Each group once, where its first row is listed; its outputs a tile of tokens at a
+        // time, on the stack (nothing is allocated).
+        for (i, g) in (0..rows.len()).map(|i| (i, group_of(i))) {
+            if (0..i).any(|j| group_of(j) == g) {
+                continue;
+            }
+            for tile in 0..n_tokens.div_ceil(TILE_LANES) {
+                let first = tile * TILE_LANES;
+                let n = TILE_LANES.min(n_tokens - first);
+                let a: [&[u8]; TILE_LANES] =
+                    std::array::from_fn(|i| acts.row((first + i).min(n_tokens - 1)));
+                let mut outputs = [[0f32; PACK_ROWS]; TILE_LANES];
+                let mut outs: [&mut [f32]; TILE_LANES] = outputs.each_mut().map(|o| &mut o[..]);
+                self.kernel.call(
+                    self.group(g),
+                    &a[..n],
+                    &acts.tile_scales(tile, 0),
+                    &mut outs[..n],
+                );
+                for (j, &row) in rows.iter().enumerate().skip(i) {
+                    if row as usize / PACK_ROWS == g {
+                        for (t, lane) in outputs[..n].iter().enumerate() {
+                            out[(first + t) * rows.len() + j] = lane[row as usize % PACK_ROWS];
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// [`PackedMatrix::matmul`] of several matrices that read the same activations (a layer's
     /// query, key and value projections), in one parallel loop over all their row groups:
     /// `outs[i]` gets the product of `matrices[i]`.

@@ -261,6 +261,49 @@ fn several_matrices_in_one_loop_equal_each_alone() {
 }
 
 #[test]
+fn chosen_rows_equal_the_whole_products_rows() {
+    let mut rng = Rng::new(31);
+    for ty in PACKABLE {
+        let cols = columns(ty, 256);
+        let rows = 96;
+        let w = random_blocks(&mut rng, ty, rows * cols / ty.block_len());
+        for isa in packing_isas(ty) {
+            let packed = PackedMatrix::pack_with(isa, ty, &w, rows, cols)
+                .unwrap()
+                .unwrap();
+            // One token, a tile and a part, and two tiles and a part; rows listed out of order,
+            // twice, and several from one group.
+            for n_tokens in [1, 9, 17] {
+                let x = rng.activations(n_tokens * cols);
+                let mut buffer = ActsBuffer::new();
+                let acts = buffer
+                    .quantize(ty.vec_dot_type(), &x, n_tokens, cols)
+                    .unwrap();
+                let mut whole = vec![0f32; rows * n_tokens];
+                packed.matmul(&acts, &mut whole).unwrap();
+                let chosen = [95u32, 3, 17, 3, 0, 16, 64];
+                let mut out = vec![f32::NAN; chosen.len() * n_tokens];
+                packed.matmul_rows(&chosen, &acts, &mut out).unwrap();
+                for t in 0..n_tokens {
+                    for (i, &r) in chosen.iter().enumerate() {
+                        assert_eq!(
+                            out[t * chosen.len() + i].to_bits(),
+                            whole[t * rows + r as usize].to_bits(),
+                            "{ty:?} on {isa:?}: token {t}, row {r}"
+                        );
+                    }
+                }
+                let err = packed.matmul_rows(&[96], &acts, &mut out[..n_tokens]);
+                assert!(
+                    matches!(err, Err(QuantError::SizeMismatch { .. })),
+                    "{err:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn packing_together_equals_packing_alone() {
     let mut rng = Rng::new(25);
     let Some(&isa) = packing_isas(GgmlType::Q8_0).last() else {
