@@ -353,3 +353,14 @@ def test_command_line(smollm2: tallow.LLM) -> None:
     assert [r[2] for r in rows] == TEXTS[:2]
     assert [r[0] for r in rows] == [e.label for e in expected]
     assert_one_line_error(run_cli("classify", "-l", "one", "text"), "at least two labels")
+
+
+def test_tasks_are_made_once_per_labels_and_prompt(smollm2: tallow.LLM) -> None:
+    first = smollm2.classify_task(["positive", "negative"])
+    assert smollm2.classify_task(("positive", "negative")) is first
+    assert smollm2.classify_task(["negative", "positive"]) is not first
+    assert smollm2.classify_task(["positive", "negative"], "Text: {text}") is not first
+    with pytest.raises(InvalidArgumentError):
+        smollm2.classify_task(["positive", "positive"])
+    with pytest.raises(InvalidArgumentError):
+        smollm2.classify_task(["positive", 3])  # type: ignore[list-item]

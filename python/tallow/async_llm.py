@@ -27,7 +27,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from tallow import _core, checks
 from tallow.catalog import DEFAULT_MODEL, resolve_model
-from tallow.classify import Classification, ClassifyTask
+from tallow.classify import Classification, ClassifyTask, ClassifyTasks
 from tallow.embed import EmbedTask
 from tallow.embed import inputs as embed_inputs
 from tallow.engine import Engine, EngineConfig, SamplingParams, load_model, sampling_params
@@ -118,6 +118,7 @@ class AsyncLLM:
         self._closed = False
         self._failure: BaseException | None = None
         self._prompts = Prompts(self._model, self._engine.n_ctx, chat_template)
+        self._classify_tasks = ClassifyTasks(self._prompts)
         self.chat_template = self._prompts.chat_template
         """The model's chat template, used by :meth:`chat` (see :mod:`tallow.chat_template`)."""
 
@@ -431,7 +432,7 @@ class AsyncLLM:
         """The labels and prompt of a classification, checked (see
         :class:`tallow.classify.ClassifyTask`), for :meth:`run_classification`."""
         steps = self._engine.scheduler.max_tokens_per_step
-        return ClassifyTask(self._prompts, labels, prompt, step_tokens=steps)
+        return self._classify_tasks.get(labels, prompt, steps)
 
     async def run_classification(
         self, task: ClassifyTask, prompts: Sequence[list[int]]

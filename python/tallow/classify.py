@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_INSTRUCTION",
     "Classification",
     "ClassifyTask",
+    "ClassifyTasks",
     "check_branches",
     "label_probs",
 ]
@@ -175,6 +176,35 @@ class ClassifyTask:
             prompt_tokens=prompt_tokens,
             cached_tokens=out.cached_tokens,
         )
+
+
+class ClassifyTasks:
+    """The :class:`ClassifyTask` of each of the last few (labels, prompt) pairs asked for:
+    a task renders the chat template and tokenizes its prompt and labels, work that a
+    classification of a few tokens would otherwise repeat for every text."""
+
+    def __init__(self, prompts: Prompts, size: int = 32) -> None:
+        self._prompts = prompts
+        self._size = size
+        self._tasks: dict[tuple[tuple[str, ...], str | None, int], ClassifyTask] = {}
+
+    def get(self, labels: object, prompt: object, step_tokens: int) -> ClassifyTask:
+        """The task of ``labels`` and ``prompt`` (as :class:`ClassifyTask` takes them, which
+        checks them), made once while it is among the last ``size`` used."""
+        if not (
+            isinstance(labels, (list, tuple))
+            and all(isinstance(label, str) for label in labels)
+            and (prompt is None or isinstance(prompt, str))
+        ):
+            return ClassifyTask(self._prompts, labels, prompt, step_tokens=step_tokens)
+        key = (tuple(labels), prompt, step_tokens)
+        task = self._tasks.pop(key, None)
+        if task is None:
+            task = ClassifyTask(self._prompts, labels, prompt, step_tokens=step_tokens)
+            if len(self._tasks) >= self._size:
+                del self._tasks[next(iter(self._tasks))]
+        self._tasks[key] = task  # the most recent last
+        return task
 
 
 def label_probs(logprobs: Sequence[float]) -> list[float]:

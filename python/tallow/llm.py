@@ -17,7 +17,7 @@ from tallow import _core, checks
 from tallow._signals import held_signals
 from tallow.catalog import DEFAULT_MODEL, resolve_model
 from tallow.chat_template import ChatTemplate
-from tallow.classify import Classification, ClassifyTask
+from tallow.classify import Classification, ClassifyTask, ClassifyTasks
 from tallow.embed import EmbedTask
 from tallow.embed import inputs as embed_inputs
 from tallow.engine import (
@@ -147,6 +147,7 @@ class LLM:
             ),
         )
         self._prompts = Prompts(self._model, n_ctx, chat_template)
+        self._classify_tasks = ClassifyTasks(self._prompts)
         self._kv_dtype = kv_dtype
         self._outputs: dict[str, deque[RequestOutput]] = {}
         self._ids = itertools.count()
@@ -522,7 +523,7 @@ class LLM:
         text (``prompt_ids``) and the scoring parameters (see
         :class:`tallow.classify.ClassifyTask`)."""
         steps = self._open_engine().scheduler.max_tokens_per_step
-        return ClassifyTask(self._prompts, labels, prompt, step_tokens=steps)
+        return self._classify_tasks.get(labels, prompt, steps)
 
     def rerank(
         self,
