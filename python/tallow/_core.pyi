@@ -100,13 +100,17 @@ class Model:
         n_ctx: int | None = None,
         device: str = "cpu",
         quantize: str | None = None,
+        scratch_dir: str | os.PathLike[str] | None = None,
     ) -> Self:
         """Open and check the GGUF file at ``path`` and prepare the model on ``device``:
         ``"cpu"``, ``"gpu"`` (the first GPU), ``"wgpu:N"`` or ``"cuda:N"`` (see :func:`devices`).
         A Hugging Face checkpoint folder (``config.json``, ``*.safetensors``,
-        ``tokenizer.model``) is converted in memory as it loads, its matrices rounded to
-        ``quantize`` (``"q8_0"``, ``"f16"``, ...; ``None``: the checkpoint's precision; with a
-        GGUF file, whose tensors are used as they are, ``quantize`` is refused).
+        ``tokenizer.model``) is converted as it loads, its matrices rounded to ``quantize``
+        (``"q8_0"``, ``"f16"``, ...; ``None``: the checkpoint's precision; with a GGUF file,
+        whose tensors are used as they are, ``quantize`` is refused), into a file without a
+        name in ``scratch_dir`` (made if missing; ``None``: the system's temporary folder)
+        that is gone once the model is: a folder on disk keeps the peak memory of the load
+        near the model's size.
 
         ``n_ctx`` is the longest context it will run at: a model with long-context RoPE
         factors (Phi-3 128k) uses them when ``n_ctx`` exceeds its original training context,

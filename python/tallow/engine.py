@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from tallow import _core, _nvrtc, checks
 from tallow._progress import format_bytes
-from tallow.catalog import resolve_model
+from tallow.catalog import resolve_model, tallow_home
 from tallow.errors import InvalidArgumentError, TallowError
 from tallow.output import OutputState, RequestOutput, SampledRow
 from tallow.pooling import Pooler
@@ -392,8 +392,9 @@ def load_model(
     up to ``n_ctx`` positions (a positive integer, or ``None`` for the default): a model with
     long-context RoPE factors uses them only when ``n_ctx`` asks for more than its original
     training context. ``path`` is a GGUF file, or a Hugging Face checkpoint folder
-    (``config.json``, ``*.safetensors``, ``tokenizer.model``) converted as it loads, its
-    matrices rounded to ``quantize`` (``"q8_0"``, ``"q4_0"``, ``"f16"``, ...; ``None`` keeps
+    (``config.json``, ``*.safetensors``, ``tokenizer.model``) converted as it loads (into a
+    file without a name under the cache directory, gone with the model), its matrices rounded
+    to ``quantize`` (``"q8_0"``, ``"q4_0"``, ``"f16"``, ...; ``None`` keeps
     the checkpoint's precision; a GGUF file's tensors are used as they are, and ``quantize``
     with one is an :class:`InvalidArgumentError`)."""
     if n_ctx is not None:
@@ -405,7 +406,13 @@ def load_model(
     _nvrtc.point_to_the_wheel()
     if quantize is not None:
         quantize = checks.text("quantize", quantize)
-    return _core.Model(os.fspath(path), n_ctx=n_ctx, device=device_name(device), quantize=quantize)
+    return _core.Model(
+        os.fspath(path),
+        n_ctx=n_ctx,
+        device=device_name(device),
+        quantize=quantize,
+        scratch_dir=tallow_home() / "converted",
+    )
 
 
 def context_size(model: _core.Model, n_ctx: object) -> int:

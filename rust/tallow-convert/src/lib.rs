@@ -15,6 +15,7 @@ mod sentencepiece;
 mod tensors;
 mod vocab;
 
+use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -141,4 +142,25 @@ pub fn convert_to_bytes(dir: &Path, out_type: OutType) -> Result<Vec<u8>, Conver
     let mut out = Vec::new();
     convert(dir, out_type, &mut out)?;
     Ok(out)
+}
+
+/// The GGUF image of the checkpoint in `dir`, written to a file without a name in the folder
+/// `scratch` (made if missing), which is gone once closed. A loader maps it: its pages are the
+/// file's, which the OS drops as the weights are copied out of them, where an image in memory
+/// would stay resident beside those copies.
+pub fn convert_to_temp_file(
+    dir: &Path,
+    out_type: OutType,
+    scratch: &Path,
+) -> Result<File, ConvertError> {
+    let io = |source| ConvertError::Io {
+        path: scratch.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(scratch).map_err(io)?;
+    let file = tempfile::tempfile_in(scratch).map_err(io)?;
+    let mut out = io::BufWriter::with_capacity(1 << 20, file);
+    convert(dir, out_type, &mut out)?;
+    out.into_inner()
+        .map_err(|e| ConvertError::Write(e.into_error()))
 }

@@ -113,3 +113,27 @@ fn bad_folders_are_errors_that_say_what_is_wrong() {
         .to_string()
         .contains("q8_0, q5_1"));
 }
+
+/// A conversion into a temporary file holds the bytes of one in memory, in a folder made for
+/// it, where it leaves no file behind.
+#[test]
+fn a_conversion_to_a_temporary_file_is_the_image_and_leaves_nothing() {
+    let hf = arch_dir().join("qwen3/hf");
+    let scratch = std::env::temp_dir().join(format!("tallow-convert-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let out_type = OutType::Type(GgmlType::Q8_0);
+    let mut file =
+        tallow_convert::convert_to_temp_file(&hf, out_type, &scratch.join("made")).unwrap();
+    let mut bytes = Vec::new();
+    std::io::Seek::rewind(&mut file).unwrap();
+    std::io::Read::read_to_end(&mut file, &mut bytes).unwrap();
+    assert_eq!(bytes, convert_to_bytes(&hf, out_type).unwrap());
+    let mapped = GgufFile::from_file(&file, "qwen3").unwrap();
+    assert_eq!(
+        mapped.tensors().len(),
+        GgufFile::from_bytes(bytes).unwrap().tensors().len()
+    );
+    let left = std::fs::read_dir(scratch.join("made")).unwrap().count();
+    assert_eq!(left, 0, "the temporary file has no name");
+    std::fs::remove_dir_all(&scratch).unwrap();
+}

@@ -15,7 +15,7 @@ mod writer;
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 pub use tallow_quant::GgmlType;
@@ -120,6 +120,18 @@ impl GgufFile {
         // SAFETY: the map is read-only. Like every mmap-based model loader, this relies on the
         // file not being truncated by another process while it is open.
         let map = unsafe { Mmap::map(&file) }.map_err(io_error)?;
+        Self::parse(Storage::Mapped(map))
+    }
+
+    /// Maps and parses the GGUF image in `file`, open for reading (one file: a split model's
+    /// other parts are not looked for), such as a temporary file a conversion wrote; `name`
+    /// says what it is in errors.
+    pub fn from_file(file: &File, name: &str) -> Result<Self, GgufError> {
+        // SAFETY: as in `open_one`; the file is the caller's, read only.
+        let map = unsafe { Mmap::map(file) }.map_err(|source| GgufError::Io {
+            path: PathBuf::from(name),
+            source,
+        })?;
         Self::parse(Storage::Mapped(map))
     }
 

@@ -11,7 +11,7 @@ mod sampling;
 mod sequence;
 mod weights;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use tallow_gguf::GgufFile;
@@ -57,7 +57,7 @@ pub struct Model<B: Backend> {
 }
 
 /// How [`Model::load`] prepares the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LoadOptions {
     /// The longest context the model will run at. A model trained to stretch its context with
     /// long-context RoPE factors (Phi-3 128k) uses them when this exceeds its original
@@ -66,15 +66,24 @@ pub struct LoadOptions {
     /// What a Hugging Face checkpoint folder's matrices become at load (see
     /// [`tallow_convert`]); a GGUF file's are used as they are.
     pub convert: OutType,
+    /// The folder a checkpoint folder's conversion is written to, as a file without a name
+    /// that is gone once the model no longer reads it; `None`: the system's temporary folder.
+    /// A folder on disk, not in memory (a tmpfs), keeps the peak memory of a load near the
+    /// size of the model.
+    pub scratch: Option<PathBuf>,
 }
 
 /// The GGUF model at `path`: the file, or a Hugging Face checkpoint folder (`config.json`,
-/// `*.safetensors`, tokenizer files) converted in memory, its matrices as `convert` says (a
-/// file's tensors are used as they are: rounding them again is refused).
-pub fn open_model(path: &Path, convert: OutType) -> Result<GgufFile, ModelError> {
+/// `*.safetensors`, tokenizer files) converted into a file in `options.scratch`, its matrices
+/// as `options.convert` says (a file's tensors are used as they are: rounding them again is
+/// refused).
+pub fn open_model(path: &Path, options: &LoadOptions) -> Result<GgufFile, ModelError> {
+    let convert = options.convert;
     if path.is_dir() {
-        let image = tallow_convert::convert_to_bytes(path, convert)?;
-        return Ok(GgufFile::from_bytes(image)?);
+        let scratch = options.scratch.clone().unwrap_or_else(std::env::temp_dir);
+        let file = tallow_convert::convert_to_temp_file(path, convert, &scratch)?;
+        let name = format!("the conversion of {}", path.display());
+        return Ok(GgufFile::from_file(&file, &name)?);
     }
     if convert != OutType::Keep {
         return Err(ModelError::InvalidArgument(format!(
@@ -95,11 +104,7 @@ impl<B: Backend> Model<B> {
         path: impl AsRef<Path>,
         options: LoadOptions,
     ) -> Result<Self, ModelError> {
-        Self::from_gguf(
-            backend,
-            open_model(path.as_ref(), options.convert)?,
-            options,
-        )
+        Self::from_gguf(backend, open_model(path.as_ref(), &options)?, options)
     }
 
     /// [`Model::load`] of a file already open.

@@ -39,13 +39,14 @@ impl Model {
 #[pymethods]
 impl Model {
     #[new]
-    #[pyo3(signature = (path, *, n_ctx = None, device = "cpu", quantize = None))]
+    #[pyo3(signature = (path, *, n_ctx = None, device = "cpu", quantize = None, scratch_dir = None))]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
         n_ctx: Option<usize>,
         device: &str,
         quantize: Option<&str>,
+        scratch_dir: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let device = crate::device::canonical(device)?;
         let display = path.display().to_string();
@@ -56,6 +57,7 @@ impl Model {
         let options = LoadOptions {
             context: n_ctx,
             convert,
+            scratch: scratch_dir,
         };
         let inner = py.detach(|| {
             guard(|| crate::device::load(&path, options, &device)?.map_err(model_error))
