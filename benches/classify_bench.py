@@ -6,8 +6,9 @@ cannot serve (the text's own, the few of the instruction after its last whole pa
 template's close of the turn) at the depth of the cached instruction, with the labels riding
 along: measured in the same run on the same model, through ``Model.forward`` on a sequence
 forked from the cached prefix. A label of one token rides for free (its probability is read
-from the text's last row); a label of several tokens adds a branch of its tokens but the last,
-with their rows of logits, to that forward. Both floors are printed: the text's tokens alone,
+from the text's last row, and where every label is one token the LM head computes only their
+logits); a label of several tokens adds a branch of its tokens but the last, with their rows
+of logits, to that forward. Both floors are printed: the text's tokens alone,
 and the one forward the engine runs (the text and the labels' branches). Every request has a
 text of its own (random words), so that only the instruction is cached.
 
@@ -94,9 +95,12 @@ class Floor:
         model.forward(self.kv, [(self.prefix, prompt[:cached], "none")])  # type: ignore[attr-defined]
         self.cached = cached
 
-    def time_ms(self, prompt: list[int], branches: list[list[int]]) -> float:
+    def time_ms(
+        self, prompt: list[int], branches: list[list[int]], vocab: list[int] | None = None
+    ) -> float:
         """One forward over the uncached part of ``prompt``, with ``branches`` (token lists)
-        forked from it in the same forward as the engine forks a scoring request's."""
+        forked from it in the same forward as the engine forks a scoring request's; the logits
+        of the tokens ``vocab`` only, where given (as the engine asks for one-token labels)."""
         rest = prompt[self.cached :]
         seq = self.kv.fork(self.prefix)
         self.kv.reserve(seq, len(rest))
@@ -108,7 +112,7 @@ class Floor:
             self.kv.reserve(fork, len(tokens))
             batch.append((fork, tokens, "all", seq))
         start = time.perf_counter()
-        self.model.forward(self.kv, batch)  # type: ignore[attr-defined]
+        self.model.forward(self.kv, batch, vocab=vocab)  # type: ignore[attr-defined]
         elapsed = time.perf_counter() - start
         for entry in batch:
             self.kv.free(entry[0])
@@ -132,14 +136,18 @@ def latency(args: argparse.Namespace, llm: tallow.LLM, model: object) -> None:
                 (warm,) = llm.classify(text, labels)
             floor = Floor(model, task.prompt_ids(texts[0]), warm.cached_tokens)
             # The engine's branches: each label's tokens but the last, for labels of several.
-            branches = [ids[:-1] for ids in task.params.continuations or () if len(ids) > 1]
+            continuations = task.params.continuations or ()
+            branches = [ids[:-1] for ids in continuations if len(ids) > 1]
+            # One-token labels: the LM head computes their logits alone.
+            vocab = None if branches else sorted({ids[0] for ids in continuations})
             times, text_floors, floors, uncached = [], [], [], []
             for text in texts[5:]:
                 start = time.perf_counter()
                 (result,) = llm.classify(text, labels)
                 times.append((time.perf_counter() - start) * 1000)
                 text_floors.append(floor.time_ms(task.prompt_ids(text), []))
-                floors.append(floor.time_ms(task.prompt_ids(text), [list(b) for b in branches]))
+                one = floor.time_ms(task.prompt_ids(text), [list(b) for b in branches], vocab)
+                floors.append(one)
                 uncached.append(result.prompt_tokens - result.cached_tokens)
             p50, p95, p99 = (percentile(times, q) for q in (50, 95, 99))
             t50, t95 = percentile(text_floors, 50), percentile(text_floors, 95)
