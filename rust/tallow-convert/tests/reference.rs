@@ -119,7 +119,8 @@ fn bad_folders_are_errors_that_say_what_is_wrong() {
 #[test]
 fn a_conversion_to_a_temporary_file_is_the_image_and_leaves_nothing() {
     let hf = arch_dir().join("qwen3/hf");
-    let scratch = std::env::temp_dir().join(format!("tallow-convert-{}", std::process::id()));
+    let scratch =
+        std::env::temp_dir().join(format!("tallow-convert-scratch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
     let out_type = OutType::Type(GgmlType::Q8_0);
     let mut file =
