@@ -85,3 +85,32 @@ def test_chosen_tokens_logits_are_columns_of_the_logits(model: _core.Model) -> N
         model.forward(kv, [(seq, [1], "last")], vocab=[model.n_vocab])
     with pytest.raises(tallow.InvalidArgumentError, match="vocab"):
         model.forward(kv, [(seq, [1], "last")], "argmax", vocab=[1])
+
+
+@pytest.mark.parametrize("depth", [0, 1, 3])
+def test_a_branch_forked_inside_its_parents_new_tokens(model: _core.Model, depth: int) -> None:
+    """A fork truncated to ``depth`` of the tokens its parent computes in the same forward
+    (the shape of a tree of guesses verified at once): its rows are those of one sequence
+    holding the parent's first ``depth`` new tokens then the branch's, and the parent's rows
+    are unchanged by it. Positions cross a page boundary."""
+    prompt = list(range(100, 160))
+    trunk, branch = [500, 501, 502, 503, 504], [601, 602, 603]
+    kv = model.new_kv_cache(page_size=16, max_pages=64)
+    seq = kv.create()
+    kv.reserve(seq, len(prompt))
+    model.forward(kv, [(seq, prompt, "none")])
+    kv.reserve(seq, len(trunk))
+    fork = kv.fork(seq)
+    kv.truncate(fork, len(prompt) + 1 + depth)
+    kv.reserve(fork, len(branch))
+    rows = model.forward(kv, [(seq, trunk, "all"), (fork, branch, "all", seq)])
+
+    def alone(tokens: list[int]) -> np.ndarray:
+        cache = model.new_kv_cache(page_size=16, max_pages=64)
+        s = cache.create()
+        cache.reserve(s, len(tokens))
+        return model.forward(cache, [(s, tokens, "all")])
+
+    assert np.array_equal(rows[: len(trunk)], alone(prompt + trunk)[-len(trunk) :])
+    along = alone(prompt + trunk[: 1 + depth] + branch)[-len(branch) :]
+    assert np.array_equal(rows[len(trunk) :], along)
