@@ -10,14 +10,15 @@ use tallow_gguf::{Array, Strings, Value};
 use crate::config::{read_json, Config};
 use crate::sentencepiece::{self, PieceType};
 use crate::ConvertError;
+use tallow_tokenizer::TokenType;
 
-/// GGUF's token types (llama.cpp's `llama_token_type`).
-const NORMAL: i32 = 1;
-const UNKNOWN: i32 = 2;
-const CONTROL: i32 = 3;
-const USER_DEFINED: i32 = 4;
-const UNUSED: i32 = 5;
-const BYTE: i32 = 6;
+/// GGUF's token types, as `tokenizer.ggml.token_type` holds them.
+const NORMAL: i32 = TokenType::Normal as i32;
+const UNKNOWN: i32 = TokenType::Unknown as i32;
+const CONTROL: i32 = TokenType::Control as i32;
+const USER_DEFINED: i32 = TokenType::UserDefined as i32;
+const UNUSED: i32 = TokenType::Unused as i32;
+const BYTE: i32 = TokenType::Byte as i32;
 
 /// The tokenizer metadata of the checkpoint in `dir`: its vocabulary from `tokenizer.model`
 /// (SentencePiece) where the folder has one, else from `tokenizer.json` (byte-level BPE);

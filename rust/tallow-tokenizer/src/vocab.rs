@@ -6,36 +6,43 @@ use rustc_hash::FxHasher;
 
 use crate::{byte_level, TokenizerError};
 
-/// `tokenizer.ggml.token_type` of a token (llama.cpp's `llama_token_type`).
+/// `tokenizer.ggml.token_type` of a token (llama.cpp's `llama_token_type`): the GGUF value is
+/// the discriminant (`TokenType::Control as i32` is 3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i32)]
 pub enum TokenType {
-    /// 0, and any value this crate does not know.
-    Undefined,
-    /// 1: an ordinary piece of text.
-    Normal,
-    /// 2: the unknown token.
-    Unknown,
-    /// 3: a control token (`<|im_end|>`, `<bos>`...): matched in text only with `parse_special`.
-    Control,
-    /// 4: a user-defined token: always matched in text before the model sees it.
-    UserDefined,
-    /// 5: an unused slot.
-    Unused,
-    /// 6: a SentencePiece byte-fallback token `<0xAB>`.
-    Byte,
+    /// Any value this crate does not know.
+    Undefined = 0,
+    /// An ordinary piece of text.
+    Normal = 1,
+    /// The unknown token.
+    Unknown = 2,
+    /// A control token (`<|im_end|>`, `<bos>`...): matched in text only with `parse_special`.
+    Control = 3,
+    /// A user-defined token: always matched in text before the model sees it.
+    UserDefined = 4,
+    /// An unused slot.
+    Unused = 5,
+    /// A SentencePiece byte-fallback token `<0xAB>`.
+    Byte = 6,
 }
 
 impl TokenType {
+    const ALL: [TokenType; 7] = [
+        Self::Undefined,
+        Self::Normal,
+        Self::Unknown,
+        Self::Control,
+        Self::UserDefined,
+        Self::Unused,
+        Self::Byte,
+    ];
+
     pub(crate) fn from_gguf(value: i64) -> Self {
-        match value {
-            1 => Self::Normal,
-            2 => Self::Unknown,
-            3 => Self::Control,
-            4 => Self::UserDefined,
-            5 => Self::Unused,
-            6 => Self::Byte,
-            _ => Self::Undefined,
-        }
+        Self::ALL
+            .into_iter()
+            .find(|&t| i64::from(t as i32) == value)
+            .unwrap_or(Self::Undefined)
     }
 
     /// Tokens that are split out of the text before the model tokenizes it.
