@@ -4,6 +4,7 @@ target distribution kept when sampling, and the proposers and options on their o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -12,12 +13,14 @@ import pytest
 import tallow
 from tallow import _core
 from tallow.engine import Engine, EngineConfig, SamplingParams
+from tallow.scheduler import Scheduler, SchedulerOutput
 from tallow.speculative import (
     DraftModelProposer,
     DraftRequest,
     NgramProposer,
     SpeculativeConfig,
     speculative_config,
+    tree_path,
 )
 
 CODE = '''def area(width, height):
@@ -47,9 +50,11 @@ def greedy_tokens(
     speculative: object,
     plain: frozenset[int] = frozenset(),
     kv_dtype: str = "f16",
+    logprobs: frozenset[int] = frozenset(),
 ) -> tuple[dict[str, list[int]], dict[str, float]]:
     """Every prompt's greedy continuation, all requests in one engine with KV pages of
-    ``kv_dtype``; the requests numbered in ``plain`` opt out of speculation."""
+    ``kv_dtype``; the requests numbered in ``plain`` opt out of speculation, those in
+    ``logprobs`` ask for log probabilities (so that their steps' logits come back whole)."""
     config = EngineConfig(n_ctx=512, kv_pages=256, speculative=speculative, kv_dtype=kv_dtype)
     engine = Engine(model, config)
     for i, prompt in enumerate(PROMPTS):
@@ -57,6 +62,7 @@ def greedy_tokens(
             max_tokens=40,
             temperature=0.0,
             speculative=0 if i in plain else None,
+            logprobs=i in logprobs,
         )
         engine.add(f"r{i}", model.tokenize(prompt, False, True), params)
     out: dict[str, list[int]] = {}
@@ -86,6 +92,34 @@ def test_prompt_lookup_gives_the_greedy_tokens(
     assert got == plain_tokens
     assert stats["spec_drafted_tokens"] > 0
     assert 0 < stats["spec_acceptance_rate"] <= 1
+    assert stats["spec_tokens_per_step"] > 1
+
+
+@pytest.mark.parametrize(("branches", "logprobs"), [(1, False), (3, False), (3, True)])
+def test_a_tree_of_guesses_gives_the_greedy_tokens(
+    model: _core.Model,
+    plain_tokens: dict[str, list[int]],
+    branches: int,
+    logprobs: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Alternative guesses verified beside the draft: the same tokens as plain decoding, with
+    steps whose tokens followed a guess (its branch adopted as the request's sequence), and
+    every page given back; greedy choices made on the device, or (beside a request that asks
+    for log probabilities) from the logits on the host."""
+    adoptions = []
+    update = Scheduler.update
+
+    def counting(self: Scheduler, *args: Any) -> list[SchedulerOutput]:
+        adoptions.append(len(args[3] or {}) if len(args) > 3 else 0)
+        return update(self, *args)
+
+    monkeypatch.setattr(Scheduler, "update", counting)
+    spec = {"method": "ngram", "num_tokens": 4, "num_branches": branches}
+    beside = frozenset({4}) if logprobs else frozenset()
+    got, stats = greedy_tokens(model, spec, plain=frozenset({3}), logprobs=beside)
+    assert got == plain_tokens
+    assert sum(adoptions) > 0
     assert stats["spec_tokens_per_step"] > 1
 
 
@@ -173,6 +207,34 @@ def test_ngram_lookup_proposes_what_followed_the_latest_match() -> None:
     proposer.finish("unknown")
 
 
+def test_ngram_lookup_proposes_what_followed_other_matches_as_guesses() -> None:
+    proposer = NgramProposer(ngram_max=2, ngram_min=1)
+    # "2 3" occurs three times before the end: followed by 4 5 6 (the latest), 4 7 8 and 9 9 9.
+    tokens = [2, 3, 9, 9, 9, 0, 2, 3, 4, 7, 8, 0, 2, 3, 4, 5, 6, 0, 2, 3]
+    got = proposer.propose([DraftRequest("r", tokens, 3, num_branches=3)])["r"]
+    assert got.tokens == [4, 5, 6]
+    # After "4", the other occurrence went on with 7 8; the oldest with 9 9 9; then the
+    # matches of "3" alone add nothing new.
+    assert got.branches == [(1, [7, 8]), (0, [9, 9, 9])]
+    assert proposer.propose([DraftRequest("r", tokens, 3, num_branches=1)])["r"].branches == [
+        (1, [7, 8])
+    ]
+    assert proposer.propose([DraftRequest("q", tokens, 3)])["q"].branches == []
+
+
+def test_the_tree_path_is_the_longest_the_greedy_choices_agree_with() -> None:
+    draft = [4, 5, 6]
+    # The model agrees with "4", then picks 7: the guess at depth 1 starting with 7 is taken,
+    # as far as the model agrees with it (7 8, then 2 instead of 9).
+    guesses = [(0, [9, 9], [0, 0]), (1, [7, 8, 9], [8, 2, 0])]
+    assert tree_path(draft, [4, 7, 0, 0], guesses) == (1, 2)
+    # The draft agreed with all the way: no guess.
+    assert tree_path(draft, [4, 5, 6, 1], guesses) == (None, 3)
+    # No guess starts with the model's choice where the draft leaves it.
+    assert tree_path(draft, [4, 3, 0, 0], guesses) == (None, 1)
+    assert tree_path(draft, [9, 0, 0, 0], guesses) == (0, 1)
+
+
 def test_ngram_lookup_keeps_copying_from_the_same_passage() -> None:
     proposer = NgramProposer(ngram_max=3, ngram_min=1)
     tokens = [7, 1, 2, 3, 4, 5, 6, 8, 2, 3, 4, 9, 0, 7, 1]
@@ -216,6 +278,9 @@ def test_speculative_options() -> None:
         SpeculativeConfig(ngram_min=4, ngram_max=2)
     with pytest.raises(tallow.InvalidArgumentError):
         SpeculativeConfig(short_match_tokens=-1)
+    with pytest.raises(tallow.InvalidArgumentError):
+        SpeculativeConfig(num_branches=-1)
+    assert speculative_config({"num_branches": 2}).num_branches == 2
 
 
 def test_draft_requests_need_an_engine_with_a_draft_model(model: _core.Model) -> None:

@@ -33,7 +33,7 @@ from tallow.errors import InvalidArgumentError, TallowError
 from tallow.output import OutputState, RequestOutput, SampledRow
 from tallow.pooling import Pooler
 from tallow.reasoning import Block, Channels
-from tallow.scheduler import Pooling, Request, Scheduler, SchedulerOutput, Step
+from tallow.scheduler import Pooling, Request, ScheduledChunk, Scheduler, SchedulerOutput, Step
 from tallow.speculative import (
     DraftModelProposer,
     DraftRequest,
@@ -41,6 +41,7 @@ from tallow.speculative import (
     Proposal,
     Proposer,
     speculative_config,
+    tree_path,
 )
 from tallow.structured import STRUCTURED_OPTIONS, Structured, structured_output
 from tallow.tools import ToolUse
@@ -462,6 +463,41 @@ def _log_likelihood(rows: npt.NDArray[np.float32], tokens: Sequence[int]) -> flo
     return float((rows[np.arange(len(tokens)), list(tokens)] - log_sum).sum())
 
 
+def _rows_of(step: Step) -> list[int]:
+    """The first row of logits of each chunk of ``step``."""
+    firsts, row = [], 0
+    for chunk in step.chunks:
+        firsts.append(row)
+        row += chunk.n_rows
+    return firsts
+
+
+def _guesses(step: Step, rows_of: list[int]) -> dict[str, list[tuple[ScheduledChunk, int]]]:
+    """The guesses of each request of ``step`` that has some, with their first rows."""
+    out: dict[str, list[tuple[ScheduledChunk, int]]] = {}
+    for chunk, row in zip(step.chunks, rows_of, strict=True):
+        if chunk.guess_depth is not None:
+            out.setdefault(chunk.request_id, []).append((chunk, row))
+    return out
+
+
+def _greedy(rows: npt.NDArray[np.float32]) -> list[int]:
+    """Each row's greedy token: the first largest logit, NaN never (as the device's)."""
+    greedy: list[int] = np.argmax(np.where(np.isnan(rows), -np.inf, rows), axis=1).tolist()
+    return greedy
+
+
+def _tree(
+    chunk: ScheduledChunk, greedy: list[int], guesses: list[tuple[ScheduledChunk, list[int]]]
+) -> tuple[int | None, int]:
+    """The guess (its index in ``guesses``, with the greedy choices after its tokens; None:
+    the draft) that the longest path of ``chunk``'s tree the greedy choices agree with goes
+    into, and how many of its tokens the path keeps (see
+    :func:`tallow.speculative.tree_path`)."""
+    branches = [(g.guess_depth or 0, g.token_ids, rows) for g, rows in guesses]
+    return tree_path(chunk.draft, greedy, branches)
+
+
 @dataclass(eq=False, kw_only=True)
 class EngineRequest(Request):
     """A request as the engine holds it: the scheduler's part (:class:`Request`, whose
@@ -469,8 +505,9 @@ class EngineRequest(Request):
     its output state."""
 
     sampler: _core.Sampler = field(repr=False)
-    speculation: tuple[str, int] | None = None
-    """(method, draft tokens per step) when the request speculates."""
+    speculation: tuple[str, int, int] | None = None
+    """(method, draft tokens per step, alternative guesses per step) when the request
+    speculates."""
     output: OutputState = field(repr=False)
     pooler: Pooler | None = field(default=None, repr=False)
     """An embedding request's pooling of its hidden states."""
@@ -595,9 +632,9 @@ class Engine:
         self.scheduler.add(request)
         self._requests[request_id] = request
 
-    def _speculation(self, params: SamplingParams) -> tuple[str, int] | None:
-        """(method, tokens) of a request's speculation, or None. What the request leaves out
-        comes from the engine's setting."""
+    def _speculation(self, params: SamplingParams) -> tuple[str, int, int] | None:
+        """(method, tokens, alternative guesses) of a request's speculation, or None. What the
+        request leaves out comes from the engine's setting."""
         if params.speculative is None:
             spec = self.speculative
         else:
@@ -611,7 +648,7 @@ class Engine:
             )
         if spec.method == "ngram" and "ngram" not in self._proposers:
             self._proposers["ngram"] = NgramProposer.from_config(spec)
-        return spec.method, spec.num_tokens
+        return spec.method, spec.num_tokens, spec.num_branches if spec.method == "ngram" else 0
 
     def abort(self, request_id: str) -> bool:
         """Abort a request; its pages are freed at the latest by the next step."""
@@ -629,8 +666,12 @@ class Engine:
 
     def _step(self) -> list[RequestOutput]:
         proposals = self._propose()
-        step = self.scheduler.schedule({r: p.tokens for r, p in proposals.items()})
+        step = self.scheduler.schedule(
+            {r: p.tokens for r, p in proposals.items()},
+            {r: p.branches for r, p in proposals.items() if p.branches},
+        )
         sampled: dict[str, list[SampledRow]] = {}
+        adopted: dict[str, int] = {}
         failed: dict[str, TallowError] = {}
         scores: dict[str, list[float]] = {}
         embeddings: dict[str, npt.NDArray[np.float32]] = {}
@@ -638,20 +679,20 @@ class Engine:
             try:
                 if self._greedy_on_device(step):
                     tokens = self._forward(step, "argmax", embeddings)
-                    sampled = self._take_argmax(step, tokens)
+                    sampled, adopted = self._take_argmax(step, tokens)
                 elif (vocab := self._scored_vocab(step)) is not None:
                     logits = self._forward(step, "logits", embeddings, vocab)
                     scores = self._score(step, logits, vocab)
                 else:
                     logits = self._forward(step, "logits", embeddings)
-                    sampled, failed = self._sample(step, logits, proposals)
+                    sampled, failed, adopted = self._sample(step, logits, proposals)
                     scores = self._score(step, logits)
             except TallowError as e:
                 return self._process(self.scheduler.fail(step, e), {})
             self.tokens_computed += step.num_tokens
             self._recent.append((time.perf_counter(), step.num_tokens))
         outputs = self.scheduler.update(
-            step, {r: [t[0] for t in rows] for r, rows in sampled.items()}, failed
+            step, {r: [t[0] for t in rows] for r, rows in sampled.items()}, failed, adopted
         )
         return self._process(outputs, sampled, scores, embeddings)
 
@@ -692,7 +733,7 @@ class Engine:
             assert isinstance(req, EngineRequest)
             if req.speculation is None or req.abort_pending:
                 continue
-            method, k = req.speculation
+            method, k, branches = req.speculation
             p = req.params
             assert isinstance(p, SamplingParams)
             wanted.setdefault(method, []).append(
@@ -700,6 +741,8 @@ class Engine:
                     req.request_id,
                     req.token_slice(0, req.num_tokens),
                     k,
+                    # A tree of guesses is verified by the greedy choices alone.
+                    num_branches=branches if req.sampler.is_plain_greedy else 0,
                     temperature=p.temperature,
                     top_k=p.top_k,
                     top_p=p.top_p,
@@ -724,61 +767,89 @@ class Engine:
 
     def _take_argmax(
         self, step: Step, argmaxes: npt.NDArray[np.uint32]
-    ) -> dict[str, list[SampledRow]]:
+    ) -> tuple[dict[str, list[SampledRow]], dict[str, int]]:
         """The tokens of every request in ``step`` from each row's greedy token: drafts kept
-        while they agree, as ``_sample`` verifies them."""
+        while they agree, as ``_sample`` verifies them; and the requests whose tokens follow
+        one of their guesses, with that guess's sequence."""
         sampled = {}
-        row = 0
-        for chunk in step.chunks:
-            if not chunk.logits:
+        adopted = {}
+        rows_of = _rows_of(step)
+        guesses = _guesses(step, rows_of)
+        for chunk, first in zip(step.chunks, rows_of, strict=True):
+            if not chunk.logits or chunk.guess_depth is not None:
                 continue
-            rows = argmaxes[row : row + chunk.n_rows].tolist()
+            rows = argmaxes[first : first + chunk.n_rows].tolist()
+            draft = chunk.draft
+            if chunk.request_id in guesses:
+                along = [
+                    (g, argmaxes[r : r + g.n_rows].tolist()) for g, r in guesses[chunk.request_id]
+                ]
+                which, taken = _tree(chunk, rows, along)
+                if which is not None:
+                    guess, guess_rows = along[which]
+                    depth = guess.guess_depth or 0
+                    draft = chunk.draft[:depth] + guess.token_ids[:taken]
+                    rows = rows[: depth + 1] + guess_rows[:taken]
+                    adopted[chunk.request_id] = guess.seq
             sampled[chunk.request_id] = self._requests[chunk.request_id].sampler.take_argmax(
-                rows, chunk.draft
+                rows, draft
             )
-            row += chunk.n_rows
-        return sampled
+        return sampled, adopted
 
     def _sample(
         self, step: Step, logits: npt.NDArray[np.float32], proposals: dict[str, Proposal]
-    ) -> tuple[dict[str, list[SampledRow]], dict[str, TallowError]]:
-        """The tokens of every request in ``step``: verification for chunks with a draft, one
-        batched draw for the others; and the error of each request that could not take one
-        (its constraint failed)."""
+    ) -> tuple[dict[str, list[SampledRow]], dict[str, TallowError], dict[str, int]]:
+        """The tokens of every request in ``step``: verification for chunks with a draft (along
+        the path of their guesses the greedy choices agree with, where they have some), one
+        batched draw for the others; the error of each request that could not take one (its
+        constraint failed); and the requests whose tokens follow one of their guesses, with
+        that guess's sequence."""
         sampled = {}
         failed = {}
+        adopted = {}
         plain_ids: list[str] = []
         plain_rows: list[int] = []
-        row = 0
-        for chunk in step.chunks:
-            if chunk.scoring:
-                row += chunk.n_rows
-                continue
-            if not chunk.logits:
+        rows_of = _rows_of(step)
+        guesses = _guesses(step, rows_of)
+        for chunk, row in zip(step.chunks, rows_of, strict=True):
+            if chunk.scoring or not chunk.logits or chunk.guess_depth is not None:
                 continue
             if chunk.draft:
                 probs = proposals[chunk.request_id].probs
                 q = None if probs is None else np.ascontiguousarray(probs[: len(chunk.draft)])
                 block = logits[row : row + chunk.n_rows]
+                draft, seq, depth = chunk.draft, None, 0
+                if chunk.request_id in guesses:
+                    along = [(g, logits[r : r + g.n_rows]) for g, r in guesses[chunk.request_id]]
+                    greedy = [(g, _greedy(rows)) for g, rows in along]
+                    which, taken = _tree(chunk, _greedy(block), greedy)
+                    if which is not None:
+                        guess, guess_rows = along[which]
+                        depth = guess.guess_depth or 0
+                        draft = chunk.draft[:depth] + guess.token_ids[:taken]
+                        block = np.concatenate([block[: depth + 1], guess_rows[:taken]])
+                        seq = guess.seq
                 try:
-                    sampled[chunk.request_id] = self._requests[chunk.request_id].sampler.verify(
-                        block, chunk.draft, q
-                    )
+                    got = self._requests[chunk.request_id].sampler.verify(block, draft, q)
+                    sampled[chunk.request_id] = got
+                    # The path goes into the guess where the verification kept one of its
+                    # tokens (it keeps them all, but for rows of NaN, which it reads alike).
+                    if seq is not None and len(got) - 1 > depth:
+                        adopted[chunk.request_id] = seq
                 except TallowError as e:
                     failed[chunk.request_id] = e
             else:
                 plain_ids.append(chunk.request_id)
                 plain_rows.append(row)
-            row += chunk.n_rows
         if plain_ids:
-            rows = logits if len(plain_rows) == row else logits[plain_rows]
+            rows = logits if len(plain_rows) == len(logits) else logits[plain_rows]
             drawn = _core.sample_batch([self._requests[r].sampler for r in plain_ids], rows)
             for r, one in zip(plain_ids, drawn, strict=True):
                 if isinstance(one, TallowError):
                     failed[r] = one
                 else:
                     sampled[r] = [one]
-        return sampled, failed
+        return sampled, failed, adopted
 
     def _scored_vocab(self, step: Step) -> list[int] | None:
         """The tokens whose logits are all that ``step`` reads, where each of its rows of

@@ -269,6 +269,10 @@ class ScheduledChunk:
     request's, see :attr:`Request.pooling`): all its tokens', or its last token's (1)."""
     pooled: bool = False
     """The last chunk of an embedding request: its embedding is complete after this step."""
+    guess_depth: int | None = None
+    """An alternative guess of a speculative chunk (tree speculation): a branch forked from
+    it (``branch_of``) after its last sampled token and its first ``guess_depth`` draft tokens,
+    whose rows are verified with the chunk's."""
 
     @property
     def n_rows(self) -> int:
@@ -298,7 +302,11 @@ class Step:
         """Requests to sample for, in the order of their rows of logits (a speculative chunk
         has several rows, see :attr:`ScheduledChunk.n_rows`; scoring chunks have rows but are
         not sampled)."""
-        return [c.request_id for c in self.chunks if c.logits and not c.scoring]
+        return [
+            c.request_id
+            for c in self.chunks
+            if c.logits and not c.scoring and c.guess_depth is None
+        ]
 
     @property
     def has_scoring(self) -> bool:
@@ -514,13 +522,21 @@ class Scheduler:
         of proposed tokens in the next :meth:`schedule`)."""
         return [r for r in self._running if r.num_tokens - r.num_computed == 1]
 
-    def schedule(self, drafts: Mapping[str, Sequence[int]] | None = None) -> Step:
+    def schedule(
+        self,
+        drafts: Mapping[str, Sequence[int]] | None = None,
+        guesses: Mapping[str, Sequence[tuple[int, Sequence[int]]]] | None = None,
+    ) -> Step:
         """The next step; reserves its KV positions. Call :meth:`update` with its result
         (also for an empty step) before the next schedule().
 
         ``drafts`` gives decoding requests tokens proposed after their last one (speculative
         decoding): a draft rides in the request's decode chunk, shortened to the pages, the
-        token budget, ``max_tokens`` and ``max_model_len``."""
+        token budget, ``max_tokens`` and ``max_model_len``. ``guesses`` gives such requests
+        alternatives to their draft, ``(depth, tokens)``: after its first ``depth`` tokens,
+        these instead; each is computed in a branch of the request's sequence with the tokens
+        and pages the step leaves over, no deeper than the draft (see
+        :attr:`ScheduledChunk.guess_depth`)."""
         drafts = drafts or {}
         if self._inflight is not None:
             raise RuntimeError("update() must be called with the previous step first")
@@ -626,8 +642,47 @@ class Scheduler:
             )
             if scoring:
                 step.chunks += self._fork_branches(p.req)
+        if guesses:
+            self._fork_guesses(step, guesses, budget, free)
         self._inflight = step
         return step
+
+    def _fork_guesses(
+        self,
+        step: Step,
+        guesses: Mapping[str, Sequence[tuple[int, Sequence[int]]]],
+        budget: int,
+        free: int,
+    ) -> None:
+        """Add to ``step`` a branch for each guess of its speculative chunks that fits
+        ``budget`` tokens and ``free`` pages."""
+        for chunk in list(step.chunks):
+            for depth, tokens in guesses.get(chunk.request_id, ()) if chunk.draft else ():
+                if not 0 <= depth < len(chunk.draft):
+                    continue  # the draft was cut shorter
+                kept = [int(t) for t in tokens[: min(len(chunk.draft) - depth, budget)]]
+                if not kept or kept[0] == chunk.draft[depth]:
+                    continue
+                fork = self.kv.fork(chunk.seq)
+                self.kv.truncate(fork, chunk.start_pos + 1 + depth)
+                need = self.kv.pages_needed(fork, len(kept))
+                if need > free:
+                    self.kv.free(fork)
+                    continue
+                self.kv.reserve(fork, len(kept))
+                free -= need
+                budget -= len(kept)
+                step.chunks.append(
+                    ScheduledChunk(
+                        request_id=chunk.request_id,
+                        seq=fork,
+                        token_ids=kept,
+                        start_pos=chunk.start_pos + 1 + depth,
+                        logits=True,
+                        branch_of=chunk.seq,
+                        guess_depth=depth,
+                    )
+                )
 
     def _admission(
         self, req: Request, tokens: list[int], limit: int, budget: int, free: int
@@ -694,6 +749,7 @@ class Scheduler:
         step: Step,
         sampled: Mapping[str, Sampled] | Sequence[Sampled],
         failed: Mapping[str, TallowError] | None = None,
+        adopted: Mapping[str, int] | None = None,
     ) -> list[SchedulerOutput]:
         """Take the tokens sampled for ``step`` (by request id, or aligned with the
         ``step.sample_ids`` not in ``failed``): one token per request, or for a chunk with a
@@ -701,7 +757,9 @@ class Scheduler:
         take a token (their constraint failed): they end with reason ``"abort"`` and the error
         it maps them to. Return the outputs: first those of requests finished outside a step
         (aborted, rejected, out of pages), then one per sampled request, in step order. The KV
-        of rejected draft tokens is dropped.
+        of rejected draft tokens is dropped. ``adopted`` names the requests whose tokens follow
+        one of their guesses (:attr:`ScheduledChunk.guess_depth`) rather than their draft: the
+        sequence of that guess's branch, which becomes the request's.
         """
         if step is not self._inflight:
             raise RuntimeError("update() takes the step returned by the last schedule()")
@@ -722,33 +780,60 @@ class Scheduler:
             r: [int(t)] if isinstance(t, int) else [int(x) for x in t]
             for r, t in zip(ids, given, strict=True)
         }
+        adopted = adopted or {}
+        guess_of = {
+            c.request_id: c
+            for c in step.chunks
+            if c.guess_depth is not None and adopted.get(c.request_id) == c.seq
+        }
+        if set(guess_of) != set(adopted):
+            raise InvalidArgumentError(f"no guess of the step has the sequences {adopted}")
         for chunk in step.chunks:
             got = tokens.get(chunk.request_id)
-            if got is not None and not (
-                1 <= len(got) <= len(chunk.draft) + 1 and got[:-1] == chunk.draft[: len(got) - 1]
-            ):
+            if got is None or chunk.branch_of is not None:
+                continue
+            path = chunk.draft
+            if (guess := guess_of.get(chunk.request_id)) is not None:
+                assert guess.guess_depth is not None
+                path = chunk.draft[: guess.guess_depth] + guess.token_ids
+                if len(got) - 1 <= guess.guess_depth:
+                    path = []  # a guess's path keeps one of its tokens or more
+            if not (1 <= len(got) <= len(path) + 1 and got[:-1] == path[: len(got) - 1]):
                 raise InvalidArgumentError(
                     f"{got} for {chunk.request_id!r} is not an accepted prefix of its draft "
-                    f"{chunk.draft} and one more token"
+                    f"{path} and one more token"
                 )
         self._inflight = None
-        self._free_branches(step)
+        self._free_branches(step, keep=set(adopted.values()))
         for chunk in step.chunks:
             if chunk.branch_of is not None:
                 continue
             kept = len(chunk.token_ids)
+            written = chunk.token_ids
             if chunk.draft:
                 accepted = len(tokens.get(chunk.request_id, [0])) - 1
                 kept -= len(chunk.draft) - accepted
+                req = self._requests[chunk.request_id]
+                if (guess := guess_of.get(chunk.request_id)) is not None:
+                    # The path went into a guess: its branch holds the kept tokens' KV and
+                    # becomes the request's sequence.
+                    assert guess.guess_depth is not None
+                    self.kv.free(chunk.seq)
+                    req.seq = guess.seq
+                    taken = accepted - guess.guess_depth
+                    written = chunk.token_ids[: 1 + guess.guess_depth] + guess.token_ids[:taken]
                 # The KV of rejected draft tokens goes.
-                self.kv.truncate(chunk.seq, chunk.start_pos + kept)
-                self._requests[chunk.request_id].num_computed = chunk.start_pos + kept
+                assert req.seq is not None
+                self.kv.truncate(req.seq, chunk.start_pos + kept)
+                req.num_computed = chunk.start_pos + kept
                 self.num_drafted += len(chunk.draft)
                 self.num_accepted += accepted
                 self.num_draft_steps += 1
             if self.prefix_caching:
                 # The step wrote these tokens' KV: the pages they fill become findable.
-                self.kv.commit(chunk.seq, chunk.token_ids[:kept])
+                seq = self._requests[chunk.request_id].seq if chunk.draft else chunk.seq
+                assert seq is not None
+                self.kv.commit(seq, written[:kept])
         outputs, self._pending = self._pending, []
         for chunk in step.chunks:
             if chunk.branch_of is not None:
@@ -764,10 +849,11 @@ class Scheduler:
                 outputs.append(self._append_all(req, chunk, tokens[chunk.request_id]))
         return outputs
 
-    def _free_branches(self, step: Step) -> None:
-        """Free the forks of a step's branches: they live for one step."""
+    def _free_branches(self, step: Step, keep: set[int] | None = None) -> None:
+        """Free the forks of a step's branches (but those of ``keep``, guesses a request
+        adopted): they live for one step."""
         for chunk in step.chunks:
-            if chunk.branch_of is not None:
+            if chunk.branch_of is not None and chunk.seq not in (keep or ()):
                 self.kv.free(chunk.seq)
 
     def _append_all(

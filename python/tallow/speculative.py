@@ -44,6 +44,7 @@ __all__ = [
     "Proposer",
     "SpeculativeConfig",
     "speculative_config",
+    "tree_path",
 ]
 
 METHODS = ("ngram", "draft")
@@ -66,6 +67,10 @@ class SpeculativeConfig:
     ngram_min: int = 1
     short_match_tokens: int = 2
     draft_model: str | os.PathLike[str] | None = None
+    num_branches: int = 0
+    """Prompt lookup: most alternative guesses verified beside the main one in the same step
+    (tree speculation), each where an earlier occurrence of the matched tokens went on
+    otherwise; for greedy requests without penalties, bias or log probabilities."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in METHODS:
@@ -73,7 +78,7 @@ class SpeculativeConfig:
                 f"speculative method must be one of {', '.join(METHODS)}, "
                 f"got {checks.describe(self.method)}"
             )
-        for name in ("num_tokens", "ngram_max", "ngram_min", "short_match_tokens"):
+        for name in ("num_tokens", "ngram_max", "ngram_min", "short_match_tokens", "num_branches"):
             checks.integer(name, getattr(self, name), 0, MAX_TOKENS)
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise InvalidArgumentError("need 1 <= ngram_min <= ngram_max")
@@ -119,6 +124,8 @@ class DraftRequest:
     """The request's prompt and generated tokens, the last sampled one included."""
     num_tokens: int
     """Most tokens to propose."""
+    num_branches: int = 0
+    """Most alternative guesses to propose beside the main one (see :class:`Proposal`)."""
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -134,6 +141,33 @@ class Proposal:
     probs: npt.NDArray[np.float32] | None = None
     """The distribution each token was drawn from (one row of ``n_vocab`` per token), or None
     when they were chosen with certainty (lookup, greedy drafting)."""
+    branches: list[tuple[int, list[int]]] = field(default_factory=list)
+    """Alternative guesses, ``(depth, tokens)``: after the first ``depth`` of ``tokens``,
+    these instead (their first differs from ``tokens[depth]``). With the main guess they make a
+    tree whose every path is verified in one step (see :func:`tree_path`)."""
+
+
+def tree_path(
+    draft: Sequence[int],
+    greedy: Sequence[int],
+    branches: Sequence[tuple[int, Sequence[int], Sequence[int]]],
+) -> tuple[int | None, int]:
+    """The longest path of a tree of guesses that the model's greedy choices agree with.
+    ``draft`` is the main guess and ``greedy`` the model's choice after each of its prefixes
+    (``len(draft) + 1``); each branch is ``(depth, tokens, greedy)``: tokens after the first
+    ``depth`` of ``draft``, and the model's choice after each prefix of them that holds one
+    token or more. Returns the branch the path goes into (its index; None: the main guess) and
+    how many of that guess's tokens it keeps (for a branch, past its depth)."""
+    kept = 0
+    while kept < len(draft) and draft[kept] == greedy[kept]:
+        kept += 1
+    for i, (depth, tokens, along) in enumerate(branches):
+        if depth == kept and tokens and tokens[0] == greedy[kept]:
+            taken = 1
+            while taken < len(tokens) and tokens[taken] == along[taken - 1]:
+                taken += 1
+            return i, taken
+    return None, kept
 
 
 class Proposer(Protocol):
@@ -148,12 +182,16 @@ class Proposer(Protocol):
         ...
 
 
+OCCURRENCES = 4
+"""Most recent starts of an n-gram the lookup index keeps (for alternative guesses)."""
+
+
 @dataclass
 class _NgramIndex:
-    """For each n, the latest start of every n-gram of a request's tokens that has a token
-    after it."""
+    """For each n, the latest starts (up to :data:`OCCURRENCES`, the latest last) of every
+    n-gram of a request's tokens that has a token after it."""
 
-    by_n: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
+    by_n: dict[int, dict[tuple[int, ...], list[int]]] = field(default_factory=dict)
     indexed: int = 0
     """Tokens whose n-grams (ending before the last token) are in the index."""
     source: int = -1
@@ -168,7 +206,9 @@ class NgramProposer:
     that occurs), in its prompt and output; at most ``short_match_tokens`` of them when only
     the last token matches. While the output keeps following the passage a proposal came
     from (its last ``ngram_max`` tokens match there), the next proposal goes on from there.
-    An index per request is updated with the new tokens of each step."""
+    With ``num_branches``, what followed other occurrences (of the longest n-gram, then of
+    shorter ones, the latest first) and went on otherwise become alternative guesses. An
+    index per request is updated with the new tokens of each step."""
 
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1, short_match_tokens: int = 2) -> None:
         self.ngram_max = ngram_max
@@ -186,7 +226,8 @@ class NgramProposer:
         for r in requests:
             found = self._lookup(r)
             if found:
-                out[r.request_id] = Proposal(found)
+                branches = self._branches(r, found) if r.num_branches else []
+                out[r.request_id] = Proposal(found, branches=branches)
         return out
 
     def _lookup(self, r: DraftRequest) -> list[int]:
@@ -196,7 +237,12 @@ class NgramProposer:
         for end in range(max(index.indexed, 1), len(tokens)):
             for n in range(self.ngram_min, self.ngram_max + 1):
                 if end >= n:
-                    index.by_n.setdefault(n, {})[tuple(tokens[end - n : end])] = end - n
+                    starts = index.by_n.setdefault(n, {}).setdefault(
+                        tuple(tokens[end - n : end]), []
+                    )
+                    starts.append(end - n)
+                    if len(starts) > OCCURRENCES:
+                        del starts[0]
         index.indexed = len(tokens)
         # While the output keeps following the passage the last proposal came from, go on
         # copying from there: the latest occurrence of a short n-gram is often elsewhere.
@@ -208,12 +254,35 @@ class NgramProposer:
         for n in range(self.ngram_max, self.ngram_min - 1, -1):
             if len(tokens) < n:
                 continue
-            start = index.by_n.get(n, {}).get(tuple(tokens[-n:]))
-            if start is not None:
+            latest = index.by_n.get(n, {}).get(tuple(tokens[-n:]))
+            if latest:
                 k = r.num_tokens if n > 1 else min(r.num_tokens, self.short_match_tokens)
-                return self._propose_from(index, tokens, start + n, k)
+                return self._propose_from(index, tokens, latest[-1] + n, k)
         index.source = -1
         return []
+
+    def _branches(self, r: DraftRequest, draft: list[int]) -> list[tuple[int, list[int]]]:
+        """Up to ``r.num_branches`` alternatives to ``draft``: what followed the other
+        occurrences of the request's last tokens, from where it leaves ``draft``, each at a
+        depth and first token of its own, as long as ``draft`` in all."""
+        tokens, index = r.tokens, self._index[r.request_id]
+        branches: list[tuple[int, list[int]]] = []
+        taken: set[tuple[int, int]] = set()
+        for n in range(self.ngram_max, self.ngram_min - 1, -1):
+            if len(tokens) < n:
+                continue
+            for start in reversed(index.by_n.get(n, {}).get(tuple(tokens[-n:]), [])):
+                guess = tokens[start + n : start + n + len(draft)]
+                depth = 0
+                while depth < len(guess) and guess[depth] == draft[depth]:
+                    depth += 1
+                if depth == len(guess) or (depth, guess[depth]) in taken:
+                    continue
+                taken.add((depth, guess[depth]))
+                branches.append((depth, guess[depth:]))
+                if len(branches) == r.num_branches:
+                    return branches
+        return branches
 
     @staticmethod
     def _propose_from(index: _NgramIndex, tokens: list[int], follow: int, k: int) -> list[int]:
