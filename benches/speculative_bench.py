@@ -1,12 +1,14 @@
 """Decode speed with speculative decoding against plain decoding, on input-grounded tasks.
 
 Each task is a prompt whose answer repeats much of the prompt (fixing a typo in a text,
-editing code). For each task and setting the script prints the decode tokens per second (after
-the first token), the speedup over plain decoding, the acceptance rate and the tokens gained
-per step, and checks that greedy outputs are the same with and without speculation.
+editing code, continuing a copy), and one whose answer is free text. For each task and
+setting the script prints the decode tokens per second (after the first token), the speedup
+over plain decoding, the acceptance rate and the tokens gained per step, and checks that
+greedy outputs are the same with and without speculation.
 
 Settings: plain decoding; prompt lookup (``ngram``) with 4 and 6 proposed tokens (and with 4
-but no proposals after a match of only one token, ``ngram_min=2``); and a draft model: the
+but no proposals after a match of only one token, ``ngram_min=2``), alone or with alternative
+guesses verified beside them (tree speculation, ``num_branches``); and a draft model: the
 default model (Q4_1) drafting for the same model requantized to Q8_0 (written once next to it
 with the ``gguf`` package, from the Q4_1 weights).
 
@@ -42,6 +44,8 @@ TASKS = {
     ),
     "edit code": chat("Repeat this code with the docstrings removed:\n\n" + CODE),
     "continue a copy": CODE[:1200] + "\n\n# The same module again:\n\n" + CODE[:200],
+    # Nothing to copy: speculation must not cost anything here.
+    "free text": chat("Write a short story about a lighthouse keeper and a storm."),
 }
 
 
@@ -120,6 +124,9 @@ def main() -> None:
         ("ngram k=6", {"method": "ngram", "num_tokens": 6}),
         # Without proposals after single-token matches.
         ("ngram k=4, ngram_min=2", {"method": "ngram", "num_tokens": 4, "ngram_min": 2}),
+        # Tree speculation: alternative guesses from the other occurrences of the match.
+        ("ngram k=4, 2 branches", {"method": "ngram", "num_tokens": 4, "num_branches": 2}),
+        ("ngram k=6, 3 branches", {"method": "ngram", "num_tokens": 6, "num_branches": 3}),
     ]
     for task, text in TASKS.items():
         prompt = model.tokenize(text, False, True)
