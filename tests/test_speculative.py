@@ -248,6 +248,27 @@ def test_ngram_lookup_keeps_copying_from_the_same_passage() -> None:
     assert proposer.propose([DraftRequest("r", tokens, 4)])["r"].tokens == [7, 1]
 
 
+def test_proposals_grow_while_the_output_keeps_them_all() -> None:
+    proposer = NgramProposer(ngram_max=3, ngram_min=1)
+    passage = list(range(10, 60))
+    tokens = [1, *passage, 2, *passage[:3]]
+
+    def propose() -> list[int]:
+        return proposer.propose([DraftRequest("r", tokens, 2, max_tokens=8)])["r"].tokens
+
+    assert propose() == passage[3:5]
+    tokens += passage[3:6]  # both kept, and one more
+    assert propose() == passage[6:10]
+    tokens += passage[6:11]
+    assert propose() == passage[11:19]  # at most 8
+    tokens += passage[11:20]
+    assert propose() == passage[20:28]
+    tokens += passage[20:22]  # one of eight kept: back to two
+    assert propose() == passage[22:24]
+    # Without a most, proposals keep their size.
+    assert NgramProposer(3, 1).propose([DraftRequest("q", tokens, 2)])["q"].tokens == passage[22:24]
+
+
 def test_a_match_of_one_token_proposes_fewer() -> None:
     tokens = [5, 1, 2, 3, 4, 6, 5]  # only "5" recurs
     for short, expected in ((2, [1, 2]), (0, None), (9, [1, 2, 3, 4])):
@@ -281,6 +302,8 @@ def test_speculative_options() -> None:
     with pytest.raises(tallow.InvalidArgumentError):
         SpeculativeConfig(num_branches=-1)
     assert speculative_config({"num_branches": 2}).num_branches == 2
+    with pytest.raises(tallow.InvalidArgumentError):
+        SpeculativeConfig(max_num_tokens=65)
 
 
 def test_draft_requests_need_an_engine_with_a_draft_model(model: _core.Model) -> None:

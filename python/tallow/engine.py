@@ -40,6 +40,7 @@ from tallow.speculative import (
     NgramProposer,
     Proposal,
     Proposer,
+    SpeculativeConfig,
     speculative_config,
     tree_path,
 )
@@ -505,9 +506,8 @@ class EngineRequest(Request):
     its output state."""
 
     sampler: _core.Sampler = field(repr=False)
-    speculation: tuple[str, int, int] | None = None
-    """(method, draft tokens per step, alternative guesses per step) when the request
-    speculates."""
+    speculation: SpeculativeConfig | None = None
+    """How the request speculates, where it does."""
     output: OutputState = field(repr=False)
     pooler: Pooler | None = field(default=None, repr=False)
     """An embedding request's pooling of its hidden states."""
@@ -632,9 +632,9 @@ class Engine:
         self.scheduler.add(request)
         self._requests[request_id] = request
 
-    def _speculation(self, params: SamplingParams) -> tuple[str, int, int] | None:
-        """(method, tokens, alternative guesses) of a request's speculation, or None. What the
-        request leaves out comes from the engine's setting."""
+    def _speculation(self, params: SamplingParams) -> SpeculativeConfig | None:
+        """How a request speculates, or None. What the request leaves out comes from the
+        engine's setting."""
         if params.speculative is None:
             spec = self.speculative
         else:
@@ -648,7 +648,7 @@ class Engine:
             )
         if spec.method == "ngram" and "ngram" not in self._proposers:
             self._proposers["ngram"] = NgramProposer.from_config(spec)
-        return spec.method, spec.num_tokens, spec.num_branches if spec.method == "ngram" else 0
+        return spec
 
     def abort(self, request_id: str) -> bool:
         """Abort a request; its pages are freed at the latest by the next step."""
@@ -720,7 +720,7 @@ class Engine:
                     self.scheduler.stop(out.request_id)
                 del self._requests[out.request_id]
                 if req.speculation is not None:
-                    self._proposers[req.speculation[0]].finish(out.request_id)
+                    self._proposers[req.speculation.method].finish(out.request_id)
             results.append(result)
         return results
 
@@ -733,16 +733,17 @@ class Engine:
             assert isinstance(req, EngineRequest)
             if req.speculation is None or req.abort_pending:
                 continue
-            method, k, branches = req.speculation
+            spec = req.speculation
             p = req.params
             assert isinstance(p, SamplingParams)
-            wanted.setdefault(method, []).append(
+            wanted.setdefault(spec.method, []).append(
                 DraftRequest(
                     req.request_id,
                     req.token_slice(0, req.num_tokens),
-                    k,
+                    spec.num_tokens,
+                    max_tokens=spec.max_num_tokens,
                     # A tree of guesses is verified by the greedy choices alone.
-                    num_branches=branches if req.sampler.is_plain_greedy else 0,
+                    num_branches=spec.num_branches if req.sampler.is_plain_greedy else 0,
                     temperature=p.temperature,
                     top_k=p.top_k,
                     top_p=p.top_p,

@@ -67,10 +67,15 @@ class SpeculativeConfig:
     ngram_min: int = 1
     short_match_tokens: int = 2
     draft_model: str | os.PathLike[str] | None = None
+    max_num_tokens: int = 16
+    """Prompt lookup: while the output keeps every token proposed, the next proposal has twice
+    as many, up to this many (at most ``num_tokens`` where it is smaller)."""
     num_branches: int = 0
     """Prompt lookup: most alternative guesses verified beside the main one in the same step
     (tree speculation), each where an earlier occurrence of the matched tokens went on
-    otherwise; for greedy requests without penalties, bias or log probabilities."""
+    otherwise; for greedy requests without penalties, bias or log probabilities. On a CPU
+    the extra tokens cost more than they gain (see the README); where verifying more tokens
+    costs little, they pay."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in METHODS:
@@ -78,7 +83,14 @@ class SpeculativeConfig:
                 f"speculative method must be one of {', '.join(METHODS)}, "
                 f"got {checks.describe(self.method)}"
             )
-        for name in ("num_tokens", "ngram_max", "ngram_min", "short_match_tokens", "num_branches"):
+        for name in (
+            "num_tokens",
+            "ngram_max",
+            "ngram_min",
+            "short_match_tokens",
+            "max_num_tokens",
+            "num_branches",
+        ):
             checks.integer(name, getattr(self, name), 0, MAX_TOKENS)
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise InvalidArgumentError("need 1 <= ngram_min <= ngram_max")
@@ -124,6 +136,9 @@ class DraftRequest:
     """The request's prompt and generated tokens, the last sampled one included."""
     num_tokens: int
     """Most tokens to propose."""
+    max_tokens: int = 0
+    """Most tokens to propose while the output keeps every token proposed (prompt lookup
+    doubles its proposals up to this many)."""
     num_branches: int = 0
     """Most alternative guesses to propose beside the main one (see :class:`Proposal`)."""
     temperature: float = 0.0
@@ -198,6 +213,8 @@ class _NgramIndex:
     """Where the last proposal was copied from (-1: none), when the request had
     ``source_len`` tokens."""
     source_len: int = 0
+    proposed: int = 0
+    """Tokens of the last proposal."""
 
 
 class NgramProposer:
@@ -250,7 +267,10 @@ class NgramProposer:
             follow = index.source + len(tokens) - index.source_len
             n = self.ngram_max
             if n <= follow < len(tokens) - 1 and tokens[follow - n : follow] == tokens[-n:]:
-                return self._propose_from(index, tokens, follow, r.num_tokens)
+                # Every token of the last proposal was kept: twice as many, up to the most.
+                whole = len(tokens) - index.source_len == index.proposed + 1
+                k = min(2 * index.proposed, r.max_tokens) if whole else r.num_tokens
+                return self._propose_from(index, tokens, follow, max(k, r.num_tokens))
         for n in range(self.ngram_max, self.ngram_min - 1, -1):
             if len(tokens) < n:
                 continue
@@ -287,7 +307,9 @@ class NgramProposer:
     @staticmethod
     def _propose_from(index: _NgramIndex, tokens: list[int], follow: int, k: int) -> list[int]:
         index.source, index.source_len = follow, len(tokens)
-        return tokens[follow : follow + k]
+        proposal = tokens[follow : follow + k]
+        index.proposed = len(proposal)
+        return proposal
 
     def finish(self, request_id: str) -> None:
         self._index.pop(request_id, None)
