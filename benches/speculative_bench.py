@@ -6,8 +6,9 @@ setting the script prints the decode tokens per second (after the first token), 
 over plain decoding, the acceptance rate and the tokens gained per step, and checks that
 greedy outputs are the same with and without speculation.
 
-Settings: plain decoding; prompt lookup (``ngram``) with 4 and 6 proposed tokens (and with 4
-but no proposals after a match of only one token, ``ngram_min=2``), alone or with alternative
+Settings: plain decoding; prompt lookup (``ngram``) with 4 and 6 proposed tokens, growing to
+16 while every proposed token is kept (and with 4 of a fixed size; with 4 but no proposals
+after a match of only one token, ``ngram_min=2``), alone or with alternative
 guesses verified beside them (tree speculation, ``num_branches``); and a draft model: the
 default model (Q4_1) drafting for the same model requantized to Q8_0 (written once next to it
 with the ``gguf`` package, from the Q4_1 weights).
@@ -120,6 +121,8 @@ def main() -> None:
         f"{'tok/step':>8} same"
     )
     settings: list[tuple[str, object]] = [
+        # Proposals of a fixed size, beside those that double while all their tokens are kept.
+        ("ngram k=4, fixed", {"method": "ngram", "num_tokens": 4, "max_num_tokens": 4}),
         ("ngram k=4", {"method": "ngram", "num_tokens": 4}),
         ("ngram k=6", {"method": "ngram", "num_tokens": 6}),
         # Without proposals after single-token matches.
