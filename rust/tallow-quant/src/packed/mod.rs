@@ -274,6 +274,19 @@ impl PackedMatrix {
         Self::matmul_many([self], acts, [out])
     }
 
+    /// Checks that `acts` are activations this matrix multiplies: of its format's activation
+    /// type, as many columns as it has.
+    fn check_acts(&self, acts: &QuantizedActs<'_>) -> Result<(), QuantError> {
+        if acts.ty() != self.ty.vec_dot_type() {
+            return Err(QuantError::ActivationType {
+                weights: self.ty,
+                expected: self.ty.vec_dot_type(),
+                actual: acts.ty(),
+            });
+        }
+        sizes::expect_len("activation columns", self.cols, acts.cols())
+    }
+
     /// The outputs of the weight rows `rows` alone: `out[t * rows.len() + i] = dot(weight row
     /// rows[i], activations of token t)`, equal bit for bit to those of
     /// [`PackedMatrix::matmul`]. Computes the groups that hold them, on the calling thread:
@@ -284,14 +297,7 @@ impl PackedMatrix {
         acts: &QuantizedActs<'_>,
         out: &mut [f32],
     ) -> Result<(), QuantError> {
-        if acts.ty() != self.ty.vec_dot_type() {
-            return Err(QuantError::ActivationType {
-                weights: self.ty,
-                expected: self.ty.vec_dot_type(),
-                actual: acts.ty(),
-            });
-        }
-        sizes::expect_len("activation columns", self.cols, acts.cols())?;
+        self.check_acts(acts)?;
         let n_tokens = acts.n_tokens();
         let out_len = sizes::product(n_tokens, rows.len(), "output")?;
         sizes::expect_len("output elements", out_len, out.len())?;
@@ -367,14 +373,7 @@ impl PackedMatrix {
             out,
         } in products
         {
-            if acts.ty() != m.ty.vec_dot_type() {
-                return Err(QuantError::ActivationType {
-                    weights: m.ty,
-                    expected: m.ty.vec_dot_type(),
-                    actual: acts.ty(),
-                });
-            }
-            sizes::expect_len("activation columns", m.cols, acts.cols())?;
+            m.check_acts(acts)?;
             let out_len = sizes::product(acts.n_tokens(), m.rows, "output")?;
             sizes::expect_len("output elements", out_len, out.len())?;
             work = work.saturating_add(out_len.saturating_mul(m.cols));
