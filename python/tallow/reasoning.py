@@ -28,7 +28,7 @@ before ``<|channel|>commentary`` is reasoning instead, and the call's grammar fo
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tallow import _core
@@ -143,8 +143,8 @@ def block_of(
         channels = Channels(
             start, channel, message, end, tuple(header), body, answer, close, budget
         )
-        split = ChannelSplit(channels, model.detokenize)
-        return replace(channels, answering=body and not split.reasoning)
+        kind, _ = _header_kind(channels, header, model.detokenize)
+        return replace(channels, answering=body and kind != "reasoning")
     found = marks(model)
     if found is None:
         return None
@@ -195,8 +195,9 @@ class ChannelSplit:
         self._detokenize = detokenize
         self._header: list[int] = list(channels.header)
         self._addressed: list[tuple[str, list[int]]] = []
-        self._in_body = channels.body
-        self._kind = self._body_kind() if channels.body else "answer"
+        self._in_body, self._kind = False, "answer"
+        if channels.body:
+            self._open_body()
 
     @property
     def reasoning(self) -> bool:
@@ -209,24 +210,13 @@ class ChannelSplit:
         header), as ``(recipient, body)``, in order."""
         return [(to, self._detokenize(body)) for to, body in self._addressed]
 
-    def _body_kind(self) -> str:
-        """What the message whose header is :attr:`_header` is: ``"call"`` (it names a
-        recipient, which starts an entry of :attr:`_addressed`), ``"reasoning"`` (on the
-        analysis channel) or ``"answer"``."""
-        m = self._marks
-        # Read apart, the parts of the header before and after <|channel|>: the recipient may
-        # be in either (``assistant to=functions.f<|channel|>commentary json``, or
-        # ``<|channel|>commentary to=functions.f <|constrain|>json``).
-        at = self._header.index(m.channel) if m.channel in self._header else len(self._header)
-        role = self._detokenize(self._header[:at])
-        channel = self._detokenize(self._header[at + 1 :])
-        recipient = _RECIPIENT.search(role) or _RECIPIENT.search(channel)
+    def _open_body(self) -> None:
+        """Enters the body of the message whose header is :attr:`_header`; a call's body
+        starts an entry of :attr:`_addressed`."""
+        self._kind, recipient = _header_kind(self._marks, self._header, self._detokenize)
+        self._in_body = True
         if recipient is not None:
-            self._addressed.append((recipient.group(1), []))
-            return "call"
-        if at < len(self._header) and channel.strip().split(" ")[0] == "analysis":
-            return "reasoning"
-        return "answer"
+            self._addressed.append((recipient, []))
 
     def push(self, token: int) -> tuple[bool, bool]:
         """Take the reply's next token: ``(is_reasoning, is_mark)``, as
@@ -241,7 +231,7 @@ class ChannelSplit:
                 return False, True
             return self._kind == "reasoning", False
         if token == m.message:
-            self._in_body, self._kind = True, self._body_kind()
+            self._open_body()
             return self._kind == "reasoning", True
         if token == m.start:
             self._header = []
@@ -256,6 +246,25 @@ class ChannelSplit:
 
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 """A message header's recipient: ``to=functions.get_weather``."""
+
+
+def _header_kind(
+    marks: Channels, header: Sequence[int], detokenize: Callable[[list[int]], str]
+) -> tuple[str, str | None]:
+    """What the message whose header is ``header`` is, and its recipient: ``"call"`` (it
+    names one), ``"reasoning"`` (on the analysis channel) or ``"answer"``."""
+    # Read apart, the parts of the header before and after <|channel|>: the recipient may be
+    # in either (``assistant to=functions.f<|channel|>commentary json``, or
+    # ``<|channel|>commentary to=functions.f <|constrain|>json``).
+    at = header.index(marks.channel) if marks.channel in header else len(header)
+    role = detokenize(list(header[:at]))
+    channel = detokenize(list(header[at + 1 :]))
+    recipient = _RECIPIENT.search(role) or _RECIPIENT.search(channel)
+    if recipient is not None:
+        return "call", recipient.group(1)
+    if at < len(header) and channel.strip().split(" ")[0] == "analysis":
+        return "reasoning", None
+    return "answer", None
 
 
 def splitter(
