@@ -152,7 +152,9 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         matrices: [&Matrix; N],
         outs: [&mut Self::Rows; N],
     ) -> Result<(), BackendError> {
-        let n = self.n_tokens();
+        // Rows of the input: the step's tokens, or fewer (the last layer's rows that produce
+        // logits).
+        let n = input.len() / matrices[0].cols.max(1);
         reset(self.layer)?;
         let layer: &GrowingArena = self.layer;
         let outs = outs.map(|out| &mut out[..]);

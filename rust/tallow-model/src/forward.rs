@@ -9,7 +9,7 @@ use tallow_kv::PagedKvCache;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::ropes::rope_index;
-use crate::weights::{Dense, FeedForward, Weights};
+use crate::weights::{Dense, FeedForward, LayerWeights, Weights};
 
 /// Where a forward pass writes what its batch asks for.
 pub struct Outputs<'o> {
@@ -175,6 +175,13 @@ impl<B: Backend> Forward<'_, B> {
             1.0
         };
         step.embed(&w.token_embd, scale, &mut x)?;
+        // Whether the last layer runs its output projection and feed-forward on the rows that
+        // produce logits alone: where those are all the batch asks for and fewer than its
+        // tokens (a mixture of experts routes every row of the step, so it runs them all).
+        let pruned = batch.n_hidden() == 0
+            && batch.n_logits() > 0
+            && batch.n_logits() < n
+            && cfg.experts.is_none();
 
         for (l, layer) in w.layers.iter().enumerate() {
             let scores = Scores {
@@ -209,21 +216,32 @@ impl<B: Backend> Forward<'_, B> {
             step.write_kv(cache, l, &mut k, &mut v)?;
             step.attention(cache, l, scores, layer.sinks.as_ref(), &mut q, &mut attn)?;
 
-            step.matmul(&attn, [&layer.wo], [&mut proj])?;
-            if let Some(bias) = &layer.o_bias {
-                step.add_bias(&mut proj, bias)?;
+            if l + 1 == w.layers.len() && pruned {
+                // Past the last attention, only the rows that produce logits are read: the
+                // rest of the layer runs on those alone.
+                let n_out = batch.n_logits();
+                let mut attn_out = step.rows(n_out, cfg.q_dim())?;
+                step.output_rows(&attn, OutputRows::Logits, &mut attn_out)?;
+                let mut x_out = step.rows(n_out, d)?;
+                step.output_rows(&x, OutputRows::Logits, &mut x_out)?;
+                let mut rows = LayerRows {
+                    h: step.rows(n_out, d)?,
+                    proj: step.rows(n_out, d)?,
+                    ffn: match cfg.dense_ff() {
+                        Some(ff) => Some(FfnRows {
+                            gate: step.rows(n_out, ff)?,
+                            up: step.rows(n_out, ff)?,
+                        }),
+                        None => None,
+                    },
+                };
+                self.after_attention(step, layer, &attn_out, &mut x_out, &mut rows, &mut moe)?;
+                x = x_out;
+            } else {
+                let mut rows = LayerRows { h, proj, ffn };
+                self.after_attention(step, layer, &attn, &mut x, &mut rows, &mut moe)?;
+                LayerRows { h, proj, ffn } = rows;
             }
-            if let Some(norm) = &layer.post_attn_norm {
-                step.rms_norm_in_place(&mut proj, norm, cfg.rms_eps)?;
-            }
-            step.add(&mut x, &proj)?;
-
-            step.rms_norm(&x, &layer.ffn_norm, cfg.rms_eps, &mut h)?;
-            self.feed_forward(step, &layer.ffn, &h, &mut ffn, &mut moe, &mut proj)?;
-            if let Some(norm) = &layer.post_ffn_norm {
-                step.rms_norm_in_place(&mut proj, norm, cfg.rms_eps)?;
-            }
-            step.add(&mut x, &proj)?;
         }
 
         // Only the rows that produce hidden states or logits go through the output norm, and
@@ -234,11 +252,45 @@ impl<B: Backend> Forward<'_, B> {
             step.read(&normed, out.hidden)?;
         }
         let n_logits = batch.n_logits();
-        if n_logits > 0 {
+        if pruned {
+            let mut normed = step.rows(n_logits, d)?;
+            step.rms_norm(&x, &w.output_norm, cfg.rms_eps, &mut normed)?;
+            step.logits(&normed, w.output(), cfg.final_softcap, out.head)?;
+        } else if n_logits > 0 {
             let normed = self.output_norm(step, &x, OutputRows::Logits, n_logits)?;
             step.logits(&normed, w.output(), cfg.final_softcap, out.head)?;
         }
         Ok(())
+    }
+
+    /// The rest of `layer` after its attention (`attn`, the heads' outputs): the output
+    /// projection and the feed-forward block, each added to the residual rows `x`.
+    fn after_attention<S: Step<B>>(
+        &self,
+        step: &mut S,
+        layer: &LayerWeights<B>,
+        attn: &S::Rows,
+        x: &mut S::Rows,
+        rows: &mut LayerRows<S::Rows>,
+        moe: &mut Option<MoeRows<S::Rows>>,
+    ) -> Result<(), BackendError> {
+        let cfg = self.config;
+        let LayerRows { h, proj, ffn } = rows;
+        step.matmul(attn, [&layer.wo], [&mut *proj])?;
+        if let Some(bias) = &layer.o_bias {
+            step.add_bias(proj, bias)?;
+        }
+        if let Some(norm) = &layer.post_attn_norm {
+            step.rms_norm_in_place(proj, norm, cfg.rms_eps)?;
+        }
+        step.add(x, proj)?;
+
+        step.rms_norm(x, &layer.ffn_norm, cfg.rms_eps, h)?;
+        self.feed_forward(step, &layer.ffn, h, ffn, moe, proj)?;
+        if let Some(norm) = &layer.post_ffn_norm {
+            step.rms_norm_in_place(proj, norm, cfg.rms_eps)?;
+        }
+        step.add(x, proj)
     }
 
     /// The `n` output rows `which` of `x`, after the output norm.
@@ -261,6 +313,14 @@ impl<B: Backend> Forward<'_, B> {
         )?;
         Ok(normed)
     }
+}
+
+/// A layer's buffers after its attention: the normalized rows, a projection's output and the
+/// dense feed-forward's.
+struct LayerRows<R> {
+    h: R,
+    proj: R,
+    ffn: Option<FfnRows<R>>,
 }
 
 /// The buffers of a dense gated feed-forward (a layer's or a shared expert's).
