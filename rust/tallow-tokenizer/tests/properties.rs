@@ -42,7 +42,7 @@ fn text() -> impl Strategy<Value = String> {
         any::<String>(),
         "[a-zA-Z0-9 .,;:'\"()\\n\\t_=-]{0,200}",
         "(\\PC|\\s|'s|'ll| {2,6}|\\n{2,4}){0,80}",
-        "(<\\|im_end\\|>|<\\|endoftext\\|>|<start_of_turn>|<end_of_turn>|<b>|\\n| |x|é){0,30}",
+        "(<\\|im_end\\|>|<\\|endoftext\\|>|<start_of_turn>|<end_of_turn>|<b>|\\n| |x|é|\u{2581}){0,30}",
     ]
 }
 
@@ -72,7 +72,9 @@ proptest! {
     fn gemma3_decode_inverts_encode(s in text(), parse_special: bool) {
         let Some(t) = gemma3() else { return Ok(()) };
         let ids = t.encode(&s, false, parse_special);
-        prop_assert_eq!(t.decode(&ids).unwrap(), s);
+        // SentencePiece writes spaces as U+2581 and reads that back as a space: a U+2581 of
+        // the text comes back as a space (as with HF tokenizers and llama.cpp).
+        prop_assert_eq!(t.decode(&ids).unwrap(), s.replace('\u{2581}', " "));
     }
 
     /// Arbitrary ids make arbitrary bytes, invalid UTF-8 included.
