@@ -139,19 +139,11 @@ impl<B: Backend> Forward<'_, B> {
         let (cfg, w) = (self.config, self.weights);
         let (n, d) = (batch.tokens.len(), cfg.n_embd);
         let mut x = step.rows(n, d)?;
-        let mut h = step.rows(n, d)?;
+        let mut rows = LayerRows::new(step, cfg, n)?;
         let mut q = step.rows(n, cfg.q_dim())?;
         let mut k = step.rows(n, cfg.kv_dim())?;
         let mut v = step.rows(n, cfg.kv_dim())?;
         let mut attn = step.rows(n, cfg.q_dim())?;
-        let mut proj = step.rows(n, d)?;
-        let mut ffn = match cfg.dense_ff() {
-            Some(ff) => Some(FfnRows {
-                gate: step.rows(n, ff)?,
-                up: step.rows(n, ff)?,
-            }),
-            None => None,
-        };
         let mut moe = match &cfg.experts {
             Some(e) => Some(MoeRows {
                 router: step.rows(n, e.count)?,
@@ -159,10 +151,7 @@ impl<B: Backend> Forward<'_, B> {
                     Some(ff) => Some(SharedRows {
                         gate: step.rows(n, 1)?,
                         out: step.rows(n, d)?,
-                        ffn: FfnRows {
-                            gate: step.rows(n, ff)?,
-                            up: step.rows(n, ff)?,
-                        },
+                        ffn: FfnRows::new(step, n, ff)?,
                     }),
                     None => None,
                 },
@@ -189,9 +178,9 @@ impl<B: Backend> Forward<'_, B> {
                 softcap: cfg.attn_softcap,
                 window: cfg.window(l),
             };
-            step.rms_norm(&x, &layer.attn_norm, cfg.rms_eps, &mut h)?;
+            step.rms_norm(&x, &layer.attn_norm, cfg.rms_eps, &mut rows.h)?;
             step.matmul(
-                &h,
+                &rows.h,
                 [&layer.wq, &layer.wk, &layer.wv],
                 [&mut q, &mut k, &mut v],
             )?;
@@ -224,23 +213,11 @@ impl<B: Backend> Forward<'_, B> {
                 step.output_rows(&attn, OutputRows::Logits, &mut attn_out)?;
                 let mut x_out = step.rows(n_out, d)?;
                 step.output_rows(&x, OutputRows::Logits, &mut x_out)?;
-                let mut rows = LayerRows {
-                    h: step.rows(n_out, d)?,
-                    proj: step.rows(n_out, d)?,
-                    ffn: match cfg.dense_ff() {
-                        Some(ff) => Some(FfnRows {
-                            gate: step.rows(n_out, ff)?,
-                            up: step.rows(n_out, ff)?,
-                        }),
-                        None => None,
-                    },
-                };
-                self.after_attention(step, layer, &attn_out, &mut x_out, &mut rows, &mut moe)?;
+                let mut out_rows = LayerRows::new(step, cfg, n_out)?;
+                self.after_attention(step, layer, &attn_out, &mut x_out, &mut out_rows, &mut moe)?;
                 x = x_out;
             } else {
-                let mut rows = LayerRows { h, proj, ffn };
                 self.after_attention(step, layer, &attn, &mut x, &mut rows, &mut moe)?;
-                LayerRows { h, proj, ffn } = rows;
             }
         }
 
@@ -315,18 +292,50 @@ impl<B: Backend> Forward<'_, B> {
     }
 }
 
-/// A layer's buffers after its attention: the normalized rows, a projection's output and the
-/// dense feed-forward's.
+/// A layer's buffers beside its attention's: the normalized rows, a projection's output and
+/// the dense feed-forward's.
 struct LayerRows<R> {
     h: R,
     proj: R,
     ffn: Option<FfnRows<R>>,
 }
 
+impl<R> LayerRows<R> {
+    /// Buffers for `n` rows of a model of `cfg`.
+    fn new<B: Backend, S: Step<B, Rows = R>>(
+        step: &mut S,
+        cfg: &ModelConfig,
+        n: usize,
+    ) -> Result<Self, BackendError> {
+        Ok(LayerRows {
+            h: step.rows(n, cfg.n_embd)?,
+            proj: step.rows(n, cfg.n_embd)?,
+            ffn: match cfg.dense_ff() {
+                Some(ff) => Some(FfnRows::new(step, n, ff)?),
+                None => None,
+            },
+        })
+    }
+}
+
 /// The buffers of a dense gated feed-forward (a layer's or a shared expert's).
 struct FfnRows<R> {
     gate: R,
     up: R,
+}
+
+impl<R> FfnRows<R> {
+    /// Buffers for `n` rows of a feed-forward `ff` wide.
+    fn new<B: Backend, S: Step<B, Rows = R>>(
+        step: &mut S,
+        n: usize,
+        ff: usize,
+    ) -> Result<Self, BackendError> {
+        Ok(FfnRows {
+            gate: step.rows(n, ff)?,
+            up: step.rows(n, ff)?,
+        })
+    }
 }
 
 /// The buffers of a mixture-of-experts block: the router's logits, and the shared expert's
