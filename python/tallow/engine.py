@@ -490,13 +490,17 @@ def _greedy(rows: npt.NDArray[np.float32]) -> list[int]:
 
 def _tree(
     chunk: ScheduledChunk, greedy: list[int], guesses: list[tuple[ScheduledChunk, list[int]]]
-) -> tuple[int | None, int]:
-    """The guess (its index in ``guesses``, with the greedy choices after its tokens; None:
-    the draft) that the longest path of ``chunk``'s tree the greedy choices agree with goes
-    into, and how many of its tokens the path keeps (see
-    :func:`tallow.speculative.tree_path`)."""
+) -> tuple[int | None, list[int]]:
+    """The longest path of ``chunk``'s tree that the greedy choices agree with (see
+    :func:`tallow.speculative.tree_path`): the guess it goes into (its index in ``guesses``,
+    each with the greedy choices after its tokens; None: the draft) and the path's proposed
+    tokens, which its verification takes as its draft."""
     branches = [(g.guess_depth or 0, g.token_ids, rows) for g, rows in guesses]
-    return tree_path(chunk.draft, greedy, branches)
+    which, taken = tree_path(chunk.draft, greedy, branches)
+    if which is None:
+        return None, chunk.draft
+    guess = guesses[which][0]
+    return which, chunk.draft[: guess.guess_depth] + guess.token_ids[:taken]
 
 
 @dataclass(eq=False, kw_only=True)
@@ -785,12 +789,11 @@ class Engine:
                 along = [
                     (g, argmaxes[r : r + g.n_rows].tolist()) for g, r in guesses[chunk.request_id]
                 ]
-                which, taken = _tree(chunk, rows, along)
+                which, draft = _tree(chunk, rows, along)
                 if which is not None:
                     guess, guess_rows = along[which]
                     depth = guess.guess_depth or 0
-                    draft = chunk.draft[:depth] + guess.token_ids[:taken]
-                    rows = rows[: depth + 1] + guess_rows[:taken]
+                    rows = rows[: depth + 1] + guess_rows[: len(draft) - depth]
                     adopted[chunk.request_id] = guess.seq
             sampled[chunk.request_id] = self._requests[chunk.request_id].sampler.take_argmax(
                 rows, draft
@@ -823,11 +826,11 @@ class Engine:
                 if chunk.request_id in guesses:
                     along = [(g, logits[r : r + g.n_rows]) for g, r in guesses[chunk.request_id]]
                     greedy = [(g, _greedy(rows)) for g, rows in along]
-                    which, taken = _tree(chunk, _greedy(block), greedy)
+                    which, draft = _tree(chunk, _greedy(block), greedy)
                     if which is not None:
                         guess, guess_rows = along[which]
                         depth = guess.guess_depth or 0
-                        draft = chunk.draft[:depth] + guess.token_ids[:taken]
+                        taken = len(draft) - depth
                         block = np.concatenate([block[: depth + 1], guess_rows[:taken]])
                         seq = guess.seq
                 try:

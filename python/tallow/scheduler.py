@@ -809,7 +809,7 @@ class Scheduler:
             if chunk.branch_of is not None:
                 continue
             kept = len(chunk.token_ids)
-            written = chunk.token_ids
+            seq, written = chunk.seq, chunk.token_ids
             if chunk.draft:
                 accepted = len(tokens.get(chunk.request_id, [0])) - 1
                 kept -= len(chunk.draft) - accepted
@@ -819,20 +819,17 @@ class Scheduler:
                     # becomes the request's sequence.
                     assert guess.guess_depth is not None
                     self.kv.free(chunk.seq)
-                    req.seq = guess.seq
+                    seq = req.seq = guess.seq
                     taken = accepted - guess.guess_depth
                     written = chunk.token_ids[: 1 + guess.guess_depth] + guess.token_ids[:taken]
                 # The KV of rejected draft tokens goes.
-                assert req.seq is not None
-                self.kv.truncate(req.seq, chunk.start_pos + kept)
+                self.kv.truncate(seq, chunk.start_pos + kept)
                 req.num_computed = chunk.start_pos + kept
                 self.num_drafted += len(chunk.draft)
                 self.num_accepted += accepted
                 self.num_draft_steps += 1
             if self.prefix_caching:
                 # The step wrote these tokens' KV: the pages they fill become findable.
-                seq = self._requests[chunk.request_id].seq if chunk.draft else chunk.seq
-                assert seq is not None
                 self.kv.commit(seq, written[:kept])
         outputs, self._pending = self._pending, []
         for chunk in step.chunks:

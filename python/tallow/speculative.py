@@ -173,16 +173,19 @@ def tree_path(
     ``depth`` of ``draft``, and the model's choice after each prefix of them that holds one
     token or more. Returns the branch the path goes into (its index; None: the main guess) and
     how many of that guess's tokens it keeps (for a branch, past its depth)."""
-    kept = 0
-    while kept < len(draft) and draft[kept] == greedy[kept]:
-        kept += 1
+    kept = _agreeing(draft, greedy)
     for i, (depth, tokens, along) in enumerate(branches):
         if depth == kept and tokens and tokens[0] == greedy[kept]:
-            taken = 1
-            while taken < len(tokens) and tokens[taken] == along[taken - 1]:
-                taken += 1
-            return i, taken
+            return i, 1 + _agreeing(tokens[1:], along)
     return None, kept
+
+
+def _agreeing(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many first tokens of ``a`` equal those of ``b``."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 class Proposer(Protocol):
@@ -293,9 +296,7 @@ class NgramProposer:
                 continue
             for start in reversed(index.by_n.get(n, {}).get(tuple(tokens[-n:]), [])):
                 guess = tokens[start + n : start + n + len(draft)]
-                depth = 0
-                while depth < len(guess) and guess[depth] == draft[depth]:
-                    depth += 1
+                depth = _agreeing(guess, draft)
                 if depth == len(guess) or (depth, guess[depth]) in taken:
                     continue
                 taken.add((depth, guess[depth]))
