@@ -53,8 +53,8 @@ def test_a_folder_quantized_as_it_loads(arch_dir: Path, prompt: list[int], arch:
     # Every matrix but a mixture's routers (which stay F32).
     tensors = ours._model.tensors()
     assert {k for n, k, dims in tensors if len(dims) >= 2 and "gate_inp" not in n} == {"Q8_0"}
-    with pytest.raises(tallow.InvalidArgumentError, match="q8_0, q5_1"):
-        tallow.LLM(arch_dir / arch / "hf", quantize="q4_k", progress=False)
+    with pytest.raises(tallow.InvalidArgumentError, match="Q4_K_M, Q5_K_S"):
+        tallow.LLM(arch_dir / arch / "hf", quantize="iq2_xxs", progress=False)
     with pytest.raises(tallow.InvalidArgumentError, match="applies to a checkpoint folder"):
         tallow.LLM(arch_dir / arch / f"{arch}-f32.gguf", quantize="q8_0", progress=False)
 
@@ -72,9 +72,11 @@ def test_tallow_convert_writes_the_gguf(arch_dir: Path, tmp_path: Path, prompt: 
     small = tmp_path / "qwen3-q4_0.gguf"
     proc = run_cli("convert", str(arch_dir / "qwen3" / "hf"), str(small), "--type", "Q4_0")
     assert proc.returncode == 0, proc.stderr
-    assert {kind for _, kind, dims in _core.Model(str(small)).tensors() if len(dims) == 2} == {
-        "Q4_0"
-    }
+    # As llama-quantize's Q4_0: every matrix but the output layer, which gets Q6_K, or Q8_0
+    # where its rows are no whole number of Q6_K blocks.
+    kinds = {name: kind for name, kind, dims in _core.Model(str(small)).tensors() if len(dims) == 2}
+    assert kinds.pop("output.weight") == "Q8_0"
+    assert set(kinds.values()) == {"Q4_0"}
     assert small.stat().st_size < out.stat().st_size / 4
     assert_one_line_error(
         run_cli("convert", str(tmp_path / "nowhere"), str(tmp_path / "x.gguf")),
@@ -84,6 +86,26 @@ def test_tallow_convert_writes_the_gguf(arch_dir: Path, tmp_path: Path, prompt: 
         run_cli("convert", str(arch_dir / "qwen3" / "hf"), str(small), "--type", "q3"),
         "not converted to q3",
     )
+
+
+def test_k_quant_mixtures_from_the_command_line_and_at_load(
+    arch_dir: Path, tmp_path: Path, prompt: list[int]
+) -> None:
+    """``--type Q4_K_M`` and ``quantize="q4_k"`` (its alias): llama-quantize's mixture (the
+    Rust tests hold its bytes against llama-quantize's), the same model either way."""
+    out = tmp_path / "llama3-q4_k_m.gguf"
+    proc = run_cli("convert", str(arch_dir / "llama3" / "hf"), str(out), "--type", "Q4_K_M")
+    assert proc.returncode == 0, proc.stderr
+    written = _core.Model(str(out))
+    assert written.metadata_value("general.file_type") == 15
+    kinds = {name: kind for name, kind, dims in written.tensors() if len(dims) == 2}
+    # Two layers: the down projection of the last gets more bits; rows of 64 fall back to
+    # Q5_0 (Q4_K's 256-element blocks do not fit them).
+    assert (kinds["blk.0.ffn_down.weight"], kinds["blk.1.ffn_down.weight"]) == ("Q4_K", "Q6_K")
+    assert kinds["blk.0.attn_q.weight"] == "Q5_0"
+    loaded = tallow.LLM(arch_dir / "llama3" / "hf", quantize="q4_k", progress=False)
+    assert loaded._model.tensors() == written.tensors()
+    np.testing.assert_array_equal(all_logits(loaded._model, prompt), all_logits(written, prompt))
 
 
 def copy_of(arch_dir: Path, tmp_path: Path, arch: str = "qwen3") -> Path:

@@ -6,10 +6,12 @@
 //!
 //! [`convert`] streams the GGUF to any writer one tensor at a time, reading the safetensors
 //! over a memory map, so that peak memory stays near one tensor beside what is written;
-//! [`OutType`] keeps each tensor's precision or rounds it to another format on the way.
+//! [`OutType`] keeps each tensor's precision or rounds it to another format on the way, as
+//! `llama-quantize` would for that [`FileType`] (the K-quant mixtures included).
 
 mod arch;
 mod config;
+mod file_type;
 mod safetensors;
 mod sentencepiece;
 mod tensors;
@@ -19,6 +21,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+pub use file_type::FileType;
 pub use safetensors::{Dtype, SafetensorsFile, TensorView};
 use tallow_gguf::{write_gguf, Value};
 pub use tensors::OutType;

@@ -9,6 +9,7 @@ use tallow_quant::{dequantize, quantize_row};
 
 use crate::arch::{head_dim, Arch, Mapped};
 use crate::config::Config;
+use crate::file_type::{FileType, ModelShape};
 use crate::safetensors::{Dtype, TensorView};
 use crate::{Checkpoint, ConvertError};
 
@@ -18,92 +19,54 @@ pub enum OutType {
     /// Each tensor in the checkpoint's precision (F32, F16 or BF16).
     #[default]
     Keep,
-    /// Each matrix rounded to this format (vectors stay F32, as llama.cpp keeps them; a
-    /// matrix whose rows are no whole number of its blocks becomes F16).
-    Type(GgmlType),
+    /// Each matrix in the format this file type gives it, as `llama-quantize` chooses
+    /// (vectors and a mixture's routers stay F32, as llama.cpp keeps them).
+    File(FileType),
 }
 
-/// The formats a checkpoint's matrices may be rounded to at conversion.
-const OUT_TYPES: &[GgmlType] = &[
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q5_1,
-    GgmlType::Q5_0,
-    GgmlType::Q4_1,
-    GgmlType::Q4_0,
-];
-
 impl OutType {
-    /// The format called `name` (`"q8_0"`, `"F16"`: any case).
+    /// The file type called `name` (`"q8_0"`, `"Q4_K_M"`, `"F16"`: any case).
     pub fn named(name: &str) -> Result<Self, ConvertError> {
-        OUT_TYPES
-            .iter()
-            .find(|t| t.name().eq_ignore_ascii_case(name))
-            .map(|&t| OutType::Type(t))
-            .ok_or_else(|| not_an_out_type(name))
+        FileType::named(name).map(OutType::File).ok_or_else(|| {
+            ConvertError::OutType(format!(
+                "tensors are not converted to {name} (they are to {})",
+                FileType::names().join(", ")
+            ))
+        })
     }
 
-    /// An error where tallow cannot round to this format.
-    pub fn check(self) -> Result<(), ConvertError> {
-        match self {
-            OutType::Type(ty) if !OUT_TYPES.contains(&ty) => Err(not_an_out_type(ty.name())),
-            _ => Ok(()),
-        }
-    }
-
-    /// The format of the tensor `name` of `dims` (GGML order) from `source`: vectors and a
-    /// mixture's routers stay F32, as llama.cpp keeps them.
-    fn of(self, source: Dtype, dims: &[u64], name: &str) -> GgmlType {
+    /// The format of the tensor `name` of `dims` (GGML order) from `source`.
+    fn of(self, source: Dtype, dims: &[u64], name: &str, model: &ModelShape) -> GgmlType {
         if dims.len() < 2 || name.contains(".ffn_gate_inp") {
             return GgmlType::F32;
         }
-        let ty = match self {
+        match self {
             OutType::Keep => source.ggml(),
-            OutType::Type(ty) => ty,
-        };
-        if dims[0].is_multiple_of(ty.block_len() as u64) {
-            ty
-        } else {
-            GgmlType::F16
+            OutType::File(file) => file.matrix_type(name, dims[0], model),
         }
     }
 
-    /// `general.file_type`: llama.cpp's number of the format most of the matrices have.
+    /// `general.file_type`: llama.cpp's number of the file type, or for the checkpoint's
+    /// own precision that of the format most of the matrices have.
     pub fn file_type(self, plan: &[Planned]) -> u32 {
-        let ty = match self {
-            OutType::Type(ty) => ty,
-            OutType::Keep => {
-                let mut counts: BTreeMap<u32, (usize, GgmlType)> = BTreeMap::new();
-                for t in plan.iter().filter(|t| t.header.dims.len() >= 2) {
-                    counts.entry(t.header.ty.id()).or_insert((0, t.header.ty)).0 += 1;
-                }
-                counts
-                    .into_values()
-                    .max_by_key(|&(n, _)| n)
-                    .map_or(GgmlType::F32, |(_, ty)| ty)
-            }
-        };
-        match ty {
-            GgmlType::F16 => 1,
-            GgmlType::Q4_0 => 2,
-            GgmlType::Q4_1 => 3,
-            GgmlType::Q8_0 => 7,
-            GgmlType::Q5_0 => 8,
-            GgmlType::Q5_1 => 9,
-            GgmlType::BF16 => 32,
-            _ => 0,
+        if let OutType::File(file) = self {
+            return file.id();
         }
+        let mut counts: BTreeMap<u32, (usize, GgmlType)> = BTreeMap::new();
+        for t in plan.iter().filter(|t| t.header.dims.len() >= 2) {
+            counts.entry(t.header.ty.id()).or_insert((0, t.header.ty)).0 += 1;
+        }
+        let most = counts
+            .into_values()
+            .max_by_key(|&(n, _)| n)
+            .map_or(GgmlType::F32, |(_, ty)| ty);
+        match most {
+            GgmlType::F16 => FileType::F16,
+            GgmlType::BF16 => FileType::BF16,
+            _ => FileType::F32,
+        }
+        .id()
     }
-}
-
-fn not_an_out_type(name: &str) -> ConvertError {
-    let known: Vec<String> = OUT_TYPES.iter().map(|t| t.name().to_lowercase()).collect();
-    ConvertError::OutType(format!(
-        "tensors are not converted to {name} (they are to {})",
-        known.join(", ")
-    ))
 }
 
 /// How a tensor's values change on the way.
@@ -146,7 +109,6 @@ pub fn plan(
     arch: &Arch,
     out: OutType,
 ) -> Result<Vec<Planned>, ConvertError> {
-    out.check()?;
     let config = &checkpoint.config;
     let mut plan = Vec::new();
     if let Some(factors) = llama3_rope_factors(config)? {
@@ -212,7 +174,7 @@ pub fn plan(
                 }
             }
             let parts = vec![(index, name.clone())];
-            plan.push(Planned::of(out, gguf, dims, view.dtype, parts, transform));
+            plan.push(Planned::of(gguf, dims, view.dtype, parts, transform));
         }
     }
     for (gguf, mut experts) in stacks {
@@ -235,23 +197,30 @@ pub fn plan(
             .iter()
             .map(|&(_, file, name, _)| (file, name.to_owned()))
             .collect();
-        plan.push(Planned::of(
-            out,
-            gguf,
-            dims,
-            view.dtype,
-            parts,
-            Transform::None,
-        ));
+        plan.push(Planned::of(gguf, dims, view.dtype, parts, Transform::None));
+    }
+    let n_layer = config.required(&["num_hidden_layers"])? as usize;
+    let model = ModelShape {
+        n_layer,
+        n_gqa: heads / kv_heads.max(1),
+        n_expert: config
+            .uint(&["num_local_experts", "num_experts"])?
+            .unwrap_or(0),
+        tied_embeddings: !plan.iter().any(|t| t.header.name == "output.weight"),
+        is_70b: arch.gguf == "llama" && n_layer == 80 && heads != kv_heads,
+    };
+    for t in &mut plan {
+        if let Source::Checkpoint { dtype, .. } = t.source {
+            t.header.ty = out.of(dtype, &t.header.dims, &t.header.name, &model);
+        }
     }
     Ok(plan)
 }
 
 impl Planned {
-    /// The tensor `name` of `dims` made of the checkpoint's `parts` of `dtype`, in the format
-    /// `out` gives it.
+    /// The tensor `name` of `dims` made of the checkpoint's `parts` of `dtype`, kept in that
+    /// precision until [`plan`] gives it its format.
     fn of(
-        out: OutType,
         name: String,
         dims: Vec<u64>,
         dtype: Dtype,
@@ -260,7 +229,7 @@ impl Planned {
     ) -> Self {
         Planned {
             header: TensorHeader {
-                ty: out.of(dtype, &dims, &name),
+                ty: dtype.ggml(),
                 name,
                 dims,
             },
@@ -291,38 +260,85 @@ impl Planned {
         let n_rows = self.header.dims[1..].iter().product::<u64>() as usize / parts.len();
         let row_bytes = row_len * dtype.bytes() as usize;
         let ty = self.header.ty;
-        let mut values = vec![0f32; row_len];
-        let mut packed =
-            vec![0u8; ty.bytes_for(row_len as u64).expect("planned sizes fit") as usize];
+        let packed_bytes = ty.bytes_for(row_len as u64).expect("planned sizes fit") as usize;
+        let rows_per_batch = (BATCH_VALUES / row_len).max(1);
+        let mut packed = Vec::new();
         for (file, name) in parts {
             let file = &checkpoint.files[*file];
             let view = &file.tensors()[name];
             let bytes = file.data(view);
-            let error = |e: tallow_quant::QuantError| ConvertError::Tensor {
-                name: name.clone(),
-                reason: e.to_string(),
-            };
-            for row in 0..n_rows {
+            let source_row = |row: usize| {
                 let from = match transform {
                     Transform::PermuteHeads { heads } => permuted_row(row, n_rows, heads as usize),
                     _ => row,
                 };
-                let src = &bytes[from * row_bytes..(from + 1) * row_bytes];
-                if dtype.ggml() == ty && transform != Transform::PlusOne {
-                    out.write_all(src)?;
-                    continue;
+                &bytes[from * row_bytes..(from + 1) * row_bytes]
+            };
+            if dtype.ggml() == ty && transform != Transform::PlusOne {
+                for row in 0..n_rows {
+                    out.write_all(source_row(row))?;
                 }
-                dequantize(dtype.ggml(), src, &mut values).map_err(error)?;
-                if transform == Transform::PlusOne {
-                    values.iter_mut().for_each(|v| *v += 1.0);
+            } else {
+                for first in (0..n_rows).step_by(rows_per_batch) {
+                    let rows = first..(first + rows_per_batch).min(n_rows);
+                    packed.resize(rows.len() * packed_bytes, 0);
+                    let convert = |row: usize, dst: &mut [u8], values: &mut [f32]| {
+                        dequantize(dtype.ggml(), source_row(row), values)?;
+                        if transform == Transform::PlusOne {
+                            values.iter_mut().for_each(|v| *v += 1.0);
+                        }
+                        quantize_row(ty, values, dst)
+                    };
+                    in_parallel(rows, packed_bytes, row_len, &mut packed, convert).map_err(|e| {
+                        ConvertError::Tensor {
+                            name: name.clone(),
+                            reason: e.to_string(),
+                        }
+                    })?;
+                    out.write_all(&packed)?;
                 }
-                quantize_row(ty, &values, &mut packed).map_err(error)?;
-                out.write_all(&packed)?;
             }
             file.release(view);
         }
         Ok(())
     }
+}
+
+/// Values converted per batch of rows: a few MiB of output at a time.
+const BATCH_VALUES: usize = 1 << 20;
+
+/// Converts `rows` into consecutive `row_bytes`-byte slices of `out`, the rows split over the
+/// machine's cores (the K-quants' scale searches make quantizing them the slow part of a
+/// conversion); each thread has its own `row_len` values to work in.
+fn in_parallel(
+    rows: std::ops::Range<usize>,
+    row_bytes: usize,
+    row_len: usize,
+    out: &mut [u8],
+    convert: impl Fn(usize, &mut [u8], &mut [f32]) -> Result<(), tallow_quant::QuantError> + Sync,
+) -> Result<(), tallow_quant::QuantError> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_thread = rows.len().div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = out
+            .chunks_mut(per_thread * row_bytes)
+            .enumerate()
+            .map(|(i, chunk)| {
+                let first = rows.start + i * per_thread;
+                let convert = &convert;
+                scope.spawn(move || {
+                    let mut values = vec![0f32; row_len];
+                    for (k, dst) in chunk.chunks_exact_mut(row_bytes).enumerate() {
+                        convert(first + k, dst, &mut values)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().expect("a conversion thread panicked"))
+    })
 }
 
 /// Which row of a head-major Q or K matrix (or bias) lands at `row` once each head's rows go

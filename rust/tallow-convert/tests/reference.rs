@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use tallow_convert::{convert_to_bytes, OutType};
-use tallow_gguf::{GgmlType, GgufFile, Value};
+use tallow_convert::{convert_to_bytes, FileType, OutType};
+use tallow_gguf::{GgufFile, Value};
 
 /// Every reference architecture tallow converts (gpt-oss's fused, interleaved experts are not).
 const ARCHS: &[&str] = &[
@@ -27,8 +27,8 @@ const NAMING: &[&str] = &["general.name", "general.size_label"];
 /// Each file llama.cpp made, and what makes the same one here.
 const FILES: &[(&str, OutType)] = &[
     ("f32", OutType::Keep),
-    ("f16", OutType::Type(GgmlType::F16)),
-    ("q8_0", OutType::Type(GgmlType::Q8_0)),
+    ("f16", OutType::File(FileType::F16)),
+    ("q8_0", OutType::File(FileType::Q8_0)),
 ];
 
 #[test]
@@ -95,23 +95,19 @@ fn bad_folders_are_errors_that_say_what_is_wrong() {
         "{err}"
     );
     std::fs::remove_dir_all(&tmp).unwrap();
-    let qwen3 = arch_dir().join("qwen3/hf");
-    let err = convert_to_bytes(&qwen3, OutType::Type(GgmlType::Q4_K))
-        .err()
-        .unwrap();
-    assert!(err.to_string().contains("not converted to Q4_K"), "{err}");
     assert_eq!(
         OutType::named("q8_0").unwrap(),
-        OutType::Type(GgmlType::Q8_0)
+        OutType::File(FileType::Q8_0)
     );
     assert_eq!(
         OutType::named("BF16").unwrap(),
-        OutType::Type(GgmlType::BF16)
+        OutType::File(FileType::BF16)
     );
-    assert!(OutType::named("q4_k")
-        .unwrap_err()
-        .to_string()
-        .contains("q8_0, q5_1"));
+    let err = OutType::named("iq2_xxs").unwrap_err().to_string();
+    assert!(
+        err.contains("not converted to iq2_xxs") && err.contains("Q4_K_M, Q5_K_S"),
+        "{err}"
+    );
 }
 
 /// A conversion into a temporary file holds the bytes of one in memory, in a folder made for
@@ -122,7 +118,7 @@ fn a_conversion_to_a_temporary_file_is_the_image_and_leaves_nothing() {
     let scratch =
         std::env::temp_dir().join(format!("tallow-convert-scratch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
-    let out_type = OutType::Type(GgmlType::Q8_0);
+    let out_type = OutType::File(FileType::Q8_0);
     let mut file =
         tallow_convert::convert_to_temp_file(&hf, out_type, &scratch.join("made")).unwrap();
     let mut bytes = Vec::new();
@@ -137,4 +133,60 @@ fn a_conversion_to_a_temporary_file_is_the_image_and_leaves_nothing() {
     let left = std::fs::read_dir(scratch.join("made")).unwrap().count();
     assert_eq!(left, 0, "the temporary file has no name");
     std::fs::remove_dir_all(&scratch).unwrap();
+}
+
+/// FNV-1a of `llama-quantize`'s output (no importance matrix) from each architecture's F32
+/// GGUF, over the architectures in `ARCHS` order, each one's tensors by name: the name, the
+/// type's id (u32, little-endian) and the bytes (scripts/llama_quantize_hashes.py, llama.cpp
+/// 11434). Rows of 64 take the fallback formats; the 256-long rows of the down projections
+/// take the mixtures' K-quants.
+const LLAMA_QUANTIZE_HASHES: [(FileType, u64); 13] = [
+    (FileType::Q4_0, 0x0a02_91a8_299b_1635),
+    (FileType::Q4_1, 0x436b_622b_af0c_cbdd),
+    (FileType::Q5_0, 0x0bde_04a0_276f_68ec),
+    (FileType::Q5_1, 0x628f_9ac5_bc6b_26e6),
+    (FileType::Q2_K, 0xba13_c4ee_a212_18b6),
+    (FileType::Q3_K_S, 0xba13_c4ee_a212_18b6),
+    (FileType::Q3_K_M, 0xac2e_f851_dc05_4e2a),
+    (FileType::Q3_K_L, 0xe2d9_1151_d80f_9bd0),
+    (FileType::Q4_K_S, 0xf543_f586_5f2b_0674),
+    (FileType::Q4_K_M, 0xc80d_e98f_8042_9ead),
+    (FileType::Q5_K_S, 0xff2f_daa4_da4e_102b),
+    (FileType::Q5_K_M, 0xbef6_8987_2427_1a60),
+    (FileType::Q6_K, 0x2eb4_d550_8534_d325),
+];
+
+fn fnv1a(h: u64, bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[test]
+fn file_types_quantize_as_llama_quantize() {
+    for (file_type, expected) in LLAMA_QUANTIZE_HASHES {
+        let mut hash = 0xcbf2_9ce4_8422_2325;
+        for arch in ARCHS {
+            let hf = arch_dir().join(arch).join("hf");
+            let gguf = convert_to_bytes(&hf, OutType::File(file_type)).unwrap();
+            let gguf = GgufFile::from_bytes(gguf).unwrap();
+            assert_eq!(
+                gguf.get("general.file_type"),
+                Some(&Value::U32(file_type.id()))
+            );
+            let mut tensors: Vec<_> = gguf.tensors().iter().collect();
+            tensors.sort_by(|a, b| a.name.cmp(&b.name));
+            for t in tensors {
+                hash = fnv1a(hash, t.name.as_bytes());
+                hash = fnv1a(hash, &t.ty.id().to_le_bytes());
+                hash = fnv1a(hash, gguf.tensor_data(t));
+            }
+        }
+        assert_eq!(
+            hash,
+            expected,
+            "{}: tensors differ from llama-quantize's",
+            file_type.name()
+        );
+    }
 }

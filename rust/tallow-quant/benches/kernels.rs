@@ -408,6 +408,36 @@ fn quantize_acts(c: &mut Criterion, summary: &mut Summary) {
     g.finish();
 }
 
+/// Weight quantization (what a checkpoint's conversion spends): one 4096-element row of
+/// every weight format tallow quantizes to, on the calling thread.
+fn quantize_weights(c: &mut Criterion, summary: &mut Summary) {
+    let group = "quantize_weights";
+    let mut g = c.benchmark_group(group);
+    let mut rng = Rng(0x9e17);
+    let cols = 4096;
+    let x = rng.floats(cols);
+    for ty in GgmlType::WEIGHTS {
+        let mut row = vec![0u8; row_bytes(ty, cols)];
+        if quantize_row(ty, &x, &mut row).is_err() {
+            continue;
+        }
+        summary.bench(
+            &mut g,
+            group,
+            ty.name(),
+            &format!("1x{cols}"),
+            4 * cols as u64,
+            None,
+            Some(cols as u64),
+            || {
+                quantize_row(ty, black_box(&x), &mut row).unwrap();
+                black_box(&mut row);
+            },
+        );
+    }
+    g.finish();
+}
+
 /// Dequantization of a whole `SMALL` matrix of every weight format to f32.
 fn dequantize_all(c: &mut Criterion, summary: &mut Summary) {
     let (rows, cols) = SMALL;
@@ -449,6 +479,7 @@ fn main() {
     }
     prefill(&mut c, &mut summary);
     quantize_acts(&mut c, &mut summary);
+    quantize_weights(&mut c, &mut summary);
     dequantize_all(&mut c, &mut summary);
     c.final_summary();
     // Only when benchmarking: in test mode (`cargo test --benches`) every bench runs once.

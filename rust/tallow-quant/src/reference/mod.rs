@@ -4,4 +4,5 @@
 pub(crate) mod decode;
 pub(crate) mod dequantize;
 pub(crate) mod quantize;
+mod quantize_k;
 pub(crate) mod vec_dot;

@@ -1,5 +1,6 @@
 //! f32 to block formats, rounding exactly as ggml's `quantize_row_*_ref`.
 
+use super::quantize_k::{q2_k, q3_k, q4_k, q5_k, q6_k};
 use crate::blocks::{
     as_blocks_mut, Block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8K, BlockQ8_0,
     BlockQ8_1, QK_K,
@@ -11,8 +12,8 @@ use crate::GgmlType;
 /// caller).
 pub(crate) type QuantizeFn = fn(x: &[f32], dst: &mut [u8]);
 
-/// The quantizer for `ty`, or `None` for the K-quant and non-linear weight formats, whose
-/// quantizers search for scales and belong to an offline tool.
+/// The quantizer for `ty`, or `None` for the non-linear weight formats (IQ, MXFP4,
+/// ternary), whose quantizers search codebooks and belong to an offline tool.
 pub(crate) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
     Some(match ty {
         GgmlType::F32 => |x, dst| {
@@ -37,12 +38,12 @@ pub(crate) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
         GgmlType::Q8_0 => |x, dst| each_block(x, dst, q8_0),
         GgmlType::Q8_1 => |x, dst| each_block(x, dst, q8_1),
         GgmlType::Q8_K => |x, dst| each_block(x, dst, q8_k),
-        GgmlType::Q2_K
-        | GgmlType::Q3_K
-        | GgmlType::Q4_K
-        | GgmlType::Q5_K
-        | GgmlType::Q6_K
-        | GgmlType::IQ4_NL
+        GgmlType::Q2_K => |x, dst| each_block(x, dst, q2_k),
+        GgmlType::Q3_K => |x, dst| each_block(x, dst, q3_k),
+        GgmlType::Q4_K => |x, dst| each_block(x, dst, q4_k),
+        GgmlType::Q5_K => |x, dst| each_block(x, dst, q5_k),
+        GgmlType::Q6_K => |x, dst| each_block(x, dst, q6_k),
+        GgmlType::IQ4_NL
         | GgmlType::IQ4_XS
         | GgmlType::MXFP4
         | GgmlType::IQ2_XXS
@@ -108,7 +109,7 @@ fn round_half_away(v: f32) -> i32 {
 /// round (for |v| <= 2^22): v + 1.5 * 2^23 has an ulp of 1 and holds round(v) in its low
 /// mantissa bits.
 #[inline]
-fn nearest_int(v: f32) -> i32 {
+pub(super) fn nearest_int(v: f32) -> i32 {
     let bits = (v + 12_582_912.0).to_bits() as i32;
     (bits & 0x007f_ffff) - 0x0040_0000
 }

@@ -65,3 +65,58 @@ fn dequantize_is_bit_identical_to_gguf() {
         );
     }
 }
+
+/// Values for the quantizer hashes: 256-value blocks of eight kinds in turn (signed,
+/// non-negative, zeros, one constant, signed with outliers, tiny (below ggml's 1e-15 group
+/// threshold), non-positive, sparse), each `r * 2^(e - 23)` for integers `|r| < 2^23`, so
+/// that scripts/ggml_quantize_hashes.py builds the same floats.
+fn golden_values(blocks: usize) -> Vec<f32> {
+    let mut rng = Rng::new(0x9017_0a17);
+    let centred = |rng: &mut Rng| ((rng.next_u64() >> 40) as i64 - (1 << 23)) as f32;
+    let pow2 = |n: i32| f32::from_bits(((127 + n) as u32) << 23);
+    let mut values = Vec::with_capacity(blocks * 256);
+    for block in 0..blocks {
+        let kind = block % 8;
+        let e = if kind == 5 { -80 } else { -12 } + (rng.next_u64() % 15) as i32;
+        let scale = pow2(e - 23);
+        let constant = centred(&mut rng) * scale;
+        for i in 0..256 {
+            let v = centred(&mut rng) * scale;
+            values.push(match kind {
+                1 => v.abs(),
+                2 => 0.0,
+                3 => constant,
+                4 if i % 37 == 0 => v * 64.0,
+                6 => -v.abs(),
+                7 if i % 11 != 0 => 0.0,
+                _ => v,
+            });
+        }
+    }
+    values
+}
+
+/// FNV-1a of ggml's `ggml_quantize_chunk` output (no importance matrix: the
+/// `quantize_row_*_ref` functions) on `golden_values(64)`, one row of 256 per block, from
+/// scripts/ggml_quantize_hashes.py against libggml-base of llama.cpp 11434.
+const GGML_QUANTIZE_HASHES: [(GgmlType, u64); 5] = [
+    (GgmlType::Q2_K, 0xf055_866e_68b4_b6c7),
+    (GgmlType::Q3_K, 0xb106_c8c7_0e9d_24ea),
+    (GgmlType::Q4_K, 0xc472_d838_cab3_39c1),
+    (GgmlType::Q5_K, 0x3ac9_c28a_518b_2bf3),
+    (GgmlType::Q6_K, 0x2823_7ded_8383_320b),
+];
+
+#[test]
+fn k_quants_quantize_bit_identically_to_ggml() {
+    let x = golden_values(64);
+    for (ty, expected) in GGML_QUANTIZE_HASHES {
+        let mut q = vec![0u8; 64 * ty.block_bytes()];
+        crate::quantize_row(ty, &x, &mut q).unwrap();
+        assert_eq!(
+            fnv1a(q),
+            expected,
+            "{ty}: quantized bytes differ from ggml's"
+        );
+    }
+}

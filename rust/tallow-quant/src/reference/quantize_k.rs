@@ -1,0 +1,461 @@
+//! f32 to the K-quant formats, as ggml's `quantize_row_q{2,3,4,5,6}_K_ref` (what
+//! `llama-quantize` writes without an importance matrix), bit for bit: each group of 16 or
+//! 32 values searches for the scale (and minimum) of least weighted error, then the groups'
+//! scales are rounded to 4, 6 or 8 bits against the block's f16 scale, and the values are
+//! rounded again against the scales as stored.
+//!
+//! The float operations run in ggml's order, one rounding each (ggml's reference code is
+//! built without contraction into fused multiply-adds), so that every search makes the
+//! same choices.
+
+use super::quantize::nearest_int;
+use crate::blocks::{
+    k4_scales_mins, q3k_scales, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K,
+};
+use crate::fp16::{f16_to_f32, f32_to_f16};
+
+/// A group whose largest magnitude is below this is all zeros (`GROUP_MAX_EPS`).
+const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// How [`scale_and_min`] searches: `steps + 1` inverse scales `(nmax + rmin + rdelta * i) /
+/// (max - min)`, each refined by weighted least squares, the best kept by absolute or
+/// squared error.
+#[derive(Clone, Copy)]
+struct Search {
+    rmin: f32,
+    rdelta: f32,
+    steps: i32,
+    abs_error: bool,
+}
+
+/// ggml's `make_qkx2_quants`: quants `l` in `0..=nmax` of `x` as `scale * l - min`, with
+/// `min >= 0`; returns `(scale, min)`.
+fn scale_and_min(
+    x: &[f32],
+    weights: &[f32],
+    nmax: i32,
+    search: Search,
+    l: &mut [u8],
+) -> (f32, f32) {
+    let n = x.len();
+    let (mut min, mut max) = (x[0], x[0]);
+    let mut sum_w = weights[0];
+    let mut sum_x = sum_w * x[0];
+    for i in 1..n {
+        min = if x[i] < min { x[i] } else { min };
+        max = if x[i] > max { x[i] } else { max };
+        sum_w += weights[i];
+        sum_x += weights[i] * x[i];
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max == min {
+        l.fill(0);
+        return (0.0, -min);
+    }
+    let error = |diff: f32| {
+        if search.abs_error {
+            diff.abs()
+        } else {
+            diff * diff
+        }
+    };
+    let iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best_error = 0.0f32;
+    for i in 0..n {
+        let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+        l[i] = q as u8;
+        best_error += weights[i] * error(scale * q as f32 + min - x[i]);
+    }
+    let mut aux = [0u8; 32];
+    for step in 0..=search.steps {
+        let iscale = (search.rmin + search.rdelta * step as f32 + nmax as f32) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        for i in 0..n {
+            let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            aux[i] = q as u8;
+            let (w, q) = (weights[i], q as f32);
+            sum_l += w * q;
+            sum_l2 += w * q * q;
+            sum_xl += w * q * x[i];
+        }
+        let det = sum_w * sum_l2 - sum_l * sum_l;
+        if det <= 0.0 {
+            continue;
+        }
+        let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+        let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+        if this_min > 0.0 {
+            this_min = 0.0;
+            this_scale = sum_xl / sum_l2;
+        }
+        let mut this_error = 0.0f32;
+        for i in 0..n {
+            this_error += weights[i] * error(this_scale * aux[i] as f32 + this_min - x[i]);
+        }
+        if this_error < best_error {
+            l[..n].copy_from_slice(&aux[..n]);
+            best_error = this_error;
+            scale = this_scale;
+            min = this_min;
+        }
+    }
+    (scale, -min)
+}
+
+/// The value of largest magnitude (the first on ties) and that magnitude.
+fn signed_max(x: &[f32]) -> (f32, f32) {
+    let (mut max, mut amax) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (max, amax)
+}
+
+/// The sums of ggml's weighted least-squares fit of `x` by `scale * l` with weights `x^2`:
+/// `(sum w x l, sum w l^2)`.
+fn fit_sums(x: &[f32], l: impl Fn(usize) -> i32) -> (f32, f32) {
+    let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+    for (i, &v) in x.iter().enumerate() {
+        let (w, q) = (v * v, l(i) as f32);
+        sumlx += w * v * q;
+        suml2 += w * q * q;
+    }
+    (sumlx, suml2)
+}
+
+/// ggml's `make_qx_quants` with `rmse_type` 1 (weights `x^2`): symmetric quants
+/// `l + nmax` in `0..2 nmax` of `x` as `scale * l`, the inverse scale tried at `nmax +
+/// 0.1 i` for i in -9..=9; returns the scale.
+fn symmetric_scale(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
+    let (max, amax) = signed_max(x);
+    if amax < GROUP_MAX_EPS {
+        l.fill(0);
+        return 0.0;
+    }
+    let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+    let iscale = -(nmax as f32) / max;
+    for (q, &v) in l.iter_mut().zip(x) {
+        *q = (quant(iscale, v) + nmax) as i8;
+    }
+    let (sumlx, suml2) = fit_sums(x, |i| quant(iscale, x[i]));
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for step in (-9..=9).filter(|&s| s != 0) {
+        let iscale = -(nmax as f32 + 0.1 * step as f32) / max;
+        let (sumlx, suml2) = fit_sums(x, |i| quant(iscale, x[i]));
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            for (q, &v) in l.iter_mut().zip(x) {
+                *q = (quant(iscale, v) + nmax) as i8;
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// ggml's `make_q3_quants` with `do_rmse`: symmetric quants `l + nmax` in `0..2 nmax`,
+/// moved one at a time while that lowers the weighted error (at most five passes); returns
+/// the scale.
+fn refined_symmetric_scale(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
+    let (max, amax) = signed_max(x);
+    if amax < GROUP_MAX_EPS {
+        l.fill(0);
+        return 0.0;
+    }
+    let iscale = -(nmax as f32) / max;
+    for (q, &v) in l.iter_mut().zip(x) {
+        *q = nearest_int(iscale * v).clamp(-nmax, nmax - 1) as i8;
+    }
+    let (mut sumlx, mut suml2) = fit_sums(x, |i| i32::from(l[i]));
+    for _ in 0..5 {
+        let mut changed = false;
+        for (i, &v) in x.iter().enumerate() {
+            let (w, old) = (v * v, f32::from(l[i]));
+            let mut slx = sumlx - w * v * old;
+            if slx <= 0.0 {
+                continue;
+            }
+            let mut sl2 = suml2 - w * old * old;
+            let new = nearest_int(v * sl2 / slx).clamp(-nmax, nmax - 1);
+            if new == i32::from(l[i]) {
+                continue;
+            }
+            slx += w * v * new as f32;
+            sl2 += w * new as f32 * new as f32;
+            if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
+                l[i] = new as i8;
+                (sumlx, suml2) = (slx, sl2);
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    for q in l.iter_mut() {
+        *q += nmax as i8;
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
+}
+
+/// Packs 128 quants below 4 as Q2_K and Q3_K hold them: byte l holds elements l, l + 32,
+/// l + 64 and l + 96 at bits 0, 2, 4 and 6.
+fn pack_crumbs(l: &[u8]) -> [u8; 32] {
+    std::array::from_fn(|i| l[i] | (l[i + 32] << 2) | (l[i + 64] << 4) | (l[i + 96] << 6))
+}
+
+pub(crate) fn q2_k(x: &[f32; QK_K], b: &mut BlockQ2K) {
+    const SEARCH: Search = Search {
+        rmin: -0.5,
+        rdelta: 0.1,
+        steps: 15,
+        abs_error: true,
+    };
+    let mut l = [0u8; QK_K];
+    let (mut scales, mut mins) = ([0.0f32; 16], [0.0f32; 16]);
+    for (j, xs) in x.chunks_exact(16).enumerate() {
+        let weights: [f32; 16] = std::array::from_fn(|i| xs[i].abs());
+        (scales[j], mins[j]) = scale_and_min(xs, &weights, 3, SEARCH, &mut l[16 * j..][..16]);
+    }
+    let max_scale = scales
+        .iter()
+        .fold(0.0f32, |m, &s| if s > m { s } else { m });
+    let max_min = mins.iter().fold(0.0f32, |m, &s| if s > m { s } else { m });
+    b.scales = [0; 16];
+    b.d = f32_to_f16(0.0);
+    b.dmin = f32_to_f16(0.0);
+    if max_scale > 0.0 {
+        let iscale = 15.0 / max_scale;
+        for (packed, &s) in b.scales.iter_mut().zip(&scales) {
+            *packed = nearest_int(iscale * s) as u8;
+        }
+        b.d = f32_to_f16(max_scale / 15.0);
+    }
+    if max_min > 0.0 {
+        let iscale = 15.0 / max_min;
+        for (packed, &m) in b.scales.iter_mut().zip(&mins) {
+            *packed |= (nearest_int(iscale * m) << 4) as u8;
+        }
+        b.dmin = f32_to_f16(max_min / 15.0);
+    }
+    let (d, dmin) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
+    for (j, xs) in x.chunks_exact(16).enumerate() {
+        let dj = d * f32::from(b.scales[j] & 0xf);
+        if dj == 0.0 {
+            continue;
+        }
+        let mj = dmin * f32::from(b.scales[j] >> 4);
+        for (q, &v) in l[16 * j..][..16].iter_mut().zip(xs) {
+            *q = nearest_int((v + mj) / dj).clamp(0, 3) as u8;
+        }
+    }
+    for (half, qs) in b.qs.chunks_exact_mut(32).enumerate() {
+        qs.copy_from_slice(&pack_crumbs(&l[128 * half..]));
+    }
+}
+
+pub(crate) fn q3_k(x: &[f32; QK_K], b: &mut BlockQ3K) {
+    let mut l = [0i8; QK_K];
+    let mut scales = [0.0f32; 16];
+    let (mut max_scale, mut amax) = (0.0f32, 0.0f32);
+    for (j, xs) in x.chunks_exact(16).enumerate() {
+        scales[j] = refined_symmetric_scale(xs, 4, &mut l[16 * j..][..16]);
+        if scales[j].abs() > amax {
+            amax = scales[j].abs();
+            max_scale = scales[j];
+        }
+    }
+    b.scales = [0; 12];
+    b.d = f32_to_f16(0.0);
+    if max_scale != 0.0 {
+        let iscale = -32.0 / max_scale;
+        for (j, &s) in scales.iter().enumerate() {
+            // ggml stores the rounded value in an int8_t before clamping it.
+            let q = ((nearest_int(iscale * s) as i8).clamp(-32, 31) + 32) as u8;
+            b.scales[j % 8] |= (q & 0xf) << (4 * (j / 8));
+            b.scales[8 + j % 4] |= (q >> 4) << (2 * (j / 4));
+        }
+        b.d = f32_to_f16(1.0 / iscale);
+    }
+    let d = f16_to_f32(b.d);
+    for ((j, xs), sc) in x.chunks_exact(16).enumerate().zip(q3k_scales(&b.scales)) {
+        let dj = d * f32::from(sc);
+        if dj == 0.0 {
+            continue;
+        }
+        for (q, &v) in l[16 * j..][..16].iter_mut().zip(xs) {
+            *q = (nearest_int(v / dj).clamp(-4, 3) + 4) as i8;
+        }
+    }
+    // The high bit of element e goes to bit e / 32 of hmask[e % 32].
+    b.hmask = [0; 32];
+    let mut low = [0u8; QK_K];
+    for (e, (&q, low)) in l.iter().zip(&mut low).enumerate() {
+        let q = q as u8;
+        if q > 3 {
+            b.hmask[e % 32] |= 1 << (e / 32);
+        }
+        *low = q & 3;
+    }
+    for (half, qs) in b.qs.chunks_exact_mut(32).enumerate() {
+        qs.copy_from_slice(&pack_crumbs(&low[128 * half..]));
+    }
+}
+
+/// Q4_K and Q5_K: eight groups of 32, each with a scale and a minimum, both rounded to 6
+/// bits against the block's f16 `d` and `dmin`. Returns `(d, dmin, packed scales, quants)`.
+fn groups_of_32(
+    x: &[f32; QK_K],
+    nmax: i32,
+    search: Search,
+) -> ([u8; 2], [u8; 2], [u8; 12], [u8; QK_K]) {
+    let mut l = [0u8; QK_K];
+    let (mut scales, mut mins) = ([0.0f32; 8], [0.0f32; 8]);
+    let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
+    for (j, xs) in x.chunks_exact(32).enumerate() {
+        let mut sum_x2 = 0.0f32;
+        for &v in xs {
+            sum_x2 += v * v;
+        }
+        let av_x = (sum_x2 / 32.0).sqrt();
+        let weights: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
+        (scales[j], mins[j]) = scale_and_min(xs, &weights, nmax, search, &mut l[32 * j..][..32]);
+        if scales[j] > max_scale {
+            max_scale = scales[j];
+        }
+        if mins[j] > max_min {
+            max_min = mins[j];
+        }
+    }
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
+    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    let mut packed = [0u8; 12];
+    for j in 0..8 {
+        let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
+        let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
+        if j < 4 {
+            packed[j] = ls;
+            packed[j + 4] = lm;
+        } else {
+            packed[j + 4] = (ls & 0xf) | ((lm & 0xf) << 4);
+            packed[j - 4] |= (ls >> 4) << 6;
+            packed[j] |= (lm >> 4) << 6;
+        }
+    }
+    let (d, dmin) = (f32_to_f16(max_scale / 63.0), f32_to_f16(max_min / 63.0));
+    let (group_scales, group_mins) = k4_scales_mins(&packed);
+    for (j, xs) in x.chunks_exact(32).enumerate() {
+        let dj = f16_to_f32(d) * f32::from(group_scales[j]);
+        if dj == 0.0 {
+            continue;
+        }
+        let mj = f16_to_f32(dmin) * f32::from(group_mins[j]);
+        for (q, &v) in l[32 * j..][..32].iter_mut().zip(xs) {
+            *q = nearest_int((v + mj) / dj).clamp(0, nmax) as u8;
+        }
+    }
+    (d, dmin, packed, l)
+}
+
+pub(crate) fn q4_k(x: &[f32; QK_K], b: &mut BlockQ4K) {
+    let search = Search {
+        rmin: -1.0,
+        rdelta: 0.1,
+        steps: 20,
+        abs_error: false,
+    };
+    let l;
+    (b.d, b.dmin, b.scales, l) = groups_of_32(x, 15, search);
+    // Bytes 32k..32k+32 hold group 2k in their low nibbles and group 2k + 1 in their high.
+    for (k, qs) in b.qs.chunks_exact_mut(32).enumerate() {
+        for (i, q) in qs.iter_mut().enumerate() {
+            *q = l[64 * k + i] | (l[64 * k + 32 + i] << 4);
+        }
+    }
+}
+
+pub(crate) fn q5_k(x: &[f32; QK_K], b: &mut BlockQ5K) {
+    let search = Search {
+        rmin: -0.5,
+        rdelta: 0.1,
+        steps: 15,
+        abs_error: false,
+    };
+    let l;
+    (b.d, b.dmin, b.scales, l) = groups_of_32(x, 31, search);
+    // As Q4_K's nibbles, the fifth bit of element i of group g in bit g of qh[i].
+    b.qh = [0; 32];
+    for (k, qs) in b.qs.chunks_exact_mut(32).enumerate() {
+        for (i, q) in qs.iter_mut().enumerate() {
+            let (lo, hi) = (l[64 * k + i], l[64 * k + 32 + i]);
+            b.qh[i] |= ((lo >> 4) << (2 * k)) | ((hi >> 4) << (2 * k + 1));
+            *q = (lo & 0xf) | ((hi & 0xf) << 4);
+        }
+    }
+}
+
+pub(crate) fn q6_k(x: &[f32; QK_K], b: &mut BlockQ6K) {
+    let mut l = [0i8; QK_K];
+    let mut scales = [0.0f32; 16];
+    let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
+    for (j, xs) in x.chunks_exact(16).enumerate() {
+        scales[j] = symmetric_scale(xs, 32, &mut l[16 * j..][..16]);
+        if scales[j].abs() > max_abs_scale {
+            max_abs_scale = scales[j].abs();
+            max_scale = scales[j];
+        }
+    }
+    if max_abs_scale < GROUP_MAX_EPS {
+        *b = BlockQ6K {
+            ql: [0; 128],
+            qh: [0; 64],
+            scales: [0; 16],
+            d: f32_to_f16(0.0),
+        };
+        return;
+    }
+    let iscale = -128.0 / max_scale;
+    b.d = f32_to_f16(1.0 / iscale);
+    for (packed, &s) in b.scales.iter_mut().zip(&scales) {
+        *packed = nearest_int(iscale * s).min(127) as i8;
+    }
+    let d = f16_to_f32(b.d);
+    for (j, xs) in x.chunks_exact(16).enumerate() {
+        let dj = d * f32::from(b.scales[j]);
+        if dj == 0.0 {
+            continue;
+        }
+        for (q, &v) in l[16 * j..][..16].iter_mut().zip(xs) {
+            *q = (nearest_int(v / dj).clamp(-32, 31) + 32) as i8;
+        }
+    }
+    // In half h, element 32k + i: low 4 bits in ql[64h + i + 32(k & 1)] (low nibble for
+    // k < 2), top 2 bits at bits 2k of qh[32h + i].
+    for (h, (ql, qh)) in
+        b.ql.chunks_exact_mut(64)
+            .zip(b.qh.chunks_exact_mut(32))
+            .enumerate()
+    {
+        let q = |k: usize, i: usize| l[128 * h + 32 * k + i] as u8;
+        for i in 0..32 {
+            ql[i] = (q(0, i) & 0xf) | ((q(2, i) & 0xf) << 4);
+            ql[i + 32] = (q(1, i) & 0xf) | ((q(3, i) & 0xf) << 4);
+            qh[i] = (0..4).fold(0, |acc, k| acc | ((q(k, i) >> 4) << (2 * k)));
+        }
+    }
+}

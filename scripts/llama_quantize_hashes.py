@@ -1,0 +1,61 @@
+"""Prints the hashes of llama-quantize's output that `file_types_quantize_as_llama_quantize`
+(rust/tallow-convert/tests/reference.rs) compares tallow's conversions with.
+
+Usage: python scripts/llama_quantize_hashes.py PATH/TO/llama-quantize [ARCH_DIR]
+(ARCH_DIR: shared/reference/arch). For each file type it quantizes every reference
+architecture's F32 GGUF with llama-quantize (no importance matrix) and prints FNV-1a over the
+architectures in the test's order, each one's tensors by name: the name, the type's id (u32,
+little-endian) and the tensor's bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import tempfile
+from pathlib import Path
+
+from gguf import GGUFReader
+
+ARCHS = ["llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen2moe", "qwen3moe"]
+FILE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K"]
+MASK = (1 << 64) - 1
+
+
+class Fnv1a:
+    def __init__(self) -> None:
+        self.h = 0xCBF29CE484222325
+
+    def update(self, data: bytes) -> None:
+        h = self.h
+        for b in data:
+            h = ((h ^ b) * 0x100000001B3) & MASK
+        self.h = h
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("quantize", type=Path, help="llama.cpp's llama-quantize")
+    default_dir = Path(__file__).resolve().parents[2] / "shared/reference/arch"
+    parser.add_argument("arch_dir", type=Path, nargs="?", default=default_dir)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for file_type in FILE_TYPES:
+            fnv = Fnv1a()
+            for arch in ARCHS:
+                out = Path(tmp) / f"{arch}-{file_type}.gguf"
+                subprocess.run(
+                    [str(args.quantize), str(args.arch_dir / arch / f"{arch}-f32.gguf"), str(out), file_type],
+                    check=True,
+                    capture_output=True,
+                )
+                for t in sorted(GGUFReader(out).tensors, key=lambda t: t.name):
+                    fnv.update(t.name.encode())
+                    fnv.update(int(t.tensor_type).to_bytes(4, "little"))
+                    fnv.update(t.data.tobytes())
+            h = fnv.h
+            print(f"    (FileType::{file_type}, 0x{h >> 48:04x}_{(h >> 32) & 0xFFFF:04x}_{(h >> 16) & 0xFFFF:04x}_{h & 0xFFFF:04x}),")
+
+
+if __name__ == "__main__":
+    main()
