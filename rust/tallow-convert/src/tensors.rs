@@ -289,12 +289,12 @@ impl Planned {
                         }
                         quantize_row(ty, values, dst)
                     };
-                    in_parallel(rows, packed_bytes, row_len, &mut packed, convert).map_err(|e| {
-                        ConvertError::Tensor {
+                    in_parallel(rows, packed_bytes, row_len, &mut packed, convert).map_err(
+                        |e| ConvertError::Tensor {
                             name: name.clone(),
                             reason: e.to_string(),
-                        }
-                    })?;
+                        },
+                    )?;
                     out.write_all(&packed)?;
                 }
             }

@@ -71,14 +71,18 @@ impl<'a> QuantizedActs<'a> {
         bytes: &'a mut [u8],
         scales: &'a mut [f32],
     ) -> Result<Self, QuantError> {
-        let quantizer =
-            Isa::detected()
-                .kernels(vec_dot_type)
-                .quantize
-                .ok_or(QuantError::Unsupported {
-                    op: "activation quantization",
-                    ty: vec_dot_type,
-                })?;
+        // Activations take the formats weights are multiplied with (F32, Q8_0, Q8_1, Q8_K).
+        let unsupported = QuantError::Unsupported {
+            op: "activation quantization",
+            ty: vec_dot_type,
+        };
+        if vec_dot_type.vec_dot_type() != vec_dot_type {
+            return Err(unsupported);
+        }
+        let quantizer = Isa::detected()
+            .kernels(vec_dot_type)
+            .quantize
+            .ok_or(unsupported)?;
         let quantize = |x: &[f32], dst: &mut [u8]| quantizer.call(x, dst);
         let len = Self::buffer_len(vec_dot_type, n_tokens, cols)?;
         let elements = sizes::product(n_tokens, cols, "activations")?;
