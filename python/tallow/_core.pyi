@@ -80,7 +80,8 @@ def convert_checkpoint(
     folder: str | os.PathLike[str], out: str | os.PathLike[str], quantize: str | None = None
 ) -> None:
     """Write the GGUF of the Hugging Face checkpoint in ``folder`` to ``out``, as llama.cpp's
-    ``convert_hf_to_gguf.py`` writes it, its matrices rounded to ``quantize`` (``None``: the
+    ``convert_hf_to_gguf.py`` writes it, its matrices rounded as ``llama-quantize`` rounds
+    them to the file type ``quantize`` (``"Q4_K_M"``, ``"q8_0"``, ...; ``None``: the
     checkpoint's precision). Written under ``out + ".partial"`` and moved into place once
     whole. Raises UnsupportedError (an architecture tallow does not convert), ModelError (a
     damaged checkpoint), ModelNotFoundError, InvalidArgumentError or TallowError (writing)."""
@@ -105,8 +106,8 @@ class Model:
         """Open and check the GGUF file at ``path`` and prepare the model on ``device``:
         ``"cpu"``, ``"gpu"`` (the first GPU), ``"wgpu:N"`` or ``"cuda:N"`` (see :func:`devices`).
         A Hugging Face checkpoint folder (``config.json``, ``*.safetensors``,
-        ``tokenizer.model``) is converted as it loads, its matrices rounded to ``quantize``
-        (``"q8_0"``, ``"f16"``, ...; ``None``: the checkpoint's precision; with a GGUF file,
+        ``tokenizer.model``) is converted as it loads, its matrices rounded to the
+        ``llama-quantize`` file type ``quantize`` (``"q4_k_m"``, ``"q8_0"``, ``"f16"``, ...; ``None``: the checkpoint's precision; with a GGUF file,
         whose tensors are used as they are, ``quantize`` is refused), into a file without a
         name in ``scratch_dir`` (made if missing; ``None``: the system's temporary folder)
         that is gone once the model is: a folder on disk keeps the peak memory of the load

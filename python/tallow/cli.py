@@ -649,8 +649,9 @@ def build_parser() -> argparse.ArgumentParser:
             "--quantize",
             default=None,
             metavar="TYPE",
-            help="for a checkpoint folder: round its matrices to TYPE as it loads (q8_0, q5_1, "
-            "q5_0, q4_1, q4_0, f16, bf16, f32; default: the checkpoint's precision)",
+            help="for a checkpoint folder: round its matrices as it loads to llama-quantize's "
+            "file type TYPE (q4_k_m, q8_0, q6_k, q5_k_m, q4_0, f16, ...; default: the "
+            "checkpoint's precision)",
         )
 
     def device_arg(p: argparse.ArgumentParser) -> None:
@@ -940,8 +941,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--type",
         default=None,
         metavar="TYPE",
-        help="round the matrices to TYPE: q8_0, q5_1, q5_0, q4_1, q4_0, f16, bf16 or f32 "
-        "(default: the checkpoint's precision)",
+        help="llama-quantize's file type: Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q3_K_M, Q3_K_S, "
+        "Q3_K_L, Q2_K, Q8_0, Q5_1, Q5_0, Q4_1, Q4_0, F16, BF16 or F32, each matrix in the format "
+        "llama-quantize gives it (default: the checkpoint's precision)",
     )
     p.set_defaults(func=_cmd_convert)
 

@@ -88,9 +88,10 @@ class LLM:
     cache on first use; see :mod:`tallow.catalog`), a Hugging Face Hub name such as
     ``"user/repo:Q4_K_M"`` (see :mod:`tallow.hub`), or a Hugging Face checkpoint folder
     (``config.json``, ``*.safetensors``, ``tokenizer.model``, ``tokenizer_config.json``) as
-    transformers saves it, converted as it loads, its matrices rounded to ``quantize``
-    (``"q8_0"``, ``"q5_1"``, ``"q5_0"``, ``"q4_1"``, ``"q4_0"``, ``"f16"``, ``"bf16"``,
-    ``"f32"``; ``None`` keeps the checkpoint's precision). ``n_ctx`` is the number of
+    transformers saves it, converted as it loads, its matrices rounded as ``llama-quantize``
+    rounds them to the file type ``quantize`` (``"q4_k_m"``, ``"q8_0"``, ``"q6_k"``,
+    ``"q5_k_m"``, ``"q4_0"``, ``"f16"``, ... any case; ``None`` keeps the checkpoint's
+    precision). ``n_ctx`` is the number of
     positions of the context used by :meth:`generate` and :meth:`stream` (prompt plus
     generated tokens); by
     default the model's training context, capped at 4096. A model with long-context RoPE factors

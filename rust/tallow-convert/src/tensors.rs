@@ -3,9 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::sync::Mutex;
 
 use tallow_gguf::{GgmlType, TensorHeader};
 use tallow_quant::{dequantize, quantize_row};
+use tallow_threads::DisjointSlice;
 
 use crate::arch::{head_dim, Arch, Mapped};
 use crate::config::Config;
@@ -307,9 +309,12 @@ impl Planned {
 /// Values converted per batch of rows: a few MiB of output at a time.
 const BATCH_VALUES: usize = 1 << 20;
 
-/// Converts `rows` into consecutive `row_bytes`-byte slices of `out`, the rows split over the
-/// machine's cores (the K-quants' scale searches make quantizing them the slow part of a
-/// conversion); each thread has its own `row_len` values to work in.
+/// Rows a task of [`in_parallel`] converts.
+const ROWS_PER_TASK: usize = 16;
+
+/// Converts `rows` into consecutive `row_bytes`-byte slices of `out` on the thread pool (the
+/// K-quants' scale searches make quantizing them the slow part of a conversion); each task
+/// has its own `row_len` values to work in.
 fn in_parallel(
     rows: std::ops::Range<usize>,
     row_bytes: usize,
@@ -317,28 +322,26 @@ fn in_parallel(
     out: &mut [u8],
     convert: impl Fn(usize, &mut [u8], &mut [f32]) -> Result<(), tallow_quant::QuantError> + Sync,
 ) -> Result<(), tallow_quant::QuantError> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per_thread = rows.len().div_ceil(threads).max(1);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = out
-            .chunks_mut(per_thread * row_bytes)
-            .enumerate()
-            .map(|(i, chunk)| {
-                let first = rows.start + i * per_thread;
-                let convert = &convert;
-                scope.spawn(move || {
-                    let mut values = vec![0f32; row_len];
-                    for (k, dst) in chunk.chunks_exact_mut(row_bytes).enumerate() {
-                        convert(first + k, dst, &mut values)?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().expect("a conversion thread panicked"))
-    })
+    let n_rows = rows.len();
+    let out = DisjointSlice::new(out);
+    let failure = Mutex::new(None);
+    tallow_threads::global().run(n_rows.div_ceil(ROWS_PER_TASK), &|task, _| {
+        let first = task * ROWS_PER_TASK;
+        let end = n_rows.min(first + ROWS_PER_TASK);
+        // SAFETY: each task writes the bytes of its own rows.
+        let dst = unsafe { out.range_mut(first * row_bytes..end * row_bytes) };
+        let mut values = vec![0f32; row_len];
+        for (k, dst) in dst.chunks_exact_mut(row_bytes).enumerate() {
+            if let Err(e) = convert(rows.start + first + k, dst, &mut values) {
+                *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                return;
+            }
+        }
+    });
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Which row of a head-major Q or K matrix (or bias) lands at `row` once each head's rows go

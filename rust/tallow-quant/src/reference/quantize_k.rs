@@ -28,31 +28,37 @@ struct Search {
     abs_error: bool,
 }
 
-/// ggml's `make_qkx2_quants`: quants `l` in `0..=nmax` of `x` as `scale * l - min`, with
-/// `min >= 0`; returns `(scale, min)`.
-fn scale_and_min(
-    x: &[f32],
-    weights: &[f32],
+/// Groups searched side by side by [`scale_and_min`], one per lane.
+const LANES: usize = 8;
+
+/// ggml's `make_qkx2_quants` for [`LANES`] groups of `N` at once (`x[i][g]`: element i of
+/// group g): quants `l` in `0..=nmax` of each group as `scale * l - min`, with `min >= 0`;
+/// returns each group's `(scale, min)`.
+///
+/// Each lane does the scalar search's float operations in its order, so every group comes
+/// out bit for bit as ggml's; the loops over lanes are what the compiler vectorizes (the
+/// search's running sums are otherwise one long chain of dependent additions).
+fn scale_and_min<const N: usize>(
+    x: &[[f32; LANES]; N],
+    weights: &[[f32; LANES]; N],
     nmax: i32,
     search: Search,
-    l: &mut [u8],
-) -> (f32, f32) {
-    let n = x.len();
+    l: &mut [[u8; LANES]; N],
+) -> ([f32; LANES], [f32; LANES]) {
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
-    for i in 1..n {
-        min = if x[i] < min { x[i] } else { min };
-        max = if x[i] > max { x[i] } else { max };
-        sum_w += weights[i];
-        sum_x += weights[i] * x[i];
+    let mut sum_x: [f32; LANES] = std::array::from_fn(|g| sum_w[g] * x[0][g]);
+    for i in 1..N {
+        for g in 0..LANES {
+            let v = x[i][g];
+            min[g] = if v < min[g] { v } else { min[g] };
+            max[g] = if v > max[g] { v } else { max[g] };
+            sum_w[g] += weights[i][g];
+            sum_x[g] += weights[i][g] * v;
+        }
     }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max == min {
-        l.fill(0);
-        return (0.0, -min);
+    for m in &mut min {
+        *m = if *m > 0.0 { 0.0 } else { *m };
     }
     let error = |diff: f32| {
         if search.abs_error {
@@ -61,48 +67,90 @@ fn scale_and_min(
             diff * diff
         }
     };
-    let iscale = nmax as f32 / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_error = 0.0f32;
-    for i in 0..n {
-        let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-        l[i] = q as u8;
-        best_error += weights[i] * error(scale * q as f32 + min - x[i]);
+    let quant = |iscale: f32, v: f32, min: f32| nearest_int(iscale * (v - min)).clamp(0, nmax);
+    let range: [f32; LANES] = std::array::from_fn(|g| max[g] - min[g]);
+    let iscale: [f32; LANES] = std::array::from_fn(|g| nmax as f32 / range[g]);
+    let mut scale: [f32; LANES] = std::array::from_fn(|g| 1.0 / iscale[g]);
+    let mut best_error = [0.0f32; LANES];
+    for i in 0..N {
+        for g in 0..LANES {
+            let q = quant(iscale[g], x[i][g], min[g]);
+            l[i][g] = q as u8;
+            best_error[g] += weights[i][g] * error(scale[g] * q as f32 + min[g] - x[i][g]);
+        }
     }
-    let mut aux = [0u8; 32];
+    let start_min = min;
+    let mut aux = [[0u8; LANES]; N];
     for step in 0..=search.steps {
-        let iscale = (search.rmin + search.rdelta * step as f32 + nmax as f32) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
-        for i in 0..n {
-            let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-            aux[i] = q as u8;
-            let (w, q) = (weights[i], q as f32);
-            sum_l += w * q;
-            sum_l2 += w * q * q;
-            sum_xl += w * q * x[i];
+        let top = search.rmin + search.rdelta * step as f32 + nmax as f32;
+        let (mut sum_l, mut sum_l2, mut sum_xl) =
+            ([0.0f32; LANES], [0.0f32; LANES], [0.0f32; LANES]);
+        for i in 0..N {
+            for g in 0..LANES {
+                let q = quant(top / (max[g] - min[g]), x[i][g], min[g]);
+                aux[i][g] = q as u8;
+                let (w, q) = (weights[i][g], q as f32);
+                sum_l[g] += w * q;
+                sum_l2[g] += w * q * q;
+                sum_xl[g] += w * q * x[i][g];
+            }
         }
-        let det = sum_w * sum_l2 - sum_l * sum_l;
-        if det <= 0.0 {
-            continue;
+        let mut this_scale = [0.0f32; LANES];
+        let mut this_min = [0.0f32; LANES];
+        let mut fits = [false; LANES];
+        for g in 0..LANES {
+            let det = sum_w[g] * sum_l2[g] - sum_l[g] * sum_l[g];
+            fits[g] = det > 0.0;
+            let s = (sum_w[g] * sum_xl[g] - sum_x[g] * sum_l[g]) / det;
+            let m = (sum_l2[g] * sum_x[g] - sum_l[g] * sum_xl[g]) / det;
+            (this_scale[g], this_min[g]) = if m > 0.0 {
+                (sum_xl[g] / sum_l2[g], 0.0)
+            } else {
+                (s, m)
+            };
         }
-        let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-        let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-        if this_min > 0.0 {
-            this_min = 0.0;
-            this_scale = sum_xl / sum_l2;
+        let mut this_error = [0.0f32; LANES];
+        for i in 0..N {
+            for g in 0..LANES {
+                let diff = this_scale[g] * aux[i][g] as f32 + this_min[g] - x[i][g];
+                this_error[g] += weights[i][g] * error(diff);
+            }
         }
-        let mut this_error = 0.0f32;
-        for i in 0..n {
-            this_error += weights[i] * error(this_scale * aux[i] as f32 + this_min - x[i]);
+        let better: [bool; LANES] =
+            std::array::from_fn(|g| fits[g] && this_error[g] < best_error[g]);
+        for i in 0..N {
+            for g in 0..LANES {
+                l[i][g] = if better[g] { aux[i][g] } else { l[i][g] };
+            }
         }
-        if this_error < best_error {
-            l[..n].copy_from_slice(&aux[..n]);
-            best_error = this_error;
-            scale = this_scale;
-            min = this_min;
+        for g in 0..LANES {
+            if better[g] {
+                best_error[g] = this_error[g];
+                scale[g] = this_scale[g];
+                min[g] = this_min[g];
+            }
         }
     }
-    (scale, -min)
+    // A group of one value: nothing to search (its lane computed with a zero range).
+    for g in (0..LANES).filter(|&g| range[g] == 0.0) {
+        l.iter_mut().for_each(|q| q[g] = 0);
+        (scale[g], min[g]) = (0.0, start_min[g]);
+    }
+    (scale, min.map(|m| -m))
+}
+
+/// [`LANES`] consecutive groups of `N` values as `N` rows of one value of each group.
+fn lanes<const N: usize>(x: &[f32]) -> [[f32; LANES]; N] {
+    std::array::from_fn(|i| std::array::from_fn(|g| x[N * g + i]))
+}
+
+/// [`LANES`] groups' quants back in order, group after group.
+fn unlanes<const N: usize>(q: &[[u8; LANES]; N], l: &mut [u8]) {
+    for (i, row) in q.iter().enumerate() {
+        for (g, &v) in row.iter().enumerate() {
+            l[N * g + i] = v;
+        }
+    }
 }
 
 /// The value of largest magnitude (the first on ties) and that magnitude.
@@ -224,9 +272,14 @@ pub(crate) fn q2_k(x: &[f32; QK_K], b: &mut BlockQ2K) {
     };
     let mut l = [0u8; QK_K];
     let (mut scales, mut mins) = ([0.0f32; 16], [0.0f32; 16]);
-    for (j, xs) in x.chunks_exact(16).enumerate() {
-        let weights: [f32; 16] = std::array::from_fn(|i| xs[i].abs());
-        (scales[j], mins[j]) = scale_and_min(xs, &weights, 3, SEARCH, &mut l[16 * j..][..16]);
+    for half in 0..2 {
+        let x = lanes::<16>(&x[128 * half..]);
+        let weights = x.map(|xs| xs.map(f32::abs));
+        let mut q = [[0u8; LANES]; 16];
+        let (s, m) = scale_and_min(&x, &weights, 3, SEARCH, &mut q);
+        scales[8 * half..][..8].copy_from_slice(&s);
+        mins[8 * half..][..8].copy_from_slice(&m);
+        unlanes(&q, &mut l[128 * half..]);
     }
     let max_scale = scales
         .iter()
@@ -321,23 +374,25 @@ fn groups_of_32(
     search: Search,
 ) -> ([u8; 2], [u8; 2], [u8; 12], [u8; QK_K]) {
     let mut l = [0u8; QK_K];
-    let (mut scales, mut mins) = ([0.0f32; 8], [0.0f32; 8]);
-    let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
-    for (j, xs) in x.chunks_exact(32).enumerate() {
+    let x_lanes = lanes::<32>(x);
+    let mut weights = [[0.0f32; LANES]; 32];
+    for (g, xs) in x.chunks_exact(32).enumerate() {
         let mut sum_x2 = 0.0f32;
         for &v in xs {
             sum_x2 += v * v;
         }
         let av_x = (sum_x2 / 32.0).sqrt();
-        let weights: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
-        (scales[j], mins[j]) = scale_and_min(xs, &weights, nmax, search, &mut l[32 * j..][..32]);
-        if scales[j] > max_scale {
-            max_scale = scales[j];
-        }
-        if mins[j] > max_min {
-            max_min = mins[j];
+        for (i, &v) in xs.iter().enumerate() {
+            weights[i][g] = av_x + v.abs();
         }
     }
+    let mut q = [[0u8; LANES]; 32];
+    let (scales, mins) = scale_and_min(&x_lanes, &weights, nmax, search, &mut q);
+    unlanes(&q, &mut l);
+    let max_scale = scales
+        .iter()
+        .fold(0.0f32, |m, &s| if s > m { s } else { m });
+    let max_min = mins.iter().fold(0.0f32, |m, &s| if s > m { s } else { m });
     let inv_scale = if max_scale > 0.0 {
         63.0 / max_scale
     } else {
