@@ -151,6 +151,8 @@ def main() -> None:
     folder = root / "checkpoint"
     start = time.perf_counter()
     total = write_checkpoint(folder, args)
+    # Written pages still going to disk would slow the first loads down.
+    os.sync()
     print(
         f"checkpoint: {total / 2**30:.2f} GiB of {args.dtype} safetensors in "
         f"{len(list(folder.glob('*.safetensors')))} shards ({time.perf_counter() - start:.0f} s)"
@@ -160,6 +162,7 @@ def main() -> None:
     for quantize in args.quantize or ["q8_0"]:
         gguf = root / f"model-{quantize}.gguf"
         _core.convert_checkpoint(folder, gguf, quantize)
+        os.sync()
         for what, path, q in (("folder", folder, quantize), ("GGUF", gguf, None)):
             seconds, peak, size = probe(path, q)
             print(

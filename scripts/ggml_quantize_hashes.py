@@ -73,6 +73,12 @@ def fnv1a(data: bytes) -> int:
     return h
 
 
+def rust_hex(h: int) -> str:
+    """``h`` as a Rust u64 literal in groups of four hex digits."""
+    digits = f"{h:016x}"
+    return "0x" + "_".join(digits[i : i + 4] for i in range(0, 16, 4))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("lib", type=Path, help="libggml-base.so of a llama.cpp build")
@@ -99,7 +105,7 @@ def main() -> None:
             args.dump.mkdir(parents=True, exist_ok=True)
             (args.dump / f"{name}.bin").write_bytes(data)
         h = fnv1a(data)
-        print(f"    (GgmlType::{name}, 0x{h >> 48:04x}_{(h >> 32) & 0xFFFF:04x}_{(h >> 16) & 0xFFFF:04x}_{h & 0xFFFF:04x}),")
+        print(f"    (GgmlType::{name}, {rust_hex(h)}),")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,33 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
-ARCHS = ["llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen2moe", "qwen3moe"]
-FILE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K"]
+ARCHS = [
+    "llama3",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma2",
+    "gemma3",
+    "mixtral",
+    "qwen2moe",
+    "qwen3moe",
+]
+FILE_TYPES = [
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q2_K",
+    "Q3_K_S",
+    "Q3_K_M",
+    "Q3_K_L",
+    "Q4_K_S",
+    "Q4_K_M",
+    "Q5_K_S",
+    "Q5_K_M",
+    "Q6_K",
+]
 MASK = (1 << 64) - 1
 
 
@@ -33,6 +58,12 @@ class Fnv1a:
         self.h = h
 
 
+def rust_hex(h: int) -> str:
+    """``h`` as a Rust u64 literal in groups of four hex digits."""
+    digits = f"{h:016x}"
+    return "0x" + "_".join(digits[i : i + 4] for i in range(0, 16, 4))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("quantize", type=Path, help="llama.cpp's llama-quantize")
@@ -45,7 +76,12 @@ def main() -> None:
             for arch in ARCHS:
                 out = Path(tmp) / f"{arch}-{file_type}.gguf"
                 subprocess.run(
-                    [str(args.quantize), str(args.arch_dir / arch / f"{arch}-f32.gguf"), str(out), file_type],
+                    [
+                        str(args.quantize),
+                        str(args.arch_dir / arch / f"{arch}-f32.gguf"),
+                        str(out),
+                        file_type,
+                    ],
                     check=True,
                     capture_output=True,
                 )
@@ -54,7 +90,7 @@ def main() -> None:
                     fnv.update(int(t.tensor_type).to_bytes(4, "little"))
                     fnv.update(t.data.tobytes())
             h = fnv.h
-            print(f"    (FileType::{file_type}, 0x{h >> 48:04x}_{(h >> 32) & 0xFFFF:04x}_{(h >> 16) & 0xFFFF:04x}_{h & 0xFFFF:04x}),")
+            print(f"    (FileType::{file_type}, {rust_hex(h)}),")
 
 
 if __name__ == "__main__":

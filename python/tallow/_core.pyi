@@ -107,10 +107,11 @@ class Model:
         ``"cpu"``, ``"gpu"`` (the first GPU), ``"wgpu:N"`` or ``"cuda:N"`` (see :func:`devices`).
         A Hugging Face checkpoint folder (``config.json``, ``*.safetensors``,
         ``tokenizer.model``) is converted as it loads, its matrices rounded to the
-        ``llama-quantize`` file type ``quantize`` (``"q4_k_m"``, ``"q8_0"``, ``"f16"``, ...; ``None``: the checkpoint's precision; with a GGUF file,
-        whose tensors are used as they are, ``quantize`` is refused), into a file without a
-        name in ``scratch_dir`` (made if missing; ``None``: the system's temporary folder)
-        that is gone once the model is: a folder on disk keeps the peak memory of the load
+        ``llama-quantize`` file type ``quantize`` (``"q4_k_m"``, ``"q8_0"``, ``"f16"``, ...;
+        ``None``: the checkpoint's precision; with a GGUF file, whose tensors are used as they
+        are, ``quantize`` is refused), into a file without a name in ``scratch_dir`` (made if
+        missing; ``None``: the system's temporary folder) that is gone once the model is: a
+        folder on disk keeps the peak memory of the load
         near the model's size.
 
         ``n_ctx`` is the longest context it will run at: a model with long-context RoPE

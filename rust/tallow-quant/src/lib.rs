@@ -56,8 +56,8 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
 
 /// Quantizes one row of f32 values (whole blocks of `ty`) into `dst` (exactly their bytes),
 /// rounding as ggml's `quantize_row_*_ref`. Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0,
-/// Q5_1, Q8_0, Q8_1, Q8_K and the K-quants Q2_K to Q6_K (whose scale searches make them
-/// slow: about ...); the IQ, MXFP4 and ternary formats are not (their quantizers search
+/// Q5_1, Q8_0, Q8_1, Q8_K and the K-quants Q2_K to Q6_K (whose scale searches take about
+/// 20 times Q4_0's time); the IQ, MXFP4 and ternary formats are not (their quantizers search
 /// codebooks and belong to an offline tool).
 pub fn quantize_row(ty: GgmlType, x: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     let quantize = reference::quantize::quantizer(ty).ok_or(QuantError::Unsupported {
