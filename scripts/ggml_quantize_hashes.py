@@ -1,4 +1,4 @@
-"""Prints the hashes of ggml's own quantizers that `k_quants_quantize_bit_identically_to_ggml`
+"""Prints the hashes of ggml's own quantizers that `k_and_iq4_quants_quantize_bit_identically_to_ggml`
 (rust/tallow-quant/src/tests/golden.rs) compares tallow's quantizers with.
 
 Usage: python scripts/ggml_quantize_hashes.py PATH/TO/libggml-base.so
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 MASK = (1 << 64) - 1
-TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
+BYTES_PER_256 = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_NL": 144, "IQ4_XS": 136}
 
 
 class SplitMix64:
@@ -98,7 +98,7 @@ def main() -> None:
     blocks = 64
     x = golden_values(blocks)
     for name, ty in TYPES.items():
-        out = ctypes.create_string_buffer(blocks * BLOCK_BYTES[name])
+        out = ctypes.create_string_buffer(blocks * BYTES_PER_256[name])
         ggml.ggml_quantize_chunk(ty, x.ctypes.data, out, 0, blocks, 256, None)
         data = out.raw
         if args.dump:

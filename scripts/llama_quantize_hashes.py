@@ -43,6 +43,8 @@ FILE_TYPES = [
     "Q5_K_S",
     "Q5_K_M",
     "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
 ]
 MASK = (1 << 64) - 1
 

@@ -942,8 +942,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="TYPE",
         help="llama-quantize's file type: Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q3_K_M, Q3_K_S, "
-        "Q3_K_L, Q2_K, Q8_0, Q5_1, Q5_0, Q4_1, Q4_0, F16, BF16 or F32, each matrix in the format "
-        "llama-quantize gives it (default: the checkpoint's precision)",
+        "Q3_K_L, Q2_K, IQ4_XS, IQ4_NL, Q8_0, Q5_1, Q5_0, Q4_1, Q4_0, F16, BF16 or F32, each matrix "
+        "in the format llama-quantize gives it (default: the checkpoint's precision)",
     )
     p.set_defaults(func=_cmd_convert)
 

@@ -30,11 +30,13 @@ pub enum FileType {
     Q5_K_S,
     Q5_K_M,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
 }
 
 /// Every file type with its name, its number in `general.file_type` (llama.cpp's
 /// `LLAMA_FTYPE_MOSTLY_*`) and the format of the matrices the mixture does not change.
-const FILE_TYPES: [(FileType, &str, u32, GgmlType); 17] = [
+const FILE_TYPES: [(FileType, &str, u32, GgmlType); 19] = [
     (FileType::F32, "F32", 0, GgmlType::F32),
     (FileType::F16, "F16", 1, GgmlType::F16),
     (FileType::BF16, "BF16", 32, GgmlType::BF16),
@@ -52,6 +54,8 @@ const FILE_TYPES: [(FileType, &str, u32, GgmlType); 17] = [
     (FileType::Q5_K_S, "Q5_K_S", 16, GgmlType::Q5_K),
     (FileType::Q5_K_M, "Q5_K_M", 17, GgmlType::Q5_K),
     (FileType::Q6_K, "Q6_K", 18, GgmlType::Q6_K),
+    (FileType::IQ4_NL, "IQ4_NL", 25, GgmlType::IQ4_NL),
+    (FileType::IQ4_XS, "IQ4_XS", 30, GgmlType::IQ4_XS),
 ];
 
 /// Names `llama-quantize` also takes for a mixture.
@@ -200,6 +204,7 @@ impl FileType {
                     F::Q3_K_L => T::Q5_K,
                     F::Q4_K_M | F::Q5_K_M if more_bits(layer, n_layer) => T::Q6_K,
                     F::Q4_K_S if layer < 4 => T::Q5_K,
+                    F::IQ4_NL | F::IQ4_XS if model.n_gqa >= 4 => T::Q5_K,
                     _ => base,
                 };
                 if experts8 {
@@ -217,11 +222,12 @@ impl FileType {
                 F::Q3_K_M => T::Q4_K,
                 F::Q3_K_L => T::Q5_K,
                 F::Q4_K_M | F::Q5_K_M if more_bits(layer, n_layer) => T::Q6_K,
-                F::Q4_K_S if layer < n_layer / 8 => T::Q5_K,
+                F::Q4_K_S | F::IQ4_NL | F::IQ4_XS if layer < n_layer / 8 => T::Q5_K,
                 _ => base,
             },
             Role::AttnOutput if experts8 => match self {
                 F::Q2_K | F::Q3_K_S | F::Q3_K_M | F::Q4_K_S | F::Q4_K_M => T::Q5_K,
+                F::IQ4_NL | F::IQ4_XS => T::Q5_K,
                 _ => base,
             },
             Role::AttnOutput => match self {
@@ -247,6 +253,7 @@ fn fallback(ty: GgmlType, ncols: u64) -> GgmlType {
         GgmlType::Q4_K => GgmlType::Q5_0,
         GgmlType::Q5_K => GgmlType::Q5_1,
         GgmlType::Q6_K => GgmlType::Q8_0,
+        GgmlType::IQ4_XS => GgmlType::IQ4_NL,
         other => other,
     };
     if ncols.is_multiple_of(smaller.block_len() as u64) {

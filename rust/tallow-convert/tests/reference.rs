@@ -139,8 +139,8 @@ fn a_conversion_to_a_temporary_file_is_the_image_and_leaves_nothing() {
 /// GGUF, over the architectures in `ARCHS` order, each one's tensors by name: the name, the
 /// type's id (u32, little-endian) and the bytes (scripts/llama_quantize_hashes.py, llama.cpp
 /// 11434). Rows of 64 take the fallback formats; the 256-long rows of the down projections
-/// take the mixtures' K-quants.
-const LLAMA_QUANTIZE_HASHES: [(FileType, u64); 13] = [
+/// take the mixtures' K-quants and IQ4_XS.
+const LLAMA_QUANTIZE_HASHES: [(FileType, u64); 15] = [
     (FileType::Q4_0, 0x0a02_91a8_299b_1635),
     (FileType::Q4_1, 0x436b_622b_af0c_cbdd),
     (FileType::Q5_0, 0x0bde_04a0_276f_68ec),
@@ -154,6 +154,8 @@ const LLAMA_QUANTIZE_HASHES: [(FileType, u64); 13] = [
     (FileType::Q5_K_S, 0xff2f_daa4_da4e_102b),
     (FileType::Q5_K_M, 0xbef6_8987_2427_1a60),
     (FileType::Q6_K, 0x2eb4_d550_8534_d325),
+    (FileType::IQ4_NL, 0xaea5_d6b7_ae3a_c3bc),
+    (FileType::IQ4_XS, 0x3111_39d8_9fe8_b946),
 ];
 
 fn fnv1a(h: u64, bytes: &[u8]) -> u64 {

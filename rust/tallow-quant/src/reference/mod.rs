@@ -4,5 +4,6 @@
 pub(crate) mod decode;
 pub(crate) mod dequantize;
 pub(crate) mod quantize;
+mod quantize_iq4;
 mod quantize_k;
 pub(crate) mod vec_dot;

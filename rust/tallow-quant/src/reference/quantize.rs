@@ -1,5 +1,6 @@
 //! f32 to block formats, rounding exactly as ggml's `quantize_row_*_ref`.
 
+use super::quantize_iq4::{iq4_nl, iq4_xs};
 use super::quantize_k::{q2_k, q3_k, q4_k, q5_k, q6_k};
 use crate::blocks::{
     as_blocks_mut, Block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8K, BlockQ8_0,
@@ -12,8 +13,8 @@ use crate::GgmlType;
 /// caller).
 pub(crate) type QuantizeFn = fn(x: &[f32], dst: &mut [u8]);
 
-/// The quantizer for `ty`, or `None` for the non-linear weight formats (IQ, MXFP4,
-/// ternary), whose quantizers search codebooks and belong to an offline tool.
+/// The quantizer for `ty`, or `None` for the codebook formats (IQ1, IQ2, IQ3), MXFP4 and
+/// the ternary ones, which need an importance matrix to be worth making.
 pub(crate) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
     Some(match ty {
         GgmlType::F32 => |x, dst| {
@@ -43,9 +44,9 @@ pub(crate) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
         GgmlType::Q4_K => |x, dst| each_block(x, dst, q4_k),
         GgmlType::Q5_K => |x, dst| each_block(x, dst, q5_k),
         GgmlType::Q6_K => |x, dst| each_block(x, dst, q6_k),
-        GgmlType::IQ4_NL
-        | GgmlType::IQ4_XS
-        | GgmlType::MXFP4
+        GgmlType::IQ4_NL => |x, dst| each_block(x, dst, iq4_nl),
+        GgmlType::IQ4_XS => |x, dst| each_block(x, dst, iq4_xs),
+        GgmlType::MXFP4
         | GgmlType::IQ2_XXS
         | GgmlType::IQ2_XS
         | GgmlType::IQ2_S

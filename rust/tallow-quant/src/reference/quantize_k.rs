@@ -15,7 +15,7 @@ use crate::blocks::{
 use crate::fp16::{f16_to_f32, f32_to_f16};
 
 /// A group whose largest magnitude is below this is all zeros (`GROUP_MAX_EPS`).
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// How [`scale_and_min`] searches: `steps + 1` inverse scales `(nmax + rmin + rdelta * i) /
 /// (max - min)`, each refined by weighted least squares, the best kept by absolute or
@@ -154,7 +154,7 @@ fn unlanes<const N: usize>(q: &[[u8; LANES]; N], l: &mut [u8]) {
 }
 
 /// The value of largest magnitude (the first on ties) and that magnitude.
-fn signed_max(x: &[f32]) -> (f32, f32) {
+pub(super) fn signed_max(x: &[f32]) -> (f32, f32) {
     let (mut max, mut amax) = (0.0f32, 0.0f32);
     for &v in x {
         if v.abs() > amax {

@@ -278,10 +278,10 @@ fn entry_points_reject_bad_sizes() {
         })
     ));
     assert_eq!(
-        quantize_row(GgmlType::IQ4_XS, &[0.0; 256], &mut [0; 136]),
+        quantize_row(GgmlType::IQ2_XXS, &[0.0; 256], &mut [0; 66]),
         Err(QuantError::Unsupported {
             op: "quantize_row",
-            ty: GgmlType::IQ4_XS
+            ty: GgmlType::IQ2_XXS
         })
     );
     assert!(matches!(

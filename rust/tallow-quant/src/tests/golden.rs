@@ -99,19 +99,21 @@ fn golden_values(blocks: usize) -> Vec<f32> {
 /// FNV-1a of ggml's `ggml_quantize_chunk` output (no importance matrix: the
 /// `quantize_row_*_ref` functions) on `golden_values(64)`, one row of 256 per block, from
 /// scripts/ggml_quantize_hashes.py against libggml-base of llama.cpp 11434.
-const GGML_QUANTIZE_HASHES: [(GgmlType, u64); 5] = [
+const GGML_QUANTIZE_HASHES: [(GgmlType, u64); 7] = [
     (GgmlType::Q2_K, 0xf055_866e_68b4_b6c7),
     (GgmlType::Q3_K, 0xb106_c8c7_0e9d_24ea),
     (GgmlType::Q4_K, 0xc472_d838_cab3_39c1),
     (GgmlType::Q5_K, 0x3ac9_c28a_518b_2bf3),
     (GgmlType::Q6_K, 0x2823_7ded_8383_320b),
+    (GgmlType::IQ4_NL, 0xfc6a_9c93_e00a_a1e0),
+    (GgmlType::IQ4_XS, 0x7407_ea8b_62ea_83b9),
 ];
 
 #[test]
-fn k_quants_quantize_bit_identically_to_ggml() {
+fn k_and_iq4_quants_quantize_bit_identically_to_ggml() {
     let x = golden_values(64);
     for (ty, expected) in GGML_QUANTIZE_HASHES {
-        let mut q = vec![0u8; 64 * ty.block_bytes()];
+        let mut q = vec![0u8; ty.bytes_for(64 * 256).unwrap() as usize];
         crate::quantize_row(ty, &x, &mut q).unwrap();
         assert_eq!(
             fnv1a(q),
