@@ -9,7 +9,9 @@ checked against transformers' own logits on the unmodified files.
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from pathlib import Path
 
 import gguf
@@ -308,3 +310,37 @@ def test_bad_rope_scaling_metadata_is_a_clear_error(
     path = rewrite(arch_dir / "phi3" / "phi3-f32.gguf", tmp_path / "bad.gguf", fields, tensors)
     with pytest.raises(error, match=match):
         _core.Model(path)
+
+
+def test_a_long_rope_checkpoint_converts_to_the_long_rope_gguf(
+    arch_dir: Path, tmp_path: Path, phi3_long: Path, prompt: list[int]
+) -> None:
+    """A Phi-3 folder whose config holds LongRoPE factors (as Phi-3 128k's and Phi-4-mini's
+    do) loads as the GGUF llama.cpp's converter writes of it: the same factors, attention
+    factor and contexts, so the same logits with either set of factors."""
+    folder = tmp_path / "phi3-long"
+    shutil.copytree(arch_dir / "phi3" / "hf", folder)
+    config = json.loads((folder / "config.json").read_text())
+    long, _ = _long_rope(phi3_long, "long")
+    short, _ = _long_rope(phi3_long, "short")
+    config["max_position_embeddings"] = 128
+    config["original_max_position_embeddings"] = 32
+    config["rope_parameters"] = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 1.0,
+        "long_factor": long.tolist(),
+        "short_factor": short.tolist(),
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    for n_ctx in (None, 128):
+        ours = _core.Model(str(folder), n_ctx=n_ctx)
+        theirs = _core.Model(phi3_long, n_ctx=n_ctx)
+        assert (ours.n_ctx_max, ours.n_ctx_train) == (theirs.n_ctx_max, theirs.n_ctx_train)
+        np.testing.assert_array_equal(all_logits(ours, prompt), all_logits(theirs, prompt))
+    attn = "phi3.rope.scaling.attn_factor"
+    assert ours.metadata_value(attn) == theirs.metadata_value(attn)
+    config["rope_parameters"]["short_factor"] = short.tolist()[:-1]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(tallow.ModelError, match="short_factor has 7 factors"):
+        _core.Model(str(folder))

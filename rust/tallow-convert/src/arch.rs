@@ -407,27 +407,46 @@ fn mixtral(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {
 }
 
 fn phi3(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {
+    let rope = config.rope();
     let context = config.uint(&["max_position_embeddings"])?;
-    let original = config
-        .uint(&["original_max_position_embeddings"])?
-        .or(context);
+    let original = match rope.number("original_max_position_embeddings")? {
+        Some(n) => Some(n as u64),
+        None => config.uint(&["original_max_position_embeddings"])?,
+    }
+    .or(context);
     m.put_u32("rope.scaling.original_context_length", original)?;
-    let rotary = config
-        .rope()
-        .number("partial_rotary_factor")?
-        .unwrap_or(1.0);
-    m.put_u32(
-        "rope.dimension_count",
-        Some((head_dim(config)? as f64 * rotary) as u64),
-    )?;
+    m.put_u32("rope.dimension_count", Some(rope_dims(config)?))?;
     m.put_u32(
         "attention.sliding_window",
         Some(config.uint(&["sliding_window"])?.unwrap_or(0)),
     )?;
-    if let Some(kind) = config.rope().kind() {
-        return Err(config.error(format!("rope type {kind:?} is not converted for Phi-3")));
+    match rope.kind() {
+        None => {}
+        // LongRoPE: the factors are tensors (see `tensors::rope_factors`); the magnitude of
+        // the rotated values grows with how far the context is stretched.
+        Some("longrope" | "su") => {
+            let scale = context.unwrap_or(0) as f64 / original.unwrap_or(1) as f64;
+            let attn_factor = if scale > 1.0 {
+                (1.0 + scale.ln() / (original.unwrap_or(1) as f64).ln()).sqrt()
+            } else {
+                1.0
+            };
+            m.put_f32("rope.scaling.attn_factor", Some(attn_factor));
+        }
+        Some(kind) => {
+            return Err(config.error(format!("rope type {kind:?} is not converted for Phi-3")))
+        }
     }
     Ok(())
+}
+
+/// The dimensions of each head that RoPE rotates (`partial_rotary_factor` of them).
+pub fn rope_dims(config: &Config) -> Result<u64, ConvertError> {
+    let rotary = match config.rope().number("partial_rotary_factor")? {
+        Some(r) => Some(r),
+        None => config.number(&["partial_rotary_factor"])?,
+    };
+    Ok((head_dim(config)? as f64 * rotary.unwrap_or(1.0)) as u64)
 }
 
 fn gemma2(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {

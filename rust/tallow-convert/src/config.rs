@@ -154,6 +154,23 @@ impl Rope<'_> {
         })
     }
 
+    /// A list of numbers among the scaling's parameters, which the scaling cannot do without.
+    pub fn numbers(&self, key: &str) -> Result<Vec<f64>, ConvertError> {
+        let not_numbers = || {
+            self.config
+                .error(format!("rope {key} is not a list of numbers"))
+        };
+        let Some(value) = self.params.and_then(|p| p.get(key)) else {
+            return Err(self.config.error(format!("rope {key} is missing")));
+        };
+        value
+            .as_array()
+            .ok_or_else(not_numbers)?
+            .iter()
+            .map(|v| v.as_f64().ok_or_else(not_numbers))
+            .collect()
+    }
+
     /// Like [`Rope::number`], for a parameter the scaling cannot do without.
     pub fn required(&self, key: &str) -> Result<f64, ConvertError> {
         self.number(key)?

@@ -9,7 +9,7 @@ use tallow_gguf::{GgmlType, TensorHeader};
 use tallow_quant::{dequantize, quantize_row};
 use tallow_threads::DisjointSlice;
 
-use crate::arch::{head_dim, Arch, Mapped};
+use crate::arch::{head_dim, rope_dims, Arch, Mapped};
 use crate::config::Config;
 use crate::file_type::{FileType, ModelShape};
 use crate::safetensors::{Dtype, TensorView};
@@ -113,10 +113,10 @@ pub fn plan(
 ) -> Result<Vec<Planned>, ConvertError> {
     let config = &checkpoint.config;
     let mut plan = Vec::new();
-    if let Some(factors) = llama3_rope_factors(config)? {
+    for (name, factors) in rope_factors(config)? {
         plan.push(Planned {
             header: TensorHeader {
-                name: "rope_freqs.weight".into(),
+                name: name.into(),
                 ty: GgmlType::F32,
                 dims: vec![factors.len() as u64],
             },
@@ -352,6 +352,35 @@ fn permuted_row(row: usize, n_rows: usize, heads: usize) -> usize {
     let (head, within) = (row / d, row % d);
     let (i, half) = (within / 2, within % 2);
     head * d + half * (d / 2) + i
+}
+
+/// The RoPE factors the GGUF holds as tensors: Llama 3's `rope_freqs`, or LongRoPE's (Phi-3
+/// 128k, Phi-4-mini) `rope_factors_long` and `rope_factors_short`, each factor of the
+/// configuration rounded to f32 as llama.cpp's converter writes them.
+fn rope_factors(config: &Config) -> Result<Vec<(&'static str, Vec<f32>)>, ConvertError> {
+    if let Some(factors) = llama3_rope_factors(config)? {
+        return Ok(vec![("rope_freqs.weight", factors)]);
+    }
+    let rope = config.rope();
+    if !matches!(rope.kind(), Some("longrope" | "su")) {
+        return Ok(Vec::new());
+    }
+    let pairs = (rope_dims(config)? / 2) as usize;
+    let mut tensors = Vec::new();
+    for (name, key) in [
+        ("rope_factors_long.weight", "long_factor"),
+        ("rope_factors_short.weight", "short_factor"),
+    ] {
+        let factors = rope.numbers(key)?;
+        if factors.len() != pairs {
+            return Err(config.error(format!(
+                "rope {key} has {} factors where the rotary dimensions make {pairs}",
+                factors.len()
+            )));
+        }
+        tensors.push((name, factors.into_iter().map(|f| f as f32).collect()));
+    }
+    Ok(tensors)
 }
 
 /// Llama 3's RoPE frequency factors (the GGUF's `rope_freqs`), computed from its scaling
