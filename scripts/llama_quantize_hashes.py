@@ -28,6 +28,7 @@ ARCHS = [
     "mixtral",
     "qwen2moe",
     "qwen3moe",
+    "gpt-oss",
 ]
 FILE_TYPES = [
     "Q4_0",

@@ -23,8 +23,8 @@ from tokenizers import Tokenizer
 import tallow
 from tallow import _core
 
-CONVERTED = [arch for arch, _ in ARCHITECTURES] + ["mixtral", "qwen2moe", "qwen3moe"]
-"""Every reference architecture tallow converts (gpt-oss's fused experts are not)."""
+CONVERTED = [arch for arch, _ in ARCHITECTURES] + ["mixtral", "qwen2moe", "qwen3moe", "gpt-oss"]
+"""Every reference architecture."""
 TEXTS = ["Hello world", "  leading spaces and\ttabs\n", "naïve café ☕ 123", ""]
 
 

@@ -29,6 +29,58 @@ pub struct Arch {
     /// Whether the tokenizer adds a space before the first word (GGUF's `add_space_prefix`,
     /// written where false: Gemma's SentencePiece vocabulary does not).
     pub space_prefix: bool,
+    /// Per layer, tensors that become other tensors laid out anew: transformers' name (after
+    /// `model.layers.N.`) and each GGUF tensor (after `blk.N.`) with its [`Layout`].
+    pub split: &'static [(&'static str, &'static [(&'static str, Layout)])],
+}
+
+/// How a GGUF tensor takes its values from a checkpoint tensor of shape `[..., A, B]`
+/// (row-major), the GGUF's rows `i` and columns `j` of each matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Every `stride`-th column from `offset`: `out[..][i][j] = src[..][i][stride j + offset]`.
+    Columns { stride: u64, offset: u64 },
+    /// Transposed, every `stride`-th row of the result from `offset`: `out[m][i][j] =
+    /// src[m][j][stride i + offset]` (gpt-oss stores its experts' matrices as `x @ W`).
+    Transposed { stride: u64, offset: u64 },
+}
+
+impl Layout {
+    /// The GGUF dimensions (innermost first) taken from a checkpoint tensor of `shape`
+    /// (outermost first); `None` where the shape does not split so.
+    pub fn dims(self, shape: &[u64]) -> Option<Vec<u64>> {
+        let mut dims: Vec<u64> = shape.iter().rev().copied().collect();
+        match self {
+            Layout::Columns { stride, .. } => {
+                let b = dims.first_mut()?;
+                (b.is_multiple_of(stride)).then(|| *b /= stride)?;
+            }
+            Layout::Transposed { stride, .. } => {
+                if dims.len() < 2 || !dims[0].is_multiple_of(stride) {
+                    return None;
+                }
+                dims.swap(0, 1);
+                dims[1] /= stride;
+            }
+        }
+        Some(dims)
+    }
+
+    /// Where element `j` of row `row` of the GGUF tensor of `dims` is in the checkpoint's.
+    pub fn element(self, dims: &[u64], row: usize, j: usize) -> usize {
+        match self {
+            Layout::Columns { stride, offset } => {
+                let b = stride as usize * dims[0] as usize;
+                row * b + stride as usize * j + offset as usize
+            }
+            Layout::Transposed { stride, offset } => {
+                let (a, rows) = (dims[0] as usize, dims[1] as usize);
+                let (matrix, i) = (row / rows, row % rows);
+                let b = stride as usize * rows;
+                matrix * a * b + j * b + stride as usize * i + offset as usize
+            }
+        }
+    }
 }
 
 /// Metadata under construction: `(key, value)` in order; keys of the architecture are given
@@ -113,6 +165,85 @@ const MIXTRAL_LAYER: &[(&str, &str)] = &[
     ("block_sparse_moe.experts.*.w2", "ffn_down_exps"),
 ];
 
+/// gpt-oss: norms named as Gemma's, the attention sinks, and the router.
+const GPT_OSS_LAYER: &[(&str, &str)] = &[
+    ("post_attention_layernorm", "post_attention_norm"),
+    ("mlp.router", "ffn_gate_inp"),
+];
+
+/// gpt-oss's experts: stacked 3-D tensors, each matrix transposed, gate and up fused with
+/// their rows interleaved (gate's even, up's odd), as are their biases.
+const GPT_OSS_SPLIT: &[(&str, &[(&str, Layout)])] = &[
+    (
+        "mlp.experts.gate_up_proj",
+        &[
+            (
+                "ffn_gate_exps.weight",
+                Layout::Transposed {
+                    stride: 2,
+                    offset: 0,
+                },
+            ),
+            (
+                "ffn_up_exps.weight",
+                Layout::Transposed {
+                    stride: 2,
+                    offset: 1,
+                },
+            ),
+        ],
+    ),
+    (
+        "mlp.experts.gate_up_proj_bias",
+        &[
+            (
+                "ffn_gate_exps.bias",
+                Layout::Columns {
+                    stride: 2,
+                    offset: 0,
+                },
+            ),
+            (
+                "ffn_up_exps.bias",
+                Layout::Columns {
+                    stride: 2,
+                    offset: 1,
+                },
+            ),
+        ],
+    ),
+    (
+        "mlp.experts.down_proj",
+        &[(
+            "ffn_down_exps.weight",
+            Layout::Transposed {
+                stride: 1,
+                offset: 0,
+            },
+        )],
+    ),
+    (
+        "mlp.experts.down_proj_bias",
+        &[(
+            "ffn_down_exps.bias",
+            Layout::Columns {
+                stride: 1,
+                offset: 0,
+            },
+        )],
+    ),
+    (
+        "self_attn.sinks",
+        &[(
+            "attn_sinks.weight",
+            Layout::Columns {
+                stride: 1,
+                offset: 0,
+            },
+        )],
+    ),
+];
+
 /// Tensors outside the layers: transformers' name and the GGUF's.
 pub const GLOBAL: &[(&str, &str)] = &[
     ("model.embed_tokens.weight", "token_embd.weight"),
@@ -130,6 +261,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         layer: &[LLAMA_LAYER],
         metadata: llama,
         space_prefix: true,
+        split: &[],
     },
     Arch {
         classes: &["Qwen2ForCausalLM"],
@@ -139,6 +271,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         layer: &[LLAMA_LAYER],
         metadata: no_more,
         space_prefix: true,
+        split: &[],
     },
     Arch {
         classes: &["Qwen3ForCausalLM"],
@@ -148,6 +281,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         layer: &[LLAMA_LAYER],
         metadata: no_more,
         space_prefix: true,
+        split: &[],
     },
     Arch {
         classes: &["MixtralForCausalLM"],
@@ -157,6 +291,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         layer: &[LLAMA_LAYER, MIXTRAL_LAYER],
         metadata: mixtral,
         space_prefix: true,
+        split: &[],
     },
     Arch {
         classes: &["Qwen2MoeForCausalLM"],
@@ -166,6 +301,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         layer: &[LLAMA_LAYER, QWEN_MOE_LAYER],
         metadata: experts,
         space_prefix: true,
+        split: &[],
     },
     Arch {
         classes: &["Qwen3MoeForCausalLM"],
@@ -175,6 +311,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         layer: &[LLAMA_LAYER, QWEN_MOE_LAYER],
         metadata: experts,
         space_prefix: true,
+        split: &[],
     },
     Arch {
         classes: &["Phi3ForCausalLM"],
@@ -184,6 +321,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         layer: &[PHI3_LAYER],
         metadata: phi3,
         space_prefix: true,
+        split: &[],
     },
     Arch {
         classes: &["Gemma2ForCausalLM"],
@@ -193,6 +331,7 @@ pub const ARCHITECTURES: &[Arch] = &[
         layer: &[GEMMA_LAYER],
         metadata: gemma2,
         space_prefix: false,
+        split: &[],
     },
     Arch {
         classes: &["Gemma3ForCausalLM"],
@@ -202,6 +341,17 @@ pub const ARCHITECTURES: &[Arch] = &[
         layer: &[GEMMA_LAYER],
         metadata: gemma3,
         space_prefix: false,
+        split: &[],
+    },
+    Arch {
+        classes: &["GptOssForCausalLM"],
+        gguf: "gpt-oss",
+        permute_qk: false,
+        norm_plus_one: false,
+        layer: &[GPT_OSS_LAYER],
+        metadata: gpt_oss,
+        space_prefix: true,
+        split: GPT_OSS_SPLIT,
     },
 ];
 
@@ -236,6 +386,21 @@ pub enum Mapped {
 }
 
 impl Arch {
+    /// The GGUF tensors a checkpoint tensor is split into, each with its layout; `None` for
+    /// one that is not split.
+    pub fn split_of(&self, name: &str) -> Option<Vec<(String, Layout)>> {
+        let rest = name.strip_prefix("model.layers.")?;
+        let (layer, module) = rest.split_once('.')?;
+        let layer: u32 = layer.parse().ok()?;
+        let (_, parts) = self.split.iter().find(|(hf, _)| *hf == module)?;
+        Some(
+            parts
+                .iter()
+                .map(|&(gguf, layout)| (format!("blk.{layer}.{gguf}"), layout))
+                .collect(),
+        )
+    }
+
     /// Where a tensor of the checkpoint goes in the GGUF; `None` for one this architecture
     /// does not have.
     pub fn gguf_name(&self, name: &str) -> Option<Mapped> {
@@ -397,6 +562,34 @@ fn experts(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {
              converted"
                 .into(),
         ));
+    }
+    Ok(())
+}
+
+fn gpt_oss(config: &Config, m: &mut Metadata) -> Result<(), ConvertError> {
+    experts(config, m)?;
+    m.put_u32(
+        "expert_feed_forward_length",
+        config.uint(&["intermediate_size"])?,
+    )?;
+    m.put_u32(
+        "attention.sliding_window",
+        config.uint(&["sliding_window"])?,
+    )?;
+    let rope = config.rope();
+    match rope.kind() {
+        None => {}
+        Some("yarn") => {
+            m.put("rope.scaling.type", Value::String("yarn".into()));
+            m.put_f32("rope.scaling.factor", Some(rope.required("factor")?));
+            m.put_u32(
+                "rope.scaling.original_context_length",
+                Some(rope.required("original_max_position_embeddings")? as u64),
+            )?;
+            m.put_f32("rope.scaling.yarn_beta_fast", rope.number("beta_fast")?);
+            m.put_f32("rope.scaling.yarn_beta_slow", rope.number("beta_slow")?);
+        }
+        Some(other) => return Err(config.error(format!("rope type {other:?} is not converted"))),
     }
     Ok(())
 }

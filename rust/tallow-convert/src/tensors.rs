@@ -1,6 +1,7 @@
 //! A checkpoint's tensors as the GGUF holds them: named, laid out and typed as llama.cpp's
 //! converter writes them, each converted when it is written.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Mutex;
@@ -9,7 +10,7 @@ use tallow_gguf::{GgmlType, TensorHeader};
 use tallow_quant::{dequantize, quantize_row};
 use tallow_threads::DisjointSlice;
 
-use crate::arch::{head_dim, rope_dims, Arch, Mapped};
+use crate::arch::{head_dim, rope_dims, Arch, Layout, Mapped};
 use crate::config::Config;
 use crate::file_type::{FileType, ModelShape};
 use crate::safetensors::{Dtype, TensorView};
@@ -37,9 +38,10 @@ impl OutType {
         })
     }
 
-    /// The format of the tensor `name` of `dims` (GGML order) from `source`.
+    /// The format of the tensor `name` of `dims` (GGML order) from `source`: vectors, biases
+    /// and routers stay F32, as llama.cpp keeps them.
     fn of(self, source: Dtype, dims: &[u64], name: &str, model: &ModelShape) -> GgmlType {
-        if dims.len() < 2 || name.contains(".ffn_gate_inp") {
+        if dims.len() < 2 || name.contains(".ffn_gate_inp") || !name.ends_with(".weight") {
             return GgmlType::F32;
         }
         match self {
@@ -81,6 +83,8 @@ enum Transform {
     },
     /// Each value plus one (see [`Arch::norm_plus_one`]).
     PlusOne,
+    /// Values gathered from across the checkpoint tensor (see [`Arch::split`]).
+    Gather(Layout),
 }
 
 enum Source {
@@ -129,6 +133,20 @@ pub fn plan(
     let mut stacks: BTreeMap<String, Vec<(usize, usize, &str, &TensorView)>> = BTreeMap::new();
     for (index, file) in checkpoint.files.iter().enumerate() {
         for (name, view) in file.tensors() {
+            if let Some(parts) = arch.split_of(name) {
+                for (gguf, layout) in parts {
+                    let dims = layout
+                        .dims(&view.shape)
+                        .ok_or_else(|| ConvertError::Tensor {
+                            name: name.clone(),
+                            reason: format!("shape {:?} does not split as {layout:?}", view.shape),
+                        })?;
+                    let parts = vec![(index, name.clone())];
+                    let transform = Transform::Gather(layout);
+                    plan.push(Planned::of(gguf, dims, view.dtype, parts, transform));
+                }
+                continue;
+            }
             let gguf = match arch.gguf_name(name) {
                 Some(Mapped::Tensor(gguf)) => gguf,
                 Some(Mapped::Expert { name: gguf, expert }) => {
@@ -269,23 +287,33 @@ impl Planned {
             let file = &checkpoint.files[*file];
             let view = &file.tensors()[name];
             let bytes = file.data(view);
-            let source_row = |row: usize| {
+            let dims = &self.header.dims;
+            let elem = dtype.bytes() as usize;
+            // Row `row` of the source as this tensor takes it: a slice of it, or its values
+            // gathered from across it.
+            let source_row = |row: usize| -> Cow<'_, [u8]> {
                 let from = match transform {
                     Transform::PermuteHeads { heads } => permuted_row(row, n_rows, heads as usize),
-                    _ => row,
+                    Transform::Gather(layout) => {
+                        let values = (0..row_len).map(|j| layout.element(dims, row, j));
+                        let gathered = values.flat_map(|e| &bytes[e * elem..(e + 1) * elem]);
+                        return Cow::Owned(gathered.copied().collect());
+                    }
+                    Transform::None | Transform::PlusOne => row,
                 };
-                &bytes[from * row_bytes..(from + 1) * row_bytes]
+                Cow::Borrowed(&bytes[from * row_bytes..(from + 1) * row_bytes])
             };
             if dtype.ggml() == ty && transform != Transform::PlusOne {
                 for row in 0..n_rows {
-                    out.write_all(source_row(row))?;
+                    out.write_all(&source_row(row))?;
                 }
             } else {
                 for first in (0..n_rows).step_by(rows_per_batch) {
                     let rows = first..(first + rows_per_batch).min(n_rows);
                     packed.resize(rows.len() * packed_bytes, 0);
                     let convert = |row: usize, dst: &mut [u8], values: &mut [f32]| {
-                        dequantize(dtype.ggml(), source_row(row), values)?;
+                        let src = source_row(row);
+                        dequantize(dtype.ggml(), &src, values)?;
                         if transform == Transform::PlusOne {
                             values.iter_mut().for_each(|v| *v += 1.0);
                         }

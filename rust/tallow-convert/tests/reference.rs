@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use tallow_convert::{convert_to_bytes, FileType, OutType};
 use tallow_gguf::{GgufFile, Value};
 
-/// Every reference architecture tallow converts (gpt-oss's fused, interleaved experts are not).
+/// Every reference architecture.
 const ARCHS: &[&str] = &[
     "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen2moe",
-    "qwen3moe",
+    "qwen3moe", "gpt-oss",
 ];
 
 /// `shared/reference/arch` (`$TALLOW_SHARED_DIR/reference/arch`).
@@ -141,21 +141,21 @@ fn a_conversion_to_a_temporary_file_is_the_image_and_leaves_nothing() {
 /// 11434). Rows of 64 take the fallback formats; the 256-long rows of the down projections
 /// take the mixtures' K-quants and IQ4_XS.
 const LLAMA_QUANTIZE_HASHES: [(FileType, u64); 15] = [
-    (FileType::Q4_0, 0x0a02_91a8_299b_1635),
-    (FileType::Q4_1, 0x436b_622b_af0c_cbdd),
-    (FileType::Q5_0, 0x0bde_04a0_276f_68ec),
-    (FileType::Q5_1, 0x628f_9ac5_bc6b_26e6),
-    (FileType::Q2_K, 0xba13_c4ee_a212_18b6),
-    (FileType::Q3_K_S, 0xba13_c4ee_a212_18b6),
-    (FileType::Q3_K_M, 0xac2e_f851_dc05_4e2a),
-    (FileType::Q3_K_L, 0xe2d9_1151_d80f_9bd0),
-    (FileType::Q4_K_S, 0xf543_f586_5f2b_0674),
-    (FileType::Q4_K_M, 0xc80d_e98f_8042_9ead),
-    (FileType::Q5_K_S, 0xff2f_daa4_da4e_102b),
-    (FileType::Q5_K_M, 0xbef6_8987_2427_1a60),
-    (FileType::Q6_K, 0x2eb4_d550_8534_d325),
-    (FileType::IQ4_NL, 0xaea5_d6b7_ae3a_c3bc),
-    (FileType::IQ4_XS, 0x3111_39d8_9fe8_b946),
+    (FileType::Q4_0, 0x8a98_3f39_3d27_a981),
+    (FileType::Q4_1, 0xab2a_8736_bedd_407f),
+    (FileType::Q5_0, 0x2cc8_b1ed_17de_f9aa),
+    (FileType::Q5_1, 0x6c6f_23a5_a8b1_a817),
+    (FileType::Q2_K, 0x01ec_83fb_03be_294a),
+    (FileType::Q3_K_S, 0x01ec_83fb_03be_294a),
+    (FileType::Q3_K_M, 0x188d_496d_18b7_d823),
+    (FileType::Q3_K_L, 0x526d_11a0_cba7_3165),
+    (FileType::Q4_K_S, 0x1139_a068_b9bd_44e8),
+    (FileType::Q4_K_M, 0x80c4_dd61_4b91_3d78),
+    (FileType::Q5_K_S, 0x422e_ccf3_0731_9056),
+    (FileType::Q5_K_M, 0x66ce_a62f_75e6_51d1),
+    (FileType::Q6_K, 0xaf4c_0e78_11f6_ceff),
+    (FileType::IQ4_NL, 0x7c53_1dc5_9568_ba08),
+    (FileType::IQ4_XS, 0xa578_a9e6_ef9a_9a76),
 ];
 
 fn fnv1a(h: u64, bytes: &[u8]) -> u64 {
