@@ -14,9 +14,11 @@ import json
 import shutil
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 from conftest import all_logits, assert_one_line_error, run_cli
+from gguf.quants import dequantize as gguf_dequantize
 from test_architectures import ARCHITECTURES
 from tokenizers import Tokenizer
 
@@ -169,17 +171,19 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str) -> None:
-    """``tensors`` as a safetensors file of ``dtype`` (F32, F16 or BF16)."""
+    """``tensors`` as a safetensors file of ``dtype`` (F32, F16 or BF16; byte arrays as U8)."""
     blobs = []
     for values in tensors.values():
-        if dtype == "BF16":
+        if values.dtype == np.uint8:
+            blobs.append(values)
+        elif dtype == "BF16":
             blobs.append((values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
         else:
             blobs.append(values.astype({"F32": np.float32, "F16": np.float16}[dtype]))
     header, offset = {}, 0
     for (name, values), blob in zip(tensors.items(), blobs, strict=True):
         header[name] = {
-            "dtype": dtype,
+            "dtype": "U8" if values.dtype == np.uint8 else dtype,
             "shape": list(values.shape),
             "data_offsets": [offset, offset + blob.nbytes],
         }
@@ -239,3 +243,72 @@ def test_tokenizer_json_ids_equal_hf_tokenizers(
     assert len(texts) >= 3
     for text in [*texts, *TEXTS]:
         assert model.tokenize(text, False, False) == hf.encode(text, add_special_tokens=False).ids
+
+
+FP4_VALUES = np.array(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+    dtype=np.float32,
+)
+"""The sixteen values of an MXFP4 element (E2M1)."""
+
+
+def to_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``w`` (``[..., n]``) as gpt-oss's released files hold them: blocks ``[..., n/32,
+    16]`` of two values a byte (the first in the low nibble) and E8M0 scales ``[..., n/32]``,
+    each block's scale the power of two that brings its largest magnitude within 6."""
+    blocks = w.reshape(*w.shape[:-1], -1, 32)
+    amax = np.abs(blocks).max(axis=-1)
+    exp = np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)).astype(np.int32)
+    scaled = blocks / np.ldexp(np.float32(1.0), exp)[..., None]
+    index = np.abs(scaled[..., None] - FP4_VALUES).argmin(axis=-1).astype(np.uint8)
+    return index[..., 0::2] | (index[..., 1::2] << 4), (exp + 127).astype(np.uint8)
+
+
+def from_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """transformers' dequantization of gpt-oss's MXFP4 (``convert_moe_packed_tensors``)."""
+    pairs = np.stack([FP4_VALUES[blocks & 0x0F], FP4_VALUES[blocks >> 4]], axis=-1)
+    values = pairs.reshape(*blocks.shape[:-1], 32)
+    values = np.ldexp(values, scales.astype(np.int32)[..., None] - 127)
+    return values.reshape(*values.shape[:-2], -1)
+
+
+def test_gpt_oss_as_released_has_its_mxfp4_experts_repacked(
+    arch_dir: Path, tmp_path: Path, prompt: list[int]
+) -> None:
+    """gpt-oss as released: the experts' matrices in MXFP4 blocks and scales (``[experts,
+    out, in]``, gate and up rows interleaved), repacked into GGML's MXFP4 with the values
+    transformers reads from them (against the ``gguf`` package's dequantization); every other
+    tensor as the F32 folder converts."""
+    folder = copy_of(arch_dir, tmp_path, "gpt-oss")
+    tensors = read_safetensors(folder / "model.safetensors")
+    expected = {}
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = to_mxfp4(np.swapaxes(tensors.pop(name), -1, -2))
+        tensors[f"{name}_blocks"], tensors[f"{name}_scales"] = blocks, scales
+        values, layer = from_mxfp4(blocks, scales), name.split(".")[2]
+        if name.endswith("gate_up_proj"):
+            expected[f"blk.{layer}.ffn_gate_exps.weight"] = values[:, 0::2]
+            expected[f"blk.{layer}.ffn_up_exps.weight"] = values[:, 1::2]
+        else:
+            expected[f"blk.{layer}.ffn_down_exps.weight"] = values
+    write_safetensors(folder / "model.safetensors", tensors, "F32")
+    out = tmp_path / "gpt-oss-mxfp4.gguf"
+    _core.convert_checkpoint(folder, out)
+    converted = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    plain = {t.name: t for t in gguf.GGUFReader(arch_dir / "gpt-oss" / "gpt-oss-f32.gguf").tensors}
+    assert converted.keys() == plain.keys()
+    for name, t in converted.items():
+        if name in expected:
+            assert t.tensor_type == gguf.GGMLQuantizationType.MXFP4
+            got = gguf_dequantize(t.data, t.tensor_type).reshape(expected[name].shape)
+            np.testing.assert_array_equal(got, expected[name], err_msg=name)
+        else:
+            assert t.data.tobytes() == plain[name].data.tobytes(), name
+    logits = all_logits(_core.Model(str(out)), prompt)
+    assert np.isfinite(logits).all()
+    tensors["model.layers.0.mlp.experts.down_proj_scales"] = tensors[
+        "model.layers.0.mlp.experts.down_proj_scales"
+    ][:, :-1]
+    write_safetensors(folder / "model.safetensors", tensors, "F32")
+    with pytest.raises(tallow.ModelError, match="does not fit the blocks"):
+        _core.Model(str(folder))

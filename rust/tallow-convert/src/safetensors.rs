@@ -22,15 +22,18 @@ pub enum Dtype {
     F32,
     F16,
     BF16,
+    /// Bytes: read only as the blocks and scales of MXFP4 matrices (gpt-oss's experts).
+    U8,
 }
 
 impl Dtype {
-    /// The GGML format of the same values.
-    pub fn ggml(self) -> GgmlType {
+    /// The GGML format of the same values; `None` for bytes.
+    pub fn ggml(self) -> Option<GgmlType> {
         match self {
-            Dtype::F32 => GgmlType::F32,
-            Dtype::F16 => GgmlType::F16,
-            Dtype::BF16 => GgmlType::BF16,
+            Dtype::F32 => Some(GgmlType::F32),
+            Dtype::F16 => Some(GgmlType::F16),
+            Dtype::BF16 => Some(GgmlType::BF16),
+            Dtype::U8 => None,
         }
     }
 
@@ -38,6 +41,7 @@ impl Dtype {
         match self {
             Dtype::F32 => 4,
             Dtype::F16 | Dtype::BF16 => 2,
+            Dtype::U8 => 1,
         }
     }
 }
@@ -177,9 +181,10 @@ fn tensor_view(entry: &Json, data_len: usize) -> Result<TensorView, String> {
         Some("F32") => Dtype::F32,
         Some("F16") => Dtype::F16,
         Some("BF16") => Dtype::BF16,
+        Some("U8") => Dtype::U8,
         Some(other) => {
             return Err(format!(
-                "dtype {other} is not converted (F32, F16, BF16 are)"
+                "dtype {other} is not converted (F32, F16, BF16 and MXFP4's U8 are)"
             ))
         }
         None => return Err("no dtype".into()),

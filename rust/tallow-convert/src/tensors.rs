@@ -40,12 +40,12 @@ impl OutType {
 
     /// The format of the tensor `name` of `dims` (GGML order) from `source`: vectors, biases
     /// and routers stay F32, as llama.cpp keeps them.
-    fn of(self, source: Dtype, dims: &[u64], name: &str, model: &ModelShape) -> GgmlType {
+    fn of(self, source: GgmlType, dims: &[u64], name: &str, model: &ModelShape) -> GgmlType {
         if dims.len() < 2 || name.contains(".ffn_gate_inp") || !name.ends_with(".weight") {
             return GgmlType::F32;
         }
         match self {
-            OutType::Keep => source.ggml(),
+            OutType::Keep => source,
             OutType::File(file) => file.matrix_type(name, dims[0], model),
         }
     }
@@ -97,6 +97,16 @@ enum Source {
     },
     /// Values computed from the configuration (llama 3's RoPE factors).
     Computed(Vec<f32>),
+    /// MXFP4 matrices of the checkpoint, `(file, name)` of their blocks (`[experts, rows,
+    /// blocks, 16]` bytes, two values a byte, first value low) and of their E8M0 scales
+    /// (`[experts, rows, blocks]`), every `stride`-th row from `offset` (gpt-oss's fused gate
+    /// and up), repacked into GGML's MXFP4 blocks.
+    Mxfp4 {
+        blocks: (usize, String),
+        scales: (usize, String),
+        stride: u64,
+        offset: u64,
+    },
 }
 
 /// One tensor of the GGUF: what the table says of it and where its values come from.
@@ -133,6 +143,10 @@ pub fn plan(
     let mut stacks: BTreeMap<String, Vec<(usize, usize, &str, &TensorView)>> = BTreeMap::new();
     for (index, file) in checkpoint.files.iter().enumerate() {
         for (name, view) in file.tensors() {
+            if view.dtype == Dtype::U8 {
+                plan.extend(mxfp4_tensors(checkpoint, arch, index, name, view)?);
+                continue;
+            }
             if let Some(parts) = arch.split_of(name) {
                 for (gguf, layout) in parts {
                     let dims = layout
@@ -231,7 +245,8 @@ pub fn plan(
     };
     for t in &mut plan {
         if let Source::Checkpoint { dtype, .. } = t.source {
-            t.header.ty = out.of(dtype, &t.header.dims, &t.header.name, &model);
+            let source = dtype.ggml().expect("byte tensors are only MXFP4 sources");
+            t.header.ty = out.of(source, &t.header.dims, &t.header.name, &model);
         }
     }
     Ok(plan)
@@ -249,7 +264,7 @@ impl Planned {
     ) -> Self {
         Planned {
             header: TensorHeader {
-                ty: dtype.ggml(),
+                ty: dtype.ggml().expect("byte tensors are only MXFP4 sources"),
                 name,
                 dims,
             },
@@ -270,12 +285,19 @@ impl Planned {
                 }
                 return Ok(());
             }
+            Source::Mxfp4 {
+                blocks,
+                scales,
+                stride,
+                offset,
+            } => return write_mxfp4(checkpoint, blocks, scales, *stride, *offset, out),
             Source::Checkpoint {
                 parts,
                 dtype,
                 transform,
             } => (parts, *dtype, *transform),
         };
+        let source_type = dtype.ggml().expect("byte tensors are only MXFP4 sources");
         let row_len = self.header.dims[0] as usize;
         let n_rows = self.header.dims[1..].iter().product::<u64>() as usize / parts.len();
         let row_bytes = row_len * dtype.bytes() as usize;
@@ -303,7 +325,7 @@ impl Planned {
                 };
                 Cow::Borrowed(&bytes[from * row_bytes..(from + 1) * row_bytes])
             };
-            if dtype.ggml() == ty && transform != Transform::PlusOne {
+            if source_type == ty && transform != Transform::PlusOne {
                 for row in 0..n_rows {
                     out.write_all(&source_row(row))?;
                 }
@@ -313,7 +335,7 @@ impl Planned {
                     packed.resize(rows.len() * packed_bytes, 0);
                     let convert = |row: usize, dst: &mut [u8], values: &mut [f32]| {
                         let src = source_row(row);
-                        dequantize(dtype.ggml(), &src, values)?;
+                        dequantize(source_type, &src, values)?;
                         if transform == Transform::PlusOne {
                             values.iter_mut().for_each(|v| *v += 1.0);
                         }
@@ -370,6 +392,122 @@ fn in_parallel(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// The GGUF tensors of a checkpoint's byte tensor: for the blocks of an MXFP4 matrix
+/// (`<module>_blocks`, with `<module>_scales` beside them), the tensors `module` splits into;
+/// nothing for the scales (read with the blocks); an error for any other.
+fn mxfp4_tensors(
+    checkpoint: &Checkpoint,
+    arch: &Arch,
+    file: usize,
+    name: &str,
+    view: &TensorView,
+) -> Result<Vec<Planned>, ConvertError> {
+    let refuse = |reason: String| ConvertError::Tensor {
+        name: name.to_owned(),
+        reason,
+    };
+    if let Some(module) = name.strip_suffix("_scales") {
+        if find(checkpoint, &format!("{module}_blocks")).is_some() {
+            return Ok(Vec::new());
+        }
+    }
+    let parts = name
+        .strip_suffix("_blocks")
+        .and_then(|module| Some((module, arch.split_of(module)?)));
+    let Some((module, parts)) = parts else {
+        return Err(refuse(
+            "a byte (U8) tensor that is not an MXFP4 matrix's blocks or scales".into(),
+        ));
+    };
+    let scales_name = format!("{module}_scales");
+    let (scales_file, scales) =
+        find(checkpoint, &scales_name).ok_or_else(|| refuse(format!("no {scales_name}")))?;
+    let [experts, rows, blocks, 16] = view.shape[..] else {
+        return Err(refuse(format!(
+            "shape {:?} is not MXFP4 blocks",
+            view.shape
+        )));
+    };
+    if scales.dtype != Dtype::U8 || scales.shape != [experts, rows, blocks] {
+        return Err(refuse(format!("{scales_name} does not fit the blocks")));
+    }
+    parts
+        .into_iter()
+        .map(|(gguf, layout)| {
+            let (Layout::Transposed { stride, offset } | Layout::Columns { stride, offset }) =
+                layout;
+            if !rows.is_multiple_of(stride) {
+                return Err(refuse(format!("{rows} rows do not split in {stride}")));
+            }
+            Ok(Planned {
+                header: TensorHeader {
+                    name: gguf,
+                    ty: GgmlType::MXFP4,
+                    dims: vec![blocks * 32, rows / stride, experts],
+                },
+                source: Source::Mxfp4 {
+                    blocks: (file, name.to_owned()),
+                    scales: (scales_file, scales_name.clone()),
+                    stride,
+                    offset,
+                },
+            })
+        })
+        .collect()
+}
+
+/// The file holding the checkpoint tensor `name`, and the tensor.
+fn find<'a>(checkpoint: &'a Checkpoint, name: &str) -> Option<(usize, &'a TensorView)> {
+    checkpoint
+        .files
+        .iter()
+        .enumerate()
+        .find_map(|(i, f)| f.tensors().get(name).map(|v| (i, v)))
+}
+
+/// Writes an MXFP4 matrix of the checkpoint as GGML's blocks: each block's scale byte, then
+/// its 32 values in Q4_0's order (element j in the low nibble of byte j, element j + 16 in
+/// its high nibble) where the checkpoint packs them in pairs.
+fn write_mxfp4(
+    checkpoint: &Checkpoint,
+    (blocks_file, blocks_name): &(usize, String),
+    (scales_file, scales_name): &(usize, String),
+    stride: u64,
+    offset: u64,
+    out: &mut dyn Write,
+) -> Result<(), ConvertError> {
+    let (blocks_file, scales_file) = (
+        &checkpoint.files[*blocks_file],
+        &checkpoint.files[*scales_file],
+    );
+    let (blocks_view, scales_view) = (
+        &blocks_file.tensors()[blocks_name],
+        &scales_file.tensors()[scales_name],
+    );
+    let (packed, scales) = (blocks_file.data(blocks_view), scales_file.data(scales_view));
+    let [experts, rows, n_blocks, _] = blocks_view.shape[..] else {
+        unreachable!("checked when planned")
+    };
+    let (rows, n_blocks) = (rows as usize, n_blocks as usize);
+    let mut row = Vec::with_capacity(n_blocks * 17);
+    for expert in 0..experts as usize {
+        for r in (offset as usize..rows).step_by(stride as usize) {
+            row.clear();
+            for b in 0..n_blocks {
+                let at = (expert * rows + r) * n_blocks + b;
+                let pairs = &packed[16 * at..16 * (at + 1)];
+                let value = |k: usize| (pairs[k / 2] >> (4 * (k % 2))) & 0xf;
+                row.push(scales[at]);
+                row.extend((0..16).map(|j| value(j) | (value(j + 16) << 4)));
+            }
+            out.write_all(&row)?;
+        }
+    }
+    blocks_file.release(blocks_view);
+    scales_file.release(scales_view);
+    Ok(())
 }
 
 /// Which row of a head-major Q or K matrix (or bias) lands at `row` once each head's rows go
