@@ -1,6 +1,7 @@
 //! f32 to block formats, rounding exactly as ggml's `quantize_row_*_ref`.
 
-use super::quantize_iq4::{iq4_nl, iq4_xs};
+pub(crate) use super::quantize_iq4::iq4_nl_row;
+use super::quantize_iq4::iq4_xs;
 use super::quantize_k::{q2_k, q3_k, q4_k, q5_k, q6_k};
 use crate::blocks::{
     as_blocks_mut, Block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8K, BlockQ8_0,
@@ -39,13 +40,13 @@ pub(crate) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
         GgmlType::Q8_0 => |x, dst| each_block(x, dst, q8_0),
         GgmlType::Q8_1 => |x, dst| each_block(x, dst, q8_1),
         GgmlType::Q8_K => |x, dst| each_block(x, dst, q8_k),
-        GgmlType::Q2_K => |x, dst| each_block(x, dst, q2_k),
-        GgmlType::Q3_K => |x, dst| each_block(x, dst, q3_k),
-        GgmlType::Q4_K => |x, dst| each_block(x, dst, q4_k),
-        GgmlType::Q5_K => |x, dst| each_block(x, dst, q5_k),
-        GgmlType::Q6_K => |x, dst| each_block(x, dst, q6_k),
-        GgmlType::IQ4_NL => |x, dst| each_block(x, dst, iq4_nl),
-        GgmlType::IQ4_XS => |x, dst| each_block(x, dst, iq4_xs),
+        GgmlType::Q2_K => q2_k_row,
+        GgmlType::Q3_K => q3_k_row,
+        GgmlType::Q4_K => q4_k_row,
+        GgmlType::Q5_K => q5_k_row,
+        GgmlType::Q6_K => q6_k_row,
+        GgmlType::IQ4_NL => iq4_nl_row,
+        GgmlType::IQ4_XS => iq4_xs_row,
         GgmlType::MXFP4
         | GgmlType::IQ2_XXS
         | GgmlType::IQ2_XS
@@ -59,7 +60,53 @@ pub(crate) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
     })
 }
 
-fn each_block<B: Block, const N: usize>(x: &[f32], dst: &mut [u8], f: fn(&[f32; N], &mut B)) {
+// The weight formats whose quantizers search for scales, by rows: the SIMD sets compile
+// these same loops for their own vector width (`kernels::x86::avx2`).
+
+#[inline(always)]
+pub(crate) fn q2_k_row(x: &[f32], dst: &mut [u8]) {
+    for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
+        q2_k(xs, b);
+    }
+}
+
+#[inline(always)]
+pub(crate) fn q3_k_row(x: &[f32], dst: &mut [u8]) {
+    for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
+        q3_k(xs, b);
+    }
+}
+
+#[inline(always)]
+pub(crate) fn q4_k_row(x: &[f32], dst: &mut [u8]) {
+    for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
+        q4_k(xs, b);
+    }
+}
+
+#[inline(always)]
+pub(crate) fn q5_k_row(x: &[f32], dst: &mut [u8]) {
+    for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
+        q5_k(xs, b);
+    }
+}
+
+#[inline(always)]
+pub(crate) fn q6_k_row(x: &[f32], dst: &mut [u8]) {
+    for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
+        q6_k(xs, b);
+    }
+}
+
+#[inline(always)]
+pub(crate) fn iq4_xs_row(x: &[f32], dst: &mut [u8]) {
+    for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
+        iq4_xs(xs, b);
+    }
+}
+
+#[inline(always)]
+fn each_block<B: Block, const N: usize>(x: &[f32], dst: &mut [u8], f: impl Fn(&[f32; N], &mut B)) {
     for (xs, block) in x.as_chunks::<N>().0.iter().zip(as_blocks_mut::<B>(dst)) {
         f(xs, block);
     }

@@ -29,7 +29,7 @@ struct Search {
 }
 
 /// Groups searched side by side by [`scale_and_min`], one per lane.
-const LANES: usize = 8;
+pub(super) const LANES: usize = 8;
 
 /// ggml's `make_qkx2_quants` for [`LANES`] groups of `N` at once (`x[i][g]`: element i of
 /// group g): quants `l` in `0..=nmax` of each group as `scale * l - min`, with `min >= 0`;
@@ -38,6 +38,7 @@ const LANES: usize = 8;
 /// Each lane does the scalar search's float operations in its order, so every group comes
 /// out bit for bit as ggml's; the loops over lanes are what the compiler vectorizes (the
 /// search's running sums are otherwise one long chain of dependent additions).
+#[inline(always)]
 fn scale_and_min<const N: usize>(
     x: &[[f32; LANES]; N],
     weights: &[[f32; LANES]; N],
@@ -140,7 +141,7 @@ fn scale_and_min<const N: usize>(
 }
 
 /// [`LANES`] consecutive groups of `N` values as `N` rows of one value of each group.
-fn lanes<const N: usize>(x: &[f32]) -> [[f32; LANES]; N] {
+pub(super) fn lanes<const N: usize>(x: &[f32]) -> [[f32; LANES]; N] {
     std::array::from_fn(|i| std::array::from_fn(|g| x[N * g + i]))
 }
 
@@ -167,6 +168,7 @@ pub(super) fn signed_max(x: &[f32]) -> (f32, f32) {
 
 /// The sums of ggml's weighted least-squares fit of `x` by `scale * l` with weights `x^2`:
 /// `(sum w x l, sum w l^2)`.
+#[inline(always)]
 fn fit_sums(x: &[f32], l: impl Fn(usize) -> i32) -> (f32, f32) {
     let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
     for (i, &v) in x.iter().enumerate() {
@@ -180,6 +182,7 @@ fn fit_sums(x: &[f32], l: impl Fn(usize) -> i32) -> (f32, f32) {
 /// ggml's `make_qx_quants` with `rmse_type` 1 (weights `x^2`): symmetric quants
 /// `l + nmax` in `0..2 nmax` of `x` as `scale * l`, the inverse scale tried at `nmax +
 /// 0.1 i` for i in -9..=9; returns the scale.
+#[inline(always)]
 fn symmetric_scale(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
     let (max, amax) = signed_max(x);
     if amax < GROUP_MAX_EPS {
@@ -211,6 +214,7 @@ fn symmetric_scale(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
 /// ggml's `make_q3_quants` with `do_rmse`: symmetric quants `l + nmax` in `0..2 nmax`,
 /// moved one at a time while that lowers the weighted error (at most five passes); returns
 /// the scale.
+#[inline(always)]
 fn refined_symmetric_scale(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
     let (max, amax) = signed_max(x);
     if amax < GROUP_MAX_EPS {
@@ -263,6 +267,7 @@ fn pack_crumbs(l: &[u8]) -> [u8; 32] {
     std::array::from_fn(|i| l[i] | (l[i + 32] << 2) | (l[i + 64] << 4) | (l[i + 96] << 6))
 }
 
+#[inline(always)]
 pub(crate) fn q2_k(x: &[f32; QK_K], b: &mut BlockQ2K) {
     const SEARCH: Search = Search {
         rmin: -0.5,
@@ -318,6 +323,7 @@ pub(crate) fn q2_k(x: &[f32; QK_K], b: &mut BlockQ2K) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn q3_k(x: &[f32; QK_K], b: &mut BlockQ3K) {
     let mut l = [0i8; QK_K];
     let mut scales = [0.0f32; 16];
@@ -368,6 +374,7 @@ pub(crate) fn q3_k(x: &[f32; QK_K], b: &mut BlockQ3K) {
 
 /// Q4_K and Q5_K: eight groups of 32, each with a scale and a minimum, both rounded to 6
 /// bits against the block's f16 `d` and `dmin`. Returns `(d, dmin, packed scales, quants)`.
+#[inline(always)]
 fn groups_of_32(
     x: &[f32; QK_K],
     nmax: i32,
@@ -427,6 +434,7 @@ fn groups_of_32(
     (d, dmin, packed, l)
 }
 
+#[inline(always)]
 pub(crate) fn q4_k(x: &[f32; QK_K], b: &mut BlockQ4K) {
     let search = Search {
         rmin: -1.0,
@@ -444,6 +452,7 @@ pub(crate) fn q4_k(x: &[f32; QK_K], b: &mut BlockQ4K) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn q5_k(x: &[f32; QK_K], b: &mut BlockQ5K) {
     let search = Search {
         rmin: -0.5,
@@ -464,6 +473,7 @@ pub(crate) fn q5_k(x: &[f32; QK_K], b: &mut BlockQ5K) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn q6_k(x: &[f32; QK_K], b: &mut BlockQ6K) {
     let mut l = [0i8; QK_K];
     let mut scales = [0.0f32; 16];

@@ -5,7 +5,7 @@
 
 use crate::testing::f16_fields;
 use crate::testing::Rng;
-use crate::GgmlType;
+use crate::{GgmlType, Isa};
 
 /// `blocks` blocks of random bytes whose f16 fields hold random finite halves (any finite
 /// value, subnormals included), so that no NaN reaches a float operation.
@@ -112,13 +112,15 @@ const GGML_QUANTIZE_HASHES: [(GgmlType, u64); 7] = [
 #[test]
 fn k_and_iq4_quants_quantize_bit_identically_to_ggml() {
     let x = golden_values(64);
-    for (ty, expected) in GGML_QUANTIZE_HASHES {
-        let mut q = vec![0u8; ty.bytes_for(64 * 256).unwrap() as usize];
-        crate::quantize_row(ty, &x, &mut q).unwrap();
-        assert_eq!(
-            fnv1a(q),
-            expected,
-            "{ty}: quantized bytes differ from ggml's"
-        );
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
+        for (ty, expected) in GGML_QUANTIZE_HASHES {
+            let mut q = vec![0u8; ty.bytes_for(64 * 256).unwrap() as usize];
+            isa.kernels(ty).quantize.unwrap().call(&x, &mut q);
+            let hash = fnv1a(q);
+            assert_eq!(
+                hash, expected,
+                "{isa:?} {ty}: quantized bytes differ from ggml's"
+            );
+        }
     }
 }

@@ -30,12 +30,13 @@ use crate::kernels::activations::{clamped_swiglu_loop, gated_loop, RawActivation
 use crate::kernels::attention::{loops, RawAttention};
 use crate::kernels::table::{RawDequantize, RawQuantize};
 use crate::kernels::{RawFloatRow, RawPacked, RawRow, RawTile, RawVecDot};
+use crate::reference::quantize as weights;
 use crate::reference::vec_dot as reference;
 use crate::GgmlType;
 
 /// The AVX2 kernels of `ty`: a dot product for every weight format, tiles for the legacy
-/// formats, packed kernels for the formats `crate::packed` lays out, and the activation
-/// quantizers.
+/// formats, packed kernels for the formats `crate::packed` lays out, the activation
+/// quantizers, and the scale-searching weight quantizers compiled at this width.
 pub(crate) fn row(ty: GgmlType) -> RawRow {
     use super::packed::avx2 as packed;
     type Kernels = (
@@ -59,23 +60,38 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
             Some(quantize::q8_0),
         ),
         GgmlType::Q8_1 => (None, None, None, Some(quantize::q8_1)),
-        GgmlType::Q2_K => (Some(q2_k_q8_k), None, None, None),
-        GgmlType::Q3_K => (Some(q3_k_q8_k), None, None, None),
-        GgmlType::Q4_K => (Some(q4_k_q8_k), None, Some(packed::q4_k), None),
-        GgmlType::Q5_K => (Some(q5_k_q8_k), None, Some(packed::q5_k), None),
-        GgmlType::Q6_K => (Some(q6_k_q8_k), None, Some(packed::q6_k), None),
+        GgmlType::Q2_K => (Some(q2_k_q8_k), None, None, Some(q2_k_weights)),
+        GgmlType::Q3_K => (Some(q3_k_q8_k), None, None, Some(q3_k_weights)),
+        GgmlType::Q4_K => (
+            Some(q4_k_q8_k),
+            None,
+            Some(packed::q4_k),
+            Some(q4_k_weights),
+        ),
+        GgmlType::Q5_K => (
+            Some(q5_k_q8_k),
+            None,
+            Some(packed::q5_k),
+            Some(q5_k_weights),
+        ),
+        GgmlType::Q6_K => (
+            Some(q6_k_q8_k),
+            None,
+            Some(packed::q6_k),
+            Some(q6_k_weights),
+        ),
         GgmlType::Q8_K => (None, None, None, Some(quantize::q8_k)),
         GgmlType::IQ4_NL => (
             Some(lookup_q8_0::<BlockIq4Nl>),
             Some(tile_iq4_nl),
             Some(packed::iq4_nl),
-            None,
+            Some(iq4_nl_weights),
         ),
         GgmlType::IQ4_XS => (
             Some(iq4_xs_q8_k),
             Some(tile_iq4_xs),
             Some(packed::iq4_xs),
-            None,
+            Some(iq4_xs_weights),
         ),
         GgmlType::MXFP4 => (Some(lookup_q8_0::<BlockMxfp4>), None, None, None),
         GgmlType::IQ2_XXS => (
@@ -144,6 +160,13 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
 
 compiled_with!("avx2,fma":
     merge => loops::merge, (state: &mut [f32], other: &[f32]);
+    q2_k_weights => weights::q2_k_row, (x: &[f32], dst: &mut [u8]);
+    q3_k_weights => weights::q3_k_row, (x: &[f32], dst: &mut [u8]);
+    q4_k_weights => weights::q4_k_row, (x: &[f32], dst: &mut [u8]);
+    q5_k_weights => weights::q5_k_row, (x: &[f32], dst: &mut [u8]);
+    q6_k_weights => weights::q6_k_row, (x: &[f32], dst: &mut [u8]);
+    iq4_nl_weights => weights::iq4_nl_row, (x: &[f32], dst: &mut [u8]);
+    iq4_xs_weights => weights::iq4_xs_row, (x: &[f32], dst: &mut [u8]);
     silu => gated_loop::<false>, (gate: &mut [f32], up: &[f32]);
     gelu_tanh => gated_loop::<true>, (gate: &mut [f32], up: &[f32]);
     clamped_swiglu => clamped_swiglu_loop, (gate: &mut [f32], up: &[f32]);
