@@ -1,5 +1,5 @@
-"""Prints the hashes of ggml's own quantizers that `k_and_iq4_quants_quantize_bit_identically_to_ggml`
-(rust/tallow-quant/src/tests/golden.rs) compares tallow's quantizers with.
+"""Prints the hashes of ggml's own quantizers that tallow's are compared with
+(`k_and_iq4_quants_quantize_bit_identically_to_ggml` in rust/tallow-quant/src/tests/golden.rs).
 
 Usage: python scripts/ggml_quantize_hashes.py PATH/TO/libggml-base.so
 (a llama.cpp build, e.g. the one ../shared/tools/build-llama-cpp.sh makes, under build/bin).
@@ -18,7 +18,15 @@ import numpy as np
 
 MASK = (1 << 64) - 1
 TYPES = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
-BYTES_PER_256 = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_NL": 144, "IQ4_XS": 136}
+BYTES_PER_256 = {
+    "Q2_K": 84,
+    "Q3_K": 110,
+    "Q4_K": 144,
+    "Q5_K": 176,
+    "Q6_K": 210,
+    "IQ4_NL": 144,
+    "IQ4_XS": 136,
+}
 
 
 class SplitMix64:

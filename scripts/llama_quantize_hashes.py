@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ggml_quantize_hashes import fnv1a, rust_hex
 from gguf import GGUFReader
 
 ARCHS = [
@@ -47,24 +48,6 @@ FILE_TYPES = [
     "IQ4_NL",
     "IQ4_XS",
 ]
-MASK = (1 << 64) - 1
-
-
-class Fnv1a:
-    def __init__(self) -> None:
-        self.h = 0xCBF29CE484222325
-
-    def update(self, data: bytes) -> None:
-        h = self.h
-        for b in data:
-            h = ((h ^ b) * 0x100000001B3) & MASK
-        self.h = h
-
-
-def rust_hex(h: int) -> str:
-    """``h`` as a Rust u64 literal in groups of four hex digits."""
-    digits = f"{h:016x}"
-    return "0x" + "_".join(digits[i : i + 4] for i in range(0, 16, 4))
 
 
 def main() -> None:
@@ -75,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for file_type in FILE_TYPES:
-            fnv = Fnv1a()
+            hashed = bytearray()
             for arch in ARCHS:
                 out = Path(tmp) / f"{arch}-{file_type}.gguf"
                 subprocess.run(
@@ -89,10 +72,9 @@ def main() -> None:
                     capture_output=True,
                 )
                 for t in sorted(GGUFReader(out).tensors, key=lambda t: t.name):
-                    fnv.update(t.name.encode())
-                    fnv.update(int(t.tensor_type).to_bytes(4, "little"))
-                    fnv.update(t.data.tobytes())
-            h = fnv.h
+                    hashed += t.name.encode() + int(t.tensor_type).to_bytes(4, "little")
+                    hashed += t.data.tobytes()
+            h = fnv1a(bytes(hashed))
             print(f"    (FileType::{file_type}, {rust_hex(h)}),")
 
 

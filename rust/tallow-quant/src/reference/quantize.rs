@@ -60,50 +60,30 @@ pub(crate) fn quantizer(ty: GgmlType) -> Option<QuantizeFn> {
     })
 }
 
-// The weight formats whose quantizers search for scales, by rows: the SIMD sets compile
-// these same loops for their own vector width (`kernels::x86::avx2`).
-
-#[inline(always)]
-pub(crate) fn q2_k_row(x: &[f32], dst: &mut [u8]) {
-    for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
-        q2_k(xs, b);
-    }
+/// `pub(crate) fn $row(x, dst)`: whole super-blocks of a format whose quantizer searches for
+/// scales, `$block` called directly so that the SIMD sets compile these same loops at their
+/// own vector width (`kernels::x86::avx2`).
+macro_rules! super_block_rows {
+    ($($row:ident => $block:ident),* $(,)?) => {
+        $(
+            #[inline(always)]
+            pub(crate) fn $row(x: &[f32], dst: &mut [u8]) {
+                for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
+                    $block(xs, b);
+                }
+            }
+        )*
+    };
 }
 
-#[inline(always)]
-pub(crate) fn q3_k_row(x: &[f32], dst: &mut [u8]) {
-    for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
-        q3_k(xs, b);
-    }
-}
-
-#[inline(always)]
-pub(crate) fn q4_k_row(x: &[f32], dst: &mut [u8]) {
-    for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
-        q4_k(xs, b);
-    }
-}
-
-#[inline(always)]
-pub(crate) fn q5_k_row(x: &[f32], dst: &mut [u8]) {
-    for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
-        q5_k(xs, b);
-    }
-}
-
-#[inline(always)]
-pub(crate) fn q6_k_row(x: &[f32], dst: &mut [u8]) {
-    for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
-        q6_k(xs, b);
-    }
-}
-
-#[inline(always)]
-pub(crate) fn iq4_xs_row(x: &[f32], dst: &mut [u8]) {
-    for (xs, b) in x.as_chunks::<QK_K>().0.iter().zip(as_blocks_mut(dst)) {
-        iq4_xs(xs, b);
-    }
-}
+super_block_rows!(
+    q2_k_row => q2_k,
+    q3_k_row => q3_k,
+    q4_k_row => q4_k,
+    q5_k_row => q5_k,
+    q6_k_row => q6_k,
+    iq4_xs_row => iq4_xs,
+);
 
 #[inline(always)]
 fn each_block<B: Block, const N: usize>(x: &[f32], dst: &mut [u8], f: impl Fn(&[f32; N], &mut B)) {

@@ -261,6 +261,16 @@ fn refined_symmetric_scale(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
     }
 }
 
+/// Each group of 16's scale by `scale_of` (which writes the group's quants into `l`).
+#[inline(always)]
+fn scales_of_16(
+    x: &[f32; QK_K],
+    l: &mut [i8; QK_K],
+    scale_of: impl Fn(&[f32], &mut [i8]) -> f32,
+) -> [f32; 16] {
+    std::array::from_fn(|j| scale_of(&x[16 * j..][..16], &mut l[16 * j..][..16]))
+}
+
 /// Packs 128 quants below 4 as Q2_K and Q3_K hold them: byte l holds elements l, l + 32,
 /// l + 64 and l + 96 at bits 0, 2, 4 and 6.
 fn pack_crumbs(l: &[u8]) -> [u8; 32] {
@@ -326,15 +336,8 @@ pub(crate) fn q2_k(x: &[f32; QK_K], b: &mut BlockQ2K) {
 #[inline(always)]
 pub(crate) fn q3_k(x: &[f32; QK_K], b: &mut BlockQ3K) {
     let mut l = [0i8; QK_K];
-    let mut scales = [0.0f32; 16];
-    let (mut max_scale, mut amax) = (0.0f32, 0.0f32);
-    for (j, xs) in x.chunks_exact(16).enumerate() {
-        scales[j] = refined_symmetric_scale(xs, 4, &mut l[16 * j..][..16]);
-        if scales[j].abs() > amax {
-            amax = scales[j].abs();
-            max_scale = scales[j];
-        }
-    }
+    let scales = scales_of_16(x, &mut l, |xs, l| refined_symmetric_scale(xs, 4, l));
+    let (max_scale, _) = signed_max(&scales);
     b.scales = [0; 12];
     b.d = f32_to_f16(0.0);
     if max_scale != 0.0 {
@@ -476,15 +479,8 @@ pub(crate) fn q5_k(x: &[f32; QK_K], b: &mut BlockQ5K) {
 #[inline(always)]
 pub(crate) fn q6_k(x: &[f32; QK_K], b: &mut BlockQ6K) {
     let mut l = [0i8; QK_K];
-    let mut scales = [0.0f32; 16];
-    let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
-    for (j, xs) in x.chunks_exact(16).enumerate() {
-        scales[j] = symmetric_scale(xs, 32, &mut l[16 * j..][..16]);
-        if scales[j].abs() > max_abs_scale {
-            max_abs_scale = scales[j].abs();
-            max_scale = scales[j];
-        }
-    }
+    let scales = scales_of_16(x, &mut l, |xs, l| symmetric_scale(xs, 32, l));
+    let (max_scale, max_abs_scale) = signed_max(&scales);
     if max_abs_scale < GROUP_MAX_EPS {
         *b = BlockQ6K {
             ql: [0; 128],
