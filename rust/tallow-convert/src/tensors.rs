@@ -92,7 +92,8 @@ enum Source {
     /// mixture's experts in order, stacked.
     Checkpoint {
         parts: Vec<(usize, String)>,
-        dtype: Dtype,
+        /// The format of the checkpoint's values (F32, F16 or BF16).
+        source: GgmlType,
         transform: Transform,
     },
     /// Values computed from the configuration (llama 3's RoPE factors).
@@ -119,6 +120,10 @@ pub struct Planned {
 /// computes itself.
 const LEFT_OUT: &[&str] = &["rotary_emb.inv_freq"];
 
+/// One expert's matrix of a checkpoint: the expert's number, the file holding it, its name,
+/// its view and the format of its values.
+type ExpertMatrix<'a> = (usize, usize, &'a str, &'a TensorView, GgmlType);
+
 /// The GGUF's tensors, in the checkpoint's order (computed ones first).
 pub fn plan(
     checkpoint: &Checkpoint,
@@ -140,13 +145,13 @@ pub fn plan(
     let heads = config.required(&["num_attention_heads"])?;
     let kv_heads = config.uint(&["num_key_value_heads"])?.unwrap_or(heads);
     // Each expert's matrices, gathered by the stacked tensor they make.
-    let mut stacks: BTreeMap<String, Vec<(usize, usize, &str, &TensorView)>> = BTreeMap::new();
+    let mut stacks: BTreeMap<String, Vec<ExpertMatrix>> = BTreeMap::new();
     for (index, file) in checkpoint.files.iter().enumerate() {
         for (name, view) in file.tensors() {
-            if view.dtype == Dtype::U8 {
+            let Some(source) = view.dtype.ggml() else {
                 plan.extend(mxfp4_tensors(checkpoint, arch, index, name, view)?);
                 continue;
-            }
+            };
             if let Some(parts) = arch.split_of(name) {
                 for (gguf, layout) in parts {
                     let dims = layout
@@ -157,7 +162,7 @@ pub fn plan(
                         })?;
                     let parts = vec![(index, name.clone())];
                     let transform = Transform::Gather(layout);
-                    plan.push(Planned::of(gguf, dims, view.dtype, parts, transform));
+                    plan.push(Planned::of(gguf, dims, source, parts, transform));
                 }
                 continue;
             }
@@ -167,7 +172,7 @@ pub fn plan(
                     stacks
                         .entry(gguf)
                         .or_default()
-                        .push((expert, index, name, view));
+                        .push((expert, index, name, view, source));
                     continue;
                 }
                 None if LEFT_OUT.iter().any(|suffix| name.ends_with(suffix)) => continue,
@@ -208,16 +213,16 @@ pub fn plan(
                 }
             }
             let parts = vec![(index, name.clone())];
-            plan.push(Planned::of(gguf, dims, view.dtype, parts, transform));
+            plan.push(Planned::of(gguf, dims, source, parts, transform));
         }
     }
     for (gguf, mut experts) in stacks {
         experts.sort_by_key(|&(expert, ..)| expert);
-        let (_, _, first, view) = experts[0];
+        let (_, _, first, view, source) = experts[0];
         let numbered = experts.iter().enumerate().all(|(i, &(e, ..))| i == e);
         let alike = experts
             .iter()
-            .all(|&(_, _, _, v)| v.shape == view.shape && v.dtype == view.dtype);
+            .all(|&(_, _, _, v, _)| v.shape == view.shape && v.dtype == view.dtype);
         if !numbered || !alike || view.shape.len() != 2 {
             return Err(ConvertError::Tensor {
                 name: first.to_owned(),
@@ -229,9 +234,9 @@ pub fn plan(
         let dims = vec![view.shape[1], view.shape[0], experts.len() as u64];
         let parts = experts
             .iter()
-            .map(|&(_, file, name, _)| (file, name.to_owned()))
+            .map(|&(_, file, name, ..)| (file, name.to_owned()))
             .collect();
-        plan.push(Planned::of(gguf, dims, view.dtype, parts, Transform::None));
+        plan.push(Planned::of(gguf, dims, source, parts, Transform::None));
     }
     let n_layer = config.required(&["num_hidden_layers"])? as usize;
     let model = ModelShape {
@@ -244,8 +249,7 @@ pub fn plan(
         is_70b: arch.gguf == "llama" && n_layer == 80 && heads != kv_heads,
     };
     for t in &mut plan {
-        if let Source::Checkpoint { dtype, .. } = t.source {
-            let source = dtype.ggml().expect("byte tensors are only MXFP4 sources");
+        if let Source::Checkpoint { source, .. } = t.source {
             t.header.ty = out.of(source, &t.header.dims, &t.header.name, &model);
         }
     }
@@ -253,24 +257,24 @@ pub fn plan(
 }
 
 impl Planned {
-    /// The tensor `name` of `dims` made of the checkpoint's `parts` of `dtype`, kept in that
-    /// precision until [`plan`] gives it its format.
+    /// The tensor `name` of `dims` made of the checkpoint's `parts` of values in `source`'s
+    /// format, kept in that precision until [`plan`] gives it its format.
     fn of(
         name: String,
         dims: Vec<u64>,
-        dtype: Dtype,
+        source: GgmlType,
         parts: Vec<(usize, String)>,
         transform: Transform,
     ) -> Self {
         Planned {
             header: TensorHeader {
-                ty: dtype.ggml().expect("byte tensors are only MXFP4 sources"),
+                ty: source,
                 name,
                 dims,
             },
             source: Source::Checkpoint {
                 parts,
-                dtype,
+                source,
                 transform,
             },
         }
@@ -278,7 +282,7 @@ impl Planned {
 
     /// Writes the tensor's data in its GGUF format.
     pub fn write(&self, checkpoint: &Checkpoint, out: &mut dyn Write) -> Result<(), ConvertError> {
-        let (parts, dtype, transform) = match &self.source {
+        let (parts, source_type, transform) = match &self.source {
             Source::Computed(values) => {
                 for v in values {
                     out.write_all(&v.to_le_bytes())?;
@@ -293,14 +297,15 @@ impl Planned {
             } => return write_mxfp4(checkpoint, blocks, scales, *stride, *offset, out),
             Source::Checkpoint {
                 parts,
-                dtype,
+                source,
                 transform,
-            } => (parts, *dtype, *transform),
+            } => (parts, *source, *transform),
         };
-        let source_type = dtype.ggml().expect("byte tensors are only MXFP4 sources");
         let row_len = self.header.dims[0] as usize;
         let n_rows = self.header.dims[1..].iter().product::<u64>() as usize / parts.len();
-        let row_bytes = row_len * dtype.bytes() as usize;
+        // The source formats are floats: one value a block.
+        let elem = source_type.block_bytes();
+        let row_bytes = row_len * elem;
         let ty = self.header.ty;
         let packed_bytes = ty.bytes_for(row_len as u64).expect("planned sizes fit") as usize;
         let rows_per_batch = (BATCH_VALUES / row_len).max(1);
@@ -310,7 +315,6 @@ impl Planned {
             let view = &file.tensors()[name];
             let bytes = file.data(view);
             let dims = &self.header.dims;
-            let elem = dtype.bytes() as usize;
             // Row `row` of the source as this tensor takes it: a slice of it, or its values
             // gathered from across it.
             let source_row = |row: usize| -> Cow<'_, [u8]> {

@@ -94,7 +94,7 @@ fn each_block<B: Block, const N: usize>(x: &[f32], dst: &mut [u8], f: impl Fn(&[
 
 /// The value of largest magnitude (the first one on ties), as ggml's symmetric formats pick
 /// it: its sign decides the sign of the scale.
-fn signed_absmax(x: &[f32]) -> f32 {
+pub(super) fn signed_absmax(x: &[f32]) -> f32 {
     let (mut amax, mut max) = (0.0f32, 0.0f32);
     for &v in x {
         if amax < v.abs() {
@@ -142,7 +142,7 @@ pub(super) fn nearest_int(v: f32) -> i32 {
     (bits & 0x007f_ffff) - 0x0040_0000
 }
 
-fn inverse(d: f32) -> f32 {
+pub(super) fn inverse(d: f32) -> f32 {
     if d != 0.0 {
         1.0 / d
     } else {

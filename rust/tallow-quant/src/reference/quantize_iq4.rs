@@ -8,8 +8,8 @@
 //! lane with ggml's float operations in ggml's order; the nearest value is found without
 //! branches, by comparing with all sixteen.
 
-use super::quantize::nearest_int;
-use super::quantize_k::{lanes, signed_max, GROUP_MAX_EPS, LANES};
+use super::quantize::{inverse, nearest_int, signed_absmax};
+use super::quantize_k::{lanes, GROUP_MAX_EPS, LANES};
 use crate::blocks::{as_blocks_mut, BlockIq4Nl, BlockIq4Xs, IQ4_VALUES, QK_K};
 use crate::fp16::f32_to_f16;
 
@@ -101,14 +101,6 @@ fn packed_indices(x: &[f32], id: f32) -> [u8; 16] {
     std::array::from_fn(|j| l[j] | (l[j + 16] << 4))
 }
 
-fn inverse(d: f32) -> f32 {
-    if d != 0.0 {
-        1.0 / d
-    } else {
-        0.0
-    }
-}
-
 /// A row of IQ4_NL blocks, searched eight blocks at a time (a last partial eight padded with
 /// zeros whose results are dropped).
 #[inline(always)]
@@ -130,7 +122,7 @@ pub(crate) fn iq4_nl_row(x: &[f32], dst: &mut [u8]) {
 #[inline(always)]
 pub(crate) fn iq4_xs(x: &[f32; QK_K], b: &mut BlockIq4Xs) {
     let scales = group_scales(&lanes::<32>(x));
-    let (max_scale, _) = signed_max(&scales);
+    let max_scale = signed_absmax(&scales);
     let d = -max_scale / 32.0;
     b.d = f32_to_f16(d);
     let id = inverse(d);

@@ -8,7 +8,7 @@
 //! built without contraction into fused multiply-adds), so that every search makes the
 //! same choices.
 
-use super::quantize::nearest_int;
+use super::quantize::{nearest_int, signed_absmax};
 use crate::blocks::{
     k4_scales_mins, q3k_scales, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K,
 };
@@ -154,16 +154,9 @@ fn unlanes<const N: usize>(q: &[[u8; LANES]; N], l: &mut [u8]) {
     }
 }
 
-/// The value of largest magnitude (the first on ties) and that magnitude.
-pub(super) fn signed_max(x: &[f32]) -> (f32, f32) {
-    let (mut max, mut amax) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    (max, amax)
+/// The largest of `x` and 0 (ggml's running maximum of the groups' scales and minimums).
+fn largest_from_zero(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, &v| if v > m { v } else { m })
 }
 
 /// The sums of ggml's weighted least-squares fit of `x` by `scale * l` with weights `x^2`:
@@ -184,8 +177,8 @@ fn fit_sums(x: &[f32], l: impl Fn(usize) -> i32) -> (f32, f32) {
 /// 0.1 i` for i in -9..=9; returns the scale.
 #[inline(always)]
 fn symmetric_scale(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
-    let (max, amax) = signed_max(x);
-    if amax < GROUP_MAX_EPS {
+    let max = signed_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
         l.fill(0);
         return 0.0;
     }
@@ -216,8 +209,8 @@ fn symmetric_scale(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
 /// the scale.
 #[inline(always)]
 fn refined_symmetric_scale(x: &[f32], nmax: i32, l: &mut [i8]) -> f32 {
-    let (max, amax) = signed_max(x);
-    if amax < GROUP_MAX_EPS {
+    let max = signed_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
         l.fill(0);
         return 0.0;
     }
@@ -296,10 +289,8 @@ pub(crate) fn q2_k(x: &[f32; QK_K], b: &mut BlockQ2K) {
         mins[8 * half..][..8].copy_from_slice(&m);
         unlanes(&q, &mut l[128 * half..]);
     }
-    let max_scale = scales
-        .iter()
-        .fold(0.0f32, |m, &s| if s > m { s } else { m });
-    let max_min = mins.iter().fold(0.0f32, |m, &s| if s > m { s } else { m });
+    let max_scale = largest_from_zero(&scales);
+    let max_min = largest_from_zero(&mins);
     b.scales = [0; 16];
     b.d = f32_to_f16(0.0);
     b.dmin = f32_to_f16(0.0);
@@ -337,7 +328,7 @@ pub(crate) fn q2_k(x: &[f32; QK_K], b: &mut BlockQ2K) {
 pub(crate) fn q3_k(x: &[f32; QK_K], b: &mut BlockQ3K) {
     let mut l = [0i8; QK_K];
     let scales = scales_of_16(x, &mut l, |xs, l| refined_symmetric_scale(xs, 4, l));
-    let (max_scale, _) = signed_max(&scales);
+    let max_scale = signed_absmax(&scales);
     b.scales = [0; 12];
     b.d = f32_to_f16(0.0);
     if max_scale != 0.0 {
@@ -399,10 +390,8 @@ fn groups_of_32(
     let mut q = [[0u8; LANES]; 32];
     let (scales, mins) = scale_and_min(&x_lanes, &weights, nmax, search, &mut q);
     unlanes(&q, &mut l);
-    let max_scale = scales
-        .iter()
-        .fold(0.0f32, |m, &s| if s > m { s } else { m });
-    let max_min = mins.iter().fold(0.0f32, |m, &s| if s > m { s } else { m });
+    let max_scale = largest_from_zero(&scales);
+    let max_min = largest_from_zero(&mins);
     let inv_scale = if max_scale > 0.0 {
         63.0 / max_scale
     } else {
@@ -480,8 +469,8 @@ pub(crate) fn q5_k(x: &[f32; QK_K], b: &mut BlockQ5K) {
 pub(crate) fn q6_k(x: &[f32; QK_K], b: &mut BlockQ6K) {
     let mut l = [0i8; QK_K];
     let scales = scales_of_16(x, &mut l, |xs, l| symmetric_scale(xs, 32, l));
-    let (max_scale, max_abs_scale) = signed_max(&scales);
-    if max_abs_scale < GROUP_MAX_EPS {
+    let max_scale = signed_absmax(&scales);
+    if max_scale.abs() < GROUP_MAX_EPS {
         *b = BlockQ6K {
             ql: [0; 128],
             qh: [0; 64],
