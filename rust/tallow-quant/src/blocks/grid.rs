@@ -28,8 +28,9 @@ pub(crate) trait GridBlock: Block {
     fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16];
 }
 
-/// A grid block whose values are codebook magnitudes (1 to 62) with explicit signs (the IQ2
-/// and IQ3 formats), which SIMD kernels apply to the activations instead.
+/// A grid block whose values are nonzero magnitudes (1 to 62) with signs (codebook entries
+/// with explicit signs in the IQ2 and IQ3 formats, `8 * grid ± 1` in the IQ1 ones), which SIMD
+/// kernels apply to the activations instead.
 pub(crate) trait SignedGridBlock: GridBlock {
     /// Values 8k..8k+8: their magnitudes (bytes, first value lowest) and their signs (bit j
     /// set: value j is negative).
@@ -44,6 +45,37 @@ pub(crate) trait SignedGridBlock: GridBlock {
     }
     /// The 16 integer group scales.
     fn scales(&self) -> [i32; 16];
+    /// The scales of groups `2c` and `2c + 1` (values `32c..32c + 32`), read alone: what a
+    /// one-token product needs as it reaches the chunk, where [`SignedGridBlock::scales`]
+    /// decodes all 16 up front.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn chunk_scales(&self, c: usize) -> (i32, i32);
+    /// Values 32c..32c+32's magnitudes as eight codebook entries of four values each, for
+    /// the formats whose entries hold four (IQ3): gathered as they are, where
+    /// [`SignedGridBlock::piece`] puts pairs of them together first. `None` for the formats
+    /// of 8-value entries.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[inline(always)]
+    fn quads(&self, _c: usize) -> Option<[u32; 8]> {
+        None
+    }
+    /// Values 32c..32c+32's signs, bit e for value 32c + e, for the formats that store them
+    /// bit by bit (IQ2_S, IQ3_S): SIMD kernels spread them over bytes in vector registers,
+    /// where [`SignedGridBlock::piece_ones`] looks each byte's eight up. `None` for the
+    /// formats of 7-bit sign indices.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[inline(always)]
+    fn sign_bits(&self, _c: usize) -> Option<u32> {
+        None
+    }
+    /// Values 32c..32c+32 of the IQ1 formats: the four grid entries (bytes -1, 0 or 1) and
+    /// whether each entry's 1/8 shift is negative, which SIMD kernels turn into `8 * grid ± 1`
+    /// in registers. `None` for the other formats.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[inline(always)]
+    fn shifted_entries(&self, _c: usize) -> Option<([u64; 4], [bool; 4])> {
+        None
+    }
 }
 
 /// 1 in every byte.
@@ -169,11 +201,6 @@ fn signed(entry: u64, signs: u8) -> [i8; 8] {
     v.to_le_bytes().map(|b| b as i8)
 }
 
-#[inline]
-fn put8(values: &mut [i8; QK_K], at: usize, v: [i8; 8]) {
-    values[at..at + 8].copy_from_slice(&v);
-}
-
 #[inline(always)]
 fn u16_at(bytes: &[u8], k: usize) -> u16 {
     u16::from_le_bytes([bytes[2 * k], bytes[2 * k + 1]])
@@ -200,6 +227,19 @@ fn nibble_scales(packed: &[u8], per_nibble: usize) -> [i32; 16] {
         *scale = 2 * i32::from((packed[n / 2] >> (4 * (n % 2))) & 0xf) + 1;
     }
     scales
+}
+
+/// Odd scales `2s + 1` of the two nibbles of `byte`, low first.
+#[inline(always)]
+fn nibble_pair(byte: u8) -> (i32, i32) {
+    (2 * i32::from(byte & 0xf) + 1, 2 * i32::from(byte >> 4) + 1)
+}
+
+/// The odd scale `2s + 1` of a group of 32 whose `s` is the top 4 bits of `word`.
+#[inline(always)]
+fn top_nibble_scale(word: u32) -> (i32, i32) {
+    let scale = 2 * (word >> 28) as i32 + 1;
+    (scale, scale)
 }
 
 /// The GridBlock items of a SignedGridBlock.
@@ -275,6 +315,10 @@ impl SignedGridBlock for BlockIq2Xxs {
         }
         top_nibble_scales(&words)
     }
+    #[inline(always)]
+    fn chunk_scales(&self, c: usize) -> (i32, i32) {
+        top_nibble_scale(u32_at(&self.qs, 2 * c + 1))
+    }
 }
 
 impl BlockIq2Xs {
@@ -292,6 +336,10 @@ impl SignedGridBlock for BlockIq2Xs {
     fn scales(&self) -> [i32; 16] {
         nibble_scales(&self.scales, 1)
     }
+    #[inline(always)]
+    fn chunk_scales(&self, c: usize) -> (i32, i32) {
+        nibble_pair(self.scales[c])
+    }
 }
 
 impl SignedGridBlock for BlockIq2S {
@@ -304,6 +352,14 @@ impl SignedGridBlock for BlockIq2S {
     fn scales(&self) -> [i32; 16] {
         nibble_scales(&self.scales, 1)
     }
+    #[inline(always)]
+    fn chunk_scales(&self, c: usize) -> (i32, i32) {
+        nibble_pair(self.scales[c])
+    }
+    #[inline(always)]
+    fn sign_bits(&self, c: usize) -> Option<u32> {
+        Some(u32_at(&self.signs, c))
+    }
 }
 
 impl BlockIq3Xxs {
@@ -311,12 +367,17 @@ impl BlockIq3Xxs {
     #[inline(always)]
     fn entry(&self, k: usize) -> (u64, usize) {
         let (g, l) = (k / 4, k % 4);
-        let entry = |i: usize| u64::from(IQ3XXS_GRID[usize::from(self.qs[8 * g + 2 * l + i])]);
         let aux = u32_at(&self.signs_scales, g);
         (
-            entry(0) | (entry(1) << 32),
+            u64::from(self.quad(2 * k)) | (u64::from(self.quad(2 * k + 1)) << 32),
             ((aux >> (7 * l)) & 127) as usize,
         )
+    }
+
+    /// Values 4j..4j+4: their codebook entry.
+    #[inline(always)]
+    fn quad(&self, j: usize) -> u32 {
+        IQ3XXS_GRID[usize::from(self.qs[j])]
     }
 }
 
@@ -326,20 +387,56 @@ impl SignedGridBlock for BlockIq3Xxs {
     fn scales(&self) -> [i32; 16] {
         top_nibble_scales(&self.signs_scales)
     }
+    #[inline(always)]
+    fn chunk_scales(&self, c: usize) -> (i32, i32) {
+        top_nibble_scale(u32_at(&self.signs_scales, c))
+    }
+    #[inline(always)]
+    fn quads(&self, c: usize) -> Option<[u32; 8]> {
+        let mut quads = [0; 8];
+        for (i, quad) in quads.iter_mut().enumerate() {
+            *quad = self.quad(8 * c + i);
+        }
+        Some(quads)
+    }
+}
+
+impl BlockIq3S {
+    /// Values 4j..4j+4: their codebook entry.
+    #[inline(always)]
+    fn quad(&self, j: usize) -> u32 {
+        let high = usize::from((self.qh[j / 8] >> (j % 8)) & 1) << 8;
+        IQ3S_GRID[usize::from(self.qs[j]) | high]
+    }
 }
 
 impl SignedGridBlock for BlockIq3S {
     #[inline(always)]
     fn piece(&self, k: usize) -> (u64, u8) {
-        let entry = |i: usize| {
-            let high = usize::from((self.qh[i / 8] >> (i % 8)) & 1) << 8;
-            u64::from(IQ3S_GRID[usize::from(self.qs[i]) | high])
-        };
-        (entry(2 * k) | (entry(2 * k + 1) << 32), self.signs[k])
+        let magnitudes = u64::from(self.quad(2 * k)) | (u64::from(self.quad(2 * k + 1)) << 32);
+        (magnitudes, self.signs[k])
     }
     #[inline(always)]
     fn scales(&self) -> [i32; 16] {
         nibble_scales(&self.scales, 2)
+    }
+    #[inline(always)]
+    fn chunk_scales(&self, c: usize) -> (i32, i32) {
+        let (low, high) = nibble_pair(self.scales[c / 2]);
+        let scale = if c.is_multiple_of(2) { low } else { high };
+        (scale, scale)
+    }
+    #[inline(always)]
+    fn sign_bits(&self, c: usize) -> Option<u32> {
+        Some(u32_at(&self.signs, c))
+    }
+    #[inline(always)]
+    fn quads(&self, c: usize) -> Option<[u32; 8]> {
+        let mut quads = [0; 8];
+        for (i, quad) in quads.iter_mut().enumerate() {
+            *quad = self.quad(8 * c + i);
+        }
+        Some(quads)
     }
 }
 
@@ -350,50 +447,97 @@ fn shifted(entry: u64, negative_shift: bool) -> [i8; 8] {
     entry.to_le_bytes().map(|b| 8 * (b as i8) + shift)
 }
 
-impl GridBlock for BlockIq1S {
-    const UNIT: f32 = 0.125;
-    #[inline(always)]
-    fn d_bits(&self) -> [u8; 2] {
+/// An IQ1 format: values 8k..8k+8 are `8 * grid ± 1` of one [`IQ1S_GRID`] entry and the sign
+/// of its shift (its inherent `entry(k)`), with a scale per group of 16 (`group_scale(g)`).
+macro_rules! shifted_grid_block {
+    ($block:ident) => {
+        impl GridBlock for $block {
+            const UNIT: f32 = 0.125;
+            #[inline(always)]
+            fn d_bits(&self) -> [u8; 2] {
+                self.d_bits_of()
+            }
+            fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
+                decode_signed(self, values)
+            }
+        }
+
+        impl SignedGridBlock for $block {
+            #[inline(always)]
+            fn piece(&self, k: usize) -> (u64, u8) {
+                let (entry, negative) = self.entry(k);
+                let values = shifted(entry, negative);
+                let mut signs = 0;
+                for (j, &v) in values.iter().enumerate() {
+                    signs |= u8::from(v < 0) << j;
+                }
+                (u64::from_le_bytes(values.map(i8::unsigned_abs)), signs)
+            }
+            #[inline(always)]
+            fn scales(&self) -> [i32; 16] {
+                let mut scales = [0; 16];
+                for (g, scale) in scales.iter_mut().enumerate() {
+                    *scale = self.group_scale(g);
+                }
+                scales
+            }
+            #[inline(always)]
+            fn chunk_scales(&self, c: usize) -> (i32, i32) {
+                (self.group_scale(2 * c), self.group_scale(2 * c + 1))
+            }
+            #[inline(always)]
+            fn shifted_entries(&self, c: usize) -> Option<([u64; 4], [bool; 4])> {
+                let mut entries = [0; 4];
+                let mut negative = [false; 4];
+                for l in 0..4 {
+                    (entries[l], negative[l]) = self.entry(4 * c + l);
+                }
+                Some((entries, negative))
+            }
+        }
+    };
+}
+
+shifted_grid_block!(BlockIq1S);
+shifted_grid_block!(BlockIq1M);
+
+impl BlockIq1S {
+    fn d_bits_of(&self) -> [u8; 2] {
         self.d
     }
-    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
-        let mut scales = [0; 16];
-        for g in 0..8 {
-            let qh = u16_at(&self.qh, g);
-            for l in 0..4 {
-                let index =
-                    usize::from(self.qs[4 * g + l]) | (usize::from((qh >> (3 * l)) & 7) << 8);
-                put8(
-                    values,
-                    32 * g + 8 * l,
-                    shifted(IQ1S_GRID[index], qh & 0x8000 != 0),
-                );
-            }
-            scales[2 * g] = 2 * i32::from((qh >> 12) & 7) + 1;
-            scales[2 * g + 1] = scales[2 * g];
-        }
-        scales
+    /// Values 8k..8k+8: their grid entry and whether their group's shift is negative.
+    #[inline(always)]
+    fn entry(&self, k: usize) -> (u64, bool) {
+        let qh = u16_at(&self.qh, k / 4);
+        let index = usize::from(self.qs[k]) | (usize::from((qh >> (3 * (k % 4))) & 7) << 8);
+        (IQ1S_GRID[index], qh & 0x8000 != 0)
+    }
+    /// The scale `2s + 1` of group `g` of 16 (one per 32 values).
+    #[inline(always)]
+    fn group_scale(&self, g: usize) -> i32 {
+        2 * i32::from((u16_at(&self.qh, g / 2) >> 12) & 7) + 1
     }
 }
 
-impl GridBlock for BlockIq1M {
-    const UNIT: f32 = 0.125;
-    fn d_bits(&self) -> [u8; 2] {
+impl BlockIq1M {
+    fn d_bits_of(&self) -> [u8; 2] {
         let sc: [u16; 4] = std::array::from_fn(|k| u16_at(&self.scales, k));
         let bits =
             (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
         bits.to_le_bytes()
     }
-    fn decode(&self, values: &mut [i8; QK_K]) -> [i32; 16] {
-        for k in 0..32 {
-            let nibble = (self.qh[k / 2] >> (4 * (k % 2))) & 0xf;
-            let index = usize::from(self.qs[k]) | (usize::from(nibble & 7) << 8);
-            put8(values, 8 * k, shifted(IQ1S_GRID[index], nibble & 8 != 0));
-        }
-        std::array::from_fn(|g| {
-            let sc = u16_at(&self.scales, g / 4);
-            2 * i32::from((sc >> (3 * (g % 4))) & 7) + 1
-        })
+    /// Values 8k..8k+8: their grid entry and whether their shift is negative.
+    #[inline(always)]
+    fn entry(&self, k: usize) -> (u64, bool) {
+        let nibble = (self.qh[k / 2] >> (4 * (k % 2))) & 0xf;
+        let index = usize::from(self.qs[k]) | (usize::from(nibble & 7) << 8);
+        (IQ1S_GRID[index], nibble & 8 != 0)
+    }
+    /// The scale `2s + 1` of group `g` of 16.
+    #[inline(always)]
+    fn group_scale(&self, g: usize) -> i32 {
+        let sc = u16_at(&self.scales, g / 4);
+        2 * i32::from((sc >> (3 * (g % 4))) & 7) + 1
     }
 }
 
@@ -452,6 +596,59 @@ impl GridBlock for super::BlockQ3K {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blocks::as_blocks;
+    use crate::testing::{random_blocks, Rng};
+    use crate::GgmlType;
+
+    /// A chunk's scales, 4-value entries and sign bits, read alone, are what the whole
+    /// block's scales and pieces say.
+    fn check_chunk_accessors<B: SignedGridBlock>(ty: GgmlType) {
+        let bytes = random_blocks(&mut Rng::new(0xc4c5 + u64::from(ty.id())), ty, 64);
+        for block in as_blocks::<B>(&bytes) {
+            let scales = block.scales();
+            for c in 0..8 {
+                let (low, high) = block.chunk_scales(c);
+                assert_eq!(
+                    (low, high),
+                    (scales[2 * c], scales[2 * c + 1]),
+                    "{ty} chunk {c}"
+                );
+                let pieces: Vec<(u64, u8)> = (4 * c..4 * c + 4).map(|k| block.piece(k)).collect();
+                if let Some(quads) = block.quads(c) {
+                    for (k, &(magnitudes, _)) in pieces.iter().enumerate() {
+                        let pair = u64::from(quads[2 * k]) | (u64::from(quads[2 * k + 1]) << 32);
+                        assert_eq!(pair, magnitudes, "{ty} chunk {c} piece {k}");
+                    }
+                }
+                if let Some((entries, negative)) = block.shifted_entries(c) {
+                    for (k, &piece) in pieces.iter().enumerate() {
+                        let values = shifted(entries[k], negative[k]);
+                        let magnitudes = u64::from_le_bytes(values.map(i8::unsigned_abs));
+                        let signs = values
+                            .iter()
+                            .enumerate()
+                            .fold(0u8, |s, (j, &v)| s | (u8::from(v < 0) << j));
+                        assert_eq!(piece, (magnitudes, signs), "{ty} chunk {c} piece {k}");
+                    }
+                }
+                if let Some(bits) = block.sign_bits(c) {
+                    let signs = pieces.iter().map(|&(_, s)| s).collect::<Vec<_>>();
+                    assert_eq!(bits.to_le_bytes().to_vec(), signs, "{ty} chunk {c}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chunk_accessors_agree_with_the_block_s_scales_and_pieces() {
+        check_chunk_accessors::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
+        check_chunk_accessors::<BlockIq2Xs>(GgmlType::IQ2_XS);
+        check_chunk_accessors::<BlockIq2S>(GgmlType::IQ2_S);
+        check_chunk_accessors::<BlockIq3Xxs>(GgmlType::IQ3_XXS);
+        check_chunk_accessors::<BlockIq3S>(GgmlType::IQ3_S);
+        check_chunk_accessors::<BlockIq1S>(GgmlType::IQ1_S);
+        check_chunk_accessors::<BlockIq1M>(GgmlType::IQ1_M);
+    }
 
     #[test]
     fn ksign_ones_are_the_masks_of_the_sign_patterns() {

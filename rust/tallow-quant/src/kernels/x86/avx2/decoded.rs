@@ -32,7 +32,7 @@ pub(crate) struct DecodedBlock {
 // SAFETY: byte arrays only: alignment 1, any bit pattern.
 unsafe impl Block for DecodedBlock {}
 
-/// The decoding of the IQ2 and IQ3 formats.
+/// The decoding of the IQ1, IQ2 and IQ3 formats.
 pub(super) const fn signed<B: SignedGridBlock>() -> RawDecoding {
     RawDecoding {
         decode: decode_signed::<B>,
@@ -41,7 +41,7 @@ pub(super) const fn signed<B: SignedGridBlock>() -> RawDecoding {
     }
 }
 
-/// The decoding of the formats that decode through [`GridBlock::decode`]: IQ1, TQ and Q3_K.
+/// The decoding of the formats that decode through [`GridBlock::decode`]: TQ and Q3_K.
 pub(super) const fn unsigned<B: GridBlock>() -> RawDecoding {
     RawDecoding {
         decode: decode_unsigned::<B>,
@@ -68,7 +68,7 @@ unsafe fn write(out: &mut DecodedBlock, values: [__m256i; 8], scales: &[i32; 16]
     out.d = d.to_le_bytes();
 }
 
-/// Decodes a row of IQ2/IQ3 blocks `w` into `out`, one [`DecodedBlock`] each.
+/// Decodes a row of IQ1/IQ2/IQ3 blocks `w` into `out`, one [`DecodedBlock`] each.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode_signed<B: SignedGridBlock>(w: &[u8], out: &mut [u8]) {
     for (w, out) in as_blocks::<B>(w).iter().zip(as_blocks_mut(out)) {
@@ -80,7 +80,7 @@ unsafe fn decode_signed<B: SignedGridBlock>(w: &[u8], out: &mut [u8]) {
     }
 }
 
-/// Decodes a row of IQ1, TQ or Q3_K blocks `w` into `out`, one [`DecodedBlock`] each.
+/// Decodes a row of TQ or Q3_K blocks `w` into `out`, one [`DecodedBlock`] each.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode_unsigned<B: GridBlock>(w: &[u8], out: &mut [u8]) {
     let mut decoded = [0i8; 256];

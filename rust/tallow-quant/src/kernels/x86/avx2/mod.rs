@@ -124,8 +124,18 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
             None,
             None,
         ),
-        GgmlType::IQ1_S => (Some(grid_q8_k::<BlockIq1S>), Some(tile_iq1_s), None, None),
-        GgmlType::IQ1_M => (Some(grid_q8_k::<BlockIq1M>), Some(tile_iq1_m), None, None),
+        GgmlType::IQ1_S => (
+            Some(signed_grid_q8_k::<BlockIq1S>),
+            Some(tile_iq1_s),
+            None,
+            None,
+        ),
+        GgmlType::IQ1_M => (
+            Some(signed_grid_q8_k::<BlockIq1M>),
+            Some(tile_iq1_m),
+            None,
+            None,
+        ),
         GgmlType::TQ1_0 => (Some(grid_q8_k::<BlockTq1_0>), Some(tile_tq1_0), None, None),
         GgmlType::TQ2_0 => (Some(grid_q8_k::<BlockTq2_0>), Some(tile_tq2_0), None, None),
     };
@@ -135,8 +145,8 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         GgmlType::IQ2_S => Some(decoded::signed::<BlockIq2S>()),
         GgmlType::IQ3_XXS => Some(decoded::signed::<BlockIq3Xxs>()),
         GgmlType::IQ3_S => Some(decoded::signed::<BlockIq3S>()),
-        GgmlType::IQ1_S => Some(decoded::unsigned::<BlockIq1S>()),
-        GgmlType::IQ1_M => Some(decoded::unsigned::<BlockIq1M>()),
+        GgmlType::IQ1_S => Some(decoded::signed::<BlockIq1S>()),
+        GgmlType::IQ1_M => Some(decoded::signed::<BlockIq1M>()),
         GgmlType::TQ1_0 => Some(decoded::unsigned::<BlockTq1_0>()),
         GgmlType::TQ2_0 => Some(decoded::unsigned::<BlockTq2_0>()),
         GgmlType::Q3_K => Some(decoded::unsigned::<BlockQ3K>()),
@@ -382,7 +392,7 @@ unsafe fn iq4_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
     hsum(acc)
 }
 
-/// The IQ1/IQ2/IQ3 and ternary formats: each block decoded to its integer values (table
+/// The ternary formats: each block decoded to its integer values (table
 /// lookups), then as IQ4_XS, with a scale per group of 16 (per 128-bit lane).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn grid_q8_k<B: GridBlock>(w: &[u8], a: &[u8]) -> f32 {
@@ -395,28 +405,36 @@ unsafe fn grid_q8_k<B: GridBlock>(w: &[u8], a: &[u8]) -> f32 {
     acc
 }
 
-/// The IQ2 and IQ3 formats: each 32 values' codebook magnitudes and signs gathered straight
-/// into vectors, the signs moved onto the activations (`vpsignb`), no decoding through
-/// memory; the same integer sums, hence the same bits, as [`grid_q8_k`].
+/// The IQ1, IQ2 and IQ3 formats: each 32 values' magnitudes and signs gathered straight
+/// into vectors, the signs moved onto the activations (`vpsignb`), each chunk's two group
+/// scales read as the chunk is reached, no decoding through memory; the same integer sums,
+/// hence the same bits, as [`grid_q8_k`].
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = 0.0;
     for (w, a) in as_blocks::<B>(w).iter().zip(as_blocks::<BlockQ8K>(a)) {
         // Each chunk taken as soon as it is gathered, in two sums side by side (the block's
         // chunks gathered first, as `signed_chunks` does, went through the stack).
-        let scales = scale_vectors(&w.scales());
         let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         let y = a.qs.as_chunks::<32>().0;
         for c in (0..8).step_by(2) {
             let (m, s) = signed_chunk(w, c);
-            even = _mm256_add_epi32(even, chunk_sum(m, s, &y[c], scales[c]));
+            even = _mm256_add_epi32(even, chunk_sum(m, s, &y[c], chunk_scale(w, c)));
             let (m, s) = signed_chunk(w, c + 1);
-            odd = _mm256_add_epi32(odd, chunk_sum(m, s, &y[c + 1], scales[c + 1]));
+            odd = _mm256_add_epi32(odd, chunk_sum(m, s, &y[c + 1], chunk_scale(w, c + 1)));
         }
         let sumi = _mm256_add_epi32(even, odd);
         acc = grid_block_sum(acc, grid_d(w) * a.d(), sumi);
     }
     acc
+}
+
+/// Chunk `c`'s two group scales as [`scale_vectors`] spreads them: each in every i16 of its
+/// 128-bit lane.
+#[inline(always)]
+unsafe fn chunk_scale<B: SignedGridBlock>(w: &B, c: usize) -> __m256i {
+    let (low, high) = w.chunk_scales(c);
+    _mm256_set_m128i(_mm_set1_epi16(high as i16), _mm_set1_epi16(low as i16))
 }
 
 /// A grid block's float scale times its format's unit (the f16 through F16C).
@@ -443,19 +461,71 @@ unsafe fn grid_block_sum(acc: f32, d: f32, sumi: __m256i) -> f32 {
 
 /// Values 32c..32c+32 of a signed grid block as [`grid_sums`] takes them: their magnitudes,
 /// and +-1 bytes with their signs.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+// Always inlined, without target features of its own (which would forbid that): IQ3_S's
+// chunk, left a call, returned its vectors through the stack.
+#[inline(always)]
 unsafe fn signed_chunk<B: SignedGridBlock>(w: &B, c: usize) -> (__m256i, __m256i) {
+    if let Some((entries, negative)) = w.shifted_entries(c) {
+        let values = shifted_values(entries, negative);
+        return (_mm256_abs_epi8(values), values);
+    }
     // Written out: closures and `array::from_fn` here would not inherit the target features
     // and would stay calls.
     let (m0, s0) = w.piece_ones(4 * c);
     let (m1, s1) = w.piece_ones(4 * c + 1);
     let (m2, s2) = w.piece_ones(4 * c + 2);
     let (m3, s3) = w.piece_ones(4 * c + 3);
-    (
-        _mm256_set_epi64x(m3 as i64, m2 as i64, m1 as i64, m0 as i64),
-        _mm256_set_epi64x(s3 as i64, s2 as i64, s1 as i64, s0 as i64),
-    )
+    let magnitudes = match w.quads(c) {
+        // The pieces' magnitudes are then not used, and not computed.
+        Some(q) => _mm256_setr_epi32(
+            q[0] as i32,
+            q[1] as i32,
+            q[2] as i32,
+            q[3] as i32,
+            q[4] as i32,
+            q[5] as i32,
+            q[6] as i32,
+            q[7] as i32,
+        ),
+        None => _mm256_set_epi64x(m3 as i64, m2 as i64, m1 as i64, m0 as i64),
+    };
+    let signs = match w.sign_bits(c) {
+        Some(bits) => sign_ones(bits),
+        None => _mm256_set_epi64x(s3 as i64, s2 as i64, s1 as i64, s0 as i64),
+    };
+    (magnitudes, signs)
+}
+
+/// The IQ1 values `8 * grid ± 1` of four grid entries (bytes -1, 0 or 1), the shift negative
+/// where `negative` says: each byte times 8 as the i16 lanes shift (the bits a low byte
+/// pushes into its high neighbour masked off), plus its entry's shift.
+#[inline(always)]
+unsafe fn shifted_values(entries: [u64; 4], negative: [bool; 4]) -> __m256i {
+    let [e0, e1, e2, e3] = entries.map(|e| e as i64);
+    // Bytewise 1, or -1 (all bits) where the shift is negative.
+    let [n0, n1, n2, n3] =
+        negative.map(|n| (0x0101_0101_0101_0101 | u64::from(n).wrapping_neg()) as i64);
+    let grid = _mm256_set_epi64x(e3, e2, e1, e0);
+    let eight = _mm256_and_si256(_mm256_slli_epi16::<3>(grid), _mm256_set1_epi8(0xf8u8 as i8));
+    _mm256_add_epi8(eight, _mm256_set_epi64x(n3, n2, n1, n0))
+}
+
+/// Bytewise -1 where bit `e` of `bits` is set and 1 elsewhere: each byte of `bits` spread
+/// over eight bytes, each of those tested against its own bit.
+#[inline(always)]
+unsafe fn sign_ones(bits: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let negative = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    _mm256_or_si256(negative, _mm256_set1_epi8(1))
 }
 
 /// Group scales (one per 16 values) as eight vectors of i16 lanes, a 128-bit lane a group:
@@ -966,7 +1036,7 @@ unsafe fn tile_grid_q8_k<B: GridBlock, const T: usize>(
     out.copy_from_slice(&acc);
 }
 
-/// The IQ2 and IQ3 formats against up to 8 tokens: [`signed_grid_q8_k`] token by token, each
+/// The IQ1, IQ2 and IQ3 formats against up to 8 tokens: [`signed_grid_q8_k`] token by token, each
 /// block's vectors gathered once.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1026,8 +1096,8 @@ tile_entry_points!(
     tile_signed_grid_q8_k<BlockIq2S> => tile_iq2_s,
     tile_signed_grid_q8_k<BlockIq3Xxs> => tile_iq3_xxs,
     tile_signed_grid_q8_k<BlockIq3S> => tile_iq3_s,
-    tile_grid_q8_k<BlockIq1S> => tile_iq1_s,
-    tile_grid_q8_k<BlockIq1M> => tile_iq1_m,
+    tile_signed_grid_q8_k<BlockIq1S> => tile_iq1_s,
+    tile_signed_grid_q8_k<BlockIq1M> => tile_iq1_m,
     tile_grid_q8_k<BlockTq1_0> => tile_tq1_0,
     tile_grid_q8_k<BlockTq2_0> => tile_tq2_0,
 );
