@@ -18,9 +18,9 @@ mod quantize;
 
 use super::tile_operands;
 use crate::blocks::{
-    as_blocks, k4_scales_mins, q3k_scales, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K,
-    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
-    BlockQ8_1, GridBlock, LookupBlock, SignedGridBlock, IQ4_VALUES,
+    as_blocks, k4_scales_mins, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4K,
+    BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+    GridBlock, LookupBlock, SignedGridBlock, IQ4_VALUES,
 };
 use crate::blocks::{
     BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockTq1_0,
@@ -301,6 +301,58 @@ unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn i16_pair(lo: i16, hi: i16) -> __m256i {
     _mm256_setr_m128i(_mm_set1_epi16(lo), _mm_set1_epi16(hi))
+}
+
+/// Shuffles taking i16 `k` and `k + 1` (of groups `2c` and `2c + 1`, `k = 2c mod 8`) of a
+/// lane to every i16 of the low and the high lane, for [`scale_pair`].
+static SCALE_PAIR_SHUFFLES: [[u8; 32]; 4] = {
+    let mut shuffles = [[0u8; 32]; 4];
+    let mut c = 0;
+    while c < 4 {
+        let mut i = 0;
+        while i < 16 {
+            shuffles[c][i] = 4 * c as u8 + (i % 2) as u8;
+            shuffles[c][16 + i] = 4 * c as u8 + 2 + (i % 2) as u8;
+            i += 1;
+        }
+        c += 1;
+    }
+    shuffles
+};
+
+/// A block's 16 signed group scales (bytes) as i16, groups 0..8 in both lanes of the first
+/// vector and groups 8..16 in both lanes of the second, for [`scale_pair`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_scales(scales: __m128i) -> [__m256i; 2] {
+    let wide = _mm256_cvtepi8_epi16(scales);
+    [
+        _mm256_permute2x128_si256::<0x00>(wide, wide),
+        _mm256_permute2x128_si256::<0x11>(wide, wide),
+    ]
+}
+
+/// Chunk `c`'s two group scales (values 32c..32c+32) as [`i16_pair`] gives them, from
+/// [`group_scales`]: one shuffle.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_pair(scales: &[__m256i; 2], c: usize) -> __m256i {
+    let shuffle = _mm256_loadu_si256(SCALE_PAIR_SHUFFLES[c % 4].as_ptr().cast());
+    _mm256_shuffle_epi8(scales[c / 4], shuffle)
+}
+
+/// The sum of `weights` (16 i16, one per group of 16 values) times the token's group sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn weighted_bsums(a: &BlockQ8K, weights: __m256i) -> i32 {
+    let sums = _mm256_madd_epi16(weights, load_u8(&a.bsums));
+    let s = _mm_add_epi32(
+        _mm256_castsi256_si128(sums),
+        _mm256_extracti128_si256::<1>(sums),
+    );
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
 }
 
 // ---- float weights ----
@@ -678,31 +730,50 @@ unsafe fn q8_0_q8_0(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q2_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
     let mask2 = _mm256_set1_epi8(3);
+    let mask4 = _mm_set1_epi8(0xf);
     let mut acc = _mm256_setzero_ps();
     let mut mins = 0.0f32;
     for (w, a) in as_blocks::<BlockQ2K>(w)
         .iter()
         .zip(as_blocks::<BlockQ8K>(a))
     {
+        // Each group's scale in the low nibble of its byte, its min in the high one.
+        let packed = load_u8x16(&w.scales);
+        let scales = group_scales(_mm_and_si128(packed, mask4));
         let y = a.qs.as_chunks::<32>().0;
         let mut sumi = _mm256_setzero_si256();
         for (half, bits) in w.qs.as_chunks::<32>().0.iter().enumerate() {
             let bits = load_u8(bits);
             for shift in 0..4 {
-                let group = 8 * half + 2 * shift;
+                let c = 4 * half + shift;
                 let q = _mm256_and_si256(_mm256_srl_epi16(bits, shift_count(2 * shift)), mask2);
-                let p = _mm256_maddubs_epi16(q, load_i8(&y[4 * half + shift]));
-                let sc = |g: usize| i16::from(w.scales[g] & 0xf);
-                let scales = i16_pair(sc(group), sc(group + 1));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scales, p));
+                let p = _mm256_maddubs_epi16(q, load_i8(&y[c]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale_pair(&scales, c), p));
             }
         }
         let d = a.d() * fp16(w.d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        let summ = a.weighted_bsums(|g| i32::from(w.scales[g] >> 4));
-        mins += a.d() * fp16(w.dmin) * summ as f32;
+        let group_mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), mask4));
+        mins += a.d() * fp16(w.dmin) * weighted_bsums(a, group_mins) as f32;
     }
     hsum(acc) - mins
+}
+
+/// Q3_K's 16 signed 6-bit group scales (as `q3k_scales`), four at a time in u32 words: the
+/// low 4 bits from the nibbles of the first 8 bytes, the top 2 from the last 4 bytes' pairs.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3k_scale_bytes(packed: &[u8; 12]) -> __m128i {
+    let word = |k: usize| u32::from_le_bytes(packed[4 * k..4 * k + 4].try_into().unwrap());
+    let (low, high, tops) = (word(0), word(1), word(2));
+    let (nibbles, pairs) = (0x0f0f_0f0fu32, 0x0303_0303u32);
+    let scales = _mm_setr_epi32(
+        ((low & nibbles) | ((tops & pairs) << 4)) as i32,
+        ((high & nibbles) | (((tops >> 2) & pairs) << 4)) as i32,
+        (((low >> 4) & nibbles) | (((tops >> 4) & pairs) << 4)) as i32,
+        (((high >> 4) & nibbles) | (((tops >> 6) & pairs) << 4)) as i32,
+    );
+    _mm_sub_epi8(scales, _mm_set1_epi8(32))
 }
 
 /// A shift count for the `_mm256_srl_epi16` family, for shifts chosen at run time.
@@ -720,7 +791,7 @@ unsafe fn q3_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
         .iter()
         .zip(as_blocks::<BlockQ8K>(a))
     {
-        let scales = q3k_scales(&w.scales);
+        let scales = group_scales(q3k_scale_bytes(&w.scales));
         let y = a.qs.as_chunks::<32>().0;
         let hmask = load_u8(&w.hmask);
         // Bit (4 * half + shift) of hmask byte l is the high bit of the chunk's element l.
@@ -729,19 +800,18 @@ unsafe fn q3_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
         for (half, bits) in w.qs.as_chunks::<32>().0.iter().enumerate() {
             let bits = load_u8(bits);
             for shift in 0..4 {
-                let group = 8 * half + 2 * shift;
+                let c = 4 * half + shift;
                 let low = _mm256_and_si256(_mm256_srl_epi16(bits, shift_count(2 * shift)), mask2);
                 let set = _mm256_cmpeq_epi8(_mm256_and_si256(hmask, high_bit), high_bit);
                 // q = low - 4 where the high bit is clear: two unsigned products, subtracted.
                 let four_if_clear = _mm256_andnot_si256(set, _mm256_set1_epi8(4));
                 high_bit = _mm256_add_epi8(high_bit, high_bit);
-                let y = load_i8(&y[4 * half + shift]);
+                let y = load_i8(&y[c]);
                 let p = _mm256_sub_epi16(
                     _mm256_maddubs_epi16(low, y),
                     _mm256_maddubs_epi16(four_if_clear, y),
                 );
-                let scales = i16_pair(scales[group].into(), scales[group + 1].into());
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scales, p));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scale_pair(&scales, c), p));
             }
         }
         // As the grid formats, whose decoded rows Q3_K's products of many tokens take.
