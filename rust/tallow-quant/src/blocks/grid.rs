@@ -206,6 +206,12 @@ fn u16_at(bytes: &[u8], k: usize) -> u16 {
     u16::from_le_bytes([bytes[2 * k], bytes[2 * k + 1]])
 }
 
+/// The `k`th u64 of `bytes`.
+#[inline(always)]
+fn u64_at(bytes: &[u8], k: usize) -> u64 {
+    u64::from_le_bytes(bytes[8 * k..8 * k + 8].try_into().unwrap())
+}
+
 #[inline(always)]
 fn u32_at(bytes: &[u8], k: usize) -> u32 {
     u32::from_le_bytes([
@@ -325,7 +331,10 @@ impl BlockIq2Xs {
     /// Values 8k..8k+8: their codebook entry and their sign index.
     #[inline(always)]
     fn entry(&self, k: usize) -> (u64, usize) {
-        let q = u16_at(&self.qs, k);
+        // A piece's u16 taken from the u64 of its chunk's four: read u16 by u16, the compiler
+        // gathered a chunk's eight into a vector and took each back out (two instructions
+        // each).
+        let q = (u64_at(&self.qs, k / 4) >> (16 * (k % 4))) as u16;
         (IQ2XS_GRID[usize::from(q & 511)], usize::from(q >> 9))
     }
 }
@@ -432,9 +441,14 @@ impl SignedGridBlock for BlockIq3S {
     }
     #[inline(always)]
     fn quads(&self, c: usize) -> Option<[u32; 8]> {
+        // The chunk's 8 low index bytes and their 8 ninth bits (byte `c` of `qh`) in
+        // registers: index by index, the compiler put the bits together in a vector and took
+        // each index back out (two instructions each).
+        let (low, high) = (u64_at(&self.qs, c), u64::from(self.qh[c]));
         let mut quads = [0; 8];
         for (i, quad) in quads.iter_mut().enumerate() {
-            *quad = self.quad(8 * c + i);
+            let index = ((low >> (8 * i)) & 0xff) | (((high >> i) & 1) << 8);
+            *quad = IQ3S_GRID[index as usize];
         }
         Some(quads)
     }
