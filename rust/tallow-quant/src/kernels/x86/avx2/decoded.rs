@@ -8,8 +8,12 @@
 
 use std::arch::x86_64::*;
 
-use super::{grid_d, load_i8, load_u8, scale_vectors, signed_chunks, tile_entry_points};
-use crate::blocks::{as_blocks, as_blocks_mut, Block, BlockQ8K, GridBlock, SignedGridBlock};
+use super::{
+    grid_d, load_i8, load_u8, q3_k_chunk, scale_vectors, signed_chunks, tile_entry_points,
+};
+use crate::blocks::{
+    as_blocks, as_blocks_mut, q3k_scales, Block, BlockQ3K, BlockQ8K, GridBlock, SignedGridBlock,
+};
 use crate::kernels::x86::tile_operands;
 use crate::kernels::{RawDecoding, TileScales};
 
@@ -41,7 +45,16 @@ pub(super) const fn signed<B: SignedGridBlock>() -> RawDecoding {
     }
 }
 
-/// The decoding of the formats that decode through [`GridBlock::decode`]: TQ and Q3_K.
+/// The decoding of Q3_K.
+pub(super) const fn q3_k() -> RawDecoding {
+    RawDecoding {
+        decode: decode_q3_k,
+        tile,
+        block_bytes: size_of::<DecodedBlock>(),
+    }
+}
+
+/// The decoding of the formats that decode through [`GridBlock::decode`]: TQ.
 pub(super) const fn unsigned<B: GridBlock>() -> RawDecoding {
     RawDecoding {
         decode: decode_unsigned::<B>,
@@ -80,7 +93,30 @@ unsafe fn decode_signed<B: SignedGridBlock>(w: &[u8], out: &mut [u8]) {
     }
 }
 
-/// Decodes a row of TQ or Q3_K blocks `w` into `out`, one [`DecodedBlock`] each.
+/// Decodes a row of Q3_K blocks `w` into `out`, one [`DecodedBlock`] each: the values
+/// split as the one-token product splits them ([`q3_k_chunk`]), put back together.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_q3_k(w: &[u8], out: &mut [u8]) {
+    for (w, out) in as_blocks::<BlockQ3K>(w).iter().zip(as_blocks_mut(out)) {
+        let hmask = load_u8(&w.hmask);
+        let mut values = [_mm256_setzero_si256(); 8];
+        for (half, bits) in w.qs.as_chunks::<32>().0.iter().enumerate() {
+            let bits = load_u8(bits);
+            for shift in 0..4 {
+                let (low, four_if_clear) = q3_k_chunk(bits, hmask, half, shift);
+                values[4 * half + shift] = _mm256_sub_epi8(low, four_if_clear);
+            }
+        }
+        write(
+            out,
+            values,
+            &q3k_scales(&w.scales).map(i32::from),
+            grid_d(w),
+        );
+    }
+}
+
+/// Decodes a row of TQ blocks `w` into `out`, one [`DecodedBlock`] each.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode_unsigned<B: GridBlock>(w: &[u8], out: &mut [u8]) {
     let mut decoded = [0i8; 256];

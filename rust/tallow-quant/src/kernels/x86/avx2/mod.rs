@@ -149,7 +149,7 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         GgmlType::IQ1_M => Some(decoded::signed::<BlockIq1M>()),
         GgmlType::TQ1_0 => Some(decoded::unsigned::<BlockTq1_0>()),
         GgmlType::TQ2_0 => Some(decoded::unsigned::<BlockTq2_0>()),
-        GgmlType::Q3_K => Some(decoded::unsigned::<BlockQ3K>()),
+        GgmlType::Q3_K => Some(decoded::q3_k()),
         _ => None,
     };
     let dequantize: Option<RawDequantize> = match ty {
@@ -759,6 +759,25 @@ unsafe fn q2_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
     hsum(acc) - mins
 }
 
+/// Q3_K's values 32c..32c+32 (`c = 4 * half + shift`; `bits` the half's 32 bytes of low
+/// bits) as two unsigned parts: their low 2 bits, and 4 where their high bit (bit `c` of
+/// their `hmask` byte) is clear; each value is the first less the second, -4..=3.
+#[inline(always)]
+unsafe fn q3_k_chunk(
+    bits: __m256i,
+    hmask: __m256i,
+    half: usize,
+    shift: usize,
+) -> (__m256i, __m256i) {
+    let low = _mm256_and_si256(
+        _mm256_srl_epi16(bits, shift_count(2 * shift)),
+        _mm256_set1_epi8(3),
+    );
+    let high_bit = _mm256_set1_epi8((1u8 << (4 * half + shift)) as i8);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(hmask, high_bit), high_bit);
+    (low, _mm256_andnot_si256(set, _mm256_set1_epi8(4)))
+}
+
 /// Q3_K's 16 signed 6-bit group scales (as `q3k_scales`), four at a time in u32 words: the
 /// low 4 bits from the nibbles of the first 8 bytes, the top 2 from the last 4 bytes' pairs.
 #[inline]
@@ -785,7 +804,6 @@ unsafe fn shift_count(bits: usize) -> __m128i {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q3_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
-    let mask2 = _mm256_set1_epi8(3);
     let mut acc = 0.0;
     for (w, a) in as_blocks::<BlockQ3K>(w)
         .iter()
@@ -794,18 +812,13 @@ unsafe fn q3_k_q8_k(w: &[u8], a: &[u8]) -> f32 {
         let scales = group_scales(q3k_scale_bytes(&w.scales));
         let y = a.qs.as_chunks::<32>().0;
         let hmask = load_u8(&w.hmask);
-        // Bit (4 * half + shift) of hmask byte l is the high bit of the chunk's element l.
-        let mut high_bit = _mm256_set1_epi8(1);
         let mut sumi = _mm256_setzero_si256();
         for (half, bits) in w.qs.as_chunks::<32>().0.iter().enumerate() {
             let bits = load_u8(bits);
             for shift in 0..4 {
                 let c = 4 * half + shift;
-                let low = _mm256_and_si256(_mm256_srl_epi16(bits, shift_count(2 * shift)), mask2);
-                let set = _mm256_cmpeq_epi8(_mm256_and_si256(hmask, high_bit), high_bit);
                 // q = low - 4 where the high bit is clear: two unsigned products, subtracted.
-                let four_if_clear = _mm256_andnot_si256(set, _mm256_set1_epi8(4));
-                high_bit = _mm256_add_epi8(high_bit, high_bit);
+                let (low, four_if_clear) = q3_k_chunk(bits, hmask, half, shift);
                 let y = load_i8(&y[c]);
                 let p = _mm256_sub_epi16(
                     _mm256_maddubs_epi16(low, y),
