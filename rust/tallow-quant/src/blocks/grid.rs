@@ -43,13 +43,19 @@ pub(crate) trait SignedGridBlock: GridBlock {
         let (magnitudes, signs) = self.piece(k);
         (magnitudes, SIGN_MASKS[usize::from(signs)] | ONES)
     }
-    /// The 16 integer group scales.
-    fn scales(&self) -> [i32; 16];
     /// The scales of groups `2c` and `2c + 1` (values `32c..32c + 32`), read alone: what a
-    /// one-token product needs as it reaches the chunk, where [`SignedGridBlock::scales`]
-    /// decodes all 16 up front.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// one-token product needs as it reaches the chunk.
     fn chunk_scales(&self, c: usize) -> (i32, i32);
+    /// The 16 integer group scales.
+    #[inline(always)]
+    fn scales(&self) -> [i32; 16] {
+        // A loop rather than `array::from_fn`, whose closure stayed a call in the SIMD kernels.
+        let mut scales = [0; 16];
+        for c in 0..8 {
+            (scales[2 * c], scales[2 * c + 1]) = self.chunk_scales(c);
+        }
+        scales
+    }
     /// Values 32c..32c+32's magnitudes as eight codebook entries of four values each, for
     /// the formats whose entries hold four (IQ3): gathered as they are, where
     /// [`SignedGridBlock::piece`] puts pairs of them together first. `None` for the formats
@@ -222,19 +228,6 @@ fn u32_at(bytes: &[u8], k: usize) -> u32 {
     ])
 }
 
-/// Odd scales `2s + 1` from the nibbles of `packed`, one per group of 16 (`per_nibble` groups
-/// share a nibble).
-#[inline(always)]
-fn nibble_scales(packed: &[u8], per_nibble: usize) -> [i32; 16] {
-    // A loop rather than `array::from_fn`, whose closure stayed a call in the SIMD kernels.
-    let mut scales = [0; 16];
-    for (g, scale) in scales.iter_mut().enumerate() {
-        let n = g / per_nibble;
-        *scale = 2 * i32::from((packed[n / 2] >> (4 * (n % 2))) & 0xf) + 1;
-    }
-    scales
-}
-
 /// Odd scales `2s + 1` of the two nibbles of `byte`, low first.
 #[inline(always)]
 fn nibble_pair(byte: u8) -> (i32, i32) {
@@ -287,16 +280,6 @@ signed_grid_block!(BlockIq2S, 0.125);
 signed_grid_block!(BlockIq3Xxs, 0.25);
 signed_grid_block!(BlockIq3S, 1.0);
 
-/// Scales `2s + 1` from the top 4 bits of each group of 32's u32 in `words` (IQ2_XXS, IQ3_XXS).
-#[inline(always)]
-fn top_nibble_scales(words: &[u8]) -> [i32; 16] {
-    let mut scales = [0; 16];
-    for (g, scale) in scales.iter_mut().enumerate() {
-        *scale = 2 * (u32_at(words, g / 2) >> 28) as i32 + 1;
-    }
-    scales
-}
-
 impl BlockIq2Xxs {
     /// Values 8k..8k+8: their codebook entry and their sign index.
     #[inline(always)]
@@ -313,16 +296,8 @@ impl BlockIq2Xxs {
 impl SignedGridBlock for BlockIq2Xxs {
     sign_indexed_pieces!();
     #[inline(always)]
-    fn scales(&self) -> [i32; 16] {
-        // The second u32 of each group of 8 bytes.
-        let mut words = [0u8; 32];
-        for (g, word) in words.as_chunks_mut::<4>().0.iter_mut().enumerate() {
-            word.copy_from_slice(&self.qs[8 * g + 4..8 * g + 8]);
-        }
-        top_nibble_scales(&words)
-    }
-    #[inline(always)]
     fn chunk_scales(&self, c: usize) -> (i32, i32) {
+        // The second u32 of the chunk's 8 bytes.
         top_nibble_scale(u32_at(&self.qs, 2 * c + 1))
     }
 }
@@ -342,10 +317,6 @@ impl BlockIq2Xs {
 impl SignedGridBlock for BlockIq2Xs {
     sign_indexed_pieces!();
     #[inline(always)]
-    fn scales(&self) -> [i32; 16] {
-        nibble_scales(&self.scales, 1)
-    }
-    #[inline(always)]
     fn chunk_scales(&self, c: usize) -> (i32, i32) {
         nibble_pair(self.scales[c])
     }
@@ -356,10 +327,6 @@ impl SignedGridBlock for BlockIq2S {
     fn piece(&self, k: usize) -> (u64, u8) {
         let high = usize::from((self.qh[k / 4] >> (2 * (k % 4))) & 3) << 8;
         (IQ2S_GRID[usize::from(self.qs[k]) | high], self.signs[k])
-    }
-    #[inline(always)]
-    fn scales(&self) -> [i32; 16] {
-        nibble_scales(&self.scales, 1)
     }
     #[inline(always)]
     fn chunk_scales(&self, c: usize) -> (i32, i32) {
@@ -393,10 +360,6 @@ impl BlockIq3Xxs {
 impl SignedGridBlock for BlockIq3Xxs {
     sign_indexed_pieces!();
     #[inline(always)]
-    fn scales(&self) -> [i32; 16] {
-        top_nibble_scales(&self.signs_scales)
-    }
-    #[inline(always)]
     fn chunk_scales(&self, c: usize) -> (i32, i32) {
         top_nibble_scale(u32_at(&self.signs_scales, c))
     }
@@ -424,10 +387,6 @@ impl SignedGridBlock for BlockIq3S {
     fn piece(&self, k: usize) -> (u64, u8) {
         let magnitudes = u64::from(self.quad(2 * k)) | (u64::from(self.quad(2 * k + 1)) << 32);
         (magnitudes, self.signs[k])
-    }
-    #[inline(always)]
-    fn scales(&self) -> [i32; 16] {
-        nibble_scales(&self.scales, 2)
     }
     #[inline(always)]
     fn chunk_scales(&self, c: usize) -> (i32, i32) {
@@ -461,6 +420,17 @@ fn shifted(entry: u64, negative_shift: bool) -> [i8; 8] {
     entry.to_le_bytes().map(|b| 8 * (b as i8) + shift)
 }
 
+/// The magnitudes (bytes) and sign bits of 8 nonzero values, as [`SignedGridBlock::piece`]
+/// gives them.
+#[inline(always)]
+fn magnitudes_and_signs(values: [i8; 8]) -> (u64, u8) {
+    let mut signs = 0;
+    for (j, &v) in values.iter().enumerate() {
+        signs |= u8::from(v < 0) << j;
+    }
+    (u64::from_le_bytes(values.map(i8::unsigned_abs)), signs)
+}
+
 /// An IQ1 format: values 8k..8k+8 are `8 * grid ± 1` of one [`IQ1S_GRID`] entry and the sign
 /// of its shift (its inherent `entry(k)`), with a scale per group of 16 (`group_scale(g)`).
 macro_rules! shifted_grid_block {
@@ -480,20 +450,7 @@ macro_rules! shifted_grid_block {
             #[inline(always)]
             fn piece(&self, k: usize) -> (u64, u8) {
                 let (entry, negative) = self.entry(k);
-                let values = shifted(entry, negative);
-                let mut signs = 0;
-                for (j, &v) in values.iter().enumerate() {
-                    signs |= u8::from(v < 0) << j;
-                }
-                (u64::from_le_bytes(values.map(i8::unsigned_abs)), signs)
-            }
-            #[inline(always)]
-            fn scales(&self) -> [i32; 16] {
-                let mut scales = [0; 16];
-                for (g, scale) in scales.iter_mut().enumerate() {
-                    *scale = self.group_scale(g);
-                }
-                scales
+                magnitudes_and_signs(shifted(entry, negative))
             }
             #[inline(always)]
             fn chunk_scales(&self, c: usize) -> (i32, i32) {
@@ -637,12 +594,11 @@ mod tests {
                 if let Some((entries, negative)) = block.shifted_entries(c) {
                     for (k, &piece) in pieces.iter().enumerate() {
                         let values = shifted(entries[k], negative[k]);
-                        let magnitudes = u64::from_le_bytes(values.map(i8::unsigned_abs));
-                        let signs = values
-                            .iter()
-                            .enumerate()
-                            .fold(0u8, |s, (j, &v)| s | (u8::from(v < 0) << j));
-                        assert_eq!(piece, (magnitudes, signs), "{ty} chunk {c} piece {k}");
+                        assert_eq!(
+                            piece,
+                            magnitudes_and_signs(values),
+                            "{ty} chunk {c} piece {k}"
+                        );
                     }
                 }
                 if let Some(bits) = block.sign_bits(c) {

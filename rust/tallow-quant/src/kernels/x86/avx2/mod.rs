@@ -345,11 +345,14 @@ unsafe fn scale_pair(scales: &[__m256i; 2], c: usize) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn weighted_bsums(a: &BlockQ8K, weights: __m256i) -> i32 {
-    let sums = _mm256_madd_epi16(weights, load_u8(&a.bsums));
-    let s = _mm_add_epi32(
-        _mm256_castsi256_si128(sums),
-        _mm256_extracti128_si256::<1>(sums),
-    );
+    hsum_i32(_mm256_madd_epi16(weights, load_u8(&a.bsums)))
+}
+
+/// The sum of the eight i32 lanes of `v`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
     _mm_cvtsi128_si32(s)
@@ -483,10 +486,11 @@ unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
 
 /// Chunk `c`'s two group scales as [`scale_vectors`] spreads them: each in every i16 of its
 /// 128-bit lane.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn chunk_scale<B: SignedGridBlock>(w: &B, c: usize) -> __m256i {
     let (low, high) = w.chunk_scales(c);
-    _mm256_set_m128i(_mm_set1_epi16(high as i16), _mm_set1_epi16(low as i16))
+    i16_pair(low as i16, high as i16)
 }
 
 /// A grid block's float scale times its format's unit (the f16 through F16C).
@@ -502,13 +506,7 @@ unsafe fn grid_d<B: GridBlock>(w: &B) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn grid_block_sum(acc: f32, d: f32, sumi: __m256i) -> f32 {
-    let s = _mm_add_epi32(
-        _mm256_castsi256_si128(sumi),
-        _mm256_extracti128_si256::<1>(sumi),
-    );
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    acc + d * _mm_cvtsi128_si32(s) as f32
+    acc + d * hsum_i32(sumi) as f32
 }
 
 /// Values 32c..32c+32 of a signed grid block as [`grid_sums`] takes them: their magnitudes,
