@@ -8,11 +8,12 @@
 
 use std::arch::x86_64::*;
 
+use super::ternary::{self, Ternary};
 use super::{
     grid_d, load_i8, load_u8, q3_k_chunk, scale_vectors, signed_chunks, tile_entry_points,
 };
 use crate::blocks::{
-    as_blocks, as_blocks_mut, q3k_scales, Block, BlockQ3K, BlockQ8K, GridBlock, SignedGridBlock,
+    as_blocks, as_blocks_mut, q3k_scales, Block, BlockQ3K, BlockQ8K, SignedGridBlock,
 };
 use crate::kernels::x86::tile_operands;
 use crate::kernels::{RawDecoding, TileScales};
@@ -54,10 +55,10 @@ pub(super) const fn q3_k() -> RawDecoding {
     }
 }
 
-/// The decoding of the formats that decode through [`GridBlock::decode`]: TQ.
-pub(super) const fn unsigned<B: GridBlock>() -> RawDecoding {
+/// The decoding of the ternary formats.
+pub(super) const fn ternary<B: Ternary>() -> RawDecoding {
     RawDecoding {
-        decode: decode_unsigned::<B>,
+        decode: decode_ternary::<B>,
         tile,
         block_bytes: size_of::<DecodedBlock>(),
     }
@@ -118,15 +119,9 @@ unsafe fn decode_q3_k(w: &[u8], out: &mut [u8]) {
 
 /// Decodes a row of TQ blocks `w` into `out`, one [`DecodedBlock`] each.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_unsigned<B: GridBlock>(w: &[u8], out: &mut [u8]) {
-    let mut decoded = [0i8; 256];
+unsafe fn decode_ternary<B: Ternary>(w: &[u8], out: &mut [u8]) {
     for (w, out) in as_blocks::<B>(w).iter().zip(as_blocks_mut(out)) {
-        let scales = w.decode(&mut decoded);
-        let mut values = [_mm256_setzero_si256(); 8];
-        for (v, chunk) in values.iter_mut().zip(decoded.as_chunks::<32>().0) {
-            *v = load_i8(chunk);
-        }
-        write(out, values, &scales, grid_d(w));
+        write(out, ternary::values(w), &[1; 16], grid_d(w));
     }
 }
 

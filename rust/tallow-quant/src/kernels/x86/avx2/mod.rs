@@ -15,7 +15,9 @@ use std::arch::x86_64::*;
 mod decoded;
 mod dequantize;
 mod quantize;
+mod ternary;
 
+use self::ternary::{ternary_q8_k, tile_ternary_q8_k};
 use super::tile_operands;
 use crate::blocks::{
     as_blocks, k4_scales_mins, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4K,
@@ -136,8 +138,18 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
             None,
             None,
         ),
-        GgmlType::TQ1_0 => (Some(grid_q8_k::<BlockTq1_0>), Some(tile_tq1_0), None, None),
-        GgmlType::TQ2_0 => (Some(grid_q8_k::<BlockTq2_0>), Some(tile_tq2_0), None, None),
+        GgmlType::TQ1_0 => (
+            Some(ternary_q8_k::<BlockTq1_0>),
+            Some(tile_tq1_0),
+            None,
+            None,
+        ),
+        GgmlType::TQ2_0 => (
+            Some(ternary_q8_k::<BlockTq2_0>),
+            Some(tile_tq2_0),
+            None,
+            None,
+        ),
     };
     let decoding = match ty {
         GgmlType::IQ2_XXS => Some(decoded::signed::<BlockIq2Xxs>()),
@@ -147,8 +159,8 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         GgmlType::IQ3_S => Some(decoded::signed::<BlockIq3S>()),
         GgmlType::IQ1_S => Some(decoded::signed::<BlockIq1S>()),
         GgmlType::IQ1_M => Some(decoded::signed::<BlockIq1M>()),
-        GgmlType::TQ1_0 => Some(decoded::unsigned::<BlockTq1_0>()),
-        GgmlType::TQ2_0 => Some(decoded::unsigned::<BlockTq2_0>()),
+        GgmlType::TQ1_0 => Some(decoded::ternary::<BlockTq1_0>()),
+        GgmlType::TQ2_0 => Some(decoded::ternary::<BlockTq2_0>()),
         GgmlType::Q3_K => Some(decoded::q3_k()),
         _ => None,
     };
@@ -447,23 +459,10 @@ unsafe fn iq4_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
     hsum(acc)
 }
 
-/// The ternary formats: each block decoded to its integer values (table
-/// lookups), then as IQ4_XS, with a scale per group of 16 (per 128-bit lane).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn grid_q8_k<B: GridBlock>(w: &[u8], a: &[u8]) -> f32 {
-    let mut values = [0i8; 256];
-    let mut acc = 0.0;
-    for (w, a) in as_blocks::<B>(w).iter().zip(as_blocks::<BlockQ8K>(a)) {
-        let (chunks, scales) = decoded(w, &mut values);
-        acc = grid_block_sum(acc, grid_d(w) * a.d(), grid_sums(&chunks, &scales, a));
-    }
-    acc
-}
-
 /// The IQ1, IQ2 and IQ3 formats: each 32 values' magnitudes and signs gathered straight
 /// into vectors, the signs moved onto the activations (`vpsignb`), each chunk's two group
 /// scales read as the chunk is reached, no decoding through memory; the same integer sums,
-/// hence the same bits, as [`grid_q8_k`].
+/// hence the same bits, as the scalar decoding (`reference::grid_q8_k`).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = 0.0;
@@ -609,24 +608,6 @@ unsafe fn signed_chunks<B: SignedGridBlock>(w: &B) -> [(__m256i, __m256i); 8] {
         *chunk = signed_chunk(w, c);
     }
     chunks
-}
-
-/// A grid block decoded through `values`, as [`grid_sums`] takes it: each 32 values'
-/// magnitudes and the values themselves (whose signs `vpsignb` moves onto the activations),
-/// and its group scales ([`scale_vectors`]).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decoded<B: GridBlock>(
-    w: &B,
-    values: &mut [i8; 256],
-) -> ([(__m256i, __m256i); 8], [__m256i; 8]) {
-    let scales = w.decode(values);
-    let mut chunks = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 8];
-    for (chunk, v) in chunks.iter_mut().zip(values.as_chunks::<32>().0) {
-        let q = load_i8(v);
-        *chunk = (_mm256_sign_epi8(q, q), q);
-    }
-    (chunks, scale_vectors(&scales))
 }
 
 /// The integer sums of a grid block, as (magnitudes, signs) chunks, against one Q8_K block,
@@ -1093,30 +1074,6 @@ unsafe fn tile_iq4_xs_q8_k<const T: usize>(
     }
 }
 
-/// The grid formats against up to 8 tokens: [`grid_q8_k`] token by token, each block decoded
-/// once.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_grid_q8_k<B: GridBlock, const T: usize>(
-    w: &[u8],
-    a: &[&[u8]],
-    scales: &crate::kernels::TileScales,
-    out: &mut [f32],
-) {
-    let (w, a) = tile_operands::<B, BlockQ8K, T>(w, a, scales, out);
-    let mut values = [0i8; 256];
-    let mut acc = [0f32; T];
-    for (b, w) in w.iter().enumerate() {
-        let (chunks, group_scales) = decoded(w, &mut values);
-        let wd = grid_d(w);
-        for t in 0..T {
-            let sumi = grid_sums(&chunks, &group_scales, &a[t][b]);
-            acc[t] = grid_block_sum(acc[t], wd * a[t][b].d(), sumi);
-        }
-    }
-    out.copy_from_slice(&acc);
-}
-
 /// The IQ1, IQ2 and IQ3 formats against up to 8 tokens: [`signed_grid_q8_k`] token by token, each
 /// block's vectors gathered once.
 #[inline]
@@ -1179,6 +1136,6 @@ tile_entry_points!(
     tile_signed_grid_q8_k<BlockIq3S> => tile_iq3_s,
     tile_signed_grid_q8_k<BlockIq1S> => tile_iq1_s,
     tile_signed_grid_q8_k<BlockIq1M> => tile_iq1_m,
-    tile_grid_q8_k<BlockTq1_0> => tile_tq1_0,
-    tile_grid_q8_k<BlockTq2_0> => tile_tq2_0,
+    tile_ternary_q8_k<BlockTq1_0> => tile_tq1_0,
+    tile_ternary_q8_k<BlockTq2_0> => tile_tq2_0,
 );
