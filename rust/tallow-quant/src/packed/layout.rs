@@ -16,6 +16,7 @@
 //! | Q8_0 | 0..8: `qs` as `q + 128` ([`Recode::Unsigned`]) |
 //! | Q4_K | 0..3: `scales`; 3..35: `qs` (word `3 + 8p + c`: step `c` of sub-block `2p` in the low nibbles, of `2p + 1` in the high ones) |
 //! | Q5_K | 0..3: `scales`; 3..11: `qh` (word `3 + c`: bit `s` of byte `i` is the fifth bit of column `4c + i` of sub-block `s`); 11..43: `qs` as Q4_K |
+//! | Q3_K | [`Regroup::ThreeBits`]: 0..3: `scales`; 3..27: the 3-bit quants, three words per sub-block `s` (word `3 + 3s + k`) |
 //! | Q6_K | [`Regroup::SixBits`]: 0..4: `scales`; 4..52: the 6-bit quants, three words per group `g` of 16 columns (word `4 + 3g + j`) |
 //! | IQ4_NL | 0..4: `qs` as Q4_0 |
 //! | IQ4_XS | 0: `scales_l`; 1..33: `qs` (word `1 + 4s + c`: as Q4_0's word `c` for sub-block `s`) |
@@ -41,6 +42,41 @@ pub(crate) enum Regroup {
     /// shifts and masks) instead of two words' bits put together. The scales and `d` stay
     /// where they are.
     SixBits,
+    /// Q3_K's quants `q` (the value plus 4), split in the GGUF block between 2 low bits
+    /// (`qs`) and a high bit (`hmask`), stored whole: the first 96 bytes become 8 groups of
+    /// 12 bytes, one group per sub-block of 32 columns (8 steps of 4). Byte `i` of the
+    /// group's word 0 holds steps 0 and 1's quants of column `i` (bits 0-2 and 3-5) and step
+    /// 2's low two bits (6-7); word 1 the same of steps 3, 4 and 5; word 2 steps 6 and 7's
+    /// quants and the high bits of steps 2 (bit 6) and 5 (bit 7). Six steps are then one or
+    /// two masks of a word, the other two a few. The scales and `d` stay where they are.
+    ThreeBits,
+}
+
+/// Bytes of a Q3_K block's quants (`hmask` and `qs`).
+const Q3_QUANT_BYTES: usize = 96;
+
+/// Where column `col`'s low 2 bits (byte, shift) and high bit (byte, shift) are in a GGUF
+/// Q3_K block.
+fn q3_bits(col: usize) -> ((usize, usize), (usize, usize)) {
+    let (half, quarter, l) = (col / 128, col % 128 / 32, col % 32);
+    ((32 + 32 * half + l, 2 * quarter), (l, 4 * half + quarter))
+}
+
+/// Column `col`'s 3-bit quant in a GGUF Q3_K block.
+fn q3_quant(block: &[u8], col: usize) -> u8 {
+    let ((lo, lo_shift), (hi, hi_shift)) = q3_bits(col);
+    (block[lo] >> lo_shift) & 3 | ((block[hi] >> hi_shift) & 1) << 2
+}
+
+/// Column `col`'s 3-bit quant in a regrouped Q3_K block, as the kernels read it.
+fn q3_regrouped_quant(regrouped: &[u8], col: usize) -> u8 {
+    let (s, c, i) = (col / 32, col % 32 / 4, col % 4);
+    let word = |k: usize| regrouped[12 * s + 4 * k + i];
+    match c {
+        0 | 3 | 6 => word(c / 3) & 7,
+        1 | 4 | 7 => (word(c / 3) >> 3) & 7,
+        _ => (word(c / 3) >> 6) | ((word(2) >> (6 + c / 3)) & 1) << 2,
+    }
 }
 
 /// Bytes of a Q6_K block's quants (`ql` and `qh`).
@@ -60,6 +96,19 @@ impl Regroup {
     /// Writes the GGUF block `block` regrouped to `out`.
     fn regroup(self, block: &[u8], out: &mut [u8]) {
         match self {
+            Regroup::ThreeBits => {
+                out.copy_from_slice(block);
+                let groups = out[..Q3_QUANT_BYTES].chunks_exact_mut(12);
+                for (s, group) in groups.enumerate() {
+                    let q = |c: usize, i: usize| q3_quant(block, 32 * s + 4 * c + i);
+                    for i in 0..4 {
+                        group[i] = q(0, i) | q(1, i) << 3 | (q(2, i) & 3) << 6;
+                        group[4 + i] = q(3, i) | q(4, i) << 3 | (q(5, i) & 3) << 6;
+                        group[8 + i] =
+                            q(6, i) | q(7, i) << 3 | (q(2, i) >> 2) << 6 | (q(5, i) >> 2) << 7;
+                    }
+                }
+            }
             Regroup::SixBits => {
                 out.copy_from_slice(block);
                 let mut q = [0u8; 256];
@@ -81,6 +130,16 @@ impl Regroup {
     /// Writes the GGUF block that `regrouped` was regrouped from to `out`.
     fn restore(self, regrouped: &[u8], out: &mut [u8]) {
         match self {
+            Regroup::ThreeBits => {
+                out.copy_from_slice(regrouped);
+                out[..Q3_QUANT_BYTES].fill(0);
+                for col in 0..256 {
+                    let q = q3_regrouped_quant(regrouped, col);
+                    let ((lo, lo_shift), (hi, hi_shift)) = q3_bits(col);
+                    out[lo] |= (q & 3) << lo_shift;
+                    out[hi] |= (q >> 2) << hi_shift;
+                }
+            }
             Regroup::SixBits => {
                 out.copy_from_slice(regrouped);
                 out[..Q6_QUANT_BYTES].fill(0);
@@ -189,6 +248,12 @@ impl Layout {
                 regroup: None,
                 halves: &[0],
                 words: &[(2, 8, Unsigned)],
+            },
+            GgmlType::Q3_K => &Layout {
+                block_bytes: 110,
+                regroup: Some(Regroup::ThreeBits),
+                halves: &[108],
+                words: &[(96, 3, Copy), (0, 24, Copy)],
             },
             GgmlType::Q4_K => &Layout {
                 block_bytes: 144,
@@ -369,6 +434,36 @@ mod tests {
             }
             let mut restored = [0u8; 210];
             Regroup::SixBits.restore(&regrouped, &mut restored);
+            assert_eq!(restored, block);
+        }
+    }
+
+    #[test]
+    fn three_bit_groups_hold_each_quant_and_restore_the_block() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut block = [0u8; 110];
+        for _ in 0..64 {
+            block.iter_mut().for_each(|b| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                *b = (state >> 56) as u8;
+            });
+            let mut regrouped = [0u8; 110];
+            Regroup::ThreeBits.regroup(&block, &mut regrouped);
+            assert_eq!(regrouped[96..], block[96..]);
+            // The values the reference decoding gives, plus 4.
+            let q3: &crate::blocks::BlockQ3K = &crate::blocks::as_blocks(&block)[0];
+            let values = crate::reference::decode::q3k(q3);
+            for (col, &value) in values.iter().enumerate() {
+                assert_eq!(
+                    q3_regrouped_quant(&regrouped, col) as i8 - 4,
+                    value,
+                    "{col}"
+                );
+            }
+            let mut restored = [0u8; 110];
+            Regroup::ThreeBits.restore(&regrouped, &mut restored);
             assert_eq!(restored, block);
         }
     }

@@ -8,8 +8,9 @@
 //! multiply-add per term.
 
 use crate::blocks::{
-    as_blocks, k4_scales_mins, Block, BlockIq4Nl, BlockIq4Xs, BlockQ4K, BlockQ4_0, BlockQ4_1,
-    BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES,
+    as_blocks, k4_scales_mins, q3k_scales, Block, BlockIq4Nl, BlockIq4Xs, BlockQ3K, BlockQ4K,
+    BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+    IQ4_VALUES,
 };
 use crate::fp16::f16_to_f32;
 use crate::kernels::{TileScales, PACK_ROWS, TILE_LANES};
@@ -124,16 +125,34 @@ fn q5_k(w: &BlockQ5K, a: &BlockQ8K, da: f32, _: f32, acc: f32) -> f32 {
     k4(w.d, w.dmin, &w.scales, &decode::q5k(w), a, da, acc)
 }
 
-/// Q6_K: `d * da * sum(scale * (q - 32) * y)`, the 32 taken off through the group sums.
-fn q6_k(w: &BlockQ6K, a: &BlockQ8K, da: f32, _: f32, acc: f32) -> f32 {
-    let q = decode::q6k(w).map(|q| (q + 32) as u8);
+/// Q3_K and Q6_K: `d * da * sum(scale * (q - offset) * y)` for quants `q` stored as the
+/// value plus `offset`, the offset taken off through the group sums.
+fn signed_scales(
+    d: [u8; 2],
+    scales: [i8; 16],
+    q: &[u8; 256],
+    offset: i32,
+    a: &BlockQ8K,
+    da: f32,
+    acc: f32,
+) -> f32 {
     let (mut sums, mut offsets) = (0i32, 0i32);
-    for g in 0..16 {
-        let scale = i32::from(w.scales[g]);
+    for (g, &scale) in scales.iter().enumerate() {
+        let scale = i32::from(scale);
         sums += scale * dot(&q[16 * g..16 * g + 16], &a.qs[16 * g..]);
         offsets += scale * a.bsum(g);
     }
-    (f16_to_f32(w.d) * da).mul_add((sums - 32 * offsets) as f32, acc)
+    (f16_to_f32(d) * da).mul_add((sums - offset * offsets) as f32, acc)
+}
+
+fn q3_k(w: &BlockQ3K, a: &BlockQ8K, da: f32, _: f32, acc: f32) -> f32 {
+    let q = decode::q3k(w).map(|q| (q + 4) as u8);
+    signed_scales(w.d, q3k_scales(&w.scales), &q, 4, a, da, acc)
+}
+
+fn q6_k(w: &BlockQ6K, a: &BlockQ8K, da: f32, _: f32, acc: f32) -> f32 {
+    let q = decode::q6k(w).map(|q| (q + 32) as u8);
+    signed_scales(w.d, w.scales, &q, 32, a, da, acc)
 }
 
 /// IQ4_NL: `d * da * sum(value(q) * y)`.
@@ -172,6 +191,7 @@ packed_entry_points!(
     Q4_1 => q4_1_entry(q4_1),
     Q5_0 => q5_0_entry(q5_0),
     Q8_0 => q8_0_entry(q8_0),
+    Q3_K => q3_k_entry(q3_k),
     Q4_K => q4_k_entry(q4_k),
     Q5_K => q5_k_entry(q5_k),
     Q6_K => q6_k_entry(q6_k),

@@ -3,7 +3,8 @@
 //! Zen 4 and later), and with `vpmaddubsw` + `vpmaddwd` on AVX-512 without VNNI (Skylake-X).
 //!
 //! Formats with 32-element blocks take two blocks per step (an odd last block goes through
-//! the scalar reference). Q2_K and Q3_K have no AVX-512 kernel yet and use the AVX2 one.
+//! the scalar reference). Q2_K and Q3_K have no AVX-512 row products yet and use the AVX2 ones
+//! (Q3_K has packed kernels here).
 //!
 //! # Safety
 //! Every function here needs AVX-512 F and BW (plus VNNI for the `vnni` entry points);
@@ -721,6 +722,10 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             quantize: Some(quantize::q8_1),
             ..none
         },
+        GgmlType::Q3_K => RawRow {
+            packed: formats!(q3_k),
+            ..none
+        },
         GgmlType::Q4_K => RawRow {
             vec_dot: dot!(q4_k_q8_k),
             packed: formats!(q4_k),
@@ -740,7 +745,6 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
         | GgmlType::F16
         | GgmlType::BF16
         | GgmlType::Q2_K
-        | GgmlType::Q3_K
         | GgmlType::Q8_K
         | GgmlType::IQ4_NL
         | GgmlType::IQ4_XS

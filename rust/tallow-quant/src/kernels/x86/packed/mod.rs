@@ -746,8 +746,8 @@ impl<S: Simd> Format<S> for Q5K {
     }
 }
 
-/// The scales of half a Q6_K block: `d`; per group of 16 columns its signed scale in both
-/// i16 of every lane; per pair of groups `2k, 2k + 1` their two scales.
+/// The scales of half a Q3_K or Q6_K block: `d`; per group of 16 columns its signed scale in
+/// both i16 of every lane; per pair of groups `2k, 2k + 1` their two scales.
 struct Q6Half<S: Simd> {
     d: S::F,
     scales: [S::I; 16],
@@ -829,7 +829,99 @@ impl<S: Simd> Format<S> for Q6K {
         da: f32,
         _: f32,
     ) -> S::F {
-        let offsets = S::times32(weighted_bsums::<S>(act, &half.pairs));
+        let offsets = S::shl32::<5>(weighted_bsums::<S>(act, &half.pairs));
+        scaled::<S>(acc, half.d, da, S::to_f32(S::sub32(isum, offsets)))
+    }
+}
+
+/// Q3_K: `d * da * sum(scale * (q - 4) * y)`, with `q` (0..8) taken as unsigned bytes and
+/// the 4 subtracted through the token's group sums. Sub-block `s` is words `3 + 3s..` (see
+/// `crate::packed::layout`): steps 0, 3 and 6 are the low 3 bits of its three words, steps
+/// 1, 4 and 7 the next 3, steps 2 and 5 the top 2 bits of words 0 and 1 with a bit of word 2.
+/// The 16 scales are 6 bits less 32, from the three scale words as `crate::blocks::q3k_scales`.
+struct Q3K;
+
+impl<S: Simd> Format<S> for Q3K {
+    type Act = BlockQ8K;
+    type Fields = [u8; 32];
+    type Words = [u8; 27 * 64];
+    const SUBS: usize = 8;
+    const PASS: usize = k_pass::<S>();
+    type Half = Q6Half<S>;
+    type Step = S::I;
+
+    #[inline(always)]
+    unsafe fn half(fields: &[u8; 32], words: &Self::Words, h: usize) -> Q6Half<S> {
+        let [low, high, top] = vectors!(3, |w| S::word(words, w, h));
+        let low4 = S::splat_i32(0x0f0f0f0f);
+        // Byte `i` of plane `p`: the 6-bit scale of group `4p + i`.
+        let planes = [
+            S::or(S::and(low, low4), S::bits_to_4(top, 0, 0x30)),
+            S::or(S::and(high, low4), S::bits_to_4(top, 2, 0x30)),
+            S::or(S::nibbles(low, 1), S::bits_to_4(top, 4, 0x30)),
+            S::or(S::nibbles(high, 1), S::bits_to_4(top, 6, 0x30)),
+        ];
+        let minus32 = S::splat_i16(-32);
+        Q6Half {
+            d: S::field(fields, 0, h),
+            scales: vectors!(16, |g| S::add16(
+                S::byte_pair(planes[g / 4], g % 4, g % 4, false),
+                minus32
+            )),
+            pairs: vectors!(8, |k| S::add16(
+                S::byte_pair(planes[k / 2], 2 * (k % 2), 2 * (k % 2) + 1, false),
+                minus32
+            )),
+        }
+    }
+    #[inline(always)]
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> S::I {
+        let word = S::word(words, 3 + 3 * s + c / 3, h);
+        let three_bits = S::splat_i32(0x07070707);
+        match c % 3 {
+            0 => S::and(word, three_bits),
+            // A 16-bit shift moves the next byte's low bits into the top of a byte, which the
+            // masks clear.
+            1 => S::and(S::shr16(word, 3), three_bits),
+            _ => {
+                let low = S::and(S::shr16(word, 6), S::splat_i32(0x03030303));
+                let top = S::shr16(S::word(words, 3 + 3 * s + 2, h), 4 + c as u32 / 3);
+                S::or(low, S::and(top, S::splat_i32(0x04040404)))
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn pass_sum(
+        acc: S::I,
+        steps: &[S::I],
+        y: &[i8; 32],
+        half: &Q6Half<S>,
+        s: usize,
+        first: usize,
+    ) -> S::I {
+        if S::FUSED_DOT {
+            // A group's sum is within 16 * 7 * 128 < 2^15: the sub-block's two groups are a
+            // lane's i16 pair, widened against their two scales at once.
+            let (low, high) = sub_block_halves::<S>(steps, y, first);
+            S::madd_add(acc, S::pack_pairs(low, high), half.pairs[s])
+        } else {
+            // A pass is one group: its i16 pair sums stay within 4 * 2 * 7 * 128.
+            weighted_sum::<S, 4>(acc, steps, y, first, half.scales[2 * s + first / 4])
+        }
+    }
+    fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+        k_y(act, s)
+    }
+    #[inline(always)]
+    unsafe fn finish(
+        acc: S::F,
+        isum: S::I,
+        half: &Q6Half<S>,
+        act: &BlockQ8K,
+        da: f32,
+        _: f32,
+    ) -> S::F {
+        let offsets = S::shl32::<2>(weighted_bsums::<S>(act, &half.pairs));
         scaled::<S>(acc, half.d, da, S::to_f32(S::sub32(isum, offsets)))
     }
 }
@@ -1015,6 +1107,7 @@ packed_entry_points!(avx2, packed_avx2::<V256>, "avx2,fma,f16c":
     Q41 => q4_1,
     Q50 => q5_0,
     Q80 => q8_0,
+    Q3K => q3_k,
     Q4K => q4_k,
     Q5K => q5_k,
     Q6K => q6_k,
@@ -1026,6 +1119,7 @@ packed_entry_points!(avx512, packed_avx512::<V512<Bw>>, "avx512f,avx512bw":
     Q40 => q4_0,
     Q41 => q4_1,
     Q50 => q5_0,
+    Q3K => q3_k,
     Q4K => q4_k,
     Q5K => q5_k,
     Q6K => q6_k,
@@ -1036,6 +1130,7 @@ packed_entry_points!(avx512_vnni, packed_avx512_vnni::<V512<Vnni>>, "avx512f,avx
     Q41 => q4_1,
     Q50 => q5_0,
     Q80 => q8_0,
+    Q3K => q3_k,
     Q4K => q4_k,
     Q5K => q5_k,
     Q6K => q6_k,

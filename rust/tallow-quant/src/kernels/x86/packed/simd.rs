@@ -82,8 +82,8 @@ pub(super) trait Simd {
     unsafe fn add16(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn add32(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn sub32(a: Self::I, b: Self::I) -> Self::I;
-    /// Each i32 lane times 32 (shifted left by 5 bits).
-    unsafe fn times32(v: Self::I) -> Self::I;
+    /// Each i32 lane shifted left by `N` bits.
+    unsafe fn shl32<const N: u32>(v: Self::I) -> Self::I;
     unsafe fn to_f32(v: Self::I) -> Self::F;
     unsafe fn splat(x: f32) -> Self::F;
     unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
@@ -252,8 +252,9 @@ impl Simd for V256 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn times32(v: __m256i) -> __m256i {
-        _mm256_slli_epi32::<5>(v)
+    unsafe fn shl32<const N: u32>(v: __m256i) -> __m256i {
+        // A constant count, which the compiler makes an immediate.
+        _mm256_sll_epi32(v, _mm_cvtsi32_si128(N as i32))
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -434,8 +435,8 @@ impl<D: DotBytes> Simd for V512<D> {
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn times32(v: __m512i) -> __m512i {
-        _mm512_slli_epi32::<5>(v)
+    unsafe fn shl32<const N: u32>(v: __m512i) -> __m512i {
+        _mm512_slli_epi32::<N>(v)
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
