@@ -16,6 +16,7 @@
 //! | Q8_0 | 0..8: `qs` as `q + 128` ([`Recode::Unsigned`]) |
 //! | Q4_K | 0..3: `scales`; 3..35: `qs` (word `3 + 8p + c`: step `c` of sub-block `2p` in the low nibbles, of `2p + 1` in the high ones) |
 //! | Q5_K | 0..3: `scales`; 3..11: `qh` (word `3 + c`: bit `s` of byte `i` is the fifth bit of column `4c + i` of sub-block `s`); 11..43: `qs` as Q4_K |
+//! | Q2_K | 0..4: `scales`; 4..20: `qs` (word `4 + 8n + c`: step `c` of sub-blocks `4n..4n + 4`, two bits each) |
 //! | Q3_K | [`Regroup::ThreeBits`]: 0..3: `scales`; 3..27: the 3-bit quants, three words per sub-block `s` (word `3 + 3s + k`) |
 //! | Q6_K | [`Regroup::SixBits`]: 0..4: `scales`; 4..52: the 6-bit quants, three words per group `g` of 16 columns (word `4 + 3g + j`) |
 //! | IQ4_NL | 0..4: `qs` as Q4_0 |
@@ -248,6 +249,12 @@ impl Layout {
                 regroup: None,
                 halves: &[0],
                 words: &[(2, 8, Unsigned)],
+            },
+            GgmlType::Q2_K => &Layout {
+                block_bytes: 84,
+                regroup: None,
+                halves: &[80, 82],
+                words: &[(0, 4, Copy), (16, 16, Copy)],
             },
             GgmlType::Q3_K => &Layout {
                 block_bytes: 110,

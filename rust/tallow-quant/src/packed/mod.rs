@@ -32,13 +32,14 @@ use crate::kernels::{Packed, PACK_ROWS, TILE_LANES};
 use crate::{reference, sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
 /// The formats with a packed layout (and a packed kernel on every instruction set that packs:
-/// the scalar kernels and AVX2; AVX-512 has its own for the first eight, and runs AVX2's for
+/// the scalar kernels and AVX2; AVX-512 has its own for the first nine, and runs AVX2's for
 /// IQ4_NL and IQ4_XS).
-pub const PACKED_FORMATS: [GgmlType; 10] = [
+pub const PACKED_FORMATS: [GgmlType; 11] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q8_0,
+    GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,

@@ -8,7 +8,7 @@ use crate::{
     matmul_with, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantError, WeightSource, PACKED_FORMATS,
 };
 
-const PACKABLE: [GgmlType; 10] = PACKED_FORMATS;
+const PACKABLE: [GgmlType; 11] = PACKED_FORMATS;
 const RELATIVE_TOLERANCE: f64 = 1e-5;
 
 /// `cols` columns of 32-column formats: as many blocks of a 256-column format.
@@ -187,7 +187,7 @@ fn packed_rows_dequantize_to_the_original_rows() {
 #[test]
 fn unpackable_shapes_and_formats_are_left_unpacked() {
     for isa in Isa::ALL {
-        for ty in [GgmlType::Q2_K, GgmlType::Q5_1, GgmlType::F32] {
+        for ty in [GgmlType::Q5_1, GgmlType::F32] {
             assert!(
                 !PackedMatrix::can_pack_with(isa, ty, 256, 256),
                 "{isa:?} {ty}"
@@ -304,10 +304,10 @@ fn packing_together_equals_packing_alone() {
     let Some(&isa) = packing_isas(GgmlType::Q8_0).last() else {
         return;
     };
-    // (type, rows, cols): a Q2_K matrix and one of 24 rows stay unpacked.
+    // (type, rows, cols): a Q5_1 matrix and one of 24 rows stay unpacked.
     let shapes = [
         (GgmlType::Q4_1, 64, 96),
-        (GgmlType::Q2_K, 16, 256),
+        (GgmlType::Q5_1, 16, 256),
         (GgmlType::Q8_0, 32, 64),
         (GgmlType::Q4_0, 24, 64),
         (GgmlType::Q4_0, 16, 32),

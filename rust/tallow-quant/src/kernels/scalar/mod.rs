@@ -26,7 +26,7 @@ pub(super) fn row(ty: GgmlType) -> RawRow {
         GgmlType::Q5_0 => (Some(reference::q5_0_q8_0), Some(packed::q5_0_entry)),
         GgmlType::Q5_1 => (Some(reference::q5_1_q8_1), None),
         GgmlType::Q8_0 => (Some(reference::q8_0_q8_0), Some(packed::q8_0_entry)),
-        GgmlType::Q2_K => (Some(reference::q2_k_q8_k), None),
+        GgmlType::Q2_K => (Some(reference::q2_k_q8_k), Some(packed::q2_k_entry)),
         GgmlType::Q3_K => (Some(reference::q3_k_q8_k), Some(packed::q3_k_entry)),
         GgmlType::Q4_K => (Some(reference::q4_k_q8_k), Some(packed::q4_k_entry)),
         GgmlType::Q5_K => (Some(reference::q5_k_q8_k), Some(packed::q5_k_entry)),

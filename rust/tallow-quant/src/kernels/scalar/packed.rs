@@ -8,8 +8,8 @@
 //! multiply-add per term.
 
 use crate::blocks::{
-    as_blocks, k4_scales_mins, q3k_scales, Block, BlockIq4Nl, BlockIq4Xs, BlockQ3K, BlockQ4K,
-    BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+    as_blocks, k4_scales_mins, q3k_scales, Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K,
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
     IQ4_VALUES,
 };
 use crate::fp16::f16_to_f32;
@@ -117,6 +117,19 @@ fn k4(
     (-(f16_to_f32(dmin) * da)).mul_add(offsets as f32, acc)
 }
 
+/// Q2_K: `d * da * sum(scale * q * y) - dmin * da * sum(min * y)`, a scale and a min per
+/// group of 16.
+fn q2_k(w: &BlockQ2K, a: &BlockQ8K, da: f32, _: f32, acc: f32) -> f32 {
+    let q = decode::q2k(w);
+    let (mut sums, mut offsets) = (0i32, 0i32);
+    for (g, &packed) in w.scales.iter().enumerate() {
+        sums += i32::from(packed & 0xf) * dot(&q[16 * g..16 * g + 16], &a.qs[16 * g..]);
+        offsets += i32::from(packed >> 4) * a.bsum(g);
+    }
+    let acc = (f16_to_f32(w.d) * da).mul_add(sums as f32, acc);
+    (-(f16_to_f32(w.dmin) * da)).mul_add(offsets as f32, acc)
+}
+
 fn q4_k(w: &BlockQ4K, a: &BlockQ8K, da: f32, _: f32, acc: f32) -> f32 {
     k4(w.d, w.dmin, &w.scales, &decode::q4k(w), a, da, acc)
 }
@@ -191,6 +204,7 @@ packed_entry_points!(
     Q4_1 => q4_1_entry(q4_1),
     Q5_0 => q5_0_entry(q5_0),
     Q8_0 => q8_0_entry(q8_0),
+    Q2_K => q2_k_entry(q2_k),
     Q3_K => q3_k_entry(q3_k),
     Q4_K => q4_k_entry(q4_k),
     Q5_K => q5_k_entry(q5_k),

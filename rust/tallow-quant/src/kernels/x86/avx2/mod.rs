@@ -62,7 +62,12 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
             Some(quantize::q8_0),
         ),
         GgmlType::Q8_1 => (None, None, None, Some(quantize::q8_1)),
-        GgmlType::Q2_K => (Some(q2_k_q8_k), None, None, Some(q2_k_weights)),
+        GgmlType::Q2_K => (
+            Some(q2_k_q8_k),
+            None,
+            Some(packed::q2_k),
+            Some(q2_k_weights),
+        ),
         GgmlType::Q3_K => (
             Some(q3_k_q8_k),
             None,

@@ -4,7 +4,7 @@
 //!
 //! Formats with 32-element blocks take two blocks per step (an odd last block goes through
 //! the scalar reference). Q2_K and Q3_K have no AVX-512 row products yet and use the AVX2 ones
-//! (Q3_K has packed kernels here).
+//! (both have packed kernels here).
 //!
 //! # Safety
 //! Every function here needs AVX-512 F and BW (plus VNNI for the `vnni` entry points);
@@ -722,6 +722,10 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             quantize: Some(quantize::q8_1),
             ..none
         },
+        GgmlType::Q2_K => RawRow {
+            packed: formats!(q2_k),
+            ..none
+        },
         GgmlType::Q3_K => RawRow {
             packed: formats!(q3_k),
             ..none
@@ -744,7 +748,6 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
         GgmlType::F32
         | GgmlType::F16
         | GgmlType::BF16
-        | GgmlType::Q2_K
         | GgmlType::Q8_K
         | GgmlType::IQ4_NL
         | GgmlType::IQ4_XS

@@ -618,9 +618,25 @@ unsafe fn k4_finish<S: Simd>(
     act: &BlockQ8K,
     da: f32,
 ) -> S::F {
-    let mins = S::to_f32(weighted_bsums::<S>(act, &half.mins));
-    let acc = scaled::<S>(acc, half.d, da, S::to_f32(isum));
-    S::fnmadd(S::mul(half.dmin, S::splat(da)), mins, acc)
+    k_min_finish::<S>(acc, isum, half.d, half.dmin, &half.mins, act, da)
+}
+
+/// The K-quants with mins (Q2_K, Q4_K, Q5_K): `d * da * isum - dmin * da * sum(min * y)`,
+/// with `mins(k)` the i16 pair of mins of groups `2k` and `2k + 1` against the token's group
+/// sums.
+#[inline(always)]
+unsafe fn k_min_finish<S: Simd>(
+    acc: S::F,
+    isum: S::I,
+    d: S::F,
+    dmin: S::F,
+    mins: &[S::I; 8],
+    act: &BlockQ8K,
+    da: f32,
+) -> S::F {
+    let mins = S::to_f32(weighted_bsums::<S>(act, mins));
+    let acc = scaled::<S>(acc, d, da, S::to_f32(isum));
+    S::fnmadd(S::mul(dmin, S::splat(da)), mins, acc)
 }
 
 /// Steps of a pass for Q4_K and Q5_K: a whole sub-block where the sums run straight into
@@ -775,12 +791,7 @@ impl<S: Simd> Format<S> for Q6K {
         Q6Half {
             d: S::field(fields, 0, h),
             scales: vectors!(16, |g| S::byte_pair(planes[g / 4], g % 4, g % 4, true)),
-            pairs: vectors!(8, |k| S::byte_pair(
-                planes[k / 2],
-                2 * (k % 2),
-                2 * (k % 2) + 1,
-                true
-            )),
+            pairs: vectors!(8, |k| group_pair::<S>(&planes, k, true)),
         }
     }
     #[inline(always)]
@@ -834,6 +845,92 @@ impl<S: Simd> Format<S> for Q6K {
     }
 }
 
+/// The scales of half a Q2_K block: `d` and `dmin`; per group of 16 columns its 4-bit scale
+/// in both i16 of every lane; per pair of groups `2k, 2k + 1` their two scales and their two
+/// mins.
+struct Q2Half<S: Simd> {
+    d: S::F,
+    dmin: S::F,
+    scales: [S::I; 16],
+    pairs: [S::I; 8],
+    mins: [S::I; 8],
+}
+
+/// Per i32 lane, the bytes of groups `2k` and `2k + 1` of `planes` (group `g` in byte `g % 4`
+/// of plane `g / 4`) as the lane's two i16, sign-extended with `signed`.
+#[inline(always)]
+unsafe fn group_pair<S: Simd>(planes: &[S::I; 4], k: usize, signed: bool) -> S::I {
+    S::byte_pair(planes[k / 2], 2 * (k % 2), 2 * (k % 2) + 1, signed)
+}
+
+/// Q2_K: `d * da * sum(scale * q * y) - dmin * da * sum(min * y)`, the mins against the
+/// token's group sums. Its words are the GGUF block's: four of scales (group `g`'s scale in
+/// the low nibble of byte `g`, its min in the high one), then `qs`, where word `4 + 8n + c`
+/// holds step `c` of sub-blocks `4n..4n + 4`, two bits each.
+struct Q2K;
+
+impl<S: Simd> Format<S> for Q2K {
+    type Act = BlockQ8K;
+    type Fields = [u8; 64];
+    type Words = [u8; 20 * 64];
+    const SUBS: usize = 8;
+    const PASS: usize = k_pass::<S>();
+    type Half = Q2Half<S>;
+    type Step = S::I;
+
+    #[inline(always)]
+    unsafe fn half(fields: &[u8; 64], words: &Self::Words, h: usize) -> Q2Half<S> {
+        let planes = vectors!(4, |w| S::word(words, w, h));
+        let scales = vectors!(4, |p| S::nibbles(planes[p], 0));
+        let mins = vectors!(4, |p| S::nibbles(planes[p], 1));
+        Q2Half {
+            d: S::field(fields, 0, h),
+            dmin: S::field(fields, 1, h),
+            scales: vectors!(16, |g| S::byte_pair(scales[g / 4], g % 4, g % 4, false)),
+            pairs: vectors!(8, |k| group_pair::<S>(&scales, k, false)),
+            mins: vectors!(8, |k| group_pair::<S>(&mins, k, false)),
+        }
+    }
+    #[inline(always)]
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> S::I {
+        let word = S::word(words, 4 + 8 * (s / 4) + c, h);
+        S::and(S::shr16(word, 2 * (s % 4) as u32), S::splat_i32(0x03030303))
+    }
+    #[inline(always)]
+    unsafe fn pass_sum(
+        acc: S::I,
+        steps: &[S::I],
+        y: &[i8; 32],
+        half: &Q2Half<S>,
+        s: usize,
+        first: usize,
+    ) -> S::I {
+        if S::FUSED_DOT {
+            // A group's sum is within 16 * 3 * 128: the sub-block's two groups are a lane's
+            // i16 pair, widened against their two scales at once.
+            let (low, high) = sub_block_halves::<S>(steps, y, first);
+            S::madd_add(acc, S::pack_pairs(low, high), half.pairs[s])
+        } else {
+            // A pass is one group: its i16 pair sums stay within 4 * 2 * 3 * 128.
+            weighted_sum::<S, 4>(acc, steps, y, first, half.scales[2 * s + first / 4])
+        }
+    }
+    fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+        k_y(act, s)
+    }
+    #[inline(always)]
+    unsafe fn finish(
+        acc: S::F,
+        isum: S::I,
+        half: &Q2Half<S>,
+        act: &BlockQ8K,
+        da: f32,
+        _: f32,
+    ) -> S::F {
+        k_min_finish::<S>(acc, isum, half.d, half.dmin, &half.mins, act, da)
+    }
+}
+
 /// Q3_K: `d * da * sum(scale * (q - 4) * y)`, with `q` (0..8) taken as unsigned bytes and
 /// the 4 subtracted through the token's group sums. Sub-block `s` is words `3 + 3s..` (see
 /// `crate::packed::layout`): steps 0, 3 and 6 are the low 3 bits of its three words, steps
@@ -868,10 +965,7 @@ impl<S: Simd> Format<S> for Q3K {
                 S::byte_pair(planes[g / 4], g % 4, g % 4, false),
                 minus32
             )),
-            pairs: vectors!(8, |k| S::add16(
-                S::byte_pair(planes[k / 2], 2 * (k % 2), 2 * (k % 2) + 1, false),
-                minus32
-            )),
+            pairs: vectors!(8, |k| S::add16(group_pair::<S>(&planes, k, false), minus32)),
         }
     }
     #[inline(always)]
@@ -1107,6 +1201,7 @@ packed_entry_points!(avx2, packed_avx2::<V256>, "avx2,fma,f16c":
     Q41 => q4_1,
     Q50 => q5_0,
     Q80 => q8_0,
+    Q2K => q2_k,
     Q3K => q3_k,
     Q4K => q4_k,
     Q5K => q5_k,
@@ -1119,6 +1214,7 @@ packed_entry_points!(avx512, packed_avx512::<V512<Bw>>, "avx512f,avx512bw":
     Q40 => q4_0,
     Q41 => q4_1,
     Q50 => q5_0,
+    Q2K => q2_k,
     Q3K => q3_k,
     Q4K => q4_k,
     Q5K => q5_k,
@@ -1130,6 +1226,7 @@ packed_entry_points!(avx512_vnni, packed_avx512_vnni::<V512<Vnni>>, "avx512f,avx
     Q41 => q4_1,
     Q50 => q5_0,
     Q80 => q8_0,
+    Q2K => q2_k,
     Q3K => q3_k,
     Q4K => q4_k,
     Q5K => q5_k,
