@@ -32,8 +32,8 @@ use crate::kernels::{Packed, PACK_ROWS, TILE_LANES};
 use crate::{reference, sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
 /// The formats with a packed layout (and a packed kernel on every instruction set that packs:
-/// the scalar kernels and AVX2; AVX-512 has its own for the first nine, and runs AVX2's for
-/// IQ4_NL and IQ4_XS).
+/// the scalar kernels and AVX2; AVX-512 has its own for the first nine, and for IQ4_XS with
+/// VNNI, and runs AVX2's for the rest).
 pub const PACKED_FORMATS: [GgmlType; 11] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,

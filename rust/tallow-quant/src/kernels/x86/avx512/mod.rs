@@ -745,12 +745,19 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             packed: formats!(q6_k),
             ..none
         },
+        GgmlType::IQ4_XS => RawRow {
+            packed: if vnni {
+                Some(formats_vnni::iq4_xs)
+            } else {
+                None
+            },
+            ..none
+        },
         GgmlType::F32
         | GgmlType::F16
         | GgmlType::BF16
         | GgmlType::Q8_K
         | GgmlType::IQ4_NL
-        | GgmlType::IQ4_XS
         | GgmlType::MXFP4
         | GgmlType::IQ2_XXS
         | GgmlType::IQ2_XS

@@ -1165,6 +1165,93 @@ impl Format<V256> for Iq4Xs {
     }
 }
 
+/// The scales of an IQ4_XS block with VNNI: `d`, and per sub-block its scale (`ls - 32`) in
+/// both i16 of every lane.
+struct Iq4XsVnniHalf {
+    d: __m512,
+    scales: [__m512i; 8],
+}
+
+/// IQ4_XS with VNNI: each step's values plus 128 (one lookup, unsigned bytes), their products
+/// with the activations exact in i32 lanes (`vpdpbusd`), a sub-block's sum times its scale,
+/// and the 128 taken back through the token's group sums times the scales: the integer sum
+/// of the AVX2 kernel and the scalar one, without a byte sign instruction (AVX-512 has
+/// none).
+impl Format<V512<Vnni>> for Iq4Xs {
+    type Act = BlockQ8K;
+    type Fields = [u8; 64];
+    type Words = [u8; 33 * 64];
+    const SUBS: usize = 8;
+    const PASS: usize = 8;
+    type Half = Iq4XsVnniHalf;
+    type Step = __m512i;
+
+    #[inline(always)]
+    unsafe fn half(fields: &[u8; 64], words: &Self::Words, h: usize) -> Iq4XsVnniHalf {
+        // `scales_h` sits where a second f16 field would: two bytes a row.
+        let high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(fields[32..].as_ptr().cast()));
+        let low = V512::<Vnni>::word(words, 0, h);
+        let mut scales = [_mm512_setzero_si512(); 8];
+        for (s, scale) in scales.iter_mut().enumerate() {
+            let low = _mm512_srlv_epi32(low, _mm512_set1_epi32(4 * s as i32));
+            let high = _mm512_srlv_epi32(high, _mm512_set1_epi32(2 * s as i32));
+            let ls = _mm512_or_si512(
+                _mm512_and_si512(low, _mm512_set1_epi32(0xf)),
+                _mm512_slli_epi32::<4>(_mm512_and_si512(high, _mm512_set1_epi32(3))),
+            );
+            let ls = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
+            // In both i16 of each lane.
+            *scale = _mm512_or_si512(
+                _mm512_and_si512(ls, _mm512_set1_epi32(0xffff)),
+                _mm512_slli_epi32::<16>(ls),
+            );
+        }
+        Iq4XsVnniHalf {
+            d: V512::<Vnni>::field(fields, 0, h),
+            scales,
+        }
+    }
+    #[inline(always)]
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> __m512i {
+        let offset = _mm_add_epi8(
+            _mm_loadu_si128(IQ4_VALUES.as_ptr().cast()),
+            _mm_set1_epi8(-128),
+        );
+        let nibbles = V512::<Vnni>::nibbles(V512::<Vnni>::word(words, 1 + 4 * s + c % 4, h), c / 4);
+        _mm512_shuffle_epi8(_mm512_broadcast_i32x4(offset), nibbles)
+    }
+    #[inline(always)]
+    unsafe fn pass_sum(
+        acc: __m512i,
+        steps: &[__m512i],
+        y: &[i8; 32],
+        half: &Iq4XsVnniHalf,
+        s: usize,
+        first: usize,
+    ) -> __m512i {
+        // At most 32 * 241 * 128 for a sub-block: an i32, times the scale in i32 lanes.
+        let sum = dot_chain::<V512<Vnni>>(V512::<Vnni>::zero(), steps, y, first);
+        scaled_i32::<V512<Vnni>>(acc, sum, half.scales[s])
+    }
+    fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+        k_y(act, s)
+    }
+    #[inline(always)]
+    unsafe fn finish(
+        acc: __m512,
+        isum: __m512i,
+        half: &Iq4XsVnniHalf,
+        act: &BlockQ8K,
+        da: f32,
+        _: f32,
+    ) -> __m512 {
+        type S = V512<Vnni>;
+        // Sub-block `k`'s scale against its two groups' sums, times the 128.
+        let offsets = S::shl32::<7>(weighted_bsums::<S>(act, &half.scales));
+        scaled::<S>(acc, half.d, da, S::to_f32(S::sub32(isum, offsets)))
+    }
+}
+
 /// Declares, in module `$module`, each format's entry point through the loop `$loop`: one
 /// tile width per token count (1 to 8, picked by `a.len()`).
 macro_rules! packed_entry_points {
@@ -1231,4 +1318,5 @@ packed_entry_points!(avx512_vnni, packed_avx512_vnni::<V512<Vnni>>, "avx512f,avx
     Q4K => q4_k,
     Q5K => q5_k,
     Q6K => q6_k,
+    Iq4Xs => iq4_xs,
 );
