@@ -856,6 +856,29 @@ struct Q2Half<S: Simd> {
     mins: [S::I; 8],
 }
 
+/// `acc` plus a pass of sub-block `s` of a format with a scale per group of 16 columns and
+/// quants of at most 3 bits (Q2_K, Q3_K), whose group sums (within 16 * 7 * 128) fit in i16:
+/// with VNNI a whole sub-block, its two groups' sums a lane's i16 pair widened against their
+/// two scales (`pairs[s]`) at once; else one group, four steps whose i16 pair sums stay within
+/// 4 * 2 * 7 * 128, widened against its scale (`scales`, one per group).
+#[inline(always)]
+unsafe fn group_scaled_sum<S: Simd>(
+    acc: S::I,
+    steps: &[S::I],
+    y: &[i8; 32],
+    first: usize,
+    s: usize,
+    scales: &[S::I; 16],
+    pairs: &[S::I; 8],
+) -> S::I {
+    if S::FUSED_DOT {
+        let (low, high) = sub_block_halves::<S>(steps, y, first);
+        S::madd_add(acc, S::pack_pairs(low, high), pairs[s])
+    } else {
+        weighted_sum::<S, 4>(acc, steps, y, first, scales[2 * s + first / 4])
+    }
+}
+
 /// Per i32 lane, the bytes of groups `2k` and `2k + 1` of `planes` (group `g` in byte `g % 4`
 /// of plane `g / 4`) as the lane's two i16, sign-extended with `signed`.
 #[inline(always)]
@@ -905,15 +928,7 @@ impl<S: Simd> Format<S> for Q2K {
         s: usize,
         first: usize,
     ) -> S::I {
-        if S::FUSED_DOT {
-            // A group's sum is within 16 * 3 * 128: the sub-block's two groups are a lane's
-            // i16 pair, widened against their two scales at once.
-            let (low, high) = sub_block_halves::<S>(steps, y, first);
-            S::madd_add(acc, S::pack_pairs(low, high), half.pairs[s])
-        } else {
-            // A pass is one group: its i16 pair sums stay within 4 * 2 * 3 * 128.
-            weighted_sum::<S, 4>(acc, steps, y, first, half.scales[2 * s + first / 4])
-        }
+        group_scaled_sum::<S>(acc, steps, y, first, s, &half.scales, &half.pairs)
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
@@ -993,15 +1008,7 @@ impl<S: Simd> Format<S> for Q3K {
         s: usize,
         first: usize,
     ) -> S::I {
-        if S::FUSED_DOT {
-            // A group's sum is within 16 * 7 * 128 < 2^15: the sub-block's two groups are a
-            // lane's i16 pair, widened against their two scales at once.
-            let (low, high) = sub_block_halves::<S>(steps, y, first);
-            S::madd_add(acc, S::pack_pairs(low, high), half.pairs[s])
-        } else {
-            // A pass is one group: its i16 pair sums stay within 4 * 2 * 7 * 128.
-            weighted_sum::<S, 4>(acc, steps, y, first, half.scales[2 * s + first / 4])
-        }
+        group_scaled_sum::<S>(acc, steps, y, first, s, &half.scales, &half.pairs)
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
