@@ -112,7 +112,13 @@ impl KernelTable {
                     decoding: own.decoding.map(Decoding),
                     ..Kernels::default()
                 },
-                None => below,
+                // A set without a dot product of its own may still have its own decoding (a
+                // decoded tile gives the bits of any dot product of the format: it sums each
+                // block exactly).
+                None => Kernels {
+                    decoding: own.decoding.map(Decoding).or(below.decoding),
+                    ..below
+                },
             };
             let packed_below = match lower {
                 Some((Isa::Scalar, _)) | None => None,

@@ -28,9 +28,9 @@ const OFFSET: i16 = 64;
 /// offset adds, taken back through the activations' group sums) and `d * UNIT` (an f32).
 #[repr(C)]
 pub(crate) struct DecodedBlock {
-    values: [[u8; 32]; 8],
-    scales: [[u8; 32]; 8],
-    offsets: [u8; 32],
+    pub(in crate::kernels::x86) values: [[u8; 32]; 8],
+    pub(in crate::kernels::x86) scales: [[u8; 32]; 8],
+    pub(in crate::kernels::x86) offsets: [u8; 32],
     d: [u8; 4],
 }
 
@@ -150,20 +150,40 @@ unsafe fn tile_of<const T: usize>(w: &[u8], a: &[&[u8]], scales: &TileScales, ou
                 sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(pairs, scale));
             }
         }
-        // As `grid_block_sum`, every token in its lane: acc + (d * da) * total.
-        let mut da = [0f32; 8];
-        for t in 0..T {
-            da[t] = a[t][b].d();
-        }
-        let d = _mm256_mul_ps(
-            _mm256_set1_ps(f32::from_le_bytes(w.d)),
-            _mm256_loadu_ps(da.as_ptr()),
-        );
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(totals(&sumi))));
+        acc = add_block(acc, w, &a, b, &sumi);
     }
+    store_lanes(acc, out);
+}
+
+/// `acc` plus block `b`'s products, every token in its lane: as `grid_block_sum`, `(d * da)`
+/// times the total of the token's integer sums `sumi[t]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::kernels::x86) unsafe fn add_block<const T: usize>(
+    acc: __m256,
+    w: &DecodedBlock,
+    a: &[&[BlockQ8K]; T],
+    b: usize,
+    sumi: &[__m256i; 8],
+) -> __m256 {
+    let mut da = [0f32; 8];
+    for t in 0..T {
+        da[t] = a[t][b].d();
+    }
+    let d = _mm256_mul_ps(
+        _mm256_set1_ps(f32::from_le_bytes(w.d)),
+        _mm256_loadu_ps(da.as_ptr()),
+    );
+    _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(totals(sumi))))
+}
+
+/// The first `out.len()` lanes of `acc` to `out`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::kernels::x86) unsafe fn store_lanes(acc: __m256, out: &mut [f32]) {
     let mut lanes = [0f32; 8];
     _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-    out.copy_from_slice(&lanes[..T]);
+    out.copy_from_slice(&lanes[..out.len()]);
 }
 
 /// Lane `t`: the total of the lanes of `v[t]` (exact, as integers).

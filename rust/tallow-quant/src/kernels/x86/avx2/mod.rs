@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-mod decoded;
+pub(super) mod decoded;
 mod dequantize;
 mod quantize;
 mod ternary;

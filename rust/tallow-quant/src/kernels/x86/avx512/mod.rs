@@ -14,6 +14,7 @@
 use std::arch::x86_64::*;
 
 mod attention;
+mod decoded;
 mod quantize;
 
 use super::avx2::{fp16, load_i8, load_u8, load_u8x16};
@@ -753,6 +754,23 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             },
             ..none
         },
+        // The codebook formats' kernels are AVX2's, but for the decoded rows' tile.
+        GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::IQ2_S
+        | GgmlType::IQ3_XXS
+        | GgmlType::IQ3_S
+        | GgmlType::IQ1_S
+        | GgmlType::IQ1_M
+        | GgmlType::TQ1_0
+        | GgmlType::TQ2_0
+            if vnni =>
+        {
+            RawRow {
+                decoding: super::avx2::row(ty).decoding.map(decoded::with_vnni_tile),
+                ..none
+            }
+        }
         GgmlType::F32
         | GgmlType::F16
         | GgmlType::BF16
