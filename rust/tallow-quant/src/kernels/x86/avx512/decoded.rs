@@ -6,7 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::super::avx2::decoded::{add_block, store_lanes, DecodedBlock};
-use super::super::avx2::load_u8;
+use super::super::avx2::{load_u8, tile_entry_points};
 use super::super::tile_operands;
 use crate::blocks::BlockQ8K;
 use crate::kernels::{RawDecoding, TileScales};
@@ -16,21 +16,8 @@ pub(super) fn with_vnni_tile(decoding: RawDecoding) -> RawDecoding {
     RawDecoding { tile, ..decoding }
 }
 
-/// A decoded row against `a.len()` tokens (1 to 8).
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile(w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
-    match a.len() {
-        8 => tile_of::<8>(w, a, scales, out),
-        7 => tile_of::<7>(w, a, scales, out),
-        6 => tile_of::<6>(w, a, scales, out),
-        5 => tile_of::<5>(w, a, scales, out),
-        4 => tile_of::<4>(w, a, scales, out),
-        3 => tile_of::<3>(w, a, scales, out),
-        2 => tile_of::<2>(w, a, scales, out),
-        1 => tile_of::<1>(w, a, scales, out),
-        n => panic!("no tile of {n} tokens"),
-    }
-}
+// `tile`: a decoded row against up to 8 tokens.
+tile_entry_points!(@features "avx512f,avx512bw,avx512vnni"; tile_of => tile);
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]

@@ -754,7 +754,7 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             },
             ..none
         },
-        // The codebook formats' kernels are AVX2's, but for the decoded rows' tile.
+        // The codebook formats' kernels are AVX2's, but for the decoded rows' tile with VNNI.
         GgmlType::IQ2_XXS
         | GgmlType::IQ2_XS
         | GgmlType::IQ2_S
@@ -763,29 +763,18 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
         | GgmlType::IQ1_S
         | GgmlType::IQ1_M
         | GgmlType::TQ1_0
-        | GgmlType::TQ2_0
-            if vnni =>
-        {
-            RawRow {
-                decoding: super::avx2::row(ty).decoding.map(decoded::with_vnni_tile),
-                ..none
-            }
-        }
+        | GgmlType::TQ2_0 => RawRow {
+            decoding: (super::avx2::row(ty).decoding)
+                .filter(|_| vnni)
+                .map(decoded::with_vnni_tile),
+            ..none
+        },
         GgmlType::F32
         | GgmlType::F16
         | GgmlType::BF16
         | GgmlType::Q8_K
         | GgmlType::IQ4_NL
-        | GgmlType::MXFP4
-        | GgmlType::IQ2_XXS
-        | GgmlType::IQ2_XS
-        | GgmlType::IQ2_S
-        | GgmlType::IQ3_XXS
-        | GgmlType::IQ3_S
-        | GgmlType::IQ1_S
-        | GgmlType::IQ1_M
-        | GgmlType::TQ1_0
-        | GgmlType::TQ2_0 => none,
+        | GgmlType::MXFP4 => none,
     }
 }
 
