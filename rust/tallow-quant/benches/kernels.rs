@@ -342,9 +342,23 @@ fn streamed(c: &mut Criterion, summary: &mut Summary) {
     }
 }
 
+/// The formats whose rows a product of many tokens decodes once into packed groups (there is
+/// no packed layout at load for them).
+const DECODED_FORMATS: [GgmlType; 9] = [
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+];
+
 /// Prefill-sized products ([`PREFILL`] against [`PREFILL_TOKENS`] tokens) of every packed
-/// format, packed kernels only (the scalar reference would take seconds), for each instruction
-/// set of [`packing_isas`].
+/// format, packed kernels only (the scalar reference would take seconds), and of every
+/// [`DECODED_FORMATS`] one, for each instruction set of [`packing_isas`].
 fn prefill(c: &mut Criterion, summary: &mut Summary) {
     let mut rng = Rng(0x9ef1_1000);
     let simd = packing_isas();
@@ -371,6 +385,26 @@ fn prefill(c: &mut Criterion, summary: &mut Summary) {
                     None,
                     || {
                         packed.matmul(&a, &mut out).unwrap();
+                        black_box(&mut out);
+                    },
+                );
+            }
+        }
+        for ty in DECODED_FORMATS {
+            let w = weights(ty, rows, cols, &mut rng);
+            let a = acts(ty, PREFILL_TOKENS, cols, &mut rng);
+            let flops = Some(2.0 * (rows * cols * PREFILL_TOKENS) as f64);
+            for &isa in &simd {
+                summary.bench(
+                    &mut g,
+                    &group,
+                    ty.name(),
+                    &format!("{isa:?} decoded"),
+                    w.len() as u64,
+                    flops,
+                    None,
+                    || {
+                        matmul_with(isa, ty, &w, rows, cols, &a, &mut out).unwrap();
                         black_box(&mut out);
                     },
                 );

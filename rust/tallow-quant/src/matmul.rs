@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use tallow_threads::DisjointSlice;
 
-use crate::kernels::{Decoding, Rows, Tile, TileScales, VecDot, TILE_LANES};
+use crate::kernels::{Decoding, Rows, Tile, TileScales, VecDot, PACK_ROWS, TILE_LANES};
 use crate::{sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool would
@@ -18,10 +18,6 @@ const MIN_CHUNK_ROWS: usize = 8;
 const TOKEN_BLOCK: usize = 16;
 /// Rows per call of a row kernel (one token), written out through a buffer on the stack.
 const ROW_BLOCK: usize = 64;
-/// Rows decoded at a time where a format decodes its rows once for many tokens: at 8192
-/// columns of a codebook format, 280 KiB, which the L2 cache holds beside a token group's
-/// activations.
-const DECODE_ROWS: usize = 16;
 
 /// `out[t * rows + r] = dot(weight row r, activations of token t)`, where `weight` is `rows`
 /// contiguous rows of `cols` elements of type `ty`, and `acts` holds `cols` columns in
@@ -89,7 +85,7 @@ pub fn matmul_with(
         .tile
         .filter(|_| acts.has_tile_scales() && acts.n_tokens() >= 2);
     // More tokens than a tile takes: a decoding, where this set has one for `ty`, decodes each
-    // weight row once for all of them, with the same bits as `kernel`.
+    // group of 16 weight rows once for all of them, with the same bits as `kernel`.
     let decoding = kernels
         .decoding
         .filter(|_| acts.has_tile_scales() && acts.n_tokens() > TILE_LANES);
@@ -118,6 +114,11 @@ pub fn matmul_with(
     let chunk_rows = rows
         .div_ceil(threads * CHUNKS_PER_THREAD)
         .max(MIN_CHUNK_ROWS);
+    // A decoding decodes whole groups of rows.
+    let chunk_rows = match decoding {
+        Some(_) => chunk_rows.next_multiple_of(PACK_ROWS),
+        None => chunk_rows,
+    };
     let shared = DisjointSlice::new(out);
     pool.run(rows.div_ceil(chunk_rows), &|chunk, _| {
         let range = chunk * chunk_rows..rows.min((chunk + 1) * chunk_rows);
@@ -211,28 +212,27 @@ impl Product<'_> {
         }
     }
 
-    /// [`Product::rows_into`] through a decoding: [`DECODE_ROWS`] weight rows decoded at a
-    /// time, then each group of [`TILE_LANES`] tokens against every decoded row.
+    /// [`Product::rows_into`] through a decoding: [`PACK_ROWS`] weight rows decoded into a
+    /// packed group at a time, then every group of [`TILE_LANES`] tokens against it.
     fn decoded_into(
         &self,
         decoding: Decoding,
         range: Range<usize>,
         mut write: impl FnMut(usize, f32),
     ) {
-        let row_bytes = decoding.row_bytes(self.blocks);
-        let mut decoded = vec![0u8; DECODE_ROWS.min(range.len()) * row_bytes];
-        let mut out = [0f32; TILE_LANES];
-        for start in range.clone().step_by(DECODE_ROWS) {
-            let rows = start..range.end.min(start + DECODE_ROWS);
-            for (r, dst) in rows.clone().zip(decoded.chunks_exact_mut(row_bytes)) {
-                decoding.decode(self.row(r), dst);
-            }
+        let mut group = vec![0u8; decoding.group_bytes(self.blocks)];
+        let mut outputs = [[0f32; PACK_ROWS]; TILE_LANES];
+        for start in range.clone().step_by(PACK_ROWS) {
+            let rows = start..range.end.min(start + PACK_ROWS);
+            let w = &self.weight[rows.start * self.row_bytes..rows.end * self.row_bytes];
+            decoding.decode(w, rows.len(), &mut group);
             for g in 0..self.acts.n_tokens().div_ceil(TILE_LANES) {
                 let (first, n, a, scales) = self.token_group(g);
-                for (r, w) in rows.clone().zip(decoded.chunks_exact(row_bytes)) {
-                    decoding.tile(w, &a[..n], &scales, &mut out[..n]);
-                    for (lane, &v) in out[..n].iter().enumerate() {
-                        write((first + lane) * self.rows + r, v);
+                let mut outs = outputs.each_mut().map(|o| &mut o[..]);
+                decoding.call(&group, &a[..n], &scales, &mut outs[..n]);
+                for (t, lanes) in outputs[..n].iter().enumerate() {
+                    for (r, &v) in rows.clone().zip(lanes) {
+                        write((first + t) * self.rows + r, v);
                     }
                 }
             }

@@ -90,42 +90,52 @@ impl Tile {
 }
 
 /// Rows of a format whose blocks cost more to decode than to multiply by one token (the
-/// codebook formats, Q3_K), decoded once for many tokens: `decode` writes a row's blocks as
-/// `block_bytes` each, and `tile` multiplies such a decoded row by up to [`TILE_LANES`]
-/// tokens with the bits of the format's `vec_dot`.
+/// codebook formats, Q3_K), decoded once for many tokens: `decode` writes up to
+/// [`PACK_ROWS`] rows as one packed group of the decoded layout (`x86::packed::Decoded`,
+/// [`DECODED_BLOCK_BYTES`] a block), and `kernel` multiplies such groups by up to
+/// [`TILE_LANES`] tokens, as a [`RawPacked`] kernel, with the bits of the format's `vec_dot`.
 #[derive(Clone, Copy)]
 pub(crate) struct RawDecoding {
-    pub(crate) decode: unsafe fn(w: &[u8], out: &mut [u8]),
-    pub(crate) tile: RawTile,
-    pub(crate) block_bytes: usize,
+    pub(crate) decode: unsafe fn(w: &[u8], rows: usize, out: &mut [u8]),
+    pub(crate) kernel: RawPacked,
 }
+
+/// Bytes of a block of a decoded group (see [`RawDecoding`]): the 16 rows' f32 scales, then
+/// 68 words of 64 bytes (4 of group scales, 64 of values).
+pub(crate) const DECODED_BLOCK_BYTES: usize = 64 + 68 * 64;
 
 /// A [`RawDecoding`] of a set the CPU has.
 #[derive(Clone, Copy)]
 pub(crate) struct Decoding(RawDecoding);
 
 impl Decoding {
-    /// Bytes of a decoded row of `blocks` blocks.
+    /// Bytes of a decoded group of rows of `blocks` blocks.
     #[inline]
-    pub(crate) fn row_bytes(self, blocks: usize) -> usize {
-        blocks * self.0.block_bytes
+    pub(crate) fn group_bytes(self, blocks: usize) -> usize {
+        blocks * DECODED_BLOCK_BYTES
     }
 
-    /// Decodes the whole blocks of the weight row `w` into `out` ([`Decoding::row_bytes`] of
-    /// them; the kernel views both as whole blocks and stops at the shorter).
+    /// Decodes the `rows` weight rows `w` (1 to [`PACK_ROWS`] of them, whole blocks) into the
+    /// decoded group `out` ([`Decoding::group_bytes`] of them); the lanes of rows past `rows`
+    /// keep what they held.
     #[inline]
-    pub(crate) fn decode(self, w: &[u8], out: &mut [u8]) {
-        // SAFETY: only built by the kernel table of a set the CPU has; the
-        // kernel views both slices as whole blocks.
-        unsafe { (self.0.decode)(w, out) }
+    pub(crate) fn decode(self, w: &[u8], rows: usize, out: &mut [u8]) {
+        // SAFETY: only built by the kernel table of a set the CPU has; the kernel checks the
+        // row count and that the slices hold a decoded block per block.
+        unsafe { (self.0.decode)(w, rows, out) }
     }
 
-    /// The decoded row `w` against the tokens `a`, as [`Tile::call`].
+    /// The decoded groups `groups` against the tokens `a`, as [`Packed::call`].
     #[inline]
-    pub(crate) fn tile(self, w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
-        // SAFETY: only built by the kernel table of a set the CPU has; the
-        // kernels check their operands' lengths.
-        unsafe { (self.0.tile)(w, a, scales, out) }
+    pub(crate) fn call(
+        self,
+        groups: &[u8],
+        a: &[&[u8]],
+        scales: &TileScales,
+        out: &mut [&mut [f32]],
+    ) {
+        // SAFETY: as for `Packed::call`.
+        unsafe { (self.0.kernel)(groups, a, scales, out) }
     }
 }
 

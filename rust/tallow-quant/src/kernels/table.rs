@@ -113,7 +113,7 @@ impl KernelTable {
                     ..Kernels::default()
                 },
                 // A set without a dot product of its own may still have its own decoding (a
-                // decoded tile gives the bits of any dot product of the format: it sums each
+                // decoded product gives the bits of any dot product of the format: it sums each
                 // block exactly).
                 None => Kernels {
                     decoding: own.decoding.map(Decoding).or(below.decoding),

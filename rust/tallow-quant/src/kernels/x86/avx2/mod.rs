@@ -1110,12 +1110,8 @@ unsafe fn tile_signed_grid_q8_k<B: SignedGridBlock, const T: usize>(
 
 macro_rules! tile_entry_points {
     ($($kernel:ident $(<$block:ty>)? => $entry:ident),* $(,)?) => {
-        tile_entry_points!(@features "avx2,fma,f16c"; $($kernel $(<$block>)? => $entry),*);
-    };
-    // Entry points compiled with other target features (the kernels' own).
-    (@features $features:literal; $($kernel:ident $(<$block:ty>)? => $entry:ident),*) => {
         $(
-            #[target_feature(enable = $features)]
+            #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn $entry(w: &[u8], a: &[&[u8]], scales: &crate::kernels::TileScales, out: &mut [f32]) {
                 match a.len() {
                     8 => $kernel::<$($block,)? 8>(w, a, scales, out),
@@ -1132,9 +1128,6 @@ macro_rules! tile_entry_points {
         )*
     };
 }
-
-// For the decoded rows' tiles too (here and with VNNI).
-pub(in crate::kernels::x86) use tile_entry_points;
 
 tile_entry_points!(
     tile_q4_0_q8_0 => tile_q4_0,

@@ -14,7 +14,6 @@
 use std::arch::x86_64::*;
 
 mod attention;
-mod decoded;
 mod quantize;
 
 use super::avx2::{fp16, load_i8, load_u8, load_u8x16};
@@ -25,7 +24,7 @@ use crate::blocks::{
 };
 use crate::kernels::activations::{clamped_swiglu_loop, gated_loop, RawActivations};
 use crate::kernels::attention::{loops, RawAttention, RawInPlace};
-use crate::kernels::{RawFloatRow, RawRow};
+use crate::kernels::{RawDecoding, RawFloatRow, RawRow};
 use crate::reference::vec_dot as reference;
 use crate::GgmlType;
 
@@ -754,7 +753,7 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             },
             ..none
         },
-        // The codebook formats' kernels are AVX2's, but for the decoded rows' tile with VNNI.
+        // The codebook formats' kernels are AVX2's, but for the products of their decoded rows.
         GgmlType::IQ2_XXS
         | GgmlType::IQ2_XS
         | GgmlType::IQ2_S
@@ -764,9 +763,10 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
         | GgmlType::IQ1_M
         | GgmlType::TQ1_0
         | GgmlType::TQ2_0 => RawRow {
-            decoding: (super::avx2::row(ty).decoding)
-                .filter(|_| vnni)
-                .map(decoded::with_vnni_tile),
+            decoding: super::avx2::row(ty).decoding.map(|d| RawDecoding {
+                kernel: formats!(decoded).unwrap(),
+                ..d
+            }),
             ..none
         },
         GgmlType::F32

@@ -39,7 +39,7 @@ use self::operands::{act_quad, Bytes, Operands};
 use self::simd::{Simd, V256, V512};
 use super::{Bw, Vnni};
 use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES};
-use crate::kernels::{TileScales, PACK_ROWS};
+use crate::kernels::{TileScales, DECODED_BLOCK_BYTES, PACK_ROWS};
 
 /// `[f(0), .., f(n - 1)]` of integer vectors, built by a loop in the function that uses it: a
 /// closure is a function of its own, which the compiler may leave out of line.
@@ -1027,6 +1027,87 @@ impl<S: Simd> Format<S> for Q3K {
     }
 }
 
+// ---- rows decoded for one product ----
+
+/// Words of a [`Decoded`] block: four of group scales, then one per step; its f32 field
+/// before them.
+const DECODED_WORDS: usize = 4 + 64;
+const _: () = assert!(64 + DECODED_WORDS * 64 == DECODED_BLOCK_BYTES);
+
+/// The rows of a codebook format (IQ1, IQ2, IQ3, TQ) or of Q3_K, decoded by a product of
+/// many tokens into a packed group of its own (see `x86::decoded`), whose blocks multiply as
+/// Q6_K's do: `d * da * sum(scale * value * y)`, with `d` the block's f32 scale (its format's
+/// unit included) in the field, the 16 signed group scales in words 0..4 (group `g` in byte
+/// `g % 4` of word `g / 4`), and each step's values plus [`DECODED_OFFSET`] in word `4 + 8s +
+/// c`, unsigned bytes; the offset is taken back through the token's group sums. The integer
+/// sum of a block is that of the format's one-token product, and becomes a float the same way
+/// (`d * da` times it, added without a fused multiply-add), so the outputs have its bits.
+struct Decoded;
+
+/// What a decoded value is stored above: the values lie within -62..=62, so a stored byte is
+/// under 127, and a `vpmaddubsw` pair against activations within -128..=127 stays in i16.
+pub(in crate::kernels) const DECODED_OFFSET: i8 = 64;
+
+impl<S: Simd> Format<S> for Decoded {
+    type Act = BlockQ8K;
+    type Fields = [u8; 64];
+    type Words = [u8; DECODED_WORDS * 64];
+    const SUBS: usize = 8;
+    const PASS: usize = k_pass::<S>();
+    type Half = Q6Half<S>;
+    type Step = S::I;
+
+    #[inline(always)]
+    unsafe fn half(fields: &[u8; 64], words: &Self::Words, h: usize) -> Q6Half<S> {
+        let planes = vectors!(4, |w| S::word(words, w, h));
+        Q6Half {
+            d: S::field_f32(fields, h),
+            scales: vectors!(16, |g| S::byte_pair(planes[g / 4], g % 4, g % 4, true)),
+            pairs: vectors!(8, |k| group_pair::<S>(&planes, k, true)),
+        }
+    }
+    #[inline(always)]
+    unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> S::I {
+        S::word(words, 4 + 8 * s + c, h)
+    }
+    #[inline(always)]
+    unsafe fn pass_sum(
+        acc: S::I,
+        steps: &[S::I],
+        y: &[i8; 32],
+        half: &Q6Half<S>,
+        s: usize,
+        first: usize,
+    ) -> S::I {
+        if S::FUSED_DOT {
+            // A group's sum, up to 16 * 126 * 128, is no i16: each times its scale in i32.
+            let (low, high) = sub_block_halves::<S>(steps, y, first);
+            let acc = scaled_i32::<S>(acc, low, half.scales[2 * s]);
+            scaled_i32::<S>(acc, high, half.scales[2 * s + 1])
+        } else {
+            // One step a run: a pair reaches 2 * 126 * 128.
+            weighted_sum::<S, 1>(acc, steps, y, first, half.scales[2 * s + first / 4])
+        }
+    }
+    fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
+        k_y(act, s)
+    }
+    #[inline(always)]
+    unsafe fn finish(
+        acc: S::F,
+        isum: S::I,
+        half: &Q6Half<S>,
+        act: &BlockQ8K,
+        da: f32,
+        _: f32,
+    ) -> S::F {
+        const { assert!(DECODED_OFFSET == 1 << 6) };
+        let offsets = S::shl32::<6>(weighted_bsums::<S>(act, &half.pairs));
+        let sums = S::to_f32(S::sub32(isum, offsets));
+        S::add(acc, S::mul(S::mul(half.d, S::splat(da)), sums))
+    }
+}
+
 // ---- the codebook formats (AVX2; AVX-512 runs these) ----
 
 /// A step of IQ4_NL or IQ4_XS: the values its nibbles index (signed, within -127..=113) and
@@ -1302,6 +1383,7 @@ packed_entry_points!(avx2, packed_avx2::<V256>, "avx2,fma,f16c":
     Q6K => q6_k,
     Iq4Nl => iq4_nl,
     Iq4Xs => iq4_xs,
+    Decoded => decoded,
 );
 
 packed_entry_points!(avx512, packed_avx512::<V512<Bw>>, "avx512f,avx512bw":
@@ -1313,6 +1395,7 @@ packed_entry_points!(avx512, packed_avx512::<V512<Bw>>, "avx512f,avx512bw":
     Q4K => q4_k,
     Q5K => q5_k,
     Q6K => q6_k,
+    Decoded => decoded,
 );
 
 packed_entry_points!(avx512_vnni, packed_avx512_vnni::<V512<Vnni>>, "avx512f,avx512bw,avx512vnni":
@@ -1326,4 +1409,5 @@ packed_entry_points!(avx512_vnni, packed_avx512_vnni::<V512<Vnni>>, "avx512f,avx
     Q5K => q5_k,
     Q6K => q6_k,
     Iq4Xs => iq4_xs,
+    Decoded => decoded,
 );

@@ -33,6 +33,8 @@ pub(super) trait Simd {
     unsafe fn word(words: &[u8], w: usize, h: usize) -> Self::I;
     /// Part `h` of f16 field `k` (one value per row, 16 rows per field), as f32.
     unsafe fn field(fields: &[u8], k: usize, h: usize) -> Self::F;
+    /// Part `h` of an f32 field (one value per row, 16 rows in 64 bytes).
+    unsafe fn field_f32(fields: &[u8; 64], h: usize) -> Self::F;
     /// `x` in every i32 lane.
     unsafe fn splat_i32(x: i32) -> Self::I;
     /// `x` in every i16 lane.
@@ -87,6 +89,7 @@ pub(super) trait Simd {
     unsafe fn to_f32(v: Self::I) -> Self::F;
     unsafe fn splat(x: f32) -> Self::F;
     unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn add(a: Self::F, b: Self::F) -> Self::F;
     /// `a * b + c`, rounded once.
     unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     /// `c - a * b`, rounded once.
@@ -156,6 +159,12 @@ impl Simd for V256 {
     unsafe fn field(fields: &[u8], k: usize, h: usize) -> __m256 {
         let part: &[u8; 16] = fields[32 * k + 16 * h..][..16].try_into().unwrap();
         _mm256_cvtph_ps(_mm_loadu_si128(part.as_ptr().cast()))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn field_f32(fields: &[u8; 64], h: usize) -> __m256 {
+        let part: &[u8; 32] = fields[32 * h..][..32].try_into().unwrap();
+        _mm256_loadu_ps(part.as_ptr().cast())
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -273,6 +282,11 @@ impl Simd for V256 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        _mm256_add_ps(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
         _mm256_fmadd_ps(a, b, c)
     }
@@ -339,6 +353,12 @@ impl<D: DotBytes> Simd for V512<D> {
         debug_assert_eq!(h, 0, "one vector holds the whole group");
         let part: &[u8; 32] = fields[32 * k..][..32].try_into().unwrap();
         _mm512_cvtph_ps(_mm256_loadu_si256(part.as_ptr().cast()))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn field_f32(fields: &[u8; 64], h: usize) -> __m512 {
+        debug_assert_eq!(h, 0, "one vector holds the whole group");
+        _mm512_loadu_ps(fields.as_ptr().cast())
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
@@ -452,6 +472,11 @@ impl<D: DotBytes> Simd for V512<D> {
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn mul(a: __m512, b: __m512) -> __m512 {
         _mm512_mul_ps(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(a, b)
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
