@@ -74,12 +74,12 @@ pub(crate) trait SignedGridBlock: GridBlock {
     fn sign_bits(&self, _c: usize) -> Option<u32> {
         None
     }
-    /// Values 32c..32c+32 of the IQ1 formats: the four grid entries (bytes -1, 0 or 1) and
-    /// whether each entry's 1/8 shift is negative, which SIMD kernels turn into `8 * grid ± 1`
-    /// in registers. `None` for the other formats.
+    /// Values 32c..32c+32 of the IQ1 formats: the four grid entries (bytes -1, 0 or 1), and
+    /// bit `4l + 3` set where entry `l`'s 1/8 shift is negative (as IQ1_M stores them), which
+    /// SIMD kernels turn into `8 * grid ± 1` in registers. `None` for the other formats.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     #[inline(always)]
-    fn shifted_entries(&self, _c: usize) -> Option<([u64; 4], [bool; 4])> {
+    fn shifted_entries(&self, _c: usize) -> Option<([u64; 4], u16)> {
         None
     }
 }
@@ -457,13 +457,17 @@ macro_rules! shifted_grid_block {
                 (self.group_scale(2 * c), self.group_scale(2 * c + 1))
             }
             #[inline(always)]
-            fn shifted_entries(&self, c: usize) -> Option<([u64; 4], [bool; 4])> {
+            fn shifted_entries(&self, c: usize) -> Option<([u64; 4], u16)> {
+                // The chunk's four low index bytes and its u16 of `qh` in registers: entry `l`'s
+                // top three index bits are bits `HIGH_STRIDE * l..` of the u16.
+                let (low, high) = (u32_at(&self.qs, c), u16_at(&self.qh, c));
                 let mut entries = [0; 4];
-                let mut negative = [false; 4];
-                for l in 0..4 {
-                    (entries[l], negative[l]) = self.entry(4 * c + l);
+                for (l, entry) in entries.iter_mut().enumerate() {
+                    let top = (u32::from(high) >> (Self::HIGH_STRIDE * l)) & 7;
+                    let index = ((low >> (8 * l)) & 0xff) | (top << 8);
+                    *entry = IQ1S_GRID[index as usize];
                 }
-                Some((entries, negative))
+                Some((entries, self.negative_shifts(c)))
             }
         }
     };
@@ -473,6 +477,8 @@ shifted_grid_block!(BlockIq1S);
 shifted_grid_block!(BlockIq1M);
 
 impl BlockIq1S {
+    /// Bits of a chunk's u16 of `qh` between its entries' top index bits.
+    const HIGH_STRIDE: usize = 3;
     fn d_bits_of(&self) -> [u8; 2] {
         self.d
     }
@@ -483,6 +489,14 @@ impl BlockIq1S {
         let index = usize::from(self.qs[k]) | (usize::from((qh >> (3 * (k % 4))) & 7) << 8);
         (IQ1S_GRID[index], qh & 0x8000 != 0)
     }
+    /// Bit `4l + 3` set where entry `4c + l`'s shift is negative: one bit for the chunk.
+    #[inline(always)]
+    fn negative_shifts(&self, c: usize) -> u16 {
+        match u16_at(&self.qh, c) & 0x8000 {
+            0 => 0,
+            _ => 0x8888,
+        }
+    }
     /// The scale `2s + 1` of group `g` of 16 (one per 32 values).
     #[inline(always)]
     fn group_scale(&self, g: usize) -> i32 {
@@ -491,6 +505,8 @@ impl BlockIq1S {
 }
 
 impl BlockIq1M {
+    /// Bits of a chunk's u16 of `qh` between its entries' top index bits.
+    const HIGH_STRIDE: usize = 4;
     fn d_bits_of(&self) -> [u8; 2] {
         let sc: [u16; 4] = std::array::from_fn(|k| u16_at(&self.scales, k));
         let bits =
@@ -503,6 +519,12 @@ impl BlockIq1M {
         let nibble = (self.qh[k / 2] >> (4 * (k % 2))) & 0xf;
         let index = usize::from(self.qs[k]) | (usize::from(nibble & 7) << 8);
         (IQ1S_GRID[index], nibble & 8 != 0)
+    }
+    /// Bit `4l + 3` set where entry `4c + l`'s shift is negative: the top bits of the
+    /// entries' nibbles of `qh`, where they are.
+    #[inline(always)]
+    fn negative_shifts(&self, c: usize) -> u16 {
+        u16_at(&self.qh, c) & 0x8888
     }
     /// The scale `2s + 1` of group `g` of 16.
     #[inline(always)]
@@ -593,7 +615,7 @@ mod tests {
                 }
                 if let Some((entries, negative)) = block.shifted_entries(c) {
                     for (k, &piece) in pieces.iter().enumerate() {
-                        let values = shifted(entries[k], negative[k]);
+                        let values = shifted(entries[k], negative & (8 << (4 * k)) != 0);
                         assert_eq!(
                             piece,
                             magnitudes_and_signs(values),

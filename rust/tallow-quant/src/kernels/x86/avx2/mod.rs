@@ -555,18 +555,20 @@ unsafe fn signed_chunk<B: SignedGridBlock>(w: &B, c: usize) -> (__m256i, __m256i
     (magnitudes, signs)
 }
 
-/// The IQ1 values `8 * grid ± 1` of four grid entries (bytes -1, 0 or 1), the shift negative
-/// where `negative` says: each byte times 8 as the i16 lanes shift (the bits a low byte
-/// pushes into its high neighbour masked off), plus its entry's shift.
+/// The IQ1 values `8 * grid ± 1` of four grid entries (bytes -1, 0 or 1), the shift of entry
+/// `l` negative where bit `4l + 3` of `negative` is set: each byte times 8 as the i16 lanes
+/// shift (the bits a low byte pushes into its high neighbour masked off), plus its entry's
+/// shift.
 #[inline(always)]
-unsafe fn shifted_values(entries: [u64; 4], negative: [bool; 4]) -> __m256i {
+unsafe fn shifted_values(entries: [u64; 4], negative: u16) -> __m256i {
     let [e0, e1, e2, e3] = entries.map(|e| e as i64);
-    // Bytewise 1, or -1 (all bits) where the shift is negative.
-    let [n0, n1, n2, n3] =
-        negative.map(|n| (0x0101_0101_0101_0101 | u64::from(n).wrapping_neg()) as i64);
     let grid = _mm256_set_epi64x(e3, e2, e1, e0);
     let eight = _mm256_and_si256(_mm256_slli_epi16::<3>(grid), _mm256_set1_epi8(0xf8u8 as i8));
-    _mm256_add_epi8(eight, _mm256_set_epi64x(n3, n2, n1, n0))
+    // Bytewise 1, or -1 (all bits) in the entries whose bit is set.
+    let bits = _mm256_setr_epi64x(0x8, 0x80, 0x800, 0x8000);
+    let set = _mm256_and_si256(_mm256_set1_epi64x(i64::from(negative)), bits);
+    let shifts = _mm256_or_si256(_mm256_cmpeq_epi64(set, bits), _mm256_set1_epi8(1));
+    _mm256_add_epi8(eight, shifts)
 }
 
 /// Bytewise -1 where bit `e` of `bits` is set and 1 elsewhere: each byte of `bits` spread
