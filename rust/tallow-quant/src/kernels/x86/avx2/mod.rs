@@ -14,6 +14,7 @@ use std::arch::x86_64::*;
 
 pub(super) mod decoded;
 mod dequantize;
+mod iq2_xs;
 mod quantize;
 mod ternary;
 
@@ -112,12 +113,7 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
             None,
             None,
         ),
-        GgmlType::IQ2_XS => (
-            Some(signed_grid_q8_k::<BlockIq2Xs>),
-            Some(tile_iq2_xs),
-            None,
-            None,
-        ),
+        GgmlType::IQ2_XS => (Some(iq2_xs::iq2_xs_q8_k), Some(tile_iq2_xs), None, None),
         GgmlType::IQ2_S => (
             Some(signed_grid_q8_k::<BlockIq2S>),
             Some(tile_iq2_s),
