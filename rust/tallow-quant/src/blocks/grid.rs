@@ -43,9 +43,13 @@ pub(crate) trait SignedGridBlock: GridBlock {
         let (magnitudes, signs) = self.piece(k);
         (magnitudes, SIGN_MASKS[usize::from(signs)] | ONES)
     }
-    /// The scales of groups `2c` and `2c + 1` (values `32c..32c + 32`), read alone: what a
-    /// one-token product needs as it reaches the chunk.
+    /// The scales of groups `2c` and `2c + 1` (values `32c..32c + 32`), read alone.
     fn chunk_scales(&self, c: usize) -> (i32, i32);
+    /// Whether a one-token product is better off reading each chunk's scales alone as it
+    /// reaches the chunk (IQ3_XXS, whose scale shares a u32 with the chunk's signs) than all
+    /// 16 of the block at once.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    const CHUNK_SCALES_ALONE: bool = false;
     /// The 16 integer group scales.
     #[inline(always)]
     fn scales(&self) -> [i32; 16] {
@@ -359,6 +363,7 @@ impl BlockIq3Xxs {
 
 impl SignedGridBlock for BlockIq3Xxs {
     sign_indexed_pieces!();
+    const CHUNK_SCALES_ALONE: bool = true;
     #[inline(always)]
     fn chunk_scales(&self, c: usize) -> (i32, i32) {
         top_nibble_scale(u32_at(&self.signs_scales, c))

@@ -56,6 +56,7 @@ mod grids;
 
 pub(crate) use grid::*;
 // The one codebook a kernel reads itself (IQ2_XS's, four chunks at a time).
+#[cfg(target_arch = "x86_64")]
 pub(crate) use grids::IQ2XS_GRID;
 
 block! {

@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{grid_block_sum, grid_d, load_i8};
+use super::{grid_block_sum, grid_d, load_i8, SCALE_PICKS};
 use crate::blocks::{as_blocks, BlockIq2Xs, BlockQ8K, IQ2XS_GRID};
 
 /// 0x80 for a nibble of odd parity, 0 otherwise: what a 7-bit sign index lacks of its byte.
@@ -22,23 +22,6 @@ const ODD_PARITY: [u8; 16] = {
         i += 1;
     }
     table
-};
-
-/// Per chunk c, the `vpshufb` pattern that puts group 2c's scale byte in each i16 of the low
-/// 128-bit lane and group 2c + 1's in the high one (an index with bit 7 set gives 0).
-const SCALE_PICKS: [[u8; 32]; 8] = {
-    let mut picks = [[0x80u8; 32]; 8];
-    let mut c = 0;
-    while c < 8 {
-        let mut i = 0;
-        while i < 8 {
-            picks[c][2 * i] = 2 * c as u8;
-            picks[c][16 + 2 * i] = 2 * c as u8 + 1;
-            i += 1;
-        }
-        c += 1;
-    }
-    picks
 };
 
 #[target_feature(enable = "avx2,fma,f16c")]

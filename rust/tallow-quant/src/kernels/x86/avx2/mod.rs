@@ -477,11 +477,19 @@ unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
         // chunks gathered first, as `signed_chunks` does, went through the stack).
         let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         let y = a.qs.as_chunks::<32>().0;
+        let scales = if B::CHUNK_SCALES_ALONE {
+            _mm256_setzero_si256()
+        } else {
+            scale_bytes(&w.scales())
+        };
         for c in (0..8).step_by(2) {
             let (m, s) = signed_chunk(w, c);
-            even = _mm256_add_epi32(even, chunk_sum(m, s, &y[c], chunk_scale(w, c)));
+            even = _mm256_add_epi32(even, chunk_sum(m, s, &y[c], chunk_scale(w, scales, c)));
             let (m, s) = signed_chunk(w, c + 1);
-            odd = _mm256_add_epi32(odd, chunk_sum(m, s, &y[c + 1], chunk_scale(w, c + 1)));
+            odd = _mm256_add_epi32(
+                odd,
+                chunk_sum(m, s, &y[c + 1], chunk_scale(w, scales, c + 1)),
+            );
         }
         let sumi = _mm256_add_epi32(even, odd);
         acc = grid_block_sum(acc, grid_d(w) * a.d(), sumi);
@@ -489,13 +497,43 @@ unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
     acc
 }
 
-/// Chunk `c`'s two group scales as [`scale_vectors`] spreads them: each in every i16 of its
-/// 128-bit lane.
+/// A block's 16 group scales (each within 1..=31) as bytes, byte g of both 128-bit lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn chunk_scale<B: SignedGridBlock>(w: &B, c: usize) -> __m256i {
-    let (low, high) = w.chunk_scales(c);
-    i16_pair(low as i16, high as i16)
+unsafe fn scale_bytes(scales: &[i32; 16]) -> __m256i {
+    let bytes: [u8; 16] = std::array::from_fn(|g| scales[g] as u8);
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(bytes.as_ptr().cast()))
+}
+
+/// Per chunk c, the `vpshufb` pattern that puts group 2c's scale byte in each i16 of the low
+/// 128-bit lane and group 2c + 1's in the high one (an index with bit 7 set gives 0).
+pub(super) static SCALE_PICKS: [[u8; 32]; 8] = {
+    let mut picks = [[0x80u8; 32]; 8];
+    let mut c = 0;
+    while c < 8 {
+        let mut i = 0;
+        while i < 8 {
+            picks[c][2 * i] = 2 * c as u8;
+            picks[c][16 + 2 * i] = 2 * c as u8 + 1;
+            i += 1;
+        }
+        c += 1;
+    }
+    picks
+};
+
+/// Chunk `c`'s two group scales as [`scale_vectors`] spreads them, each in every i16 of its
+/// 128-bit lane: from the block's [`scale_bytes`] `scales`, or read alone where the format
+/// says that is cheaper ([`SignedGridBlock::CHUNK_SCALES_ALONE`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chunk_scale<B: SignedGridBlock>(w: &B, scales: __m256i, c: usize) -> __m256i {
+    if B::CHUNK_SCALES_ALONE {
+        let (low, high) = w.chunk_scales(c);
+        return i16_pair(low as i16, high as i16);
+    }
+    let pick = _mm256_loadu_si256(SCALE_PICKS[c].as_ptr().cast());
+    _mm256_shuffle_epi8(scales, pick)
 }
 
 /// A grid block's float scale times its format's unit (the f16 through F16C).
