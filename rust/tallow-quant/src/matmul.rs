@@ -220,6 +220,7 @@ impl Product<'_> {
         range: Range<usize>,
         mut write: impl FnMut(usize, f32),
     ) {
+        let kernel = decoding.kernel();
         let mut group = vec![0u8; decoding.group_bytes(self.blocks)];
         let mut outputs = [[0f32; PACK_ROWS]; TILE_LANES];
         for start in range.clone().step_by(PACK_ROWS) {
@@ -229,7 +230,7 @@ impl Product<'_> {
             for g in 0..self.acts.n_tokens().div_ceil(TILE_LANES) {
                 let (first, n, a, scales) = self.token_group(g);
                 let mut outs = outputs.each_mut().map(|o| &mut o[..]);
-                decoding.call(&group, &a[..n], &scales, &mut outs[..n]);
+                kernel.call(&group, &a[..n], &scales, &mut outs[..n]);
                 for (t, lanes) in outputs[..n].iter().enumerate() {
                     for (r, &v) in rows.clone().zip(lanes) {
                         write((first + t) * self.rows + r, v);

@@ -125,17 +125,11 @@ impl Decoding {
         unsafe { (self.0.decode)(w, rows, out) }
     }
 
-    /// The decoded groups `groups` against the tokens `a`, as [`Packed::call`].
+    /// The packed kernel of the decoded groups.
     #[inline]
-    pub(crate) fn call(
-        self,
-        groups: &[u8],
-        a: &[&[u8]],
-        scales: &TileScales,
-        out: &mut [&mut [f32]],
-    ) {
-        // SAFETY: as for `Packed::call`.
-        unsafe { (self.0.kernel)(groups, a, scales, out) }
+    pub(crate) fn kernel(self) -> Packed {
+        // Of the same set as the decoding.
+        Packed(self.0.kernel)
     }
 }
 

@@ -770,6 +770,18 @@ struct Q6Half<S: Simd> {
     pairs: [S::I; 8],
 }
 
+/// Half `h` of the scales of a block whose 16 signed group scales are words 0..4 (group `g`
+/// in byte `g % 4` of word `g / 4`), with its float scale `d`: Q6_K's, and the decoded rows'.
+#[inline(always)]
+unsafe fn signed_scales_half<S: Simd>(d: S::F, words: &[u8], h: usize) -> Q6Half<S> {
+    let planes = vectors!(4, |w| S::word(words, w, h));
+    Q6Half {
+        d,
+        scales: vectors!(16, |g| S::byte_pair(planes[g / 4], g % 4, g % 4, true)),
+        pairs: vectors!(8, |k| group_pair::<S>(&planes, k, true)),
+    }
+}
+
 /// Q6_K: `d * da * sum(scale * (q - 32) * y)`, with `q` (0..64) taken as unsigned bytes and
 /// the 32 subtracted through the token's group sums. Group `g` of 16 columns (steps `4g..`)
 /// is words `4 + 3g..`: step `j < 3` is word `4 + 3g + j`'s low 6 bits, and step 3 is the
@@ -787,12 +799,7 @@ impl<S: Simd> Format<S> for Q6K {
 
     #[inline(always)]
     unsafe fn half(fields: &[u8; 32], words: &Self::Words, h: usize) -> Q6Half<S> {
-        let planes = vectors!(4, |w| S::word(words, w, h));
-        Q6Half {
-            d: S::field(fields, 0, h),
-            scales: vectors!(16, |g| S::byte_pair(planes[g / 4], g % 4, g % 4, true)),
-            pairs: vectors!(8, |k| group_pair::<S>(&planes, k, true)),
-        }
+        signed_scales_half::<S>(S::field(fields, 0, h), words, h)
     }
     #[inline(always)]
     unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> S::I {
@@ -1059,12 +1066,7 @@ impl<S: Simd> Format<S> for Decoded {
 
     #[inline(always)]
     unsafe fn half(fields: &[u8; 64], words: &Self::Words, h: usize) -> Q6Half<S> {
-        let planes = vectors!(4, |w| S::word(words, w, h));
-        Q6Half {
-            d: S::field_f32(fields, h),
-            scales: vectors!(16, |g| S::byte_pair(planes[g / 4], g % 4, g % 4, true)),
-            pairs: vectors!(8, |k| group_pair::<S>(&planes, k, true)),
-        }
+        signed_scales_half::<S>(S::field_f32(fields, h), words, h)
     }
     #[inline(always)]
     unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> S::I {
