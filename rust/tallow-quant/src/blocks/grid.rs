@@ -437,7 +437,9 @@ fn magnitudes_and_signs(values: [i8; 8]) -> (u64, u8) {
 }
 
 /// An IQ1 format: values 8k..8k+8 are `8 * grid ± 1` of one [`IQ1S_GRID`] entry and the sign
-/// of its shift (its inherent `entry(k)`), with a scale per group of 16 (`group_scale(g)`).
+/// of its shift; the format gives the bits between its entries' top index bits in a chunk's
+/// u16 of `qh` (`HIGH_STRIDE`), the signs of a chunk's shifts (`negative_shifts(c)`) and a
+/// scale per group of 16 (`group_scale(g)`).
 macro_rules! shifted_grid_block {
     ($block:ident) => {
         impl GridBlock for $block {
@@ -454,8 +456,10 @@ macro_rules! shifted_grid_block {
         impl SignedGridBlock for $block {
             #[inline(always)]
             fn piece(&self, k: usize) -> (u64, u8) {
-                let (entry, negative) = self.entry(k);
-                magnitudes_and_signs(shifted(entry, negative))
+                let (c, l) = (k / 4, k % 4);
+                let index = Self::entry_index(u32_at(&self.qs, c), u16_at(&self.qh, c), l);
+                let negative = self.negative_shifts(c) & (8 << (4 * l)) != 0;
+                magnitudes_and_signs(shifted(IQ1S_GRID[index], negative))
             }
             #[inline(always)]
             fn chunk_scales(&self, c: usize) -> (i32, i32) {
@@ -463,16 +467,23 @@ macro_rules! shifted_grid_block {
             }
             #[inline(always)]
             fn shifted_entries(&self, c: usize) -> Option<([u64; 4], u16)> {
-                // The chunk's four low index bytes and its u16 of `qh` in registers: entry `l`'s
-                // top three index bits are bits `HIGH_STRIDE * l..` of the u16.
+                // The chunk's four low index bytes and its u16 of `qh` in registers.
                 let (low, high) = (u32_at(&self.qs, c), u16_at(&self.qh, c));
                 let mut entries = [0; 4];
                 for (l, entry) in entries.iter_mut().enumerate() {
-                    let top = (u32::from(high) >> (Self::HIGH_STRIDE * l)) & 7;
-                    let index = ((low >> (8 * l)) & 0xff) | (top << 8);
-                    *entry = IQ1S_GRID[index as usize];
+                    *entry = IQ1S_GRID[Self::entry_index(low, high, l)];
                 }
                 Some((entries, self.negative_shifts(c)))
+            }
+        }
+
+        impl $block {
+            /// The grid index of entry `l` of a chunk: byte `l` of the chunk's u32 of `qs`,
+            /// with its top three bits from bits `HIGH_STRIDE * l..` of its u16 of `qh`.
+            #[inline(always)]
+            fn entry_index(low: u32, high: u16, l: usize) -> usize {
+                let top = (u32::from(high) >> (Self::HIGH_STRIDE * l)) & 7;
+                (((low >> (8 * l)) & 0xff) | (top << 8)) as usize
             }
         }
     };
@@ -486,13 +497,6 @@ impl BlockIq1S {
     const HIGH_STRIDE: usize = 3;
     fn d_bits_of(&self) -> [u8; 2] {
         self.d
-    }
-    /// Values 8k..8k+8: their grid entry and whether their group's shift is negative.
-    #[inline(always)]
-    fn entry(&self, k: usize) -> (u64, bool) {
-        let qh = u16_at(&self.qh, k / 4);
-        let index = usize::from(self.qs[k]) | (usize::from((qh >> (3 * (k % 4))) & 7) << 8);
-        (IQ1S_GRID[index], qh & 0x8000 != 0)
     }
     /// Bit `4l + 3` set where entry `4c + l`'s shift is negative: one bit for the chunk.
     #[inline(always)]
@@ -517,13 +521,6 @@ impl BlockIq1M {
         let bits =
             (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
         bits.to_le_bytes()
-    }
-    /// Values 8k..8k+8: their grid entry and whether their shift is negative.
-    #[inline(always)]
-    fn entry(&self, k: usize) -> (u64, bool) {
-        let nibble = (self.qh[k / 2] >> (4 * (k % 2))) & 0xf;
-        let index = usize::from(self.qs[k]) | (usize::from(nibble & 7) << 8);
-        (IQ1S_GRID[index], nibble & 8 != 0)
     }
     /// Bit `4l + 3` set where entry `4c + l`'s shift is negative: the top bits of the
     /// entries' nibbles of `qh`, where they are.

@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{grid_block_sum, grid_d, load_i8, SCALE_PICKS};
+use super::{grid_block_sum, grid_d, load_i8, ones_by_bit, SCALE_PICKS};
 use crate::blocks::{as_blocks, BlockIq2Xs, BlockQ8K, IQ2XS_GRID};
 
 /// 0x80 for a nibble of odd parity, 0 otherwise: what a 7-bit sign index lacks of its byte.
@@ -27,8 +27,6 @@ const ODD_PARITY: [u8; 16] = {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn iq2_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
     let parity = _mm256_broadcastsi128_si256(_mm_loadu_si128(ODD_PARITY.as_ptr().cast()));
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let ones = _mm256_set1_epi8(1);
     // Byte 2l (low 128-bit lane) and 2l + 4 (high) of a chunk's sign bytes, 8 times each; the
     // second chunk of a 128-bit lane's two is 8 bytes on.
     let spread = _mm256_setr_epi64x(
@@ -69,8 +67,7 @@ pub(super) unsafe fn iq2_xs_q8_k(w: &[u8], a: &[u8]) -> f32 {
                 );
                 let at = _mm256_add_epi8(spread, _mm256_set1_epi8(8 * (c % 2) as i8));
                 let sign_bytes = _mm256_shuffle_epi8(lanes[c / 2], at);
-                let negative = _mm256_cmpeq_epi8(_mm256_and_si256(sign_bytes, bit), bit);
-                let signed = _mm256_sign_epi8(load_i8(&y[chunk]), _mm256_or_si256(negative, ones));
+                let signed = _mm256_sign_epi8(load_i8(&y[chunk]), ones_by_bit(sign_bytes));
                 let pairs = _mm256_maddubs_epi16(magnitudes, signed);
                 let pick = _mm256_loadu_si256(SCALE_PICKS[chunk].as_ptr().cast());
                 let sum = _mm256_madd_epi16(pairs, _mm256_shuffle_epi8(scales, pick));

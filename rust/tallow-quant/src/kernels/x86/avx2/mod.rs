@@ -618,8 +618,15 @@ unsafe fn sign_ones(bits: u32) -> __m256i {
             0x0303_0303_0303_0303,
         ),
     );
+    ones_by_bit(spread)
+}
+
+/// Bytewise -1 where byte `j` of `bytes` has bit `j % 8` set, and 1 elsewhere: sign bytes
+/// spread over the values they sign, as `vpsignb` takes them.
+#[inline(always)]
+pub(super) unsafe fn ones_by_bit(bytes: __m256i) -> __m256i {
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let negative = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    let negative = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
     _mm256_or_si256(negative, _mm256_set1_epi8(1))
 }
 
