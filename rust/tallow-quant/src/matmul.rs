@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use tallow_threads::DisjointSlice;
 
-use crate::kernels::{Decoding, Rows, Tile, TileScales, VecDot, PACK_ROWS, TILE_LANES};
+use crate::kernels::{Decoding, Rows, Tile, TileScales, VecDot, WeightsAt, PACK_ROWS, TILE_LANES};
 use crate::{sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool would
@@ -230,7 +230,8 @@ impl Product<'_> {
             for g in 0..self.acts.n_tokens().div_ceil(TILE_LANES) {
                 let (first, n, a, scales) = self.token_group(g);
                 let mut outs = outputs.each_mut().map(|o| &mut o[..]);
-                kernel.call(&group, &a[..n], &scales, &mut outs[..n]);
+                // Decoded just before, the group is in the cache.
+                kernel.call(&group, WeightsAt::Cache, &a[..n], &scales, &mut outs[..n]);
                 for (t, lanes) in outputs[..n].iter().enumerate() {
                     for (r, &v) in rows.clone().zip(lanes) {
                         write((first + t) * self.rows + r, v);

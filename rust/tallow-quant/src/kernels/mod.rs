@@ -160,9 +160,25 @@ impl Rows {
 /// `crate::packed`) against the activation rows `a` of 1 to 8 tokens of one token group, with
 /// that group's [`TileScales`] (which must include the block sums), writing to `out[t]` the
 /// outputs of token `t` (`PACK_ROWS` per group). A token's outputs do not depend on the other
-/// tokens of the tile. Handed out by [`Isa::kernels`] only, for a set the running CPU has.
-pub(crate) type RawPacked =
-    unsafe fn(groups: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [&mut [f32]]);
+/// tokens of the tile. `source` says where the groups' bytes are. Handed out by
+/// [`Isa::kernels`] only, for a set the running CPU has.
+pub(crate) type RawPacked = unsafe fn(
+    groups: &[u8],
+    source: WeightsAt,
+    a: &[&[u8]],
+    scales: &TileScales,
+    out: &mut [&mut [f32]],
+);
+
+/// Where a packed kernel's weights are when it is called: whether it should ask for them
+/// ahead of its loads.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum WeightsAt {
+    /// In memory, read once by this call: the first tile of tokens to take them.
+    Memory,
+    /// In the cache already: a later tile of the same groups, or rows decoded just before.
+    Cache,
+}
 
 /// Weight rows interleaved in one packed group: one per i32 lane of a 512-bit vector (two
 /// 256-bit vectors for AVX2).
@@ -177,13 +193,14 @@ impl Packed {
     pub(crate) fn call(
         self,
         groups: &[u8],
+        source: WeightsAt,
         a: &[&[u8]],
         scales: &TileScales,
         out: &mut [&mut [f32]],
     ) {
         // SAFETY: only built by the kernel table of a set the CPU has; the
         // kernels check their operands' lengths.
-        unsafe { (self.0)(groups, a, scales, out) }
+        unsafe { (self.0)(groups, source, a, scales, out) }
     }
 }
 

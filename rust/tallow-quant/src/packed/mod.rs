@@ -28,7 +28,7 @@ use tallow_threads::DisjointSlice;
 pub(crate) use layout::{Layout, MAX_BLOCK_BYTES};
 
 use crate::aligned::AlignedBytes;
-use crate::kernels::{Packed, PACK_ROWS, TILE_LANES};
+use crate::kernels::{Packed, WeightsAt, PACK_ROWS, TILE_LANES};
 use crate::{reference, sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
 /// The formats with a packed layout (and a packed kernel on every instruction set that packs:
@@ -328,8 +328,14 @@ impl PackedMatrix {
                     std::array::from_fn(|i| acts.row((first + i).min(n_tokens - 1)));
                 let mut outputs = [[0f32; PACK_ROWS]; TILE_LANES];
                 let mut outs: [&mut [f32]; TILE_LANES] = outputs.each_mut().map(|o| &mut o[..]);
+                // The group's first tile reads it from memory, the others from the cache.
+                let source = match tile {
+                    0 => WeightsAt::Memory,
+                    _ => WeightsAt::Cache,
+                };
                 self.kernel.call(
                     self.group(g),
+                    source,
                     &a[..n],
                     &acts.tile_scales(tile, 0),
                     &mut outs[..n],
@@ -452,8 +458,14 @@ impl PackedMatrix {
                         &mut []
                     }
                 });
+                // The first tile reads the groups from memory, the others from the cache.
+                let source = match tile {
+                    0 => WeightsAt::Memory,
+                    _ => WeightsAt::Cache,
+                };
+                let scales = acts.tile_scales(tile, 0);
                 self.kernel
-                    .call(bytes, &a[..n], &acts.tile_scales(tile, 0), &mut outs[..n]);
+                    .call(bytes, source, &a[..n], &scales, &mut outs[..n]);
             }
         }
     }

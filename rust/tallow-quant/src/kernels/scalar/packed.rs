@@ -13,7 +13,7 @@ use crate::blocks::{
     IQ4_VALUES,
 };
 use crate::fp16::f16_to_f32;
-use crate::kernels::{TileScales, PACK_ROWS, TILE_LANES};
+use crate::kernels::{TileScales, WeightsAt, PACK_ROWS, TILE_LANES};
 use crate::packed::{Layout, MAX_BLOCK_BYTES};
 use crate::reference::decode;
 use crate::GgmlType;
@@ -189,6 +189,7 @@ macro_rules! packed_entry_points {
         $(
             pub(super) fn $entry(
                 groups: &[u8],
+                _source: WeightsAt,
                 a: &[&[u8]],
                 scales: &TileScales,
                 out: &mut [&mut [f32]],

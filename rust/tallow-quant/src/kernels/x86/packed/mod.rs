@@ -39,7 +39,7 @@ use self::operands::{act_quad, Bytes, Operands};
 use self::simd::{Simd, V256, V512};
 use super::{Bw, Vnni};
 use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES};
-use crate::kernels::{TileScales, DECODED_BLOCK_BYTES, PACK_ROWS};
+use crate::kernels::{TileScales, WeightsAt, DECODED_BLOCK_BYTES, PACK_ROWS};
 
 /// `[f(0), .., f(n - 1)]` of integer vectors, built by a loop in the function that uses it: a
 /// closure is a function of its own, which the compiler may leave out of line.
@@ -112,6 +112,7 @@ macro_rules! packed_loop {
         #[target_feature(enable = $features)]
         unsafe fn $name<S: Simd, F: Format<S>, const T: usize>(
             groups: &[u8],
+            source: WeightsAt,
             a: &[&[u8]],
             scales: &TileScales,
             out: &mut [&mut [f32]],
@@ -139,7 +140,7 @@ macro_rules! packed_loop {
                     const { assert!(S::HALVES * F::PASS <= MAX_PASS_STEPS) };
                     for s in 0..F::SUBS {
                         for pass in 0..8 / F::PASS {
-                            if T == 1 {
+                            if source == WeightsAt::Memory {
                                 prefetch_part::<S, F>(fields, s * (8 / F::PASS) + pass);
                             }
                             let first = pass * F::PASS;
@@ -183,12 +184,14 @@ packed_loop!(packed_avx512, "avx512f,avx512bw");
 packed_loop!(packed_avx512_vnni, "avx512f,avx512bw,avx512vnni");
 
 /// Asks for the cache lines [`Simd::PREFETCH`] ahead of part `i` of the block at `fields`
-/// (one part per pass). A matrix-vector product is one stream of weights read once, and the
-/// hardware prefetcher alone does not keep a core's loads in flight while it computes. The
-/// requests are spread over the block's passes, a line or three at a time: a whole block's
-/// lines asked for at once (36 for Q4_K) filled the core's miss buffers, so that the loads
-/// waited behind them. Tiles of several tokens compute long enough on each block for the
-/// hardware prefetcher to keep up.
+/// (one part per pass). A product of a few tokens is one stream of weights read once, and the
+/// hardware prefetcher alone does not keep a core's loads in flight while it computes: without
+/// these requests a tile of 8 tokens waited on memory as long as it computed (a 1B model's
+/// forward of 8 tokens took 60 ms, with them 37). The requests are spread over the block's
+/// passes, a line or three at a time: a whole block's lines asked for at once (36 for Q4_K)
+/// filled the core's miss buffers, so that the loads waited behind them. Only the first tile
+/// to take the groups asks ([`WeightsAt::Memory`]): the later tiles of a prefill find them in
+/// the L1 cache, where the requests only took load slots (smollm2-135m's pp512 lost a fifth).
 #[inline(always)]
 unsafe fn prefetch_part<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize) {
     let block = (fields as *const F::Fields).cast::<i8>();
@@ -1352,19 +1355,20 @@ macro_rules! packed_entry_points {
                 #[target_feature(enable = $features)]
                 pub(in crate::kernels) unsafe fn $entry(
                     groups: &[u8],
+                    source: WeightsAt,
                     a: &[&[u8]],
                     scales: &TileScales,
                     out: &mut [&mut [f32]],
                 ) {
                     match a.len() {
-                        8 => $loop::<$simd, $format, 8>(groups, a, scales, out),
-                        7 => $loop::<$simd, $format, 7>(groups, a, scales, out),
-                        6 => $loop::<$simd, $format, 6>(groups, a, scales, out),
-                        5 => $loop::<$simd, $format, 5>(groups, a, scales, out),
-                        4 => $loop::<$simd, $format, 4>(groups, a, scales, out),
-                        3 => $loop::<$simd, $format, 3>(groups, a, scales, out),
-                        2 => $loop::<$simd, $format, 2>(groups, a, scales, out),
-                        1 => $loop::<$simd, $format, 1>(groups, a, scales, out),
+                        8 => $loop::<$simd, $format, 8>(groups, source, a, scales, out),
+                        7 => $loop::<$simd, $format, 7>(groups, source, a, scales, out),
+                        6 => $loop::<$simd, $format, 6>(groups, source, a, scales, out),
+                        5 => $loop::<$simd, $format, 5>(groups, source, a, scales, out),
+                        4 => $loop::<$simd, $format, 4>(groups, source, a, scales, out),
+                        3 => $loop::<$simd, $format, 3>(groups, source, a, scales, out),
+                        2 => $loop::<$simd, $format, 2>(groups, source, a, scales, out),
+                        1 => $loop::<$simd, $format, 1>(groups, source, a, scales, out),
                         n => panic!("no packed tile of {n} tokens"),
                     }
                 }

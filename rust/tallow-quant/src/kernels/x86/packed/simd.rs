@@ -59,7 +59,7 @@ pub(super) trait Simd {
     /// Whether [`Simd::dot4`] is one instruction (VNNI's `vpdpbusd`): then a sum of byte
     /// products without an integer scale is cheapest taken straight into i32 lanes.
     const FUSED_DOT: bool = false;
-    /// How a one-token product asks for its weights ahead of its loads (see
+    /// How a product asks for its weights ahead of its loads (see
     /// `super::prefetch_part`).
     const PREFETCH: Prefetch;
     /// `acc` plus, per i32 lane, the sum of the four products of `u`'s unsigned bytes and
@@ -114,7 +114,7 @@ fn byte_pair_pattern(lo: usize, hi: usize, signed: bool) -> i32 {
     }
 }
 
-/// How far ahead of the block it reads a one-token product asks for the weights, and into
+/// How far ahead of the block it reads a product asks for the weights, and into
 /// which cache.
 pub(super) struct Prefetch {
     /// Bytes ahead.
