@@ -180,6 +180,17 @@ pub(crate) enum WeightsAt {
     Cache,
 }
 
+impl WeightsAt {
+    /// Where tile `tile` of a product over the same groups finds them: the first reads them
+    /// from memory, the others from the cache.
+    pub(crate) const fn of_tile(tile: usize) -> Self {
+        match tile {
+            0 => WeightsAt::Memory,
+            _ => WeightsAt::Cache,
+        }
+    }
+}
+
 /// Weight rows interleaved in one packed group: one per i32 lane of a 512-bit vector (two
 /// 256-bit vectors for AVX2).
 pub(crate) const PACK_ROWS: usize = 16;

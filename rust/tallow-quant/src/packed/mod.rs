@@ -328,14 +328,9 @@ impl PackedMatrix {
                     std::array::from_fn(|i| acts.row((first + i).min(n_tokens - 1)));
                 let mut outputs = [[0f32; PACK_ROWS]; TILE_LANES];
                 let mut outs: [&mut [f32]; TILE_LANES] = outputs.each_mut().map(|o| &mut o[..]);
-                // The group's first tile reads it from memory, the others from the cache.
-                let source = match tile {
-                    0 => WeightsAt::Memory,
-                    _ => WeightsAt::Cache,
-                };
                 self.kernel.call(
                     self.group(g),
-                    source,
+                    WeightsAt::of_tile(tile),
                     &a[..n],
                     &acts.tile_scales(tile, 0),
                     &mut outs[..n],
@@ -458,12 +453,7 @@ impl PackedMatrix {
                         &mut []
                     }
                 });
-                // The first tile reads the groups from memory, the others from the cache.
-                let source = match tile {
-                    0 => WeightsAt::Memory,
-                    _ => WeightsAt::Cache,
-                };
-                let scales = acts.tile_scales(tile, 0);
+                let (source, scales) = (WeightsAt::of_tile(tile), acts.tile_scales(tile, 0));
                 self.kernel
                     .call(bytes, source, &a[..n], &scales, &mut outs[..n]);
             }
