@@ -423,16 +423,16 @@ impl PackedMatrix {
     }
 
     /// The outputs of the row groups `range` for every token, in tiles of up to
-    /// [`TILE_LANES`] tokens. One tile runs over all the groups in one call; more run a few
-    /// groups at a time (as many as [`L1_WEIGHT_BYTES`] hold), every tile while the groups'
-    /// blocks are in the L1 cache.
+    /// [`TILE_LANES`] tokens. One tile runs over all the groups in one call; more run a run of
+    /// groups at a time (as many as [`RUN_WEIGHT_BYTES`] hold), every tile over the whole run
+    /// while its weights are in the L2 cache.
     fn groups_into(&self, range: Range<usize>, acts: &QuantizedActs<'_>, out: &DisjointSlice<f32>) {
         let n_tokens = acts.n_tokens();
         let tiles = n_tokens.div_ceil(TILE_LANES);
         let step = if tiles == 1 {
             range.len()
         } else {
-            (L1_WEIGHT_BYTES / self.group_bytes).max(1)
+            (RUN_WEIGHT_BYTES / self.group_bytes).max(1)
         };
         for start in range.clone().step_by(step.max(1)) {
             let groups = start..range.end.min(start + step);
@@ -470,9 +470,13 @@ pub struct Product<'a> {
     pub out: DisjointSlice<'a, f32>,
 }
 
-/// Weight bytes a product of several tiles keeps in the L1 cache while every tile takes them
-/// (half of a 32 KiB L1, the rest for the tile's activations and outputs).
-const L1_WEIGHT_BYTES: usize = 16 * 1024;
+/// Weight bytes a product of several tiles takes at a time: every tile of tokens runs over
+/// these groups before the next ones. A quarter of a 1 MiB L2 cache, which keeps them from one
+/// tile to the next; each pass over the prompt's activations, which do not fit in the L2 at
+/// 1B sizes and up, then serves as many groups. (Runs of 16 KiB, for the L1 cache, streamed a
+/// 1B model's activations once per group, and its FFN products with 2048 inputs ran a fifth
+/// slower: calls of a few thousand cycles each, each waiting on its first loads.)
+const RUN_WEIGHT_BYTES: usize = 256 * 1024;
 
 /// Guided self-scheduling of `total` row groups over `threads` threads: each claim takes a
 /// `threads`-th of what is left (at least one group), so the first claims are few and large

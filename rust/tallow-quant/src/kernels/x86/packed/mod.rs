@@ -15,8 +15,9 @@
 //! sums are added as i16 for the steps of a pass (4; 2 for the 6-bit quants, whose pairs
 //! reach 2 * 63 * 127 and whose scale changes every 16 columns) and then widened by
 //! `vpmaddwd` against the sub-block's integer scale (1 where the format has none), so that a
-//! block's integer sum is exact; with VNNI, formats without an integer scale take one
-//! `vpdpbusd` per step straight into i32 lanes, and the others widen with `vpdpwssd`. Q8_0's
+//! block's integer sum is exact; with VNNI, each step is one `vpdpbusd` straight into i32
+//! lanes, and a sub-block's sum is taken times its integer scale in i32 lanes (`vpmulld`,
+//! which Zen 4 runs beside the byte products, where `vpdpwssd` takes their unit). Q8_0's
 //! stored quants (`q + 128`, up to 255) would saturate the pair sums, so its AVX2 steps take
 //! the signed `q` back and move its sign onto the activations (`|q|` against `sign(q) * y`:
 //! pairs within 2 * 128 * 127); with VNNI the stored quants serve as they are.
@@ -126,10 +127,12 @@ macro_rules! packed_loop {
                 let mut acc = [[S::zero_f(); T]; 2];
                 for (b, (fields, words)) in blocks.enumerate() {
                     // Where one vector holds the group, the second is the first again, unused.
-                    let halves = [
-                        F::half(fields, words, 0),
-                        F::half(fields, words, S::HALVES - 1),
-                    ];
+                    let first_half = F::half(fields, words, 0);
+                    let second_half = if S::HALVES == 2 {
+                        Some(F::half(fields, words, 1))
+                    } else {
+                        None
+                    };
                     // Each token's activation block, indexed once per block rather than in
                     // every pass.
                     let mut act = [&acts[0][b]; T];
@@ -155,8 +158,14 @@ macro_rules! packed_loop {
                                 let y = F::y(act[t], s);
                                 for h in 0..S::HALVES {
                                     let steps = &steps[h * F::PASS..][..F::PASS];
-                                    isum[h][t] =
-                                        F::pass_sum(isum[h][t], steps, y, &halves[h], s, first);
+                                    isum[h][t] = F::pass_sum(
+                                        isum[h][t],
+                                        steps,
+                                        y,
+                                        pick(h, &first_half, &second_half),
+                                        s,
+                                        first,
+                                    );
                                 }
                             }
                         }
@@ -165,7 +174,14 @@ macro_rules! packed_loop {
                         for t in 0..T {
                             let lane = ops.lane0 + t;
                             let (d, s) = (da[b][lane], sa[b][lane]);
-                            acc[h][t] = F::finish(acc[h][t], isum[h][t], &halves[h], act[t], d, s);
+                            acc[h][t] = F::finish(
+                                acc[h][t],
+                                isum[h][t],
+                                pick(h, &first_half, &second_half),
+                                act[t],
+                                d,
+                                s,
+                            );
                         }
                     }
                 }
@@ -182,6 +198,14 @@ macro_rules! packed_loop {
 packed_loop!(packed_avx2, "avx2,fma,f16c");
 packed_loop!(packed_avx512, "avx512f,avx512bw");
 packed_loop!(packed_avx512_vnni, "avx512f,avx512bw,avx512vnni");
+
+#[inline(always)]
+fn pick<'a, H>(h: usize, first: &'a H, second: &'a Option<H>) -> &'a H {
+    match (h, second) {
+        (1, Some(second)) => second,
+        _ => first,
+    }
+}
 
 /// Asks for the cache lines [`Simd::PREFETCH`] ahead of part `i` of the block at `fields`
 /// (one part per pass). A product of a few tokens is one stream of weights read once, and the
@@ -578,13 +602,13 @@ impl Format<V512<Vnni>> for Q80 {
 
 // ---- K-quants: 256 columns, 8 sub-blocks ----
 
-/// The scales of half a Q4_K/Q5_K block: `d`, `dmin`, and per sub-block its 6-bit scale and
-/// min, each in both i16 of every lane.
+/// The scales of half a Q4_K/Q5_K block: `d`, `dmin`, per sub-block its 6-bit scale in both
+/// i16 of every lane, and per pair of sub-blocks `2j, 2j + 1` their two mins.
 struct K4Half<S: Simd> {
     d: S::F,
     dmin: S::F,
     scales: [S::I; 8],
-    mins: [S::I; 8],
+    mins: [S::I; 4],
 }
 
 /// Unpacks the 12 scale bytes of each row (words 0..3, as `crate::blocks::k4_scales_mins`).
@@ -607,7 +631,12 @@ unsafe fn k4_half<S: Simd>(fields: &[u8; 64], words: &[u8], h: usize) -> K4Half<
         d: S::field(fields, 0, h),
         dmin: S::field(fields, 1, h),
         scales: vectors!(8, |s| S::byte_pair(scales[s / 4], s % 4, s % 4, false)),
-        mins: vectors!(8, |s| S::byte_pair(mins[s / 4], s % 4, s % 4, false)),
+        mins: vectors!(4, |j| S::byte_pair(
+            mins[j / 2],
+            2 * (j % 2),
+            2 * (j % 2) + 1,
+            false
+        )),
     }
 }
 
@@ -621,23 +650,26 @@ unsafe fn k4_finish<S: Simd>(
     act: &BlockQ8K,
     da: f32,
 ) -> S::F {
-    k_min_finish::<S>(acc, isum, half.d, half.dmin, &half.mins, act, da)
+    let pairs = S::sub_block_pairs(&act.bsums);
+    let mut mins = S::zero();
+    for (&m, y) in half.mins.iter().zip(pairs) {
+        mins = S::madd_add(mins, m, y);
+    }
+    k_min_finish::<S>(acc, isum, half.d, half.dmin, mins, da)
 }
 
-/// The K-quants with mins (Q2_K, Q4_K, Q5_K): `d * da * isum - dmin * da * sum(min * y)`,
-/// with `mins(k)` the i16 pair of mins of groups `2k` and `2k + 1` against the token's group
-/// sums.
+/// The K-quants with mins (Q2_K, Q4_K, Q5_K): `d * da * isum - dmin * da * mins`, with
+/// `mins` the sum of the mins times the token's sums of their columns.
 #[inline(always)]
 unsafe fn k_min_finish<S: Simd>(
     acc: S::F,
     isum: S::I,
     d: S::F,
     dmin: S::F,
-    mins: &[S::I; 8],
-    act: &BlockQ8K,
+    mins: S::I,
     da: f32,
 ) -> S::F {
-    let mins = S::to_f32(weighted_bsums::<S>(act, mins));
+    let mins = S::to_f32(mins);
     let acc = scaled::<S>(acc, d, da, S::to_f32(isum));
     S::fnmadd(S::mul(dmin, S::splat(da)), mins, acc)
 }
@@ -686,10 +718,8 @@ impl<S: Simd> Format<S> for Q4K {
         first: usize,
     ) -> S::I {
         if S::FUSED_DOT {
-            // Each 16-column half sums to within 16 * 15 * 127 < 2^15: one lane's i16 pair,
-            // widened against the scale at once.
             let (low, high) = sub_block_halves::<S>(steps, y, first);
-            S::madd_add(acc, S::pack_pairs(low, high), half.scales[s])
+            scaled_i32::<S>(acc, S::add32(low, high), half.scales[s])
         } else {
             weighted_sum::<S, 4>(acc, steps, y, first, half.scales[s])
         }
@@ -742,7 +772,6 @@ impl<S: Simd> Format<S> for Q5K {
         first: usize,
     ) -> S::I {
         if S::FUSED_DOT {
-            // 32 columns of 5-bit quants do not fit in i16.
             let (low, high) = sub_block_halves::<S>(steps, y, first);
             scaled_i32::<S>(acc, S::add32(low, high), half.scales[s])
         } else {
@@ -952,7 +981,8 @@ impl<S: Simd> Format<S> for Q2K {
         da: f32,
         _: f32,
     ) -> S::F {
-        k_min_finish::<S>(acc, isum, half.d, half.dmin, &half.mins, act, da)
+        let mins = weighted_bsums::<S>(act, &half.mins);
+        k_min_finish::<S>(acc, isum, half.d, half.dmin, mins, da)
     }
 }
 
