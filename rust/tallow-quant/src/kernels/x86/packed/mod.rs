@@ -4,10 +4,10 @@
 //! and [`avx512_vnni`]). A 64-byte word of a packed block holds one step (four columns) of
 //! all 16 rows, one i32 lane per row: AVX2 takes it as two halves of 8 rows, AVX-512 whole,
 //! so that 32 columns of the rows against one token are 8 byte dot products with the token's
-//! activation bytes broadcast four at a time, and need no horizontal sum. A sub-block goes in
-//! passes of four steps (two for Q8_0 on AVX2, whose steps are two vectors): the pass's steps
-//! of every half are unpacked into registers, and each activation broadcast serves them all.
-//! A block is one stream read once, in order.
+//! activation bytes broadcast four at a time, and need no horizontal sum. AVX2 runs a block's
+//! two halves one after the other. A sub-block goes in passes of four steps (two for Q8_0 on
+//! AVX2, whose steps are two vectors): the pass's steps of a half are unpacked into registers,
+//! and serve every token of the tile. A block is one stream read once, in order.
 //!
 //! Every format runs through one loop (`packed_loop!`); a [`Format`] says how a block's steps
 //! and scales unpack and how its integer sums become floats. Products use `vpmaddubsw`
@@ -73,8 +73,8 @@ trait Format<S: Simd> {
     /// Step `c` of sub-block `s` of half `h`. (One step per call: a call the compiler can
     /// always inline, where a whole sub-block's did not get inlined.)
     unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> Self::Step;
-    /// Steps of a pass: every half's steps of a pass are held at once (in at most
-    /// [`MAX_PASS_STEPS`] registers), so that each activation broadcast serves them all.
+    /// Steps of a pass: a half's steps of a pass are held at once (in at most
+    /// [`MAX_PASS_STEPS`] registers), so that each token's activations serve them all.
     const PASS: usize;
     /// `acc` plus, per row (i32 lane), the dot product of steps `first..first + PASS` of
     /// sub-block `s` (`steps`) with the token's activation bytes `y`, times the steps'
@@ -122,66 +122,44 @@ macro_rules! packed_loop {
             let (acts, da, sa) = (&ops.acts, ops.d, ops.s);
             // Arrays of two halves, of which the first `S::HALVES` are used.
             debug_assert!(S::HALVES <= 2);
+            const { assert!(F::PASS <= MAX_PASS_STEPS) };
             for (g, blocks) in ops.each_group().enumerate() {
                 // Per half, the outputs of each token.
                 let mut acc = [[S::zero_f(); T]; 2];
                 for (b, (fields, words)) in blocks.enumerate() {
-                    // Where one vector holds the group, the second is the first again, unused.
-                    let first_half = F::half(fields, words, 0);
-                    let second_half = if S::HALVES == 2 {
-                        Some(F::half(fields, words, 1))
-                    } else {
-                        None
-                    };
                     // Each token's activation block, indexed once per block rather than in
                     // every pass.
                     let mut act = [&acts[0][b]; T];
                     for (act, blocks) in act.iter_mut().zip(acts) {
                         *act = &blocks[b];
                     }
-                    let mut isum = [[S::zero(); T]; 2];
-                    const { assert!(S::HALVES * F::PASS <= MAX_PASS_STEPS) };
-                    for s in 0..F::SUBS {
-                        for pass in 0..8 / F::PASS {
-                            if source == WeightsAt::Memory {
-                                prefetch_part::<S, F>(fields, s * (8 / F::PASS) + pass);
-                            }
-                            let first = pass * F::PASS;
-                            // Half `h`'s steps are `steps[h * F::PASS..][..F::PASS]`.
-                            let mut steps = [F::step(words, 0, s, first); MAX_PASS_STEPS];
-                            for h in 0..S::HALVES {
-                                for i in 0..F::PASS {
-                                    steps[h * F::PASS + i] = F::step(words, h, s, first + i);
+                    // One half of the block's rows after the other (the second from the L1
+                    // cache): a half's sums of every token and a pass's steps fit in AVX2's
+                    // 16 registers, both halves' did not.
+                    for h in 0..S::HALVES {
+                        let half = F::half(fields, words, h);
+                        let mut isum = [S::zero(); T];
+                        for s in 0..F::SUBS {
+                            for pass in 0..8 / F::PASS {
+                                if source == WeightsAt::Memory && h == 0 {
+                                    prefetch_part::<S, F>(fields, s * (8 / F::PASS) + pass);
                                 }
-                            }
-                            for t in 0..T {
-                                let y = F::y(act[t], s);
-                                for h in 0..S::HALVES {
-                                    let steps = &steps[h * F::PASS..][..F::PASS];
-                                    isum[h][t] = F::pass_sum(
-                                        isum[h][t],
-                                        steps,
-                                        y,
-                                        pick(h, &first_half, &second_half),
-                                        s,
-                                        first,
-                                    );
+                                let first = pass * F::PASS;
+                                let mut steps = [F::step(words, h, s, first); MAX_PASS_STEPS];
+                                for (i, step) in steps[1..F::PASS].iter_mut().enumerate() {
+                                    *step = F::step(words, h, s, first + 1 + i);
+                                }
+                                for t in 0..T {
+                                    let y = F::y(act[t], s);
+                                    let steps = &steps[..F::PASS];
+                                    isum[t] = F::pass_sum(isum[t], steps, y, &half, s, first);
                                 }
                             }
                         }
-                    }
-                    for h in 0..S::HALVES {
                         for t in 0..T {
                             let lane = ops.lane0 + t;
                             let (d, s) = (da[b][lane], sa[b][lane]);
-                            acc[h][t] = F::finish(
-                                acc[h][t],
-                                isum[h][t],
-                                pick(h, &first_half, &second_half),
-                                act[t],
-                                d,
-                                s,
-                            );
+                            acc[h][t] = F::finish(acc[h][t], isum[t], &half, act[t], d, s);
                         }
                     }
                 }
@@ -198,14 +176,6 @@ macro_rules! packed_loop {
 packed_loop!(packed_avx2, "avx2,fma,f16c");
 packed_loop!(packed_avx512, "avx512f,avx512bw");
 packed_loop!(packed_avx512_vnni, "avx512f,avx512bw,avx512vnni");
-
-#[inline(always)]
-fn pick<'a, H>(h: usize, first: &'a H, second: &'a Option<H>) -> &'a H {
-    match (h, second) {
-        (1, Some(second)) => second,
-        _ => first,
-    }
-}
 
 /// Asks for the cache lines [`Simd::PREFETCH`] ahead of part `i` of the block at `fields`
 /// (one part per pass). A product of a few tokens is one stream of weights read once, and the
@@ -243,7 +213,7 @@ unsafe fn quad<S: Simd>(y: &[i8; 32], j: usize) -> S::I {
     S::splat_i32(act_quad(y, j))
 }
 
-/// Registers a pass's steps may take, over all halves.
+/// Registers a pass's steps may take.
 const MAX_PASS_STEPS: usize = 8;
 
 /// `acc` plus, per row (i32 lane), the dot product of the steps `first..` (`steps`) of
