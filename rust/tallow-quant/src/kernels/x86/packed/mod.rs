@@ -185,7 +185,8 @@ packed_loop!(packed_avx512_vnni, "avx512f,avx512bw,avx512vnni");
 /// passes, a line or three at a time: a whole block's lines asked for at once (36 for Q4_K)
 /// filled the core's miss buffers, so that the loads waited behind them. Only the first tile
 /// to take the groups asks ([`WeightsAt::Memory`]): the later tiles of a prefill find them in
-/// the L1 cache, where the requests only took load slots (smollm2-135m's pp512 lost a fifth).
+/// the cache (a run of groups stays in the L2 from one tile to the next), where the requests
+/// only took load slots (with runs sized for the L1, smollm2-135m's pp512 lost a fifth).
 #[inline(always)]
 unsafe fn prefetch_part<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize) {
     let block = (fields as *const F::Fields).cast::<i8>();
@@ -655,6 +656,25 @@ const fn k_pass<S: Simd>() -> usize {
     }
 }
 
+/// Q4_K's and Q5_K's [`Format::pass_sum`]: with VNNI a whole sub-block into i32 lanes, times
+/// its scale; else a half of one summed as i16, widened against the scale.
+#[inline(always)]
+unsafe fn k4_pass_sum<S: Simd>(
+    acc: S::I,
+    steps: &[S::I],
+    y: &[i8; 32],
+    half: &K4Half<S>,
+    s: usize,
+    first: usize,
+) -> S::I {
+    if S::FUSED_DOT {
+        let (low, high) = sub_block_halves::<S>(steps, y, first);
+        scaled_i32::<S>(acc, S::add32(low, high), half.scales[s])
+    } else {
+        weighted_sum::<S, 4>(acc, steps, y, first, half.scales[s])
+    }
+}
+
 fn k_y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
     act.qs[32 * s..32 * s + 32].try_into().unwrap()
 }
@@ -687,12 +707,7 @@ impl<S: Simd> Format<S> for Q4K {
         s: usize,
         first: usize,
     ) -> S::I {
-        if S::FUSED_DOT {
-            let (low, high) = sub_block_halves::<S>(steps, y, first);
-            scaled_i32::<S>(acc, S::add32(low, high), half.scales[s])
-        } else {
-            weighted_sum::<S, 4>(acc, steps, y, first, half.scales[s])
-        }
+        k4_pass_sum::<S>(acc, steps, y, half, s, first)
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
@@ -741,12 +756,7 @@ impl<S: Simd> Format<S> for Q5K {
         s: usize,
         first: usize,
     ) -> S::I {
-        if S::FUSED_DOT {
-            let (low, high) = sub_block_halves::<S>(steps, y, first);
-            scaled_i32::<S>(acc, S::add32(low, high), half.scales[s])
-        } else {
-            weighted_sum::<S, 4>(acc, steps, y, first, half.scales[s])
-        }
+        k4_pass_sum::<S>(acc, steps, y, half, s, first)
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
