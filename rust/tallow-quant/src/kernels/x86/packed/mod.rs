@@ -139,21 +139,22 @@ macro_rules! packed_loop {
                     for h in 0..S::HALVES {
                         let half = F::half(fields, words, h);
                         let mut isum = [S::zero(); T];
-                        for s in 0..F::SUBS {
-                            for pass in 0..8 / F::PASS {
-                                if source == WeightsAt::Memory && h == 0 {
-                                    prefetch_part::<S, F>(fields, s * (8 / F::PASS) + pass);
-                                }
-                                let first = pass * F::PASS;
-                                let mut steps = [F::step(words, h, s, first); MAX_PASS_STEPS];
-                                for (i, step) in steps[1..F::PASS].iter_mut().enumerate() {
-                                    *step = F::step(words, h, s, first + 1 + i);
-                                }
-                                for t in 0..T {
-                                    let y = F::y(act[t], s);
-                                    let steps = &steps[..F::PASS];
-                                    isum[t] = F::pass_sum(isum[t], steps, y, &half, s, first);
-                                }
+                        // The passes of every sub-block as one loop: nested loops over the
+                        // sub-blocks and their passes compiled to code 5-10% slower.
+                        let passes = 8 / F::PASS;
+                        for p in 0..F::SUBS * passes {
+                            let (s, first) = (p / passes, p % passes * F::PASS);
+                            if source == WeightsAt::Memory && h == 0 {
+                                prefetch_part::<S, F>(fields, p);
+                            }
+                            let mut steps = [F::step(words, h, s, first); MAX_PASS_STEPS];
+                            for (i, step) in steps[1..F::PASS].iter_mut().enumerate() {
+                                *step = F::step(words, h, s, first + 1 + i);
+                            }
+                            for t in 0..T {
+                                let y = F::y(act[t], s);
+                                let steps = &steps[..F::PASS];
+                                isum[t] = F::pass_sum(isum[t], steps, y, &half, s, first);
                             }
                         }
                         for t in 0..T {
