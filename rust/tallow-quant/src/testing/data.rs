@@ -55,6 +55,32 @@ pub fn e8m0_fields(ty: GgmlType) -> &'static [usize] {
     }
 }
 
+/// `blocks` blocks of `ty` whose bytes are all `fill` but for their scales, which are those
+/// of random blocks (finite, of moderate size): with `0xff`, every quant at its largest. The
+/// float formats (one element a block) are random blocks.
+pub fn extreme_blocks(rng: &mut Rng, ty: GgmlType, blocks: usize, fill: u8) -> Vec<u8> {
+    let scales = random_blocks(rng, ty, blocks);
+    if ty.block_len() == 1 {
+        return scales;
+    }
+    let mut out = vec![fill; scales.len()];
+    for (to, from) in out
+        .chunks_exact_mut(ty.block_bytes())
+        .zip(scales.chunks_exact(ty.block_bytes()))
+    {
+        for &f in f16_fields(ty) {
+            to[f..f + 2].copy_from_slice(&from[f..f + 2]);
+        }
+        for &f in e8m0_fields(ty) {
+            to[f] = from[f];
+        }
+        if ty == GgmlType::IQ1_M {
+            set_iq1m_scale(to, iq1m_scale(from));
+        }
+    }
+    out
+}
+
 /// `blocks` random blocks of `ty`: random bytes, then every scale (and every element of the
 /// float formats) replaced by a finite value of moderate size and random sign, so that
 /// products neither overflow nor vanish.

@@ -5,7 +5,7 @@ mod data;
 mod rng;
 
 pub use data::{
-    dequantized, e8m0_fields, exact_dot, f16_fields, iq1m_scale, magnitude, random_acts,
-    random_blocks, set_iq1m_scale,
+    dequantized, e8m0_fields, exact_dot, extreme_blocks, f16_fields, iq1m_scale, magnitude,
+    random_acts, random_blocks, set_iq1m_scale,
 };
 pub use rng::Rng;

@@ -2,10 +2,7 @@
 
 use crate::kernels::{reference_kernel, Isa, RawVecDot};
 use crate::testing::Rng;
-use crate::testing::{
-    dequantized, e8m0_fields, f16_fields, iq1m_scale, magnitude, random_acts, random_blocks,
-    set_iq1m_scale,
-};
+use crate::testing::{dequantized, extreme_blocks, magnitude, random_acts, random_blocks};
 use crate::GgmlType;
 
 /// Allowed |simd - reference| relative to `sum(|w| * |a|)`: the kernels differ from the
@@ -200,17 +197,7 @@ fn extreme_values_do_not_saturate() {
         // All-ones bytes put every quant at its maximum (and every Q8_0 weight at -1; the
         // 0x80 bytes below give -128).
         for fill in [0xffu8, 0x80] {
-            let mut w = random_blocks(&mut rng, ty, n / ty.block_len());
-            let scales = random_blocks(&mut rng, ty, n / ty.block_len());
-            for (byte, scale_byte) in w.iter_mut().zip(&scales) {
-                *byte = if ty.block_len() == 1 {
-                    *scale_byte
-                } else {
-                    fill
-                };
-            }
-            // Restore finite scales: take them from a random row of the same type.
-            restore_scales(ty, &mut w, &scales);
+            let w = extreme_blocks(&mut rng, ty, n / ty.block_len(), fill);
             // SAFETY: as in `check_kernel`.
             let (expected, got) =
                 unsafe { (reference_kernel(ty).unwrap()(&w, &a), kernel(&w, &a)) };
@@ -220,24 +207,6 @@ fn extreme_values_do_not_saturate() {
                 diff <= RELATIVE_TOLERANCE * mag,
                 "{name} {ty} fill {fill:#x}: {got} vs {expected}"
             );
-        }
-    }
-}
-
-/// Copies the f16 scale fields of `from` into `to` (same type and length).
-fn restore_scales(ty: GgmlType, to: &mut [u8], from: &[u8]) {
-    for (to, from) in to
-        .chunks_exact_mut(ty.block_bytes())
-        .zip(from.chunks_exact(ty.block_bytes()))
-    {
-        for &f in f16_fields(ty) {
-            to[f..f + 2].copy_from_slice(&from[f..f + 2]);
-        }
-        for &f in e8m0_fields(ty) {
-            to[f] = from[f];
-        }
-        if ty == GgmlType::IQ1_M {
-            set_iq1m_scale(to, iq1m_scale(from));
         }
     }
 }

@@ -3,7 +3,7 @@
 //! exact bytes, and bad operands are errors.
 
 use crate::testing::Rng;
-use crate::testing::{dequantized, magnitude, random_blocks};
+use crate::testing::{dequantized, extreme_blocks, magnitude, random_blocks};
 use crate::{
     matmul_with, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantError, WeightSource, PACKED_FORMATS,
 };
@@ -80,6 +80,51 @@ fn packed_products_match_the_scalar_reference() {
     assert!(checked >= PACKABLE.len() * isas * shapes.len());
     if Isa::Avx512Vnni.is_available() {
         assert_eq!(checked, PACKABLE.len() * 4 * shapes.len());
+    }
+}
+
+/// Every quant at its largest (or at 0x80 bytes), against activations at their largest of
+/// one sign and of mixed signs, over more tokens than a tile: the integer sums the kernels
+/// add as i16 before widening them stay exact.
+#[test]
+fn extreme_values_do_not_saturate_packed_products() {
+    let mut rng = Rng::new(23);
+    let mut buffer = ActsBuffer::new();
+    let (rows, n_tokens) = (32, 9);
+    for ty in PACKABLE {
+        let cols = columns(ty, 512);
+        let signs: [fn(usize) -> f32; 2] = [|_| 1.0, |i| if i % 3 == 0 { -1.0 } else { 1.0 }];
+        for fill in [0xffu8, 0x80] {
+            let weight = extreme_blocks(&mut rng, ty, rows * cols / ty.block_len(), fill);
+            let w = dequantized(ty, &weight);
+            for sign in signs {
+                let x: Vec<f32> = (0..n_tokens * cols).map(sign).collect();
+                let acts = buffer
+                    .quantize(ty.vec_dot_type(), &x, n_tokens, cols)
+                    .unwrap();
+                let mut expected = vec![0f32; n_tokens * rows];
+                matmul_with(Isa::Scalar, ty, &weight, rows, cols, &acts, &mut expected).unwrap();
+                for isa in packing_isas(ty) {
+                    let packed = PackedMatrix::pack_with(isa, ty, &weight, rows, cols)
+                        .unwrap()
+                        .expect("packable");
+                    let mut out = vec![f32::NAN; n_tokens * rows];
+                    packed.matmul(&acts, &mut out).unwrap();
+                    for t in 0..n_tokens {
+                        let a = dequantized(ty.vec_dot_type(), acts.token(t).unwrap());
+                        for r in 0..rows {
+                            let mag = magnitude(&w[r * cols..(r + 1) * cols], &a);
+                            let (got, want) = (out[t * rows + r], expected[t * rows + r]);
+                            let diff = (f64::from(got) - f64::from(want)).abs();
+                            assert!(
+                                diff <= RELATIVE_TOLERANCE * mag,
+                                "{isa:?} {ty} fill {fill:#x} token {t} row {r}: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

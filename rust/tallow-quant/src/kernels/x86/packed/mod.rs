@@ -5,15 +5,15 @@
 //! all 16 rows, one i32 lane per row: AVX2 takes it as two halves of 8 rows, AVX-512 whole,
 //! so that 32 columns of the rows against one token are 8 byte dot products with the token's
 //! activation bytes broadcast four at a time, and need no horizontal sum. AVX2 runs a block's
-//! two halves one after the other. A sub-block goes in passes of four steps (two for Q8_0 on
-//! AVX2, whose steps are two vectors): the pass's steps of a half are unpacked into registers,
-//! and serve every token of the tile. A block is one stream read once, in order.
+//! two halves one after the other. A sub-block goes in passes of up to eight steps (a format's
+//! [`Format::PASS`]): the pass's steps of a half are unpacked into registers, and serve every
+//! token of the tile. A block is one stream read once, in order.
 //!
 //! Every format runs through one loop (`packed_loop!`); a [`Format`] says how a block's steps
 //! and scales unpack and how its integer sums become floats. Products use `vpmaddubsw`
 //! (unsigned weight bytes against signed activation bytes within -127..=127), whose i16 pair
-//! sums are added as i16 for the steps of a pass (4; 2 for the 6-bit quants, whose pairs
-//! reach 2 * 63 * 127 and whose scale changes every 16 columns) and then widened by
+//! sums are added as i16 in runs of steps as long as their range allows (8 for Q4_K's 4-bit
+//! quants, 4 for most, 2 for the 6-bit quants, whose pairs reach 2 * 63 * 127) and then widened by
 //! `vpmaddwd` against the sub-block's integer scale (1 where the format has none), so that a
 //! block's integer sum is exact; with VNNI, each step is one `vpdpbusd` straight into i32
 //! lanes, and a sub-block's sum is taken times its integer scale in i32 lanes (`vpmulld`,
@@ -646,9 +646,9 @@ unsafe fn k_min_finish<S: Simd>(
     S::fnmadd(S::mul(dmin, S::splat(da)), mins, acc)
 }
 
-/// Steps of a pass for Q4_K and Q5_K: a whole sub-block where the sums run straight into
+/// Steps of a pass for Q2_K and Q3_K: a whole sub-block where the sums run straight into
 /// i32 lanes (and one vector holds the group), so that the sub-block's scale applies once;
-/// else half of one.
+/// else one group of 16 columns, whose scale the pass's i16 sums are widened against.
 const fn k_pass<S: Simd>() -> usize {
     if S::FUSED_DOT {
         8
@@ -657,10 +657,11 @@ const fn k_pass<S: Simd>() -> usize {
     }
 }
 
-/// Q4_K's and Q5_K's [`Format::pass_sum`]: with VNNI a whole sub-block into i32 lanes, times
-/// its scale; else a half of one summed as i16, widened against the scale.
+/// Q4_K's and Q5_K's [`Format::pass_sum`] over a whole sub-block: with VNNI into i32 lanes,
+/// times its scale; else summed as i16 in runs of `RUN` steps (as long as the format's pair
+/// sums allow), each run widened against the scale.
 #[inline(always)]
-unsafe fn k4_pass_sum<S: Simd>(
+unsafe fn k4_pass_sum<S: Simd, const RUN: usize>(
     acc: S::I,
     steps: &[S::I],
     y: &[i8; 32],
@@ -672,7 +673,7 @@ unsafe fn k4_pass_sum<S: Simd>(
         let (low, high) = sub_block_halves::<S>(steps, y, first);
         scaled_i32::<S>(acc, S::add32(low, high), half.scales[s])
     } else {
-        weighted_sum::<S, 4>(acc, steps, y, first, half.scales[s])
+        weighted_sum::<S, RUN>(acc, steps, y, first, half.scales[s])
     }
 }
 
@@ -680,6 +681,8 @@ fn k_y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
     act.qs[32 * s..32 * s + 32].try_into().unwrap()
 }
 
+/// Q4_K: a whole sub-block a pass, whose pair sums (within 2 * 15 * 127) add up as i16 over
+/// all its 8 steps.
 struct Q4K;
 
 impl<S: Simd> Format<S> for Q4K {
@@ -687,7 +690,7 @@ impl<S: Simd> Format<S> for Q4K {
     type Fields = [u8; 64];
     type Words = [u8; 35 * 64];
     const SUBS: usize = 8;
-    const PASS: usize = k_pass::<S>();
+    const PASS: usize = 8;
     type Half = K4Half<S>;
     type Step = S::I;
 
@@ -708,7 +711,7 @@ impl<S: Simd> Format<S> for Q4K {
         s: usize,
         first: usize,
     ) -> S::I {
-        k4_pass_sum::<S>(acc, steps, y, half, s, first)
+        k4_pass_sum::<S, 8>(acc, steps, y, half, s, first)
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
@@ -727,7 +730,7 @@ impl<S: Simd> Format<S> for Q4K {
 }
 
 /// Q5_K: Q4_K's nibbles (from word 11) with a fifth bit, bit `s` of word `3 + c` for step `c`
-/// of sub-block `s`.
+/// of sub-block `s`; its pair sums (within 2 * 31 * 127) add up as i16 over runs of 4 steps.
 struct Q5K;
 
 impl<S: Simd> Format<S> for Q5K {
@@ -735,7 +738,7 @@ impl<S: Simd> Format<S> for Q5K {
     type Fields = [u8; 64];
     type Words = [u8; 43 * 64];
     const SUBS: usize = 8;
-    const PASS: usize = k_pass::<S>();
+    const PASS: usize = 8;
     type Half = K4Half<S>;
     type Step = S::I;
 
@@ -757,7 +760,7 @@ impl<S: Simd> Format<S> for Q5K {
         s: usize,
         first: usize,
     ) -> S::I {
-        k4_pass_sum::<S>(acc, steps, y, half, s, first)
+        k4_pass_sum::<S, 4>(acc, steps, y, half, s, first)
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
