@@ -5,7 +5,8 @@
 use crate::testing::Rng;
 use crate::testing::{dequantized, extreme_blocks, magnitude, random_blocks};
 use crate::{
-    matmul_with, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantError, WeightSource, PACKED_FORMATS,
+    matmul_with, ActsBuffer, GgmlType, Isa, PackedMatrix, QuantError, QuantizedActs, WeightSource,
+    PACKED_FORMATS,
 };
 
 const PACKABLE: [GgmlType; 11] = PACKED_FORMATS;
@@ -22,6 +23,35 @@ fn packing_isas(ty: GgmlType) -> Vec<Isa> {
         .into_iter()
         .filter(|&isa| PackedMatrix::can_pack_with(isa, ty, 16, ty.block_len()))
         .collect()
+}
+
+/// Asserts that `got`, a product of the weight rows `weight` (`ty`) with `acts`, equals the
+/// scalar reference's `want` (token-major) to within rounding: relative to each output's
+/// `sum(|w| * |a|)`.
+fn assert_within_rounding(
+    ty: GgmlType,
+    weight: &[u8],
+    acts: &QuantizedActs<'_>,
+    got: &[f32],
+    want: &[f32],
+    context: &str,
+) {
+    let w = dequantized(ty, weight);
+    let n_tokens = acts.n_tokens();
+    let rows = got.len() / n_tokens;
+    let cols = w.len() / rows;
+    for t in 0..n_tokens {
+        let a = dequantized(ty.vec_dot_type(), acts.token(t).unwrap());
+        for r in 0..rows {
+            let mag = magnitude(&w[r * cols..(r + 1) * cols], &a);
+            let (got, want) = (got[t * rows + r], want[t * rows + r]);
+            let diff = (f64::from(got) - f64::from(want)).abs();
+            assert!(
+                diff <= RELATIVE_TOLERANCE * mag,
+                "{context} token {t} row {r}: {got} vs {want}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -58,19 +88,8 @@ fn packed_products_match_the_scalar_reference() {
                 let mut out = vec![f32::NAN; n_tokens * rows];
                 packed.matmul(&acts, &mut out).unwrap();
 
-                let w = dequantized(ty, &weight);
-                for t in 0..n_tokens {
-                    let a = dequantized(ty.vec_dot_type(), acts.token(t).unwrap());
-                    for r in 0..rows {
-                        let mag = magnitude(&w[r * cols..(r + 1) * cols], &a);
-                        let (got, want) = (out[t * rows + r], expected[t * rows + r]);
-                        let diff = (f64::from(got) - f64::from(want)).abs();
-                        assert!(
-                            diff <= RELATIVE_TOLERANCE * mag,
-                            "{isa:?} {ty} {rows}x{cols} token {t} row {r}: {got} vs {want}"
-                        );
-                    }
-                }
+                let context = format!("{isa:?} {ty} {rows}x{cols}");
+                assert_within_rounding(ty, &weight, &acts, &out, &expected, &context);
                 checked += 1;
             }
         }
@@ -96,7 +115,6 @@ fn extreme_values_do_not_saturate_packed_products() {
         let signs: [fn(usize) -> f32; 2] = [|_| 1.0, |i| if i % 3 == 0 { -1.0 } else { 1.0 }];
         for fill in [0xffu8, 0x80] {
             let weight = extreme_blocks(&mut rng, ty, rows * cols / ty.block_len(), fill);
-            let w = dequantized(ty, &weight);
             for sign in signs {
                 let x: Vec<f32> = (0..n_tokens * cols).map(sign).collect();
                 let acts = buffer
@@ -110,18 +128,8 @@ fn extreme_values_do_not_saturate_packed_products() {
                         .expect("packable");
                     let mut out = vec![f32::NAN; n_tokens * rows];
                     packed.matmul(&acts, &mut out).unwrap();
-                    for t in 0..n_tokens {
-                        let a = dequantized(ty.vec_dot_type(), acts.token(t).unwrap());
-                        for r in 0..rows {
-                            let mag = magnitude(&w[r * cols..(r + 1) * cols], &a);
-                            let (got, want) = (out[t * rows + r], expected[t * rows + r]);
-                            let diff = (f64::from(got) - f64::from(want)).abs();
-                            assert!(
-                                diff <= RELATIVE_TOLERANCE * mag,
-                                "{isa:?} {ty} fill {fill:#x} token {t} row {r}: {got} vs {want}"
-                            );
-                        }
-                    }
+                    let context = format!("{isa:?} {ty} fill {fill:#x}");
+                    assert_within_rounding(ty, &weight, &acts, &out, &expected, &context);
                 }
             }
         }
