@@ -104,6 +104,14 @@ impl Arena {
         *used = 0;
     }
 
+    /// Writes zeros to the first `len` bytes of the buffer (all of it if it is shorter), so
+    /// that the system maps its pages now rather than at their first use.
+    pub fn touch(&mut self, len: usize) {
+        // SAFETY: the buffer is valid for `capacity` bytes and `&mut self` means no slice of it
+        // is borrowed; any byte pattern is a valid `u8`.
+        unsafe { ptr::write_bytes(self.base.as_ptr(), 0, len.min(self.capacity)) };
+    }
+
     /// Allocates `layout.size()` bytes aligned to `layout.align()` (any power of two).
     ///
     /// Returns `None`, leaving the arena unchanged, if the request does not fit in what remains.
