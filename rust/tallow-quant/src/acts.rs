@@ -4,7 +4,7 @@ use tallow_threads::DisjointSlice;
 
 use crate::blocks::{as_blocks, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::fp16::f16_to_f32;
-use crate::kernels::{TileScales, TILE_LANES};
+use crate::kernels::{TileActs, TileScales, TILE_LANES};
 use crate::{sizes, GgmlType, Isa, QuantError};
 
 /// Below this many elements, activations are quantized on the calling thread.
@@ -184,15 +184,20 @@ impl<'a> QuantizedActs<'a> {
         !self.d.is_empty()
     }
 
-    /// The tile scales of token group `g`, for the tile that starts at lane `lane0`.
-    pub(crate) fn tile_scales(&self, g: usize, lane0: usize) -> TileScales<'a> {
+    /// Token group `g` of [`TILE_LANES`] tokens (the last one possibly shorter), as one tile:
+    /// its first token, its rows and its scales.
+    pub(crate) fn tile(&self, g: usize) -> (usize, TileActs<'a>, TileScales<'a>) {
+        let first = g * TILE_LANES;
+        let n = TILE_LANES.min(self.n_tokens - first);
+        let rows = &self.data[first * self.row_bytes..(first + n) * self.row_bytes];
         let group_len = self.d.len() / self.n_tokens.div_ceil(TILE_LANES);
         let group = g * group_len..(g + 1) * group_len;
-        TileScales {
+        let scales = TileScales {
             d: &self.d[group.clone()],
             s: &self.s[group],
-            lane0,
-        }
+            lane0: 0,
+        };
+        (first, TileActs::new(rows, self.row_bytes, n), scales)
     }
 }
 

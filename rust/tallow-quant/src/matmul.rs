@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use tallow_threads::DisjointSlice;
 
-use crate::kernels::{Decoding, Rows, Tile, TileScales, VecDot, WeightsAt, PACK_ROWS, TILE_LANES};
+use crate::kernels::{Decoding, Rows, Tile, VecDot, WeightsAt, PACK_ROWS, TILE_LANES};
 use crate::{sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool would
@@ -187,24 +187,15 @@ impl Product<'_> {
         &self.weight[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
-    /// Token group `g` of [`TILE_LANES`] tokens (the last one possibly shorter): its first
-    /// token, its number of tokens, their activation rows and scales.
-    fn token_group(&self, g: usize) -> (usize, usize, [&[u8]; TILE_LANES], TileScales<'_>) {
-        let n_tokens = self.acts.n_tokens();
-        let first = g * TILE_LANES;
-        let a = std::array::from_fn(|i| self.acts.row((first + i).min(n_tokens - 1)));
-        let n = TILE_LANES.min(n_tokens - first);
-        (first, n, a, self.acts.tile_scales(g, 0))
-    }
-
     /// [`Product::rows_into`] with tile kernels: per group of [`TILE_LANES`] tokens, each
     /// weight row against the whole group in one tile.
     fn tiles_into(&self, tile: Tile, range: Range<usize>, mut write: impl FnMut(usize, f32)) {
         let mut out = [0f32; TILE_LANES];
         for g in 0..self.acts.n_tokens().div_ceil(TILE_LANES) {
-            let (first, n, a, scales) = self.token_group(g);
+            let (first, a, scales) = self.acts.tile(g);
+            let n = a.len();
             for r in range.clone() {
-                tile.call(self.row(r), &a[..n], &scales, &mut out[..n]);
+                tile.call(self.row(r), a, &scales, &mut out[..n]);
                 for (lane, &v) in out[..n].iter().enumerate() {
                     write((first + lane) * self.rows + r, v);
                 }
@@ -228,10 +219,11 @@ impl Product<'_> {
             let w = &self.weight[rows.start * self.row_bytes..rows.end * self.row_bytes];
             decoding.decode(w, rows.len(), &mut group);
             for g in 0..self.acts.n_tokens().div_ceil(TILE_LANES) {
-                let (first, n, a, scales) = self.token_group(g);
+                let (first, a, scales) = self.acts.tile(g);
+                let n = a.len();
                 let mut outs = outputs.each_mut().map(|o| &mut o[..]);
                 // Decoded just before, the group is in the cache.
-                kernel.call(&group, WeightsAt::Cache, &a[..n], &scales, &mut outs[..n]);
+                kernel.call(&group, WeightsAt::Cache, a, &scales, &mut outs[..n]);
                 for (t, lanes) in outputs[..n].iter().enumerate() {
                     for (r, &v) in rows.clone().zip(lanes) {
                         write((first + t) * self.rows + r, v);

@@ -49,10 +49,51 @@ impl VecDot {
 /// one token group, writing one output per token to `out`. Equal bit for bit to the
 /// [`VecDot`] kernel of the same instruction set and format, token by token. Handed out by
 /// [`Isa::kernels`] only, for an instruction set the running CPU has.
-pub(crate) type RawTile = unsafe fn(w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]);
+pub(crate) type RawTile = unsafe fn(w: &[u8], a: TileActs, scales: &TileScales, out: &mut [f32]);
 
 /// Tokens in a group of [`TileScales`].
 pub(crate) const TILE_LANES: usize = 8;
+
+/// The activation rows of a tile's tokens (1 to [`TILE_LANES`]), one after the other in one
+/// buffer as [`crate::QuantizedActs`] holds them: a kernel finds token `t`'s block `b` at a
+/// fixed distance from token 0's, where a table of rows cost a load per token in its
+/// innermost loop.
+#[derive(Clone, Copy)]
+pub(crate) struct TileActs<'a> {
+    bytes: &'a [u8],
+    row_bytes: usize,
+    rows: usize,
+}
+
+impl<'a> TileActs<'a> {
+    /// The `rows` rows of `row_bytes` bytes that make up `bytes`.
+    pub(crate) fn new(bytes: &'a [u8], row_bytes: usize, rows: usize) -> Self {
+        assert!(
+            (1..=TILE_LANES).contains(&rows) && bytes.len() == rows * row_bytes,
+            "a tile has 1 to {TILE_LANES} whole rows of activations"
+        );
+        TileActs {
+            bytes,
+            row_bytes,
+            rows,
+        }
+    }
+
+    /// The number of tokens.
+    pub(crate) fn len(&self) -> usize {
+        self.rows
+    }
+
+    /// Token `t`'s row.
+    pub(crate) fn row(&self, t: usize) -> &'a [u8] {
+        &self.bytes[t * self.row_bytes..(t + 1) * self.row_bytes]
+    }
+
+    /// Every row, one after the other.
+    pub(crate) fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+}
 
 /// The activation block scales of a group of [`TILE_LANES`] tokens, converted to f32 once per
 /// product: `d[TILE_LANES * b + lane]` is `d` of block `b` of the group's token `lane` (and
@@ -82,7 +123,7 @@ pub(crate) struct Tile(RawTile);
 
 impl Tile {
     #[inline]
-    pub(crate) fn call(self, w: &[u8], a: &[&[u8]], scales: &TileScales, out: &mut [f32]) {
+    pub(crate) fn call(self, w: &[u8], a: TileActs, scales: &TileScales, out: &mut [f32]) {
         // SAFETY: only built by the kernel table of a set the CPU has; the
         // kernels check their operands' lengths.
         unsafe { (self.0)(w, a, scales, out) }
@@ -165,7 +206,7 @@ impl Rows {
 pub(crate) type RawPacked = unsafe fn(
     groups: &[u8],
     source: WeightsAt,
-    a: &[&[u8]],
+    a: TileActs,
     scales: &TileScales,
     out: &mut [&mut [f32]],
 );
@@ -205,7 +246,7 @@ impl Packed {
         self,
         groups: &[u8],
         source: WeightsAt,
-        a: &[&[u8]],
+        a: TileActs,
         scales: &TileScales,
         out: &mut [&mut [f32]],
     ) {

@@ -322,19 +322,13 @@ impl PackedMatrix {
                 continue;
             }
             for tile in 0..n_tokens.div_ceil(TILE_LANES) {
-                let first = tile * TILE_LANES;
-                let n = TILE_LANES.min(n_tokens - first);
-                let a: [&[u8]; TILE_LANES] =
-                    std::array::from_fn(|i| acts.row((first + i).min(n_tokens - 1)));
+                let (first, a, scales) = acts.tile(tile);
+                let n = a.len();
                 let mut outputs = [[0f32; PACK_ROWS]; TILE_LANES];
                 let mut outs: [&mut [f32]; TILE_LANES] = outputs.each_mut().map(|o| &mut o[..]);
-                self.kernel.call(
-                    self.group(g),
-                    WeightsAt::of_tile(tile),
-                    &a[..n],
-                    &acts.tile_scales(tile, 0),
-                    &mut outs[..n],
-                );
+                let source = WeightsAt::of_tile(tile);
+                self.kernel
+                    .call(self.group(g), source, a, &scales, &mut outs[..n]);
                 for (j, &row) in rows.iter().enumerate().skip(i) {
                     if row as usize / PACK_ROWS == g {
                         for (t, lane) in outputs[..n].iter().enumerate() {
@@ -440,10 +434,8 @@ impl PackedMatrix {
                 &self.bytes()[groups.start * self.group_bytes..groups.end * self.group_bytes];
             let rows = groups.start * PACK_ROWS..groups.end * PACK_ROWS;
             for tile in 0..tiles {
-                let first = tile * TILE_LANES;
-                let n = TILE_LANES.min(n_tokens - first);
-                let a: [&[u8]; TILE_LANES] =
-                    std::array::from_fn(|i| acts.row((first + i).min(n_tokens - 1)));
+                let (first, a, scales) = acts.tile(tile);
+                let n = a.len();
                 let mut outs: [&mut [f32]; TILE_LANES] = std::array::from_fn(|t| {
                     let at = (first + t) * self.rows;
                     if t < n {
@@ -453,9 +445,8 @@ impl PackedMatrix {
                         &mut []
                     }
                 });
-                let (source, scales) = (WeightsAt::of_tile(tile), acts.tile_scales(tile, 0));
-                self.kernel
-                    .call(bytes, source, &a[..n], &scales, &mut outs[..n]);
+                let source = WeightsAt::of_tile(tile);
+                self.kernel.call(bytes, source, a, &scales, &mut outs[..n]);
             }
         }
     }

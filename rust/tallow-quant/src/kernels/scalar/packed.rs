@@ -13,7 +13,7 @@ use crate::blocks::{
     IQ4_VALUES,
 };
 use crate::fp16::f16_to_f32;
-use crate::kernels::{TileScales, WeightsAt, PACK_ROWS, TILE_LANES};
+use crate::kernels::{TileActs, TileScales, WeightsAt, PACK_ROWS, TILE_LANES};
 use crate::packed::{Layout, MAX_BLOCK_BYTES};
 use crate::reference::decode;
 use crate::GgmlType;
@@ -28,14 +28,14 @@ fn packed<W: Block, A: Block>(
     ty: GgmlType,
     block: BlockProduct<W, A>,
     groups: &[u8],
-    a: &[&[u8]],
+    a: TileActs,
     scales: &TileScales,
     out: &mut [&mut [f32]],
 ) {
     let layout = Layout::of(ty).expect("packed formats have a layout");
     let n = a.len();
     assert!((1..=TILE_LANES).contains(&n) && out.len() == n);
-    let acts: [&[A]; TILE_LANES] = std::array::from_fn(|t| as_blocks::<A>(a[t.min(n - 1)]));
+    let acts: [&[A]; TILE_LANES] = std::array::from_fn(|t| as_blocks::<A>(a.row(t.min(n - 1))));
     let blocks = acts[0].len();
     assert!(acts.iter().all(|a| a.len() == blocks));
     scales.check(blocks, n);
@@ -190,7 +190,7 @@ macro_rules! packed_entry_points {
             pub(super) fn $entry(
                 groups: &[u8],
                 _source: WeightsAt,
-                a: &[&[u8]],
+                a: TileActs,
                 scales: &TileScales,
                 out: &mut [&mut [f32]],
             ) {

@@ -114,12 +114,12 @@ impl DotBytes for Vnni {
 #[inline]
 fn tile_operands<'a, W: crate::blocks::Block, A: crate::blocks::Block, const T: usize>(
     w: &'a [u8],
-    a: &[&'a [u8]],
+    a: crate::kernels::TileActs<'a>,
     scales: &super::TileScales,
     out: &[f32],
 ) -> (&'a [W], [&'a [A]; T]) {
     let w = crate::blocks::as_blocks::<W>(w);
-    let a: [&[A]; T] = std::array::from_fn(|t| crate::blocks::as_blocks::<A>(a[t]));
+    let a: [&[A]; T] = std::array::from_fn(|t| crate::blocks::as_blocks::<A>(a.row(t)));
     assert!(a.iter().all(|a| a.len() == w.len()) && out.len() == T);
     scales.check(w.len(), T);
     (w, a.map(|a| &a[..w.len()]))

@@ -1015,7 +1015,7 @@ unsafe fn load8(v: &[f32; 8]) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_q4_1_q8_1<const T: usize>(
     w: &[u8],
-    a: &[&[u8]],
+    a: crate::kernels::TileActs,
     scales: &crate::kernels::TileScales,
     out: &mut [f32],
 ) {
@@ -1052,7 +1052,7 @@ macro_rules! signed_tile {
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn $kernel<const T: usize>(
                 w: &[u8],
-                a: &[&[u8]],
+                a: crate::kernels::TileActs,
                 scales: &crate::kernels::TileScales,
                 out: &mut [f32],
             ) {
@@ -1092,7 +1092,7 @@ signed_tile! {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_iq4_xs_q8_k<const T: usize>(
     w: &[u8],
-    a: &[&[u8]],
+    a: crate::kernels::TileActs,
     scales: &crate::kernels::TileScales,
     out: &mut [f32],
 ) {
@@ -1133,7 +1133,7 @@ unsafe fn tile_iq4_xs_q8_k<const T: usize>(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_signed_grid_q8_k<B: SignedGridBlock, const T: usize>(
     w: &[u8],
-    a: &[&[u8]],
+    a: crate::kernels::TileActs,
     scales: &crate::kernels::TileScales,
     out: &mut [f32],
 ) {
@@ -1155,7 +1155,7 @@ macro_rules! tile_entry_points {
     ($($kernel:ident $(<$block:ty>)? => $entry:ident),* $(,)?) => {
         $(
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn $entry(w: &[u8], a: &[&[u8]], scales: &crate::kernels::TileScales, out: &mut [f32]) {
+            unsafe fn $entry(w: &[u8], a: crate::kernels::TileActs, scales: &crate::kernels::TileScales, out: &mut [f32]) {
                 match a.len() {
                     8 => $kernel::<$($block,)? 8>(w, a, scales, out),
                     7 => $kernel::<$($block,)? 7>(w, a, scales, out),

@@ -122,7 +122,7 @@ pub(super) unsafe fn ternary_q8_k<B: Ternary>(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn tile_ternary_q8_k<B: Ternary, const T: usize>(
     w: &[u8],
-    a: &[&[u8]],
+    a: crate::kernels::TileActs,
     scales: &TileScales,
     out: &mut [f32],
 ) {

@@ -401,7 +401,7 @@ fn pair_scales(scales: &[f32], pairs: usize) -> &[[f32; 16]] {
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn tile_q4_0_q8_0<D: DotBytes, const T: usize>(
     w: &[u8],
-    a: &[&[u8]],
+    a: crate::kernels::TileActs,
     scales: &crate::kernels::TileScales,
     out: &mut [f32],
 ) {
@@ -438,7 +438,7 @@ unsafe fn tile_q4_0_q8_0<D: DotBytes, const T: usize>(
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn tile_q4_1_q8_1<D: DotBytes, const T: usize>(
     w: &[u8],
-    a: &[&[u8]],
+    a: crate::kernels::TileActs,
     scales: &crate::kernels::TileScales,
     out: &mut [f32],
 ) {
@@ -476,7 +476,7 @@ unsafe fn tile_q4_1_q8_1<D: DotBytes, const T: usize>(
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn tile_q8_0_q8_0<D: DotBytes, const T: usize>(
     w: &[u8],
-    a: &[&[u8]],
+    a: crate::kernels::TileActs,
     scales: &crate::kernels::TileScales,
     out: &mut [f32],
 ) {
@@ -521,7 +521,7 @@ macro_rules! tile_entry_points {
                 #[target_feature(enable = $features)]
                 pub(super) unsafe fn $kernel(
                     w: &[u8],
-                    a: &[&[u8]],
+                    a: crate::kernels::TileActs,
                     scales: &crate::kernels::TileScales,
                     out: &mut [f32],
                 ) {

@@ -40,7 +40,7 @@ use self::operands::{act_quad, Bytes, Operands};
 use self::simd::{Simd, V256, V512};
 use super::{Bw, Vnni};
 use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES};
-use crate::kernels::{TileScales, WeightsAt, DECODED_BLOCK_BYTES, PACK_ROWS};
+use crate::kernels::{TileActs, TileScales, WeightsAt, DECODED_BLOCK_BYTES, PACK_ROWS};
 
 /// `[f(0), .., f(n - 1)]` of integer vectors, built by a loop in the function that uses it: a
 /// closure is a function of its own, which the compiler may leave out of line.
@@ -114,12 +114,12 @@ macro_rules! packed_loop {
         unsafe fn $name<S: Simd, F: Format<S>, const T: usize>(
             groups: &[u8],
             source: WeightsAt,
-            a: &[&[u8]],
+            a: TileActs,
             scales: &TileScales,
             out: &mut [&mut [f32]],
         ) {
             let ops = Operands::<F::Act, F::Fields, F::Words, T>::new(groups, a, scales, out);
-            let (acts, da, sa) = (&ops.acts, ops.d, ops.s);
+            let (da, sa) = (ops.d, ops.s);
             // Arrays of two halves, of which the first `S::HALVES` are used.
             debug_assert!(S::HALVES <= 2);
             const { assert!(F::PASS <= MAX_PASS_STEPS) };
@@ -127,12 +127,7 @@ macro_rules! packed_loop {
                 // Per half, the outputs of each token.
                 let mut acc = [[S::zero_f(); T]; 2];
                 for (b, (fields, words)) in blocks.enumerate() {
-                    // Each token's activation block, indexed once per block rather than in
-                    // every pass.
-                    let mut act = [&acts[0][b]; T];
-                    for (act, blocks) in act.iter_mut().zip(acts) {
-                        *act = &blocks[b];
-                    }
+                    let act = ops.column(b);
                     // One half of the block's rows after the other (the second from the L1
                     // cache): a half's sums of every token and a pass's steps fit in AVX2's
                     // 16 registers, both halves' did not.
@@ -152,7 +147,7 @@ macro_rules! packed_loop {
                                 *step = F::step(words, h, s, first + 1 + i);
                             }
                             for t in 0..T {
-                                let y = F::y(act[t], s);
+                                let y = F::y(act.token(t), s);
                                 let steps = &steps[..F::PASS];
                                 isum[t] = F::pass_sum(isum[t], steps, y, &half, s, first);
                             }
@@ -160,7 +155,8 @@ macro_rules! packed_loop {
                         for t in 0..T {
                             let lane = ops.lane0 + t;
                             let (d, s) = (da[b][lane], sa[b][lane]);
-                            acc[h][t] = F::finish(acc[h][t], isum[t], &half, act[t], d, s);
+                            let act = act.token(t);
+                            acc[h][t] = F::finish(acc[h][t], isum[t], &half, act, d, s);
                         }
                     }
                 }
@@ -1370,7 +1366,7 @@ macro_rules! packed_entry_points {
                 pub(in crate::kernels) unsafe fn $entry(
                     groups: &[u8],
                     source: WeightsAt,
-                    a: &[&[u8]],
+                    a: TileActs,
                     scales: &TileScales,
                     out: &mut [&mut [f32]],
                 ) {

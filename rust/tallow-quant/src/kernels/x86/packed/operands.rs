@@ -2,7 +2,7 @@
 //! and viewed as blocks, for every instruction set's kernels.
 
 use crate::blocks::{as_blocks, Block};
-use crate::kernels::{TileScales, PACK_ROWS, TILE_LANES};
+use crate::kernels::{TileActs, TileScales, PACK_ROWS, TILE_LANES};
 
 /// A fixed number of bytes, viewed in place: a packed block's f16 fields or its words.
 pub(super) trait Bytes: 'static {
@@ -20,12 +20,13 @@ impl<const N: usize> Bytes for [u8; N] {
 
 /// The operands of a packed kernel of `T` tokens over consecutive groups, checked: the
 /// groups' bytes (per block, its f16 fields `S` then its words `Q`), the activation blocks of
-/// each token, the f32 block scales and sums of the token group (one array of
-/// [`TILE_LANES`] lanes per block), and the number of blocks per row.
+/// the tokens (`blocks` per token, one token after the other), the f32 block scales and sums
+/// of the token group (one array of [`TILE_LANES`] lanes per block), and the number of
+/// blocks per row.
 pub(super) struct Operands<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> {
     groups: &'a [u8],
     blocks: usize,
-    pub(super) acts: [&'a [A]; T],
+    acts: &'a [A],
     pub(super) d: &'a [[f32; TILE_LANES]],
     pub(super) s: &'a [[f32; TILE_LANES]],
     pub(super) lane0: usize,
@@ -36,13 +37,15 @@ impl<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> Operands<'a, A, S, Q, T> 
     #[inline]
     pub(super) fn new(
         groups: &'a [u8],
-        a: &[&'a [u8]],
+        a: TileActs<'a>,
         scales: &TileScales<'a>,
         out: &[&mut [f32]],
     ) -> Self {
-        let acts: [&[A]; T] = std::array::from_fn(|t| as_blocks::<A>(a[t]));
-        let blocks = acts[0].len();
-        assert!(acts.iter().all(|a| a.len() == blocks));
+        let acts = as_blocks::<A>(a.bytes());
+        let blocks = a.row(0).len() / size_of::<A>();
+        assert!(
+            a.len() == T && acts.len() == T * blocks && blocks * size_of::<A>() == a.row(0).len()
+        );
         let group_bytes = blocks * (S::LEN + Q::LEN);
         assert!(group_bytes > 0 && groups.len().is_multiple_of(group_bytes));
         let rows = groups.len() / group_bytes * PACK_ROWS;
@@ -63,6 +66,16 @@ impl<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> Operands<'a, A, S, Q, T> 
         }
     }
 
+    /// Block `b` of every token.
+    #[inline(always)]
+    pub(super) fn column(&self, b: usize) -> Column<'a, A, T> {
+        assert!(b < self.blocks);
+        Column {
+            from: &self.acts[b..],
+            blocks: self.blocks,
+        }
+    }
+
     /// Each group, as the iterator of its blocks' scale bytes and quant bytes, in order.
     #[inline]
     pub(super) fn each_group(
@@ -76,6 +89,24 @@ impl<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> Operands<'a, A, S, Q, T> 
                     (S::view(scales), Q::view(quants))
                 })
             })
+    }
+}
+
+/// Block `b` of the tokens of a tile, found `blocks` blocks apart from `from`, token 0's.
+#[derive(Clone, Copy)]
+pub(super) struct Column<'a, A, const T: usize> {
+    from: &'a [A],
+    blocks: usize,
+}
+
+impl<'a, A, const T: usize> Column<'a, A, T> {
+    /// Token `t`'s block.
+    #[inline(always)]
+    pub(super) fn token(&self, t: usize) -> &'a A {
+        assert!(t < T);
+        // SAFETY: `from` starts at block `b < blocks` of `T * blocks` blocks
+        // (`Operands::column`), so it holds more than `(T - 1) * blocks`, and `t < T`.
+        unsafe { self.from.get_unchecked(t * self.blocks) }
     }
 }
 
