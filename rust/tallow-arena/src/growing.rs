@@ -98,8 +98,7 @@ impl GrowingArena {
         self.main = Arena::try_new(capacity)?;
         // The bytes the next round of this size takes are written once now, at the end of the
         // round that grew the arena: left to the next round, each of their pages would be
-        // faulted in (and zeroed by the kernel) in the middle of its work, a twentieth of a
-        // 512-token prefill of a 1B model.
+        // faulted in (and zeroed by the kernel) in the middle of its work.
         self.main.touch(needed);
         Ok(())
     }

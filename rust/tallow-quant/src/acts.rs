@@ -4,7 +4,7 @@ use tallow_threads::DisjointSlice;
 
 use crate::blocks::{as_blocks, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::fp16::f16_to_f32;
-use crate::kernels::{TileActs, TileScales, TILE_LANES};
+use crate::kernels::{SubBlockPairs, TileActs, TileScales, TILE_LANES};
 use crate::{sizes, GgmlType, Isa, QuantError};
 
 /// Below this many elements, activations are quantized on the calling thread.
@@ -19,7 +19,8 @@ const TOKENS_PER_TASK: usize = 4;
 ///
 /// Besides the quantized rows it holds, in Q8_0, Q8_1 or Q8_K, the block scales and sums as f32
 /// laid out for the tile and packed kernels (see [`TileScales`]): `d` of each block, and `s`,
-/// which is the Q8_1 block's own `s` (`d * sum(q)`) or, for Q8_0 and Q8_K, the integer `sum(q)`.
+/// which is the Q8_1 block's own `s` (`d * sum(q)`) or, for Q8_0 and Q8_K, the integer `sum(q)`;
+/// for Q8_K also its sub-blocks' sums ([`SubBlockPairs`]).
 #[derive(Debug, Clone, Copy)]
 pub struct QuantizedActs<'a> {
     ty: GgmlType,
@@ -31,6 +32,8 @@ pub struct QuantizedActs<'a> {
     /// many block sums (`s`). Empty when there are no tile scales.
     d: &'a [f32],
     s: &'a [f32],
+    /// Laid out as `d`, for Q8_K; else empty.
+    pairs: &'a [SubBlockPairs],
 }
 
 /// Buffer lengths that [`QuantizedActs::quantize`] needs.
@@ -53,7 +56,12 @@ impl<'a> QuantizedActs<'a> {
         let bytes = sizes::product(n_tokens, row_bytes, "quantized activations")?;
         let scales = if has_tile_scales(vec_dot_type, n_tokens) {
             let per_group = sizes::product(cols / vec_dot_type.block_len(), TILE_LANES, "scales")?;
-            sizes::product(n_tokens.div_ceil(TILE_LANES) * 2, per_group, "scales")?
+            let per_lane = 2 + pair_words(vec_dot_type);
+            sizes::product(
+                n_tokens.div_ceil(TILE_LANES) * per_lane,
+                per_group,
+                "scales",
+            )?
         } else {
             0
         };
@@ -126,9 +134,12 @@ impl<'a> QuantizedActs<'a> {
             }
         }
         let data: &'a [u8] = data;
-        let (d, s) = scales.split_at_mut(len.scales / 2);
+        let lanes = len.scales / (2 + pair_words(vec_dot_type));
+        let (d, rest) = scales.split_at_mut(lanes);
+        let (s, pairs) = rest.split_at_mut(lanes);
+        let pairs = as_pairs(pairs);
         if len.scales > 0 {
-            fill_tile_scales(vec_dot_type, data, row_bytes, n_tokens, cols, d, s);
+            fill_tile_scales(vec_dot_type, data, row_bytes, n_tokens, cols, d, s, pairs);
         }
         Ok(QuantizedActs {
             ty: vec_dot_type,
@@ -138,6 +149,7 @@ impl<'a> QuantizedActs<'a> {
             data,
             d,
             s,
+            pairs,
         })
     }
 
@@ -152,6 +164,7 @@ impl<'a> QuantizedActs<'a> {
             data: &[],
             d: &[],
             s: &[],
+            pairs: &[],
         }
     }
 
@@ -194,7 +207,8 @@ impl<'a> QuantizedActs<'a> {
         let group = g * group_len..(g + 1) * group_len;
         let scales = TileScales {
             d: &self.d[group.clone()],
-            s: &self.s[group],
+            s: &self.s[group.clone()],
+            pairs: self.pairs.get(group).unwrap_or_default(),
             lane0: 0,
         };
         (first, TileActs::new(rows, self.row_bytes, n), scales)
@@ -205,8 +219,26 @@ fn has_tile_scales(ty: GgmlType, n_tokens: usize) -> bool {
     n_tokens >= 1 && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8_K)
 }
 
-/// Writes the f32 block scales and sums of every token, lane-interleaved per group of
-/// [`TILE_LANES`] tokens; lanes past the last token stay 0.
+/// The f32 words of tile scales that a block's [`SubBlockPairs`] take per token: 4 for Q8_K,
+/// none for the formats without sub-blocks.
+fn pair_words(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q8_K => size_of::<SubBlockPairs>() / size_of::<f32>(),
+        _ => 0,
+    }
+}
+
+/// The words of `words` (as many as [`pair_words`] gives the tile scales), as sub-block pairs.
+fn as_pairs(words: &mut [f32]) -> &mut [SubBlockPairs] {
+    let n = size_of_val(words) / size_of::<SubBlockPairs>();
+    // SAFETY: `SubBlockPairs` is four i32, of f32's size and alignment, and every bit pattern
+    // is a valid i32; the `n` entries lie inside `words`, whose exclusive borrow moves here.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<SubBlockPairs>(), n) }
+}
+
+/// Writes the f32 block scales and sums of every token (and for Q8_K the sub-block pairs),
+/// lane-interleaved per group of [`TILE_LANES`] tokens; lanes past the last token stay 0.
+#[allow(clippy::too_many_arguments)]
 fn fill_tile_scales(
     ty: GgmlType,
     data: &[u8],
@@ -215,10 +247,12 @@ fn fill_tile_scales(
     cols: usize,
     d: &mut [f32],
     s: &mut [f32],
+    pairs: &mut [SubBlockPairs],
 ) {
     let group_len = cols / ty.block_len() * TILE_LANES;
     d.fill(0.0);
     s.fill(0.0);
+    pairs.fill([0; 4]);
     for t in 0..n_tokens {
         let row = &data[t * row_bytes..(t + 1) * row_bytes];
         let first = t / TILE_LANES * group_len + t % TILE_LANES;
@@ -235,6 +269,10 @@ fn fill_tile_scales(
                     d[i] = block.d();
                     // At most 256 * 127 in magnitude: exact in f32.
                     s[i] = (0..16).map(|g| block.bsum(g)).sum::<i32>() as f32;
+                    let sub_block = |k: usize| block.bsum(2 * k) + block.bsum(2 * k + 1);
+                    pairs[i] = std::array::from_fn(|j| {
+                        (sub_block(2 * j) & 0xffff) | (sub_block(2 * j + 1) << 16)
+                    });
                 }
             }
             _ => {

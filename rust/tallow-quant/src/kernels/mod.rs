@@ -97,13 +97,22 @@ impl<'a> TileActs<'a> {
 
 /// The activation block scales of a group of [`TILE_LANES`] tokens, converted to f32 once per
 /// product: `d[TILE_LANES * b + lane]` is `d` of block `b` of the group's token `lane` (and
-/// `s` likewise the block sums: Q8_1's `s`, or Q8_0's integer `sum(q)`), 0 for lanes past the
-/// last token. A tile covers the tokens `lane0..lane0 + a.len()` of the group.
+/// `s` likewise the block sums: Q8_1's `s`, or Q8_0's and Q8_K's integer `sum(q)`), 0 for
+/// lanes past the last token. A tile covers the tokens `lane0..lane0 + a.len()` of the group.
 pub(crate) struct TileScales<'a> {
     pub(crate) d: &'a [f32],
     pub(crate) s: &'a [f32],
+    /// For Q8_K (else empty), `pairs[TILE_LANES * b + lane]`: the sums of block `b`'s
+    /// sub-blocks of 32 columns in pairs, [`SubBlockPairs`].
+    pub(crate) pairs: &'a [SubBlockPairs],
     pub(crate) lane0: usize,
 }
+
+/// A Q8_K block's sums of its 8 sub-blocks of 32 columns, in pairs: entry `j` holds the sums
+/// of sub-blocks `2j` (low i16) and `2j + 1` (high i16), each within 32 * 127. Taken once at
+/// quantization, where each row group's kernel took them from the block's 16 group sums for
+/// every token of every block.
+pub(crate) type SubBlockPairs = [i32; 4];
 
 impl TileScales<'_> {
     /// Panics unless the scales cover `blocks` blocks and the tile's `tokens` lanes.
@@ -111,7 +120,10 @@ impl TileScales<'_> {
     pub(crate) fn check(&self, blocks: usize, tokens: usize) {
         let len = blocks * TILE_LANES;
         assert!(
-            self.d.len() == len && self.s.len() == len && self.lane0 + tokens <= TILE_LANES,
+            self.d.len() == len
+                && self.s.len() == len
+                && (self.pairs.is_empty() || self.pairs.len() == len)
+                && self.lane0 + tokens <= TILE_LANES,
             "tile scales do not fit the operands"
         );
     }

@@ -102,12 +102,13 @@ fn quantize_into_caller_buffers_checks_their_lengths() {
             .scales,
         2 * 8
     );
-    // Q8_K (for the K-quants' packed kernels) too; Q8_0 without tokens has none.
+    // Q8_K (for the K-quants' packed kernels) too, with four words of sub-block pairs per
+    // lane; Q8_0 without tokens has none.
     assert_eq!(
         QuantizedActs::buffer_len(GgmlType::Q8_K, 3, 256)
             .unwrap()
             .scales,
-        2 * 8
+        (2 + 4) * 8
     );
     assert_eq!(
         QuantizedActs::buffer_len(GgmlType::Q8_0, 0, 256)

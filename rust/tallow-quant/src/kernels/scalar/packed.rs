@@ -35,9 +35,10 @@ fn packed<W: Block, A: Block>(
     let layout = Layout::of(ty).expect("packed formats have a layout");
     let n = a.len();
     assert!((1..=TILE_LANES).contains(&n) && out.len() == n);
-    let acts: [&[A]; TILE_LANES] = std::array::from_fn(|t| as_blocks::<A>(a.row(t.min(n - 1))));
-    let blocks = acts[0].len();
-    assert!(acts.iter().all(|a| a.len() == blocks));
+    // Token `t`'s blocks are `acts[t * blocks..][..blocks]`.
+    let acts = as_blocks::<A>(a.bytes());
+    let blocks = acts.len() / n;
+    assert!(blocks * size_of::<A>() == a.row(0).len());
     scales.check(blocks, n);
     let group_bytes = blocks * layout.packed_block_bytes();
     assert!(group_bytes > 0 && groups.len().is_multiple_of(group_bytes));
@@ -53,7 +54,7 @@ fn packed<W: Block, A: Block>(
                 let w = &as_blocks::<W>(unpacked)[0];
                 for (t, acc) in acc[..n].iter_mut().enumerate() {
                     let lane = scales.lane0 + t;
-                    *acc = block(w, &acts[t][b], d[lane], s[lane], *acc);
+                    *acc = block(w, &acts[t * blocks + b], d[lane], s[lane], *acc);
                 }
             }
             for (out, acc) in out.iter_mut().zip(acc) {

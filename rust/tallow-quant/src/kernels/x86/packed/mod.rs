@@ -36,11 +36,13 @@ use std::arch::x86_64::*;
 mod operands;
 mod simd;
 
-use self::operands::{act_quad, Bytes, Operands};
+use self::operands::{act_quad, Bytes, Operands, PairsAt};
 use self::simd::{Simd, V256, V512};
 use super::{Bw, Vnni};
 use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES};
-use crate::kernels::{TileActs, TileScales, WeightsAt, DECODED_BLOCK_BYTES, PACK_ROWS};
+use crate::kernels::{
+    SubBlockPairs, TileActs, TileScales, WeightsAt, DECODED_BLOCK_BYTES, PACK_ROWS,
+};
 
 /// `[f(0), .., f(n - 1)]` of integer vectors, built by a loop in the function that uses it: a
 /// closure is a function of its own, which the compiler may leave out of line.
@@ -90,7 +92,8 @@ trait Format<S: Simd> {
     /// The activation bytes of sub-block `s`.
     fn y(act: &Self::Act, s: usize) -> &[i8; 32];
     /// `acc` plus the block's products for one token: `isum` is the sum of its
-    /// [`Format::pass_sum`]s, `da` and `sa` the token's f32 block scale and sum.
+    /// [`Format::pass_sum`]s, `da` and `sa` the token's f32 block scale and sum, `pairs` where
+    /// its sub-blocks' sums are (for Q8_K).
     unsafe fn finish(
         acc: S::F,
         isum: S::I,
@@ -98,6 +101,7 @@ trait Format<S: Simd> {
         act: &Self::Act,
         da: f32,
         sa: f32,
+        pairs: PairsAt<'_>,
     ) -> S::F;
 }
 
@@ -155,8 +159,8 @@ macro_rules! packed_loop {
                         for t in 0..T {
                             let lane = ops.lane0 + t;
                             let (d, s) = (da[b][lane], sa[b][lane]);
-                            let act = act.token(t);
-                            acc[h][t] = F::finish(acc[h][t], isum[t], &half, act, d, s);
+                            let (act, pairs) = (act.token(t), ops.pairs(b, lane));
+                            acc[h][t] = F::finish(acc[h][t], isum[t], &half, act, d, s, pairs);
                         }
                     }
                 }
@@ -352,7 +356,15 @@ impl<S: Simd> Format<S> for Q40 {
         &act.qs
     }
     #[inline(always)]
-    unsafe fn finish(acc: S::F, isum: S::I, d: &S::F, _: &BlockQ8_0, da: f32, sa: f32) -> S::F {
+    unsafe fn finish(
+        acc: S::F,
+        isum: S::I,
+        d: &S::F,
+        _: &BlockQ8_0,
+        da: f32,
+        sa: f32,
+        _: PairsAt<'_>,
+    ) -> S::F {
         offset_block::<S>(acc, isum, *d, da, sa, 8.0)
     }
 }
@@ -399,6 +411,7 @@ impl<S: Simd> Format<S> for Q41 {
         _: &BlockQ8_1,
         da: f32,
         sa: f32,
+        _: PairsAt<'_>,
     ) -> S::F {
         let acc = scaled::<S>(acc, d, da, S::to_f32(isum));
         S::fmadd(m, S::splat(sa), acc)
@@ -442,7 +455,15 @@ impl<S: Simd> Format<S> for Q50 {
         &act.qs
     }
     #[inline(always)]
-    unsafe fn finish(acc: S::F, isum: S::I, d: &S::F, _: &BlockQ8_0, da: f32, sa: f32) -> S::F {
+    unsafe fn finish(
+        acc: S::F,
+        isum: S::I,
+        d: &S::F,
+        _: &BlockQ8_0,
+        da: f32,
+        sa: f32,
+        _: PairsAt<'_>,
+    ) -> S::F {
         offset_block::<S>(acc, isum, *d, da, sa, 16.0)
     }
 }
@@ -517,6 +538,7 @@ impl Format<V256> for Q80 {
         _: &BlockQ8_0,
         da: f32,
         _: f32,
+        _: PairsAt<'_>,
     ) -> __m256 {
         scaled::<V256>(acc, *d, da, _mm256_cvtepi32_ps(isum))
     }
@@ -563,6 +585,7 @@ impl Format<V512<Vnni>> for Q80 {
         _: &BlockQ8_0,
         da: f32,
         sa: f32,
+        _: PairsAt<'_>,
     ) -> __m512 {
         offset_block::<V512<Vnni>>(acc, isum, *d, da, sa, 128.0)
     }
@@ -609,19 +632,18 @@ unsafe fn k4_half<S: Simd>(fields: &[u8; 64], words: &[u8], h: usize) -> K4Half<
 }
 
 /// Q4_K and Q5_K: `d * da * sum(scale * q * y) - dmin * da * sum(min * y)`, the mins
-/// against the token's group sums.
+/// against the token's sub-block sums.
 #[inline(always)]
 unsafe fn k4_finish<S: Simd>(
     acc: S::F,
     isum: S::I,
     half: &K4Half<S>,
-    act: &BlockQ8K,
+    pairs: &SubBlockPairs,
     da: f32,
 ) -> S::F {
-    let pairs = S::sub_block_pairs(&act.bsums);
     let mut mins = S::zero();
-    for (&m, y) in half.mins.iter().zip(pairs) {
-        mins = S::madd_add(mins, m, y);
+    for (&m, &y) in half.mins.iter().zip(pairs) {
+        mins = S::madd_add(mins, m, S::splat_i32(y));
     }
     k_min_finish::<S>(acc, isum, half.d, half.dmin, mins, da)
 }
@@ -717,11 +739,12 @@ impl<S: Simd> Format<S> for Q4K {
         acc: S::F,
         isum: S::I,
         half: &K4Half<S>,
-        act: &BlockQ8K,
+        _: &BlockQ8K,
         da: f32,
         _: f32,
+        pairs: PairsAt<'_>,
     ) -> S::F {
-        k4_finish::<S>(acc, isum, half, act, da)
+        k4_finish::<S>(acc, isum, half, pairs.get(), da)
     }
 }
 
@@ -766,11 +789,12 @@ impl<S: Simd> Format<S> for Q5K {
         acc: S::F,
         isum: S::I,
         half: &K4Half<S>,
-        act: &BlockQ8K,
+        _: &BlockQ8K,
         da: f32,
         _: f32,
+        pairs: PairsAt<'_>,
     ) -> S::F {
-        k4_finish::<S>(acc, isum, half, act, da)
+        k4_finish::<S>(acc, isum, half, pairs.get(), da)
     }
 }
 
@@ -858,6 +882,7 @@ impl<S: Simd> Format<S> for Q6K {
         act: &BlockQ8K,
         da: f32,
         _: f32,
+        _: PairsAt<'_>,
     ) -> S::F {
         let offsets = S::shl32::<5>(weighted_bsums::<S>(act, &half.pairs));
         scaled::<S>(acc, half.d, da, S::to_f32(S::sub32(isum, offsets)))
@@ -960,6 +985,7 @@ impl<S: Simd> Format<S> for Q2K {
         act: &BlockQ8K,
         da: f32,
         _: f32,
+        _: PairsAt<'_>,
     ) -> S::F {
         let mins = weighted_bsums::<S>(act, &half.mins);
         k_min_finish::<S>(acc, isum, half.d, half.dmin, mins, da)
@@ -1041,6 +1067,7 @@ impl<S: Simd> Format<S> for Q3K {
         act: &BlockQ8K,
         da: f32,
         _: f32,
+        _: PairsAt<'_>,
     ) -> S::F {
         let offsets = S::shl32::<2>(weighted_bsums::<S>(act, &half.pairs));
         scaled::<S>(acc, half.d, da, S::to_f32(S::sub32(isum, offsets)))
@@ -1115,6 +1142,7 @@ impl<S: Simd> Format<S> for Decoded {
         act: &BlockQ8K,
         da: f32,
         _: f32,
+        _: PairsAt<'_>,
     ) -> S::F {
         const { assert!(DECODED_OFFSET == 1 << 6) };
         let offsets = S::shl32::<6>(weighted_bsums::<S>(act, &half.pairs));
@@ -1182,6 +1210,7 @@ impl Format<V256> for Iq4Nl {
         _: &BlockQ8_0,
         da: f32,
         _: f32,
+        _: PairsAt<'_>,
     ) -> __m256 {
         scaled::<V256>(acc, *d, da, _mm256_cvtepi32_ps(isum))
     }
@@ -1263,6 +1292,7 @@ impl Format<V256> for Iq4Xs {
         _: &BlockQ8K,
         da: f32,
         _: f32,
+        _: PairsAt<'_>,
     ) -> __m256 {
         scaled::<V256>(acc, half.d, da, _mm256_cvtepi32_ps(isum))
     }
@@ -1347,6 +1377,7 @@ impl Format<V512<Vnni>> for Iq4Xs {
         act: &BlockQ8K,
         da: f32,
         _: f32,
+        _: PairsAt<'_>,
     ) -> __m512 {
         type S = V512<Vnni>;
         // Sub-block `k`'s scale against its two groups' sums, times the 128.

@@ -2,7 +2,7 @@
 //! and viewed as blocks, for every instruction set's kernels.
 
 use crate::blocks::{as_blocks, Block};
-use crate::kernels::{TileActs, TileScales, PACK_ROWS, TILE_LANES};
+use crate::kernels::{SubBlockPairs, TileActs, TileScales, PACK_ROWS, TILE_LANES};
 
 /// A fixed number of bytes, viewed in place: a packed block's f16 fields or its words.
 pub(super) trait Bytes: 'static {
@@ -29,6 +29,7 @@ pub(super) struct Operands<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> {
     acts: &'a [A],
     pub(super) d: &'a [[f32; TILE_LANES]],
     pub(super) s: &'a [[f32; TILE_LANES]],
+    pairs: &'a [SubBlockPairs],
     pub(super) lane0: usize,
     layout: std::marker::PhantomData<(&'a S, &'a Q)>,
 }
@@ -61,6 +62,7 @@ impl<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> Operands<'a, A, S, Q, T> 
             acts,
             d: scales.d.as_chunks::<TILE_LANES>().0,
             s: scales.s.as_chunks::<TILE_LANES>().0,
+            pairs: scales.pairs,
             lane0: scales.lane0,
             layout: std::marker::PhantomData,
         }
@@ -73,6 +75,15 @@ impl<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> Operands<'a, A, S, Q, T> 
         Column {
             from: &self.acts[b..],
             blocks: self.blocks,
+        }
+    }
+
+    /// Where the sub-block pairs of block `b` of the token in lane `lane` are.
+    #[inline(always)]
+    pub(super) fn pairs(&self, b: usize, lane: usize) -> PairsAt<'a> {
+        PairsAt {
+            pairs: self.pairs,
+            at: b * TILE_LANES + lane,
         }
     }
 
@@ -107,6 +118,21 @@ impl<'a, A, const T: usize> Column<'a, A, T> {
         // SAFETY: `from` starts at block `b < blocks` of `T * blocks` blocks
         // (`Operands::column`), so it holds more than `(T - 1) * blocks`, and `t < T`.
         unsafe { self.from.get_unchecked(t * self.blocks) }
+    }
+}
+
+/// Where a token's [`SubBlockPairs`] are: looked up by the formats that take them alone
+/// (Q4_K and Q5_K, whose activations are Q8_K, which has them).
+#[derive(Clone, Copy)]
+pub(super) struct PairsAt<'a> {
+    pairs: &'a [SubBlockPairs],
+    at: usize,
+}
+
+impl<'a> PairsAt<'a> {
+    #[inline(always)]
+    pub(super) fn get(self) -> &'a SubBlockPairs {
+        &self.pairs[self.at]
     }
 }
 

@@ -79,10 +79,6 @@ pub(super) trait Simd {
     /// The high i16 of each i32 lane, sign-extended: one of a lane's two equal i16 scales as
     /// an i32.
     unsafe fn high_i16(v: Self::I) -> Self::I;
-    /// From a Q8_K block's 16 group sums (`bsums`, i16 each), the sums of its sub-blocks of
-    /// 32 columns in pairs: vector `j` holds the sums of sub-blocks `2j` and `2j + 1` as the
-    /// two i16 of every lane (each within 32 * 127).
-    unsafe fn sub_block_pairs(bsums: &[u8; 32]) -> [Self::I; 4];
     /// The low 32 bits of the i32 lanes' products.
     unsafe fn mullo32(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn add16(a: Self::I, b: Self::I) -> Self::I;
@@ -116,17 +112,6 @@ fn byte_pair_pattern(lo: usize, hi: usize, signed: bool) -> i32 {
     } else {
         lo | (zero << 8) | (hi << 16) | (zero << 24)
     }
-}
-
-/// The sub-block sums of a Q8_K block's group sums `bsums` packed to i16: i32 lanes 0, 1, 4
-/// and 5 hold sub-blocks (0, 1), (2, 3), (4, 5) and (6, 7).
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn sub_block_pairs_packed(bsums: &[u8; 32]) -> __m256i {
-    let groups = _mm256_loadu_si256(bsums.as_ptr().cast());
-    let sums = _mm256_madd_epi16(groups, _mm256_set1_epi16(1));
-    // Within each 128-bit half: the half's four sums, twice; none saturates.
-    _mm256_packs_epi32(sums, sums)
 }
 
 /// How far ahead of the block it reads a product asks for the weights, and into
@@ -253,12 +238,6 @@ impl Simd for V256 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn high_i16(v: __m256i) -> __m256i {
         _mm256_srai_epi32::<16>(v)
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn sub_block_pairs(bsums: &[u8; 32]) -> [__m256i; 4] {
-        let packed = sub_block_pairs_packed(bsums);
-        [0, 1, 4, 5].map(|i| _mm256_permutevar8x32_epi32(packed, _mm256_set1_epi32(i)))
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -453,12 +432,6 @@ impl<D: DotBytes> Simd for V512<D> {
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn high_i16(v: __m512i) -> __m512i {
         _mm512_srai_epi32::<16>(v)
-    }
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn sub_block_pairs(bsums: &[u8; 32]) -> [__m512i; 4] {
-        let packed = _mm512_castsi256_si512(sub_block_pairs_packed(bsums));
-        [0, 1, 4, 5].map(|i| _mm512_permutexvar_epi32(_mm512_set1_epi32(i), packed))
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
