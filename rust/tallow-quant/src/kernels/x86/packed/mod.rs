@@ -322,6 +322,39 @@ unsafe fn offset_block<S: Simd>(
     scaled::<S>(acc, d, da, sums)
 }
 
+/// The methods of Q4_0 and Q5_0, whose sums need no scale and whose offset (`$offset`, 8 or
+/// 16) comes back through the token's block sum.
+macro_rules! offset_q8_0_sums {
+    ($offset:expr) => {
+        #[inline(always)]
+        unsafe fn pass_sum(
+            acc: S::I,
+            steps: &[S::I],
+            y: &[i8; 32],
+            _: &S::F,
+            _: usize,
+            first: usize,
+        ) -> S::I {
+            unscaled_sum::<S>(acc, steps, y, first)
+        }
+        fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
+            &act.qs
+        }
+        #[inline(always)]
+        unsafe fn finish(
+            acc: S::F,
+            isum: S::I,
+            d: &S::F,
+            _: &BlockQ8_0,
+            da: f32,
+            sa: f32,
+            _: PairsAt<'_>,
+        ) -> S::F {
+            offset_block::<S>(acc, isum, *d, da, sa, $offset)
+        }
+    };
+}
+
 struct Q40;
 
 impl<S: Simd> Format<S> for Q40 {
@@ -341,32 +374,7 @@ impl<S: Simd> Format<S> for Q40 {
     unsafe fn step(words: &[u8; 256], h: usize, _: usize, c: usize) -> S::I {
         S::nibbles(S::word(words, c % 4, h), c / 4)
     }
-    #[inline(always)]
-    unsafe fn pass_sum(
-        acc: S::I,
-        steps: &[S::I],
-        y: &[i8; 32],
-        _: &S::F,
-        _: usize,
-        first: usize,
-    ) -> S::I {
-        unscaled_sum::<S>(acc, steps, y, first)
-    }
-    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
-        &act.qs
-    }
-    #[inline(always)]
-    unsafe fn finish(
-        acc: S::F,
-        isum: S::I,
-        d: &S::F,
-        _: &BlockQ8_0,
-        da: f32,
-        sa: f32,
-        _: PairsAt<'_>,
-    ) -> S::F {
-        offset_block::<S>(acc, isum, *d, da, sa, 8.0)
-    }
+    offset_q8_0_sums!(8.0);
 }
 
 /// Q4_1: `d * da * sum(q * y) + m * sa`.
@@ -440,32 +448,7 @@ impl<S: Simd> Format<S> for Q50 {
         let low = S::nibbles(S::word(words, c % 4, h), c / 4);
         S::or(low, S::bits_to_4(S::word(words, 4, h), c, 0x10))
     }
-    #[inline(always)]
-    unsafe fn pass_sum(
-        acc: S::I,
-        steps: &[S::I],
-        y: &[i8; 32],
-        _: &S::F,
-        _: usize,
-        first: usize,
-    ) -> S::I {
-        unscaled_sum::<S>(acc, steps, y, first)
-    }
-    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
-        &act.qs
-    }
-    #[inline(always)]
-    unsafe fn finish(
-        acc: S::F,
-        isum: S::I,
-        d: &S::F,
-        _: &BlockQ8_0,
-        da: f32,
-        sa: f32,
-        _: PairsAt<'_>,
-    ) -> S::F {
-        offset_block::<S>(acc, isum, *d, da, sa, 16.0)
-    }
+    offset_q8_0_sums!(16.0);
 }
 
 /// `acc` plus, per row, the dot products of signed steps (values, magnitudes; from step
