@@ -209,7 +209,6 @@ impl<'a> QuantizedActs<'a> {
             d: &self.d[group.clone()],
             s: &self.s[group.clone()],
             pairs: self.pairs.get(group).unwrap_or_default(),
-            lane0: 0,
         };
         (first, TileActs::new(rows, self.row_bytes, n), scales)
     }

@@ -84,28 +84,28 @@ impl<'a> TileActs<'a> {
         self.rows
     }
 
-    /// Token `t`'s row.
-    pub(crate) fn row(&self, t: usize) -> &'a [u8] {
-        &self.bytes[t * self.row_bytes..(t + 1) * self.row_bytes]
-    }
-
-    /// Every row, one after the other.
-    pub(crate) fn bytes(&self) -> &'a [u8] {
-        self.bytes
+    /// Every token's blocks, one token after the other, and the number of blocks a token
+    /// has. Panics unless a row is whole blocks.
+    pub(crate) fn blocks<A: crate::blocks::Block>(&self) -> (&'a [A], usize) {
+        let blocks = self.row_bytes / size_of::<A>();
+        assert!(
+            blocks * size_of::<A>() == self.row_bytes,
+            "rows of whole blocks"
+        );
+        (crate::blocks::as_blocks::<A>(self.bytes), blocks)
     }
 }
 
 /// The activation block scales of a group of [`TILE_LANES`] tokens, converted to f32 once per
 /// product: `d[TILE_LANES * b + lane]` is `d` of block `b` of the group's token `lane` (and
 /// `s` likewise the block sums: Q8_1's `s`, or Q8_0's and Q8_K's integer `sum(q)`), 0 for
-/// lanes past the last token. A tile covers the tokens `lane0..lane0 + a.len()` of the group.
+/// lanes past the last token. A tile covers the tokens `0..a.len()` of the group.
 pub(crate) struct TileScales<'a> {
     pub(crate) d: &'a [f32],
     pub(crate) s: &'a [f32],
     /// For Q8_K (else empty), `pairs[TILE_LANES * b + lane]`: the sums of block `b`'s
     /// sub-blocks of 32 columns in pairs, [`SubBlockPairs`].
     pub(crate) pairs: &'a [SubBlockPairs],
-    pub(crate) lane0: usize,
 }
 
 /// A Q8_K block's sums of its 8 sub-blocks of 32 columns, in pairs: entry `j` holds the sums
@@ -123,7 +123,7 @@ impl TileScales<'_> {
             self.d.len() == len
                 && self.s.len() == len
                 && (self.pairs.is_empty() || self.pairs.len() == len)
-                && self.lane0 + tokens <= TILE_LANES,
+                && tokens <= TILE_LANES,
             "tile scales do not fit the operands"
         );
     }

@@ -36,9 +36,7 @@ fn packed<W: Block, A: Block>(
     let n = a.len();
     assert!((1..=TILE_LANES).contains(&n) && out.len() == n);
     // Token `t`'s blocks are `acts[t * blocks..][..blocks]`.
-    let acts = as_blocks::<A>(a.bytes());
-    let blocks = acts.len() / n;
-    assert!(blocks * size_of::<A>() == a.row(0).len());
+    let (acts, blocks) = a.blocks::<A>();
     scales.check(blocks, n);
     let group_bytes = blocks * layout.packed_block_bytes();
     assert!(group_bytes > 0 && groups.len().is_multiple_of(group_bytes));
@@ -53,8 +51,7 @@ fn packed<W: Block, A: Block>(
                 layout.unpack_block(group, b, row, unpacked);
                 let w = &as_blocks::<W>(unpacked)[0];
                 for (t, acc) in acc[..n].iter_mut().enumerate() {
-                    let lane = scales.lane0 + t;
-                    *acc = block(w, &acts[t * blocks + b], d[lane], s[lane], *acc);
+                    *acc = block(w, &acts[t * blocks + b], d[t], s[t], *acc);
                 }
             }
             for (out, acc) in out.iter_mut().zip(acc) {

@@ -119,8 +119,9 @@ fn tile_operands<'a, W: crate::blocks::Block, A: crate::blocks::Block, const T: 
     out: &[f32],
 ) -> (&'a [W], [&'a [A]; T]) {
     let w = crate::blocks::as_blocks::<W>(w);
-    let a: [&[A]; T] = std::array::from_fn(|t| crate::blocks::as_blocks::<A>(a.row(t)));
-    assert!(a.iter().all(|a| a.len() == w.len()) && out.len() == T);
+    let (acts, blocks) = a.blocks::<A>();
+    assert!(blocks == w.len() && a.len() == T && out.len() == T);
     scales.check(w.len(), T);
-    (w, a.map(|a| &a[..w.len()]))
+    let a: [&[A]; T] = std::array::from_fn(|t| &acts[t * blocks..(t + 1) * blocks]);
+    (w, a)
 }

@@ -1021,7 +1021,6 @@ unsafe fn tile_q4_1_q8_1<const T: usize>(
 ) {
     let (w, a) = tile_operands::<BlockQ4_1, BlockQ8_1, T>(w, a, scales, out);
     let ad = block_scales(scales.d, w.len());
-    let lane0 = scales.lane0.min(8 - T);
     let mut acc = [_mm256_setzero_ps(); T];
     let s8 = block_scales(scales.s, w.len());
     let mut offsets = _mm256_setzero_ps();
@@ -1032,13 +1031,13 @@ unsafe fn tile_q4_1_q8_1<const T: usize>(
         offsets = _mm256_add_ps(offsets, mins);
         for t in 0..T {
             let sums = _mm256_cvtepi32_ps(dot_u8_i8(q, load_i8(&a[t][b].qs)));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * ad[b][lane0 + t]), sums, acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(wd * ad[b][t]), sums, acc[t]);
         }
     }
     let mut offs = [0f32; 8];
     _mm256_storeu_ps(offs.as_mut_ptr(), offsets);
     for t in 0..T {
-        out[t] = hsum(acc[t]) + offs[lane0 + t];
+        out[t] = hsum(acc[t]) + offs[t];
     }
 }
 
@@ -1058,8 +1057,7 @@ macro_rules! signed_tile {
             ) {
                 let (w, a) = tile_operands::<$block, BlockQ8_0, T>(w, a, scales, out);
                 let ad = block_scales(scales.d, w.len());
-                let lane0 = scales.lane0.min(8 - T);
-                let mut acc = [_mm256_setzero_ps(); T];
+                                let mut acc = [_mm256_setzero_ps(); T];
                 for (b, $w) in w.iter().enumerate() {
                     let q = $q;
                     let abs_q = _mm256_sign_epi8(q, q);
@@ -1068,7 +1066,7 @@ macro_rules! signed_tile {
                         let y = _mm256_sign_epi8(load_i8(&a[t][b].qs), q);
                         let sums = _mm256_cvtepi32_ps(dot_u8_i8(abs_q, y));
                         acc[t] =
-                            _mm256_fmadd_ps(_mm256_set1_ps(wd * ad[b][lane0 + t]), sums, acc[t]);
+                            _mm256_fmadd_ps(_mm256_set1_ps(wd * ad[b][t]), sums, acc[t]);
                     }
                 }
                 for t in 0..T {

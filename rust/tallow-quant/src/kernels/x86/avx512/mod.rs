@@ -406,9 +406,7 @@ unsafe fn tile_q4_0_q8_0<D: DotBytes, const T: usize>(
     out: &mut [f32],
 ) {
     let (w, a) = tile_operands::<BlockQ4_0, BlockQ8_0, T>(w, a, scales, out);
-    let lane0 = scales.lane0;
-    let index: [__m512i; T] =
-        std::array::from_fn(|t| lane_groups((lane0 + t) as i32, (8 + lane0 + t) as i32));
+    let index: [__m512i; T] = std::array::from_fn(|t| lane_groups(t as i32, (8 + t) as i32));
     let zero = _mm512_setzero_si512();
     let mut acc = [_mm512_setzero_ps(); T];
     let (w2, a2, w_tail, a_tail) = tile_pairs(w, a);
@@ -443,9 +441,7 @@ unsafe fn tile_q4_1_q8_1<D: DotBytes, const T: usize>(
     out: &mut [f32],
 ) {
     let (w, a) = tile_operands::<BlockQ4_1, BlockQ8_1, T>(w, a, scales, out);
-    let lane0 = scales.lane0;
-    let index: [__m512i; T] =
-        std::array::from_fn(|t| lane_groups((lane0 + t) as i32, (8 + lane0 + t) as i32));
+    let index: [__m512i; T] = std::array::from_fn(|t| lane_groups(t as i32, (8 + t) as i32));
     let zero = _mm512_setzero_si512();
     let mut acc = [_mm512_setzero_ps(); T];
     let mut offsets = _mm256_setzero_ps();
@@ -468,7 +464,7 @@ unsafe fn tile_q4_1_q8_1<D: DotBytes, const T: usize>(
     _mm256_storeu_ps(offs.as_mut_ptr(), offsets);
     for t in 0..T {
         let tail = tail_sum(w_tail, a_tail[t], reference::block_q4_1_q8_1);
-        out[t] = _mm512_reduce_add_ps(acc[t]) + offs[lane0 + t] + tail;
+        out[t] = _mm512_reduce_add_ps(acc[t]) + offs[t] + tail;
     }
 }
 
@@ -481,9 +477,7 @@ unsafe fn tile_q8_0_q8_0<D: DotBytes, const T: usize>(
     out: &mut [f32],
 ) {
     let (w, a) = tile_operands::<BlockQ8_0, BlockQ8_0, T>(w, a, scales, out);
-    let lane0 = scales.lane0;
-    let index: [__m512i; T] =
-        std::array::from_fn(|t| lane_groups((lane0 + t) as i32, (8 + lane0 + t) as i32));
+    let index: [__m512i; T] = std::array::from_fn(|t| lane_groups(t as i32, (8 + t) as i32));
     let zero = _mm512_setzero_si512();
     let mut acc = [_mm512_setzero_ps(); T];
     let (w2, a2, w_tail, a_tail) = tile_pairs(w, a);

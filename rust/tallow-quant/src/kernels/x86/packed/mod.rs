@@ -157,9 +157,8 @@ macro_rules! packed_loop {
                             }
                         }
                         for t in 0..T {
-                            let lane = ops.lane0 + t;
-                            let (d, s) = (da[b][lane], sa[b][lane]);
-                            let (act, pairs) = (act.token(t), ops.pairs(b, lane));
+                            let (d, s) = (da[b][t], sa[b][t]);
+                            let (act, pairs) = (act.token(t), ops.pairs(b, t));
                             acc[h][t] = F::finish(acc[h][t], isum[t], &half, act, d, s, pairs);
                         }
                     }

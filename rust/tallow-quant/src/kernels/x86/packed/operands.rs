@@ -1,7 +1,7 @@
 //! The operands of the packed kernels (the layout is described in `crate::packed`), checked
 //! and viewed as blocks, for every instruction set's kernels.
 
-use crate::blocks::{as_blocks, Block};
+use crate::blocks::Block;
 use crate::kernels::{SubBlockPairs, TileActs, TileScales, PACK_ROWS, TILE_LANES};
 
 /// A fixed number of bytes, viewed in place: a packed block's f16 fields or its words.
@@ -30,7 +30,6 @@ pub(super) struct Operands<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> {
     pub(super) d: &'a [[f32; TILE_LANES]],
     pub(super) s: &'a [[f32; TILE_LANES]],
     pairs: &'a [SubBlockPairs],
-    pub(super) lane0: usize,
     layout: std::marker::PhantomData<(&'a S, &'a Q)>,
 }
 
@@ -42,11 +41,8 @@ impl<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> Operands<'a, A, S, Q, T> 
         scales: &TileScales<'a>,
         out: &[&mut [f32]],
     ) -> Self {
-        let acts = as_blocks::<A>(a.bytes());
-        let blocks = a.row(0).len() / size_of::<A>();
-        assert!(
-            a.len() == T && acts.len() == T * blocks && blocks * size_of::<A>() == a.row(0).len()
-        );
+        let (acts, blocks) = a.blocks::<A>();
+        assert!(a.len() == T);
         let group_bytes = blocks * (S::LEN + Q::LEN);
         assert!(group_bytes > 0 && groups.len().is_multiple_of(group_bytes));
         let rows = groups.len() / group_bytes * PACK_ROWS;
@@ -63,7 +59,6 @@ impl<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> Operands<'a, A, S, Q, T> 
             d: scales.d.as_chunks::<TILE_LANES>().0,
             s: scales.s.as_chunks::<TILE_LANES>().0,
             pairs: scales.pairs,
-            lane0: scales.lane0,
             layout: std::marker::PhantomData,
         }
     }
