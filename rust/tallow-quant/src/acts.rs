@@ -4,7 +4,7 @@ use tallow_threads::DisjointSlice;
 
 use crate::blocks::{as_blocks, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::fp16::f16_to_f32;
-use crate::kernels::{SubBlockPairs, TileActs, TileScales, TILE_LANES};
+use crate::kernels::{SubBlockPairs, TileActs, TileScales, PACKED_TILE, TILE_LANES};
 use crate::{sizes, GgmlType, Isa, QuantError};
 
 /// Below this many elements, activations are quantized on the calling thread.
@@ -200,15 +200,30 @@ impl<'a> QuantizedActs<'a> {
     /// Token group `g` of [`TILE_LANES`] tokens (the last one possibly shorter), as one tile:
     /// its first token, its rows and its scales.
     pub(crate) fn tile(&self, g: usize) -> (usize, TileActs<'a>, TileScales<'a>) {
+        self.tile_of(g, TILE_LANES)
+    }
+
+    /// Tile `i` of a packed product: [`PACKED_TILE`] tokens (the last one possibly fewer).
+    pub(crate) fn packed_tile(&self, i: usize) -> (usize, TileActs<'a>, TileScales<'a>) {
+        self.tile_of(i * PACKED_TILE / TILE_LANES, PACKED_TILE)
+    }
+
+    /// Tiles of a packed product.
+    pub(crate) fn packed_tiles(&self) -> usize {
+        self.n_tokens.div_ceil(PACKED_TILE)
+    }
+
+    /// Up to `len` tokens from group `g` on, with their groups' scales.
+    fn tile_of(&self, g: usize, len: usize) -> (usize, TileActs<'a>, TileScales<'a>) {
         let first = g * TILE_LANES;
-        let n = TILE_LANES.min(self.n_tokens - first);
+        let n = len.min(self.n_tokens - first);
         let rows = &self.data[first * self.row_bytes..(first + n) * self.row_bytes];
         let group_len = self.d.len() / self.n_tokens.div_ceil(TILE_LANES);
-        let group = g * group_len..(g + 1) * group_len;
+        let groups = g * group_len..(g + n.div_ceil(TILE_LANES)) * group_len;
         let scales = TileScales {
-            d: &self.d[group.clone()],
-            s: &self.s[group.clone()],
-            pairs: self.pairs.get(group).unwrap_or_default(),
+            d: &self.d[groups.clone()],
+            s: &self.s[groups.clone()],
+            pairs: self.pairs.get(groups).unwrap_or_default(),
         };
         (first, TileActs::new(rows, self.row_bytes, n), scales)
     }

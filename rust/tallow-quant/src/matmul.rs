@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use tallow_threads::DisjointSlice;
 
-use crate::kernels::{Decoding, Rows, Tile, VecDot, WeightsAt, PACK_ROWS, TILE_LANES};
+use crate::kernels::{Decoding, Rows, Tile, VecDot, WeightsAt, PACKED_TILE, PACK_ROWS, TILE_LANES};
 use crate::{sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool would
@@ -204,7 +204,7 @@ impl Product<'_> {
     }
 
     /// [`Product::rows_into`] through a decoding: [`PACK_ROWS`] weight rows decoded into a
-    /// packed group at a time, then every group of [`TILE_LANES`] tokens against it.
+    /// packed group at a time, then every packed tile of tokens against it.
     fn decoded_into(
         &self,
         decoding: Decoding,
@@ -213,13 +213,13 @@ impl Product<'_> {
     ) {
         let kernel = decoding.kernel();
         let mut group = vec![0u8; decoding.group_bytes(self.blocks)];
-        let mut outputs = [[0f32; PACK_ROWS]; TILE_LANES];
+        let mut outputs = [[0f32; PACK_ROWS]; PACKED_TILE];
         for start in range.clone().step_by(PACK_ROWS) {
             let rows = start..range.end.min(start + PACK_ROWS);
             let w = &self.weight[rows.start * self.row_bytes..rows.end * self.row_bytes];
             decoding.decode(w, rows.len(), &mut group);
-            for g in 0..self.acts.n_tokens().div_ceil(TILE_LANES) {
-                let (first, a, scales) = self.acts.tile(g);
+            for tile in 0..self.acts.packed_tiles() {
+                let (first, a, scales) = self.acts.packed_tile(tile);
                 let n = a.len();
                 let mut outs = outputs.each_mut().map(|o| &mut o[..]);
                 // Decoded just before, the group is in the cache.

@@ -54,6 +54,12 @@ pub(crate) type RawTile = unsafe fn(w: &[u8], a: TileActs, scales: &TileScales, 
 /// Tokens in a group of [`TileScales`].
 pub(crate) const TILE_LANES: usize = 8;
 
+/// Tokens a packed kernel takes at once: up to two groups of [`TileScales`]. The unpacked
+/// steps of a pass serve every token of the tile, so AVX2, whose unpacking is a larger part of
+/// a step than AVX-512's, takes all 16 in one pass; the AVX-512 kernels, whose sums of 8
+/// tokens fill their registers, take a group at a time ([`each_scale_group`]).
+pub(crate) const PACKED_TILE: usize = 2 * TILE_LANES;
+
 /// The activation rows of a tile's tokens (1 to [`TILE_LANES`]), one after the other in one
 /// buffer as [`crate::QuantizedActs`] holds them: a kernel finds token `t`'s block `b` at a
 /// fixed distance from token 0's, where a table of rows cost a load per token in its
@@ -69,8 +75,8 @@ impl<'a> TileActs<'a> {
     /// The `rows` rows of `row_bytes` bytes that make up `bytes`.
     pub(crate) fn new(bytes: &'a [u8], row_bytes: usize, rows: usize) -> Self {
         assert!(
-            (1..=TILE_LANES).contains(&rows) && bytes.len() == rows * row_bytes,
-            "a tile has 1 to {TILE_LANES} whole rows of activations"
+            (1..=PACKED_TILE).contains(&rows) && bytes.len() == rows * row_bytes,
+            "a tile has 1 to {PACKED_TILE} whole rows of activations"
         );
         TileActs {
             bytes,
@@ -82,6 +88,16 @@ impl<'a> TileActs<'a> {
     /// The number of tokens.
     pub(crate) fn len(&self) -> usize {
         self.rows
+    }
+
+    /// The first `rows` tokens (of at least one more) and the rest.
+    pub(crate) fn split_at(&self, rows: usize) -> (Self, Self) {
+        assert!(rows > 0 && rows < self.rows, "two non-empty parts");
+        let (first, rest) = self.bytes.split_at(rows * self.row_bytes);
+        (
+            TileActs::new(first, self.row_bytes, rows),
+            TileActs::new(rest, self.row_bytes, self.rows - rows),
+        )
     }
 
     /// Every token's blocks, one token after the other, and the number of blocks a token
@@ -99,7 +115,8 @@ impl<'a> TileActs<'a> {
 /// The activation block scales of a group of [`TILE_LANES`] tokens, converted to f32 once per
 /// product: `d[TILE_LANES * b + lane]` is `d` of block `b` of the group's token `lane` (and
 /// `s` likewise the block sums: Q8_1's `s`, or Q8_0's and Q8_K's integer `sum(q)`), 0 for
-/// lanes past the last token. A tile covers the tokens `0..a.len()` of the group.
+/// lanes past the last token. A tile covers the tokens `0..a.len()` of the group. A packed
+/// tile of more than [`TILE_LANES`] tokens has two groups, one after the other.
 pub(crate) struct TileScales<'a> {
     pub(crate) d: &'a [f32],
     pub(crate) s: &'a [f32],
@@ -114,19 +131,58 @@ pub(crate) struct TileScales<'a> {
 /// every token of every block.
 pub(crate) type SubBlockPairs = [i32; 4];
 
-impl TileScales<'_> {
-    /// Panics unless the scales cover `blocks` blocks and the tile's `tokens` lanes.
+impl<'a> TileScales<'a> {
+    /// Panics unless the scales are the groups of `tokens` tokens (1 to [`PACKED_TILE`]) of
+    /// `blocks` blocks.
     #[inline]
     pub(crate) fn check(&self, blocks: usize, tokens: usize) {
-        let len = blocks * TILE_LANES;
+        let len = blocks * TILE_LANES * tokens.div_ceil(TILE_LANES);
         assert!(
             self.d.len() == len
                 && self.s.len() == len
                 && (self.pairs.is_empty() || self.pairs.len() == len)
-                && tokens <= TILE_LANES,
+                && (1..=PACKED_TILE).contains(&tokens),
             "tile scales do not fit the operands"
         );
     }
+
+    /// The first group of two, and the second.
+    fn split_groups(&self) -> (Self, Self) {
+        let half = self.d.len() / 2;
+        let pairs = |r: std::ops::Range<usize>| self.pairs.get(r).unwrap_or_default();
+        (
+            TileScales {
+                d: &self.d[..half],
+                s: &self.s[..half],
+                pairs: pairs(0..half),
+            },
+            TileScales {
+                d: &self.d[half..],
+                s: &self.s[half..],
+                pairs: pairs(half..self.d.len()),
+            },
+        )
+    }
+}
+
+/// A packed tile as calls of one group of [`TileScales`] each (the first [`TILE_LANES`]
+/// tokens, then the rest), for the kernels that take a group at a time: the first call finds
+/// the weights at `source`, the second in the cache.
+pub(crate) fn each_scale_group(
+    source: WeightsAt,
+    a: TileActs,
+    scales: &TileScales,
+    out: &mut [&mut [f32]],
+    mut kernel: impl FnMut(WeightsAt, TileActs, &TileScales, &mut [&mut [f32]]),
+) {
+    if a.len() <= TILE_LANES {
+        return kernel(source, a, scales, out);
+    }
+    let (first, rest) = a.split_at(TILE_LANES);
+    let (first_scales, rest_scales) = scales.split_groups();
+    let (first_out, rest_out) = out.split_at_mut(TILE_LANES);
+    kernel(source, first, &first_scales, first_out);
+    kernel(WeightsAt::Cache, rest, &rest_scales, rest_out);
 }
 
 /// A tile kernel that is safe to call on this CPU.
@@ -210,8 +266,8 @@ impl Rows {
 }
 
 /// A packed kernel: the bytes of consecutive groups of [`PACK_ROWS`] packed weight rows (see
-/// `crate::packed`) against the activation rows `a` of 1 to 8 tokens of one token group, with
-/// that group's [`TileScales`] (which must include the block sums), writing to `out[t]` the
+/// `crate::packed`) against the activation rows `a` of 1 to [`PACKED_TILE`] consecutive
+/// tokens, with their groups' [`TileScales`] (which must include the block sums), writing to `out[t]` the
 /// outputs of token `t` (`PACK_ROWS` per group). A token's outputs do not depend on the other
 /// tokens of the tile. `source` says where the groups' bytes are. Handed out by
 /// [`Isa::kernels`] only, for a set the running CPU has.

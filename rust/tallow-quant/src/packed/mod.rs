@@ -28,7 +28,7 @@ use tallow_threads::DisjointSlice;
 pub(crate) use layout::{Layout, MAX_BLOCK_BYTES};
 
 use crate::aligned::AlignedBytes;
-use crate::kernels::{Packed, WeightsAt, PACK_ROWS, TILE_LANES};
+use crate::kernels::{Packed, WeightsAt, PACKED_TILE, PACK_ROWS};
 use crate::{reference, sizes, GgmlType, Isa, QuantError, QuantizedActs};
 
 /// The formats with a packed layout (and a packed kernel on every instruction set that packs:
@@ -321,11 +321,11 @@ impl PackedMatrix {
             if (0..i).any(|j| group_of(j) == g) {
                 continue;
             }
-            for tile in 0..n_tokens.div_ceil(TILE_LANES) {
-                let (first, a, scales) = acts.tile(tile);
+            for tile in 0..acts.packed_tiles() {
+                let (first, a, scales) = acts.packed_tile(tile);
                 let n = a.len();
-                let mut outputs = [[0f32; PACK_ROWS]; TILE_LANES];
-                let mut outs: [&mut [f32]; TILE_LANES] = outputs.each_mut().map(|o| &mut o[..]);
+                let mut outputs = [[0f32; PACK_ROWS]; PACKED_TILE];
+                let mut outs: [&mut [f32]; PACKED_TILE] = outputs.each_mut().map(|o| &mut o[..]);
                 let source = WeightsAt::of_tile(tile);
                 self.kernel
                     .call(self.group(g), source, a, &scales, &mut outs[..n]);
@@ -417,12 +417,11 @@ impl PackedMatrix {
     }
 
     /// The outputs of the row groups `range` for every token, in tiles of up to
-    /// [`TILE_LANES`] tokens. One tile runs over all the groups in one call; more run a run of
+    /// [`PACKED_TILE`] tokens. One tile runs over all the groups in one call; more run a run of
     /// groups at a time (as many as [`RUN_WEIGHT_BYTES`] hold), every tile over the whole run
     /// while its weights are in the L2 cache.
     fn groups_into(&self, range: Range<usize>, acts: &QuantizedActs<'_>, out: &DisjointSlice<f32>) {
-        let n_tokens = acts.n_tokens();
-        let tiles = n_tokens.div_ceil(TILE_LANES);
+        let tiles = acts.packed_tiles();
         let step = if tiles == 1 {
             range.len()
         } else {
@@ -434,9 +433,9 @@ impl PackedMatrix {
                 &self.bytes()[groups.start * self.group_bytes..groups.end * self.group_bytes];
             let rows = groups.start * PACK_ROWS..groups.end * PACK_ROWS;
             for tile in 0..tiles {
-                let (first, a, scales) = acts.tile(tile);
+                let (first, a, scales) = acts.packed_tile(tile);
                 let n = a.len();
-                let mut outs: [&mut [f32]; TILE_LANES] = std::array::from_fn(|t| {
+                let mut outs: [&mut [f32]; PACKED_TILE] = std::array::from_fn(|t| {
                     let at = (first + t) * self.rows;
                     if t < n {
                         // SAFETY: this task owns the rows of groups `range`, for every token.

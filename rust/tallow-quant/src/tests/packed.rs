@@ -180,7 +180,8 @@ fn packed_kernels_agree_bit_for_bit_across_instruction_sets() {
     for ty in PACKABLE {
         let cols = columns(ty, 576);
         let weight = random_blocks(&mut rng, ty, rows * cols / ty.block_len());
-        for n_tokens in [1, 5, 8, 19] {
+        // Within one group of tile scales, two (whole or not), and several tiles.
+        for n_tokens in [1, 5, 8, 13, 16, 19, 40] {
             let x = rng.activations(n_tokens * cols);
             let mut buffer = ActsBuffer::new();
             let acts = buffer

@@ -13,7 +13,7 @@ use crate::blocks::{
     IQ4_VALUES,
 };
 use crate::fp16::f16_to_f32;
-use crate::kernels::{TileActs, TileScales, WeightsAt, PACK_ROWS, TILE_LANES};
+use crate::kernels::{each_scale_group, TileActs, TileScales, WeightsAt, PACK_ROWS, TILE_LANES};
 use crate::packed::{Layout, MAX_BLOCK_BYTES};
 use crate::reference::decode;
 use crate::GgmlType;
@@ -187,12 +187,14 @@ macro_rules! packed_entry_points {
         $(
             pub(super) fn $entry(
                 groups: &[u8],
-                _source: WeightsAt,
+                source: WeightsAt,
                 a: TileActs,
                 scales: &TileScales,
                 out: &mut [&mut [f32]],
             ) {
-                packed(GgmlType::$ty, $block, groups, a, scales, out);
+                each_scale_group(source, a, scales, out, |_, a, scales, out| {
+                    packed(GgmlType::$ty, $block, groups, a, scales, out)
+                });
             }
         )*
     };

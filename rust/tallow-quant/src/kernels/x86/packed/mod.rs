@@ -41,7 +41,8 @@ use self::simd::{Simd, V256, V512};
 use super::{Bw, Vnni};
 use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES};
 use crate::kernels::{
-    SubBlockPairs, TileActs, TileScales, WeightsAt, DECODED_BLOCK_BYTES, PACK_ROWS,
+    each_scale_group, SubBlockPairs, TileActs, TileScales, WeightsAt, DECODED_BLOCK_BYTES,
+    PACK_ROWS,
 };
 
 /// `[f(0), .., f(n - 1)]` of integer vectors, built by a loop in the function that uses it: a
@@ -123,7 +124,6 @@ macro_rules! packed_loop {
             out: &mut [&mut [f32]],
         ) {
             let ops = Operands::<F::Act, F::Fields, F::Words, T>::new(groups, a, scales, out);
-            let (da, sa) = (ops.d, ops.s);
             // Arrays of two halves, of which the first `S::HALVES` are used.
             debug_assert!(S::HALVES <= 2);
             const { assert!(F::PASS <= MAX_PASS_STEPS) };
@@ -157,7 +157,7 @@ macro_rules! packed_loop {
                             }
                         }
                         for t in 0..T {
-                            let (d, s) = (da[b][t], sa[b][t]);
+                            let (d, s) = ops.scales(b, t);
                             let (act, pairs) = (act.token(t), ops.pairs(b, t));
                             acc[h][t] = F::finish(acc[h][t], isum[t], &half, act, d, s, pairs);
                         }
@@ -1368,10 +1368,24 @@ impl Format<V512<Vnni>> for Iq4Xs {
     }
 }
 
+/// Calls `$loop` with a tile width of `a.len()` tokens, one of `$($t)*`.
+macro_rules! tile_width {
+    ($loop:ident::<$simd:ty, $format:ident> $args:tt, $n:expr, $($t:literal)*) => {
+        match $n {
+            $($t => $loop::<$simd, $format, $t> $args,)*
+            n => panic!("no packed tile of {n} tokens"),
+        }
+    };
+}
+
 /// Declares, in module `$module`, each format's entry point through the loop `$loop`: one
-/// tile width per token count (1 to 8, picked by `a.len()`).
+/// tile width per token count, picked by `a.len()`, and per format how it takes a packed tile:
+/// `whole` (1 to 16 tokens in one call: the unpacked steps of a pass serve all of them) or
+/// `by_group` (one group of tile scales, 1 to 8 tokens, at a time: where 16 tokens' sums and
+/// a pass's steps outgrow the registers, as in every format on AVX-512 and those on AVX2 whose
+/// steps take more than a few instructions to unpack or whose sums widen often).
 macro_rules! packed_entry_points {
-    ($module:ident, $loop:ident::<$simd:ty>, $features:literal: $($format:ident => $entry:ident),* $(,)?) => {
+    ($module:ident, $loop:ident::<$simd:ty>, $features:literal: $($format:ident => $entry:ident $tiles:ident),* $(,)?) => {
         pub(super) mod $module {
             use super::*;
             $(
@@ -1383,60 +1397,60 @@ macro_rules! packed_entry_points {
                     scales: &TileScales,
                     out: &mut [&mut [f32]],
                 ) {
-                    match a.len() {
-                        8 => $loop::<$simd, $format, 8>(groups, source, a, scales, out),
-                        7 => $loop::<$simd, $format, 7>(groups, source, a, scales, out),
-                        6 => $loop::<$simd, $format, 6>(groups, source, a, scales, out),
-                        5 => $loop::<$simd, $format, 5>(groups, source, a, scales, out),
-                        4 => $loop::<$simd, $format, 4>(groups, source, a, scales, out),
-                        3 => $loop::<$simd, $format, 3>(groups, source, a, scales, out),
-                        2 => $loop::<$simd, $format, 2>(groups, source, a, scales, out),
-                        1 => $loop::<$simd, $format, 1>(groups, source, a, scales, out),
-                        n => panic!("no packed tile of {n} tokens"),
-                    }
+                    packed_entry_points!(@$tiles $loop::<$simd, $format>(groups, source, a, scales, out));
                 }
             )*
         }
     };
+    (@whole $loop:ident::<$simd:ty, $format:ident>($groups:ident, $source:ident, $a:ident, $scales:ident, $out:ident)) => {
+        tile_width!($loop::<$simd, $format>($groups, $source, $a, $scales, $out), $a.len(),
+            16 15 14 13 12 11 10 9 8 7 6 5 4 3 2 1)
+    };
+    (@by_group $loop:ident::<$simd:ty, $format:ident>($groups:ident, $source:ident, $a:ident, $scales:ident, $out:ident)) => {
+        each_scale_group($source, $a, $scales, $out, |source, a, scales, out| {
+            tile_width!($loop::<$simd, $format>($groups, source, a, scales, out), a.len(),
+                8 7 6 5 4 3 2 1)
+        })
+    };
 }
 
 packed_entry_points!(avx2, packed_avx2::<V256>, "avx2,fma,f16c":
-    Q40 => q4_0,
-    Q41 => q4_1,
-    Q50 => q5_0,
-    Q80 => q8_0,
-    Q2K => q2_k,
-    Q3K => q3_k,
-    Q4K => q4_k,
-    Q5K => q5_k,
-    Q6K => q6_k,
-    Iq4Nl => iq4_nl,
-    Iq4Xs => iq4_xs,
-    Decoded => decoded,
+    Q40 => q4_0 by_group,
+    Q41 => q4_1 by_group,
+    Q50 => q5_0 by_group,
+    Q80 => q8_0 by_group,
+    Q2K => q2_k by_group,
+    Q3K => q3_k whole,
+    Q4K => q4_k whole,
+    Q5K => q5_k by_group,
+    Q6K => q6_k whole,
+    Iq4Nl => iq4_nl by_group,
+    Iq4Xs => iq4_xs by_group,
+    Decoded => decoded by_group,
 );
 
 packed_entry_points!(avx512, packed_avx512::<V512<Bw>>, "avx512f,avx512bw":
-    Q40 => q4_0,
-    Q41 => q4_1,
-    Q50 => q5_0,
-    Q2K => q2_k,
-    Q3K => q3_k,
-    Q4K => q4_k,
-    Q5K => q5_k,
-    Q6K => q6_k,
-    Decoded => decoded,
+    Q40 => q4_0 by_group,
+    Q41 => q4_1 by_group,
+    Q50 => q5_0 by_group,
+    Q2K => q2_k by_group,
+    Q3K => q3_k by_group,
+    Q4K => q4_k by_group,
+    Q5K => q5_k by_group,
+    Q6K => q6_k by_group,
+    Decoded => decoded by_group,
 );
 
 packed_entry_points!(avx512_vnni, packed_avx512_vnni::<V512<Vnni>>, "avx512f,avx512bw,avx512vnni":
-    Q40 => q4_0,
-    Q41 => q4_1,
-    Q50 => q5_0,
-    Q80 => q8_0,
-    Q2K => q2_k,
-    Q3K => q3_k,
-    Q4K => q4_k,
-    Q5K => q5_k,
-    Q6K => q6_k,
-    Iq4Xs => iq4_xs,
-    Decoded => decoded,
+    Q40 => q4_0 by_group,
+    Q41 => q4_1 by_group,
+    Q50 => q5_0 by_group,
+    Q80 => q8_0 by_group,
+    Q2K => q2_k by_group,
+    Q3K => q3_k by_group,
+    Q4K => q4_k by_group,
+    Q5K => q5_k by_group,
+    Q6K => q6_k by_group,
+    Iq4Xs => iq4_xs by_group,
+    Decoded => decoded by_group,
 );

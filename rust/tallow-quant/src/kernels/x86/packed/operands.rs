@@ -21,14 +21,14 @@ impl<const N: usize> Bytes for [u8; N] {
 /// The operands of a packed kernel of `T` tokens over consecutive groups, checked: the
 /// groups' bytes (per block, its f16 fields `S` then its words `Q`), the activation blocks of
 /// the tokens (`blocks` per token, one token after the other), the f32 block scales and sums
-/// of the token group (one array of [`TILE_LANES`] lanes per block), and the number of
-/// blocks per row.
+/// of the token groups (per group of [`TILE_LANES`] tokens, one array of lanes per block),
+/// and the number of blocks per row.
 pub(super) struct Operands<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> {
     groups: &'a [u8],
     blocks: usize,
     acts: &'a [A],
-    pub(super) d: &'a [[f32; TILE_LANES]],
-    pub(super) s: &'a [[f32; TILE_LANES]],
+    d: &'a [[f32; TILE_LANES]],
+    s: &'a [[f32; TILE_LANES]],
     pairs: &'a [SubBlockPairs],
     layout: std::marker::PhantomData<(&'a S, &'a Q)>,
 }
@@ -73,12 +73,27 @@ impl<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> Operands<'a, A, S, Q, T> 
         }
     }
 
-    /// Where the sub-block pairs of block `b` of the token in lane `lane` are.
+    /// Where token `t`'s block `b` has its scales: the array of its group and block, and
+    /// its lane there.
     #[inline(always)]
-    pub(super) fn pairs(&self, b: usize, lane: usize) -> PairsAt<'a> {
+    fn lane(&self, b: usize, t: usize) -> (usize, usize) {
+        (t / TILE_LANES * self.blocks + b, t % TILE_LANES)
+    }
+
+    /// Block `b` of token `t`: its f32 block scale and sum.
+    #[inline(always)]
+    pub(super) fn scales(&self, b: usize, t: usize) -> (f32, f32) {
+        let (i, lane) = self.lane(b, t);
+        (self.d[i][lane], self.s[i][lane])
+    }
+
+    /// Where the sub-block pairs of block `b` of token `t` are.
+    #[inline(always)]
+    pub(super) fn pairs(&self, b: usize, t: usize) -> PairsAt<'a> {
+        let (i, lane) = self.lane(b, t);
         PairsAt {
             pairs: self.pairs,
-            at: b * TILE_LANES + lane,
+            at: i * TILE_LANES + lane,
         }
     }
 
