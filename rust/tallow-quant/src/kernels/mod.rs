@@ -55,12 +55,14 @@ pub(crate) type RawTile = unsafe fn(w: &[u8], a: TileActs, scales: &TileScales, 
 pub(crate) const TILE_LANES: usize = 8;
 
 /// Tokens a packed kernel takes at once: up to two groups of [`TileScales`]. The unpacked
-/// steps of a pass serve every token of the tile, so AVX2, whose unpacking is a larger part of
-/// a step than AVX-512's, takes all 16 in one pass; the AVX-512 kernels, whose sums of 8
-/// tokens fill their registers, take a group at a time ([`each_scale_group`]).
+/// steps of a pass serve every token of the tile, so AVX2's Q3_K, Q4_K and Q6_K kernels, whose
+/// unpacking is a larger part of a step than elsewhere, take all 16 in one pass; the others
+/// (on AVX-512 every format, whose sums of 8 tokens fill its registers) take a group at a
+/// time ([`each_scale_group`]).
 pub(crate) const PACKED_TILE: usize = 2 * TILE_LANES;
 
-/// The activation rows of a tile's tokens (1 to [`TILE_LANES`]), one after the other in one
+/// The activation rows of a tile's tokens (1 to [`TILE_LANES`] for a tile kernel, 1 to
+/// [`PACKED_TILE`] for a packed one), one after the other in one
 /// buffer as [`crate::QuantizedActs`] holds them: a kernel finds token `t`'s block `b` at a
 /// fixed distance from token 0's, where a table of rows cost a load per token in its
 /// innermost loop.

@@ -1057,7 +1057,7 @@ macro_rules! signed_tile {
             ) {
                 let (w, a) = tile_operands::<$block, BlockQ8_0, T>(w, a, scales, out);
                 let ad = block_scales(scales.d, w.len());
-                                let mut acc = [_mm256_setzero_ps(); T];
+                let mut acc = [_mm256_setzero_ps(); T];
                 for (b, $w) in w.iter().enumerate() {
                     let q = $q;
                     let abs_q = _mm256_sign_epi8(q, q);
