@@ -63,9 +63,23 @@ impl Arena {
 
     /// Creates an arena with a buffer of `capacity` bytes, reporting failure as an error.
     pub fn try_new(capacity: usize) -> Result<Arena, ArenaError> {
+        Self::with_buffer(capacity, alloc::alloc)
+    }
+
+    /// [`Arena::try_new`] with every byte of the buffer zero (as the system hands out fresh
+    /// pages, without writing them).
+    pub fn try_new_zeroed(capacity: usize) -> Result<Arena, ArenaError> {
+        Self::with_buffer(capacity, alloc::alloc_zeroed)
+    }
+
+    /// An arena over a buffer of `capacity` bytes from `allocate`.
+    fn with_buffer(
+        capacity: usize,
+        allocate: unsafe fn(Layout) -> *mut u8,
+    ) -> Result<Arena, ArenaError> {
         let layout = buffer_layout(capacity)?;
         // SAFETY: `layout` has a non-zero size (`buffer_layout` allocates at least one byte).
-        let raw = unsafe { alloc::alloc(layout) };
+        let raw = unsafe { allocate(layout) };
         let base = NonNull::new(raw).ok_or(ArenaError::OutOfMemory(capacity))?;
         Ok(Arena {
             base,
@@ -184,6 +198,24 @@ impl Arena {
             ptr::write_bytes(uninit.as_mut_ptr(), 0, len);
             Some(&mut *(uninit as *mut [MaybeUninit<T>] as *mut [T]))
         }
+    }
+
+    /// Allocates a slice of `len` plain-old-data values holding whatever bytes the buffer
+    /// holds there (zeros, or what an earlier round wrote): for a caller that writes every value
+    /// before it reads one, without the cost of zeroing them first.
+    ///
+    /// # Safety
+    /// Every byte of the range must be initialized: the buffer came from
+    /// [`Arena::try_new_zeroed`], and has been written since only through slices of [`Pod`]
+    /// values (which have no padding), never through [`Arena::alloc`] or
+    /// [`Arena::alloc_uninit_slice`].
+    // `&mut` from `&self`: as `alloc_slice`.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn alloc_slice_as_is<T: Pod>(&self, len: usize) -> Option<&mut [T]> {
+        let uninit = self.alloc_uninit_slice::<T>(len)?;
+        // SAFETY: the caller guarantees the bytes are initialized, and `T: Pod` makes every
+        // initialized byte pattern a valid `T`.
+        Some(unsafe { &mut *(uninit as *mut [MaybeUninit<T>] as *mut [T]) })
     }
 
     /// Allocates a slice holding a copy of `src`.

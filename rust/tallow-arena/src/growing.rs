@@ -14,6 +14,9 @@ use crate::pod::Pod;
 /// rounds of that size or smaller make no heap allocation.
 #[derive(Debug)]
 pub struct GrowingArena {
+    /// Every byte of it initialized: created zeroed, and written since only through the
+    /// slices of [`Pod`] values this arena hands out (which [`GrowingArena::alloc_slice_as_is`]
+    /// relies on).
     main: Arena,
     /// Buffers of the allocations that did not fit `main`. Each is only ever pushed, and
     /// dropped by `reset` alone.
@@ -32,7 +35,7 @@ impl GrowingArena {
     /// An empty arena: its first round sizes it.
     pub fn new() -> Self {
         GrowingArena {
-            main: Arena::new(0),
+            main: Arena::try_new_zeroed(0).expect("an empty arena allocates one byte"),
             extra: Mutex::new(Vec::new()),
             extra_bytes: AtomicUsize::new(0),
         }
@@ -73,6 +76,18 @@ impl GrowingArena {
         Ok(unsafe { &mut *slice })
     }
 
+    /// [`GrowingArena::alloc_slice`] without zeroing the values where they come from the main
+    /// buffer: they hold zeros or what an earlier round wrote, for a caller that writes every
+    /// value before it reads one.
+    #[allow(clippy::mut_from_ref)]
+    pub fn alloc_slice_as_is<T: Pod>(&self, len: usize) -> Result<&mut [T], ArenaError> {
+        // SAFETY: `main`'s bytes are all initialized (see its field).
+        match unsafe { self.main.alloc_slice_as_is(len) } {
+            Some(slice) => Ok(slice),
+            None => self.alloc_slice(len),
+        }
+    }
+
     /// Makes the whole arena available again; if the last round went beyond the main buffer,
     /// the main buffer grows to hold all of it. Requires exclusive access, so no allocation
     /// from before the reset can still be borrowed.
@@ -94,8 +109,8 @@ impl GrowingArena {
             .saturating_add(needed / 2 + 4096)
             .max(self.main.capacity().saturating_mul(2));
         // The old buffer goes first, so both are never held at once.
-        self.main = Arena::new(0);
-        self.main = Arena::try_new(capacity)?;
+        self.main = Arena::try_new_zeroed(0)?;
+        self.main = Arena::try_new_zeroed(capacity)?;
         // The bytes the next round of this size takes are written once now, at the end of the
         // round that grew the arena: left to the next round, each of their pages would be
         // faulted in (and zeroed by the kernel) in the middle of its work.
@@ -129,6 +144,29 @@ mod tests {
         assert_eq!(arena.extra_bytes.load(Ordering::Relaxed), 0);
         arena.reset().unwrap();
         assert_eq!(arena.capacity(), capacity);
+    }
+
+    #[test]
+    fn as_is_slices_keep_what_the_last_round_wrote() {
+        let mut arena = GrowingArena::new();
+        // Beyond the empty main buffer: zeroed.
+        assert!(arena
+            .alloc_slice_as_is::<u32>(1000)
+            .unwrap()
+            .iter()
+            .all(|&v| v == 0));
+        arena.reset().unwrap();
+        arena.alloc_slice::<u32>(1000).unwrap().fill(9);
+        arena.reset().unwrap();
+        let kept = arena.alloc_slice_as_is::<u32>(1000).unwrap();
+        assert!(kept.iter().all(|&v| v == 9));
+        kept.fill(5);
+        arena.reset().unwrap();
+        assert!(arena
+            .alloc_slice::<u32>(1000)
+            .unwrap()
+            .iter()
+            .all(|&v| v == 0));
     }
 
     #[test]

@@ -42,3 +42,12 @@ pub(crate) fn reset(arena: &mut GrowingArena) -> Result<(), BackendError> {
 pub(crate) fn take<T: Pod>(arena: &GrowingArena, len: usize) -> Result<&mut [T], BackendError> {
     arena.alloc_slice(len).map_err(too_large)
 }
+
+/// `len` values from `arena` holding whatever an earlier step left there: for buffers the
+/// caller writes in full before reading.
+pub(crate) fn take_as_is<T: Pod>(
+    arena: &GrowingArena,
+    len: usize,
+) -> Result<&mut [T], BackendError> {
+    arena.alloc_slice_as_is(len).map_err(too_large)
+}

@@ -4,13 +4,15 @@ use tallow_threads::DisjointSlice;
 
 use crate::blocks::{as_blocks, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::fp16::f16_to_f32;
-use crate::kernels::{SubBlockPairs, TileActs, TileScales, PACKED_TILE, TILE_LANES};
+use crate::kernels::{Quantizer, SubBlockPairs, TileActs, TileScales, PACKED_TILE, TILE_LANES};
 use crate::{sizes, GgmlType, Isa, QuantError};
 
-/// Below this many elements, activations are quantized on the calling thread.
-const SERIAL_QUANTIZE: usize = 1 << 16;
-/// Tokens per task when quantizing on the thread pool.
-const TOKENS_PER_TASK: usize = 4;
+/// Below this many elements, activations are quantized on the calling thread: about the
+/// work (a microsecond or two) that handing half of it to another thread saves.
+const SERIAL_QUANTIZE: usize = 1 << 12;
+/// Elements per task when quantizing many on the thread pool (tasks claimed as threads free
+/// up even out what they get).
+const ELEMENTS_PER_TASK: usize = 1 << 13;
 
 /// The activations of several tokens quantized to a weight format's
 /// [`GgmlType::vec_dot_type`], reused by every weight matrix that reads the same input
@@ -70,7 +72,8 @@ impl<'a> QuantizedActs<'a> {
 
     /// Quantizes `n_tokens` rows of `cols` values (`x`, token-major) to `vec_dot_type` into
     /// the front of `bytes` and `scales`, which must be at least [`QuantizedActs::buffer_len`]
-    /// long. Large inputs are quantized on the global thread pool.
+    /// long; every value of those fronts is written, whatever they held before. Inputs of
+    /// several tokens are quantized on the global thread pool.
     pub fn quantize(
         vec_dot_type: GgmlType,
         x: &[f32],
@@ -91,7 +94,6 @@ impl<'a> QuantizedActs<'a> {
             .kernels(vec_dot_type)
             .quantize
             .ok_or(unsupported)?;
-        let quantize = |x: &[f32], dst: &mut [u8]| quantizer.call(x, dst);
         let len = Self::buffer_len(vec_dot_type, n_tokens, cols)?;
         let elements = sizes::product(n_tokens, cols, "activations")?;
         sizes::expect_len("activation elements", elements, x.len())?;
@@ -113,25 +115,7 @@ impl<'a> QuantizedActs<'a> {
         ))?;
         let row_bytes = sizes::row_bytes(vec_dot_type, cols, "activation row")?;
         if len.bytes > 0 {
-            if elements < SERIAL_QUANTIZE || n_tokens == 1 {
-                for (dst, x) in data.chunks_exact_mut(row_bytes).zip(x.chunks_exact(cols)) {
-                    quantize(x, dst);
-                }
-            } else {
-                let out = DisjointSlice::new(&mut *data);
-                let pool = tallow_threads::global();
-                pool.run(n_tokens.div_ceil(TOKENS_PER_TASK), &|task, _| {
-                    let first = task * TOKENS_PER_TASK;
-                    let tokens = first..n_tokens.min(first + TOKENS_PER_TASK);
-                    // SAFETY: each task writes the rows of its own tokens.
-                    let dst =
-                        unsafe { out.range_mut(tokens.start * row_bytes..tokens.end * row_bytes) };
-                    let src = &x[tokens.start * cols..tokens.end * cols];
-                    for (dst, x) in dst.chunks_exact_mut(row_bytes).zip(src.chunks_exact(cols)) {
-                        quantize(x, dst);
-                    }
-                });
-            }
+            quantize_blocks(quantizer, vec_dot_type, x, data, elements);
         }
         let data: &'a [u8] = data;
         let lanes = len.scales / (2 + pair_words(vec_dot_type));
@@ -240,6 +224,42 @@ fn pair_words(ty: GgmlType) -> usize {
         GgmlType::Q8_K => size_of::<SubBlockPairs>() / size_of::<f32>(),
         _ => 0,
     }
+}
+
+/// The blocks of `x` (`elements` values, rows one after the other) quantized by `quantizer`
+/// into `data`: blocks are independent, so tasks take runs of them across rows, each thread an
+/// equal share of a few tokens' (a short prompt's ten tokens of 576 values were a twentieth
+/// of its forward on one thread).
+fn quantize_blocks(
+    quantizer: Quantizer,
+    ty: GgmlType,
+    x: &[f32],
+    data: &mut [u8],
+    elements: usize,
+) {
+    let pool = tallow_threads::global();
+    let blocks = elements / ty.block_len();
+    let block_bytes = data.len() / blocks;
+    let tasks = match elements < SERIAL_QUANTIZE {
+        true => 1,
+        false => (elements / ELEMENTS_PER_TASK)
+            .max(pool.threads())
+            .min(blocks),
+    };
+    if tasks == 1 {
+        return quantizer.call(x, data);
+    }
+    let per_task = blocks.div_ceil(tasks);
+    let out = DisjointSlice::new(data);
+    pool.run(blocks.div_ceil(per_task), &|task, _| {
+        let run = task * per_task..blocks.min((task + 1) * per_task);
+        // SAFETY: each task writes the blocks of its own run.
+        let dst = unsafe { out.range_mut(run.start * block_bytes..run.end * block_bytes) };
+        quantizer.call(
+            &x[run.start * ty.block_len()..run.end * ty.block_len()],
+            dst,
+        );
+    });
 }
 
 /// The words of `words` (as many as [`pair_words`] gives the tile scales), as sub-block pairs.

@@ -18,7 +18,8 @@
 //! Work is split into units of (chunk, KV head, block of up to [`TOKEN_BLOCK`] tokens). When
 //! a batch has too few units to keep every thread busy (decoding one or two sequences), each
 //! unit is split further by segment, the segments' states go to scratch memory and are
-//! merged afterwards; otherwise a unit merges its segments itself.
+//! merged afterwards; otherwise a unit merges its segments itself. A batch with too few units
+//! and too few positions to split by segment takes blocks of fewer tokens instead.
 //!
 //! The inner loops (a tile into the states, merging states, widening) are the kernel table's,
 //! [`tallow_quant::attention_kernels`]; this module splits the work and walks the pages.
@@ -55,7 +56,8 @@ pub(crate) struct Plan {
     blocks: usize,
     /// Segments of the longest sequence.
     segments: usize,
-    /// Tokens per block (the longest chunk's length, up to [`TOKEN_BLOCK`]).
+    /// Tokens per block (the longest chunk's length, up to [`TOKEN_BLOCK`], or fewer where
+    /// the batch has too few units of work for the threads).
     block_tokens: usize,
     split: bool,
     /// Parts the query heads of a KV head are cut into, one unit each (more than one where
@@ -77,9 +79,12 @@ impl Plan {
             .map(|(c, &first)| first + c.len)
             .max()
             .unwrap_or(0);
-        let units: usize = (batch.chunks.iter())
-            .map(|c| c.len.div_ceil(TOKEN_BLOCK) * heads.n_head_kv)
-            .sum();
+        let units_of = |block_len: usize| -> usize {
+            (batch.chunks.iter())
+                .map(|c| c.len.div_ceil(block_len) * heads.n_head_kv)
+                .sum()
+        };
+        let units = units_of(TOKEN_BLOCK);
         let segment_len = SEGMENT_PAGES * page_size;
         let tile_pages = [8, 4, 2]
             .into_iter()
@@ -88,8 +93,20 @@ impl Plan {
             })
             .unwrap_or(1);
         let split = units < UNITS_PER_THREAD * threads && longest_seq > segment_len;
-        // A row's result does not depend on the rows computed with it, so the query heads of
-        // a KV head can go to different threads with the same bits.
+        // A row's result does not depend on the rows computed with it, so the tokens of a
+        // chunk and the query heads of a KV head can go to different threads with the same
+        // bits. Too few units and no segments to split them by (a short prompt's few tokens
+        // after a cached prefix): blocks of fewer tokens, cut evenly, until every thread gets
+        // its share (ten tokens over three KV heads made three units for two threads, one of
+        // which then waited a third of the time).
+        let block_len = match split {
+            true => TOKEN_BLOCK,
+            false => (longest_chunk.div_ceil(TOKEN_BLOCK).max(1)..=longest_chunk)
+                .map(|blocks| longest_chunk.div_ceil(blocks))
+                .find(|&len| units_of(len) >= UNITS_PER_THREAD * threads)
+                .unwrap_or(TOKEN_BLOCK),
+        };
+        let units = units_of(block_len);
         let head_parts = if split || units >= threads {
             1
         } else {
@@ -99,9 +116,9 @@ impl Plan {
             heads,
             page_size,
             tile_pages,
-            blocks: longest_chunk.div_ceil(TOKEN_BLOCK),
+            blocks: longest_chunk.div_ceil(block_len),
             segments: longest_seq.div_ceil(segment_len),
-            block_tokens: longest_chunk.min(TOKEN_BLOCK),
+            block_tokens: longest_chunk.min(block_len),
             split,
             head_parts,
         }
@@ -205,7 +222,7 @@ impl Attention<'_> {
             let (rest, kv_head) = (rest / n_kv, rest % n_kv);
             let (chunk, block) = (rest / plan.blocks, rest % plan.blocks);
             let len = self.batch.chunks[chunk].len;
-            let tokens = block * TOKEN_BLOCK..len.min((block + 1) * TOKEN_BLOCK);
+            let tokens = block * plan.block_tokens..len.min((block + 1) * plan.block_tokens);
             if tokens.is_empty() {
                 return;
             }
@@ -535,7 +552,7 @@ impl Attention<'_> {
         for (c, chunk) in self.batch.chunks.iter().enumerate() {
             let first = self.step.first_pos[c];
             for i in 0..chunk.len {
-                let (block, ti) = (i / TOKEN_BLOCK, i % TOKEN_BLOCK);
+                let (block, ti) = (i / plan.block_tokens, i % plan.block_tokens);
                 let token = chunk.start + i;
                 let n_segments = (first + i + 1).div_ceil(plan.segment_len());
                 for kv_head in 0..h.n_head_kv {

@@ -52,10 +52,24 @@ fn every_quantizer_gives_the_scalar_bytes() {
     let mut tie: Vec<f32> = (0..256).map(|i| (i % 7) as f32 * 0.25).collect();
     (tie[9], tie[200]) = (-5.0, 5.0);
     long.push(tie);
+    // Rows of many Q8_0/Q8_1 blocks, which the quantizers take several at a time: the hard
+    // blocks at every place of a group, with the blocks left over after the last group.
+    let hard = hard_rows(&mut rng).concat();
+    let mut wide: Vec<Vec<f32>> = (0..hard.len() / 32)
+        .map(|shift| {
+            hard[32 * shift..]
+                .iter()
+                .chain(&hard[..32 * shift])
+                .copied()
+                .collect()
+        })
+        .collect();
+    wide.extend((0..20).map(|_| rng.activations(576)));
+    wide.extend(rows.iter().cloned());
     let mut checked = 0;
     for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
         for ty in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K] {
-            let rows = if ty == GgmlType::Q8_K { &long } else { &rows };
+            let rows = if ty == GgmlType::Q8_K { &long } else { &wide };
             let kernel = isa.kernels(ty).quantize.unwrap();
             for (i, x) in rows.iter().enumerate() {
                 let bytes = x.len() / ty.block_len() * ty.block_bytes();
@@ -67,5 +81,5 @@ fn every_quantizer_gives_the_scalar_bytes() {
             }
         }
     }
-    assert!(checked >= 2 * rows.len() + long.len());
+    assert!(checked >= 2 * wide.len() + long.len());
 }

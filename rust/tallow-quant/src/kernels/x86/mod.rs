@@ -5,40 +5,106 @@
 
 use std::arch::x86_64::*;
 
-/// The row quantizers `q8_0` and `q8_1`, compiled with `$features`, over the calling module's
-/// `q8_block(&[f32; 32]) -> Option<(d, quants, sum)>` (`None`: the block takes the scalar
-/// quantizer), so that every instruction set's quantizers write blocks the same way.
+/// Q8_0 and Q8_1 blocks quantized together by a row quantizer: their scales `d` and (Q8_1)
+/// `s` as f16 bits, their quants, and which of them took the vector path (bit `i` for block
+/// `i`); the others go through the scalar quantizer.
+struct Q8Group<const G: usize> {
+    d: [u16; G],
+    s: [u16; G],
+    qs: [[i8; 32]; G],
+    fast: u32,
+}
+
+/// A Q8_0 or Q8_1 block, as the row quantizers write it.
+trait Q8Block {
+    /// Sets the block from its scale and quants and (Q8_1) the f16 bits of their sum times
+    /// the scale.
+    fn set(&mut self, d: u16, s: u16, qs: [i8; 32]);
+    /// Quantizes `x` with the scalar quantizer.
+    fn reference(&mut self, x: &[f32; 32]);
+}
+
+impl Q8Block for crate::blocks::BlockQ8_0 {
+    fn set(&mut self, d: u16, _: u16, qs: [i8; 32]) {
+        self.d = d.to_le_bytes();
+        self.qs = qs;
+    }
+
+    fn reference(&mut self, x: &[f32; 32]) {
+        crate::reference::quantize::q8_0(x, self)
+    }
+}
+
+impl Q8Block for crate::blocks::BlockQ8_1 {
+    fn set(&mut self, d: u16, s: u16, qs: [i8; 32]) {
+        self.d = d.to_le_bytes();
+        self.s = s.to_le_bytes();
+        self.qs = qs;
+    }
+
+    fn reference(&mut self, x: &[f32; 32]) {
+        crate::reference::quantize::q8_1(x, self)
+    }
+}
+
+/// `d` and `s` as f16 bits, rounded to nearest even (as `crate::fp16::f32_to_f16`).
+#[inline]
+#[target_feature(enable = "f16c")]
+unsafe fn f16_pair(d: f32, s: f32) -> (u16, u16) {
+    let halves = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_setr_ps(d, s, 0.0, 0.0));
+    let bits = _mm_cvtsi128_si32(halves) as u32;
+    (bits as u16, (bits >> 16) as u16)
+}
+
+/// The row quantizers `q8_0` and `q8_1`, compiled with `$features` (which include F16C), over
+/// the calling module's `q8_group(&[f32; 32 * GROUP]) -> Q8Group<GROUP>` (blocks `GROUP` at a
+/// time: their maxima and sums taken across blocks in vectors) and `q8_block(&[f32; 32]) ->
+/// Option<(d, quants, sum)>` (one block, for the last blocks of a row; `None`: the block takes
+/// the scalar quantizer), so that every instruction set's quantizers write blocks the same way.
 macro_rules! q8_row_quantizers {
     ($features:literal) => {
+        /// The blocks of `x` into `blocks`.
+        #[target_feature(enable = $features)]
+        unsafe fn q8_rows<B: crate::kernels::x86::Q8Block>(x: &[f32], blocks: &mut [B]) {
+            let groups = x.as_chunks::<{ 32 * GROUP }>().0;
+            let (grouped, rest) = blocks.split_at_mut(groups.len() * GROUP);
+            for (xs, bs) in groups.iter().zip(grouped.chunks_exact_mut(GROUP)) {
+                let g = q8_group(xs);
+                for (i, (b, xs)) in bs.iter_mut().zip(xs.as_chunks::<32>().0).enumerate() {
+                    match g.fast >> i & 1 == 1 {
+                        true => b.set(g.d[i], g.s[i], g.qs[i]),
+                        false => b.reference(xs),
+                    }
+                }
+            }
+            let rest_x = &x[groups.len() * GROUP * 32..];
+            for (xs, b) in rest_x.as_chunks::<32>().0.iter().zip(rest) {
+                match q8_block(xs) {
+                    Some((d, qs, sum)) => {
+                        let (d_bits, s_bits) = crate::kernels::x86::f16_pair(d, sum as f32 * d);
+                        b.set(d_bits, s_bits, qs);
+                    }
+                    None => b.reference(xs),
+                }
+            }
+        }
+
         /// Q8_0 blocks of the row `x` into `dst`.
         #[target_feature(enable = $features)]
         pub(super) unsafe fn q8_0(x: &[f32], dst: &mut [u8]) {
-            let blocks = crate::blocks::as_blocks_mut::<crate::blocks::BlockQ8_0>(dst);
-            for (xs, b) in x.as_chunks::<32>().0.iter().zip(blocks) {
-                match q8_block(xs) {
-                    Some((d, qs, _)) => {
-                        b.d = crate::fp16::f32_to_f16(d);
-                        b.qs = qs;
-                    }
-                    None => crate::reference::quantize::q8_0(xs, b),
-                }
-            }
+            q8_rows(
+                x,
+                crate::blocks::as_blocks_mut::<crate::blocks::BlockQ8_0>(dst),
+            );
         }
 
         /// Q8_1 blocks of the row `x` into `dst`.
         #[target_feature(enable = $features)]
         pub(super) unsafe fn q8_1(x: &[f32], dst: &mut [u8]) {
-            let blocks = crate::blocks::as_blocks_mut::<crate::blocks::BlockQ8_1>(dst);
-            for (xs, b) in x.as_chunks::<32>().0.iter().zip(blocks) {
-                match q8_block(xs) {
-                    Some((d, qs, sum)) => {
-                        b.d = crate::fp16::f32_to_f16(d);
-                        b.s = crate::fp16::f32_to_f16(sum as f32 * d);
-                        b.qs = qs;
-                    }
-                    None => crate::reference::quantize::q8_1(xs, b),
-                }
-            }
+            q8_rows(
+                x,
+                crate::blocks::as_blocks_mut::<crate::blocks::BlockQ8_1>(dst),
+            );
         }
     };
 }

@@ -1,15 +1,18 @@
 //! Activation quantization to Q8_0, Q8_1 and Q8_K with AVX2: the same bytes as the scalar
-//! quantizers (`crate::reference::quantize`), eight values per vector. A block with a value
-//! that is not finite, or (Q8_0/Q8_1) whose scale is not a normal number, goes through the
-//! scalar quantizer, so every input gives exactly the reference's bytes.
+//! quantizers (`crate::reference::quantize`), eight values per vector; Q8_0 and Q8_1 eight
+//! blocks at a time, their largest magnitudes and quant sums reduced across the blocks'
+//! vectors at once and their scales divided and converted to f16 in one vector. A block with
+//! a value that is not finite, or (Q8_0/Q8_1) whose scale is not a normal number, goes
+//! through the scalar quantizer, so every input gives exactly the reference's bytes.
 //!
 //! # Safety
-//! Every function here needs AVX2 and FMA; `crate::kernels::Isa::kernels` only hands them out when the
-//! CPU has them.
+//! Every function here needs AVX2, FMA and F16C; `crate::kernels::Isa::kernels` only hands
+//! them out when the CPU has them.
 
 use std::arch::x86_64::*;
 
 use crate::blocks::{as_blocks_mut, BlockQ8K};
+use crate::kernels::x86::Q8Group;
 use crate::reference::quantize as reference;
 
 /// The eight vectors of `N` values.
@@ -82,6 +85,107 @@ unsafe fn to_bytes(q: [__m256i; 4], out: &mut [i8; 32]) {
     _mm256_storeu_si256(out.as_mut_ptr().cast(), ordered);
 }
 
+/// Blocks a row quantizer takes at a time.
+const GROUP: usize = 8;
+
+/// `v` (8 values of a block) times `id`, rounded half away from zero, as i32.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn round_scaled(v: __m256, id: __m256) -> __m256i {
+    // round_half_away: the integer part of |v|, plus one if the rest is at least 1/2, with
+    // v's sign.
+    let v = _mm256_mul_ps(v, id);
+    let a = abs(v);
+    let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(a);
+    let up = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_sub_ps(a, t), _mm256_set1_ps(0.5));
+    let r = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_set1_ps(1.0)));
+    // `sign` negates where v's bits read as a negative integer (v < 0, or -0 whose quant is
+    // 0 anyway) and zeroes where they read as 0 (v = +0, quant 0 too).
+    _mm256_sign_epi32(_mm256_cvttps_epi32(r), _mm256_castps_si256(v))
+}
+
+/// Lane `b` of the result: the maximum (`MAX`, of values read as unsigned) or the sum of the
+/// 8 lanes of `v[b]`. Three rounds each halve the vectors, pairing their lanes with a
+/// shuffle (the 128-bit halves, then within them), so that the last vector holds the even
+/// blocks in its low half and the odd ones in its high half, which one permutation puts back
+/// in order.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn across<const MAX: bool>(v: [__m256i; 8]) -> __m256i {
+    #[inline(always)]
+    unsafe fn op<const MAX: bool>(a: __m256i, b: __m256i) -> __m256i {
+        if MAX {
+            _mm256_max_epu32(a, b)
+        } else {
+            _mm256_add_epi32(a, b)
+        }
+    }
+    // Half 0 of w[k]: 4 partials of block 2k, half 1: of block 2k + 1.
+    let w: [__m256i; 4] = std::array::from_fn(|k| {
+        let (a, b) = (v[2 * k], v[2 * k + 1]);
+        op::<MAX>(
+            _mm256_permute2x128_si256::<0x20>(a, b),
+            _mm256_permute2x128_si256::<0x31>(a, b),
+        )
+    });
+    // Half h of u[k]: 2 partials of block 4k + h, then 2 of block 4k + 2 + h.
+    let u: [__m256i; 2] = std::array::from_fn(|k| {
+        let (a, b) = (w[2 * k], w[2 * k + 1]);
+        op::<MAX>(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b))
+    });
+    // Half h: blocks h, 2 + h, 4 + h and 6 + h.
+    let (a, b) = (_mm256_castsi256_ps(u[0]), _mm256_castsi256_ps(u[1]));
+    let r = op::<MAX>(
+        _mm256_castps_si256(_mm256_shuffle_ps::<0b10_00_10_00>(a, b)),
+        _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(a, b)),
+    );
+    _mm256_permutevar8x32_epi32(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// Eight Q8_0/Q8_1 blocks of `x`, as the scalar `q8_symmetric` quantizes each.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_group(x: &[f32; 32 * GROUP]) -> Q8Group<GROUP> {
+    let blocks = x.as_chunks::<32>().0;
+    // Magnitudes compared as unsigned integers order as floats do, and put infinities and
+    // NaN (all exponent bits set) above every finite value.
+    let abs_bits = |v: __m256| _mm256_castps_si256(abs(v));
+    let amax = _mm256_castsi256_ps(across::<true>(std::array::from_fn(|b| {
+        let v: [__m256; 4] = load(&blocks[b]);
+        let m = [
+            _mm256_max_epu32(abs_bits(v[0]), abs_bits(v[1])),
+            _mm256_max_epu32(abs_bits(v[2]), abs_bits(v[3])),
+        ];
+        _mm256_max_epu32(m[0], m[1])
+    })));
+    let finite = _mm256_cmp_ps::<_CMP_LT_OQ>(amax, _mm256_set1_ps(f32::INFINITY));
+    let d = _mm256_div_ps(amax, _mm256_set1_ps(127.0));
+    let normal = _mm256_cmp_ps::<_CMP_GE_OQ>(d, _mm256_set1_ps(f32::MIN_POSITIVE));
+    let mut id = [0f32; GROUP];
+    _mm256_storeu_ps(id.as_mut_ptr(), _mm256_div_ps(_mm256_set1_ps(1.0), d));
+    let mut qs = [[0i8; 32]; GROUP];
+    let sums = across::<false>(std::array::from_fn(|b| {
+        let id = _mm256_set1_ps(id[b]);
+        let v: [__m256; 4] = load(&blocks[b]);
+        let q = v.map(|v| round_scaled(v, id));
+        to_bytes(q, &mut qs[b]);
+        _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]))
+    }));
+    let s = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), d);
+    let mut bits = [[0u16; GROUP]; 2];
+    for (bits, v) in bits.iter_mut().zip([d, s]) {
+        let halves = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+        _mm_storeu_si128(bits.as_mut_ptr().cast(), halves);
+    }
+    let [d, s] = bits;
+    Q8Group {
+        d,
+        s,
+        qs,
+        fast: _mm256_movemask_ps(_mm256_and_ps(finite, normal)) as u32,
+    }
+}
+
 /// The scale `d`, the 32 quants and their sum of a Q8_0/Q8_1 block, as the scalar
 /// `q8_symmetric` computes them (rounding halves away from zero); `None` where the block
 /// takes the scalar path.
@@ -97,27 +201,14 @@ unsafe fn q8_block(x: &[f32; 32]) -> Option<(f32, [i8; 32], i32)> {
         return None;
     }
     let id = _mm256_set1_ps(1.0 / d);
-    let mut q = [_mm256_setzero_si256(); 4];
-    let mut sum = _mm256_setzero_si256();
-    for (q, &v) in q.iter_mut().zip(&v) {
-        // round_half_away: the integer part of |v|, plus one if the rest is at least 1/2,
-        // with v's sign.
-        let v = _mm256_mul_ps(v, id);
-        let a = abs(v);
-        let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(a);
-        let up = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_sub_ps(a, t), _mm256_set1_ps(0.5));
-        let r = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_set1_ps(1.0)));
-        // `sign` negates where v's bits read as a negative integer (v < 0, or -0 whose
-        // quant is 0 anyway) and zeroes where they read as 0 (v = +0, quant 0 too).
-        *q = _mm256_sign_epi32(_mm256_cvttps_epi32(r), _mm256_castps_si256(v));
-        sum = _mm256_add_epi32(sum, *q);
-    }
+    let q = v.map(|v| round_scaled(v, id));
     let mut qs = [0i8; 32];
     to_bytes(q, &mut qs);
+    let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     Some((d, qs, sum_i32(sum)))
 }
 
-q8_row_quantizers!("avx2,fma");
+q8_row_quantizers!("avx2,fma,f16c");
 
 /// One Q8_K block as the scalar `q8_k` makes it (scale `-127 / max` of the value of largest
 /// magnitude, the first one where several have it; halves to even); `false` where the block
