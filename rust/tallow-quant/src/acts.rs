@@ -73,7 +73,7 @@ impl<'a> QuantizedActs<'a> {
     /// Quantizes `n_tokens` rows of `cols` values (`x`, token-major) to `vec_dot_type` into
     /// the front of `bytes` and `scales`, which must be at least [`QuantizedActs::buffer_len`]
     /// long; every value of those fronts is written, whatever they held before. Inputs of
-    /// several tokens are quantized on the global thread pool.
+    /// 4096 values or more are quantized on the global thread pool.
     pub fn quantize(
         vec_dot_type: GgmlType,
         x: &[f32],
@@ -228,8 +228,8 @@ fn pair_words(ty: GgmlType) -> usize {
 
 /// The blocks of `x` (`elements` values, rows one after the other) quantized by `quantizer`
 /// into `data`: blocks are independent, so tasks take runs of them across rows, each thread an
-/// equal share of a few tokens' (a short prompt's ten tokens of 576 values were a twentieth
-/// of its forward on one thread).
+/// equal share of a few tokens' (quantized on one thread, with the buffers zeroed first, a
+/// short prompt's ten tokens were a tenth of smollm2-135m's forward).
 fn quantize_blocks(
     quantizer: Quantizer,
     ty: GgmlType,
