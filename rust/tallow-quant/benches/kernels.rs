@@ -414,8 +414,8 @@ fn prefill(c: &mut Criterion, summary: &mut Summary) {
     }
 }
 
-/// Activation quantization: one 4096-element row (decode, on the calling thread) and 128
-/// tokens of 1536 (a prefill chunk of SmolLM2's FFN width, split over the pool).
+/// Activation quantization: one 4096-element row (a decoded token of a 1B model's FFN width)
+/// and 128 tokens of 1536 (a prefill chunk of SmolLM2's FFN width), each split over the pool.
 fn quantize_acts(c: &mut Criterion, summary: &mut Summary) {
     let group = "quantize_acts";
     let mut g = c.benchmark_group(group);

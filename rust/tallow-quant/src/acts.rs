@@ -313,11 +313,24 @@ fn fill_tile_scales(
                 for (i, block) in lanes.zip(as_blocks::<BlockQ8_0>(row)) {
                     d[i] = f16_to_f32(block.d);
                     // At most 32 * 127 in magnitude: exact in f32.
-                    s[i] = block.qs.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+                    s[i] = quant_sum(&block.qs) as f32;
                 }
             }
         }
     }
+}
+
+/// The sum of a block's 32 quants, in sixteen lanes of two (at most 2 * 128 in magnitude)
+/// added across at the end: one chain of 32 dependent adds was half the time of quantizing a
+/// token's Q8_0 activations, these short ones a quarter less in all.
+pub(crate) fn quant_sum(qs: &[i8; 32]) -> i32 {
+    let mut lanes = [0i16; 16];
+    for half in qs.as_chunks::<16>().0 {
+        for (lane, &q) in lanes.iter_mut().zip(half) {
+            *lane += i16::from(q);
+        }
+    }
+    lanes.iter().map(|&l| i32::from(l)).sum()
 }
 
 /// Owned, growable buffers for [`QuantizedActs`]: the simple way to quantize activations when

@@ -83,3 +83,14 @@ fn every_quantizer_gives_the_scalar_bytes() {
     }
     assert!(checked >= 2 * wide.len() + long.len());
 }
+
+#[test]
+fn quant_sums_equal_one_chain_of_adds() {
+    let mut rng = Rng::new(5);
+    let mut blocks: Vec<[i8; 32]> = vec![[-128; 32], [127; 32], [0; 32]];
+    blocks.extend((0..100).map(|_| std::array::from_fn(|_| rng.range(-128.0, 128.0) as i8)));
+    for qs in &blocks {
+        let want: i32 = qs.iter().map(|&q| i32::from(q)).sum();
+        assert_eq!(crate::acts::quant_sum(qs), want, "{qs:?}");
+    }
+}
