@@ -52,9 +52,16 @@ impl GrowingArena {
     // needs `&mut self` (as `Arena::alloc_slice`).
     #[allow(clippy::mut_from_ref)]
     pub fn alloc_slice<T: Pod>(&self, len: usize) -> Result<&mut [T], ArenaError> {
-        if let Some(slice) = self.main.alloc_slice(len) {
-            return Ok(slice);
+        match self.main.alloc_slice(len) {
+            Some(slice) => Ok(slice),
+            None => self.alloc_extra(len),
         }
+    }
+
+    /// A zero-filled slice of `len` values from a buffer of its own, for an allocation the
+    /// main buffer does not hold.
+    #[allow(clippy::mut_from_ref)]
+    fn alloc_extra<T: Pod>(&self, len: usize) -> Result<&mut [T], ArenaError> {
         let bytes = len
             .checked_mul(size_of::<T>())
             .and_then(|b| b.checked_add(align_of::<T>()))
@@ -84,7 +91,7 @@ impl GrowingArena {
         // SAFETY: `main`'s bytes are all initialized (see its field).
         match unsafe { self.main.alloc_slice_as_is(len) } {
             Some(slice) => Ok(slice),
-            None => self.alloc_slice(len),
+            None => self.alloc_extra(len),
         }
     }
 

@@ -115,7 +115,7 @@ impl<'a> QuantizedActs<'a> {
         ))?;
         let row_bytes = sizes::row_bytes(vec_dot_type, cols, "activation row")?;
         if len.bytes > 0 {
-            quantize_blocks(quantizer, vec_dot_type, x, data, elements);
+            quantize_blocks(quantizer, vec_dot_type, x, data);
         }
         let data: &'a [u8] = data;
         let lanes = len.scales / (2 + pair_words(vec_dot_type));
@@ -226,23 +226,17 @@ fn pair_words(ty: GgmlType) -> usize {
     }
 }
 
-/// The blocks of `x` (`elements` values, rows one after the other) quantized by `quantizer`
-/// into `data`: blocks are independent, so tasks take runs of them across rows, each thread an
-/// equal share of a few tokens' (quantized on one thread, with the buffers zeroed first, a
-/// short prompt's ten tokens were a tenth of smollm2-135m's forward).
-fn quantize_blocks(
-    quantizer: Quantizer,
-    ty: GgmlType,
-    x: &[f32],
-    data: &mut [u8],
-    elements: usize,
-) {
+/// The blocks of `x` (rows one after the other) quantized by `quantizer` into `data`: blocks
+/// are independent, so tasks take runs of them across rows, each thread an equal share of a
+/// few tokens' (quantized on one thread, with the buffers zeroed first, a short prompt's ten
+/// tokens were a tenth of smollm2-135m's forward).
+fn quantize_blocks(quantizer: Quantizer, ty: GgmlType, x: &[f32], data: &mut [u8]) {
     let pool = tallow_threads::global();
-    let blocks = elements / ty.block_len();
-    let block_bytes = data.len() / blocks;
-    let tasks = match elements < SERIAL_QUANTIZE {
+    let (block_len, block_bytes) = (ty.block_len(), ty.block_bytes());
+    let blocks = x.len() / block_len;
+    let tasks = match x.len() < SERIAL_QUANTIZE {
         true => 1,
-        false => (elements / ELEMENTS_PER_TASK)
+        false => (x.len() / ELEMENTS_PER_TASK)
             .max(pool.threads())
             .min(blocks),
     };
@@ -255,10 +249,7 @@ fn quantize_blocks(
         let run = task * per_task..blocks.min((task + 1) * per_task);
         // SAFETY: each task writes the blocks of its own run.
         let dst = unsafe { out.range_mut(run.start * block_bytes..run.end * block_bytes) };
-        quantizer.call(
-            &x[run.start * ty.block_len()..run.end * ty.block_len()],
-            dst,
-        );
+        quantizer.call(&x[run.start * block_len..run.end * block_len], dst);
     });
 }
 
