@@ -230,10 +230,10 @@ unsafe fn quad<S: Simd>(y: &[i8; 32], j: usize) -> S::I {
 const MAX_PASS_STEPS: usize = 8;
 
 /// `acc` plus, per row (i32 lane), the dot product of the steps `first..` (`steps`) of
-/// unsigned weight bytes with `y`, summed as i16 in runs of `N` steps, each run widened
-/// against the i16 pairs `scale` (a pass's steps share one scale). No closures here: a
-/// closure does not take the target features of the loop it is inlined into, and may be left
-/// out of line.
+/// unsigned weight bytes with `y`, summed as i16 in runs of `N` steps (of the whole pass where
+/// it has fewer), each run widened against the i16 pairs `scale` (a pass's steps share one
+/// scale). No closures here: a closure does not take the target features of the loop it is
+/// inlined into, and may be left out of line.
 #[inline(always)]
 unsafe fn weighted_sum<S: Simd, const N: usize>(
     acc: S::I,
@@ -242,13 +242,16 @@ unsafe fn weighted_sum<S: Simd, const N: usize>(
     first: usize,
     scale: S::I,
 ) -> S::I {
+    // A constant once inlined, as the pass's length is.
+    let n = N.min(steps.len());
+    debug_assert!(n > 0 && steps.len().is_multiple_of(n));
     let mut sums = acc;
-    for (r, run) in steps.chunks_exact(N).enumerate() {
-        let at = first + r * N;
+    for (r, run) in steps.chunks_exact(n).enumerate() {
+        let at = first + r * n;
         let mut pairs = S::maddubs(run[0], quad::<S>(y, at));
         // An index loop: the compiler unrolls it early, and then the loop over the tokens.
         #[allow(clippy::needless_range_loop)]
-        for i in 1..N {
+        for i in 1..n {
             pairs = S::add16(pairs, S::maddubs(run[i], quad::<S>(y, at + i)));
         }
         sums = S::madd_add(sums, pairs, scale);
@@ -268,15 +271,20 @@ unsafe fn dot_chain<S: Simd>(acc: S::I, steps: &[S::I], y: &[i8; 32], first: usi
     sums
 }
 
-/// [`weighted_sum`] for a format without an integer scale: straight into i32 lanes where that
-/// is one instruction per step (a chain of its own, added to `acc` at the end, so that the
-/// passes of a token overlap).
+/// [`weighted_sum`] for a format without an integer scale, its i16 pair sums added in runs of
+/// `RUN` steps: straight into i32 lanes where that is one instruction per step (a chain of its
+/// own, added to `acc` at the end, so that the passes of a token overlap).
 #[inline(always)]
-unsafe fn unscaled_sum<S: Simd>(acc: S::I, steps: &[S::I], y: &[i8; 32], first: usize) -> S::I {
+unsafe fn unscaled_sum<S: Simd, const RUN: usize>(
+    acc: S::I,
+    steps: &[S::I],
+    y: &[i8; 32],
+    first: usize,
+) -> S::I {
     if S::FUSED_DOT {
         S::add32(acc, dot_chain::<S>(S::zero(), steps, y, first))
     } else {
-        weighted_sum::<S, 4>(acc, steps, y, first, S::splat_i16(1))
+        weighted_sum::<S, RUN>(acc, steps, y, first, S::splat_i16(1))
     }
 }
 
@@ -297,6 +305,26 @@ unsafe fn sub_block_halves<S: Simd>(steps: &[S::I], y: &[i8; 32], first: usize) 
 #[inline(always)]
 unsafe fn scaled_i32<S: Simd>(acc: S::I, sum: S::I, scale: S::I) -> S::I {
     S::add32(acc, S::mullo32(sum, S::high_i16(scale)))
+}
+
+/// `acc` plus a pass of a format with a scale per group of 16 columns (four steps): each
+/// group's i16 pair sums in runs of `RUN` steps, widened against its scale (`scales[2s + g]`
+/// for group `g` of sub-block `s`). A pass holds one group or both of a sub-block.
+#[inline(always)]
+unsafe fn group_weighted_sum<S: Simd, const RUN: usize>(
+    acc: S::I,
+    steps: &[S::I],
+    y: &[i8; 32],
+    first: usize,
+    s: usize,
+    scales: &[S::I; 16],
+) -> S::I {
+    let mut acc = acc;
+    for (k, group) in steps.chunks_exact(4).enumerate() {
+        let at = first + 4 * k;
+        acc = weighted_sum::<S, RUN>(acc, group, y, at, scales[2 * s + at / 4]);
+    }
+    acc
 }
 
 /// Per row (i32 lane), the sum of the products of the i16 pairs of `pairs(k)` with the
@@ -334,9 +362,10 @@ unsafe fn offset_block<S: Simd>(
 }
 
 /// The methods of Q4_0 and Q5_0, whose sums need no scale and whose offset (`$offset`, 8 or
-/// 16) comes back through the token's block sum.
+/// 16) comes back through the token's block sum; their i16 pair sums add up over `$run` steps
+/// (8 for Q4_0's 4-bit quants, within 8 * 2 * 15 * 127; 4 for Q5_0's 5-bit ones).
 macro_rules! offset_q8_0_sums {
-    ($offset:expr) => {
+    ($offset:expr, $run:expr) => {
         #[inline(always)]
         unsafe fn pass_sum(
             acc: S::I,
@@ -346,7 +375,7 @@ macro_rules! offset_q8_0_sums {
             _: usize,
             first: usize,
         ) -> S::I {
-            unscaled_sum::<S>(acc, steps, y, first)
+            unscaled_sum::<S, $run>(acc, steps, y, first)
         }
         fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
             &act.qs
@@ -373,7 +402,7 @@ impl<S: Simd> Format<S> for Q40 {
     type Fields = [u8; 32];
     type Words = [u8; 256];
     const SUBS: usize = 1;
-    const PASS: usize = 4;
+    const PASS: usize = pass_steps::<S>();
     type Half = S::F;
     type Step = S::I;
 
@@ -385,7 +414,7 @@ impl<S: Simd> Format<S> for Q40 {
     unsafe fn step(words: &[u8; 256], h: usize, _: usize, c: usize) -> S::I {
         S::nibbles(S::word(words, c % 4, h), c / 4)
     }
-    offset_q8_0_sums!(8.0);
+    offset_q8_0_sums!(8.0, 8);
 }
 
 /// Q4_1: `d * da * sum(q * y) + m * sa`.
@@ -396,7 +425,7 @@ impl<S: Simd> Format<S> for Q41 {
     type Fields = [u8; 64];
     type Words = [u8; 256];
     const SUBS: usize = 1;
-    const PASS: usize = 4;
+    const PASS: usize = pass_steps::<S>();
     type Half = (S::F, S::F);
     type Step = S::I;
 
@@ -417,7 +446,7 @@ impl<S: Simd> Format<S> for Q41 {
         _: usize,
         first: usize,
     ) -> S::I {
-        unscaled_sum::<S>(acc, steps, y, first)
+        unscaled_sum::<S, 8>(acc, steps, y, first)
     }
     fn y(act: &BlockQ8_1, _: usize) -> &[i8; 32] {
         &act.qs
@@ -446,7 +475,7 @@ impl<S: Simd> Format<S> for Q50 {
     type Fields = [u8; 32];
     type Words = [u8; 320];
     const SUBS: usize = 1;
-    const PASS: usize = 4;
+    const PASS: usize = pass_steps::<S>();
     type Half = S::F;
     type Step = S::I;
 
@@ -459,7 +488,7 @@ impl<S: Simd> Format<S> for Q50 {
         let low = S::nibbles(S::word(words, c % 4, h), c / 4);
         S::or(low, S::bits_to_4(S::word(words, 4, h), c, 0x10))
     }
-    offset_q8_0_sums!(16.0);
+    offset_q8_0_sums!(16.0, 4);
 }
 
 /// `acc` plus, per row, the dot products of signed steps (values, magnitudes; from step
@@ -566,7 +595,7 @@ impl Format<V512<Vnni>> for Q80 {
         _: usize,
         first: usize,
     ) -> __m512i {
-        unscaled_sum::<V512<Vnni>>(acc, steps, y, first)
+        unscaled_sum::<V512<Vnni>, 4>(acc, steps, y, first)
     }
     fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
         &act.qs
@@ -658,11 +687,13 @@ unsafe fn k_min_finish<S: Simd>(
     S::fnmadd(S::mul(dmin, S::splat(da)), mins, acc)
 }
 
-/// Steps of a pass for Q2_K and Q3_K: a whole sub-block where the sums run straight into
-/// i32 lanes (and one vector holds the group), so that the sub-block's scale applies once;
-/// else one group of 16 columns, whose scale the pass's i16 sums are widened against.
+/// Steps of a pass for Q2_K, Q3_K and the decoded rows: a whole sub-block where the sums run
+/// straight into i32 lanes (and one vector holds the group), so that the sub-block's scale
+/// applies once, and at AVX2's width (see [`pass_steps`]: Q3_K 202 -> 222 GFLOP/s, the
+/// decoded IQ2_XS 161 -> 163); else one group of 16 columns, whose scale the pass's i16 sums
+/// are widened against.
 const fn k_pass<S: Simd>() -> usize {
-    if S::FUSED_DOT {
+    if S::FUSED_DOT || S::HALVES == 2 {
         8
     } else {
         4
@@ -812,6 +843,19 @@ unsafe fn signed_scales_half<S: Simd>(d: S::F, words: &[u8], h: usize) -> Q6Half
     }
 }
 
+/// Steps of a pass for Q4_0, Q4_1, Q5_0 and Q6_K: eight at AVX2's width, where a pass's sums
+/// go through memory once per token and passes twice as long halve that (one thread,
+/// 8192x2048 x 512 tokens: Q4_0 163 -> 190 GFLOP/s, Q4_1 164 -> 192, Q5_0 146 -> 174, Q6_K
+/// 199 -> 207); four at AVX-512's, where eight were slower (Q6_K: 222 -> 214, with VNNI 284
+/// -> 270).
+const fn pass_steps<S: Simd>() -> usize {
+    if S::HALVES == 2 {
+        8
+    } else {
+        4
+    }
+}
+
 /// Q6_K: `d * da * sum(scale * (q - 32) * y)`, with `q` (0..64) taken as unsigned bytes and
 /// the 32 subtracted through the token's group sums. Group `g` of 16 columns (steps `4g..`)
 /// is words `4 + 3g..`: step `j < 3` is word `4 + 3g + j`'s low 6 bits, and step 3 is the
@@ -823,7 +867,7 @@ impl<S: Simd> Format<S> for Q6K {
     type Fields = [u8; 32];
     type Words = [u8; 52 * 64];
     const SUBS: usize = 8;
-    const PASS: usize = 4;
+    const PASS: usize = pass_steps::<S>();
     type Half = Q6Half<S>;
     type Step = S::I;
 
@@ -855,14 +899,13 @@ impl<S: Simd> Format<S> for Q6K {
         s: usize,
         first: usize,
     ) -> S::I {
-        // Steps 0..4 are group 2s, steps 4..8 group 2s + 1.
-        let scale = half.scales[2 * s + first / 4];
         if S::FUSED_DOT {
-            // A group's sum, up to 16 * 63 * 127, is no i16.
+            // One group a pass ([`pass_steps`]); its sum, up to 16 * 63 * 127, is no i16.
+            let scale = half.scales[2 * s + first / 4];
             scaled_i32::<S>(acc, dot_chain::<S>(S::zero(), steps, y, first), scale)
         } else {
             // Runs of 2 steps, whose i16 pair sums stay within 2 * 2 * 63 * 127.
-            weighted_sum::<S, 2>(acc, steps, y, first, scale)
+            group_weighted_sum::<S, 2>(acc, steps, y, first, s, &half.scales)
         }
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
@@ -897,8 +940,8 @@ struct Q2Half<S: Simd> {
 /// `acc` plus a pass of sub-block `s` of a format with a scale per group of 16 columns and
 /// quants of at most 3 bits (Q2_K, Q3_K), whose group sums (within 16 * 7 * 128) fit in i16:
 /// with VNNI a whole sub-block, its two groups' sums a lane's i16 pair widened against their
-/// two scales (`pairs[s]`) at once; else one group, four steps whose i16 pair sums stay within
-/// 4 * 2 * 7 * 128, widened against its scale (`scales`, one per group).
+/// two scales (`pairs[s]`) at once; else each group of the pass, four steps whose i16 pair sums
+/// stay within 4 * 2 * 7 * 128, widened against its scale (`scales`, one per group).
 #[inline(always)]
 unsafe fn group_scaled_sum<S: Simd>(
     acc: S::I,
@@ -913,7 +956,7 @@ unsafe fn group_scaled_sum<S: Simd>(
         let (low, high) = sub_block_halves::<S>(steps, y, first);
         S::madd_add(acc, S::pack_pairs(low, high), pairs[s])
     } else {
-        weighted_sum::<S, 4>(acc, steps, y, first, scales[2 * s + first / 4])
+        group_weighted_sum::<S, 4>(acc, steps, y, first, s, scales)
     }
 }
 
@@ -1122,7 +1165,7 @@ impl<S: Simd> Format<S> for Decoded {
             scaled_i32::<S>(acc, high, half.scales[2 * s + 1])
         } else {
             // One step a run: a pair reaches 2 * 126 * 128.
-            weighted_sum::<S, 1>(acc, steps, y, first, half.scales[2 * s + first / 4])
+            group_weighted_sum::<S, 1>(acc, steps, y, first, s, &half.scales)
         }
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
