@@ -446,6 +446,7 @@ impl<S: Simd> Format<S> for Q41 {
         _: usize,
         first: usize,
     ) -> S::I {
+        // 4-bit quants, as Q4_0's: a whole pass adds up as i16.
         unscaled_sum::<S, 8>(acc, steps, y, first)
     }
     fn y(act: &BlockQ8_1, _: usize) -> &[i8; 32] {
@@ -689,14 +690,13 @@ unsafe fn k_min_finish<S: Simd>(
 
 /// Steps of a pass for Q2_K, Q3_K and the decoded rows: a whole sub-block where the sums run
 /// straight into i32 lanes (and one vector holds the group), so that the sub-block's scale
-/// applies once, and at AVX2's width (see [`pass_steps`]: Q3_K 202 -> 222 GFLOP/s, the
-/// decoded IQ2_XS 161 -> 163); else one group of 16 columns, whose scale the pass's i16 sums
-/// are widened against.
+/// applies once; else [`pass_steps`] (Q3_K at AVX2's width 202 -> 222 GFLOP/s, the decoded
+/// IQ2_XS 161 -> 163), each group of 16 columns widened against its own scale.
 const fn k_pass<S: Simd>() -> usize {
-    if S::FUSED_DOT || S::HALVES == 2 {
+    if S::FUSED_DOT {
         8
     } else {
-        4
+        pass_steps::<S>()
     }
 }
 
