@@ -60,7 +60,8 @@ fn packed_products_match_the_scalar_reference() {
     // no code with the packed kernels.
     let mut rng = Rng::new(21);
     let mut buffer = ActsBuffer::new();
-    // (rows, cols, tokens): serial and parallel, tiles of every width, a partial last tile.
+    // (rows, cols, tokens): serial and parallel, tiles of every width, a partial last tile,
+    // and one tile of two groups of tile scales over more weights than a run of groups.
     let shapes = [
         (16, 32, 1),
         (48, 96, 3),
@@ -68,6 +69,7 @@ fn packed_products_match_the_scalar_reference() {
         (64, 160, 13),
         (1024, 1024, 1),
         (512, 576, 17),
+        (1024, 1024, 12),
     ];
     let mut checked = 0;
     for ty in PACKABLE {
