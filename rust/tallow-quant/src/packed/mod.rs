@@ -417,13 +417,13 @@ impl PackedMatrix {
     }
 
     /// The outputs of the row groups `range` for every token, in tiles of up to
-    /// [`PACKED_TILE`] tokens. Up to [`TILE_LANES`] tokens run over all the groups in one
-    /// call; more run a run of groups at a time (as many as [`RUN_WEIGHT_BYTES`] hold), every
-    /// tile over the whole run while its weights are in the L2 cache. A tile of more than
-    /// [`TILE_LANES`] tokens takes runs too: most kernels take it one group of tile scales
-    /// after the other, and the second group finds the weights in the cache only if the
-    /// first has not streamed the whole range past it (2 threads, 16384x8192 Q4_1 with VNNI,
-    /// 9 tokens: 466 GFLOP/s over the whole range, as 8 tokens are 663).
+    /// [`PACKED_TILE`] tokens. Up to [`TILE_LANES`] tokens (one group of tile scales) run over
+    /// all the groups in one call; more run a run of groups at a time (as many as
+    /// [`RUN_WEIGHT_BYTES`] hold), every tile over the whole run while its weights are in the
+    /// L2 cache. That holds for a single tile of 9 to 16 tokens too, which most kernels take
+    /// one group of tile scales after the other: over the whole range the second group
+    /// re-read it from memory (2 threads, 16384x8192 Q4_1 with VNNI, 9 tokens: 466 GFLOP/s
+    /// that way, 622 in runs, 663 for 8 tokens).
     fn groups_into(&self, range: Range<usize>, acts: &QuantizedActs<'_>, out: &DisjointSlice<f32>) {
         let tiles = acts.packed_tiles();
         let step = if acts.n_tokens() <= TILE_LANES {
