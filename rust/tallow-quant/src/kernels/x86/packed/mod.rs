@@ -66,6 +66,11 @@ trait Format<S: Simd> {
     type Words: Bytes;
     /// Sub-blocks of 32 columns in a block.
     const SUBS: usize;
+    /// Whether its kernels do little work per weight byte (blocks of 256 columns of 4 bits or
+    /// more, or of bytes; not the 32-column blocks of Q4_0, Q4_1 and Q5_0, nor the bit planes
+    /// of Q2_K and Q3_K): a one-token product of it reads memory fastest where the hardware
+    /// prefetcher alone follows its stream, where `Prefetch::light_one_token` says so.
+    const LIGHT: bool = false;
     /// What one half of a block gives every token (its scales).
     type Half;
     /// One unpacked step (four columns of each row of a half).
@@ -127,6 +132,8 @@ macro_rules! packed_loop {
             // Arrays of two halves, of which the first `S::HALVES` are used.
             debug_assert!(S::HALVES <= 2);
             const { assert!(F::PASS <= MAX_PASS_STEPS) };
+            let ask_ahead =
+                source == WeightsAt::Memory && (T > 1 || !F::LIGHT || S::PREFETCH.light_one_token);
             for (g, blocks) in ops.each_group().enumerate() {
                 // Per half, the outputs of each token.
                 let mut acc = [sums::<S::F, T>(S::zero_f()); 2];
@@ -143,7 +150,7 @@ macro_rules! packed_loop {
                         let passes = 8 / F::PASS;
                         for p in 0..F::SUBS * passes {
                             let (s, first) = (p / passes, p % passes * F::PASS);
-                            if source == WeightsAt::Memory && h == 0 {
+                            if ask_ahead && h == 0 {
                                 prefetch_part::<S, F>(fields, p);
                             }
                             let mut steps = [F::step(words, h, s, first); MAX_PASS_STEPS];
@@ -575,6 +582,7 @@ impl Format<V512<Vnni>> for Q80 {
     type Fields = [u8; 32];
     type Words = [u8; 512];
     const SUBS: usize = 1;
+    const LIGHT: bool = true;
     const PASS: usize = 4;
     type Half = __m512;
     type Step = __m512i;
@@ -733,6 +741,7 @@ impl<S: Simd> Format<S> for Q4K {
     type Fields = [u8; 64];
     type Words = [u8; 35 * 64];
     const SUBS: usize = 8;
+    const LIGHT: bool = true;
     const PASS: usize = 8;
     type Half = K4Half<S>;
     type Step = S::I;
@@ -782,6 +791,7 @@ impl<S: Simd> Format<S> for Q5K {
     type Fields = [u8; 64];
     type Words = [u8; 43 * 64];
     const SUBS: usize = 8;
+    const LIGHT: bool = true;
     const PASS: usize = 8;
     type Half = K4Half<S>;
     type Step = S::I;
@@ -867,6 +877,7 @@ impl<S: Simd> Format<S> for Q6K {
     type Fields = [u8; 32];
     type Words = [u8; 52 * 64];
     const SUBS: usize = 8;
+    const LIGHT: bool = true;
     const PASS: usize = pass_steps::<S>();
     type Half = Q6Half<S>;
     type Step = S::I;
@@ -1352,6 +1363,7 @@ impl Format<V512<Vnni>> for Iq4Xs {
     type Fields = [u8; 64];
     type Words = [u8; 33 * 64];
     const SUBS: usize = 8;
+    const LIGHT: bool = true;
     const PASS: usize = 8;
     type Half = Iq4XsVnniHalf;
     type Step = __m512i;

@@ -121,6 +121,8 @@ pub(super) struct Prefetch {
     pub ahead: usize,
     /// Into the L1 cache (`_MM_HINT_T0`), else into L2 (`_MM_HINT_T1`).
     pub into_l1: bool,
+    /// Whether one-token products of the light formats (`Format::LIGHT`) ask too.
+    pub light_one_token: bool,
 }
 
 /// AVX2: eight rows per vector.
@@ -134,6 +136,7 @@ impl Simd for V256 {
     const PREFETCH: Prefetch = Prefetch {
         ahead: 2048,
         into_l1: true,
+        light_one_token: true,
     };
     type I = __m256i;
     type F = __m256;
@@ -315,10 +318,21 @@ impl<D: DotBytes> Simd for V512<D> {
     // On Zen 4 requests into L1 cost a fifth of one thread's stream (Q4_K at 36864 x 768:
     // 15.5-18 GiB/s with them, 18-24 without), while requests 8192 bytes ahead into L2 keep
     // two threads' streams fuller (3B decode 14.3-15.4 to 16.8-19.9 t/s) and leave one
-    // thread's as it is.
+    // thread's as it is. But not a light format's one-token stream: two threads, 300 MiB
+    // of weights, each product with and without requests in turns after a read probe, the
+    // share of the probe's rate read without them against with them: VNNI's Q4_K 0.99
+    // against 0.92, Q5_K 0.98 / 0.93, Q6_K 0.94-0.98 / 0.90-0.92, Q8_0 0.96 / 0.91, IQ4_XS
+    // 0.98 / 0.92 (Q4_K 0.76 / 0.69 in minutes when the probe read 65 GB/s rather than 36);
+    // AVX-512's without VNNI, Q4_K 0.97 / 0.90. The heavier formats need them (Q4_1 0.87 /
+    // 0.92, Q4_0 0.74-0.91 / 0.92-0.95, Q5_0 0.77 / 0.89, Q2_K 0.71 / 0.83), as do products
+    // of two tokens or more (VNNI's Q4_K at 2 tokens: 0.81-0.88 / 0.92-0.98). A 1B Q4_K_M
+    // model's one-token forwards, both ways in turns in one process: 0.94 against 0.86 of the
+    // probe (85-92% against 70-76% where it read 60-65 GB/s). AVX2 keeps its requests, which
+    // were measured on Zen 3.
     const PREFETCH: Prefetch = Prefetch {
         ahead: 8192,
         into_l1: false,
+        light_one_token: false,
     };
 
     #[inline(always)]
