@@ -66,10 +66,10 @@ trait Format<S: Simd> {
     type Words: Bytes;
     /// Sub-blocks of 32 columns in a block.
     const SUBS: usize;
-    /// Whether its kernels do little work per weight byte (blocks of 256 columns of 4 bits or
-    /// more, or of bytes; not the 32-column blocks of Q4_0, Q4_1 and Q5_0, nor the bit planes
-    /// of Q2_K and Q3_K): a one-token product of it reads memory fastest where the hardware
-    /// prefetcher alone follows its stream, where `Prefetch::light_one_token` says so.
+    /// Whether its kernels do little enough work per weight byte (the K-quants but Q2_K, Q8_0
+    /// and IQ4_XS; not the 32-column blocks of 4 or 5 bits of Q4_0, Q4_1 and Q5_0) that a
+    /// one-token product of it reads memory fastest where the hardware prefetcher follows its
+    /// stream, asked only for the first line of each page (`Prefetch::pages_ahead`).
     const LIGHT: bool = false;
     /// What one half of a block gives every token (its scales).
     type Half;
@@ -132,8 +132,12 @@ macro_rules! packed_loop {
             // Arrays of two halves, of which the first `S::HALVES` are used.
             debug_assert!(S::HALVES <= 2);
             const { assert!(F::PASS <= MAX_PASS_STEPS) };
-            let ask_ahead =
-                source == WeightsAt::Memory && (T > 1 || !F::LIGHT || S::PREFETCH.light_one_token);
+            // A light format's one-token stream asks for the first line of each page alone
+            // (`Prefetch::pages_ahead`).
+            let pages_ahead = match T == 1 && F::LIGHT {
+                true => S::PREFETCH.pages_ahead,
+                false => None,
+            };
             for (g, blocks) in ops.each_group().enumerate() {
                 // Per half, the outputs of each token.
                 let mut acc = [sums::<S::F, T>(S::zero_f()); 2];
@@ -150,8 +154,11 @@ macro_rules! packed_loop {
                         let passes = 8 / F::PASS;
                         for p in 0..F::SUBS * passes {
                             let (s, first) = (p / passes, p % passes * F::PASS);
-                            if ask_ahead && h == 0 {
-                                prefetch_part::<S, F>(fields, p);
+                            if source == WeightsAt::Memory && h == 0 {
+                                match pages_ahead {
+                                    Some(ahead) => prefetch_page::<S, F>(fields, p, ahead),
+                                    None => prefetch_part::<S, F>(fields, p),
+                                }
                             }
                             let mut steps = [F::step(words, h, s, first); MAX_PASS_STEPS];
                             for (i, step) in steps[1..F::PASS].iter_mut().enumerate() {
@@ -222,6 +229,24 @@ unsafe fn prefetch_part<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize) {
             _mm_prefetch::<_MM_HINT_T1>(at);
         }
         line += 64;
+    }
+}
+
+/// Asks for the first cache line of the 4 KiB page that begins within part `i` of the block at
+/// `fields` `ahead` bytes on, if one does (a part is a few lines, a page begins in at most one):
+/// the hardware prefetcher follows a stream within a page but starts over at the next, where
+/// a light format's one-token stream otherwise waits on memory.
+#[inline(always)]
+unsafe fn prefetch_page<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize, ahead: usize) {
+    let block = (fields as *const F::Fields).cast::<i8>();
+    let len = F::Fields::LEN + F::Words::LEN;
+    let parts = F::SUBS * (8 / F::PASS);
+    let (start, end) = (i * len / parts, (i + 1) * len / parts);
+    let from = block as usize + ahead + start;
+    let page = from.next_multiple_of(4096);
+    if page < from + (end - start) {
+        // A prefetch reads nothing and never faults, past the end of the weights included.
+        _mm_prefetch::<_MM_HINT_T1>(block.wrapping_add(page - block as usize));
     }
 }
 
@@ -1052,6 +1077,7 @@ impl<S: Simd> Format<S> for Q3K {
     type Fields = [u8; 32];
     type Words = [u8; 27 * 64];
     const SUBS: usize = 8;
+    const LIGHT: bool = true;
     const PASS: usize = k_pass::<S>();
     type Half = Q6Half<S>;
     type Step = S::I;

@@ -121,8 +121,9 @@ pub(super) struct Prefetch {
     pub ahead: usize,
     /// Into the L1 cache (`_MM_HINT_T0`), else into L2 (`_MM_HINT_T1`).
     pub into_l1: bool,
-    /// Whether one-token products of the light formats (`Format::LIGHT`) ask too.
-    pub light_one_token: bool,
+    /// Where one-token products of the light formats (`Format::LIGHT`) ask for the first
+    /// line of each 4 KiB page alone, this many bytes ahead; `None` where they ask as others do.
+    pub pages_ahead: Option<usize>,
 }
 
 /// AVX2: eight rows per vector.
@@ -136,7 +137,7 @@ impl Simd for V256 {
     const PREFETCH: Prefetch = Prefetch {
         ahead: 2048,
         into_l1: true,
-        light_one_token: true,
+        pages_ahead: None,
     };
     type I = __m256i;
     type F = __m256;
@@ -318,21 +319,22 @@ impl<D: DotBytes> Simd for V512<D> {
     // On Zen 4 requests into L1 cost a fifth of one thread's stream (Q4_K at 36864 x 768:
     // 15.5-18 GiB/s with them, 18-24 without), while requests 8192 bytes ahead into L2 keep
     // two threads' streams fuller (3B decode 14.3-15.4 to 16.8-19.9 t/s) and leave one
-    // thread's as it is. But not a light format's one-token stream: two threads, 300 MiB
-    // of weights, each product with and without requests in turns after a read probe, the
-    // share of the probe's rate read without them against with them: VNNI's Q4_K 0.99
-    // against 0.92, Q5_K 0.98 / 0.93, Q6_K 0.94-0.98 / 0.90-0.92, Q8_0 0.96 / 0.91, IQ4_XS
-    // 0.98 / 0.92 (Q4_K 0.76 / 0.69 in minutes when the probe read 65 GB/s rather than 36);
-    // AVX-512's without VNNI, Q4_K 0.97 / 0.90. The heavier formats need them (Q4_1 0.87 /
-    // 0.92, Q4_0 0.74-0.91 / 0.92-0.95, Q5_0 0.77 / 0.89, Q2_K 0.71 / 0.83), as do products
-    // of two tokens or more (VNNI's Q4_K at 2 tokens: 0.81-0.88 / 0.92-0.98). A 1B Q4_K_M
-    // model's one-token forwards, both ways in turns in one process: 0.94 against 0.86 of the
-    // probe (85-92% against 70-76% where it read 60-65 GB/s). AVX2 keeps its requests, which
-    // were measured on Zen 3.
+    // thread's as it is. But not a light format's one-token stream, which reads fastest
+    // with the first line of each page asked for alone, 32 KiB ahead, the hardware prefetcher
+    // following the rest. Two threads over 300 MiB of weights, each way in turns after a
+    // read probe, the share of the probe's rate read, page starts / every line / nothing:
+    // VNNI's Q4_K in minutes when the probe read 55-65 GB/s 0.86 / 0.73 / 0.79, where it read
+    // 33-37 1.00 / 0.94 / 1.00; Q6_K 1.01 / 0.94, Q5_K 0.99 / 0.93, Q8_0 0.99 / 0.93, IQ4_XS
+    // 0.98 / 0.91, Q3_K 0.97-0.99 / 0.92-0.93 (equal in fast minutes). The formats with
+    // more work per byte read slower so in fast minutes (Q4_1 0.61 / 0.70, Q4_0 0.61 / 0.69,
+    // Q5_0 0.50 / 0.74, Q2_K 0.74 / 0.80), as do products of two tokens or more. A 1B Q4_K_M
+    // model's decode steps, page starts against every line in turns in one process: 48-54
+    // against 37-42 GB/s where the probe read 62-68, 31-33 against 28-31 where it read 35.
+    // AVX2 keeps its requests, which were measured on Zen 3.
     const PREFETCH: Prefetch = Prefetch {
         ahead: 8192,
         into_l1: false,
-        light_one_token: false,
+        pages_ahead: Some(32768),
     };
 
     #[inline(always)]
