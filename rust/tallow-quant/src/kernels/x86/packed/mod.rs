@@ -203,6 +203,15 @@ packed_loop!(packed_avx2, "avx2,fma,f16c");
 packed_loop!(packed_avx512, "avx512f,avx512bw");
 packed_loop!(packed_avx512_vnni, "avx512f,avx512bw,avx512vnni");
 
+/// The bytes of part `i` of a block, from the block's start: a block's fields and words
+/// split evenly over its passes, one part per pass.
+#[inline(always)]
+fn part_bytes<S: Simd, F: Format<S>>(i: usize) -> (usize, usize) {
+    let len = F::Fields::LEN + F::Words::LEN;
+    let parts = F::SUBS * (8 / F::PASS);
+    (i * len / parts, (i + 1) * len / parts)
+}
+
 /// Asks for the cache lines [`Simd::PREFETCH`] ahead of part `i` of the block at `fields`
 /// (one part per pass). A product of a few tokens is one stream of weights read once, and the
 /// hardware prefetcher alone does not keep a core's loads in flight while it computes: without
@@ -216,9 +225,7 @@ packed_loop!(packed_avx512_vnni, "avx512f,avx512bw,avx512vnni");
 #[inline(always)]
 unsafe fn prefetch_part<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize) {
     let block = (fields as *const F::Fields).cast::<i8>();
-    let len = F::Fields::LEN + F::Words::LEN;
-    let parts = F::SUBS * (8 / F::PASS);
-    let (start, end) = (i * len / parts, (i + 1) * len / parts);
+    let (start, end) = part_bytes::<S, F>(i);
     let mut line = start & !63;
     while line < end {
         // A prefetch reads nothing and never faults, past the end of the weights included.
@@ -239,9 +246,7 @@ unsafe fn prefetch_part<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize) {
 #[inline(always)]
 unsafe fn prefetch_page<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize, ahead: usize) {
     let block = (fields as *const F::Fields).cast::<i8>();
-    let len = F::Fields::LEN + F::Words::LEN;
-    let parts = F::SUBS * (8 / F::PASS);
-    let (start, end) = (i * len / parts, (i + 1) * len / parts);
+    let (start, end) = part_bytes::<S, F>(i);
     let from = block as usize + ahead + start;
     let page = from.next_multiple_of(4096);
     if page < from + (end - start) {
