@@ -117,19 +117,24 @@ def main() -> None:
     model = _core.Model(str(path))
     print(f"model {path.name}, {args.threads} threads, greedy, {args.max_tokens} tokens")
     print(
-        f"{'task':<16} {'setting':<22} {'tok/s':>7} {'speedup':>7} {'accept':>6} "
+        f"{'task':<16} {'setting':<24} {'tok/s':>7} {'speedup':>7} {'accept':>6} "
         f"{'tok/step':>8} same"
     )
+    every = {"adaptive": False}
     settings: list[tuple[str, object]] = [
-        # Proposals of a fixed size, beside those that double while all their tokens are kept.
-        ("ngram k=4, fixed", {"method": "ngram", "num_tokens": 4, "max_num_tokens": 4}),
-        ("ngram k=4", {"method": "ngram", "num_tokens": 4}),
-        ("ngram k=6", {"method": "ngram", "num_tokens": 6}),
+        # Every proposed token verified: proposals of a fixed size, and those that double
+        # while all their tokens are kept.
+        ("k=4, fixed, every token", {"num_tokens": 4, "max_num_tokens": 4, **every}),
+        ("k=4, every token", {"num_tokens": 4, **every}),
+        # Drafts cut to the tokens that pay for themselves (the default).
+        ("k=4", {"num_tokens": 4}),
+        ("k=6", {"num_tokens": 6}),
         # Without proposals after single-token matches.
-        ("ngram k=4, ngram_min=2", {"method": "ngram", "num_tokens": 4, "ngram_min": 2}),
+        ("k=4, ngram_min=2", {"num_tokens": 4, "ngram_min": 2}),
         # Tree speculation: alternative guesses from the other occurrences of the match.
-        ("ngram k=4, 2 branches", {"method": "ngram", "num_tokens": 4, "num_branches": 2}),
-        ("ngram k=6, 3 branches", {"method": "ngram", "num_tokens": 6, "num_branches": 3}),
+        ("k=4, 2 branches, every", {"num_tokens": 4, "num_branches": 2, **every}),
+        ("k=4, 2 branches", {"num_tokens": 4, "num_branches": 2}),
+        ("k=6, 3 branches", {"num_tokens": 6, "num_branches": 3}),
     ]
     for task, text in TASKS.items():
         prompt = model.tokenize(text, False, True)
@@ -143,14 +148,15 @@ def main() -> None:
             rates["plain"].append(rate)
             outputs["plain"] = plain
             for name, spec in settings:
+                spec = {"method": "ngram", **spec}
                 outputs[name], rate, stats[name] = decode(model, prompt, args.max_tokens, spec)
                 rates[name].append(rate)
         plain_rate = statistics.median(rates["plain"])
-        print(f"{task:<16} {'plain':<22} {plain_rate:>7.1f} {1.0:>7.2f} {'-':>6} {1.0:>8.2f}")
+        print(f"{task:<16} {'plain':<24} {plain_rate:>7.1f} {1.0:>7.2f} {'-':>6} {1.0:>8.2f}")
         for name, _ in settings:
             rate = statistics.median(rates[name])
             print(
-                f"{task:<16} {name:<22} {rate:>7.1f} {rate / plain_rate:>7.2f} "
+                f"{task:<16} {name:<24} {rate:>7.1f} {rate / plain_rate:>7.2f} "
                 f"{stats[name]['spec_acceptance_rate']:>6.2f} "
                 f"{stats[name]['spec_tokens_per_step']:>8.2f} {outputs[name] == outputs['plain']}"
             )
@@ -163,9 +169,9 @@ def main() -> None:
         prompt = target.tokenize(text, False, True)
         plain, plain_rate, _ = decode(target, prompt, args.max_tokens, None)
         got, rate, stats = decode(target, prompt, args.max_tokens, draft)
-        print(f"{task:<16} {'Q8_0 plain':<22} {plain_rate:>7.1f} {1.0:>7.2f} {'-':>6} {1.0:>8.2f}")
+        print(f"{task:<16} {'Q8_0 plain':<24} {plain_rate:>7.1f} {1.0:>7.2f} {'-':>6} {1.0:>8.2f}")
         print(
-            f"{task:<16} {'Q8_0, Q4_1 draft k=4':<22} {rate:>7.1f} {rate / plain_rate:>7.2f} "
+            f"{task:<16} {'Q8_0, Q4_1 draft k=4':<24} {rate:>7.1f} {rate / plain_rate:>7.2f} "
             f"{stats['spec_acceptance_rate']:>6.2f} {stats['spec_tokens_per_step']:>8.2f} "
             f"{got == plain}"
         )

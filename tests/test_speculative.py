@@ -115,7 +115,7 @@ def test_a_tree_of_guesses_gives_the_greedy_tokens(
         return update(self, *args)
 
     monkeypatch.setattr(Scheduler, "update", counting)
-    spec = {"method": "ngram", "num_tokens": 4, "num_branches": branches}
+    spec = {"method": "ngram", "num_tokens": 4, "num_branches": branches, "adaptive": False}
     beside = frozenset({4}) if logprobs else frozenset()
     got, stats = greedy_tokens(model, spec, plain=frozenset({3}), logprobs=beside)
     assert got == plain_tokens
@@ -142,7 +142,7 @@ def test_a_draft_model_gives_the_greedy_tokens(
 ) -> None:
     # The model drafting for itself: every greedy guess is right, so every step of a
     # speculating request gains num_tokens + 1 tokens until max_tokens cuts the draft.
-    spec = {"method": "draft", "draft_model": str(smollm2_path), "num_tokens": 3}
+    spec = {"method": "draft", "draft_model": str(smollm2_path), "num_tokens": 3, "adaptive": False}
     got, stats = greedy_tokens(model, spec, plain=frozenset({1, 4}))
     assert got == plain_tokens
     assert stats["spec_acceptance_rate"] == 1.0

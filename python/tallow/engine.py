@@ -29,6 +29,7 @@ import numpy.typing as npt
 from tallow import _core, _nvrtc, checks
 from tallow._progress import format_bytes
 from tallow.catalog import resolve_model, tallow_home
+from tallow.draft_budget import Acceptance, Draft, StepTimes, plan
 from tallow.errors import InvalidArgumentError, TallowError
 from tallow.output import OutputState, RequestOutput, SampledRow
 from tallow.pooling import Pooler
@@ -578,6 +579,8 @@ class Engine:
         self._requests: dict[str, EngineRequest] = {}
         # (time, tokens computed) of recent steps, for the throughput in stats().
         self._recent: deque[tuple[float, int]] = deque(maxlen=64)
+        self._step_times = StepTimes()
+        self._acceptance = Acceptance()
         self.tokens_computed = 0
         # stats() may come from another thread while a step holds the KV pool.
         self._lock = threading.Lock()
@@ -680,6 +683,7 @@ class Engine:
         scores: dict[str, list[float]] = {}
         embeddings: dict[str, npt.NDArray[np.float32]] = {}
         if step:
+            started = time.perf_counter()
             try:
                 if self._greedy_on_device(step):
                     tokens = self._forward(step, "argmax", embeddings)
@@ -695,6 +699,10 @@ class Engine:
                 return self._process(self.scheduler.fail(step, e), {})
             self.tokens_computed += step.num_tokens
             self._recent.append((time.perf_counter(), step.num_tokens))
+            if not step.has_scoring and all(len(c.token_ids) == c.n_rows for c in step.chunks):
+                # Decoding and verification alone: what the draft budget's costs are.
+                self._step_times.observe(step.num_tokens, time.perf_counter() - started)
+            self._count_acceptance(step, proposals, sampled, adopted)
         outputs = self.scheduler.update(
             step, {r: [t[0] for t in rows] for r, rows in sampled.items()}, failed, adopted
         )
@@ -725,6 +733,7 @@ class Engine:
                 del self._requests[out.request_id]
                 if req.speculation is not None:
                     self._proposers[req.speculation.method].finish(out.request_id)
+                    self._acceptance.finish(out.request_id)
             results.append(result)
         return results
 
@@ -733,7 +742,9 @@ class Engine:
         if not self._proposers:
             return {}
         wanted: dict[str, list[DraftRequest]] = {}
+        decoding = 0
         for req in self.scheduler.decoding():
+            decoding += 1
             assert isinstance(req, EngineRequest)
             if req.speculation is None or req.abort_pending:
                 continue
@@ -758,7 +769,77 @@ class Engine:
         proposals: dict[str, Proposal] = {}
         for method, requests in wanted.items():
             proposals.update(self._proposers[method].propose(requests))
-        return {r: p for r, p in proposals.items() if p.tokens}
+        return self._budget({r: p for r, p in proposals.items() if p.tokens}, decoding)
+
+    def _budget(self, proposals: dict[str, Proposal], n_decoding: int) -> dict[str, Proposal]:
+        """``proposals`` cut to the tokens that pay for themselves (see
+        :mod:`tallow.draft_budget`), for the requests whose speculation adapts: those whose
+        output does not depend on which tokens are verified (greedy, or sampled without a
+        seed)."""
+        adaptive = []
+        for r in proposals:
+            req = self._requests[r]
+            params = req.params
+            assert req.speculation is not None and isinstance(params, SamplingParams)
+            if req.speculation.adaptive and (params.temperature == 0 or params.seed is None):
+                adaptive.append(r)
+        drafts = [
+            Draft(
+                alpha=self._acceptance.rate(r, proposals[r].kind),
+                length=len(proposals[r].tokens),
+                guesses=[(depth, len(tokens)) for depth, tokens in proposals[r].branches],
+                beta=self._acceptance.rate(r, "guess"),
+            )
+            for r in adaptive
+        ]
+        out = dict(proposals)
+        planned = plan(drafts, n_decoding, self._step_times)
+        for r, (k, lengths) in zip(adaptive, planned, strict=True):
+            p = proposals[r]
+            if self._acceptance.probe(r, cut=k == 0):
+                k = 1  # measured again: see ``PROBE_EVERY``
+            req = self._requests[r]
+            assert req.speculation is not None
+            self._proposers[req.speculation.method].cut(r, k)
+            if k == 0:
+                del out[r]
+                continue
+            branches = [
+                (depth, tokens[:n])
+                for (depth, tokens), n in zip(p.branches, lengths, strict=True)
+                if n > 0 and depth < k
+            ]
+            probs = None if p.probs is None else p.probs[:k]
+            out[r] = replace(p, tokens=p.tokens[:k], probs=probs, branches=branches)
+        return out
+
+    def _count_acceptance(
+        self,
+        step: Step,
+        proposals: Mapping[str, Proposal],
+        sampled: Mapping[str, list[SampledRow]],
+        adopted: Mapping[str, int],
+    ) -> None:
+        """Counts what the verifications of ``step`` kept, by kind of proposal: a draft's
+        tokens up to where the path left it, and the tokens of each guess that was needed
+        (where the draft was rejected at its depth)."""
+        guesses: dict[str, list[ScheduledChunk]] = {}
+        for chunk in step.chunks:
+            if chunk.guess_depth is not None:
+                guesses.setdefault(chunk.request_id, []).append(chunk)
+        for chunk in step.chunks:
+            r = chunk.request_id
+            if not chunk.draft or chunk.guess_depth is not None or r not in sampled:
+                continue
+            kept = len(sampled[r]) - 1
+            own = guesses.get(r, [])
+            taken = next((g for g in own if g.seq == adopted.get(r)), None)
+            depth = kept if taken is None else taken.guess_depth or 0
+            self._acceptance.observe(r, proposals[r].kind, len(chunk.draft), depth)
+            for g in own:
+                if g.guess_depth == depth < len(chunk.draft):
+                    got = kept - depth if g is taken else 0
+                    self._acceptance.observe(r, "guess", len(g.token_ids), got)
 
     def _greedy_on_device(self, step: Step) -> bool:
         """Whether every request that takes tokens in ``step`` takes the argmax and nothing

@@ -73,9 +73,13 @@ class SpeculativeConfig:
     num_branches: int = 0
     """Prompt lookup: most alternative guesses verified beside the main one in the same step
     (tree speculation), each where an earlier occurrence of the matched tokens went on
-    otherwise; for greedy requests without penalties, bias or log probabilities. On a CPU
-    the extra tokens cost more than they gain (see the README); where verifying more tokens
-    costs little, they pay."""
+    otherwise; for greedy requests without penalties, bias or log probabilities."""
+    adaptive: bool = True
+    """Verify only the proposed tokens that pay for themselves (:mod:`tallow.draft_budget`):
+    each draft cut to the length with the most expected tokens per second, from the step
+    times and acceptance measured so far, and nothing proposed where speculation would lose.
+    Greedy requests and sampled ones without a seed; a seeded request verifies every proposed
+    token, so that its output does not depend on timing. False: every proposed token."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in METHODS:
@@ -92,6 +96,10 @@ class SpeculativeConfig:
             "num_branches",
         ):
             checks.integer(name, getattr(self, name), 0, MAX_TOKENS)
+        if not isinstance(self.adaptive, bool):
+            raise InvalidArgumentError(
+                f"adaptive must be a bool, got {checks.describe(self.adaptive)}"
+            )
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise InvalidArgumentError("need 1 <= ngram_min <= ngram_max")
         if self.method == "draft" and self.draft_model is None:
@@ -160,6 +168,10 @@ class Proposal:
     """Alternative guesses, ``(depth, tokens)``: after the first ``depth`` of ``tokens``,
     these instead (their first differs from ``tokens[depth]``). With the main guess they make a
     tree whose every path is verified in one step (see :func:`tree_path`)."""
+    kind: str = ""
+    """Where the tokens come from, for the acceptance measured per kind: prompt lookup's
+    ``"follow"`` (going on copying a passage) or ``"n1"``.. ``"n3"`` (a match of that many
+    tokens), ``"draft"`` for a draft model."""
 
 
 def tree_path(
@@ -193,6 +205,10 @@ class Proposer(Protocol):
 
     def propose(self, requests: Sequence[DraftRequest]) -> dict[str, Proposal]:
         """Proposals for some of ``requests`` (none is a valid answer)."""
+        ...
+
+    def cut(self, request_id: str, n_tokens: int) -> None:
+        """Only the first ``n_tokens`` of the request's last proposal are verified."""
         ...
 
     def finish(self, request_id: str) -> None:
@@ -244,13 +260,14 @@ class NgramProposer:
     def propose(self, requests: Sequence[DraftRequest]) -> dict[str, Proposal]:
         out = {}
         for r in requests:
-            found = self._lookup(r)
+            found, kind = self._lookup(r)
             if found:
                 branches = self._branches(r, found) if r.num_branches else []
-                out[r.request_id] = Proposal(found, branches=branches)
+                out[r.request_id] = Proposal(found, branches=branches, kind=kind)
         return out
 
-    def _lookup(self, r: DraftRequest) -> list[int]:
+    def _lookup(self, r: DraftRequest) -> tuple[list[int], str]:
+        """The proposal and its kind (see :attr:`Proposal.kind`)."""
         tokens = r.tokens
         index = self._index.setdefault(r.request_id, _NgramIndex())
         # Index the n-grams that now have a following token: those ending before the end.
@@ -273,16 +290,16 @@ class NgramProposer:
                 # Every token of the last proposal was kept: twice as many, up to the most.
                 whole = len(tokens) - index.source_len == index.proposed + 1
                 k = min(2 * index.proposed, r.max_tokens) if whole else r.num_tokens
-                return self._propose_from(index, tokens, follow, max(k, r.num_tokens))
+                return self._propose_from(index, tokens, follow, max(k, r.num_tokens)), "follow"
         for n in range(self.ngram_max, self.ngram_min - 1, -1):
             if len(tokens) < n:
                 continue
             latest = index.by_n.get(n, {}).get(tuple(tokens[-n:]))
             if latest:
                 k = r.num_tokens if n > 1 else min(r.num_tokens, self.short_match_tokens)
-                return self._propose_from(index, tokens, latest[-1] + n, k)
+                return self._propose_from(index, tokens, latest[-1] + n, k), f"n{n}"
         index.source = -1
-        return []
+        return [], ""
 
     def _branches(self, r: DraftRequest, draft: list[int]) -> list[tuple[int, list[int]]]:
         """Up to ``r.num_branches`` alternatives to ``draft``: what followed the other
@@ -311,6 +328,12 @@ class NgramProposer:
         proposal = tokens[follow : follow + k]
         index.proposed = len(proposal)
         return proposal
+
+    def cut(self, request_id: str, n_tokens: int) -> None:
+        # A proposal grows from what was verified of the last.
+        index = self._index.get(request_id)
+        if index is not None:
+            index.proposed = min(index.proposed, n_tokens)
 
     def finish(self, request_id: str) -> None:
         self._index.pop(request_id, None)
@@ -366,6 +389,8 @@ class DraftModelProposer:
                     break
                 keep += 1
             self.kv.truncate(state.seq, keep)
+            # The draft's KV holds the tokens synced and those it fed that the request kept.
+            state.fed = state.fed[: keep - state.synced]
             new = r.tokens[keep:]
             if not new or not self._reserve(state, len(new)):
                 continue  # no room in the draft's pool: this request goes without a draft
@@ -388,7 +413,7 @@ class DraftModelProposer:
             got = drafted.get(r.request_id)
             if got:
                 probs = None if r.temperature == 0.0 else np.stack([q for _, q in got])
-                out[r.request_id] = Proposal([t for t, _ in got], probs)
+                out[r.request_id] = Proposal([t for t, _ in got], probs, kind="draft")
         return out
 
     def _reserve(self, state: _DraftState, n: int) -> bool:
@@ -396,6 +421,9 @@ class DraftModelProposer:
             return False
         self.kv.reserve(state.seq, n)
         return True
+
+    def cut(self, request_id: str, n_tokens: int) -> None:
+        pass  # the tokens it fed that the request did not keep go at its next proposal
 
     def finish(self, request_id: str) -> None:
         state = self._states.pop(request_id, None)
