@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tallow.draft_budget import (
+    MAX_RISE,
     PROBE_EVERY,
+    TIME_WEIGHT,
     Acceptance,
     Draft,
     StepTimes,
@@ -16,8 +18,11 @@ from tallow.draft_budget import (
 
 
 def times(costs: dict[int, float]) -> StepTimes:
+    """Step times with each size measured at ``costs`` (after its first step, which is not
+    counted)."""
     t = StepTimes()
     for n, seconds in costs.items():
+        t.observe(n, seconds)
         t.observe(n, seconds)
     return t
 
@@ -26,12 +31,28 @@ def test_step_times_interpolate_and_extend_what_was_measured() -> None:
     t = times({1: 2.0, 3: 3.0, 5: 4.0})
     assert t.cost(1) == 2.0
     assert t.cost(2) == pytest.approx(2.5)
-    assert t.cost(9) == pytest.approx(6.0)  # along the slope of the last two
-    # Unmeasured below the first: along the slope of the first two.
+    assert t.cost(9) == pytest.approx(6.0)  # along the slope from the smallest to the largest
+    assert times({1: 2.0, 3: 3.5, 5: 4.0}).cost(9) == pytest.approx(6.0)
+    # Unmeasured below the first: the same.
     assert times({2: 3.0, 4: 4.0}).cost(1) == pytest.approx(2.5)
     # One size measured: the prior's shape, scaled to it.
     one = times({1: 2.0})
     assert one.cost(1) == 2.0 and one.cost(11) > 2.0
+
+
+def test_the_first_step_of_a_size_is_not_counted() -> None:
+    t = times({1: 1.0, 3: 1.2})
+    # Its buffers grown, say: ten times what the line through the others says.
+    t.observe(9, 20.0)
+    assert t.cost(9) == pytest.approx(1.0 + 8 * 0.1)
+    t.observe(9, 1.8)
+    assert t.cost(9) == pytest.approx(1.8)
+
+
+def test_one_slow_step_moves_a_size_by_a_bounded_amount() -> None:
+    t = times({1: 1.0, 9: 2.0})
+    t.observe(9, 50.0)
+    assert t.cost(9) == pytest.approx(2.0 * (1 + TIME_WEIGHT * (MAX_RISE - 1)))
 
 
 def test_step_times_are_moving_averages() -> None:

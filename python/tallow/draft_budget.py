@@ -39,21 +39,37 @@ acceptance is measured again (the output may have come to something it can copy)
 TIME_WEIGHT = 0.1
 """Weight of a new measurement in a step size's moving average."""
 
+MAX_RISE = 1.25
+"""The most a measurement counts for, relative to the estimate it updates. A size judged
+dearer than it is is seldom chosen again, so nothing would correct it: one step slowed by
+something else (the host busy elsewhere) must not make it so. An estimate that is too low
+corrects itself, since the plan goes on choosing that size."""
+
 
 class StepTimes:
     """Seconds a step takes by its number of tokens, for steps whose every token produces
     logits (decoding and verification): a moving average per size, interpolated between
-    measured sizes and extended past them along the slope of the last two."""
+    measured sizes and extended past them along the slope between the smallest and the
+    largest. The first step of each size is not counted (it grows the step's buffers, which
+    can take several times what the step does), and a later one counts for at most
+    :data:`MAX_RISE` times the estimate it updates."""
 
     def __init__(self) -> None:
         self._mean: dict[int, float] = {}
+        self._seen: set[int] = set()
 
     def observe(self, n_tokens: int, seconds: float) -> None:
         """Counts one step of ``n_tokens`` that took ``seconds``."""
         if n_tokens < 1 or not seconds > 0:
             return
+        if n_tokens not in self._seen:
+            self._seen.add(n_tokens)
+            return
         old = self._mean.get(n_tokens)
-        self._mean[n_tokens] = seconds if old is None else old + TIME_WEIGHT * (seconds - old)
+        if old is None:
+            self._mean[n_tokens] = seconds
+        else:
+            self._mean[n_tokens] = old + TIME_WEIGHT * (min(seconds, MAX_RISE * old) - old)
 
     def cost(self, n_tokens: int) -> float:
         """The expected seconds of a step of ``n_tokens`` (1.0 per one-token step before any
@@ -69,12 +85,7 @@ class StepTimes:
             return per_token * (1.0 + PRIOR_SLOPE * (n_tokens - 1))
         below = [n for n in known if n < n_tokens]
         above = [n for n in known if n > n_tokens]
-        if below and above:
-            lo, hi = below[-1], above[0]
-        elif above:
-            lo, hi = above[0], above[1]
-        else:
-            lo, hi = below[-2], below[-1]
+        lo, hi = (below[-1], above[0]) if below and above else (known[0], known[-1])
         slope = max(0.0, (self._mean[hi] - self._mean[lo]) / (hi - lo))
         return max(1e-9, self._mean[lo] + slope * (n_tokens - lo))
 
