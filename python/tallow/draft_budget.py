@@ -181,13 +181,16 @@ def plan(drafts: Sequence[Draft], n_requests: int, times: StepTimes) -> list[tup
     gained = float(n_requests)
     out = []
     for d in drafts:
-        best_k, best = 0, gained / times.cost(tokens)
+        # kept: expected_kept(d.alpha, k), one term added per length.
+        best_k, best_kept, best = 0, 0.0, gained / times.cost(tokens)
+        kept = 0.0
         for k in range(1, d.length + 1):
-            rate = (gained + expected_kept(d.alpha, k)) / times.cost(tokens + k)
+            kept += d.alpha**k
+            rate = (gained + kept) / times.cost(tokens + k)
             if rate > best:
-                best_k, best = k, rate
+                best_k, best_kept, best = k, kept, rate
         tokens += best_k
-        gained += expected_kept(d.alpha, best_k)
+        gained += best_kept
         # Guess tokens by what each adds: needed where the draft is rejected at its depth.
         candidates = sorted(
             (

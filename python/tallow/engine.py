@@ -776,13 +776,12 @@ class Engine:
         :mod:`tallow.draft_budget`), for the requests whose speculation adapts: those whose
         output does not depend on which tokens are verified (greedy, or sampled without a
         seed)."""
-        adaptive = []
+        adaptive: list[tuple[str, SpeculativeConfig]] = []
         for r in proposals:
-            req = self._requests[r]
-            params = req.params
-            assert req.speculation is not None and isinstance(params, SamplingParams)
-            if req.speculation.adaptive and (params.temperature == 0 or params.seed is None):
-                adaptive.append(r)
+            params, spec = self._requests[r].params, self._requests[r].speculation
+            assert spec is not None and isinstance(params, SamplingParams)
+            if spec.adaptive and (params.temperature == 0 or params.seed is None):
+                adaptive.append((r, spec))
         drafts = [
             Draft(
                 alpha=self._acceptance.rate(r, proposals[r].kind),
@@ -790,17 +789,15 @@ class Engine:
                 guesses=[(depth, len(tokens)) for depth, tokens in proposals[r].branches],
                 beta=self._acceptance.rate(r, "guess"),
             )
-            for r in adaptive
+            for r, _ in adaptive
         ]
         out = dict(proposals)
         planned = plan(drafts, n_decoding, self._step_times)
-        for r, (k, lengths) in zip(adaptive, planned, strict=True):
+        for (r, spec), (k, lengths) in zip(adaptive, planned, strict=True):
             p = proposals[r]
             if self._acceptance.probe(r, cut=k == 0):
                 k = 1  # measured again: see ``PROBE_EVERY``
-            req = self._requests[r]
-            assert req.speculation is not None
-            self._proposers[req.speculation.method].cut(r, k)
+            self._proposers[spec.method].cut(r, k)
             if k == 0:
                 del out[r]
                 continue
@@ -823,6 +820,8 @@ class Engine:
         """Counts what the verifications of ``step`` kept, by kind of proposal: a draft's
         tokens up to where the path left it, and the tokens of each guess that was needed
         (where the draft was rejected at its depth)."""
+        if not proposals:
+            return  # nothing was proposed, so no chunk has a draft
         guesses: dict[str, list[ScheduledChunk]] = {}
         for chunk in step.chunks:
             if chunk.guess_depth is not None:
