@@ -11,7 +11,9 @@ import pytest
 
 import tallow
 from tallow.async_llm import AsyncLLM
+from tallow.engine import Engine
 from tallow.output import GenerationResult
+from tallow.scheduler import Step
 
 PROMPTS = [
     "Hello, my name is",
@@ -111,6 +113,48 @@ async def test_seeded_sampling_is_independent_of_the_batch(smollm2_path: Path) -
     async with AsyncLLM(smollm2_path, max_num_seqs=8) as llm:
         other = await run_all(llm, cases, temperature=0.9, seed=99)
     assert [r.token_ids for r in other] != [r.token_ids for r in together]
+
+
+@pytest.mark.anyio
+async def test_seeded_draws_are_the_same_on_the_device_and_on_the_host(
+    smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sampled request's tokens are the same whether its steps draw them on the model's
+    device (every request in the step draws from the raw logits) or on the host (beside it a
+    request with a logit bias, whose steps copy the logits back)."""
+    on_device: list[bool] = []
+    drawn_on_device = Engine._drawn_on_device
+
+    def spy(engine: Engine, step: Step) -> bool:
+        on_device.append(drawn_on_device(engine, step))
+        return on_device[-1]
+
+    monkeypatch.setattr(Engine, "_drawn_on_device", spy)
+    prompt = "Once upon a time, in a small village,"
+    sampled = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "min_p": 0.02, "seed": 77}
+    async with AsyncLLM(smollm2_path, max_num_seqs=4) as llm:
+        alone = await llm.generate(prompt, max_tokens=24, ignore_eos=True, **sampled)  # type: ignore[arg-type]
+        assert on_device and all(on_device)
+        on_device.clear()
+        results: dict[str, GenerationResult] = {}
+
+        async def biased() -> None:
+            results["biased"] = await llm.generate(
+                "Hello", max_tokens=40, ignore_eos=True, temperature=0.0, logit_bias={11: 1.0}
+            )
+
+        async def again() -> None:
+            results["sampled"] = await llm.generate(
+                prompt, max_tokens=24, ignore_eos=True, **sampled
+            )  # type: ignore[arg-type]
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(biased)
+            tg.start_soon(again)
+    # The sampled request's 24 tokens came (nearly all) from steps that drew on the host.
+    assert on_device.count(False) >= 20, on_device
+    assert results["sampled"].token_ids == alone.token_ids
+    assert len(set(alone.token_ids)) > 5
 
 
 @pytest.mark.anyio

@@ -87,6 +87,42 @@ def test_chosen_tokens_logits_are_columns_of_the_logits(model: _core.Model) -> N
         model.forward(kv, [(seq, [1], "last")], "argmax", vocab=[1])
 
 
+def test_drawn_tokens_are_the_samplers_draws(model: _core.Model) -> None:
+    """``output="draw"``: each row's token drawn on the model's device as ``draws`` says is
+    the token its sampler draws from that row's logits (the same seed taken the same way),
+    greedy rows included; bad draws are refused."""
+    params = [(0.9, 40, 0.95, 0.02), (1.2, 0, 1.0, 0.0), (0.0, 0, 1.0, 0.0), (0.7, 5, 0.5, 0.1)]
+    kv = model.new_kv_cache(page_size=16, max_pages=8)
+    seqs = [kv.create() for _ in params]
+    for seq in seqs:
+        kv.reserve(seq, 4)
+    batch = [(s, [1 + s, 20, 300 + 7 * s, 40], "last") for s in seqs]
+    logits = model.forward(kv, batch)
+    on_device = [_core.Sampler(t, k, p, 1000 + i, min_p=m) for i, (t, k, p, m) in enumerate(params)]
+    on_host = [_core.Sampler(t, k, p, 1000 + i, min_p=m) for i, (t, k, p, m) in enumerate(params)]
+    assert all(s.draws_on_device for s in on_device)
+    drawn_rows, sampled_rows = [], []
+    for _ in range(12):
+        kv = model.new_kv_cache(page_size=16, max_pages=8)
+        for seq in [kv.create() for _ in params]:
+            kv.reserve(seq, 4)
+        draws = [s.next_draw() for s in on_device]
+        drawn = model.forward(kv, batch, "draw", draws=draws)
+        assert drawn.dtype == np.uint32 and drawn.shape == (len(params),)
+        drawn_rows.append(drawn.tolist())
+        sampled_rows.append([s.sample(row) for s, row in zip(on_host, logits, strict=True)])
+    assert drawn_rows == sampled_rows
+    columns = list(zip(*drawn_rows, strict=True))
+    assert len(set(columns[2])) == 1 and columns[2][0] == int(np.argmax(logits[2]))
+    assert len(set(columns[1])) > 3, columns[1]
+    greedy = (0.0, 0, 1.0, 0.0, 0)
+    for draws, match in (([greedy], "draws for"), ([(-1.0, 0, 1.0, 0.0, 0)] * 4, "temperature")):
+        with pytest.raises(tallow.InvalidArgumentError, match=match):
+            model.forward(kv, batch, "draw", draws=draws)
+    with pytest.raises(tallow.InvalidArgumentError, match="draws"):
+        model.forward(kv, batch, "draw")
+
+
 @pytest.mark.parametrize("depth", [0, 1, 3])
 def test_a_branch_forked_inside_its_parents_new_tokens(model: _core.Model, depth: int) -> None:
     """A fork truncated to ``depth`` of the tokens its parent computes in the same forward

@@ -114,7 +114,9 @@ def test_greedy_tokens_chosen_on_the_device_are_the_argmax_of_the_logits(
     logits, tokens = forward("logits"), forward("argmax")
     assert tokens.dtype == np.uint32 and tokens.shape == (6,)
     assert tokens.tolist() == np.argmax(logits, axis=1).tolist()
-    with pytest.raises(tallow.InvalidArgumentError, match="output must be 'logits' or 'argmax'"):
+    with pytest.raises(
+        tallow.InvalidArgumentError, match="output must be 'logits', 'argmax' or 'draw'"
+    ):
         forward("tokens")
 
 

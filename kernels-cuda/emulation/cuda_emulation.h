@@ -170,6 +170,9 @@ T __ldg(const T* p) {
     return *p;
 }
 
+// CUDA's device math functions (those not in C's global namespace).
+using std::isnan;
+
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float __fdividef(float a, float b) { return a / b; }

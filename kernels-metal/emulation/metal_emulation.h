@@ -31,6 +31,7 @@
 // Metal's scalar types (those the kernels use).
 using ushort = unsigned short;
 using uint = unsigned int;
+using ulong = uint64_t;
 
 namespace metal {
 
@@ -57,6 +58,7 @@ T as_type(U u) {
 using std::exp;
 using std::fabs;
 using std::fmax;
+using std::isnan;
 using std::ldexp;
 using std::round;
 using std::sqrt;
@@ -78,6 +80,7 @@ T clamp(T x, T lo, T hi) {
 // Metal's precise:: variants: the same functions here.
 namespace precise {
 using std::exp;
+using std::log;
 using std::tanh;
 }  // namespace precise
 

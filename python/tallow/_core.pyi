@@ -228,6 +228,7 @@ class Model:
         *,
         hidden: Literal[False] = False,
         vocab: Sequence[int] | None = None,
+        draws: None = None,
     ) -> numpy.typing.NDArray[numpy.float32]:
         """Run one ragged batch of ``(seq, tokens, logits)`` chunks.
 
@@ -241,10 +242,14 @@ class Model:
         and continuations of it. Returns
         float32 logits of shape ``(rows, n_vocab)``, chunk by chunk; with
         ``output="argmax"`` only each row's greedy token (uint32, shape ``(rows,)``, the first
-        largest logit, NaN never), chosen on the model's device. With ``hidden=True`` (which
-        a batch with hidden-state rows needs), returns that and the hidden states (float32,
-        ``(rows, n_embd)``, chunk by chunk) as a pair. With ``vocab`` (token ids, each below
-        ``n_vocab``), ``output="logits"`` returns only those tokens' logits, shape
+        largest logit, NaN never), chosen on the model's device; with ``output="draw"``,
+        each row's token drawn on the device as ``draws`` says for it (one ``(temperature,
+        top_k, top_p, min_p, seed)`` a row, as :meth:`Sampler.next_draw` gives it;
+        temperature 0 is greedy), the draws :meth:`Sampler.sample` makes. With
+        ``hidden=True`` (which a batch with hidden-state rows needs), returns that and the
+        hidden states (float32, ``(rows, n_embd)``, chunk by chunk) as a pair. With
+        ``vocab`` (token ids, each below ``n_vocab``), ``output="logits"`` returns only those
+        tokens' logits, shape
         ``(rows, len(vocab))``, equal to their columns of the whole logits: the LM head
         computes only their rows.
         """
@@ -257,26 +262,40 @@ class Model:
         *,
         hidden: Literal[False] = False,
         vocab: None = None,
+        draws: None = None,
     ) -> numpy.typing.NDArray[numpy.uint32]: ...
     @overload
     def forward(
         self,
         cache: KvCache,
         batch: Sequence[tuple[int, list[int], str] | tuple[int, list[int], str, int]],
-        output: Literal["logits", "argmax"] = "logits",
+        output: Literal["draw"],
+        *,
+        hidden: Literal[False] = False,
+        vocab: None = None,
+        draws: Sequence[tuple[float, int, float, float, int]],
+    ) -> numpy.typing.NDArray[numpy.uint32]: ...
+    @overload
+    def forward(
+        self,
+        cache: KvCache,
+        batch: Sequence[tuple[int, list[int], str] | tuple[int, list[int], str, int]],
+        output: Literal["logits", "argmax", "draw"] = "logits",
         *,
         hidden: Literal[False] = False,
         vocab: Sequence[int] | None = None,
+        draws: Sequence[tuple[float, int, float, float, int]] | None = None,
     ) -> numpy.typing.NDArray[Any]: ...
     @overload
     def forward(
         self,
         cache: KvCache,
         batch: Sequence[tuple[int, list[int], str] | tuple[int, list[int], str, int]],
-        output: Literal["logits", "argmax"] = "logits",
+        output: Literal["logits", "argmax", "draw"] = "logits",
         *,
         hidden: Literal[True],
         vocab: Sequence[int] | None = None,
+        draws: Sequence[tuple[float, int, float, float, int]] | None = None,
     ) -> tuple[numpy.typing.NDArray[Any], numpy.typing.NDArray[numpy.float32]]: ...
     def constraint(
         self,
@@ -463,12 +482,21 @@ class Sampler:
     def is_plain_greedy(self) -> bool:
         """Whether the choice is a row's argmax and nothing more (greedy, no penalties, bias
         or log probabilities): ``Model.forward(..., output="argmax")`` then serves it."""
-    def take_argmax(
-        self, argmaxes: list[int], draft: list[int]
+    @property
+    def draws_on_device(self) -> bool:
+        """Whether the choice is drawn from the raw logits and nothing more (no penalties,
+        bias, constraint or log probabilities): the model's device can then draw it,
+        ``Model.forward(..., output="draw", draws=[sampler.next_draw()])``."""
+    def next_draw(self) -> tuple[float, int, float, float, int]:
+        """How the next token is drawn, ``(temperature, top_k, top_p, min_p, seed)``, its
+        seed taken from the random state as :meth:`sample` takes it."""
+    def take_drawn(
+        self, drawn: list[int], draft: list[int]
     ) -> list[tuple[int, float, list[tuple[int, float]]]]:
-        """:meth:`verify` (or :meth:`sample` with no draft) given only each row's greedy token
-        (``len(draft) + 1`` of them): the draft tokens kept while they equal the argmax, then
-        one more; log probabilities NaN. Only for a plain greedy sampler."""
+        """:meth:`verify` (or :meth:`sample` with no draft) given only the tokens the device
+        drew from each row (``len(draft) + 1`` of them; a draft only for a greedy sampler):
+        the draft tokens kept while they equal the argmax, then one more; log probabilities
+        NaN. Only for a sampler that :attr:`draws_on_device`."""
     def draft(
         self, logits: numpy.typing.NDArray[numpy.float32]
     ) -> tuple[int, numpy.typing.NDArray[numpy.float32]]:

@@ -465,6 +465,10 @@ def _log_likelihood(rows: npt.NDArray[np.float32], tokens: Sequence[int]) -> flo
     return float((rows[np.arange(len(tokens)), list(tokens)] - log_sum).sum())
 
 
+# The draw of a greedy row (``Sampler.next_draw``'s form): temperature 0.
+_GREEDY_DRAW = (0.0, 0, 1.0, 0.0, 0)
+
+
 def _rows_of(step: Step) -> list[int]:
     """The first row of logits of each chunk of ``step``."""
     firsts, row = [], 0
@@ -685,9 +689,9 @@ class Engine:
         if step:
             started = time.perf_counter()
             try:
-                if self._greedy_on_device(step):
-                    tokens = self._forward(step, "argmax", embeddings)
-                    sampled, adopted = self._take_argmax(step, tokens)
+                if self._drawn_on_device(step):
+                    tokens = self._forward(step, "draw", embeddings, draws=self._draws(step))
+                    sampled, adopted = self._take_drawn(step, tokens)
                 elif (vocab := self._scored_vocab(step)) is not None:
                     logits = self._forward(step, "logits", embeddings, vocab)
                     scores = self._score(step, logits, vocab)
@@ -840,22 +844,41 @@ class Engine:
                     got = kept - depth if g is taken else 0
                     self._acceptance.observe(r, "guess", len(g.token_ids), got)
 
-    def _greedy_on_device(self, step: Step) -> bool:
-        """Whether every request that takes tokens in ``step`` takes the argmax and nothing
-        more: then the device picks them and only one token per row comes back."""
+    def _drawn_on_device(self, step: Step) -> bool:
+        """Whether every request that takes tokens in ``step`` draws them from the raw logits
+        and nothing more, and those that sample (not greedy) take one token, with no draft to
+        verify: then the device draws them and only one token per row comes back."""
         ids = step.sample_ids
-        return (
-            bool(ids)
-            and not step.has_scoring
-            and all(self._requests[r].sampler.is_plain_greedy for r in ids)
+        if not ids or step.has_scoring:
+            return False
+        samplers = [self._requests[r].sampler for r in ids]
+        if not all(s.draws_on_device for s in samplers):
+            return False
+        return all(
+            not chunk.draft and chunk.guess_depth is None
+            for chunk in step.chunks
+            if chunk.n_rows and not self._requests[chunk.request_id].sampler.is_plain_greedy
         )
 
-    def _take_argmax(
-        self, step: Step, argmaxes: npt.NDArray[np.uint32]
+    def _draws(self, step: Step) -> list[tuple[float, int, float, float, int]]:
+        """How each row of logits of ``step`` draws its token (see :meth:`_drawn_on_device`):
+        greedy for a greedy request's rows, the next draw of a sampling request's one row."""
+        draws = []
+        for chunk in step.chunks:
+            sampler = self._requests[chunk.request_id].sampler
+            if chunk.n_rows and not sampler.is_plain_greedy:
+                draws.append(sampler.next_draw())
+            else:
+                draws.extend([_GREEDY_DRAW] * chunk.n_rows)
+        return draws
+
+    def _take_drawn(
+        self, step: Step, drawn: npt.NDArray[np.uint32]
     ) -> tuple[dict[str, list[SampledRow]], dict[str, int]]:
-        """The tokens of every request in ``step`` from each row's greedy token: drafts kept
-        while they agree, as ``_sample`` verifies them; and the requests whose tokens follow
-        one of their guesses, with that guess's sequence."""
+        """The tokens of every request in ``step`` from the token the device drew from each
+        row: a greedy request's drafts kept while they agree, as ``_sample`` verifies them;
+        and the requests whose tokens follow one of their guesses, with that guess's
+        sequence."""
         sampled = {}
         adopted = {}
         rows_of = _rows_of(step)
@@ -863,11 +886,11 @@ class Engine:
         for chunk, first in zip(step.chunks, rows_of, strict=True):
             if not chunk.logits or chunk.guess_depth is not None:
                 continue
-            rows = argmaxes[first : first + chunk.n_rows].tolist()
+            rows = drawn[first : first + chunk.n_rows].tolist()
             draft = chunk.draft
             if chunk.request_id in guesses:
                 along = [
-                    (g, argmaxes[r : r + g.n_rows].tolist()) for g, r in guesses[chunk.request_id]
+                    (g, drawn[r : r + g.n_rows].tolist()) for g, r in guesses[chunk.request_id]
                 ]
                 which, draft = _tree(chunk, rows, along)
                 if which is not None:
@@ -875,7 +898,7 @@ class Engine:
                     depth = guess.guess_depth or 0
                     rows = rows[: depth + 1] + guess_rows[: len(draft) - depth]
                     adopted[chunk.request_id] = guess.seq
-            sampled[chunk.request_id] = self._requests[chunk.request_id].sampler.take_argmax(
+            sampled[chunk.request_id] = self._requests[chunk.request_id].sampler.take_drawn(
                 rows, draft
             )
         return sampled, adopted
@@ -995,16 +1018,20 @@ class Engine:
     def _forward(
         self,
         step: Step,
-        output: Literal["logits", "argmax"],
+        output: Literal["logits", "draw"],
         embeddings: dict[str, npt.NDArray[np.float32]],
         vocab: list[int] | None = None,
+        draws: list[tuple[float, int, float, float, int]] | None = None,
     ) -> npt.NDArray[Any]:
-        """The step's logits (of the tokens ``vocab`` only, where given) or greedy tokens; the
-        hidden states of its embedding requests go to their poolers, and the vectors of those
-        it completes into ``embeddings``."""
+        """The step's logits (of the tokens ``vocab`` only, where given) or the tokens drawn
+        as ``draws`` says; the hidden states of its embedding requests go to their poolers,
+        and the vectors of those it completes into ``embeddings``."""
+        batch = step.batch()
         if not step.has_embeddings:
-            return self.model.forward(self.kv, step.batch(), output, vocab=vocab)
-        head, hidden = self.model.forward(self.kv, step.batch(), output, hidden=True, vocab=vocab)
+            return self.model.forward(self.kv, batch, output, vocab=vocab, draws=draws)
+        head, hidden = self.model.forward(
+            self.kv, batch, output, hidden=True, vocab=vocab, draws=draws
+        )
         embeddings.update(self._pool(step, hidden))
         return head
 

@@ -5,8 +5,8 @@ use std::ops::Range;
 
 use tallow_arena::GrowingArena;
 use tallow_backend::{
-    argmax, Activation, BackendError, Batch, Experts, Moe, Output, OutputRows, Rope, Scores, Step,
-    StepInput, StepPlan,
+    draw_rows, Activation, BackendError, Batch, Experts, Moe, Output, OutputRows, Rope, Scores,
+    Step, StepInput, StepPlan,
 };
 use tallow_kv::{KvLayout, PagedKvCache};
 use tallow_quant::QuantizedActs;
@@ -442,13 +442,10 @@ impl<'s> Step<CpuBackend> for CpuStep<'s> {
         };
         match out {
             Output::Logits(logits) => product(logits),
-            Output::Argmax(tokens) => {
+            Output::Draw { draws, tokens } => {
                 let logits = take::<f32>(self.layer, n * m.rows)?;
                 product(logits)?;
-                for (token, row) in tokens.iter_mut().zip(logits.chunks_exact(m.rows)) {
-                    *token = argmax(row);
-                }
-                Ok(())
+                draw_rows(logits, m.rows, draws, tokens)
             }
             Output::Selected { tokens, logits } => {
                 m.matmul_rows(tokens, &acts, logits)?;

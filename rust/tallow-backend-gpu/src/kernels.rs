@@ -21,7 +21,7 @@ pub fn names(product: impl Fn(GgmlType, usize) -> Product) -> Vec<String> {
         "group_pairs",
         "add_expert_biases",
         "combine_experts",
-        "argmax_rows",
+        "draw_rows",
     ]
     .map(String::from)
     .into();
@@ -128,6 +128,9 @@ impl Product {
 
 /// The most experts a token may choose (the experts kernels' MAX_TOP_K).
 pub(crate) const MAX_TOP_K: usize = 32;
+
+/// Threads of a block drawing one row's token (the draw_rows kernels).
+pub(crate) const DRAW_THREADS: u32 = 256;
 
 /// Threads of an attention block (the attention kernels' TILE).
 pub(crate) const ATTENTION_THREADS: u32 = 128;

@@ -4,14 +4,15 @@
 use std::sync::Arc;
 
 use tallow_backend::{
-    Activation, BackendError, Experts, GroupPlan, Moe, Output, OutputRows, Routing, Scores, Step,
-    StepInput,
+    Activation, BackendError, Draw, Experts, GroupPlan, Moe, Output, OutputRows, Routing, Scores,
+    Step, StepInput,
 };
 use tallow_kv::PagedKvCache;
 
 use crate::gpu::{bytes_of, Args, Buffer, Device, Gpu};
 use crate::kernels::{
-    element_blocks, for_format, row_threads, Product, ATTENTION_THREADS, MAX_TOP_K, PRODUCT_TOKENS,
+    element_blocks, for_format, row_threads, Product, ATTENTION_THREADS, DRAW_THREADS, MAX_TOP_K,
+    PRODUCT_TOKENS,
 };
 use crate::pages::Pages;
 use crate::{GpuBackend, Matrix, Vector};
@@ -714,11 +715,19 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
                 self.read(&logits, &mut all)?;
                 selected.take_from(&all, m.rows)
             }
-            Output::Argmax(tokens) => {
-                let ids = Buffer::for_step(self.device, tokens.len() * 4)?;
+            Output::Draw { draws, tokens } => {
+                if draws.len() != x.n {
+                    return Err(mismatch("draws", draws.len(), x.n));
+                }
+                let words: Vec<u32> = draws.iter().flat_map(Draw::words).collect();
+                let params = Buffer::with_for_step(self.device, &bytes_of(&words))?;
+                // Each row's weights, for the filters' sums (written before they are read).
+                let weights = Buffer::scratch_for_step(self.device, logits.len() * 4)?;
+                let ids = Buffer::scratch_for_step(self.device, tokens.len() * 4)?;
                 let mut args = Args::new();
-                args.ptr(logits.buffer.ptr()).int(m.rows)?.ptr(ids.ptr());
-                self.launch("argmax_rows", [x.n as u32, 1, 1], 256, &args)?;
+                args.ptr(logits.buffer.ptr()).int(m.rows)?;
+                args.ptr(params.ptr()).ptr(weights.ptr()).ptr(ids.ptr());
+                self.launch("draw_rows", [x.n as u32, 1, 1], DRAW_THREADS, &args)?;
                 let mut bytes = vec![0u8; tokens.len() * 4];
                 self.device.gpu.read(ids.ptr(), &mut bytes)?;
                 for (t, b) in tokens.iter_mut().zip(bytes.as_chunks::<4>().0) {

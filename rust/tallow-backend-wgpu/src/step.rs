@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use tallow_backend::{
-    Activation, BackendError, Experts, Moe, Output, OutputRows, Routing, Scores, Step, StepInput,
+    Activation, BackendError, Draw, Experts, Moe, Output, OutputRows, Routing, Scores, Step,
+    StepInput,
 };
 use tallow_kv::{PageStore, PagedKvCache};
 
@@ -721,8 +722,14 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         mut out: Output<'_>,
     ) -> Result<(), BackendError> {
         let n = x.len / m.cols;
-        if let Output::Selected { .. } = out {
-            // A few tokens' logits: all of them come back and are chosen on the host.
+        let on_host = match &out {
+            Output::Selected { .. } => true,
+            Output::Draw { draws, .. } => !draws.iter().all(Draw::is_greedy),
+            Output::Logits(_) => false,
+        };
+        if on_host {
+            // A few tokens' logits, or tokens drawn at a temperature: every logit comes back
+            // and they are chosen on the host.
             let mut all = vec![0f32; n * m.rows];
             self.logits(x, m, softcap, Output::Logits(&mut all))?;
             return out.take_from(&all, m.rows);
@@ -731,7 +738,7 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
         // chunk do not): each block's logits are read back as it is done, or its greedy
         // tokens gathered on the device and read back once at the end.
         let tokens = match out {
-            Output::Argmax(_) => Some(self.rows(n, 1)?),
+            Output::Draw { .. } => Some(self.rows(n, 1)?),
             Output::Logits(_) | Output::Selected { .. } => None,
         };
         let per_block = (self.max_part as usize / (m.rows * 4)).clamp(1, n.max(1));
@@ -770,7 +777,7 @@ impl<'s> Step<WgpuBackend> for WgpuStep<'s> {
                 self.read_back(&logits.buffer, out)?;
             }
         }
-        if let (Output::Argmax(out), Some(tokens)) = (out, tokens) {
+        if let (Output::Draw { tokens: out, .. }, Some(tokens)) = (out, tokens) {
             self.read_back(&tokens.buffer, out)?;
         }
         Ok(())

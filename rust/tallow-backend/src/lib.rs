@@ -6,6 +6,7 @@
 mod backend;
 mod batch;
 mod capabilities;
+mod draw;
 mod error;
 mod ops;
 mod output;
@@ -17,8 +18,9 @@ pub use backend::{
 };
 pub use batch::{Batch, KvCopy, Logits, SeqChunk};
 pub use capabilities::Capabilities;
+pub use draw::{candidates, draw, noise, Draw};
 pub use error::BackendError;
 pub use ops::{Activation, Heads, Moe, Routing, Scores};
-pub use output::{argmax, Output, OutputRows};
+pub use output::{argmax, draw_rows, Output, OutputRows};
 pub use plan::{GroupPlan, KvSlot, StepPlan};
 pub use rope::{Rope, RopeParams, RopeScaling, RopeStyle};

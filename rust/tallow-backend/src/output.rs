@@ -1,6 +1,7 @@
 //! What a step leaves in host memory for the rows that produce logits: the logits
-//! themselves, or only the token a greedy choice takes from each row.
+//! themselves, or only the token drawn from each row.
 
+use crate::draw::{draw, Draw};
 use crate::plan::StepPlan;
 use crate::BackendError;
 
@@ -26,9 +27,13 @@ impl OutputRows {
 pub enum Output<'o> {
     /// `n_vocab` logits per row, row after row.
     Logits(&'o mut [f32]),
-    /// Each row's greedy token, the [`argmax`] of its logits, chosen on the device so that
-    /// only one number per row comes back.
-    Argmax(&'o mut [u32]),
+    /// Each row's token, drawn as `draws` says for the row (the [`argmax`] of its logits for
+    /// a greedy draw; see [`draw`]), chosen on the device so that only one number per row
+    /// comes back. A row with nothing to draw (every logit NaN or -inf) takes its argmax.
+    Draw {
+        draws: &'o [Draw],
+        tokens: &'o mut [u32],
+    },
     /// The logits of `tokens` only, `tokens.len()` per row, row after row: where a few
     /// tokens' are all that is read (scoring one-token answers), the LM head computes only
     /// their rows of the output matrix. Every id is below `n_vocab`.
@@ -43,7 +48,7 @@ impl Output<'_> {
     pub fn len(&self) -> usize {
         match self {
             Output::Logits(l) => l.len(),
-            Output::Argmax(t) => t.len(),
+            Output::Draw { tokens, .. } => tokens.len(),
             Output::Selected { logits, .. } => logits.len(),
         }
     }
@@ -57,7 +62,7 @@ impl Output<'_> {
     pub fn reborrow(&mut self) -> Output<'_> {
         match self {
             Output::Logits(l) => Output::Logits(l),
-            Output::Argmax(t) => Output::Argmax(t),
+            Output::Draw { draws, tokens } => Output::Draw { draws, tokens },
             Output::Selected { tokens, logits } => Output::Selected { tokens, logits },
         }
     }
@@ -66,7 +71,7 @@ impl Output<'_> {
     pub fn len_for(&self, rows: usize, n_vocab: usize) -> usize {
         match self {
             Output::Logits(_) => rows * n_vocab,
-            Output::Argmax(_) => rows,
+            Output::Draw { .. } => rows,
             Output::Selected { tokens, .. } => rows * tokens.len(),
         }
     }
@@ -83,10 +88,8 @@ impl Output<'_> {
         }
         match self {
             Output::Logits(out) => out.copy_from_slice(logits),
-            Output::Argmax(out) => {
-                for (token, row) in out.iter_mut().zip(logits.chunks_exact(n_vocab)) {
-                    *token = argmax(row);
-                }
+            Output::Draw { draws, tokens } => {
+                draw_rows(logits, n_vocab, draws, tokens)?;
             }
             Output::Selected {
                 tokens,
@@ -112,6 +115,32 @@ impl Output<'_> {
         }
         Ok(())
     }
+}
+
+/// Each row's token (`tokens[r]`) drawn from its `n_vocab` logits of `logits` as `draws[r]`
+/// says, its argmax where nothing can be drawn: [`Output::Draw`] on the host.
+pub fn draw_rows(
+    logits: &[f32],
+    n_vocab: usize,
+    draws: &[Draw],
+    tokens: &mut [u32],
+) -> Result<(), BackendError> {
+    if draws.len() != tokens.len() || logits.len() != tokens.len() * n_vocab {
+        return Err(BackendError::InvalidArgument(format!(
+            "{} draws into {} tokens from {} logits of rows of {n_vocab}",
+            draws.len(),
+            tokens.len(),
+            logits.len()
+        )));
+    }
+    for ((token, row), d) in tokens
+        .iter_mut()
+        .zip(logits.chunks_exact(n_vocab))
+        .zip(draws)
+    {
+        *token = draw(row, d).unwrap_or_else(|| argmax(row));
+    }
+    Ok(())
 }
 
 /// Index of the largest logit (the first one on ties), ignoring NaN; the last index when every

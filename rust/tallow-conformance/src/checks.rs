@@ -1,9 +1,9 @@
 //! The checks of the suite, each generic over the [`Subject`] it runs on.
 
 use tallow_backend::{
-    argmax, Activation, Backend, BackendError, Batch, Experts, Heads, Logits, MatrixSpec,
-    MatrixUse, Moe, Output, OutputRows, Rope, RopeParams, RopeScaling, RopeStyle, Routing, Scores,
-    Step, StepInput, StepPlan,
+    argmax, draw_rows, Activation, Backend, BackendError, Batch, Draw, Experts, Heads, Logits,
+    MatrixSpec, MatrixUse, Moe, Output, OutputRows, Rope, RopeParams, RopeScaling, RopeStyle,
+    Routing, Scores, Step, StepInput, StepPlan,
 };
 use tallow_gguf::GgmlType;
 use tallow_kv::{KvDtype, KvLayout, LayerGroups, PagedKvCache, SeqId};
@@ -371,15 +371,78 @@ pub fn greedy_tokens_are_the_argmax_of_the_logits<S: Subject>() {
         let m = upload(&backend, &file, rows, cols);
         for cap in [None, Some(0.05)] {
             let (mut logits, mut tokens) = (vec![0f32; n * rows], vec![0u32; n]);
+            let draws = vec![Draw::GREEDY; n];
             run_rows(&backend, n, |step| {
                 let xs = step.upload(&x, cols)?;
                 step.logits(&xs, &m, cap, Output::Logits(&mut logits))?;
-                step.logits(&xs, &m, cap, Output::Argmax(&mut tokens))
+                let out = Output::Draw {
+                    draws: &draws,
+                    tokens: &mut tokens,
+                };
+                step.logits(&xs, &m, cap, out)
             });
             let want: Vec<u32> = logits.chunks_exact(rows).map(argmax).collect();
             let what = format!("cap {cap:?}, {}", S::describe(&backend));
             assert_eq!(tokens, want, "{what}");
             assert!(want.iter().all(|&t| t < 150 && t != 7), "{want:?}");
+        }
+    }
+}
+
+/// Tokens drawn on the device at a temperature, through top-k, top-p and min-p, are those the
+/// host draws from the logits the same step copies back, with the same seeds: each row under
+/// its own parameters (greedy among them), values tied in pairs (rows 500.. repeat rows
+/// ..500), a NaN never drawn (rows 7 and 507); in one block and in blocks of one row.
+pub fn drawn_tokens_are_the_host_draws<S: Subject>() {
+    let (rows, cols) = (1000, 64);
+    let mut w = random(23, rows / 2 * cols);
+    w[7 * cols] = f32::NAN;
+    w.extend_from_within(..);
+    let data: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let file = file_of(GgmlType::F32, rows, cols, &data);
+    let sampling = |temperature, top_k, top_p, min_p| Draw {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seed: 0,
+    };
+    let rows_draws = [
+        sampling(1.0, 0, 1.0, 0.0),
+        sampling(0.7, 40, 1.0, 0.0),
+        sampling(1.3, 0, 0.9, 0.0),
+        sampling(0.8, 0, 1.0, 0.05),
+        sampling(1.0, 50, 0.8, 0.02),
+        Draw::GREEDY,
+        sampling(2.0, 3, 1.0, 0.0),
+        sampling(0.5, 2000, 0.5, 0.0),
+    ];
+    let n = rows_draws.len();
+    let x = random(24, n * cols);
+    let variants = S::variants(Family::Reductions).chain(S::capped(rows as u64 * 4));
+    for backend in variants {
+        let m = upload(&backend, &file, rows, cols);
+        for round in 0..4u64 {
+            let draws: Vec<Draw> = (rows_draws.iter().enumerate())
+                .map(|(r, d)| Draw {
+                    seed: (round << 32) | (r as u64 * 0x9e37),
+                    ..*d
+                })
+                .collect();
+            let (mut logits, mut tokens) = (vec![0f32; n * rows], vec![0u32; n]);
+            run_rows(&backend, n, |step| {
+                let xs = step.upload(&x, cols)?;
+                step.logits(&xs, &m, None, Output::Logits(&mut logits))?;
+                let out = Output::Draw {
+                    draws: &draws,
+                    tokens: &mut tokens,
+                };
+                step.logits(&xs, &m, None, out)
+            });
+            let mut want = vec![0u32; n];
+            draw_rows(&logits, rows, &draws, &mut want).unwrap();
+            assert_eq!(tokens, want, "round {round}, {}", S::describe(&backend));
+            assert!(want.iter().all(|&t| t % 500 != 7), "{want:?}");
         }
     }
 }

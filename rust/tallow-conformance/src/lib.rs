@@ -114,6 +114,11 @@ macro_rules! suite {
         }
 
         #[test]
+        fn drawn_tokens_are_the_host_draws() {
+            $crate::drawn_tokens_are_the_host_draws::<$subject>();
+        }
+
+        #[test]
         fn chosen_tokens_logits_are_columns_of_the_logits() {
             $crate::chosen_tokens_logits_are_columns_of_the_logits::<$subject>();
         }

@@ -28,7 +28,7 @@ pub use forward::{Outputs, Scratch};
 pub use sampling::{sample_batch, Reasoning, Sampled, Sampler, SamplingParams};
 pub use sequence::SingleSequence;
 pub use tallow_backend::{
-    argmax, Backend, Batch, DeviceInfo, Logits, Output, RopeScaling, SeqChunk,
+    argmax, Backend, Batch, DeviceInfo, Draw, Logits, Output, RopeScaling, SeqChunk,
 };
 pub use tallow_convert::OutType;
 pub use tallow_grammar::{Constraint, GrammarError, Structured};

@@ -1,6 +1,7 @@
 //! Choosing the next token from logits, per request: penalties and logit bias, the tokens a
 //! constraint on the output allows, then greedy or seeded sampling with temperature, top-k,
-//! top-p and min-p; optionally the log
+//! top-p and min-p (each draw [`tallow_backend::draw`]'s, so that a device that draws a
+//! request's tokens itself draws the same ones); optionally the log
 //! probabilities of the chosen and the most likely tokens. A batch of rows is sampled in
 //! parallel, each row with its own request's parameters and random state, so a request's
 //! output does not depend on what else is in the batch.
@@ -9,7 +10,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use rayon::prelude::*;
-use tallow_backend::argmax;
+use tallow_backend::{argmax, draw, Draw};
 use tallow_grammar::Constraint;
 
 use crate::error::ModelError;
@@ -65,17 +66,8 @@ impl Default for SamplingParams {
 impl SamplingParams {
     fn validate(&self) -> Result<(), ModelError> {
         let bad = |what: String| Err(ModelError::InvalidArgument(what));
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return bad(format!(
-                "temperature must be a finite number >= 0, got {}",
-                self.temperature
-            ));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
+        if let Err(what) = self.draw().check() {
+            return bad(what);
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
             return bad(format!(
@@ -95,6 +87,17 @@ impl SamplingParams {
             return bad(format!("logit_bias for token {id} is NaN ({b})"));
         }
         Ok(())
+    }
+
+    /// The parameters of this request's draws, with no seed.
+    fn draw(&self) -> Draw {
+        Draw {
+            temperature: self.temperature,
+            top_k: u32::try_from(self.top_k).unwrap_or(u32::MAX),
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed: 0,
+        }
     }
 }
 
@@ -215,10 +218,24 @@ impl Sampler {
         let token = if self.params.temperature == 0.0 {
             argmax(&adjusted)
         } else {
-            let (candidates, total) = self.candidates(&adjusted)?;
-            self.pick(&candidates, total)
+            let d = self.next_draw();
+            draw(&adjusted, &d).ok_or_else(every_token_banned)?
         };
         self.record(logits, token)
+    }
+
+    /// How this sampler draws its next token, its seed taken from the random state (as
+    /// [`Sampler::sample`] takes it): what a device needs to draw it
+    /// ([`crate::Output::Draw`]), for a sampler that [`Sampler::draws_on_device`].
+    pub fn next_draw(&mut self) -> Draw {
+        let d = self.params.draw();
+        match d.is_greedy() {
+            true => Draw::GREEDY,
+            false => Draw {
+                seed: self.rng.next_u64(),
+                ..d
+            },
+        }
     }
 
     /// Verifies tokens a proposer guessed after the last token (speculative decoding, the
@@ -296,14 +313,13 @@ impl Sampler {
         Ok(out)
     }
 
-    /// Whether this sampler's choice from a row is the row's [`argmax`] and nothing more:
-    /// greedy, with no penalty, bias or constraint that changes the logits and no log
-    /// probability that needs them. Its tokens can then be chosen on the device
-    /// ([`crate::Output::Argmax`]).
-    pub fn is_plain_greedy(&self) -> bool {
+    /// Whether this sampler's choice from a row is drawn from the raw logits and nothing more:
+    /// no penalty, bias or constraint that changes them, no reasoning budget and no log
+    /// probability that needs them. Its tokens can then be drawn on the device
+    /// ([`crate::Output::Draw`], with [`Sampler::next_draw`]).
+    pub fn draws_on_device(&self) -> bool {
         let p = &self.params;
-        p.temperature == 0.0
-            && !self.changes_logits()
+        !self.changes_logits()
             && !self.is_constrained()
             && self
                 .reasoning
@@ -311,6 +327,12 @@ impl Sampler {
                 .is_none_or(|(r, ..)| r.budget.is_none())
             && !p.logprobs
             && p.top_logprobs == 0
+    }
+
+    /// Whether this sampler's choice from a row is the row's [`argmax`] and nothing more: a
+    /// greedy sampler that [`Sampler::draws_on_device`].
+    pub fn is_plain_greedy(&self) -> bool {
+        self.params.temperature == 0.0 && self.draws_on_device()
     }
 
     /// Whether penalties or a logit bias change the logits before a token is chosen.
@@ -322,31 +344,35 @@ impl Sampler {
             || !p.logit_bias.is_empty()
     }
 
-    /// [`Sampler::verify`] (or, with no draft, [`Sampler::sample`]) for a plain greedy sampler
-    /// ([`Sampler::is_plain_greedy`]) given only each row's argmax: the draft's tokens while
-    /// they equal the argmax, then the argmax where they part (or after the last). Records
-    /// them; their log probabilities are NaN, as when none are asked for.
-    pub fn take_argmax(
-        &mut self,
-        argmaxes: &[u32],
-        draft: &[u32],
-    ) -> Result<Vec<Sampled>, ModelError> {
-        if !self.is_plain_greedy() {
+    /// [`Sampler::verify`] (or, with no draft, [`Sampler::sample`]) for a sampler that
+    /// [`Sampler::draws_on_device`], given only the tokens the device drew from each row: for a
+    /// greedy one, each row's argmax (the draft's tokens while they equal the argmax, then the
+    /// argmax where they part, or after the last); for one that samples, the one token drawn
+    /// with its [`Sampler::next_draw`] (a draft is verified on the host, from the logits).
+    /// Records them; their log probabilities are NaN, as when none are asked for.
+    pub fn take_drawn(&mut self, drawn: &[u32], draft: &[u32]) -> Result<Vec<Sampled>, ModelError> {
+        if !self.draws_on_device() {
             return Err(ModelError::InvalidArgument(
-                "only a greedy sampler with no penalties, bias or log probabilities takes \
-                 the device's argmax"
+                "only a sampler with no penalties, bias, constraint or log probabilities takes \
+                 the device's tokens"
                     .into(),
             ));
         }
-        if argmaxes.len() != draft.len() + 1 {
+        if self.params.temperature != 0.0 && !draft.is_empty() {
+            return Err(ModelError::InvalidArgument(
+                "a sampled request's draft is verified from its logits, not from drawn tokens"
+                    .into(),
+            ));
+        }
+        if drawn.len() != draft.len() + 1 {
             return Err(ModelError::InvalidArgument(format!(
-                "{} greedy tokens for a draft of {}: expected one more",
-                argmaxes.len(),
+                "{} drawn tokens for a draft of {}: expected one more",
+                drawn.len(),
                 draft.len()
             )));
         }
-        let mut out = Vec::with_capacity(argmaxes.len());
-        for (i, &token) in argmaxes.iter().enumerate() {
+        let mut out = Vec::with_capacity(drawn.len());
+        for (i, &token) in drawn.iter().enumerate() {
             out.push(self.record(&[], token)?);
             if draft.get(i) != Some(&token) {
                 break;
@@ -495,55 +521,15 @@ impl Sampler {
         })
     }
 
-    /// The tokens a draw can pick after temperature, top-k, min-p and top-p, most likely
-    /// first, with weights summing to the returned total.
+    /// The tokens a draw can pick after temperature, top-k, min-p and top-p (the rule of
+    /// [`tallow_backend::candidates`], which [`Sampler::sample`]'s draws follow), with weights
+    /// summing to the returned total.
     fn candidates(&self, logits: &[f32]) -> Result<(Vec<(u32, f32)>, f32), ModelError> {
-        let p = &self.params;
-        let mut candidates: Vec<(f32, u32)> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| !l.is_nan() && **l != f32::NEG_INFINITY)
-            .map(|(i, &l)| (l / p.temperature, i as u32))
-            .collect();
-        if candidates.is_empty() {
-            return Err(ModelError::InvalidArgument(
-                "every token is banned or NaN".into(),
-            ));
+        let weighted = tallow_backend::candidates(logits, &self.params.draw());
+        if weighted.is_empty() {
+            return Err(every_token_banned());
         }
-        let by_logit_desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0);
-        if p.top_k > 0 && p.top_k < candidates.len() {
-            candidates.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
-            candidates.truncate(p.top_k);
-        }
-        candidates.sort_unstable_by(by_logit_desc);
-
-        let max = candidates[0].0;
-        let mut probs: Vec<f32> = candidates.iter().map(|c| (c.0 - max).exp()).collect();
-        let total: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= total);
-        if p.min_p > 0.0 {
-            // probs[0] is the most likely token's probability.
-            let floor = p.min_p * probs[0];
-            let keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
-            probs.truncate(keep);
-        }
-        if p.top_p < 1.0 {
-            let mut cumulative = 0.0;
-            let keep = probs
-                .iter()
-                .position(|q| {
-                    cumulative += q;
-                    cumulative >= p.top_p
-                })
-                .map_or(probs.len(), |i| i + 1);
-            probs.truncate(keep);
-        }
-        let total: f32 = probs.iter().sum();
-        let weighted = probs
-            .iter()
-            .zip(&candidates)
-            .map(|(&q, c)| (c.1, q))
-            .collect();
+        let total = weighted.iter().map(|&(_, w)| w).sum();
         Ok((weighted, total))
     }
 
@@ -586,6 +572,10 @@ impl Sampler {
             self.pick(candidates, total)
         }
     }
+}
+
+fn every_token_banned() -> ModelError {
+    ModelError::InvalidArgument("every token is banned or NaN".into())
 }
 
 fn check_row(logits: &[f32]) -> Result<(), ModelError> {
@@ -721,26 +711,50 @@ mod tests {
         for draft in [vec![], argmaxes[..3].to_vec(), vec![argmaxes[0], 5, 0]] {
             let rows = &rows[..(draft.len() + 1) * n_vocab];
             let want = sampling(0.0, 0, 1.0, 1).verify(rows, n_vocab, &draft, None);
-            let got = sampling(0.0, 0, 1.0, 1).take_argmax(&argmaxes[..=draft.len()], &draft);
+            let got = sampling(0.0, 0, 1.0, 1).take_drawn(&argmaxes[..=draft.len()], &draft);
             let tokens = |s: Vec<Sampled>| s.iter().map(|s| s.token).collect::<Vec<_>>();
             assert_eq!(tokens(got.unwrap()), tokens(want.unwrap()), "{draft:?}");
         }
-        let biased = SamplingParams {
+        let mut biased = sampler(SamplingParams {
             logit_bias: vec![(1, 2.0)],
             ..SamplingParams::default()
-        };
-        for params in [
-            biased,
-            SamplingParams {
-                temperature: 1.0,
-                ..Default::default()
-            },
-        ] {
-            let mut s = sampler(params);
-            assert!(!s.is_plain_greedy());
-            assert!(s.take_argmax(&[0], &[]).is_err());
+        });
+        assert!(!biased.is_plain_greedy() && !biased.draws_on_device());
+        assert!(biased.take_drawn(&[0], &[]).is_err());
+        let mut sampled = sampling(1.0, 0, 1.0, 1);
+        assert!(!sampled.is_plain_greedy() && sampled.draws_on_device());
+        assert!(sampled.take_drawn(&[0, 1], &[0]).is_err());
+        assert!(sampling(0.0, 0, 1.0, 1).take_drawn(&[0, 1], &[]).is_err());
+    }
+
+    #[test]
+    fn device_draws_take_what_sample_takes() {
+        // A device draws with `next_draw`'s parameters what `sample` draws, step after step.
+        let n_vocab = 50;
+        let rows: Vec<Vec<f32>> = (0..40)
+            .map(|r| {
+                (0..n_vocab)
+                    .map(|i| ((i * 13 + r * 7) % 17) as f32 / 4.0)
+                    .collect()
+            })
+            .collect();
+        for (temperature, top_k, top_p) in [(1.0, 0, 1.0), (0.7, 10, 0.9), (0.0, 0, 1.0)] {
+            let mut host = sampling(temperature, top_k, top_p, 42);
+            let mut device = sampling(temperature, top_k, top_p, 42);
+            assert!(device.draws_on_device());
+            let sampled: Vec<u32> = rows.iter().map(|r| host.sample(r).unwrap().token).collect();
+            let drawn: Vec<u32> = (rows.iter())
+                .map(|r| {
+                    let token = draw(r, &device.next_draw()).unwrap();
+                    device.take_drawn(&[token], &[]).unwrap()[0].token
+                })
+                .collect();
+            assert_eq!(drawn, sampled, "temperature {temperature}");
+            if temperature > 0.0 {
+                let distinct: std::collections::HashSet<_> = sampled.iter().collect();
+                assert!(distinct.len() > 3, "{sampled:?}");
+            }
         }
-        assert!(sampling(0.0, 0, 1.0, 1).take_argmax(&[0, 1], &[]).is_err());
     }
 
     #[test]
@@ -778,8 +792,8 @@ mod tests {
         assert!(s.is_reasoning());
         // Greedy choices taken from the device follow the block too.
         let mut s = sampling(0.0, 0, 1.0, 1).with_reasoning(block(None, false));
-        let taken: Vec<u32> = (s.take_argmax(&[0], &[]).unwrap().into_iter())
-            .chain(s.take_argmax(&[1], &[]).unwrap())
+        let taken: Vec<u32> = (s.take_drawn(&[0], &[]).unwrap().into_iter())
+            .chain(s.take_drawn(&[1], &[]).unwrap())
             .map(|t| t.token)
             .collect();
         assert_eq!(taken, [0, 1]);

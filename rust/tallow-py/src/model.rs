@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 use tallow_gguf::{Array, Value};
 use tallow_model::{
-    AnyModel, Batch, LoadOptions, Logits, ModelConfig, OutType, Output, Outputs, Reasoning,
+    AnyModel, Batch, Draw, LoadOptions, Logits, ModelConfig, OutType, Output, Outputs, Reasoning,
     SamplingParams, SeqId, SingleSequence,
 };
 
@@ -324,11 +324,14 @@ impl Model {
     /// and takes them as `parent` writes them (one forward computes a text and continuations
     /// of it). With `output="logits"`, returns float32 logits of shape `(rows, n_vocab)`,
     /// chunk by chunk; with `output="argmax"`, only each row's greedy token (uint32, shape
-    /// `(rows,)`), chosen on the model's device. With `vocab` (token ids), `output="logits"`
+    /// `(rows,)`), chosen on the model's device; with `output="draw"`, each row's token drawn
+    /// on the device as `draws` says for it (one `(temperature, top_k, top_p, min_p, seed)`
+    /// a row, as `Sampler.next_draw` gives it; temperature 0 is greedy). With `vocab` (token ids), `output="logits"`
     /// returns only those tokens' logits, shape `(rows, len(vocab))`, and the LM head
     /// computes only their rows. With `hidden=True`, returns that and the hidden states
     /// (float32, `(rows, n_embd)`, chunk by chunk) as a pair.
-    #[pyo3(signature = (cache, batch, output = "logits", *, hidden = false, vocab = None))]
+    #[pyo3(signature = (cache, batch, output = "logits", *, hidden = false, vocab = None, draws = None))]
+    #[allow(clippy::too_many_arguments)]
     fn forward<'py>(
         &self,
         py: Python<'py>,
@@ -337,6 +340,7 @@ impl Model {
         output: &str,
         hidden: bool,
         vocab: Option<Vec<u32>>,
+        draws: Option<Vec<DrawArgs>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let mut flat = Batch::new();
         for entry in &batch {
@@ -424,14 +428,26 @@ impl Model {
                 run(Output::Logits(unsafe { array.as_slice_mut()? }))?;
                 array.into_any()
             }
-            ("argmax", None) => {
+            (output @ ("argmax" | "draw"), None) => {
+                let draws = match (output, draws) {
+                    ("argmax", None) => vec![Draw::GREEDY; rows],
+                    ("draw", Some(draws)) => draw_rows(draws, rows)?,
+                    _ => {
+                        return Err(crate::errors::invalid_argument(
+                            "draws go with output='draw', and output='draw' needs them",
+                        ))
+                    }
+                };
                 let mut tokens = vec![0u32; rows];
-                run(Output::Argmax(&mut tokens))?;
+                run(Output::Draw {
+                    draws: &draws,
+                    tokens: &mut tokens,
+                })?;
                 tokens.into_pyarray(py).into_any()
             }
             (other, None) => {
                 return Err(crate::errors::invalid_argument(format!(
-                    "output must be 'logits' or 'argmax', got {other:?}"
+                    "output must be 'logits', 'argmax' or 'draw', got {other:?}"
                 )))
             }
         };
@@ -732,14 +748,27 @@ impl Sampler {
         self.inner.is_plain_greedy()
     }
 
-    /// `verify` (or, with no draft, `sample`) given only each row's greedy token from
-    /// `Model.forward(..., output="argmax")`: `len(draft) + 1` of them. Returns
-    /// `(token, nan, [])` for the accepted draft tokens and one more.
-    fn take_argmax(&mut self, argmaxes: Vec<u32>, draft: Vec<u32>) -> PyResult<Vec<SampledRow>> {
-        let sampled = self
-            .inner
-            .take_argmax(&argmaxes, &draft)
-            .map_err(model_error)?;
+    /// Whether the sampler's choice is drawn from the raw logits and nothing more (no
+    /// penalties, bias, constraint or log probabilities), so that the model's device can
+    /// draw it: `Model.forward(..., output="draw", draws=[sampler.next_draw()])`.
+    #[getter]
+    fn draws_on_device(&self) -> bool {
+        self.inner.draws_on_device()
+    }
+
+    /// How the next token is drawn, `(temperature, top_k, top_p, min_p, seed)`, its seed
+    /// taken from the sampler's random state as `sample` takes it.
+    fn next_draw(&mut self) -> DrawArgs {
+        let d = self.inner.next_draw();
+        (d.temperature, d.top_k, d.top_p, d.min_p, d.seed)
+    }
+
+    /// `verify` (or, with no draft, `sample`) given only the tokens the device drew from
+    /// each row (`Model.forward(..., output="argmax")` or `"draw"`): `len(draft) + 1` of them
+    /// (a draft only for a greedy sampler). Returns `(token, nan, [])` for the accepted draft
+    /// tokens and one more.
+    fn take_drawn(&mut self, drawn: Vec<u32>, draft: Vec<u32>) -> PyResult<Vec<SampledRow>> {
+        let sampled = self.inner.take_drawn(&drawn, &draft).map_err(model_error)?;
         Ok(sampled
             .into_iter()
             .map(|s| (s.token, s.logprob, s.top))
@@ -761,6 +790,9 @@ impl Sampler {
 
 /// `(token, logprob, [(token, logprob) of the most likely tokens])`.
 type SampledRow = (u32, f32, Vec<(u32, f32)>);
+
+/// How a row's token is drawn: `(temperature, top_k, top_p, min_p, seed)`.
+type DrawArgs = (f32, u32, f32, f32, u64);
 
 /// Samples row `i` of `logits` with `samplers[i]`, all rows in parallel. Returns
 /// `(token, logprob, top_logprobs)` per row, or for a row that could not be sampled (its
@@ -787,6 +819,29 @@ pub fn sample_batch(
                 .into_any()
                 .unbind()),
             Err(e) => Ok(model_error(e).into_value(py).into_any()),
+        })
+        .collect()
+}
+
+/// The draws of `rows` rows, checked.
+fn draw_rows(draws: Vec<DrawArgs>, rows: usize) -> PyResult<Vec<Draw>> {
+    if draws.len() != rows {
+        return Err(crate::errors::invalid_argument(format!(
+            "{} draws for {rows} rows of logits",
+            draws.len()
+        )));
+    }
+    (draws.into_iter())
+        .map(|(temperature, top_k, top_p, min_p, seed)| {
+            let d = Draw {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                seed,
+            };
+            d.check().map_err(crate::errors::invalid_argument)?;
+            Ok(d)
         })
         .collect()
 }
