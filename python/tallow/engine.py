@@ -855,7 +855,7 @@ class Engine:
         if not all(s.draws_on_device for s in samplers):
             return False
         return all(
-            not chunk.draft and chunk.guess_depth is None
+            chunk.n_rows == 1 and not chunk.draft and chunk.guess_depth is None
             for chunk in step.chunks
             if chunk.n_rows and not self._requests[chunk.request_id].sampler.is_plain_greedy
         )
