@@ -21,21 +21,28 @@ struct AttentionShared {
 // lets it see up to positions[t]. Scores are q · k * scale, soft-capped where softcap > 0.
 // Where has_sinks, head h's logit sinks[h] joins the softmax's denominator and adds no value
 // (gpt-oss).
-// Threadgroup (t, h) of TILE threads: positions a tile at a time, each SIMD-group scoring 32
-// of them (a key a step, read by the whole SIMD-group), each thread holding one position's
+// Threadgroup (t, h, z) of TILE threads: positions a tile at a time, each SIMD-group scoring
+// 32 of them (a key a step, read by the whole SIMD-group), each thread holding one position's
 // score, a running maximum and sum rescaling the outputs (each thread holds two dimensions
-// of them, and sums its dimension of the tile's values).
+// of them, and sums its dimension of the tile's values). Where n_splits > 1 (a step of few
+// tokens over long contexts: too few threadgroups to fill the GPU otherwise), threadgroup z
+// takes the `span` positions from the first's z * span on and writes its maximum, its sum
+// and its unscaled outputs to `partials` (head_dim + 2 values per (t, h, z)), which
+// attention_merge combines.
 template <class Kv>
 inline void attention(device const float* q, device float* out, device const uint8_t* pages,
                       device const uint32_t* tables, device const uint32_t* table_starts,
                       device const uint32_t* token_chunks, device const uint32_t* positions,
                       int n_head, int n_head_kv, int head_dim, int n_pages, int page_size,
                       float scale, float softcap, int window, device const float* sinks,
-                      int has_sinks, threadgroup AttentionShared& shared, int t, int h,
-                      uint tid) {
+                      int has_sinks, int span, int n_splits, device float* partials,
+                      threadgroup AttentionShared& shared, int t, int h, int z, uint tid) {
     int kvh = h / (n_head / n_head_kv);
     int pos = positions[t];
     int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+    // This threadgroup's positions: first..=last (none where the token sees fewer).
+    first += z * span;
+    int last = n_splits > 1 && first + span - 1 < pos ? first + span - 1 : pos;
     device const uint32_t* table = tables + table_starts[token_chunks[t]];
     size_t row_bytes = Kv::row_bytes(head_dim), block = (size_t)page_size * row_bytes;
     device const uint8_t* keys = pages + (size_t)kvh * n_pages * block;
@@ -44,11 +51,11 @@ inline void attention(device const float* q, device float* out, device const uin
         shared.query[d] = q[((size_t)t * n_head + h) * head_dim + d];
     }
     float running_max = -INFINITY, running_sum = 0.0f, acc[2] = {0.0f, 0.0f};
-    for (int start = first; start <= pos; start += TILE) {
+    for (int start = first; start <= last; start += TILE) {
         int p = start + tid;
         // The last tile's query, weights and pages have been read.
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        if (p <= pos) shared.tile_pages[tid] = table[p / page_size];
+        if (p <= last) shared.tile_pages[tid] = table[p / page_size];
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // SIMD-group s scores positions start + 32 s + j, its lanes splitting each key's
         // dimensions (neighbouring lanes read neighbouring values); lane j keeps the score.
@@ -56,7 +63,7 @@ inline void attention(device const float* q, device float* out, device const uin
         float score = -INFINITY;
         for (int j = 0; j < 32; ++j) {
             int pj = start + 32 * (int)simd + j;
-            if (pj > pos) break;  // the whole SIMD-group
+            if (pj > last) break;  // the whole SIMD-group
             device const uint8_t* key = keys + shared.tile_pages[32 * simd + j] * block +
                                         (size_t)(pj % page_size) * row_bytes;
             float dot = 0.0f;
@@ -64,14 +71,14 @@ inline void attention(device const float* q, device float* out, device const uin
             dot = simd_sum(dot);
             if ((int)lane == j) score = dot * scale;
         }
-        if (p <= pos && softcap > 0.0f) score = softcap * precise::tanh(score / softcap);
+        if (p <= last && softcap > 0.0f) score = softcap * precise::tanh(score / softcap);
         float new_max = max(running_max, group_max(score, shared.partial, tid, TILE));
         float correction = precise::exp(running_max - new_max);
-        float w = p <= pos ? precise::exp(score - new_max) : 0.0f;
+        float w = p <= last ? precise::exp(score - new_max) : 0.0f;
         shared.weights[tid] = w;
         running_sum = running_sum * correction + group_sum(w, shared.partial, tid, TILE);
         running_max = new_max;
-        int n = pos - start + 1 < TILE ? pos - start + 1 : TILE;
+        int n = last - start + 1 < TILE ? last - start + 1 : TILE;
         for (int i = 0; i < 2; ++i) {
             int d = tid + i * TILE;
             if (d >= head_dim) break;
@@ -84,6 +91,19 @@ inline void attention(device const float* q, device float* out, device const uin
             }
             acc[i] = acc[i] * correction + sum;
         }
+    }
+    if (n_splits > 1) {
+        size_t at = ((size_t)t * n_head + h) * n_splits + z;
+        device float* partial = partials + at * (head_dim + 2);
+        if (tid == 0) {
+            partial[0] = running_max;
+            partial[1] = running_sum;
+        }
+        for (int i = 0; i < 2; ++i) {
+            int d = tid + i * TILE;
+            if (d < head_dim) partial[2 + d] = acc[i];
+        }
+        return;
     }
     // With a sink: acc / (sum + exp(sink - max)), rescaled to the larger of the two maxima.
     float rescale = 1.0f;
@@ -111,11 +131,45 @@ inline void attention(device const float* q, device float* out, device const uin
         constant int& n_pages [[buffer(10)]], constant int& page_size [[buffer(11)]],       \
         constant float& scale [[buffer(12)]], constant float& softcap [[buffer(13)]],       \
         constant int& window [[buffer(14)]], device const float* sinks [[buffer(15)]],      \
-        constant int& has_sinks [[buffer(16)]], uint3 group [[threadgroup_position_in_grid]], \
+        constant int& has_sinks [[buffer(16)]], constant int& span [[buffer(17)]],          \
+        constant int& n_splits [[buffer(18)]], device float* partials [[buffer(19)]],       \
+        uint3 group [[threadgroup_position_in_grid]],                                       \
         uint tid [[thread_index_in_threadgroup]]) {                                         \
         threadgroup AttentionShared shared;                                                 \
         attention<Kv>(q, out, pages, tables, table_starts, token_chunks, positions, n_head, \
                       n_head_kv, head_dim, n_pages, page_size, scale, softcap, window,      \
-                      sinks, has_sinks, shared, group.x, group.y, tid);                      \
+                      sinks, has_sinks, span, n_splits, partials, shared, group.x, group.y, \
+                      group.z, tid);                                                        \
     }
 FOR_EACH_KV_FORMAT(ATTENTION)
+
+// Out row t (head h) from the n_splits partial results of attention's threadgroups (t, h, z):
+// each split's sum and outputs rescaled to the largest maximum, a sink joining the sum as
+// above. Threadgroup (t, h) of TILE threads.
+kernel void attention_merge(device const float* partials [[buffer(0)]],
+                            device float* out [[buffer(1)]], constant int& n_head [[buffer(2)]],
+                            constant int& head_dim [[buffer(3)]],
+                            constant int& n_splits [[buffer(4)]],
+                            device const float* sinks [[buffer(5)]],
+                            constant int& has_sinks [[buffer(6)]],
+                            uint3 group [[threadgroup_position_in_grid]],
+                            uint tid [[thread_index_in_threadgroup]]) {
+    int t = group.x, h = group.y;
+    size_t at = ((size_t)t * n_head + h) * n_splits;
+    device const float* partial = partials + at * (head_dim + 2);
+    float m = has_sinks ? sinks[h] : -INFINITY;
+    for (int z = 0; z < n_splits; ++z) m = max(m, partial[z * (head_dim + 2)]);
+    float sum = has_sinks ? precise::exp(sinks[h] - m) : 0.0f;
+    for (int z = 0; z < n_splits; ++z) {
+        device const float* split = partial + z * (head_dim + 2);
+        if (split[1] > 0.0f) sum += split[1] * precise::exp(split[0] - m);
+    }
+    for (int d = tid; d < head_dim; d += TILE) {
+        float value = 0.0f;
+        for (int z = 0; z < n_splits; ++z) {
+            device const float* split = partial + z * (head_dim + 2);
+            if (split[1] > 0.0f) value += split[2 + d] * precise::exp(split[0] - m);
+        }
+        out[((size_t)t * n_head + h) * head_dim + d] = value / sum;
+    }
+}

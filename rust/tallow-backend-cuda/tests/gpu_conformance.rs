@@ -19,18 +19,22 @@ fn ordinal() -> usize {
 impl Subject for RealGpu {
     type Backend = CudaBackend;
 
-    fn variants(_: Family) -> impl Iterator<Item = CudaBackend> {
+    fn variants(family: Family) -> impl Iterator<Item = CudaBackend> {
         let driver =
             Driver::open(ordinal()).unwrap_or_else(|e| panic!("no CUDA device to test: {e}"));
-        std::iter::once(CudaBackend::new(driver))
+        let backend = CudaBackend::new(driver);
+        // Attention split between blocks even over the suite's short contexts.
+        let split = (family == Family::Reductions).then(|| backend.clone().with_attention_span(16));
+        std::iter::once(backend).chain(split)
     }
 
     fn capped(_: u64) -> Option<CudaBackend> {
         None
     }
 
-    fn describe(_: &CudaBackend) -> String {
-        format!("cuda:{}", ordinal())
+    fn describe(backend: &CudaBackend) -> String {
+        let span = backend.attention_span();
+        format!("cuda:{}, attention split every {span}", ordinal())
     }
 
     fn products_bound(backend: &CudaBackend, ty: GgmlType) -> f64 {

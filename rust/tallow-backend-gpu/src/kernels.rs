@@ -22,6 +22,7 @@ pub fn names(product: impl Fn(GgmlType, usize) -> Product) -> Vec<String> {
         "add_expert_biases",
         "combine_experts",
         "draw_rows",
+        "attention_merge",
     ]
     .map(String::from)
     .into();
@@ -135,6 +136,29 @@ pub(crate) const DRAW_THREADS: u32 = 256;
 /// Threads of an attention block (the attention kernels' TILE).
 pub(crate) const ATTENTION_THREADS: u32 = 128;
 
+/// A step's attention blocks (tokens × heads) that keep a GPU busy: with fewer, each
+/// token's positions are split between blocks (flash decoding), whose partial softmaxes
+/// `attention_merge` combines.
+pub(crate) const ATTENTION_BLOCKS: usize = 256;
+
+/// The positions a block of a split attention takes, about, by default: two tiles of 128.
+pub const ATTENTION_SPAN: usize = 256;
+
+/// The most blocks a token's positions are split between.
+pub(crate) const MAX_ATTENTION_SPLITS: usize = 32;
+
+/// How many blocks take each (token, head) of a step's attention, and how many positions
+/// each takes: `n_blocks` (token, head) pairs over at most `visible` positions each, split
+/// where there are fewer than [`ATTENTION_BLOCKS`] pairs into blocks of about `span`
+/// positions (more where that would make more than [`MAX_ATTENTION_SPLITS`]).
+pub(crate) fn attention_splits(n_blocks: usize, visible: usize, span: usize) -> (usize, usize) {
+    if n_blocks >= ATTENTION_BLOCKS || visible <= span {
+        return (1, visible.max(1));
+    }
+    let splits = visible.div_ceil(span).min(MAX_ATTENTION_SPLITS);
+    (splits, visible.div_ceil(splits))
+}
+
 /// Threads of a block over one row of `width` values: whole warps, at most 256.
 pub(crate) fn row_threads(width: usize) -> u32 {
     (width.div_ceil(32) * 32).clamp(32, 256) as u32
@@ -143,4 +167,26 @@ pub(crate) fn row_threads(width: usize) -> u32 {
 /// Blocks of 256 threads over `n` values.
 pub(crate) fn element_blocks(n: usize) -> u32 {
     n.div_ceil(256).max(1) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn few_blocks_over_long_contexts_split_their_positions() {
+        // Enough blocks, or contexts within one span: no split.
+        assert_eq!(attention_splits(ATTENTION_BLOCKS, 4096, 256), (1, 4096));
+        assert_eq!(attention_splits(32, 200, 256), (1, 200));
+        assert_eq!(attention_splits(32, 0, 256), (1, 1));
+        // One sequence of 32 heads at 4096 positions: 16 blocks of 256 each.
+        assert_eq!(attention_splits(32, 4096, 256), (16, 256));
+        assert_eq!(attention_splits(32, 4097, 256), (17, 241));
+        // Past the most splits, longer spans; every position in one of them.
+        for visible in [8192, 100_000, 1 << 20] {
+            let (splits, span) = attention_splits(8, visible, 256);
+            assert_eq!(splits, MAX_ATTENTION_SPLITS);
+            assert!(splits * span >= visible && (splits - 1) * span < visible);
+        }
+    }
 }

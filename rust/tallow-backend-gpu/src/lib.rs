@@ -49,12 +49,16 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// The backend on the device `G` drives.
 pub struct GpuBackend<G: Gpu> {
     device: Arc<Device<G>>,
+    /// About how many positions a block of a split attention takes (see
+    /// [`kernels::ATTENTION_SPAN`]).
+    attention_span: usize,
 }
 
 impl<G: Gpu> Clone for GpuBackend<G> {
     fn clone(&self) -> Self {
         GpuBackend {
             device: Arc::clone(&self.device),
+            attention_span: self.attention_span,
         }
     }
 }
@@ -64,7 +68,22 @@ impl<G: Gpu> GpuBackend<G> {
     pub fn new(gpu: G) -> Self {
         GpuBackend {
             device: Arc::new(Device::new(gpu)),
+            attention_span: kernels::ATTENTION_SPAN,
         }
+    }
+
+    /// This backend with splits of attention over about `positions` positions each
+    /// ([`kernels::ATTENTION_SPAN`] by default; at least one).
+    pub fn with_attention_span(self, positions: usize) -> Self {
+        GpuBackend {
+            attention_span: positions.max(1),
+            ..self
+        }
+    }
+
+    /// About how many positions a block of a split attention takes.
+    pub fn attention_span(&self) -> usize {
+        self.attention_span
     }
 
     /// The device.
@@ -205,7 +224,7 @@ impl<G: Gpu> Backend for GpuBackend<G> {
     where
         F: for<'s> FnOnce(&mut GpuStep<'s, G>) -> Result<(), BackendError>,
     {
-        let mut step = GpuStep::new(&self.device, input)?;
+        let mut step = GpuStep::new(&self.device, input, self.attention_span)?;
         f(&mut step)
     }
 }

@@ -11,8 +11,8 @@ use tallow_kv::PagedKvCache;
 
 use crate::gpu::{bytes_of, Args, Buffer, Device, Gpu};
 use crate::kernels::{
-    element_blocks, for_format, row_threads, Product, ATTENTION_THREADS, DRAW_THREADS, MAX_TOP_K,
-    PRODUCT_TOKENS,
+    attention_splits, element_blocks, for_format, row_threads, Product, ATTENTION_THREADS,
+    DRAW_THREADS, MAX_TOP_K, PRODUCT_TOKENS,
 };
 use crate::pages::Pages;
 use crate::{GpuBackend, Matrix, Vector};
@@ -58,6 +58,8 @@ pub struct GpuStep<'s, G: Gpu> {
     /// For each RoPE, each token's cosines and sines.
     angles: Vec<Buffer<G>>,
     groups: Vec<GroupBuffers<G>>,
+    /// About how many positions a block of a split attention takes.
+    attention_span: usize,
 }
 
 /// The most blocks along a launch's y dimension.
@@ -72,6 +74,7 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
     pub(crate) fn new(
         device: &'s Arc<Device<G>>,
         input: &'s StepInput<'s, GpuBackend<G>>,
+        attention_span: usize,
     ) -> Result<Self, BackendError> {
         let plan = input.plan;
         let upload = |values: &[u32]| Buffer::with_for_step(device, &bytes_of(values));
@@ -101,6 +104,7 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
             hidden_rows: upload(&plan.hidden_rows)?,
             angles,
             groups,
+            attention_span,
         })
     }
 
@@ -555,17 +559,44 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
             .f32(scores.scale);
         args.f32(scores.softcap.unwrap_or(0.0))
             .int(scores.window.unwrap_or(0))?;
-        match sinks {
+        let (sinks, has_sinks) = match sinks {
             Some(sinks) if sinks.len != heads.n_head => {
                 return Err(mismatch("attention sinks", sinks.len, heads.n_head));
             }
-            // Without sinks the kernel reads none: any address will do.
-            Some(sinks) => args.ptr(sinks.buffer.ptr()).i32(1),
-            None => args.ptr(q.buffer.ptr()).i32(0),
+            Some(sinks) => (sinks.buffer.ptr(), 1),
+            // Without sinks the kernels read none: any address will do.
+            None => (q.buffer.ptr(), 0),
         };
-        let grid = [n as u32, heads.n_head as u32, 1];
+        args.ptr(sinks).i32(has_sinks);
+        // The most positions a token sees.
+        let window = scores.window.filter(|&w| w > 0).unwrap_or(usize::MAX);
+        let positions = self.input.plan.positions.iter();
+        let visible = positions.map(|&p| (p as usize + 1).min(window)).max();
+        let n_blocks = n * heads.n_head;
+        let (splits, span) = attention_splits(n_blocks, visible.unwrap_or(1), self.attention_span);
+        let width = heads.head_dim + 2;
+        let partials = match splits {
+            1 => None,
+            _ => Some(Buffer::scratch_for_step(
+                self.device,
+                n_blocks * splits * width * 4,
+            )?),
+        };
+        args.int(span)?.int(splits)?;
+        // Without splits the kernels write no partial results: any address will do.
+        args.ptr(partials.as_ref().map_or(out.buffer.ptr(), Buffer::ptr));
+        let grid = [n as u32, heads.n_head as u32, splits as u32];
         let name = format!("attention_{}", l.dtype.name());
-        self.launch(&name, grid, ATTENTION_THREADS, &args)
+        self.launch(&name, grid, ATTENTION_THREADS, &args)?;
+        let Some(partials) = partials else {
+            return Ok(());
+        };
+        let mut args = Args::new();
+        args.ptr(partials.ptr()).ptr(out.buffer.ptr());
+        args.int(heads.n_head)?.int(heads.head_dim)?.int(splits)?;
+        args.ptr(sinks).i32(has_sinks);
+        let grid = [n as u32, heads.n_head as u32, 1];
+        self.launch("attention_merge", grid, ATTENTION_THREADS, &args)
     }
 
     fn gated(

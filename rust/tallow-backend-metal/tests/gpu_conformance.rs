@@ -14,17 +14,21 @@ mod on_a_mac {
     impl Subject for RealGpu {
         type Backend = MetalBackend;
 
-        fn variants(_: Family) -> impl Iterator<Item = MetalBackend> {
+        fn variants(family: Family) -> impl Iterator<Item = MetalBackend> {
             let metal = Metal::open().unwrap_or_else(|e| panic!("no Metal GPU to test: {e}"));
-            std::iter::once(MetalBackend::new(metal))
+            let backend = MetalBackend::new(metal);
+            // Attention split between threadgroups even over the suite's short contexts.
+            let split =
+                (family == Family::Reductions).then(|| backend.clone().with_attention_span(16));
+            std::iter::once(backend).chain(split)
         }
 
         fn capped(_: u64) -> Option<MetalBackend> {
             None
         }
 
-        fn describe(_: &MetalBackend) -> String {
-            "metal".into()
+        fn describe(backend: &MetalBackend) -> String {
+            format!("metal, attention split every {}", backend.attention_span())
         }
 
         fn products_bound(backend: &MetalBackend, ty: GgmlType) -> f64 {

@@ -23,16 +23,23 @@ fn api(id: u8) -> Api {
 impl<const API: u8> Subject for Kernels<API> {
     type Backend = GpuBackend<Emulated>;
 
-    fn variants(_: Family) -> impl Iterator<Item = GpuBackend<Emulated>> {
-        std::iter::once(Emulated::backend(api(API)))
+    fn variants(family: Family) -> impl Iterator<Item = GpuBackend<Emulated>> {
+        let backend = Emulated::backend(api(API));
+        // Attention split between blocks even over the suite's short contexts.
+        let split = (family == Family::Reductions).then(|| backend.clone().with_attention_span(16));
+        std::iter::once(backend).chain(split)
     }
 
     fn capped(_: u64) -> Option<GpuBackend<Emulated>> {
         None
     }
 
-    fn describe(_: &GpuBackend<Emulated>) -> String {
-        format!("{} (emulated)", api(API).name())
+    fn describe(backend: &GpuBackend<Emulated>) -> String {
+        let span = backend.attention_span();
+        format!(
+            "{} (emulated), attention split every {span}",
+            api(API).name()
+        )
     }
 
     fn products_bound(backend: &GpuBackend<Emulated>, ty: GgmlType) -> f64 {
