@@ -1,11 +1,13 @@
 //! The checks of the suite, each generic over the [`Subject`] it runs on.
 
+use std::sync::Arc;
+
 use tallow_backend::{
     argmax, draw_rows, Activation, Backend, BackendError, Batch, Draw, Experts, Heads, Logits,
     MatrixSpec, MatrixUse, Moe, Output, OutputRows, Rope, RopeParams, RopeScaling, RopeStyle,
     Routing, Scores, Step, StepInput, StepPlan,
 };
-use tallow_gguf::GgmlType;
+use tallow_gguf::{GgmlType, GgufFile};
 use tallow_kv::{KvDtype, KvLayout, LayerGroups, PagedKvCache, SeqId};
 use tallow_quant::testing::Rng;
 
@@ -360,27 +362,14 @@ pub fn logits_are_soft_capped_products<S: Subject>() {
 /// large logits equal), never a NaN (rows 7 and 157); in one block and in blocks of one row.
 pub fn greedy_tokens_are_the_argmax_of_the_logits<S: Subject>() {
     let (rows, cols, n) = (300, 64, 5);
-    let mut w = random(21, rows / 2 * cols);
-    w[7 * cols] = f32::NAN;
-    w.extend_from_within(..);
-    let data: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let file = file_of(GgmlType::F32, rows, cols, &data);
+    let file = tied_logits_matrix(21, rows, cols);
     let x = random(22, n * cols);
     let variants = S::variants(Family::Reductions).chain(S::capped(rows as u64 * 4));
     for backend in variants {
         let m = upload(&backend, &file, rows, cols);
         for cap in [None, Some(0.05)] {
-            let (mut logits, mut tokens) = (vec![0f32; n * rows], vec![0u32; n]);
             let draws = vec![Draw::GREEDY; n];
-            run_rows(&backend, n, |step| {
-                let xs = step.upload(&x, cols)?;
-                step.logits(&xs, &m, cap, Output::Logits(&mut logits))?;
-                let out = Output::Draw {
-                    draws: &draws,
-                    tokens: &mut tokens,
-                };
-                step.logits(&xs, &m, cap, out)
-            });
+            let (logits, tokens) = logits_and_draws(&backend, (&m, rows), (&x, cols), cap, &draws);
             let want: Vec<u32> = logits.chunks_exact(rows).map(argmax).collect();
             let what = format!("cap {cap:?}, {}", S::describe(&backend));
             assert_eq!(tokens, want, "{what}");
@@ -389,17 +378,46 @@ pub fn greedy_tokens_are_the_argmax_of_the_logits<S: Subject>() {
     }
 }
 
+/// An F32 matrix of `rows` rows of `cols` whose second half repeats its first (so that
+/// logits tie in pairs), with a NaN in row 7 (and its repeat).
+fn tied_logits_matrix(seed: u64, rows: usize, cols: usize) -> Arc<GgufFile> {
+    let mut w = random(seed, rows / 2 * cols);
+    w[7 * cols] = f32::NAN;
+    w.extend_from_within(..);
+    let data: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    file_of(GgmlType::F32, rows, cols, &data)
+}
+
+/// In one step, the logits of `x`'s rows (of `cols`) through `m` (of `rows` rows),
+/// soft-capped by `cap`, and the tokens `draws` draws from them on the device.
+fn logits_and_draws<B: Backend>(
+    backend: &B,
+    (m, rows): (&B::Matrix, usize),
+    (x, cols): (&[f32], usize),
+    cap: Option<f32>,
+    draws: &[Draw],
+) -> (Vec<f32>, Vec<u32>) {
+    let n = draws.len();
+    let (mut logits, mut tokens) = (vec![0f32; n * rows], vec![0u32; n]);
+    run_rows(backend, n, |step| {
+        let xs = step.upload(x, cols)?;
+        step.logits(&xs, m, cap, Output::Logits(&mut logits))?;
+        let out = Output::Draw {
+            draws,
+            tokens: &mut tokens,
+        };
+        step.logits(&xs, m, cap, out)
+    });
+    (logits, tokens)
+}
+
 /// Tokens drawn on the device at a temperature, through top-k, top-p and min-p, are those the
 /// host draws from the logits the same step copies back, with the same seeds: each row under
 /// its own parameters (greedy among them), values tied in pairs (rows 500.. repeat rows
 /// ..500), a NaN never drawn (rows 7 and 507); in one block and in blocks of one row.
 pub fn drawn_tokens_are_the_host_draws<S: Subject>() {
     let (rows, cols) = (1000, 64);
-    let mut w = random(23, rows / 2 * cols);
-    w[7 * cols] = f32::NAN;
-    w.extend_from_within(..);
-    let data: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let file = file_of(GgmlType::F32, rows, cols, &data);
+    let file = tied_logits_matrix(23, rows, cols);
     let sampling = |temperature, top_k, top_p, min_p| Draw {
         temperature,
         top_k,
@@ -429,16 +447,7 @@ pub fn drawn_tokens_are_the_host_draws<S: Subject>() {
                     ..*d
                 })
                 .collect();
-            let (mut logits, mut tokens) = (vec![0f32; n * rows], vec![0u32; n]);
-            run_rows(&backend, n, |step| {
-                let xs = step.upload(&x, cols)?;
-                step.logits(&xs, &m, None, Output::Logits(&mut logits))?;
-                let out = Output::Draw {
-                    draws: &draws,
-                    tokens: &mut tokens,
-                };
-                step.logits(&xs, &m, None, out)
-            });
+            let (logits, tokens) = logits_and_draws(&backend, (&m, rows), (&x, cols), None, &draws);
             let mut want = vec![0u32; n];
             draw_rows(&logits, rows, &draws, &mut want).unwrap();
             assert_eq!(tokens, want, "round {round}, {}", S::describe(&backend));
