@@ -54,6 +54,23 @@ __device__ __forceinline__ void block_first(float& best, uint32_t& best_i) {
     }
 }
 
+// The index of the row's largest value (the first on ties), skipping NaN; the last index when
+// every value is NaN (tallow_backend::argmax's rule): in every thread. Every thread of the
+// block must call it.
+__device__ __forceinline__ uint32_t row_argmax(const float* row, int width) {
+    const uint32_t none = 0xffffffffu;
+    float best = -INFINITY;
+    uint32_t best_i = none;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        if (before(row[i], (uint32_t)i, best, best_i)) {
+            best = row[i];
+            best_i = (uint32_t)i;
+        }
+    }
+    block_first(best, best_i);
+    return best_i == none ? (uint32_t)(width - 1) : best_i;
+}
+
 // Whether a logit may be drawn: neither NaN nor -inf (a banned token).
 __device__ __forceinline__ bool drawable(float l) { return !isnan(l) && l != -INFINITY; }
 
@@ -76,11 +93,10 @@ __device__ __forceinline__ float gumbel(uint64_t seed, uint32_t i) {
 // tokens[r] = the token drawn from row r of `x` (rows of `width` logits) as tallow_backend::draw
 // draws it, by the six words of draws[6r..]: temperature, top_k, top_p and min_p (floats as
 // their bits), the seed's low and high halves. A greedy row (temperature 0), one with nothing
-// to draw and one holding +inf take the row's largest value (the first on ties), skipping NaN,
-// or the last index when every value is NaN (tallow_backend::argmax's rule). The filters are
-// thresholds found bit by bit on the values' order keys (32 passes for top-k, 32 for top-p,
-// each a block sum: no sort); `weights` holds each row's exp(s - m) for the kept tokens, -1 for
-// the others. One block per row.
+// to draw, one holding +inf and one whose filters keep nothing take the row's argmax. The
+// filters are thresholds found bit by bit on the values' order keys (32 passes for top-k, 32
+// for top-p, each a block sum: no sort); `weights` holds each row's exp(s - m) for the kept
+// tokens, -1 for the others. One block per row.
 extern "C" __global__ void draw_rows(const float* x, int width, const uint32_t* draws,
                                      float* weights, uint32_t* tokens) {
     const float* row = x + (size_t)blockIdx.x * width;
@@ -102,17 +118,9 @@ extern "C" __global__ void draw_rows(const float* x, int width, const uint32_t* 
     }
     m = block_max(m);
     valid = block_sum(valid);
-    float best = -INFINITY;
-    uint32_t best_i = none;
     if (!(t > 0.0f) || valid == 0.0f || m == INFINITY) {
-        for (int i = threadIdx.x; i < width; i += blockDim.x) {
-            if (before(row[i], (uint32_t)i, best, best_i)) {
-                best = row[i];
-                best_i = (uint32_t)i;
-            }
-        }
-        block_first(best, best_i);
-        if (threadIdx.x == 0) tokens[blockIdx.x] = best_i == none ? (uint32_t)(width - 1) : best_i;
+        uint32_t token = row_argmax(row, width);
+        if (threadIdx.x == 0) tokens[blockIdx.x] = token;
         return;
     }
     // Top-k: the largest key that `top_k` values reach.
@@ -148,6 +156,8 @@ extern "C" __global__ void draw_rows(const float* x, int width, const uint32_t* 
             if (block_sum(mass) >= target) cut = candidate;
         }
     }
+    float best = -INFINITY;
+    uint32_t best_i = none;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         float s = row[i] / t;
         if (w[i] >= 0.0f && order_key(s) >= cut) {
@@ -159,6 +169,8 @@ extern "C" __global__ void draw_rows(const float* x, int width, const uint32_t* 
         }
     }
     block_first(best, best_i);
+    // Nothing kept (values that all overflow to -inf at a temperature near 0): the argmax.
+    if (best_i == none) best_i = row_argmax(row, width);
     if (threadIdx.x == 0) tokens[blockIdx.x] = best_i;
 }
 TALLOW_EXPORT(draw_rows)

@@ -55,6 +55,24 @@ inline void group_first(thread float& best, thread uint32_t& best_i, threadgroup
     }
 }
 
+// The index of the row's largest value (the first on ties), skipping NaN; the last index when
+// every value is NaN (tallow_backend::argmax's rule): in every thread, through group_first's
+// threadgroup memory. Every thread must call it.
+inline uint32_t row_argmax(device const float* row, int width, threadgroup float* values,
+                           threadgroup uint32_t* indices, uint tid, uint threads) {
+    const uint32_t none = 0xffffffffu;
+    float best = -INFINITY;
+    uint32_t best_i = none;
+    for (int i = tid; i < width; i += threads) {
+        if (before(row[i], (uint32_t)i, best, best_i)) {
+            best = row[i];
+            best_i = (uint32_t)i;
+        }
+    }
+    group_first(best, best_i, values, indices, tid, threads);
+    return best_i == none ? (uint32_t)(width - 1) : best_i;
+}
+
 // Whether a logit may be drawn: neither NaN nor -inf (a banned token).
 inline bool drawable(float l) { return !isnan(l) && l != -INFINITY; }
 
@@ -77,11 +95,10 @@ inline float gumbel(ulong seed, uint32_t i) {
 // tokens[r] = the token drawn from row r of `x` (rows of `width` logits) as tallow_backend::draw
 // draws it, by the six words of draws[6r..]: temperature, top_k, top_p and min_p (floats as
 // their bits), the seed's low and high halves. A greedy row (temperature 0), one with nothing
-// to draw and one holding +inf take the row's largest value (the first on ties), skipping NaN,
-// or the last index when every value is NaN (tallow_backend::argmax's rule). The filters are
-// thresholds found bit by bit on the values' order keys (32 passes for top-k, 32 for top-p,
-// each a threadgroup sum: no sort); `weights` holds each row's exp(s - m) for the kept tokens,
-// -1 for the others. One threadgroup per row.
+// to draw, one holding +inf and one whose filters keep nothing take the row's argmax. The
+// filters are thresholds found bit by bit on the values' order keys (32 passes for top-k, 32
+// for top-p, each a threadgroup sum: no sort); `weights` holds each row's exp(s - m) for the
+// kept tokens, -1 for the others. One threadgroup per row.
 kernel void draw_rows(device const float* x [[buffer(0)]], constant int& width [[buffer(1)]],
                       device const uint32_t* draws [[buffer(2)]],
                       device float* weights [[buffer(3)]], device uint32_t* tokens [[buffer(4)]],
@@ -109,17 +126,9 @@ kernel void draw_rows(device const float* x [[buffer(0)]], constant int& width [
     }
     m = group_max(m, partial, tid, threads);
     valid = group_sum(valid, partial, tid, threads);
-    float best = -INFINITY;
-    uint32_t best_i = none;
     if (!(t > 0.0f) || valid == 0.0f || m == INFINITY) {
-        for (int i = tid; i < width; i += threads) {
-            if (before(row[i], (uint32_t)i, best, best_i)) {
-                best = row[i];
-                best_i = (uint32_t)i;
-            }
-        }
-        group_first(best, best_i, partial, indices, tid, threads);
-        if (tid == 0) tokens[r] = best_i == none ? (uint32_t)(width - 1) : best_i;
+        uint32_t token = row_argmax(row, width, partial, indices, tid, threads);
+        if (tid == 0) tokens[r] = token;
         return;
     }
     // Top-k: the largest key that `top_k` values reach.
@@ -155,6 +164,8 @@ kernel void draw_rows(device const float* x [[buffer(0)]], constant int& width [
             if (group_sum(mass, partial, tid, threads) >= target) cut = candidate;
         }
     }
+    float best = -INFINITY;
+    uint32_t best_i = none;
     for (int i = tid; i < width; i += threads) {
         float s = row[i] / t;
         if (w[i] >= 0.0f && order_key(s) >= cut) {
@@ -166,5 +177,7 @@ kernel void draw_rows(device const float* x [[buffer(0)]], constant int& width [
         }
     }
     group_first(best, best_i, partial, indices, tid, threads);
+    // Nothing kept (values that all overflow to -inf at a temperature near 0): the argmax.
+    if (best_i == none) best_i = row_argmax(row, width, partial, indices, tid, threads);
     if (tid == 0) tokens[r] = best_i;
 }

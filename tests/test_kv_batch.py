@@ -121,6 +121,8 @@ def test_drawn_tokens_are_the_samplers_draws(model: _core.Model) -> None:
             model.forward(kv, batch, "draw", draws=draws)
     with pytest.raises(tallow.InvalidArgumentError, match="draws"):
         model.forward(kv, batch, "draw")
+    with pytest.raises(tallow.InvalidArgumentError, match="draws"):
+        model.forward(kv, batch, "argmax", draws=[greedy] * 4)  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize("depth", [0, 1, 3])

@@ -117,7 +117,9 @@ pub fn draw(logits: &[f32], d: &Draw) -> Option<u32> {
 /// each with its weight `exp(s - m)`, `s = logit / temperature` and `m` the largest `s`: its
 /// probability times their sum. Kept are the tokens with `s` at least the `top_k`-th largest,
 /// with `exp(s - m) >= min_p`, and, of those, the ones before which the tokens of larger `s`
-/// hold less than `top_p` of their weight. A logit of +inf is the argmax's choice alone.
+/// hold less than `top_p` of their weight. A logit of +inf is the argmax's choice alone, and
+/// so is a row whose values all overflow to -inf (a temperature near 0), which no filter
+/// keeps.
 pub fn candidates(logits: &[f32], d: &Draw) -> Vec<(u32, f32)> {
     let mut kept: Vec<(f32, u32)> = (logits.iter().enumerate())
         .filter(|&(_, &l)| drawable(l))
@@ -155,6 +157,9 @@ pub fn candidates(logits: &[f32], d: &Draw) -> Vec<(u32, f32)> {
             keep += 1;
         }
         weighted.truncate(keep);
+    }
+    if weighted.is_empty() && !kept.is_empty() {
+        return vec![(argmax(logits), 1.0)];
     }
     weighted
 }
@@ -257,6 +262,12 @@ mod tests {
         let d = sampling(1.0, 0, 1.0, 0.0);
         assert_eq!(draw(&[f32::NEG_INFINITY; 3], &d), None);
         assert_eq!(draw(&[0.0, f32::INFINITY, 1.0], &d), Some(1));
+        // Values that all overflow to -inf (or to +inf) at a temperature near 0: the argmax.
+        for top_p in [1.0, 0.5] {
+            let tiny = sampling(1e-38, 0, top_p, 0.0);
+            assert_eq!(draw(&[-10.0, -20.0, f32::NAN], &tiny), Some(0));
+            assert_eq!(draw(&[-10.0, 20.0, 30.0], &tiny), Some(2));
+        }
     }
 
     #[test]

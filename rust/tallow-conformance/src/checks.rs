@@ -453,6 +453,21 @@ pub fn drawn_tokens_are_the_host_draws<S: Subject>() {
             assert_eq!(tokens, want, "round {round}, {}", S::describe(&backend));
             assert!(want.iter().all(|&t| t % 500 != 7), "{want:?}");
         }
+        // Negative logits at a temperature near 0 all overflow to -inf, which no filter
+        // keeps: the argmax.
+        let negative: Vec<f32> = (random(25, 64 * cols).iter())
+            .map(|v| -v.abs() - 0.01)
+            .collect();
+        let data: Vec<u8> = negative.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let m = upload(&backend, &file_of(GgmlType::F32, 64, cols, &data), 64, cols);
+        let x: Vec<f32> = random(26, 2 * cols).iter().map(|v| v.abs()).collect();
+        let draws = [1.0, 0.5].map(|top_p| sampling(1e-38, 0, top_p, 0.0));
+        let (logits, tokens) = logits_and_draws(&backend, (&m, 64), (&x, cols), None, &draws);
+        assert!(logits
+            .iter()
+            .all(|&l| l < 0.0 && l / 1e-38 == f32::NEG_INFINITY));
+        let want: Vec<u32> = logits.chunks_exact(64).map(argmax).collect();
+        assert_eq!(tokens, want, "{}", S::describe(&backend));
     }
 }
 

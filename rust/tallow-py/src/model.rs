@@ -403,6 +403,11 @@ impl Model {
                 })
             })
         };
+        if draws.is_some() != (output == "draw") {
+            return Err(crate::errors::invalid_argument(
+                "draws go with output='draw', and output='draw' needs them",
+            ));
+        }
         let head = match (output, vocab) {
             ("logits", Some(tokens)) => {
                 // SAFETY: as `states`.
@@ -428,15 +433,10 @@ impl Model {
                 run(Output::Logits(unsafe { array.as_slice_mut()? }))?;
                 array.into_any()
             }
-            (output @ ("argmax" | "draw"), None) => {
-                let draws = match (output, draws) {
-                    ("argmax", None) => vec![Draw::GREEDY; rows],
-                    ("draw", Some(draws)) => draw_rows(draws, rows)?,
-                    _ => {
-                        return Err(crate::errors::invalid_argument(
-                            "draws go with output='draw', and output='draw' needs them",
-                        ))
-                    }
+            ("argmax" | "draw", None) => {
+                let draws = match draws {
+                    Some(draws) => draw_rows(draws, rows)?,
+                    None => vec![Draw::GREEDY; rows],
                 };
                 let mut tokens = vec![0u32; rows];
                 run(Output::Draw {
