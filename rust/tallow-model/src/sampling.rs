@@ -215,13 +215,17 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32]) -> Result<Sampled, ModelError> {
         check_row(logits)?;
         let adjusted = self.adjusted(logits)?;
-        let token = if self.params.temperature == 0.0 {
-            argmax(&adjusted)
-        } else {
-            let d = self.next_draw();
-            draw(&adjusted, &d).ok_or_else(every_token_banned)?
-        };
+        let token = self.choose(&adjusted)?;
         self.record(logits, token)
+    }
+
+    /// The token chosen from adjusted logits: their argmax, or a draw with the next seed.
+    fn choose(&mut self, adjusted: &[f32]) -> Result<u32, ModelError> {
+        if self.params.temperature == 0.0 {
+            return Ok(argmax(adjusted));
+        }
+        let d = self.next_draw();
+        draw(adjusted, &d).ok_or_else(every_token_banned)
     }
 
     /// How this sampler draws its next token, its seed taken from the random state (as
@@ -283,27 +287,24 @@ impl Sampler {
             check_row(row)?;
             let adjusted = self.adjusted(row)?;
             let proposed = draft.get(i).copied();
-            let token = if self.params.temperature == 0.0 {
-                argmax(&adjusted)
-            } else {
-                let (candidates, total) = self.candidates(&adjusted)?;
-                match proposed {
-                    None => self.pick(&candidates, total),
-                    Some(d) => {
-                        let q = draft_probs.map(|q| &q[i * n_vocab..(i + 1) * n_vocab]);
-                        let p_d = candidates
-                            .iter()
-                            .find(|c| c.0 == d)
-                            .map_or(0.0, |c| c.1 / total);
-                        let q_d = q.map_or(1.0, |q| q[d as usize]);
-                        // Accept with probability min(1, p/q): u * q < p, u uniform in [0, 1).
-                        if self.rng.next_f32() * q_d < p_d {
-                            d
-                        } else {
-                            self.pick_residual(&candidates, total, d, q)
-                        }
+            let token = match proposed {
+                Some(d) if self.params.temperature != 0.0 => {
+                    let (candidates, total) = self.candidates(&adjusted)?;
+                    let q = draft_probs.map(|q| &q[i * n_vocab..(i + 1) * n_vocab]);
+                    let p_d = candidates
+                        .iter()
+                        .find(|c| c.0 == d)
+                        .map_or(0.0, |c| c.1 / total);
+                    let q_d = q.map_or(1.0, |q| q[d as usize]);
+                    // Accept with probability min(1, p/q): u * q < p, u uniform in [0, 1).
+                    if self.rng.next_f32() * q_d < p_d {
+                        d
+                    } else {
+                        self.pick_residual(&candidates, total, d, q)
                     }
                 }
+                // Greedy, or past the draft: as `sample` chooses.
+                _ => self.choose(&adjusted)?,
             };
             out.push(self.record(row, token)?);
             if proposed != Some(token) {
@@ -725,6 +726,17 @@ mod tests {
         assert!(!sampled.is_plain_greedy() && sampled.draws_on_device());
         assert!(sampled.take_drawn(&[0, 1], &[0]).is_err());
         assert!(sampling(0.0, 0, 1.0, 1).take_drawn(&[0, 1], &[]).is_err());
+    }
+
+    #[test]
+    fn verifying_no_draft_takes_what_sample_takes() {
+        let rows: Vec<f32> = (0..30 * 20).map(|i| ((i * 11) % 23) as f32 / 5.0).collect();
+        let (mut sampled, mut verified) = (sampling(0.9, 8, 0.95, 3), sampling(0.9, 8, 0.95, 3));
+        for row in rows.chunks_exact(20) {
+            let want = sampled.sample(row).unwrap().token;
+            let got = verified.verify(row, 20, &[], None).unwrap();
+            assert_eq!(got.iter().map(|s| s.token).collect::<Vec<_>>(), [want]);
+        }
     }
 
     #[test]
