@@ -18,6 +18,7 @@
 //! | attention | f64 softmax over K/V rounded to the page type | [`attention_tolerance`] |
 //! | mixture-of-experts blocks | each token's experts one by one, f64 | three times the products' bound |
 //! | greedy tokens | the host's argmax of the logits the same step returns | exact |
+//! | drawn tokens (temperature, top-k, top-p, min-p) | the host's `draw_rows` of the logits the same step returns | exact |
 
 mod checks;
 mod harness;

@@ -326,9 +326,9 @@ impl Model {
     /// chunk by chunk; with `output="argmax"`, only each row's greedy token (uint32, shape
     /// `(rows,)`), chosen on the model's device; with `output="draw"`, each row's token drawn
     /// on the device as `draws` says for it (one `(temperature, top_k, top_p, min_p, seed)`
-    /// a row, as `Sampler.next_draw` gives it; temperature 0 is greedy). With `vocab` (token ids), `output="logits"`
-    /// returns only those tokens' logits, shape `(rows, len(vocab))`, and the LM head
-    /// computes only their rows. With `hidden=True`, returns that and the hidden states
+    /// a row, as `Sampler.next_draw` gives it; temperature 0 is greedy). With `vocab` (token
+    /// ids), `output="logits"` returns only those tokens' logits, shape `(rows, len(vocab))`,
+    /// and the LM head computes only their rows. With `hidden=True`, returns that and the hidden states
     /// (float32, `(rows, n_embd)`, chunk by chunk) as a pair.
     #[pyo3(signature = (cache, batch, output = "logits", *, hidden = false, vocab = None, draws = None))]
     #[allow(clippy::too_many_arguments)]
@@ -435,7 +435,7 @@ impl Model {
             }
             ("argmax" | "draw", None) => {
                 let draws = match draws {
-                    Some(draws) => draw_rows(draws, rows)?,
+                    Some(draws) => checked_draws(draws, rows)?,
                     None => vec![Draw::GREEDY; rows],
                 };
                 let mut tokens = vec![0u32; rows];
@@ -824,7 +824,7 @@ pub fn sample_batch(
 }
 
 /// The draws of `rows` rows, checked.
-fn draw_rows(draws: Vec<DrawArgs>, rows: usize) -> PyResult<Vec<Draw>> {
+fn checked_draws(draws: Vec<DrawArgs>, rows: usize) -> PyResult<Vec<Draw>> {
     if draws.len() != rows {
         return Err(crate::errors::invalid_argument(format!(
             "{} draws for {rows} rows of logits",
