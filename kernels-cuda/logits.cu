@@ -80,6 +80,25 @@ __device__ __forceinline__ uint32_t order_key(float v) {
     return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
 }
 
+// The largest order key k such that the values of `row` (divided by t) with keys k and above
+// weigh at least `target`, found bit by bit, each bit a block sum: each value weighs w[i]
+// where w is given (-1 for none), one where it is drawable otherwise. In every thread; every
+// thread of the block must call it.
+__device__ uint32_t key_reaching(const float* row, const float* w, int width, float t,
+                                 float target) {
+    uint32_t key = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+        uint32_t candidate = key | (1u << bit);
+        float sum = 0.0f;
+        for (int i = threadIdx.x; i < width; i += blockDim.x) {
+            float weight = w ? w[i] : (drawable(row[i]) ? 1.0f : -1.0f);
+            if (weight >= 0.0f && order_key(row[i] / t) >= candidate) sum += weight;
+        }
+        if (block_sum(sum) >= target) key = candidate;
+    }
+    return key;
+}
+
 // The Gumbel noise of token i under `seed` (tallow_backend::noise).
 __device__ __forceinline__ float gumbel(uint64_t seed, uint32_t i) {
     uint64_t z = seed ^ ((uint64_t)i + 1) * 0x9e3779b97f4a7c15ull;
@@ -123,18 +142,9 @@ extern "C" __global__ void draw_rows(const float* x, int width, const uint32_t* 
         if (threadIdx.x == 0) tokens[blockIdx.x] = token;
         return;
     }
-    // Top-k: the largest key that `top_k` values reach.
+    // Top-k: the largest key that `top_k` values reach (each drawable value weighs one).
     uint32_t lowest = 0;
-    if (top_k > 0 && (float)top_k < valid) {
-        for (int bit = 31; bit >= 0; --bit) {
-            uint32_t candidate = lowest | (1u << bit);
-            float count = 0.0f;
-            for (int i = threadIdx.x; i < width; i += blockDim.x) {
-                if (drawable(row[i]) && order_key(row[i] / t) >= candidate) count += 1.0f;
-            }
-            if (block_sum(count) >= (float)top_k) lowest = candidate;
-        }
-    }
+    if (top_k > 0 && (float)top_k < valid) lowest = key_reaching(row, nullptr, width, t, top_k);
     // Min-p, and the weights of the tokens kept so far.
     float total = 0.0f;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
@@ -145,17 +155,7 @@ extern "C" __global__ void draw_rows(const float* x, int width, const uint32_t* 
     }
     // Top-p: the largest key whose values and those above hold `top_p` of the weight.
     uint32_t cut = 0;
-    if (top_p < 1.0f) {
-        const float target = top_p * block_sum(total);
-        for (int bit = 31; bit >= 0; --bit) {
-            uint32_t candidate = cut | (1u << bit);
-            float mass = 0.0f;
-            for (int i = threadIdx.x; i < width; i += blockDim.x) {
-                if (w[i] >= 0.0f && order_key(row[i] / t) >= candidate) mass += w[i];
-            }
-            if (block_sum(mass) >= target) cut = candidate;
-        }
-    }
+    if (top_p < 1.0f) cut = key_reaching(row, w, width, t, top_p * block_sum(total));
     float best = -INFINITY;
     uint32_t best_i = none;
     for (int i = threadIdx.x; i < width; i += blockDim.x) {

@@ -82,6 +82,25 @@ inline uint32_t order_key(float v) {
     return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
 }
 
+// The largest order key k such that the values of `row` (divided by t) with keys k and above
+// weigh at least `target`, found bit by bit, each bit a threadgroup sum through `partial`:
+// each value weighs w[i] where w is given (-1 for none), one where it is drawable otherwise.
+// In every thread; every thread must call it.
+inline uint32_t key_reaching(device const float* row, device const float* w, int width, float t,
+                             float target, threadgroup float* partial, uint tid, uint threads) {
+    uint32_t key = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+        uint32_t candidate = key | (1u << bit);
+        float sum = 0.0f;
+        for (int i = tid; i < width; i += threads) {
+            float weight = w ? w[i] : (drawable(row[i]) ? 1.0f : -1.0f);
+            if (weight >= 0.0f && order_key(row[i] / t) >= candidate) sum += weight;
+        }
+        if (group_sum(sum, partial, tid, threads) >= target) key = candidate;
+    }
+    return key;
+}
+
 // The Gumbel noise of token i under `seed` (tallow_backend::noise).
 inline float gumbel(ulong seed, uint32_t i) {
     ulong z = seed ^ ((ulong)i + 1) * 0x9e3779b97f4a7c15ul;
@@ -131,17 +150,10 @@ kernel void draw_rows(device const float* x [[buffer(0)]], constant int& width [
         if (tid == 0) tokens[r] = token;
         return;
     }
-    // Top-k: the largest key that `top_k` values reach.
+    // Top-k: the largest key that `top_k` values reach (each drawable value weighs one).
     uint32_t lowest = 0;
     if (top_k > 0 && (float)top_k < valid) {
-        for (int bit = 31; bit >= 0; --bit) {
-            uint32_t candidate = lowest | (1u << bit);
-            float count = 0.0f;
-            for (int i = tid; i < width; i += threads) {
-                if (drawable(row[i]) && order_key(row[i] / t) >= candidate) count += 1.0f;
-            }
-            if (group_sum(count, partial, tid, threads) >= (float)top_k) lowest = candidate;
-        }
+        lowest = key_reaching(row, nullptr, width, t, top_k, partial, tid, threads);
     }
     // Min-p, and the weights of the tokens kept so far.
     float total = 0.0f;
@@ -155,14 +167,7 @@ kernel void draw_rows(device const float* x [[buffer(0)]], constant int& width [
     uint32_t cut = 0;
     if (top_p < 1.0f) {
         const float target = top_p * group_sum(total, partial, tid, threads);
-        for (int bit = 31; bit >= 0; --bit) {
-            uint32_t candidate = cut | (1u << bit);
-            float mass = 0.0f;
-            for (int i = tid; i < width; i += threads) {
-                if (w[i] >= 0.0f && order_key(row[i] / t) >= candidate) mass += w[i];
-            }
-            if (group_sum(mass, partial, tid, threads) >= target) cut = candidate;
-        }
+        cut = key_reaching(row, w, width, t, target, partial, tid, threads);
     }
     float best = -INFINITY;
     uint32_t best_i = none;
