@@ -62,6 +62,32 @@ __device__ __forceinline__ void mma_s8(int* c, const int* a, const int* b) {
 #endif
 }
 
+// c += A · B for a warp's 16 x 8 tile of f32 over 16 values of k (mma.sync m16n8k16, f16 by
+// f16, f32 sums: tensor cores), its fragments as PTX lays them out (emulation/cuda_emulation.h
+// spells the layout out): a[4] (two f16 a word) of A's 16 x 16, b[2] of B's 16 x 8, c[4] of
+// the tile. Every lane of the warp calls it. Turing takes it as two m16n8k8.
+__device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, const uint32_t* b) {
+#ifdef __CUDACC_RTC__
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    // k 0..8 (a[0], a[1], b[0]), then 8..16 (a[2], a[3], b[1]).
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+            "{%0, %1, %2, %3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[2 * i]), "r"(a[2 * i + 1]), "r"(b[i]));
+    }
+#endif
+#else
+    tallow_emu::mma_f16_m16n8k16(c, a, b);
+#endif
+}
+
 // The sum of `v` over a warp, in every lane.
 __device__ __forceinline__ float warp_sum(float v) {
     for (int mask = 16; mask > 0; mask >>= 1) v += __shfl_xor_sync(FULL_WARP, v, mask);

@@ -4,7 +4,8 @@
 // (rust/tallow-gpu-emulation/emulator/scheduler.h: each GPU thread a fiber, real barriers and
 // warp exchanges): __syncthreads() is its block barrier; __shfl_*_sync, __ballot_sync,
 // __any_sync, __all_sync and __syncwarp its warp operations; __shared__ variables statics;
-// __dp4a and mma.sync's m16n8k32 fragments are computed as PTX documents them.
+// __dp4a and mma.sync's fragments (m16n8k32 of bytes, m16n8k16 of f16) are computed as PTX
+// documents them.
 #pragma once
 
 #include <string>
@@ -160,6 +161,40 @@ inline void mma_s8_m16n8k32(int* c, const int* a, const int* b) {
             sum += byte(a_word, k) * byte(b_word, k);
         }
         c[i] += sum;
+    }
+}
+
+// An f16's value (IEEE binary16 bits).
+inline float half_value(uint32_t bits) {
+    uint32_t sign = bits >> 15 & 1, exponent = bits >> 10 & 0x1f, mantissa = bits & 0x3ff;
+    float v = exponent == 0    ? ldexpf((float)mantissa, -24)
+              : exponent == 31 ? (mantissa ? NAN : INFINITY)
+                               : ldexpf((float)(mantissa | 0x400), (int)exponent - 25);
+    return sign ? -v : v;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 over the warp, its fragments laid out as
+// PTX lays them (lane: group = lane / 4, t = lane % 4; two f16 a word, the lower index in the
+// low half):
+//   a[0] = A[group][2t..2t + 2]   a[1] = A[group + 8][2t..]   a[2] = A[group][8 + 2t..]
+//   a[3] = A[group + 8][8 + 2t..]   (A: 16 x 16, rows by k)
+//   b[0] = B[2t..2t + 2][group]   b[1] = B[8 + 2t..][group]   (B: 16 x 8, k by columns)
+//   c[i] += (A · B)[group + 8 (i / 2)][2t + i % 2], the products summed in f32
+inline void mma_f16_m16n8k16(float* c, const uint32_t* a, const uint32_t* b) {
+    uint64_t a_lanes[4][32], b_lanes[2][32];
+    for (int i = 0; i < 4; ++i) warp_exchange(a[i], a_lanes[i]);
+    for (int i = 0; i < 2; ++i) warp_exchange(b[i], b_lanes[i]);
+    auto half = [](uint64_t word, int k) { return half_value((uint32_t)(word >> (16 * (k % 2))) & 0xffff); };
+    unsigned lane = linear_id() % 32, group = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        int row = (int)group + 8 * (i / 2), column = (int)(2 * t) + i % 2;
+        float sum = c[i];
+        for (int k = 0; k < 16; ++k) {
+            uint64_t a_word = a_lanes[(row / 8) + 2 * (k / 8)][(row % 8) * 4 + (k % 8) / 2];
+            uint64_t b_word = b_lanes[k / 8][column * 4 + (k % 8) / 2];
+            sum += half(a_word, k) * half(b_word, k);
+        }
+        c[i] = sum;
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 use tallow_backend::{BackendError, DeviceInfo};
-use tallow_backend_gpu::{Args, DevicePtr, Gpu, Product};
+use tallow_backend_gpu::{Args, AttentionTile, DevicePtr, Gpu, Product};
 use tallow_quant::GgmlType;
 
 use crate::nvrtc::Nvrtc;
@@ -186,6 +186,10 @@ impl Gpu for Driver {
 
     fn product(&self, ty: GgmlType, n_tokens: usize) -> Product {
         crate::product(ty, n_tokens)
+    }
+
+    fn attention_tile(&self, head_dims: usize) -> AttentionTile {
+        crate::attention_tile(head_dims)
     }
 
     fn total_memory(&self) -> Option<u64> {

@@ -14,7 +14,7 @@ pub use driver::{cubins, devices, kernel_usage, Driver, KernelUsage};
 pub use sources::SOURCES;
 pub use tallow_backend_gpu::GpuBackend;
 
-use tallow_backend_gpu::{is_quantized, Product, PRODUCT_TOKENS};
+use tallow_backend_gpu::{is_quantized, AttentionTile, Product, PRODUCT_TOKENS};
 use tallow_quant::GgmlType;
 
 /// The kernels CUDA takes a product of `ty` weights by `n_tokens` tokens with: for the
@@ -26,6 +26,16 @@ pub fn product(ty: GgmlType, n_tokens: usize) -> Product {
         (false, _) => Product::Float,
         (true, true) => Product::Vector,
         (true, false) => Product::Tiles,
+    }
+}
+
+/// How attention.cu's tiled attention for heads of at most `head_dims` dimensions cuts a step
+/// (its AttentionShape<D>): 16 rows a warp (an mma's), 64 rows a block, 32 for heads of 256 (whose
+/// queries fill the shared memory).
+pub fn attention_tile(head_dims: usize) -> AttentionTile {
+    AttentionTile {
+        rows: if head_dims <= 128 { 64 } else { 32 },
+        warp_rows: 16,
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use tallow_backend::BackendError;
 use tallow_quant::GgmlType;
 
-use crate::kernels::Product;
+use crate::kernels::{AttentionTile, Product};
 
 /// An address in a device's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +115,11 @@ pub trait Gpu: Send + Sync + 'static {
     /// The kernels that take a product of `ty` weights by a step's `n_tokens` tokens: its
     /// API's choice (each API's crate says it in a function of the same name).
     fn product(&self, ty: GgmlType, n_tokens: usize) -> Product;
+
+    /// How its tiled attention kernel for heads of at most `head_dims` dimensions (one of
+    /// [`crate::kernels::ATTENTION_TILE_HEAD_DIMS`]) cuts a step: its API's choice (each API's
+    /// crate says it in a function of the same name).
+    fn attention_tile(&self, head_dims: usize) -> AttentionTile;
 
     /// Its memory in bytes, where known.
     fn total_memory(&self) -> Option<u64>;

@@ -28,6 +28,9 @@ pub fn names(product: impl Fn(GgmlType, usize) -> Product) -> Vec<String> {
     .into();
     for kv in ["f16", "q8_0"] {
         names.extend([format!("kv_write_{kv}"), format!("attention_{kv}")]);
+        for head_dims in ATTENTION_TILE_HEAD_DIMS {
+            names.push(format!("attention_tiles_{kv}_{head_dims}"));
+        }
     }
     for ty in WEIGHT_FORMATS {
         let name = ty.name().to_lowercase();
@@ -147,6 +150,43 @@ pub const ATTENTION_SPAN: usize = 256;
 /// The most blocks a token's positions are split between.
 pub(crate) const MAX_ATTENTION_SPLITS: usize = 32;
 
+/// The tiled attention kernels (`attention_tiles_<kv>_<dims>`) take heads of at most `dims`
+/// dimensions, one of these.
+pub const ATTENTION_TILE_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// How an API's tiled attention kernel for heads of some size cuts a step: blocks of `rows`
+/// (token, query head) rows, `warp_rows` of them to a warp (SIMD-group) of 32 threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionTile {
+    pub rows: usize,
+    pub warp_rows: usize,
+}
+
+impl AttentionTile {
+    /// Threads of a block.
+    pub(crate) fn threads(self) -> u32 {
+        (32 * self.rows / self.warp_rows) as u32
+    }
+}
+
+/// A step takes its attention in tiles where one of its chunks has this many tokens or more
+/// (a prompt's): fewer (decoding, drafts) take a block per (token, head).
+pub(crate) const ATTENTION_TILE_TOKENS: usize = 8;
+
+/// The tiled attention kernel (its head size, and its tile as `tile` gives it for a head
+/// size) for heads of `head_dim` dimensions, `group` query heads a KV head: none where the
+/// heads are larger than the largest kernel's or a KV head's group does not fit in a block.
+pub(crate) fn attention_tile(
+    head_dim: usize,
+    group: usize,
+    tile: impl Fn(usize) -> AttentionTile,
+) -> Option<(usize, AttentionTile)> {
+    let dims = ATTENTION_TILE_HEAD_DIMS
+        .into_iter()
+        .find(|&d| head_dim <= d)?;
+    Some((dims, tile(dims))).filter(|(_, tile)| group <= tile.rows)
+}
+
 /// How many blocks take each (token, head) of a step's attention, and how many positions
 /// each takes: `n_blocks` (token, head) pairs over at most `visible` positions each, split
 /// where there are fewer than [`ATTENTION_BLOCKS`] pairs into blocks of about `span`
@@ -172,6 +212,22 @@ pub(crate) fn element_blocks(n: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn heads_take_the_smallest_tiled_kernel_that_holds_them() {
+        let tile = |dims| AttentionTile {
+            rows: if dims <= 128 { 64 } else { 32 },
+            warp_rows: 16,
+        };
+        let chosen = |head_dim, group| attention_tile(head_dim, group, tile);
+        assert_eq!(chosen(64, 4), Some((64, tile(64))));
+        assert_eq!(chosen(80, 8), Some((128, tile(128))));
+        assert_eq!(chosen(256, 32), Some((256, tile(256))));
+        // Larger than the largest kernel's heads, or a group larger than a block's rows.
+        assert_eq!(chosen(288, 1), None);
+        assert_eq!(chosen(256, 33), None);
+        assert_eq!(tile(256).threads(), 64);
+    }
 
     #[test]
     fn few_blocks_over_long_contexts_split_their_positions() {

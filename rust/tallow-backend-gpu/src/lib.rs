@@ -20,7 +20,7 @@ use tallow_kv::{KvDtype, KvLayout, LayerGroups};
 use tallow_quant::GgmlType;
 
 pub use gpu::{Arg, Args, DevicePtr, Gpu};
-pub use kernels::{Product, PRODUCT_TOKENS};
+pub use kernels::{AttentionTile, Product, PRODUCT_TOKENS};
 pub use pages::Pages;
 pub use step::GpuStep;
 

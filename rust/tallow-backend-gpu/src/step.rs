@@ -11,8 +11,8 @@ use tallow_kv::PagedKvCache;
 
 use crate::gpu::{bytes_of, Args, Buffer, Device, Gpu};
 use crate::kernels::{
-    attention_splits, element_blocks, for_format, row_threads, Product, ATTENTION_THREADS,
-    DRAW_THREADS, MAX_TOP_K, PRODUCT_TOKENS,
+    attention_splits, attention_tile, element_blocks, for_format, row_threads, AttentionTile,
+    Product, ATTENTION_THREADS, ATTENTION_TILE_TOKENS, DRAW_THREADS, MAX_TOP_K, PRODUCT_TOKENS,
 };
 use crate::pages::Pages;
 use crate::{GpuBackend, Matrix, Vector};
@@ -45,6 +45,53 @@ struct GroupBuffers<G: Gpu> {
     table_starts: Buffer<G>,
 }
 
+/// A step's attention in tiles (the `attention_tiles` kernels): blocks of `rows` (token,
+/// query head) rows, each a run of one chunk's tokens.
+struct AttentionTiles<G: Gpu> {
+    /// (first token, tokens) of each tile.
+    tiles: Buffer<G>,
+    n_tiles: usize,
+    /// The kernel's most head dimensions.
+    head_dims: usize,
+    tile: AttentionTile,
+}
+
+impl<G: Gpu> AttentionTiles<G> {
+    /// The tiles of `input`'s step, where one of its chunks is long enough for them and its
+    /// heads fit a kernel.
+    fn of_step(
+        device: &Arc<Device<G>>,
+        input: &StepInput<GpuBackend<G>>,
+    ) -> Result<Option<Self>, BackendError> {
+        let heads = input.heads;
+        let chunks = &input.batch.chunks;
+        let group = heads.n_head / heads.n_head_kv.max(1);
+        let long = chunks.iter().any(|c| c.len >= ATTENTION_TILE_TOKENS);
+        let shape = |dims| device.gpu.attention_tile(dims);
+        let Some((head_dims, tile)) = attention_tile(heads.head_dim, group, shape) else {
+            return Ok(None);
+        };
+        if !long {
+            return Ok(None);
+        }
+        let per_tile = tile.rows / group;
+        let mut tiles = Vec::new();
+        let mut first = 0;
+        for chunk in chunks {
+            for start in (0..chunk.len).step_by(per_tile) {
+                tiles.extend([first + start, per_tile.min(chunk.len - start)].map(|v| v as u32));
+            }
+            first += chunk.len;
+        }
+        Ok(Some(AttentionTiles {
+            tiles: Buffer::with_for_step(device, &bytes_of(&tiles))?,
+            n_tiles: tiles.len() / 2,
+            head_dims,
+            tile,
+        }))
+    }
+}
+
 /// One step of the backend.
 pub struct GpuStep<'s, G: Gpu> {
     device: &'s Arc<Device<G>>,
@@ -60,6 +107,8 @@ pub struct GpuStep<'s, G: Gpu> {
     groups: Vec<GroupBuffers<G>>,
     /// About how many positions a block of a split attention takes.
     attention_span: usize,
+    /// The step's attention tiles, where it takes its attention in tiles.
+    attention_tiles: Option<AttentionTiles<G>>,
 }
 
 /// The most blocks along a launch's y dimension.
@@ -105,6 +154,7 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
             angles,
             groups,
             attention_span,
+            attention_tiles: AttentionTiles::of_step(device, input)?,
         })
     }
 
@@ -574,6 +624,12 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         let visible = positions.map(|&p| (p as usize + 1).min(window)).max();
         let n_blocks = n * heads.n_head;
         let (splits, span) = attention_splits(n_blocks, visible.unwrap_or(1), self.attention_span);
+        if let Some(tiles) = self.attention_tiles.as_ref().filter(|_| splits == 1) {
+            args.ptr(tiles.tiles.ptr());
+            let grid = [tiles.n_tiles as u32, heads.n_head_kv as u32, 1];
+            let name = format!("attention_tiles_{}_{}", l.dtype.name(), tiles.head_dims);
+            return self.launch(&name, grid, tiles.tile.threads(), &args);
+        }
         let width = heads.head_dim + 2;
         let partials = match splits {
             1 => None,

@@ -30,7 +30,7 @@ use objc2_metal::{
     MTLResourceOptions, MTLResourceUsage, MTLSize,
 };
 use tallow_backend::{BackendError, DeviceInfo};
-use tallow_backend_gpu::{Arg, Args, DevicePtr, Gpu, Product};
+use tallow_backend_gpu::{Arg, Args, AttentionTile, DevicePtr, Gpu, Product};
 use tallow_quant::GgmlType;
 
 use crate::sources::library_source;
@@ -236,6 +236,10 @@ impl Gpu for Metal {
 
     fn product(&self, ty: GgmlType, n_tokens: usize) -> Product {
         crate::product(ty, n_tokens)
+    }
+
+    fn attention_tile(&self, head_dims: usize) -> AttentionTile {
+        crate::attention_tile(head_dims)
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr, BackendError> {

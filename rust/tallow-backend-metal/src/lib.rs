@@ -15,7 +15,7 @@ pub use sources::{library_source, SOURCES};
 #[cfg(all(target_os = "macos", feature = "device"))]
 pub type MetalBackend = tallow_backend_gpu::GpuBackend<Metal>;
 
-use tallow_backend_gpu::{Product, PRODUCT_TOKENS};
+use tallow_backend_gpu::{AttentionTile, Product, PRODUCT_TOKENS};
 use tallow_quant::GgmlType;
 
 /// The kernels Metal takes a product of `ty` weights by `n_tokens` tokens with: f32 products
@@ -26,5 +26,15 @@ pub fn product(_ty: GgmlType, n_tokens: usize) -> Product {
     match n_tokens <= PRODUCT_TOKENS {
         true => Product::Float,
         false => Product::FloatTiles,
+    }
+}
+
+/// How attention.metal's tiled attention for heads of at most `head_dims` dimensions cuts a
+/// step (its AttentionShape<D>): 8 rows a SIMD-group (a SIMD-group matrix's), 32 rows a
+/// threadgroup, 16 for heads of 256 (whose f32 queries fill half the threadgroup memory).
+pub fn attention_tile(head_dims: usize) -> AttentionTile {
+    AttentionTile {
+        rows: if head_dims <= 128 { 32 } else { 16 },
+        warp_rows: 8,
     }
 }

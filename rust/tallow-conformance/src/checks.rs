@@ -556,6 +556,12 @@ pub fn paged_attention_matches_the_reference<S: Subject>() {
             n_head_kv: 2,
             head_dim: 64,
         },
+        // Three query heads a KV head, and heads that fill no kernel's size exactly.
+        Heads {
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim: 96,
+        },
         Heads {
             n_head: 2,
             n_head_kv: 1,

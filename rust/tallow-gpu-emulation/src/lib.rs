@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 
 use tallow_backend::BackendError;
-use tallow_backend_gpu::{Args, DevicePtr, Gpu, GpuBackend, Product};
+use tallow_backend_gpu::{Args, AttentionTile, DevicePtr, Gpu, GpuBackend, Product};
 use tallow_quant::GgmlType;
 
 extern "C" {
@@ -66,6 +66,15 @@ impl Api {
         match self {
             Api::Cuda => tallow_backend_cuda::product(ty, n_tokens),
             Api::Metal => tallow_backend_metal::product(ty, n_tokens),
+        }
+    }
+
+    /// How its tiled attention for heads of at most `head_dims` dimensions cuts a step, as
+    /// on its GPUs.
+    pub fn attention_tile(self, head_dims: usize) -> AttentionTile {
+        match self {
+            Api::Cuda => tallow_backend_cuda::attention_tile(head_dims),
+            Api::Metal => tallow_backend_metal::attention_tile(head_dims),
         }
     }
 }
@@ -198,6 +207,10 @@ impl Gpu for Emulated {
 
     fn product(&self, ty: GgmlType, n_tokens: usize) -> Product {
         self.api.product(ty, n_tokens)
+    }
+
+    fn attention_tile(&self, head_dims: usize) -> AttentionTile {
+        self.api.attention_tile(head_dims)
     }
 
     fn total_memory(&self) -> Option<u64> {
