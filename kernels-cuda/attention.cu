@@ -19,18 +19,19 @@
 // Where n_splits > 1 (a step of few tokens over long contexts: too few blocks to fill the
 // GPU otherwise), block z takes the `span` positions from the first's z * span on and
 // writes its maximum, its sum and its unscaled outputs to `partials` (head_dim + 2 values
-// per (t, h, z)), which attention_merge combines.
+// per (x, h, z)), which attention_merge combines. Block x takes token t = tokens[x] (the
+// launch takes the step's tokens that `tokens` lists: those the tiles below do not).
 template <class Kv>
 __device__ void attention(const float* q, float* out, const uint8_t* pages,
                           const uint32_t* tables, const uint32_t* table_starts,
                           const uint32_t* token_chunks, const uint32_t* positions, int n_head,
                           int n_head_kv, int head_dim, int n_pages, int page_size, float scale,
                           float softcap, int window, const float* sinks, int has_sinks, int span,
-                          int n_splits, float* partials) {
+                          int n_splits, float* partials, const uint32_t* tokens) {
     __shared__ float query[MAX_HEAD_DIM];
     __shared__ float weights[TILE];
     __shared__ uint32_t tile_pages[TILE];
-    int t = blockIdx.x, h = blockIdx.y, kvh = h / (n_head / n_head_kv);
+    int t = (int)tokens[blockIdx.x], h = blockIdx.y, kvh = h / (n_head / n_head_kv);
     int pos = positions[t];
     int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0;
     // This block's positions: first..=last (none where the token sees fewer).
@@ -77,7 +78,7 @@ __device__ void attention(const float* q, float* out, const uint8_t* pages,
         }
     }
     if (n_splits > 1) {
-        size_t at = ((size_t)t * n_head + h) * n_splits + blockIdx.z;
+        size_t at = ((size_t)blockIdx.x * n_head + h) * n_splits + blockIdx.z;
         float* partial = partials + at * (head_dim + 2);
         if (threadIdx.x == 0) {
             partial[0] = running_max;
@@ -103,14 +104,14 @@ __device__ void attention(const float* q, float* out, const uint8_t* pages,
     }
 }
 
-// Out row t (head h) from the n_splits partial results of attention's blocks (t, h, z): each
-// split's sum and outputs rescaled to the largest maximum, a sink joining the sum as above.
-// Block (t, h) of TILE threads.
+// Out row t = tokens[x] (head h) from the n_splits partial results of attention's blocks
+// (x, h, z): each split's sum and outputs rescaled to the largest maximum, a sink joining the
+// sum as above. Block (x, h) of TILE threads.
 extern "C" __global__ void __launch_bounds__(TILE)
     attention_merge(const float* partials, float* out, int n_head, int head_dim, int n_splits,
-                    const float* sinks, int has_sinks) {
-    int t = blockIdx.x, h = blockIdx.y;
-    size_t at = ((size_t)t * n_head + h) * n_splits;
+                    const float* sinks, int has_sinks, const uint32_t* tokens) {
+    int t = (int)tokens[blockIdx.x], h = blockIdx.y;
+    size_t at = ((size_t)blockIdx.x * n_head + h) * n_splits;
     const float* partial = partials + at * (head_dim + 2);
     float m = has_sinks ? sinks[h] : -INFINITY;
     for (int z = 0; z < n_splits; ++z) m = fmaxf(m, partial[z * (head_dim + 2)]);
@@ -136,10 +137,10 @@ TALLOW_EXPORT(attention_merge)
         const uint32_t* table_starts, const uint32_t* token_chunks, const uint32_t* positions, \
         int n_head, int n_head_kv, int head_dim, int n_pages, int page_size, float scale,      \
         float softcap, int window, const float* sinks, int has_sinks, int span, int n_splits,  \
-        float* partials) {                                                                     \
+        float* partials, const uint32_t* tokens) {                                             \
         attention<Kv>(q, out, pages, tables, table_starts, token_chunks, positions, n_head,    \
                       n_head_kv, head_dim, n_pages, page_size, scale, softcap, window, sinks,  \
-                      has_sinks, span, n_splits, partials);                                    \
+                      has_sinks, span, n_splits, partials, tokens);                            \
     }                                                                                          \
     TALLOW_EXPORT(attention_##name)
 FOR_EACH_KV_FORMAT(ATTENTION)
@@ -148,13 +149,14 @@ FOR_EACH_KV_FORMAT(ATTENTION)
 //
 // A block takes up to AttentionShape<D>::ROWS (token, query head) rows: `count` consecutive
 // tokens of one chunk (tiles[2 blockIdx.x]: the first, tiles[2 blockIdx.x + 1]: count; the
-// arguments otherwise attention's) by the query heads of KV head blockIdx.y, row r being
+// other arguments attention's) by the query heads of KV head blockIdx.y, row r being
 // token r / group and the group's head r % group. Each warp takes 16 rows through the
 // positions the tile's tokens see, AttentionShape<D>::POSITIONS at a time: S = Q · Kᵀ and
 // O += softmax(S) · V on mma_f16, with the keys, then the values, of those positions in
-// shared memory as f16 (exact for f16 pages). The queries and the
-// softmax's weights are taken as two f16 parts each (the value, and what rounding it left,
-// lifted into f16's range) so that the products keep f32's precision.
+// shared memory as f16 (exact for f16 pages; q8_0's values rounded, well within the rounding
+// of their blocks). The queries and the softmax's weights are taken as two f16 parts each
+// (the value, and what rounding it left, lifted into f16's range) so that the products keep
+// f32's precision.
 
 // The shape of a block for heads of at most D dimensions (64, 128 or 256).
 template <int D>
@@ -348,23 +350,31 @@ __device__ void attention_tile(const float* q, float* out, const uint8_t* pages,
             kv[d * POSITION_WORDS + w] = half2_bits(x[0], x[1]);
         }
         __syncthreads();
+        // The weights of positions 16c.. as A fragments: those of S's tiles 2c and 2c + 1.
+        uint32_t a[P / 16][4], a_low[P / 16][4];
 #pragma unroll
         for (int c = 0; c < P / 16; ++c) {
-            // The weights of positions 16c.. as A fragments: those of S's tiles 2c and 2c + 1.
-            uint32_t a[4], a_low[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const float* w = &s[2 * c + i / 2][2 * (i % 2)];
-                split_half2(w[0] * P_LIFT, w[1] * P_LIFT, 1.0f, &a[i], &a_low[i]);
+                split_half2(w[0] * P_LIFT, w[1] * P_LIFT, 1.0f, &a[c][i], &a_low[c][i]);
             }
+        }
+        // Each pass's products summed apart and added to the outputs in f32: the tensor
+        // cores' sums need not round as f32 does, and a long context adds many passes.
 #pragma unroll
-            for (int n = 0; n < D / 8; ++n) {
-                if (n >= n_dim_tiles) break;
+        for (int n = 0; n < D / 8; ++n) {
+            if (n >= n_dim_tiles) break;
+            float pass[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int c = 0; c < P / 16; ++c) {
                 const uint32_t* value = &kv[(8 * n + group) * POSITION_WORDS + 8 * c + t];
                 uint32_t b[2] = {value[0], value[4]};
-                mma_f16(o[n], a, b);
-                mma_f16(o[n], a_low, b);
+                mma_f16(pass, a[c], b);
+                mma_f16(pass, a_low[c], b);
             }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) o[n][i] += pass[i];
         }
     }
     // Each row's sum (its quad's parts), a sink joining it as in attention; then the outputs.

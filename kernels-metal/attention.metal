@@ -27,8 +27,9 @@ struct AttentionShared {
 // of them, and sums its dimension of the tile's values). Where n_splits > 1 (a step of few
 // tokens over long contexts: too few threadgroups to fill the GPU otherwise), threadgroup z
 // takes the `span` positions from the first's z * span on and writes its maximum, its sum
-// and its unscaled outputs to `partials` (head_dim + 2 values per (t, h, z)), which
-// attention_merge combines.
+// and its unscaled outputs to `partials` (head_dim + 2 values per (x, h, z)), which
+// attention_merge combines. Threadgroup x takes token t = tokens[x] (the launch takes the
+// step's tokens that `tokens` lists: those the tiles below do not).
 template <class Kv>
 inline void attention(device const float* q, device float* out, device const uint8_t* pages,
                       device const uint32_t* tables, device const uint32_t* table_starts,
@@ -36,8 +37,9 @@ inline void attention(device const float* q, device float* out, device const uin
                       int n_head, int n_head_kv, int head_dim, int n_pages, int page_size,
                       float scale, float softcap, int window, device const float* sinks,
                       int has_sinks, int span, int n_splits, device float* partials,
-                      threadgroup AttentionShared& shared, int t, int h, int z, uint tid) {
-    int kvh = h / (n_head / n_head_kv);
+                      device const uint32_t* tokens, threadgroup AttentionShared& shared,
+                      int x, int h, int z, uint tid) {
+    int t = (int)tokens[x], kvh = h / (n_head / n_head_kv);
     int pos = positions[t];
     int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0;
     // This threadgroup's positions: first..=last (none where the token sees fewer).
@@ -93,7 +95,7 @@ inline void attention(device const float* q, device float* out, device const uin
         }
     }
     if (n_splits > 1) {
-        size_t at = ((size_t)t * n_head + h) * n_splits + z;
+        size_t at = ((size_t)x * n_head + h) * n_splits + z;
         device float* partial = partials + at * (head_dim + 2);
         if (tid == 0) {
             partial[0] = running_max;
@@ -133,29 +135,31 @@ inline void attention(device const float* q, device float* out, device const uin
         constant int& window [[buffer(14)]], device const float* sinks [[buffer(15)]],      \
         constant int& has_sinks [[buffer(16)]], constant int& span [[buffer(17)]],          \
         constant int& n_splits [[buffer(18)]], device float* partials [[buffer(19)]],       \
+        device const uint32_t* tokens [[buffer(20)]],                                       \
         uint3 group [[threadgroup_position_in_grid]],                                       \
         uint tid [[thread_index_in_threadgroup]]) {                                         \
         threadgroup AttentionShared shared;                                                 \
         attention<Kv>(q, out, pages, tables, table_starts, token_chunks, positions, n_head, \
                       n_head_kv, head_dim, n_pages, page_size, scale, softcap, window,      \
-                      sinks, has_sinks, span, n_splits, partials, shared, group.x, group.y, \
-                      group.z, tid);                                                        \
+                      sinks, has_sinks, span, n_splits, partials, tokens, shared, group.x,  \
+                      group.y, group.z, tid);                                               \
     }
 FOR_EACH_KV_FORMAT(ATTENTION)
 
-// Out row t (head h) from the n_splits partial results of attention's threadgroups (t, h, z):
-// each split's sum and outputs rescaled to the largest maximum, a sink joining the sum as
-// above. Threadgroup (t, h) of TILE threads.
+// Out row t = tokens[x] (head h) from the n_splits partial results of attention's
+// threadgroups (x, h, z): each split's sum and outputs rescaled to the largest maximum, a
+// sink joining the sum as above. Threadgroup (x, h) of TILE threads.
 kernel void attention_merge(device const float* partials [[buffer(0)]],
                             device float* out [[buffer(1)]], constant int& n_head [[buffer(2)]],
                             constant int& head_dim [[buffer(3)]],
                             constant int& n_splits [[buffer(4)]],
                             device const float* sinks [[buffer(5)]],
                             constant int& has_sinks [[buffer(6)]],
+                            device const uint32_t* tokens [[buffer(7)]],
                             uint3 group [[threadgroup_position_in_grid]],
                             uint tid [[thread_index_in_threadgroup]]) {
-    int t = group.x, h = group.y;
-    size_t at = ((size_t)t * n_head + h) * n_splits;
+    int t = (int)tokens[group.x], h = group.y;
+    size_t at = ((size_t)group.x * n_head + h) * n_splits;
     device const float* partial = partials + at * (head_dim + 2);
     float m = has_sinks ? sinks[h] : -INFINITY;
     for (int z = 0; z < n_splits; ++z) m = max(m, partial[z * (head_dim + 2)]);
@@ -178,7 +182,7 @@ kernel void attention_merge(device const float* partials [[buffer(0)]],
 //
 // A threadgroup takes up to AttentionShape<D>::ROWS (token, query head) rows: `count`
 // consecutive tokens of one chunk (tiles[2 group.x]: the first, tiles[2 group.x + 1]: count;
-// the arguments otherwise attention's) by the query heads of KV head group.y, row r being
+// the other arguments attention's) by the query heads of KV head group.y, row r being
 // token r / group and the group's head r % group. Each SIMD-group takes 8 rows through the
 // positions the tile's tokens see, AttentionShape<D>::POSITIONS at a time (flash attention
 // 2): S = Q · Kᵀ and O += softmax(S) · V in simdgroup_float8x8 products, the keys
@@ -245,6 +249,8 @@ inline void attention_tile(device const float* q, device float* out,
     // The tile's positions: from its first token's first to its last token's position.
     int begin = (int)positions[first_token], end = (int)positions[first_token + count - 1];
     begin = window > 0 && begin + 1 > window ? begin + 1 - window : 0;
+    // Blocks of 8 dimensions the heads fill: loops run to D / 8 and stop there, so that the
+    // compiler can unroll them and keep `o` in registers.
     int n_blocks = (head_dim + 7) / 8;
     // The SIMD-group's outputs, its rows' running maxima and (this lane's part of) their sums.
     simdgroup_float8x8 o[D / 8];
@@ -269,7 +275,8 @@ inline void attention_tile(device const float* q, device float* out,
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (int j = 0; j < P / 8; ++j) {
             simdgroup_float8x8 s = make_filled_simdgroup_matrix<float, 8, 8>(0.0f), a, b;
-            for (int k = 0; k < n_blocks; ++k) {
+            for (int k = 0; k < D / 8; ++k) {
+                if (k >= n_blocks) break;
                 simdgroup_load(a, &shared.q[8 * simd * D + 8 * k], D);
                 simdgroup_load(b, &shared.kv[8 * k * P + 8 * j], P);
                 simdgroup_multiply_accumulate(s, a, b, s);
@@ -306,7 +313,8 @@ inline void attention_tile(device const float* q, device float* out,
         simdgroup_barrier(mem_flags::mem_threadgroup);
         simdgroup_float8x8 diagonal, zero = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
         simdgroup_load(diagonal, rescale, 8);
-        for (int n = 0; n < n_blocks; ++n) {
+        for (int n = 0; n < D / 8; ++n) {
+            if (n >= n_blocks) break;
             simdgroup_multiply_accumulate(o[n], diagonal, o[n], zero);
         }
         // Every SIMD-group has read the keys.
@@ -325,14 +333,16 @@ inline void attention_tile(device const float* q, device float* out,
         for (int k = 0; k < P / 8; ++k) {
             simdgroup_float8x8 a, b;
             simdgroup_load(a, &scores[8 * k], P);
-            for (int n = 0; n < n_blocks; ++n) {
+            for (int n = 0; n < D / 8; ++n) {
+                if (n >= n_blocks) break;
                 simdgroup_load(b, &shared.kv[8 * k * D + 8 * n], D);
                 simdgroup_multiply_accumulate(o[n], a, b, o[n]);
             }
         }
     }
     // The outputs into the SIMD-group's rows of the queries (only it reads them).
-    for (int n = 0; n < n_blocks; ++n) {
+    for (int n = 0; n < D / 8; ++n) {
+        if (n >= n_blocks) break;
         simdgroup_store(o[n], &shared.q[8 * simd * D + 8 * n], D);
     }
     simdgroup_barrier(mem_flags::mem_threadgroup);

@@ -169,8 +169,9 @@ impl AttentionTile {
     }
 }
 
-/// A step takes its attention in tiles where one of its chunks has this many tokens or more
-/// (a prompt's): fewer (decoding, drafts) take a block per (token, head).
+/// A chunk of this many tokens or more (a prompt's) takes its attention in tiles; shorter
+/// ones (decoding, drafts) a block per (token, head), so that a decoding sequence beside a
+/// prompt keeps its split attention.
 pub(crate) const ATTENTION_TILE_TOKENS: usize = 8;
 
 /// The tiled attention kernel (its head size, and its tile as `tile` gives it for a head

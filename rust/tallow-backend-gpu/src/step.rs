@@ -45,8 +45,8 @@ struct GroupBuffers<G: Gpu> {
     table_starts: Buffer<G>,
 }
 
-/// A step's attention in tiles (the `attention_tiles` kernels): blocks of `rows` (token,
-/// query head) rows, each a run of one chunk's tokens.
+/// Tiles of a step's attention (the `attention_tiles` kernels): blocks of (token, query
+/// head) rows, each a run of one chunk's tokens by a KV head's query heads.
 struct AttentionTiles<G: Gpu> {
     /// (first token, tokens) of each tile.
     tiles: Buffer<G>,
@@ -56,39 +56,60 @@ struct AttentionTiles<G: Gpu> {
     tile: AttentionTile,
 }
 
-impl<G: Gpu> AttentionTiles<G> {
-    /// The tiles of `input`'s step, where one of its chunks is long enough for them and its
-    /// heads fit a kernel.
+/// How a step's attention is cut: its chunks of [`ATTENTION_TILE_TOKENS`] tokens or more (a
+/// prompt's) in tiles, where its heads fit a tiled kernel, and its other tokens (decoding,
+/// drafts) a block per (token, head), split where they are few (the `attention` kernels).
+struct AttentionCut<G: Gpu> {
+    tiles: Option<AttentionTiles<G>>,
+    /// The tokens of a block per (token, head), on the host and on the device.
+    singles: Vec<u32>,
+    singles_buffer: Option<Buffer<G>>,
+}
+
+impl<G: Gpu> AttentionCut<G> {
     fn of_step(
         device: &Arc<Device<G>>,
         input: &StepInput<GpuBackend<G>>,
-    ) -> Result<Option<Self>, BackendError> {
+    ) -> Result<Self, BackendError> {
         let heads = input.heads;
-        let chunks = &input.batch.chunks;
         let group = heads.n_head / heads.n_head_kv.max(1);
-        let long = chunks.iter().any(|c| c.len >= ATTENTION_TILE_TOKENS);
-        let shape = |dims| device.gpu.attention_tile(dims);
-        let Some((head_dims, tile)) = attention_tile(heads.head_dim, group, shape) else {
-            return Ok(None);
-        };
-        if !long {
-            return Ok(None);
-        }
-        let per_tile = tile.rows / group;
-        let mut tiles = Vec::new();
+        let tiled = attention_tile(heads.head_dim, group, |dims| {
+            device.gpu.attention_tile(dims)
+        });
+        let (mut tiles, mut singles) = (Vec::new(), Vec::new());
         let mut first = 0;
-        for chunk in chunks {
-            for start in (0..chunk.len).step_by(per_tile) {
-                tiles.extend([first + start, per_tile.min(chunk.len - start)].map(|v| v as u32));
+        for chunk in &input.batch.chunks {
+            let tokens = first..first + chunk.len;
+            match tiled {
+                Some((_, tile)) if chunk.len >= ATTENTION_TILE_TOKENS => {
+                    for start in tokens.step_by(tile.rows / group) {
+                        let count = (tile.rows / group).min(first + chunk.len - start);
+                        tiles.extend([start as u32, count as u32]);
+                    }
+                }
+                _ => singles.extend(tokens.map(|t| t as u32)),
             }
             first += chunk.len;
         }
-        Ok(Some(AttentionTiles {
-            tiles: Buffer::with_for_step(device, &bytes_of(&tiles))?,
-            n_tiles: tiles.len() / 2,
-            head_dims,
-            tile,
-        }))
+        let upload = |values: &[u32]| Buffer::with_for_step(device, &bytes_of(values));
+        let tiles = match tiled {
+            Some((head_dims, tile)) if !tiles.is_empty() => Some(AttentionTiles {
+                tiles: upload(&tiles)?,
+                n_tiles: tiles.len() / 2,
+                head_dims,
+                tile,
+            }),
+            _ => None,
+        };
+        let singles_buffer = match singles.is_empty() {
+            true => None,
+            false => Some(upload(&singles)?),
+        };
+        Ok(AttentionCut {
+            tiles,
+            singles,
+            singles_buffer,
+        })
     }
 }
 
@@ -107,8 +128,8 @@ pub struct GpuStep<'s, G: Gpu> {
     groups: Vec<GroupBuffers<G>>,
     /// About how many positions a block of a split attention takes.
     attention_span: usize,
-    /// The step's attention tiles, where it takes its attention in tiles.
-    attention_tiles: Option<AttentionTiles<G>>,
+    /// How the step's attention is cut between kernels.
+    attention_cut: AttentionCut<G>,
 }
 
 /// The most blocks along a launch's y dimension.
@@ -154,7 +175,7 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
             angles,
             groups,
             attention_span,
-            attention_tiles: AttentionTiles::of_step(device, input)?,
+            attention_cut: AttentionCut::of_step(device, input)?,
         })
     }
 
@@ -618,18 +639,26 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
             None => (q.buffer.ptr(), 0),
         };
         args.ptr(sinks).i32(has_sinks);
-        // The most positions a token sees.
-        let window = scores.window.filter(|&w| w > 0).unwrap_or(usize::MAX);
-        let positions = self.input.plan.positions.iter();
-        let visible = positions.map(|&p| (p as usize + 1).min(window)).max();
-        let n_blocks = n * heads.n_head;
-        let (splits, span) = attention_splits(n_blocks, visible.unwrap_or(1), self.attention_span);
-        if let Some(tiles) = self.attention_tiles.as_ref().filter(|_| splits == 1) {
+        let cut = &self.attention_cut;
+        if let Some(tiles) = &cut.tiles {
+            let mut args = args.clone();
             args.ptr(tiles.tiles.ptr());
             let grid = [tiles.n_tiles as u32, heads.n_head_kv as u32, 1];
             let name = format!("attention_tiles_{}_{}", l.dtype.name(), tiles.head_dims);
-            return self.launch(&name, grid, tiles.tile.threads(), &args);
+            self.launch(&name, grid, tiles.tile.threads(), &args)?;
         }
+        let Some(singles) = &cut.singles_buffer else {
+            return Ok(());
+        };
+        // The most positions one of those tokens sees.
+        let window = scores.window.filter(|&w| w > 0).unwrap_or(usize::MAX);
+        let positions = &self.input.plan.positions;
+        let visible = (cut.singles.iter())
+            .map(|&t| (positions[t as usize] as usize + 1).min(window))
+            .max();
+        let n_singles = cut.singles.len();
+        let n_blocks = n_singles * heads.n_head;
+        let (splits, span) = attention_splits(n_blocks, visible.unwrap_or(1), self.attention_span);
         let width = heads.head_dim + 2;
         let partials = match splits {
             1 => None,
@@ -641,7 +670,8 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         args.int(span)?.int(splits)?;
         // Without splits the kernels write no partial results: any address will do.
         args.ptr(partials.as_ref().map_or(out.buffer.ptr(), Buffer::ptr));
-        let grid = [n as u32, heads.n_head as u32, splits as u32];
+        args.ptr(singles.ptr());
+        let grid = [n_singles as u32, heads.n_head as u32, splits as u32];
         let name = format!("attention_{}", l.dtype.name());
         self.launch(&name, grid, ATTENTION_THREADS, &args)?;
         let Some(partials) = partials else {
@@ -650,8 +680,8 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         let mut args = Args::new();
         args.ptr(partials.ptr()).ptr(out.buffer.ptr());
         args.int(heads.n_head)?.int(heads.head_dim)?.int(splits)?;
-        args.ptr(sinks).i32(has_sinks);
-        let grid = [n as u32, heads.n_head as u32, 1];
+        args.ptr(sinks).i32(has_sinks).ptr(singles.ptr());
+        let grid = [n_singles as u32, heads.n_head as u32, 1];
         self.launch("attention_merge", grid, ATTENTION_THREADS, &args)
     }
 

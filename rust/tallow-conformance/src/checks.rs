@@ -632,8 +632,9 @@ fn attention_on<B: Backend>(
     let groups = LayerGroups::global(1).unwrap();
     let pages = backend.new_pages(layout, &groups, 32).unwrap();
     let mut cache = PagedKvCache::over(groups, pages).unwrap();
-    // (prompt, then) tokens of each sequence.
-    let seqs = [(45, 1), (3, 2), (70, 3)];
+    // (prompt, then) tokens of each sequence: the second step adds a chunk as long as a
+    // prompt's beside short ones.
+    let seqs = [(45, 9), (3, 2), (70, 3)];
     let mut ids: Vec<SeqId> = seqs.iter().map(|_| cache.create()).collect();
     // Each sequence's keys and values so far, as its pages hold them.
     let mut history: Vec<History> = vec![History::default(); 3];
