@@ -79,12 +79,13 @@ impl<G: Gpu> AttentionCut<G> {
         let (mut tiles, mut singles) = (Vec::new(), Vec::new());
         let mut first = 0;
         for chunk in &input.batch.chunks {
-            let tokens = first..first + chunk.len;
+            let end = first + chunk.len;
+            let tokens = first..end;
             match tiled {
                 Some((_, tile)) if chunk.len >= ATTENTION_TILE_TOKENS => {
-                    for start in tokens.step_by(tile.rows / group) {
-                        let count = (tile.rows / group).min(first + chunk.len - start);
-                        tiles.extend([start as u32, count as u32]);
+                    let per_tile = tile.rows / group;
+                    for start in tokens.step_by(per_tile) {
+                        tiles.extend([start, per_tile.min(end - start)].map(|v| v as u32));
                     }
                 }
                 _ => singles.extend(tokens.map(|t| t as u32)),

@@ -328,9 +328,11 @@ impl Model {
     /// on the device as `draws` says for it (one `(temperature, top_k, top_p, min_p, seed)`
     /// a row, as `Sampler.next_draw` gives it; temperature 0 is greedy). With `vocab` (token
     /// ids), `output="logits"` returns only those tokens' logits, shape `(rows, len(vocab))`,
-    /// and the LM head computes only their rows. With `hidden=True`, returns that and the hidden states
-    /// (float32, `(rows, n_embd)`, chunk by chunk) as a pair.
-    #[pyo3(signature = (cache, batch, output = "logits", *, hidden = false, vocab = None, draws = None))]
+    /// and the LM head computes only their rows. With `hidden=True`, returns that and the
+    /// hidden states (float32, `(rows, n_embd)`, chunk by chunk) as a pair.
+    #[pyo3(
+        signature = (cache, batch, output = "logits", *, hidden = false, vocab = None, draws = None)
+    )]
     #[allow(clippy::too_many_arguments)]
     fn forward<'py>(
         &self,
