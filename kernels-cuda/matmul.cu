@@ -61,21 +61,20 @@ __device__ void matmul(const uint8_t* w, const float* x, float* y, int rows, int
 
 // A mixture of experts' products: block (b, i) takes tile i of `tiles` (expert, first index
 // in `pairs`, count, unused; count 0 past the last, see experts.cu's group_pairs): its
-// expert's weights (`experts[e]`, each expert's matrix in its own allocation) by the rows of x
-// its pairs name (row pair / divisor), into the pairs' rows of y.
+// expert's weights (expert e's at `w + offsets[e]`) by the rows of x its pairs name (row
+// pair / divisor), into the pairs' rows of y.
 template <class Format>
-__device__ void matmul_experts(const uint64_t* experts, const float* x, float* y, int rows,
-                               int cols, int row_bytes, const uint32_t* pairs,
-                               const uint32_t* tiles, int divisor) {
+__device__ void matmul_experts(const uint8_t* w, const uint32_t* offsets, const float* x,
+                               float* y, int rows, int cols, int row_bytes,
+                               const uint32_t* pairs, const uint32_t* tiles, int divisor) {
     const uint32_t* tile = tiles + 4 * blockIdx.y;
     int count = (int)tile[2];
     if (count == 0) return;  // the whole block
-    const uint8_t* w = (const uint8_t*)experts[tile[0]];
     int in[PRODUCT_TOKENS], out[PRODUCT_TOKENS];
     for (int t = 0; t < PRODUCT_TOKENS; ++t) {
         tile_pair(pairs, tile, t, divisor, &in[t], &out[t]);
     }
-    matmul_rows<Format>(w, x, y, rows, cols, row_bytes, count, in, out);
+    matmul_rows<Format>(w + offsets[tile[0]], x, y, rows, cols, row_bytes, count, in, out);
 }
 
 #define MATMUL(name, Format)                                                                \
@@ -86,9 +85,10 @@ __device__ void matmul_experts(const uint64_t* experts, const float* x, float* y
     }                                                                                       \
     TALLOW_EXPORT(matmul_##name)                                                            \
     extern "C" __global__ void __launch_bounds__(32 * ROWS) matmul_experts_##name(          \
-        const uint64_t* experts, const float* x, float* y, int rows, int cols,               \
-        int row_bytes, const uint32_t* pairs, const uint32_t* tiles, int divisor) {          \
-        matmul_experts<Format>(experts, x, y, rows, cols, row_bytes, pairs, tiles, divisor); \
+        const uint8_t* w, const uint32_t* offsets, const float* x, float* y, int rows,       \
+        int cols, int row_bytes, const uint32_t* pairs, const uint32_t* tiles, int divisor) { \
+        matmul_experts<Format>(w, offsets, x, y, rows, cols, row_bytes, pairs, tiles,        \
+                               divisor);                                                    \
     }                                                                                       \
     TALLOW_EXPORT(matmul_experts_##name)
 FOR_EACH_FORMAT(MATMUL)

@@ -90,19 +90,18 @@ __device__ void matvec(const uint8_t* w, const int8_t* q, const Q8Run* runs, flo
 
 // A mixture of experts' products, as matmul.cu's matmul_experts with quantized activations.
 template <class Format>
-__device__ void matvec_experts(const uint64_t* experts, const int8_t* q, const Q8Run* runs,
-                               float* y, int rows, int cols, int row_bytes,
+__device__ void matvec_experts(const uint8_t* w, const uint32_t* offsets, const int8_t* q,
+                               const Q8Run* runs, float* y, int rows, int cols, int row_bytes,
                                const uint32_t* pairs, const uint32_t* tiles, int divisor) {
     const uint32_t* tile = tiles + 4 * blockIdx.y;
     int count = (int)tile[2];
     if (count == 0) return;  // the whole block
-    const uint8_t* w = (const uint8_t*)experts[tile[0]];
     int in[PRODUCT_TOKENS], out[PRODUCT_TOKENS];
 #pragma unroll
     for (int t = 0; t < PRODUCT_TOKENS; ++t) {
         tile_pair(pairs, tile, t, divisor, &in[t], &out[t]);
     }
-    matvec_rows<Format>(w, q, runs, y, rows, cols, row_bytes, count, in, out);
+    matvec_rows<Format>(w + offsets[tile[0]], q, runs, y, rows, cols, row_bytes, count, in, out);
 }
 
 #define MATVEC(name, Format)                                                                  \
@@ -113,9 +112,10 @@ __device__ void matvec_experts(const uint64_t* experts, const int8_t* q, const Q
     }                                                                                         \
     TALLOW_EXPORT(matvec_##name)                                                              \
     extern "C" __global__ void __launch_bounds__(32 * VEC_ROWS) matvec_experts_##name(        \
-        const uint64_t* experts, const int8_t* q, const Q8Run* runs, float* y, int rows,       \
-        int cols, int row_bytes, const uint32_t* pairs, const uint32_t* tiles, int divisor) {  \
-        matvec_experts<Format>(experts, q, runs, y, rows, cols, row_bytes, pairs, tiles,       \
+        const uint8_t* w, const uint32_t* offsets, const int8_t* q, const Q8Run* runs,         \
+        float* y, int rows, int cols, int row_bytes, const uint32_t* pairs,                    \
+        const uint32_t* tiles, int divisor) {                                                  \
+        matvec_experts<Format>(w, offsets, q, runs, y, rows, cols, row_bytes, pairs, tiles,    \
                                divisor);                                                      \
     }                                                                                         \
     TALLOW_EXPORT(matvec_experts_##name)

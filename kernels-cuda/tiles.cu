@@ -133,8 +133,8 @@ __device__ void tiles(const uint8_t* w, const int8_t* q, const Q8Run* runs, floa
 // A mixture of experts' products, as matvec.cu's matvec_experts with tiles of up to
 // TILE_TOKENS pairs (block (i, b): tile i of `tiles`, rows 64b..).
 template <class Format>
-__device__ void tiles_experts(const uint64_t* experts, const int8_t* q, const Q8Run* runs,
-                              float* y, int rows, int cols, int row_bytes,
+__device__ void tiles_experts(const uint8_t* w, const uint32_t* offsets, const int8_t* q,
+                              const Q8Run* runs, float* y, int rows, int cols, int row_bytes,
                               const uint32_t* pairs, const uint32_t* tiles, int divisor) {
     __shared__ int in[TILE_TOKENS], out[TILE_TOKENS];
     const uint32_t* tile = tiles + 4 * blockIdx.x;
@@ -142,8 +142,7 @@ __device__ void tiles_experts(const uint64_t* experts, const int8_t* q, const Q8
     if (count == 0) return;  // the whole block
     int i = threadIdx.x;
     if (i < count) tile_pair(pairs, tile, i, divisor, &in[i], &out[i]);
-    const uint8_t* w = (const uint8_t*)experts[tile[0]];
-    tile_product<Format>(w, q, runs, y, rows, cols, row_bytes, count, in, out);
+    tile_product<Format>(w + offsets[tile[0]], q, runs, y, rows, cols, row_bytes, count, in, out);
 }
 
 // (256, 1): one block a multiprocessor at least, which leaves ptxas the registers it needs;
@@ -156,9 +155,10 @@ __device__ void tiles_experts(const uint64_t* experts, const int8_t* q, const Q8
     }                                                                                       \
     TALLOW_EXPORT(tiles_##name)                                                             \
     extern "C" __global__ void __launch_bounds__(256, 1) tiles_experts_##name(              \
-        const uint64_t* experts, const int8_t* q, const Q8Run* runs, float* y, int rows,     \
-        int cols, int row_bytes, const uint32_t* pairs, const uint32_t* tiles, int divisor) { \
-        tiles_experts<Format>(experts, q, runs, y, rows, cols, row_bytes, pairs, tiles,      \
+        const uint8_t* w, const uint32_t* offsets, const int8_t* q, const Q8Run* runs,       \
+        float* y, int rows, int cols, int row_bytes, const uint32_t* pairs,                  \
+        const uint32_t* tiles, int divisor) {                                                \
+        tiles_experts<Format>(w, offsets, q, runs, y, rows, cols, row_bytes, pairs, tiles,   \
                               divisor);                                                     \
     }                                                                                       \
     TALLOW_EXPORT(tiles_experts_##name)

@@ -51,20 +51,20 @@ inline void matmul(device const uint8_t* w, device const float* x, device float*
 
 // A mixture of experts' products: threadgroup (b, i) takes tile i of `tiles` (expert, first
 // index in `pairs`, count, unused; count 0 past the last, see experts.metal's group_pairs):
-// its expert's weights by the rows of x its pairs name (row pair / divisor), into the pairs'
-// rows of y.
+// its expert's weights (expert e's at `w + offsets[e]`) by the rows of x its pairs name (row
+// pair / divisor), into the pairs' rows of y.
 template <class Format>
-inline void matmul_experts(device const ExpertMatrix* experts, device const float* x,
-                           device float* y, int rows, int cols, int row_bytes,
-                           device const uint32_t* pairs, device const uint32_t* tiles,
-                           int divisor, uint3 group, uint tid) {
+inline void matmul_experts(device const uint8_t* w, device const uint32_t* offsets,
+                           device const float* x, device float* y, int rows, int cols,
+                           int row_bytes, device const uint32_t* pairs,
+                           device const uint32_t* tiles, int divisor, uint3 group, uint tid) {
     device const uint32_t* tile = tiles + 4 * group.y;
     int count = (int)tile[2];
     if (count == 0) return;  // the whole threadgroup
     int in[PRODUCT_TOKENS], out[PRODUCT_TOKENS];
     for (int t = 0; t < PRODUCT_TOKENS; ++t) tile_pair(pairs, tile, t, divisor, &in[t], &out[t]);
-    matmul_rows<Format>(experts[tile[0]].w, x, y, rows, cols, row_bytes, count, in, out, group.x,
-                        tid);
+    matmul_rows<Format>(w + offsets[tile[0]], x, y, rows, cols, row_bytes, count, in, out,
+                        group.x, tid);
 }
 
 #define MATMUL(name, Format)                                                                \
@@ -77,13 +77,14 @@ inline void matmul_experts(device const ExpertMatrix* experts, device const floa
         matmul<Format>(w, x, y, rows, cols, row_bytes, n, group, tid);                      \
     }                                                                                       \
     kernel void matmul_experts_##name(                                                      \
-        device const ExpertMatrix* experts [[buffer(0)]], device const float* x [[buffer(1)]], \
-        device float* y [[buffer(2)]], constant int& rows [[buffer(3)]],                    \
-        constant int& cols [[buffer(4)]], constant int& row_bytes [[buffer(5)]],            \
-        device const uint32_t* pairs [[buffer(6)]], device const uint32_t* tiles [[buffer(7)]], \
-        constant int& divisor [[buffer(8)]], uint3 group [[threadgroup_position_in_grid]],  \
+        device const uint8_t* w [[buffer(0)]], device const uint32_t* offsets [[buffer(1)]], \
+        device const float* x [[buffer(2)]], device float* y [[buffer(3)]],                 \
+        constant int& rows [[buffer(4)]], constant int& cols [[buffer(5)]],                 \
+        constant int& row_bytes [[buffer(6)]], device const uint32_t* pairs [[buffer(7)]],  \
+        device const uint32_t* tiles [[buffer(8)]], constant int& divisor [[buffer(9)]],    \
+        uint3 group [[threadgroup_position_in_grid]],                                       \
         uint tid [[thread_index_in_threadgroup]]) {                                         \
-        matmul_experts<Format>(experts, x, y, rows, cols, row_bytes, pairs, tiles, divisor, \
-                               group, tid);                                                 \
+        matmul_experts<Format>(w, offsets, x, y, rows, cols, row_bytes, pairs, tiles,       \
+                               divisor, group, tid);                                        \
     }
 FOR_EACH_FORMAT(MATMUL)

@@ -16,12 +16,6 @@ using namespace metal;
 // mixture takes tiles.metal's.
 #define PRODUCT_TOKENS 8
 
-// An expert's matrix: its address, as the host writes it into the table of a mixture's
-// experts (each expert's matrix is its own buffer).
-struct ExpertMatrix {
-    device const uint8_t* w;
-};
-
 // Pair i of a mixture's tile (expert, first index in `pairs`, count, unused: experts.metal's
 // group_pairs), the tile's last pair where i is past its count: the row of x it reads
 // (pair / divisor) and the row of y it writes.

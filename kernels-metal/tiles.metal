@@ -116,18 +116,19 @@ inline void matmul_tile(device const uint8_t* w, device const float* x, device f
                             (int)group.y * TILE_ROWS, tid, s);                              \
     }                                                                                       \
     kernel void matmul_tiles_experts_##name(                                                \
-        device const ExpertMatrix* experts [[buffer(0)]], device const float* x [[buffer(1)]], \
-        device float* y [[buffer(2)]], constant int& rows [[buffer(3)]],                    \
-        constant int& cols [[buffer(4)]], constant int& row_bytes [[buffer(5)]],            \
-        device const uint32_t* pairs [[buffer(6)]], device const uint32_t* tiles [[buffer(7)]], \
-        constant int& divisor [[buffer(8)]], uint3 group [[threadgroup_position_in_grid]],  \
+        device const uint8_t* w [[buffer(0)]], device const uint32_t* offsets [[buffer(1)]], \
+        device const float* x [[buffer(2)]], device float* y [[buffer(3)]],                 \
+        constant int& rows [[buffer(4)]], constant int& cols [[buffer(5)]],                 \
+        constant int& row_bytes [[buffer(6)]], device const uint32_t* pairs [[buffer(7)]],  \
+        device const uint32_t* tiles [[buffer(8)]], constant int& divisor [[buffer(9)]],    \
+        uint3 group [[threadgroup_position_in_grid]],                                       \
         uint tid [[thread_index_in_threadgroup]]) {                                         \
         threadgroup TileShared s;                                                           \
         device const uint32_t* tile = tiles + 4 * group.x;                                  \
         int count = (int)tile[2];                                                           \
         if (count == 0) return; /* the whole threadgroup */                                 \
         PairTokens at = {pairs, tile, divisor};                                             \
-        matmul_tile<Format>(experts[tile[0]].w, x, y, rows, cols, row_bytes, count, at,     \
+        matmul_tile<Format>(w + offsets[tile[0]], x, y, rows, cols, row_bytes, count, at,   \
                             (int)group.y * TILE_ROWS, tid, s);                              \
     }
 FOR_EACH_FORMAT(MATMUL_TILES)

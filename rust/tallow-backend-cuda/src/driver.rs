@@ -188,8 +188,8 @@ impl Gpu for Driver {
         crate::product(ty, n_tokens)
     }
 
-    fn attention_tile(&self, head_dims: usize) -> AttentionTile {
-        crate::attention_tile(head_dims)
+    fn attention_tile(&self, head_dims: usize) -> Option<AttentionTile> {
+        Some(crate::attention_tile(head_dims))
     }
 
     fn total_memory(&self) -> Option<u64> {

@@ -10,7 +10,7 @@ use tallow_backend_gpu::kernels;
 /// Every kernel the backend launches on CUDA, by name: the cubins must export each
 /// (`extern "C"`).
 fn kernel_names() -> Vec<String> {
-    kernels::names(product)
+    kernels::names(product, true)
 }
 
 #[test]

@@ -118,8 +118,15 @@ pub trait Gpu: Send + Sync + 'static {
 
     /// How its tiled attention kernel for heads of at most `head_dims` dimensions (one of
     /// [`crate::kernels::ATTENTION_TILE_HEAD_DIMS`]) cuts a step: its API's choice (each API's
-    /// crate says it in a function of the same name).
-    fn attention_tile(&self, head_dims: usize) -> AttentionTile;
+    /// crate says it in a function of the same name); `None` where its kernels have no tiled
+    /// attention, and every token takes a block per head.
+    fn attention_tile(&self, head_dims: usize) -> Option<AttentionTile>;
+
+    /// Whether its `draw_rows` draws at a temperature too. Where not, it takes greedy rows
+    /// alone, and a step with another draw reads its logits back and draws on the host.
+    fn draws_at_temperature(&self) -> bool {
+        true
+    }
 
     /// Its memory in bytes, where known.
     fn total_memory(&self) -> Option<u64>;
@@ -187,11 +194,12 @@ pub(crate) struct Device<G: Gpu> {
     spare: Mutex<Spare>,
     /// The most bytes of spare step buffers kept: a 16th of the device's memory, at most 1 GiB.
     spare_limit: usize,
-    /// Tables of experts' addresses (the experts' products take one), each made the first time
-    /// a step uses it and kept, with its size, until the device is dropped. A table is keyed
-    /// by what it holds, so one that outlives the matrices it names is never read wrongly;
-    /// uploading one per product would wait, each time, for every launch before it.
-    address_tables: Mutex<HashMap<Vec<u64>, (DevicePtr, usize)>>,
+    /// Tables of experts' offsets from the first expert's address (the experts' products take
+    /// one), each made the first time a step uses it and kept, with its size, until the
+    /// device is dropped. A table is keyed by what it holds, so one that outlives the
+    /// matrices it was made for is never read wrongly; uploading one per product would wait,
+    /// each time, for every launch before it.
+    offset_tables: Mutex<HashMap<Vec<u32>, (DevicePtr, usize)>>,
     /// The host regions used in place ([`Gpu::borrow`]), by their address: a file's mapping
     /// once for every matrix in it, until the device is dropped.
     borrowed: Mutex<HashMap<usize, DevicePtr>>,
@@ -222,7 +230,7 @@ impl<G: Gpu> Device<G> {
             usage: Usage::default(),
             spare: Mutex::default(),
             spare_limit,
-            address_tables: Mutex::default(),
+            offset_tables: Mutex::default(),
             borrowed: Mutex::default(),
         }
     }
@@ -247,19 +255,19 @@ impl<G: Gpu> Device<G> {
         Ok(Some(base.offset(data.as_ptr() as usize - key)))
     }
 
-    /// A table on the device holding `addresses`, made once for each list of them.
-    pub fn address_table(&self, addresses: &[u64]) -> Result<DevicePtr, BackendError> {
-        let mut tables = (self.address_tables.lock()).unwrap_or_else(|e| e.into_inner());
-        if let Some(&(ptr, _)) = tables.get(addresses) {
+    /// A table on the device holding `offsets`, made once for each list of them.
+    pub fn offset_table(&self, offsets: &[u32]) -> Result<DevicePtr, BackendError> {
+        let mut tables = (self.offset_tables.lock()).unwrap_or_else(|e| e.into_inner());
+        if let Some(&(ptr, _)) = tables.get(offsets) {
             return Ok(ptr);
         }
-        let bytes: Vec<u8> = addresses.iter().flat_map(|a| a.to_ne_bytes()).collect();
+        let bytes = bytes_of(offsets);
         let ptr = self.alloc(bytes.len())?;
         if let Err(e) = self.gpu.write(ptr, &bytes) {
             self.free(ptr, bytes.len());
             return Err(e);
         }
-        tables.insert(addresses.to_vec(), (ptr, bytes.len()));
+        tables.insert(offsets.to_vec(), (ptr, bytes.len()));
         Ok(ptr)
     }
 
@@ -302,7 +310,7 @@ impl<G: Gpu> Drop for Device<G> {
     fn drop(&mut self) {
         self.release_spare();
         let tables = std::mem::take(
-            self.address_tables
+            self.offset_tables
                 .get_mut()
                 .unwrap_or_else(|e| e.into_inner()),
         );

@@ -6,8 +6,9 @@ use tallow_quant::GgmlType;
 use crate::WEIGHT_FORMATS;
 
 /// Every kernel the backend may launch, by name, on a device whose products are `product`'s
-/// (`Gpu::product`): what an API's kernels must define.
-pub fn names(product: impl Fn(GgmlType, usize) -> Product) -> Vec<String> {
+/// (`Gpu::product`) and which has tiled attention kernels where `tiled_attention`
+/// (`Gpu::attention_tile`): what an API's kernels must define.
+pub fn names(product: impl Fn(GgmlType, usize) -> Product, tiled_attention: bool) -> Vec<String> {
     let mut names: Vec<String> = [
         "rms_norm",
         "add",
@@ -28,7 +29,10 @@ pub fn names(product: impl Fn(GgmlType, usize) -> Product) -> Vec<String> {
     .into();
     for kv in ["f16", "q8_0"] {
         names.extend([format!("kv_write_{kv}"), format!("attention_{kv}")]);
-        for head_dims in ATTENTION_TILE_HEAD_DIMS {
+        for head_dims in ATTENTION_TILE_HEAD_DIMS
+            .into_iter()
+            .filter(|_| tiled_attention)
+        {
             names.push(format!("attention_tiles_{kv}_{head_dims}"));
         }
     }
@@ -176,16 +180,17 @@ pub(crate) const ATTENTION_TILE_TOKENS: usize = 8;
 
 /// The tiled attention kernel (its head size, and its tile as `tile` gives it for a head
 /// size) for heads of `head_dim` dimensions, `group` query heads a KV head: none where the
-/// heads are larger than the largest kernel's or a KV head's group does not fit in a block.
+/// API has none, the heads are larger than the largest kernel's or a KV head's group does
+/// not fit in a block.
 pub(crate) fn attention_tile(
     head_dim: usize,
     group: usize,
-    tile: impl Fn(usize) -> AttentionTile,
+    tile: impl Fn(usize) -> Option<AttentionTile>,
 ) -> Option<(usize, AttentionTile)> {
     let dims = ATTENTION_TILE_HEAD_DIMS
         .into_iter()
         .find(|&d| head_dim <= d)?;
-    Some((dims, tile(dims))).filter(|(_, tile)| group <= tile.rows)
+    Some((dims, tile(dims)?)).filter(|(_, tile)| group <= tile.rows)
 }
 
 /// How many blocks take each (token, head) of a step's attention, and how many positions
@@ -220,7 +225,7 @@ mod tests {
             rows: if dims <= 128 { 64 } else { 32 },
             warp_rows: 16,
         };
-        let chosen = |head_dim, group| attention_tile(head_dim, group, tile);
+        let chosen = |head_dim, group| attention_tile(head_dim, group, |dims| Some(tile(dims)));
         assert_eq!(chosen(64, 4), Some((64, tile(64))));
         assert_eq!(chosen(80, 8), Some((128, tile(128))));
         assert_eq!(chosen(256, 32), Some((256, tile(256))));
@@ -228,6 +233,8 @@ mod tests {
         assert_eq!(chosen(288, 1), None);
         assert_eq!(chosen(256, 33), None);
         assert_eq!(tile(256).threads(), 64);
+        // An API without tiled attention.
+        assert_eq!(attention_tile(64, 4, |_| None), None);
     }
 
     #[test]

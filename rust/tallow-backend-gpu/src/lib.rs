@@ -123,17 +123,18 @@ pub struct Matrix<G: Gpu> {
     row_bytes: usize,
 }
 
-/// Where a matrix's blocks are: a copy on the device, or the model file's mapping used in place
-/// (a device that shares the host's memory).
+/// Where a matrix's blocks are: in a copy on the device (at an offset in the buffer of its
+/// stack), or in the model file's mapping used in place (a device that shares the host's
+/// memory).
 enum Weights<G: Gpu> {
-    Copied(Buffer<G>),
+    Copied(Arc<Buffer<G>>, usize),
     InPlace(DevicePtr),
 }
 
 impl<G: Gpu> Matrix<G> {
     fn ptr(&self) -> DevicePtr {
         match &self.weights {
-            Weights::Copied(buffer) => buffer.ptr(),
+            Weights::Copied(buffer, offset) => buffer.ptr().offset(*offset),
             Weights::InPlace(ptr) => *ptr,
         }
     }
@@ -186,10 +187,17 @@ impl<G: Gpu> Backend for GpuBackend<G> {
         file: &Arc<GgufFile>,
         specs: &[MatrixSpec],
     ) -> Result<Vec<Matrix<G>>, BackendError> {
-        specs
-            .iter()
-            .map(|spec| self.upload_matrix(file, spec))
-            .collect()
+        let mut matrices = Vec::with_capacity(specs.len());
+        let mut start = 0;
+        while start < specs.len() {
+            let len = 1
+                + (specs[start + 1..].iter().zip(&specs[start..]))
+                    .take_while(|(spec, prev)| spec.follows(prev))
+                    .count();
+            matrices.extend(self.upload_stack(file, &specs[start..start + len])?);
+            start += len;
+        }
+        Ok(matrices)
     }
 
     fn upload_vector(&self, values: &[f32]) -> Result<Vector<G>, BackendError> {
@@ -230,39 +238,61 @@ impl<G: Gpu> Backend for GpuBackend<G> {
 }
 
 impl<G: Gpu> GpuBackend<G> {
-    fn upload_matrix(
+    /// The matrices of `specs`, which lie back to back in one tensor (see
+    /// [`MatrixSpec::follows`]: the experts of a stack, the parts of a fused tensor), in one
+    /// allocation, so that a mixture's products find every expert from the first one's
+    /// address (the experts kernels take each expert's offset from it).
+    fn upload_stack(
         &self,
         file: &Arc<GgufFile>,
-        spec: &MatrixSpec,
-    ) -> Result<Matrix<G>, BackendError> {
-        let ty = spec.tensor.ty;
+        specs: &[MatrixSpec],
+    ) -> Result<Vec<Matrix<G>>, BackendError> {
+        let first = &specs[0];
+        let ty = first.tensor.ty;
         // The kernels take rows a run of 32 values at a time.
-        if !WEIGHT_FORMATS.contains(&ty) || !spec.cols.is_multiple_of(ty.block_len().max(32)) {
+        if !WEIGHT_FORMATS.contains(&ty) || !first.cols.is_multiple_of(ty.block_len().max(32)) {
             return Err(BackendError::Unsupported(format!(
                 "{} ({} weights, rows of {}) on {}",
-                spec.tensor.name,
+                first.tensor.name,
                 ty.name(),
-                spec.cols,
+                first.cols,
                 self.device.gpu.api()
             )));
         }
-        let data = file.tensor_data(&spec.tensor);
-        let in_place = match file.mapping(&spec.tensor) {
+        let mut whole = first.tensor.clone();
+        whole.size = specs.iter().map(|s| s.tensor.size).sum();
+        let data = file.tensor_data(&whole);
+        let in_place = match file.mapping(&whole) {
             Some(region) => self
                 .device
                 .borrowed(region, data, || Arc::clone(file) as _)?,
             None => None,
         };
-        let weights = match in_place {
+        let stack = match in_place {
             Some(ptr) => Weights::InPlace(ptr),
-            None => Weights::Copied(Buffer::with(&self.device, data)?),
+            None => {
+                let buffer = Buffer::with(&self.device, data)?;
+                // The host keeps no second copy: the file's pages go back to the OS.
+                file.release(&whole, 0..data.len());
+                Weights::Copied(Arc::new(buffer), 0)
+            }
         };
-        Ok(Matrix {
-            weights,
-            ty,
-            rows: spec.rows,
-            cols: spec.cols,
-            row_bytes: data.len() / spec.rows.max(1),
-        })
+        let mut offset = 0;
+        let mut matrices = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let weights = match &stack {
+                Weights::Copied(buffer, _) => Weights::Copied(Arc::clone(buffer), offset),
+                Weights::InPlace(ptr) => Weights::InPlace(ptr.offset(offset)),
+            };
+            matrices.push(Matrix {
+                weights,
+                ty,
+                rows: spec.rows,
+                cols: spec.cols,
+                row_bytes: spec.tensor.size as usize / spec.rows.max(1),
+            });
+            offset += spec.tensor.size as usize;
+        }
+        Ok(matrices)
     }
 }

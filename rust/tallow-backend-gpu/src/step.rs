@@ -395,9 +395,20 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
                 input.n, input.width, m.rows, m.cols, out.n, out.width
             )));
         }
-        let addresses: Vec<u64> = matrices.iter().map(|e| e.ptr().0).collect();
+        // Each expert's offset from the first one's address: the experts of a stack are in
+        // one allocation (or one mapping of the file), the first one lowest.
+        let base = m.ptr();
+        let offsets = (matrices.iter())
+            .map(|e| u32::try_from(e.ptr().0.wrapping_sub(base.0)).ok())
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| {
+                BackendError::Unsupported(format!(
+                    "experts of one block that are not one stack of matrices on {}",
+                    self.device.gpu.api()
+                ))
+            })?;
         let mut args = Args::new();
-        args.ptr(self.device.address_table(&addresses)?);
+        args.ptr(base).ptr(self.device.offset_table(&offsets)?);
         let product = match self.device.gpu.product(m.ty, self.n_tokens()) {
             // Where another of the block's matrices cannot take this product's tiles, they
             // are cut for all, and this one takes f32 products.
@@ -825,15 +836,16 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
             args.ptr(logits.buffer.ptr()).int(logits.len())?.f32(cap);
             self.launch("softcap", [element_blocks(logits.len()), 1, 1], 256, &args)?;
         }
+        let on_host = match &out {
+            Output::Logits(_) => false,
+            Output::Selected { .. } => true,
+            Output::Draw { draws, .. } => {
+                !self.device.gpu.draws_at_temperature() && !draws.iter().all(Draw::is_greedy)
+            }
+        };
         match out {
             Output::Logits(values) => self.read(&logits, values),
-            // A few tokens' logits: all of them come back and are chosen on the host.
-            selected @ Output::Selected { .. } => {
-                let mut all = vec![0f32; x.n * m.rows];
-                self.read(&logits, &mut all)?;
-                selected.take_from(&all, m.rows)
-            }
-            Output::Draw { draws, tokens } => {
+            Output::Draw { draws, tokens } if !on_host => {
                 if draws.len() != x.n {
                     return Err(mismatch("draws", draws.len(), x.n));
                 }
@@ -852,6 +864,13 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
                     *t = u32::from_ne_bytes(*b);
                 }
                 Ok(())
+            }
+            // A few tokens' logits, or draws the device's draw_rows does not take: all of
+            // them come back and are chosen on the host.
+            chosen => {
+                let mut all = vec![0f32; x.n * m.rows];
+                self.read(&logits, &mut all)?;
+                chosen.take_from(&all, m.rows)
             }
         }
     }

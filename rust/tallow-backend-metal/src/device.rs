@@ -26,8 +26,8 @@ use objc2_foundation::{NSRange, NSString};
 use objc2_metal::{
     MTLBlitCommandEncoder, MTLBuffer, MTLCommandBuffer, MTLCommandBufferStatus, MTLCommandEncoder,
     MTLCommandQueue, MTLCompileOptions, MTLComputeCommandEncoder, MTLComputePipelineState,
-    MTLCreateSystemDefaultDevice, MTLDevice, MTLLanguageVersion, MTLLibrary, MTLResource,
-    MTLResourceOptions, MTLResourceUsage, MTLSize,
+    MTLCreateSystemDefaultDevice, MTLDevice, MTLLanguageVersion, MTLLibrary, MTLResourceOptions,
+    MTLSize,
 };
 use tallow_backend::{BackendError, DeviceInfo};
 use tallow_backend_gpu::{Arg, Args, AttentionTile, DevicePtr, Gpu, Product};
@@ -238,8 +238,8 @@ impl Gpu for Metal {
         crate::product(ty, n_tokens)
     }
 
-    fn attention_tile(&self, head_dims: usize) -> AttentionTile {
-        crate::attention_tile(head_dims)
+    fn attention_tile(&self, head_dims: usize) -> Option<AttentionTile> {
+        Some(crate::attention_tile(head_dims))
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr, BackendError> {
@@ -373,13 +373,6 @@ impl Gpu for Metal {
                 Arg::Value(_) => None,
             });
         }
-        // The experts' products read their matrices through a table of addresses: each
-        // buffer they may read must be made resident for them.
-        let indirect: Vec<Retained<Buffer>> = if name.starts_with("matmul_experts_") {
-            state.buffers.values().cloned().collect()
-        } else {
-            Vec::new()
-        };
         let pending = self.pending(&mut state)?;
         if pending.compute.is_none() {
             let encoder = (pending.commands.computeCommandEncoder())
@@ -402,19 +395,6 @@ impl Gpu for Metal {
                 },
                 (Arg::Pointer(_), None) => unreachable!("every pointer is bound above"),
             }
-        }
-        if !indirect.is_empty() {
-            let resources: Vec<NonNull<ProtocolObject<dyn MTLResource>>> = (indirect.iter())
-                .map(|b| NonNull::from(ProtocolObject::from_ref(&**b)))
-                .collect();
-            // SAFETY: the resources live in the state until the work is finished.
-            unsafe {
-                encoder.useResources_count_usage(
-                    NonNull::new(resources.as_ptr().cast_mut()).expect("not null"),
-                    resources.len(),
-                    MTLResourceUsage::Read,
-                )
-            };
         }
         let size = |s: [u32; 3]| MTLSize {
             width: s[0] as usize,

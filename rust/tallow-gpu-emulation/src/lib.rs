@@ -209,8 +209,8 @@ impl Gpu for Emulated {
         self.api.product(ty, n_tokens)
     }
 
-    fn attention_tile(&self, head_dims: usize) -> AttentionTile {
-        self.api.attention_tile(head_dims)
+    fn attention_tile(&self, head_dims: usize) -> Option<AttentionTile> {
+        Some(self.api.attention_tile(head_dims))
     }
 
     fn total_memory(&self) -> Option<u64> {

@@ -118,7 +118,7 @@ fn every_mixture_of_experts_gives_transformers_logits() {
 
 /// A step's buffers go back to the device's spares and the next step takes them: a decode
 /// step after the first allocates nothing (a GPU's free waits for the whole device), in a
-/// mixture of experts too (its tables of experts' addresses are made once), in F32 and in
+/// mixture of experts too (its tables of experts' offsets are made once), in F32 and in
 /// the integer products' Q8_0.
 #[test]
 fn steps_reuse_the_buffers_of_earlier_steps() {
