@@ -95,7 +95,7 @@ __device__ void matvec_experts(const uint8_t* w, const uint32_t* offsets, const 
                                const uint32_t* pairs, const uint32_t* tiles, int divisor) {
     const uint32_t* tile = tiles + 4 * blockIdx.y;
     int count = (int)tile[2];
-    if (count == 0) return;  // the whole block
+    if (count == 0 || offsets[tile[0]] == NO_EXPERT) return;  // the whole block
     int in[PRODUCT_TOKENS], out[PRODUCT_TOKENS];
 #pragma unroll
     for (int t = 0; t < PRODUCT_TOKENS; ++t) {

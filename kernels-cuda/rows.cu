@@ -55,3 +55,12 @@ extern "C" __global__ void scale_by_sigmoid(float* x, const float* gates, int n,
     if (i < n) x[i] *= 1.0f / (1.0f + expf(-gates[i / width]));
 }
 TALLOW_EXPORT(scale_by_sigmoid)
+
+// Row t's `width` values of `x` into columns first.. of row t of `out` (rows of `out_width`),
+// for `n` values: the products of one part of a matrix cut into parts.
+extern "C" __global__ void place_columns(const float* x, float* out, int n, int width,
+                                         int out_width, int first) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[(size_t)(i / width) * out_width + first + i % width] = x[i];
+}
+TALLOW_EXPORT(place_columns)

@@ -26,6 +26,10 @@ typedef unsigned long long uint64_t;
 // mixture's tiles cut for them (experts.cu's group_pairs; kernels.rs's PRODUCT_TOKENS).
 #define PRODUCT_TOKENS 8
 
+// An expert's offset in the table of a launch of experts' products whose buffer does not hold
+// the expert (kernels.rs's NO_EXPERT): the tiles of that expert are another launch's.
+#define NO_EXPERT 0xffffffffu
+
 // Pair i of a mixture's tile (expert, first index in `pairs`, count, unused: experts.cu's
 // group_pairs), the tile's last pair where i is past its count: the row of x it reads
 // (pair / divisor) and the row of y it writes.

@@ -139,7 +139,7 @@ __device__ void tiles_experts(const uint8_t* w, const uint32_t* offsets, const i
     __shared__ int in[TILE_TOKENS], out[TILE_TOKENS];
     const uint32_t* tile = tiles + 4 * blockIdx.x;
     int count = (int)tile[2];
-    if (count == 0) return;  // the whole block
+    if (count == 0 || offsets[tile[0]] == NO_EXPERT) return;  // the whole block
     int i = threadIdx.x;
     if (i < count) tile_pair(pairs, tile, i, divisor, &in[i], &out[i]);
     tile_product<Format>(w + offsets[tile[0]], q, runs, y, rows, cols, row_bytes, count, in, out);

@@ -60,7 +60,7 @@ inline void matmul_experts(device const uint8_t* w, device const uint32_t* offse
                            device const uint32_t* tiles, int divisor, uint3 group, uint tid) {
     device const uint32_t* tile = tiles + 4 * group.y;
     int count = (int)tile[2];
-    if (count == 0) return;  // the whole threadgroup
+    if (count == 0 || offsets[tile[0]] == NO_EXPERT) return;  // the whole threadgroup
     int in[PRODUCT_TOKENS], out[PRODUCT_TOKENS];
     for (int t = 0; t < PRODUCT_TOKENS; ++t) tile_pair(pairs, tile, t, divisor, &in[t], &out[t]);
     matmul_rows<Format>(w + offsets[tile[0]], x, y, rows, cols, row_bytes, count, in, out,

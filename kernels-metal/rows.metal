@@ -60,3 +60,12 @@ kernel void scale_by_sigmoid(device float* x [[buffer(0)]],
                              uint i [[thread_position_in_grid]]) {
     if ((int)i < n) x[i] *= 1.0f / (1.0f + precise::exp(-gates[i / width]));
 }
+
+// Row t's `width` values of `x` into columns first.. of row t of `out` (rows of `out_width`),
+// for `n` values: the products of one part of a matrix cut into parts.
+kernel void place_columns(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                          constant int& n [[buffer(2)]], constant int& width [[buffer(3)]],
+                          constant int& out_width [[buffer(4)]], constant int& first [[buffer(5)]],
+                          uint i [[thread_position_in_grid]]) {
+    if ((int)i < n) out[(size_t)(i / width) * out_width + first + i % width] = x[i];
+}

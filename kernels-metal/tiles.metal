@@ -126,7 +126,7 @@ inline void matmul_tile(device const uint8_t* w, device const float* x, device f
         threadgroup TileShared s;                                                           \
         device const uint32_t* tile = tiles + 4 * group.x;                                  \
         int count = (int)tile[2];                                                           \
-        if (count == 0) return; /* the whole threadgroup */                                 \
+        if (count == 0 || offsets[tile[0]] == NO_EXPERT) return; /* the whole threadgroup */ \
         PairTokens at = {pairs, tile, divisor};                                             \
         matmul_tile<Format>(w + offsets[tile[0]], x, y, rows, cols, row_bytes, count, at,   \
                             (int)group.y * TILE_ROWS, tid, s);                              \

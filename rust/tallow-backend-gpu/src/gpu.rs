@@ -122,6 +122,14 @@ pub trait Gpu: Send + Sync + 'static {
     /// attention, and every token takes a block per head.
     fn attention_tile(&self, head_dims: usize) -> Option<AttentionTile>;
 
+    /// The most bytes of one part of a weight matrix (larger ones are cut by rows into parts
+    /// of their own allocations) and of one block of logits (a step's rows of logits are
+    /// computed a block at a time where they are larger): the most one of its kernels'
+    /// buffers may cover. `None` where it has no such limit.
+    fn max_part(&self) -> Option<usize> {
+        None
+    }
+
     /// Whether its `draw_rows` draws at a temperature too. Where not, it takes greedy rows
     /// alone, and a step with another draw reads its logits back and draws on the host.
     fn draws_at_temperature(&self) -> bool {

@@ -24,6 +24,7 @@ pub fn names(product: impl Fn(GgmlType, usize) -> Product, tiled_attention: bool
         "combine_experts",
         "draw_rows",
         "attention_merge",
+        "place_columns",
     ]
     .map(String::from)
     .into();
@@ -133,6 +134,10 @@ impl Product {
         matches!(self, Product::FloatTiles | Product::Tiles)
     }
 }
+
+/// An expert's offset in the table of a launch of experts' products whose buffer does not
+/// hold the expert (the experts kernels' NO_EXPERT): its tiles are another launch's.
+pub(crate) const NO_EXPERT: u32 = u32::MAX;
 
 /// The most experts a token may choose (the experts kernels' MAX_TOP_K).
 pub(crate) const MAX_TOP_K: usize = 32;

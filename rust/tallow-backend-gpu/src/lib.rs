@@ -114,28 +114,44 @@ pub fn is_quantized(ty: GgmlType) -> bool {
     WEIGHT_FORMATS.contains(&ty) && !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
-/// A weight matrix in its GGUF block format, row after row.
+/// A weight matrix in its GGUF block format, row after row: in one part, or in parts of
+/// consecutive rows where it is larger than one of the device's buffers may be
+/// ([`Gpu::max_part`]).
 pub struct Matrix<G: Gpu> {
-    weights: Weights<G>,
+    parts: Vec<Part<G>>,
     ty: GgmlType,
     rows: usize,
     cols: usize,
     row_bytes: usize,
 }
 
-/// Where a matrix's blocks are: in a copy on the device (at an offset in the buffer of its
-/// stack), or in the model file's mapping used in place (a device that shares the host's
-/// memory).
+/// Where a part's blocks are, at an offset from the start of what holds them: a copy on the
+/// device (a buffer of its stack), or the model file's mapping of its stack used in place (a
+/// device that shares the host's memory).
 enum Weights<G: Gpu> {
     Copied(Arc<Buffer<G>>, usize),
-    InPlace(DevicePtr),
+    InPlace(DevicePtr, usize),
 }
 
-impl<G: Gpu> Matrix<G> {
+/// Rows `first_row..first_row + rows` of a matrix.
+struct Part<G: Gpu> {
+    weights: Weights<G>,
+    first_row: usize,
+    rows: usize,
+}
+
+impl<G: Gpu> Part<G> {
     fn ptr(&self) -> DevicePtr {
+        let (base, offset) = self.place();
+        base.offset(offset)
+    }
+
+    /// The start of the buffer (or of the mapping of the stack) it lies in, which the
+    /// experts' offsets are taken from, and its offset from there.
+    fn place(&self) -> (DevicePtr, usize) {
         match &self.weights {
-            Weights::Copied(buffer, offset) => buffer.ptr().offset(*offset),
-            Weights::InPlace(ptr) => *ptr,
+            Weights::Copied(buffer, offset) => (buffer.ptr(), *offset),
+            Weights::InPlace(base, offset) => (*base, *offset),
         }
     }
 }
@@ -197,6 +213,13 @@ impl<G: Gpu> Backend for GpuBackend<G> {
             matrices.extend(self.upload_stack(file, &specs[start..start + len])?);
             start += len;
         }
+        // Reading a stack maps the file's pages around it too, some of them a neighbour's
+        // already released: a last sweep gives back the pages of every copied matrix.
+        for (spec, matrix) in specs.iter().zip(&matrices) {
+            if let Weights::Copied(..) = matrix.parts[0].weights {
+                file.release(&spec.tensor, 0..spec.tensor.size as usize);
+            }
+        }
         Ok(matrices)
     }
 
@@ -241,7 +264,8 @@ impl<G: Gpu> GpuBackend<G> {
     /// The matrices of `specs`, which lie back to back in one tensor (see
     /// [`MatrixSpec::follows`]: the experts of a stack, the parts of a fused tensor), in one
     /// allocation, so that a mixture's products find every expert from the first one's
-    /// address (the experts kernels take each expert's offset from it).
+    /// address (the experts kernels take each expert's offset from it); in several where
+    /// the stack is larger than the device's parts may be, cut by rows.
     fn upload_stack(
         &self,
         file: &Arc<GgufFile>,
@@ -268,30 +292,68 @@ impl<G: Gpu> GpuBackend<G> {
                 .borrowed(region, data, || Arc::clone(file) as _)?,
             None => None,
         };
-        let stack = match in_place {
-            Some(ptr) => Weights::InPlace(ptr),
-            None => {
-                let buffer = Buffer::with(&self.device, data)?;
-                // The host keeps no second copy: the file's pages go back to the OS.
-                file.release(&whole, 0..data.len());
-                Weights::Copied(Arc::new(buffer), 0)
+        let row_bytes = first.tensor.size as usize / first.rows.max(1);
+        let total_rows: usize = specs.iter().map(|s| s.rows).sum();
+        // Each buffer's rows: all of them, or as many as the device's parts take (whole
+        // matrices where each fits, so that a stack's buffers end between them).
+        let mut per_buffer = total_rows;
+        if in_place.is_none() {
+            let limit = self.device.gpu.max_part().unwrap_or(usize::MAX);
+            per_buffer = (limit / row_bytes.max(1)).min(total_rows);
+            if per_buffer == 0 {
+                return Err(BackendError::Unsupported(format!(
+                    "{}: a row of {row_bytes} bytes on {}, whose buffers hold at most {limit}",
+                    first.tensor.name,
+                    self.device.gpu.api()
+                )));
             }
-        };
-        let mut offset = 0;
+            if specs.iter().all(|s| s.rows == first.rows) && first.rows <= per_buffer {
+                per_buffer -= per_buffer % first.rows;
+            }
+        }
+        let mut buffers = Vec::new();
+        for start in (0..total_rows.max(1)).step_by(per_buffer.max(1)) {
+            let end = (start + per_buffer).min(total_rows);
+            buffers.push(match in_place {
+                Some(ptr) => Weights::InPlace(ptr, 0),
+                None => {
+                    let bytes = &data[start * row_bytes..end * row_bytes];
+                    Weights::Copied(Arc::new(Buffer::with(&self.device, bytes)?), 0)
+                }
+            });
+        }
+        if in_place.is_none() {
+            // The host keeps no second copy: the file's pages go back to the OS.
+            file.release(&whole, 0..data.len());
+        }
         let mut matrices = Vec::with_capacity(specs.len());
+        let mut at = 0;
         for spec in specs {
-            let weights = match &stack {
-                Weights::Copied(buffer, _) => Weights::Copied(Arc::clone(buffer), offset),
-                Weights::InPlace(ptr) => Weights::InPlace(ptr.offset(offset)),
-            };
+            let mut parts = Vec::new();
+            let mut row = at;
+            while row < at + spec.rows {
+                let buffer = row / per_buffer;
+                let end = ((buffer + 1) * per_buffer).min(at + spec.rows);
+                let offset = (row - buffer * per_buffer) * row_bytes;
+                let weights = match &buffers[buffer] {
+                    Weights::Copied(b, _) => Weights::Copied(Arc::clone(b), offset),
+                    Weights::InPlace(ptr, _) => Weights::InPlace(*ptr, offset),
+                };
+                parts.push(Part {
+                    weights,
+                    first_row: row - at,
+                    rows: end - row,
+                });
+                row = end;
+            }
             matrices.push(Matrix {
-                weights,
+                parts,
                 ty,
                 rows: spec.rows,
                 cols: spec.cols,
-                row_bytes: spec.tensor.size as usize / spec.rows.max(1),
+                row_bytes,
             });
-            offset += spec.tensor.size as usize;
+            at += spec.rows;
         }
         Ok(matrices)
     }

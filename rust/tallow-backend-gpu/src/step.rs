@@ -9,13 +9,14 @@ use tallow_backend::{
 };
 use tallow_kv::PagedKvCache;
 
-use crate::gpu::{bytes_of, Args, Buffer, Device, Gpu};
+use crate::gpu::{bytes_of, Args, Buffer, Device, DevicePtr, Gpu};
 use crate::kernels::{
     attention_splits, attention_tile, element_blocks, for_format, row_threads, AttentionTile,
-    Product, ATTENTION_THREADS, ATTENTION_TILE_TOKENS, DRAW_THREADS, MAX_TOP_K, PRODUCT_TOKENS,
+    Product, ATTENTION_THREADS, ATTENTION_TILE_TOKENS, DRAW_THREADS, MAX_TOP_K, NO_EXPERT,
+    PRODUCT_TOKENS,
 };
 use crate::pages::Pages;
-use crate::{GpuBackend, Matrix, Vector};
+use crate::{GpuBackend, Matrix, Part, Vector};
 
 /// Rows of activations on the device.
 pub struct Rows<G: Gpu> {
@@ -209,7 +210,8 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
     }
 
     /// `out = x · mᵀ`, taking x as `quantized` where it holds x's quantization (or leaving it
-    /// there for the next product of the same x, where this one quantizes it).
+    /// there for the next product of the same x, where this one quantizes it). A matrix in
+    /// parts takes a product per part, each part's columns then placed in `out`.
     fn product_of(
         &self,
         x: &Rows<G>,
@@ -223,21 +225,51 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
                 x.n, x.width, m.rows, m.cols, out.n, out.width
             )));
         }
+        if let [part] = &m.parts[..] {
+            return self.part_product(x, quantized, m, part, out.buffer.ptr());
+        }
+        for part in &m.parts {
+            let columns = self.new_rows(x.n, part.rows)?;
+            self.part_product(x, quantized, m, part, columns.buffer.ptr())?;
+            let mut args = Args::new();
+            args.ptr(columns.buffer.ptr()).ptr(out.buffer.ptr());
+            args.int(columns.len())?
+                .int(part.rows)?
+                .int(m.rows)?
+                .int(part.first_row)?;
+            let blocks = [element_blocks(columns.len()), 1, 1];
+            self.launch("place_columns", blocks, 256, &args)?;
+        }
+        Ok(())
+    }
+
+    /// `out = x · partᵀ` (`out` holds `x.n` rows of `part.rows`), for `part` of `m`.
+    fn part_product(
+        &self,
+        x: &Rows<G>,
+        quantized: &mut Option<Quantized<G>>,
+        m: &Matrix<G>,
+        part: &Part<G>,
+        out: DevicePtr,
+    ) -> Result<(), BackendError> {
         let product = self.device.gpu.product(m.ty, x.n);
         let (block_rows, block_tokens, threads) = product.block();
-        if product.tokens_along_x() && m.rows.div_ceil(block_rows) > MAX_GRID_Y {
+        if product.tokens_along_x() && part.rows.div_ceil(block_rows) > MAX_GRID_Y {
             return Err(BackendError::Unsupported(format!(
                 "a product of a matrix of {} rows on {}",
-                m.rows,
+                part.rows,
                 self.device.gpu.api()
             )));
         }
         let mut args = Args::new();
-        args.ptr(m.ptr());
+        args.ptr(part.ptr());
         self.activations(&mut args, product, x, quantized)?;
-        args.ptr(out.buffer.ptr());
-        args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?.int(x.n)?;
-        let (rows, tokens) = (m.rows.div_ceil(block_rows), x.n.div_ceil(block_tokens));
+        args.ptr(out);
+        args.int(part.rows)?
+            .int(m.cols)?
+            .int(m.row_bytes)?
+            .int(x.n)?;
+        let (rows, tokens) = (part.rows.div_ceil(block_rows), x.n.div_ceil(block_tokens));
         let grid = match product.tokens_along_x() {
             true => [tokens as u32, rows as u32, 1],
             false => [rows as u32, tokens as u32, 1],
@@ -305,6 +337,25 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
             row_threads(gain.len),
             &args,
         )
+    }
+}
+
+impl<'s, G: Gpu> GpuStep<'s, G> {
+    /// The rows of `part` of `table` that the `n` ids of `ids` name (rows of the part), times
+    /// `scale`, into the `n` rows from `out`.
+    fn embed_rows(
+        &self,
+        table: &Matrix<G>,
+        part: &Part<G>,
+        ids: &Buffer<G>,
+        n: usize,
+        scale: f32,
+        out: DevicePtr,
+    ) -> Result<(), BackendError> {
+        let mut args = Args::new();
+        args.ptr(part.ptr()).ptr(ids.ptr()).int(table.cols)?;
+        args.int(table.row_bytes)?.f32(scale).ptr(out);
+        self.launch(&for_format("embed", table.ty), [n as u32, 1, 1], 64, &args)
     }
 }
 
@@ -395,27 +446,60 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
                 input.n, input.width, m.rows, m.cols, out.n, out.width
             )));
         }
-        // Each expert's offset from the first one's address: the experts of a stack are in
-        // one allocation (or one mapping of the file), the first one lowest.
-        let base = m.ptr();
-        let offsets = (matrices.iter())
-            .map(|e| u32::try_from(e.ptr().0.wrapping_sub(base.0)).ok())
-            .collect::<Option<Vec<u32>>>()
-            .ok_or_else(|| {
-                BackendError::Unsupported(format!(
-                    "experts of one block that are not one stack of matrices on {}",
-                    self.device.gpu.api()
-                ))
-            })?;
-        let mut args = Args::new();
-        args.ptr(base).ptr(self.device.offset_table(&offsets)?);
+        if let Some(e) = matrices.iter().find(|e| e.parts.len() > 1) {
+            return Err(BackendError::Unsupported(format!(
+                "an expert's matrix of {} bytes on {}, larger than one of its buffers",
+                e.rows * e.row_bytes,
+                self.device.gpu.api()
+            )));
+        }
+        // A launch for each buffer the experts lie in (one, but where the device's parts
+        // cut a stack): each expert's offset from the buffer's start, NO_EXPERT for the
+        // experts in other buffers, whose tiles the launch leaves.
+        let places: Vec<(DevicePtr, usize)> = matrices.iter().map(|e| e.parts[0].place()).collect();
+        let mut bases: Vec<DevicePtr> = places.iter().map(|&(base, _)| base).collect();
+        bases.sort_by_key(|b| b.0);
+        bases.dedup();
+        for base in bases {
+            let offsets = (places.iter())
+                .map(|&(b, offset)| match b == base {
+                    true => u32::try_from(offset).ok().filter(|&o| o != NO_EXPERT),
+                    false => Some(NO_EXPERT),
+                })
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(|| {
+                    BackendError::Unsupported(format!(
+                        "experts of one block 4 GiB or more apart on {}",
+                        self.device.gpu.api()
+                    ))
+                })?;
+            let mut args = Args::new();
+            args.ptr(base).ptr(self.device.offset_table(&offsets)?);
+            self.experts_launch(&mut args, input, quantized, m, grouped, out, divisor)?;
+        }
+        Ok(())
+    }
+
+    /// The launch of an experts' product of [`Self::expert_products`], after its matrices'
+    /// arguments `args`.
+    #[allow(clippy::too_many_arguments)]
+    fn experts_launch(
+        &self,
+        args: &mut Args,
+        input: &Rows<G>,
+        quantized: &mut Option<Quantized<G>>,
+        m: &Matrix<G>,
+        grouped: &Grouped<G>,
+        out: &Rows<G>,
+        divisor: usize,
+    ) -> Result<(), BackendError> {
         let product = match self.device.gpu.product(m.ty, self.n_tokens()) {
             // Where another of the block's matrices cannot take this product's tiles, they
             // are cut for all, and this one takes f32 products.
             product if product.block().1 != grouped.per_tile => Product::Float,
             product => product,
         };
-        self.activations(&mut args, product, input, quantized)?;
+        self.activations(args, product, input, quantized)?;
         args.ptr(out.buffer.ptr());
         args.int(m.rows)?.int(m.cols)?.int(m.row_bytes)?;
         args.ptr(grouped.pairs.ptr())
@@ -428,7 +512,7 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
             false => [rows, tiles, 1],
         };
         let kernel = product.kernels()[1];
-        self.launch(&for_format(kernel, m.ty), grid, threads, &args)
+        self.launch(&for_format(kernel, m.ty), grid, threads, args)
     }
 
     /// Adds each pair's expert's bias (`biases`: every expert's, a row each).
@@ -500,12 +584,39 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
                 table.rows
             )));
         }
+        if let [part] = &table.parts[..] {
+            return self.embed_rows(table, part, &self.tokens, n, scale, out.buffer.ptr());
+        }
+        // A table in parts: each part's tokens embedded into consecutive rows, then gathered
+        // into the tokens' order.
+        let embedded = self.new_rows(n, table.cols)?;
+        let mut order = vec![0u32; n];
+        let mut done = 0;
+        for part in &table.parts {
+            let rows = part.first_row..part.first_row + part.rows;
+            let mut ids = Vec::new();
+            for (t, &id) in self.input.batch.tokens.iter().enumerate() {
+                if rows.contains(&(id as usize)) {
+                    order[t] = (done + ids.len()) as u32;
+                    ids.push(id - part.first_row as u32);
+                }
+            }
+            if ids.is_empty() {
+                continue;
+            }
+            let ids_buffer = Buffer::with_for_step(self.device, &bytes_of(&ids))?;
+            let at = embedded.buffer.ptr().offset(done * table.cols * 4);
+            self.embed_rows(table, part, &ids_buffer, ids.len(), scale, at)?;
+            done += ids.len();
+        }
+        let order = Buffer::with_for_step(self.device, &bytes_of(&order))?;
         let mut args = Args::new();
-        args.ptr(table.ptr())
-            .ptr(self.tokens.ptr())
-            .int(table.cols)?;
-        args.int(table.row_bytes)?.f32(scale).ptr(out.buffer.ptr());
-        self.launch(&for_format("embed", table.ty), [n as u32, 1, 1], 64, &args)
+        args.ptr(embedded.buffer.ptr())
+            .ptr(order.ptr())
+            .ptr(out.buffer.ptr());
+        args.int(table.cols)?;
+        let threads = row_threads(table.cols);
+        self.launch("gather_rows", [n as u32, 1, 1], threads, &args)
     }
 
     fn rms_norm(
@@ -829,6 +940,68 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         if out.len() != want {
             return Err(mismatch("logits", out.len(), want));
         }
+        let limit = self.device.gpu.max_part().unwrap_or(usize::MAX);
+        let per_block = (limit / (4 * m.rows).max(1)).clamp(1, x.n.max(1));
+        if per_block >= x.n {
+            return self.logits_block(x, m, softcap, out);
+        }
+        // Blocks of rows whose logits fit a buffer: each block's rows of x copied out, and its
+        // logits read back or its tokens drawn; where the host chooses, every row's logits
+        // come back first.
+        let n_vocab = m.rows;
+        match out {
+            Output::Draw { draws, tokens }
+                if self.device.gpu.draws_at_temperature() || draws.iter().all(Draw::is_greedy) =>
+            {
+                for first in (0..x.n).step_by(per_block) {
+                    let xs = self.rows_of(x, first, per_block)?;
+                    let end = first + xs.n;
+                    let out = Output::Draw {
+                        draws: &draws[first..end],
+                        tokens: &mut tokens[first..end],
+                    };
+                    self.logits_block(&xs, m, softcap, out)?;
+                }
+                Ok(())
+            }
+            Output::Logits(values) => {
+                for first in (0..x.n).step_by(per_block) {
+                    let xs = self.rows_of(x, first, per_block)?;
+                    let rows = &mut values[first * n_vocab..(first + xs.n) * n_vocab];
+                    self.logits_block(&xs, m, softcap, Output::Logits(rows))?;
+                }
+                Ok(())
+            }
+            chosen => {
+                let mut all = vec![0f32; x.n * n_vocab];
+                self.logits(x, m, softcap, Output::Logits(&mut all))?;
+                chosen.take_from(&all, n_vocab)
+            }
+        }
+    }
+}
+
+impl<'s, G: Gpu> GpuStep<'s, G> {
+    /// Rows `first..first + n` of `x` (fewer past its end), copied.
+    fn rows_of(&self, x: &Rows<G>, first: usize, n: usize) -> Result<Rows<G>, BackendError> {
+        let n = n.min(x.n - first);
+        let rows = self.new_rows(n, x.width)?;
+        let row_bytes = x.width * 4;
+        let from = x.buffer.ptr().offset(first * row_bytes);
+        self.device
+            .gpu
+            .copy(from, rows.buffer.ptr(), n * row_bytes)?;
+        Ok(rows)
+    }
+
+    /// [`Step::logits`] of rows whose logits fit one buffer.
+    fn logits_block(
+        &mut self,
+        x: &Rows<G>,
+        m: &Matrix<G>,
+        softcap: Option<f32>,
+        out: Output<'_>,
+    ) -> Result<(), BackendError> {
         let mut logits = self.new_rows(x.n, m.rows)?;
         self.product(x, m, &mut logits)?;
         if let Some(cap) = softcap {

@@ -4,7 +4,8 @@ use std::sync::OnceLock;
 
 use tallow_backend::{BackendError, DeviceInfo};
 
-use crate::gpu::Gpu;
+use crate::gpu::Wgpu;
+use crate::WgpuBackend;
 
 /// The process's one wgpu instance: every device listing and every model's device come from
 /// it. With an instance per model, NVIDIA's Vulkan driver found no adapter any more after
@@ -53,9 +54,24 @@ pub fn devices() -> Vec<DeviceInfo> {
     adapters().iter().map(describe).collect()
 }
 
-/// Opens GPU `index` of [`devices`], with those of `wanted`'s optional features (subgroup
-/// operations, f16 arithmetic) the adapter has.
-pub(crate) fn open(index: usize, wanted: wgpu::Features) -> Result<Gpu, BackendError> {
+/// How [`open_with`] opens a GPU. The default takes what the adapter offers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// The most bytes of a part of a weight matrix (larger ones are cut by rows) and of a
+    /// block of logits; the adapter's buffer limit where that is less.
+    pub max_part: Option<usize>,
+    /// Kernels laid out for a software adapter (true: whole rows an invocation) or for a GPU
+    /// (false); `None` picks by the adapter.
+    pub software: Option<bool>,
+}
+
+/// Opens GPU `index` of [`devices`] as the backend's device.
+pub fn open(index: usize) -> Result<WgpuBackend, BackendError> {
+    open_with(index, WgpuOptions::default())
+}
+
+/// Opens GPU `index` of [`devices`] as `options` say.
+pub fn open_with(index: usize, options: WgpuOptions) -> Result<WgpuBackend, BackendError> {
     let adapters = adapters();
     let n = adapters.len();
     let adapter = adapters.into_iter().nth(index).ok_or_else(|| {
@@ -70,21 +86,18 @@ pub(crate) fn open(index: usize, wanted: wgpu::Features) -> Result<Gpu, BackendE
     let limits = adapter.limits();
     let descriptor = wgpu::DeviceDescriptor {
         label: Some("tallow"),
-        required_features: adapter.features() & wanted,
-        // As large as the adapter allows: weights and KV pages are large buffers.
+        // As large as the adapter allows: weights and KV pages are large buffers, and a kernel
+        // may take a dozen of them.
         required_limits: limits.clone(),
         ..Default::default()
     };
     let (device, queue) = pollster::block_on(adapter.request_device(&descriptor)).map_err(|e| {
         BackendError::Device(format!("cannot open {}: {e}", adapter.get_info().name))
     })?;
-    Ok(Gpu::new(
-        device,
-        queue,
-        describe(&adapter),
-        limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size),
-        adapter.get_info().device_type == wgpu::DeviceType::Cpu,
-    ))
+    let info = describe(&adapter);
+    let name = format!("{} ({})", info.name, info.backend);
+    let software =
+        (options.software).unwrap_or(adapter.get_info().device_type == wgpu::DeviceType::Cpu);
+    let gpu = Wgpu::new(device, queue, name, &limits, software, options.max_part);
+    Ok(WgpuBackend::new(gpu))
 }

@@ -1,7 +1,7 @@
 //! The conformance suite on the first adapter wgpu finds (Mesa's llvmpipe where there is no
-//! GPU): products in f16 and in f32, each with rows split between a workgroup's invocations
-//! and whole rows per invocation (matmul.wgsl); reductions in subgroup operations and in
-//! workgroup memory; matrices and logits split where buffers are capped.
+//! GPU): every operation in every weight format and KV page type, against the suite's f64
+//! references, with the kernels laid out for a GPU and for a software adapter, attention split
+//! between blocks and not, and matrices and logits cut where buffers are capped.
 
 use tallow_backend_wgpu::{WgpuBackend, WgpuOptions};
 use tallow_conformance::{suite, Family, Subject};
@@ -10,7 +10,7 @@ use tallow_quant::GgmlType;
 struct Wgpu;
 
 fn open(options: WgpuOptions) -> WgpuBackend {
-    WgpuBackend::open_with(0, options)
+    tallow_backend_wgpu::open_with(0, options)
         .unwrap_or_else(|e| panic!("{e} (install mesa-vulkan-drivers)"))
 }
 
@@ -18,61 +18,47 @@ impl Subject for Wgpu {
     type Backend = WgpuBackend;
 
     fn variants(family: Family) -> impl Iterator<Item = WgpuBackend> {
-        let default = WgpuOptions::default();
-        let options: Vec<WgpuOptions> = match family {
-            Family::Products => [(true, true), (true, false), (false, true), (false, false)]
-                .into_iter()
-                .map(|(f16, split)| WgpuOptions {
-                    f16,
-                    split_products: Some(split),
-                    ..default
-                })
-                .collect(),
-            // llvmpipe has subgroup operations: both ways run.
-            Family::Reductions => [true, false]
-                .into_iter()
-                .map(|subgroups| WgpuOptions {
-                    subgroups,
-                    ..default
-                })
-                .collect(),
+        let default = open(WgpuOptions::default());
+        let variants: Vec<WgpuBackend> = match family {
+            // The other layout of the products than the adapter's.
+            Family::Products => {
+                let other = !default.gpu().software_layout();
+                let software = Some(other);
+                let other = open(WgpuOptions {
+                    software,
+                    ..WgpuOptions::default()
+                });
+                assert_eq!(other.gpu().software_layout(), software == Some(true));
+                vec![default, other]
+            }
+            // Attention split between blocks even over the suite's short contexts.
+            Family::Reductions => vec![default.clone(), default.with_attention_span(16)],
             Family::Other => vec![default],
         };
-        options.into_iter().map(|options| {
-            let gpu = open(options);
-            assert_eq!(gpu.uses_f16(), options.f16);
-            assert_eq!(gpu.uses_subgroups(), options.subgroups);
-            if let Some(split) = options.split_products {
-                assert_eq!(gpu.splits_products(), split);
-            }
-            gpu
-        })
+        variants.into_iter()
     }
 
     fn capped(bytes: u64) -> Option<WgpuBackend> {
         Some(open(WgpuOptions {
-            max_part: bytes,
+            max_part: Some(bytes as usize),
             ..WgpuOptions::default()
         }))
     }
 
-    fn describe(gpu: &WgpuBackend) -> String {
+    fn describe(backend: &WgpuBackend) -> String {
         format!(
-            "f16 {}, split products {}, subgroups {}",
-            gpu.uses_f16(),
-            gpu.splits_products(),
-            gpu.uses_subgroups()
+            "wgpu, kernels for a {}, attention split every {}",
+            if backend.gpu().software_layout() {
+                "software adapter"
+            } else {
+                "GPU"
+            },
+            backend.attention_span()
         )
     }
 
-    /// Six f16 roundings where products compute in f16 (F32 weights never do), a few f32
-    /// ones otherwise (matmul.wgsl).
-    fn products_bound(gpu: &WgpuBackend, ty: GgmlType) -> f64 {
-        if gpu.uses_f16() && ty != GgmlType::F32 {
-            6.0 / 4096.0
-        } else {
-            1e-6
-        }
+    fn products_bound(backend: &WgpuBackend, ty: GgmlType) -> f64 {
+        backend.products_bound(ty)
     }
 }
 

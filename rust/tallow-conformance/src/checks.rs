@@ -104,9 +104,10 @@ pub fn matrices_past_the_buffer_limit_are_split<S: Subject>() {
     assert_close(&got, &want, &scale, bound, "split Q8_0");
 }
 
-/// Embedding rows of every weight format, scaled, some ids repeated.
+/// Embedding rows of every weight format, scaled, some ids repeated; also from tables cut
+/// into parts of a few rows where the backend's buffers are capped.
 pub fn embeddings_are_the_dequantized_rows<S: Subject>() {
-    for backend in S::variants(Family::Other) {
+    for backend in S::variants(Family::Other).chain(S::capped(1000)) {
         for (f, ty) in backend
             .capabilities()
             .weight_formats
@@ -199,8 +200,8 @@ pub fn row_operations_match_the_reference<S: Subject>() {
 /// several tokens and some none, against each token's experts run one after the other in
 /// f64; then the sigmoid gate of a shared expert. Experts in F32 (the products' rounding
 /// aside) and in Q8_0 (within the bound of three products of rounded activations), stacked
-/// in 3-D tensors as files hold them; also with buffers capped to a few experts and to less
-/// than one, where the backend splits what it uploads.
+/// in 3-D tensors as files hold them; also with buffers capped to a few experts, where the
+/// backend cuts what it uploads, and to less than one expert, which it refuses by name.
 /// Only where the backend runs experts (elsewhere a model with experts is refused at load).
 pub fn experts_match_the_reference<S: Subject>() {
     for ty in [GgmlType::F32, GgmlType::Q8_0] {
@@ -229,8 +230,11 @@ fn experts_of_type_match_the_reference<S: Subject>(ty: GgmlType) {
         .collect();
     // An expert's matrices in Q8_0 take 6528 bytes (gate and up) or 6800 (down).
     let expert_bytes = ty.bytes_for((d * ff) as u64).expect("whole blocks");
-    let capped = [5 * expert_bytes / 2, expert_bytes / 3].map(S::capped);
-    for backend in S::variants(Family::Products).chain(capped.into_iter().flatten()) {
+    if let Some(backend) = S::capped(expert_bytes / 3) {
+        experts_past_the_buffer_limit_are_refused(&backend, &file, count, top_k, &x, &router);
+    }
+    let capped = S::capped(5 * expert_bytes / 2);
+    for backend in S::variants(Family::Products).chain(capped) {
         if !backend.capabilities().experts {
             continue;
         }
@@ -288,6 +292,48 @@ fn experts_of_type_match_the_reference<S: Subject>(ty: GgmlType) {
                 assert_close(&gated, &want, &scale, tolerance, &format!("gated {what}"));
             }
         }
+    }
+}
+
+/// Experts whose matrices are larger than one of the backend's buffers: their products are
+/// refused with an error that says so.
+fn experts_past_the_buffer_limit_are_refused<B: Backend>(
+    backend: &B,
+    file: &Arc<GgufFile>,
+    count: usize,
+    top_k: usize,
+    x: &[f32],
+    router: &[f32],
+) {
+    if !backend.capabilities().experts {
+        return;
+    }
+    let specs = stack_specs(file, count);
+    let mut matrices = backend.upload_matrices(file, &specs).unwrap().into_iter();
+    let mut stack = || (0..count).map(|_| matrices.next().unwrap()).collect();
+    let experts = Experts::<B> {
+        gate: stack(),
+        up: stack(),
+        down: stack(),
+        biases: None,
+    };
+    let moe = Moe {
+        top_k,
+        routing: Routing::TopKSoftmax,
+        activation: Activation::Silu,
+    };
+    let (d, n) = (x.len() / (router.len() / count), router.len() / count);
+    let mut refused = None;
+    run_rows(backend, n, |step| {
+        let xs = step.upload(x, d)?;
+        let logits = step.upload(router, count)?;
+        let mut out = step.rows(n, d)?;
+        refused = step.experts(&xs, &logits, &experts, moe, &mut out).err();
+        Ok(())
+    });
+    match refused {
+        Some(BackendError::Unsupported(what)) => assert!(what.contains("expert"), "{what}"),
+        other => panic!("experts larger than a buffer: {other:?}"),
     }
 }
 

@@ -122,20 +122,7 @@ fn wgpu_devices() -> Vec<DeviceInfo> {
 
 #[cfg(feature = "wgpu")]
 fn load_wgpu(index: usize, path: &Path, options: LoadOptions) -> Loaded {
-    // TALLOW_WGPU_SUBGROUPS=0 and TALLOW_WGPU_F16=0 keep subgroup operations and f16
-    // arithmetic off, for a driver that gets them wrong; TALLOW_WGPU_PROFILE=1 prints each
-    // step's kernel times; TALLOW_WGPU_SPLIT_PRODUCTS=1 or 0 picks the products' shape
-    // instead of the adapter's kind.
-    let on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
-    let split_products = std::env::var("TALLOW_WGPU_SPLIT_PRODUCTS").ok();
-    let gpu_options = tallow_backend_wgpu::WgpuOptions {
-        subgroups: on("TALLOW_WGPU_SUBGROUPS"),
-        f16: on("TALLOW_WGPU_F16"),
-        profile: std::env::var("TALLOW_WGPU_PROFILE").is_ok_and(|v| v == "1"),
-        split_products: split_products.map(|v| v != "0"),
-        ..Default::default()
-    };
-    let backend = tallow_backend_wgpu::WgpuBackend::open_with(index, gpu_options)?;
+    let backend = tallow_backend_wgpu::open(index)?;
     Ok(Arc::new(Model::load(backend, path, options)?))
 }
 

@@ -1,0 +1,19 @@
+// Each row of `width` values of `x` plus `bias`, for `n` values.
+
+struct Params { x: u32, bias: u32, n: u32, width: u32, grid_x: u32, grid_y: u32, grid_z: u32 }
+
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> bias: array<f32>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+@compute @workgroup_size(BLOCK)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) n: vec3<u32>,
+    @builtin(local_invocation_index) tid: u32,
+) {
+    let i = block_id(wid, n).x * BLOCK + tid;
+    if (i < p.n) {
+        x[p.x / 4u + i] += bias[p.bias / 4u + i % p.width];
+    }
+}
