@@ -950,9 +950,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         // come back first.
         let n_vocab = m.rows;
         match out {
-            Output::Draw { draws, tokens }
-                if self.device.gpu.draws_at_temperature() || draws.iter().all(Draw::is_greedy) =>
-            {
+            Output::Draw { draws, tokens } if self.draws_on_device(draws) => {
                 for first in (0..x.n).step_by(per_block) {
                     let xs = self.rows_of(x, first, per_block)?;
                     let end = first + xs.n;
@@ -982,6 +980,11 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
 }
 
 impl<'s, G: Gpu> GpuStep<'s, G> {
+    /// Whether the device's draw_rows takes `draws` (where not, the host draws).
+    fn draws_on_device(&self, draws: &[Draw]) -> bool {
+        self.device.gpu.draws_at_temperature() || draws.iter().all(Draw::is_greedy)
+    }
+
     /// Rows `first..first + n` of `x` (fewer past its end), copied.
     fn rows_of(&self, x: &Rows<G>, first: usize, n: usize) -> Result<Rows<G>, BackendError> {
         let n = n.min(x.n - first);
@@ -1012,9 +1015,7 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
         let on_host = match &out {
             Output::Logits(_) => false,
             Output::Selected { .. } => true,
-            Output::Draw { draws, .. } => {
-                !self.device.gpu.draws_at_temperature() && !draws.iter().all(Draw::is_greedy)
-            }
+            Output::Draw { draws, .. } => !self.draws_on_device(draws),
         };
         match out {
             Output::Logits(values) => self.read(&logits, values),
