@@ -21,7 +21,7 @@ use crate::sources::SOURCES;
 /// The oldest architecture the kernels run on: Turing (sm_75).
 const OLDEST: u32 = 75;
 
-fn device_error(e: DriverError) -> BackendError {
+pub(crate) fn device_error(e: DriverError) -> BackendError {
     BackendError::Device(format!("CUDA: {e}"))
 }
 
@@ -139,13 +139,13 @@ impl Driver {
     }
 
     /// Makes the device's context the calling thread's.
-    fn current(&self) -> Result<(), BackendError> {
+    pub(crate) fn current(&self) -> Result<(), BackendError> {
         // SAFETY: the primary context retained in `open`.
         unsafe { result::ctx::set_current(self.context) }.map_err(device_error)
     }
 
     /// The kernel `name`, from whichever module holds it.
-    fn function(&self, name: &str) -> Result<sys::CUfunction, BackendError> {
+    pub(crate) fn function(&self, name: &str) -> Result<sys::CUfunction, BackendError> {
         let mut functions = self.functions.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&f) = functions.get(name) {
             return Ok(f as sys::CUfunction);

@@ -6,13 +6,17 @@
 #[cfg(feature = "driver")]
 mod driver;
 #[cfg(feature = "driver")]
+mod graph;
+#[cfg(feature = "driver")]
 mod nvrtc;
 mod sources;
 
 #[cfg(feature = "driver")]
 pub use driver::{cubins, devices, kernel_usage, Driver, KernelUsage};
+#[cfg(feature = "driver")]
+pub use graph::CudaGraph;
 pub use sources::SOURCES;
-pub use tallow_backend_gpu::GpuBackend;
+pub use tallow_backend_gpu::{GpuBackend, Replayed};
 
 use tallow_backend_gpu::{is_quantized, AttentionTile, Product, PRODUCT_TOKENS};
 use tallow_quant::GgmlType;
@@ -39,6 +43,18 @@ pub fn attention_tile(head_dims: usize) -> AttentionTile {
     }
 }
 
-/// The CUDA backend on an NVIDIA GPU.
+/// The CUDA backend on an NVIDIA GPU, its steps' runs of launches replayed as CUDA graphs.
 #[cfg(feature = "driver")]
-pub type CudaBackend = GpuBackend<Driver>;
+pub type CudaBackend = GpuBackend<Replayed<Driver>>;
+
+/// The CUDA backend on device `ordinal`. Its steps run as CUDA graphs unless
+/// `TALLOW_CUDA_GRAPHS=0`, which launches every kernel as it comes.
+#[cfg(feature = "driver")]
+pub fn open(ordinal: usize) -> Result<CudaBackend, tallow_backend::BackendError> {
+    let driver = Driver::open(ordinal)?;
+    let graphs = std::env::var("TALLOW_CUDA_GRAPHS").map_or(true, |v| v != "0");
+    Ok(GpuBackend::new(match graphs {
+        true => Replayed::new(driver),
+        false => Replayed::direct(driver),
+    }))
+}

@@ -4,7 +4,7 @@
 //! `cargo test --release --features driver --test gpu_conformance` (device 0, or
 //! `TALLOW_CUDA_DEVICE=N`).
 
-use tallow_backend_cuda::{CudaBackend, Driver};
+use tallow_backend_cuda::CudaBackend;
 use tallow_conformance::{suite, Family, Subject};
 use tallow_quant::GgmlType;
 
@@ -20,9 +20,8 @@ impl Subject for RealGpu {
     type Backend = CudaBackend;
 
     fn variants(family: Family) -> impl Iterator<Item = CudaBackend> {
-        let driver =
-            Driver::open(ordinal()).unwrap_or_else(|e| panic!("no CUDA device to test: {e}"));
-        let backend = CudaBackend::new(driver);
+        let backend = tallow_backend_cuda::open(ordinal())
+            .unwrap_or_else(|e| panic!("no CUDA device to test: {e}"));
         // Attention split between blocks even over the suite's short contexts.
         let split = (family == Family::Reductions).then(|| backend.clone().with_attention_span(16));
         std::iter::once(backend).chain(split)

@@ -3,7 +3,7 @@
 //! (tallow-gpu-emulation) implements it on the CPU for either API's kernels.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,7 +14,7 @@ use tallow_quant::GgmlType;
 use crate::kernels::{AttentionTile, Product};
 
 /// An address in a device's memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DevicePtr(pub u64);
 
 impl DevicePtr {
@@ -26,7 +26,7 @@ impl DevicePtr {
 
 /// A kernel's arguments, in order: each value's bytes, and whether it is an address (a
 /// buffer, which Metal binds apart from plain values).
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Args {
     values: Vec<[u8; 8]>,
     sizes: Vec<u32>,
@@ -215,9 +215,12 @@ pub(crate) struct Device<G: Gpu> {
 
 /// Step buffers given back, by size, for later steps to take instead of allocating: a step
 /// makes dozens, and a GPU's free waits for the whole device, which would stall every step.
+/// The lowest address of a size is taken first: steps alike then take their buffers at the
+/// same addresses whatever order the last one gave them back in, and a step replayed as a
+/// graph ([`crate::Replayed`]) has few launches to update.
 #[derive(Default)]
 struct Spare {
-    by_size: HashMap<usize, Vec<DevicePtr>>,
+    by_size: HashMap<usize, BTreeSet<DevicePtr>>,
     bytes: usize,
 }
 
@@ -384,7 +387,7 @@ impl<G: Gpu> Buffer<G> {
         let size = step_size(bytes);
         let spare = {
             let mut spare = device.spare();
-            let ptr = spare.by_size.get_mut(&size).and_then(Vec::pop);
+            let ptr = spare.by_size.get_mut(&size).and_then(BTreeSet::pop_first);
             if ptr.is_some() {
                 spare.bytes -= size;
             }
@@ -413,7 +416,11 @@ impl<G: Gpu> Drop for Buffer<G> {
             let mut spare = self.device.spare();
             if spare.bytes + self.bytes <= self.device.spare_limit {
                 spare.bytes += self.bytes;
-                spare.by_size.entry(self.bytes).or_default().push(self.ptr);
+                spare
+                    .by_size
+                    .entry(self.bytes)
+                    .or_default()
+                    .insert(self.ptr);
                 return;
             }
         }

@@ -8,6 +8,7 @@
 mod gpu;
 pub mod kernels;
 mod pages;
+mod replay;
 mod step;
 
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use tallow_quant::GgmlType;
 pub use gpu::{Arg, Args, DevicePtr, Gpu};
 pub use kernels::{AttentionTile, Product, PRODUCT_TOKENS};
 pub use pages::Pages;
+pub use replay::{Launch, Replay, ReplayCounts, Replayed};
 pub use step::GpuStep;
 
 use gpu::{bytes_of, Buffer, Device};

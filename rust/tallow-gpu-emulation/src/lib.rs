@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::sync::Mutex;
 
 use tallow_backend::BackendError;
-use tallow_backend_gpu::{Args, AttentionTile, DevicePtr, Gpu, GpuBackend, Product};
+use tallow_backend_gpu::{
+    Args, AttentionTile, DevicePtr, Gpu, GpuBackend, Launch, Product, Replay, Replayed,
+};
 use tallow_quant::GgmlType;
 
 extern "C" {
@@ -174,6 +176,12 @@ impl Emulated {
         GpuBackend::new(Emulated::new(api))
     }
 
+    /// The backend on a new emulated device running `api`'s kernels, its runs of launches
+    /// replayed as graphs (as CUDA's are on a GPU).
+    pub fn replaying_backend(api: Api) -> GpuBackend<Replayed<Emulated>> {
+        GpuBackend::new(Replayed::new(Emulated::new(api)))
+    }
+
     /// How many allocations the device has made so far (host memory used in place is none).
     pub fn allocations_made(&self) -> u64 {
         self.made.load(Ordering::Relaxed)
@@ -288,5 +296,44 @@ impl Gpu for Emulated {
         // SAFETY: the backend passes pointers into the buffers it allocated here, sized for
         // the kernels' indexing (the conformance suite checks the results).
         unsafe { launch(self.api, name, grid, block, args) }.map_err(|e| BackendError::Device(e.0))
+    }
+}
+
+/// A graph is its own copy of the launches, run one by one: a launch of a kept graph that a
+/// step changed and [`Replayed`] did not update runs as recorded, as on a GPU.
+impl Replay for Emulated {
+    type Graph = Vec<Launch>;
+
+    fn record(&self, launches: &[Launch]) -> Result<Vec<Launch>, BackendError> {
+        Ok(launches.to_vec())
+    }
+
+    fn update(
+        &self,
+        graph: &mut Vec<Launch>,
+        index: usize,
+        launch: &Launch,
+    ) -> Result<(), BackendError> {
+        let Some(recorded) = graph.get_mut(index) else {
+            return Err(BackendError::InvalidArgument(format!(
+                "a graph of {} launches has no launch {index}",
+                graph.len()
+            )));
+        };
+        if recorded.name != launch.name {
+            return Err(BackendError::InvalidArgument(format!(
+                "launch {index} of a graph runs {}, not {}",
+                recorded.name, launch.name
+            )));
+        }
+        *recorded = launch.clone();
+        Ok(())
+    }
+
+    fn replay(&self, graph: &Vec<Launch>) -> Result<(), BackendError> {
+        for launch in graph {
+            self.launch(&launch.name, launch.grid, launch.block, &launch.args)?;
+        }
+        Ok(())
     }
 }

@@ -98,8 +98,7 @@ fn cuda_devices() -> Vec<DeviceInfo> {
 
 #[cfg(feature = "cuda")]
 fn load_cuda(index: usize, path: &Path, options: LoadOptions) -> Loaded {
-    let driver = tallow_backend_cuda::Driver::open(index)?;
-    let backend = tallow_backend_cuda::CudaBackend::new(driver);
+    let backend = tallow_backend_cuda::open(index)?;
     Ok(Arc::new(Model::load(backend, path, options)?))
 }
 
