@@ -218,15 +218,6 @@ impl Gpu for Driver {
         }
     }
 
-    fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<(), BackendError> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        self.current()?;
-        // SAFETY: the backend zeroes within its own buffers.
-        unsafe { result::memset_d8_sync(dst.0, 0, bytes) }.map_err(device_error)
-    }
-
     fn write(&self, dst: DevicePtr, bytes: &[u8]) -> Result<(), BackendError> {
         self.current()?;
         // SAFETY: the backend writes within its own buffers.

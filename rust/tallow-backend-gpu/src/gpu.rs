@@ -157,9 +157,6 @@ pub trait Gpu: Send + Sync + 'static {
     /// Gives back memory from [`Gpu::alloc`] or [`Gpu::borrow`].
     fn free(&self, ptr: DevicePtr);
 
-    /// Zeroes `bytes` from `dst`, in order with the launches.
-    fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<(), BackendError>;
-
     /// Copies `bytes` from the host to `dst`.
     fn write(&self, dst: DevicePtr, bytes: &[u8]) -> Result<(), BackendError>;
 
@@ -364,13 +361,6 @@ impl<G: Gpu> Buffer<G> {
         Ok(buffer)
     }
 
-    /// `bytes` of zeroed memory for one step: a spare buffer where there is one.
-    pub fn for_step(device: &Arc<Device<G>>, bytes: usize) -> Result<Self, BackendError> {
-        let buffer = Self::scratch_for_step(device, bytes)?;
-        device.gpu.zero(buffer.ptr, bytes)?;
-        Ok(buffer)
-    }
-
     /// A buffer holding `data` for one step.
     pub fn with_for_step(device: &Arc<Device<G>>, data: &[u8]) -> Result<Self, BackendError> {
         let buffer = Self::scratch_for_step(device, data.len())?;
@@ -382,7 +372,7 @@ impl<G: Gpu> Buffer<G> {
     }
 
     /// `bytes` for one step, holding whatever an earlier step left there: for what kernels
-    /// write whole before anything reads it (zeroing is a call to the driver a buffer).
+    /// write whole before anything reads it.
     pub fn scratch_for_step(device: &Arc<Device<G>>, bytes: usize) -> Result<Self, BackendError> {
         let size = step_size(bytes);
         let spare = {

@@ -5,7 +5,7 @@
 //! back to back.
 //!
 //! [`Replayed`] wraps such a device. It keeps each launch instead of issuing it, until the
-//! host next touches device memory (a write, a read, a copy, a zeroing, a free): the launches
+//! host next touches device memory (a write, a read, a copy, a free): the launches
 //! kept by then are a run, and every step of a model is the same few runs (the step's
 //! forward after its plan is uploaded, the draw before its ids are read back). A run whose
 //! kernels come in the same order as a kept graph's is replayed by that graph, after its
@@ -289,11 +289,6 @@ impl<G: Replay> Gpu for Replayed<G> {
             }
         }
         self.gpu.free(ptr);
-    }
-
-    fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<(), BackendError> {
-        self.flush()?;
-        self.gpu.zero(dst, bytes)
     }
 
     fn write(&self, dst: DevicePtr, bytes: &[u8]) -> Result<(), BackendError> {

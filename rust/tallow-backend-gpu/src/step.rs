@@ -9,7 +9,7 @@ use tallow_backend::{
 };
 use tallow_kv::PagedKvCache;
 
-use crate::gpu::{bytes_of, Args, Buffer, Device, DevicePtr, Gpu};
+use crate::gpu::{bytes_of, Args, Buffer, Device, DevicePtr, Gpu, ToNeBytes};
 use crate::kernels::{
     attention_splits, attention_tile, element_blocks, for_format, row_threads, AttentionTile,
     Product, ATTENTION_THREADS, ATTENTION_TILE_TOKENS, DRAW_THREADS, MAX_TOP_K, NO_EXPERT,
@@ -39,18 +39,18 @@ struct Quantized<G: Gpu> {
 }
 
 /// What a layer group's attention reads, on the device.
-struct GroupBuffers<G: Gpu> {
+struct GroupBuffers {
     /// (page, position) of each token.
-    slots: Buffer<G>,
-    tables: Buffer<G>,
-    table_starts: Buffer<G>,
+    slots: DevicePtr,
+    tables: DevicePtr,
+    table_starts: DevicePtr,
 }
 
 /// Tiles of a step's attention (the `attention_tiles` kernels): blocks of (token, query
 /// head) rows, each a run of one chunk's tokens by a KV head's query heads.
-struct AttentionTiles<G: Gpu> {
+struct AttentionTiles {
     /// (first token, tokens) of each tile.
-    tiles: Buffer<G>,
+    tiles: DevicePtr,
     n_tiles: usize,
     /// The kernel's most head dimensions.
     head_dims: usize,
@@ -60,18 +60,41 @@ struct AttentionTiles<G: Gpu> {
 /// How a step's attention is cut: its chunks of [`ATTENTION_TILE_TOKENS`] tokens or more (a
 /// prompt's) in tiles, where its heads fit a tiled kernel, and its other tokens (decoding,
 /// drafts) a block per (token, head), split where they are few (the `attention` kernels).
-struct AttentionCut<G: Gpu> {
-    tiles: Option<AttentionTiles<G>>,
+struct AttentionCut {
+    tiles: Option<AttentionTiles>,
     /// The tokens of a block per (token, head), on the host and on the device.
     singles: Vec<u32>,
-    singles_buffer: Option<Buffer<G>>,
+    singles_buffer: Option<DevicePtr>,
 }
 
-impl<G: Gpu> AttentionCut<G> {
-    fn of_step(
-        device: &Arc<Device<G>>,
+/// A step's arrays for its kernels as they go to the device: each at its offset in one
+/// buffer, written with one copy (a copy from the host is a call to the driver, which waits
+/// for the device's queue; a step has a dozen arrays).
+#[derive(Default)]
+struct PlanBytes(Vec<u8>);
+
+/// The alignment of each array in a [`PlanBytes`]: any API's for a buffer's offset.
+const PLAN_ALIGN: usize = 256;
+
+impl PlanBytes {
+    /// Adds `values` and gives their offset.
+    fn add<T: Copy + ToNeBytes>(&mut self, values: &[T]) -> usize {
+        let at = self.0.len().next_multiple_of(PLAN_ALIGN);
+        self.0.resize(at, 0);
+        self.0.extend(bytes_of(values));
+        // An empty array's address still lies in the buffer.
+        self.0.resize(self.0.len().max(at + 4), 0);
+        at
+    }
+}
+
+impl AttentionCut {
+    /// The cut of `input`'s attention, its arrays at offsets of `plan` from `base`.
+    fn of_step<G: Gpu>(
+        device: &Device<G>,
         input: &StepInput<GpuBackend<G>>,
-    ) -> Result<Self, BackendError> {
+        plan: &mut PlanBytes,
+    ) -> AttentionCut {
         let heads = input.heads;
         let group = heads.n_head / heads.n_head_kv.max(1);
         let tiled = attention_tile(heads.head_dim, group, |dims| {
@@ -93,10 +116,9 @@ impl<G: Gpu> AttentionCut<G> {
             }
             first += chunk.len;
         }
-        let upload = |values: &[u32]| Buffer::with_for_step(device, &bytes_of(values));
         let tiles = match tiled {
             Some((head_dims, tile)) if !tiles.is_empty() => Some(AttentionTiles {
-                tiles: upload(&tiles)?,
+                tiles: DevicePtr(plan.add(&tiles) as u64),
                 n_tiles: tiles.len() / 2,
                 head_dims,
                 tile,
@@ -105,13 +127,22 @@ impl<G: Gpu> AttentionCut<G> {
         };
         let singles_buffer = match singles.is_empty() {
             true => None,
-            false => Some(upload(&singles)?),
+            false => Some(DevicePtr(plan.add(&singles) as u64)),
         };
-        Ok(AttentionCut {
+        AttentionCut {
             tiles,
             singles,
             singles_buffer,
-        })
+        }
+    }
+
+    /// This cut with its offsets in the plan made addresses from `base`.
+    fn at(mut self, base: DevicePtr) -> AttentionCut {
+        if let Some(tiles) = &mut self.tiles {
+            tiles.tiles = base.offset(tiles.tiles.0 as usize);
+        }
+        self.singles_buffer = self.singles_buffer.map(|at| base.offset(at.0 as usize));
+        self
     }
 }
 
@@ -119,19 +150,21 @@ impl<G: Gpu> AttentionCut<G> {
 pub struct GpuStep<'s, G: Gpu> {
     device: &'s Arc<Device<G>>,
     input: &'s StepInput<'s, GpuBackend<G>>,
+    /// Holds the arrays below (the plan's, the ropes' angles), uploaded at once.
+    _plan: Buffer<G>,
     /// The token ids.
-    tokens: Buffer<G>,
-    positions: Buffer<G>,
-    token_chunks: Buffer<G>,
-    logit_rows: Buffer<G>,
-    hidden_rows: Buffer<G>,
+    tokens: DevicePtr,
+    positions: DevicePtr,
+    token_chunks: DevicePtr,
+    logit_rows: DevicePtr,
+    hidden_rows: DevicePtr,
     /// For each RoPE, each token's cosines and sines.
-    angles: Vec<Buffer<G>>,
-    groups: Vec<GroupBuffers<G>>,
+    angles: Vec<DevicePtr>,
+    groups: Vec<GroupBuffers>,
     /// About how many positions a block of a split attention takes.
     attention_span: usize,
     /// How the step's attention is cut between kernels.
-    attention_cut: AttentionCut<G>,
+    attention_cut: AttentionCut,
 }
 
 /// The most blocks along a launch's y dimension.
@@ -142,42 +175,57 @@ fn mismatch(what: &str, got: usize, want: usize) -> BackendError {
 }
 
 impl<'s, G: Gpu> GpuStep<'s, G> {
-    /// Uploads what the step's kernels read of its plan and RoPEs.
+    /// Uploads what the step's kernels read of its plan and RoPEs, with one copy.
     pub(crate) fn new(
         device: &'s Arc<Device<G>>,
         input: &'s StepInput<'s, GpuBackend<G>>,
         attention_span: usize,
     ) -> Result<Self, BackendError> {
         let plan = input.plan;
-        let upload = |values: &[u32]| Buffer::with_for_step(device, &bytes_of(values));
-        let mut angles = Vec::with_capacity(input.ropes.len());
-        for rope in input.ropes {
-            let mut table = vec![0f32; plan.positions.len() * rope.angles_len()];
-            rope.angles_of(&plan.positions, &mut table);
-            angles.push(Buffer::with_for_step(device, &bytes_of(&table))?);
-        }
-        let groups = (plan.groups.iter())
+        let mut bytes = PlanBytes::default();
+        let angles: Vec<usize> = (input.ropes.iter())
+            .map(|rope| {
+                let mut table = vec![0f32; plan.positions.len() * rope.angles_len()];
+                rope.angles_of(&plan.positions, &mut table);
+                bytes.add(&table)
+            })
+            .collect();
+        let groups: Vec<[usize; 3]> = (plan.groups.iter())
             .map(|g: &GroupPlan| {
                 let slots: Vec<u32> = g.slots.iter().flat_map(|s| [s.page, s.offset]).collect();
-                Ok(GroupBuffers {
-                    slots: upload(&slots)?,
-                    tables: upload(&g.tables)?,
-                    table_starts: upload(&g.table_starts)?,
-                })
+                [&slots, &g.tables, &g.table_starts].map(|values| bytes.add(values))
             })
-            .collect::<Result<_, BackendError>>()?;
+            .collect();
+        let [tokens, positions, token_chunks, logit_rows, hidden_rows] = [
+            &input.batch.tokens,
+            &plan.positions,
+            &plan.token_chunks,
+            &plan.logit_rows,
+            &plan.hidden_rows,
+        ]
+        .map(|values| bytes.add(values));
+        let attention_cut = AttentionCut::of_step(device, input, &mut bytes);
+        let buffer = Buffer::with_for_step(device, &bytes.0)?;
+        let at = |offset: usize| buffer.ptr().offset(offset);
         Ok(GpuStep {
             device,
             input,
-            tokens: upload(&input.batch.tokens)?,
-            positions: upload(&plan.positions)?,
-            token_chunks: upload(&plan.token_chunks)?,
-            logit_rows: upload(&plan.logit_rows)?,
-            hidden_rows: upload(&plan.hidden_rows)?,
-            angles,
-            groups,
+            tokens: at(tokens),
+            positions: at(positions),
+            token_chunks: at(token_chunks),
+            logit_rows: at(logit_rows),
+            hidden_rows: at(hidden_rows),
+            angles: angles.into_iter().map(at).collect(),
+            groups: (groups.into_iter())
+                .map(|[slots, tables, table_starts]| GroupBuffers {
+                    slots: at(slots),
+                    tables: at(tables),
+                    table_starts: at(table_starts),
+                })
+                .collect(),
             attention_span,
-            attention_cut: AttentionCut::of_step(device, input)?,
+            attention_cut: attention_cut.at(buffer.ptr()),
+            _plan: buffer,
         })
     }
 
@@ -347,13 +395,13 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
         &self,
         table: &Matrix<G>,
         part: &Part<G>,
-        ids: &Buffer<G>,
+        ids: DevicePtr,
         n: usize,
         scale: f32,
         out: DevicePtr,
     ) -> Result<(), BackendError> {
         let mut args = Args::new();
-        args.ptr(part.ptr()).ptr(ids.ptr()).int(table.cols)?;
+        args.ptr(part.ptr()).ptr(ids).int(table.cols)?;
         args.int(table.row_bytes)?.f32(scale).ptr(out);
         self.launch(&for_format("embed", table.ty), [n as u32, 1, 1], 64, &args)
     }
@@ -399,10 +447,11 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
             )));
         }
         let grouped = Grouped {
-            chosen: Buffer::for_step(self.device, n * k * 4)?,
-            weights: Buffer::for_step(self.device, n * k * 4)?,
-            pairs: Buffer::for_step(self.device, n * k * 4)?,
-            tiles: Buffer::for_step(self.device, n_tiles * 16)?,
+            // route_tokens and group_pairs write these whole.
+            chosen: Buffer::scratch_for_step(self.device, n * k * 4)?,
+            weights: Buffer::scratch_for_step(self.device, n * k * 4)?,
+            pairs: Buffer::scratch_for_step(self.device, n * k * 4)?,
+            tiles: Buffer::scratch_for_step(self.device, n_tiles * 16)?,
             n_tiles,
             per_tile,
         };
@@ -413,7 +462,8 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
         args.int(n)?.int(n_expert)?.int(k)?;
         args.i32(i32::from(moe.routing == Routing::SoftmaxTopK));
         self.launch("route_tokens", [element_blocks(n), 1, 1], 256, &args)?;
-        let starts = Buffer::for_step(self.device, (n_expert + 1) * 4)?;
+        // group_pairs zeroes its counts first.
+        let starts = Buffer::scratch_for_step(self.device, (n_expert + 1) * 4)?;
         let mut args = Args::new();
         args.ptr(grouped.chosen.ptr())
             .ptr(grouped.pairs.ptr())
@@ -585,7 +635,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
             )));
         }
         if let [part] = &table.parts[..] {
-            return self.embed_rows(table, part, &self.tokens, n, scale, out.buffer.ptr());
+            return self.embed_rows(table, part, self.tokens, n, scale, out.buffer.ptr());
         }
         // A table in parts: each part's tokens embedded into consecutive rows, then gathered
         // into the tokens' order.
@@ -606,7 +656,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
             }
             let ids_buffer = Buffer::with_for_step(self.device, &bytes_of(&ids))?;
             let at = embedded.buffer.ptr().offset(done * table.cols * 4);
-            self.embed_rows(table, part, &ids_buffer, ids.len(), scale, at)?;
+            self.embed_rows(table, part, ids_buffer.ptr(), ids.len(), scale, at)?;
             done += ids.len();
         }
         let order = Buffer::with_for_step(self.device, &bytes_of(&order))?;
@@ -683,7 +733,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         }
         let mut args = Args::new();
         args.ptr(x.buffer.ptr())
-            .ptr(angles.ptr())
+            .ptr(*angles)
             .int(x.width)?
             .int(r.head_dim())?;
         args.int(r.angles_len() / 2)?;
@@ -709,7 +759,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         let mut args = Args::new();
         args.ptr(k.buffer.ptr())
             .ptr(v.buffer.ptr())
-            .ptr(self.groups[group].slots.ptr());
+            .ptr(self.groups[group].slots);
         args.ptr(pages.of_layer(layer)?)
             .int(l.n_head_kv)?
             .int(l.head_dim)?;
@@ -743,8 +793,8 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         args.ptr(q.buffer.ptr())
             .ptr(out.buffer.ptr())
             .ptr(pages.of_layer(layer)?);
-        args.ptr(group.tables.ptr()).ptr(group.table_starts.ptr());
-        args.ptr(self.token_chunks.ptr()).ptr(self.positions.ptr());
+        args.ptr(group.tables).ptr(group.table_starts);
+        args.ptr(self.token_chunks).ptr(self.positions);
         args.int(heads.n_head)?
             .int(heads.n_head_kv)?
             .int(heads.head_dim)?;
@@ -765,7 +815,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         let cut = &self.attention_cut;
         if let Some(tiles) = &cut.tiles {
             let mut args = args.clone();
-            args.ptr(tiles.tiles.ptr());
+            args.ptr(tiles.tiles);
             let grid = [tiles.n_tiles as u32, heads.n_head_kv as u32, 1];
             let name = format!("attention_tiles_{}_{}", l.dtype.name(), tiles.head_dims);
             self.launch(&name, grid, tiles.tile.threads(), &args)?;
@@ -793,7 +843,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         args.int(span)?.int(splits)?;
         // Without splits the kernels write no partial results: any address will do.
         args.ptr(partials.as_ref().map_or(out.buffer.ptr(), Buffer::ptr));
-        args.ptr(singles.ptr());
+        args.ptr(*singles);
         let grid = [n_singles as u32, heads.n_head as u32, splits as u32];
         let name = format!("attention_{}", l.dtype.name());
         self.launch(&name, grid, ATTENTION_THREADS, &args)?;
@@ -803,7 +853,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         let mut args = Args::new();
         args.ptr(partials.ptr()).ptr(out.buffer.ptr());
         args.int(heads.n_head)?.int(heads.head_dim)?.int(splits)?;
-        args.ptr(sinks).i32(has_sinks).ptr(singles.ptr());
+        args.ptr(sinks).i32(has_sinks).ptr(*singles);
         let grid = [n_singles as u32, heads.n_head as u32, 1];
         self.launch("attention_merge", grid, ATTENTION_THREADS, &args)
     }
@@ -917,9 +967,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
             OutputRows::Hidden => &self.hidden_rows,
         };
         let mut args = Args::new();
-        args.ptr(x.buffer.ptr())
-            .ptr(indices.ptr())
-            .ptr(out.buffer.ptr());
+        args.ptr(x.buffer.ptr()).ptr(*indices).ptr(out.buffer.ptr());
         args.int(x.width)?;
         self.launch(
             "gather_rows",

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use objc2::rc::Retained;
 use objc2::runtime::ProtocolObject;
-use objc2_foundation::{NSRange, NSString};
+use objc2_foundation::NSString;
 use objc2_metal::{
     MTLBlitCommandEncoder, MTLBuffer, MTLCommandBuffer, MTLCommandBufferStatus, MTLCommandEncoder,
     MTLCommandQueue, MTLCompileOptions, MTLComputeCommandEncoder, MTLComputePipelineState,
@@ -307,11 +307,6 @@ impl Gpu for Metal {
         let _ = self.finish(&mut state);
         state.buffers.remove(&ptr.0);
         state.owners.remove(&ptr.0);
-    }
-
-    fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<(), BackendError> {
-        let (buffer, offset) = Self::find(&self.state(), dst, bytes)?;
-        self.blit(|blit| blit.fillBuffer_range_value(&buffer, NSRange::new(offset, bytes), 0))
     }
 
     fn write(&self, dst: DevicePtr, bytes: &[u8]) -> Result<(), BackendError> {

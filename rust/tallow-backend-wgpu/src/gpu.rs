@@ -250,24 +250,6 @@ impl Gpu for Wgpu {
         self.state().buffers.remove(&(ptr.0 >> BUFFER_SHIFT));
     }
 
-    fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<(), BackendError> {
-        let mut state = self.state();
-        let (buffer, offset) = state.find(dst)?;
-        // Whole words: past `bytes`, at most up to the buffer's end (its size is whole words).
-        let size = (bytes as u64)
-            .next_multiple_of(4)
-            .min(buffer.size() - offset);
-        if offset % 4 != 0 {
-            return Err(BackendError::InvalidArgument(format!(
-                "zeroing from byte {offset}, not a whole word"
-            )));
-        }
-        state
-            .encoder(&self.device)
-            .clear_buffer(&buffer, offset, Some(size));
-        Ok(())
-    }
-
     fn write(&self, dst: DevicePtr, bytes: &[u8]) -> Result<(), BackendError> {
         let mut state = self.state();
         let (buffer, offset) = state.find(dst)?;

@@ -133,6 +133,8 @@ pub struct Emulated {
     allocations: Mutex<BTreeMap<u64, Memory>>,
     /// Allocations made so far.
     made: AtomicU64,
+    /// Copies from the host made so far.
+    writes: AtomicU64,
 }
 
 /// An allocation of the emulated device.
@@ -168,6 +170,7 @@ impl Emulated {
             api,
             allocations: Mutex::default(),
             made: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
         }
     }
 
@@ -185,6 +188,11 @@ impl Emulated {
     /// How many allocations the device has made so far (host memory used in place is none).
     pub fn allocations_made(&self) -> u64 {
         self.made.load(Ordering::Relaxed)
+    }
+
+    /// How many copies from the host the device has taken so far.
+    pub fn writes_made(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
     }
 
     /// Checks that `bytes` from `at` lie in one allocation.
@@ -257,14 +265,8 @@ impl Gpu for Emulated {
         allocations.remove(&ptr.0);
     }
 
-    fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<(), BackendError> {
-        self.check(dst, bytes)?;
-        // SAFETY: the destination lies in one live allocation (checked).
-        unsafe { std::ptr::write_bytes(dst.0 as *mut u8, 0, bytes) };
-        Ok(())
-    }
-
     fn write(&self, dst: DevicePtr, bytes: &[u8]) -> Result<(), BackendError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
         self.check(dst, bytes.len())?;
         // SAFETY: the destination lies in one live allocation (checked).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.0 as *mut u8, bytes.len()) };

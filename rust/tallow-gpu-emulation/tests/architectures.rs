@@ -119,7 +119,8 @@ fn every_mixture_of_experts_gives_transformers_logits() {
 /// A step's buffers go back to the device's spares and the next step takes them: a decode
 /// step after the first allocates nothing (a GPU's free waits for the whole device), in a
 /// mixture of experts too (its tables of experts' offsets are made once), in F32 and in
-/// the integer products' Q8_0.
+/// the integer products' Q8_0. And it copies to the device once, its plan (a copy from the
+/// host is a call to the driver that waits for the device's queue).
 #[test]
 fn steps_reuse_the_buffers_of_earlier_steps() {
     let dir = arch_dir();
@@ -135,10 +136,12 @@ fn steps_reuse_the_buffers_of_earlier_steps() {
         sequence.eval(&model, &[1, 2, 3, 4], Logits::Last).unwrap();
         sequence.eval(&model, &[5], Logits::Last).unwrap();
         let made = backend.gpu().allocations_made();
+        let writes = backend.gpu().writes_made();
         for token in 6..9 {
             sequence.eval(&model, &[token], Logits::Last).unwrap();
         }
         assert_eq!(backend.gpu().allocations_made(), made, "{file} ({api:?})");
+        assert_eq!(backend.gpu().writes_made(), writes + 3, "{file} ({api:?})");
     }
 }
 
@@ -170,7 +173,7 @@ fn metal_reads_the_weights_where_the_file_is_mapped() {
 /// CUDA's decode steps run as graphs (recorded the second time a step's kernels come, then
 /// replayed with the launches that changed updated) give the logits the same launches give
 /// one by one, bit for bit: in F32 and Q8_0, with gemma2's windows and soft caps, and in a
-/// mixture of experts (whose steps zero buffers between launches, cutting them into runs).
+/// mixture of experts.
 #[test]
 fn decode_steps_replayed_as_graphs_give_the_same_logits() {
     let dir = arch_dir();
