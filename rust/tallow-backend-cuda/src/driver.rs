@@ -21,6 +21,18 @@ use crate::sources::SOURCES;
 /// The oldest architecture the kernels run on: Turing (sm_75).
 const OLDEST: u32 = 75;
 
+/// The oldest driver's CUDA version (as `cuDriverGetVersion` gives it: 1000 * major + 10 *
+/// minor): 12.0, whose API the graphs use and whose cubins NVRTC 12 makes.
+const OLDEST_DRIVER: i32 = 12_000;
+
+/// The CUDA version of the driver (as `cuDriverGetVersion` gives it).
+fn driver_version() -> Result<i32, DriverError> {
+    let mut version = 0;
+    // SAFETY: writes one int.
+    unsafe { sys::cuDriverGetVersion(&mut version) }.result()?;
+    Ok(version)
+}
+
 pub(crate) fn device_error(e: DriverError) -> BackendError {
     BackendError::Device(format!("CUDA: {e}"))
 }
@@ -95,6 +107,15 @@ impl Driver {
             ));
         }
         result::init().map_err(device_error)?;
+        let version = driver_version().map_err(device_error)?;
+        if version < OLDEST_DRIVER {
+            return Err(BackendError::Unsupported(format!(
+                "the NVIDIA driver supports CUDA {}.{}; tallow needs a driver for CUDA 12.0 or \
+                 later",
+                version / 1000,
+                version % 1000 / 10
+            )));
+        }
         let count = result::device::get_count().map_err(device_error)? as usize;
         if ordinal >= count {
             return Err(BackendError::Unsupported(format!(

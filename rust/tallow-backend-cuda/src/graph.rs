@@ -14,6 +14,7 @@ use crate::driver::{device_error, Driver};
 
 /// A graph of kernel nodes and its executable form.
 pub struct CudaGraph {
+    /// Null until the graph is made.
     graph: sys::CUgraph,
     /// Null until the graph is instantiated.
     exec: sys::CUgraphExec,
@@ -33,7 +34,9 @@ impl Drop for CudaGraph {
             if !self.exec.is_null() {
                 let _ = result::graph::exec_destroy(self.exec);
             }
-            let _ = result::graph::destroy(self.graph);
+            if !self.graph.is_null() {
+                let _ = result::graph::destroy(self.graph);
+            }
         }
     }
 }

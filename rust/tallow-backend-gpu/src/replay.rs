@@ -168,6 +168,8 @@ impl<G: Replay> Replayed<G> {
 
     fn issue(&self, recorder: &mut Recorder<G::Graph>) -> Result<(), BackendError> {
         if let Some(error) = recorder.failed.take() {
+            // The launches kept since were to run after the ones that failed: dropped too.
+            recorder.pending.clear();
             return Err(error);
         }
         let run = std::mem::take(&mut recorder.pending);
@@ -175,65 +177,82 @@ impl<G: Replay> Replayed<G> {
             return Ok(());
         }
         let count = |c: &AtomicU64, n: u64| c.fetch_add(n, Ordering::Relaxed);
+        // The most recently replayed first: a model's next step is most often its last one's.
         let kept = (recorder.kept.iter())
-            .position(|k| same_kernels(k.launches.iter().map(|l| l.name.as_str()), &run));
+            .rposition(|k| same_kernels(k.launches.iter().map(|l| l.name.as_str()), &run));
         if let Some(i) = kept {
             let mut kept = recorder.kept.remove(i);
-            let updated = self.update(&mut kept, run)?;
-            count(&self.counts.updated, updated);
-            self.gpu.replay(&kept.graph)?;
-            count(&self.counts.replayed, 1);
-            recorder.kept.push(kept);
-            return Ok(());
+            // A graph the device can neither update nor record anew is dropped, and the run
+            // launched kernel by kernel.
+            if let Ok(updated) = self.update(&mut kept, &run) {
+                kept.launches = run;
+                count(&self.counts.updated, updated);
+                self.gpu.replay(&kept.graph)?;
+                count(&self.counts.replayed, 1);
+                recorder.kept.push(kept);
+                return Ok(());
+            }
+            return self.launch_each(&run);
         }
         let seen =
             (recorder.seen.iter()).position(|s| same_kernels(s.iter().map(String::as_str), &run));
-        if let Some(i) = seen {
-            recorder.seen.remove(i);
-            let graph = self.gpu.record(&run)?;
-            count(&self.counts.recorded, 1);
-            self.gpu.replay(&graph)?;
-            if recorder.kept.len() == KEPT_GRAPHS {
-                recorder.kept.remove(0);
+        match seen {
+            Some(i) => {
+                recorder.seen.remove(i);
+                // A graph the device cannot record (out of memory, say): launched one by one.
+                let Ok(graph) = self.gpu.record(&run) else {
+                    return self.launch_each(&run);
+                };
+                count(&self.counts.recorded, 1);
+                self.gpu.replay(&graph)?;
+                if recorder.kept.len() == KEPT_GRAPHS {
+                    recorder.kept.remove(0);
+                }
+                recorder.kept.push(Kept {
+                    launches: run,
+                    graph,
+                });
+                Ok(())
             }
-            recorder.kept.push(Kept {
-                launches: run,
-                graph,
-            });
-            return Ok(());
+            None => {
+                if recorder.seen.len() == REMEMBERED_RUNS {
+                    recorder.seen.pop_front();
+                }
+                (recorder.seen).push_back(run.iter().map(|l| l.name.clone()).collect());
+                self.launch_each(&run)
+            }
         }
-        if recorder.seen.len() == REMEMBERED_RUNS {
-            recorder.seen.pop_front();
-        }
-        (recorder.seen).push_back(run.iter().map(|l| l.name.clone()).collect());
+    }
+
+    /// Launches `run` kernel by kernel.
+    fn launch_each(&self, run: &[Launch]) -> Result<(), BackendError> {
         for Launch {
             name,
             grid,
             block,
             args,
-        } in &run
+        } in run
         {
             self.gpu.launch(name, *grid, *block, args)?;
         }
-        count(&self.counts.launched, 1);
+        self.counts.launched.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// Sets `kept`'s launches that differ from `run`'s (the same kernels) to them, and
     /// gives how many did. Where the device refuses an update, the graph is recorded anew.
-    fn update(&self, kept: &mut Kept<G::Graph>, run: Vec<Launch>) -> Result<u64, BackendError> {
+    fn update(&self, kept: &mut Kept<G::Graph>, run: &[Launch]) -> Result<u64, BackendError> {
         let mut updated = 0;
-        for (index, (now, launch)) in kept.launches.iter().zip(&run).enumerate() {
+        for (index, (now, launch)) in kept.launches.iter().zip(run).enumerate() {
             if now != launch {
                 if self.gpu.update(&mut kept.graph, index, launch).is_err() {
-                    kept.graph = self.gpu.record(&run)?;
-                    kept.launches = run;
+                    kept.graph = self.gpu.record(run)?;
+                    self.counts.recorded.fetch_add(1, Ordering::Relaxed);
                     return Ok(0);
                 }
                 updated += 1;
             }
         }
-        kept.launches = run;
         Ok(updated)
     }
 }

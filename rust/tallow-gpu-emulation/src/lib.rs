@@ -135,6 +135,9 @@ pub struct Emulated {
     made: AtomicU64,
     /// Copies from the host made so far.
     writes: AtomicU64,
+    /// The most launches a graph may hold (as a GPU's memory bounds its graphs); `None` for
+    /// no bound.
+    graph_launches: Option<usize>,
 }
 
 /// An allocation of the emulated device.
@@ -171,6 +174,7 @@ impl Emulated {
             allocations: Mutex::default(),
             made: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            graph_launches: None,
         }
     }
 
@@ -183,6 +187,15 @@ impl Emulated {
     /// replayed as graphs (as CUDA's are on a GPU).
     pub fn replaying_backend(api: Api) -> GpuBackend<Replayed<Emulated>> {
         GpuBackend::new(Replayed::new(Emulated::new(api)))
+    }
+
+    /// This device with graphs of at most `launches` launches: a longer run's recording
+    /// fails, as it may on a GPU short of memory.
+    pub fn with_graphs_of_at_most(self, launches: usize) -> Self {
+        Emulated {
+            graph_launches: Some(launches),
+            ..self
+        }
     }
 
     /// How many allocations the device has made so far (host memory used in place is none).
@@ -307,7 +320,13 @@ impl Replay for Emulated {
     type Graph = Vec<Launch>;
 
     fn record(&self, launches: &[Launch]) -> Result<Vec<Launch>, BackendError> {
-        Ok(launches.to_vec())
+        match self.graph_launches {
+            Some(most) if launches.len() > most => Err(BackendError::Device(format!(
+                "out of memory for a graph of {} launches",
+                launches.len()
+            ))),
+            _ => Ok(launches.to_vec()),
+        }
     }
 
     fn update(

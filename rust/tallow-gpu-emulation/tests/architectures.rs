@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 
 use tallow_backend::Backend;
+use tallow_backend_gpu::{GpuBackend, Replayed};
 use tallow_gpu_emulation::{Api, Emulated};
 use tallow_model::{Logits, Model, SingleSequence};
 
@@ -197,12 +198,31 @@ fn decode_steps_replayed_as_graphs_give_the_same_logits() {
             "{file}: replayed graphs' logits differ"
         );
         let counts = replaying.gpu().counts();
-        eprintln!("{file}: {counts:?}");
         assert!(
             counts.recorded >= 1 && counts.replayed >= 4 && counts.updated >= 1,
             "{file}: {counts:?}"
         );
     }
+}
+
+/// A device that cannot record a step's graph (short of memory) launches its kernels one by
+/// one instead, with the same logits.
+#[test]
+fn runs_the_device_cannot_record_are_launched_one_by_one() {
+    let path = arch_dir().join("llama3/llama3-q8_0.gguf");
+    let emulated = Emulated::new(Api::Cuda).with_graphs_of_at_most(8);
+    let replaying = GpuBackend::new(Replayed::new(emulated));
+    let want = decode(Emulated::backend(Api::Cuda), &path);
+    let got = decode(replaying.clone(), &path);
+    assert!(want
+        .iter()
+        .zip(&got)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    let counts = replaying.gpu().counts();
+    assert!(
+        counts.recorded == 0 && counts.replayed == 0 && counts.launched >= 7,
+        "{counts:?}"
+    );
 }
 
 /// The last logits of a prompt of 4 tokens and of each of 6 tokens after it, one a step.
