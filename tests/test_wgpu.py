@@ -225,6 +225,10 @@ def test_cli_lists_devices_and_generates_on_the_gpu(arch_dir: Path) -> None:
     pattern = r"memory: host ([\d.]+) MiB peak RSS .*device ([\d.]+) MiB in use"
     memory = re.search(pattern, proc.stderr.decode())
     assert memory and float(memory[1]) > 0 and float(memory[2]) > 0, proc.stderr
+    # What decode reads, beside what the device reads copying as many bytes.
+    pattern = r"decode: [\d.]+ MiB of weights a token, [\d.]+ GB/s; wgpu:0 reads ([\d.]+) GB/s"
+    reads = re.search(pattern, proc.stderr.decode())
+    assert reads and float(reads[1]) > 0, proc.stderr
 
 
 def test_without_a_gpu_driver_the_cpu_still_runs(arch_dir: Path) -> None:

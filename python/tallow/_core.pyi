@@ -137,6 +137,11 @@ class Model:
         """``(in_use, peak)`` bytes the model's backend holds in device memory (weights, KV
         pages, step buffers; the peak since the device was opened), or None on the CPU, whose
         memory is the process's."""
+    def read_rate(self, bytes: int) -> float:
+        """The rate, in bytes per second, at which the model's device reads ``bytes`` of its
+        memory, measured on buffers made for the call (the CPU: the compute threads sum a
+        buffer, as :func:`read_bandwidth` does; a GPU: copies between two buffers, counting the
+        bytes read and written, up to 1 GiB): a decode step's limit."""
     @property
     def path(self) -> str:
         """The file the model was loaded from (the first part, for a model split into

@@ -237,28 +237,26 @@ class DecodeReads:
     """Bytes of weights each decode step reads (:attr:`tallow._core.Model.decode_weight_bytes`)."""
     achieved: float
     """Bytes per second of weights at the measured decode rate."""
-    limit: float | None
-    """Bytes per second at which the compute threads read a buffer of ``bytes_per_token`` bytes
-    (a streaming probe), on the CPU; None on a GPU."""
+    limit: float
+    """Bytes per second at which the model's device reads as many bytes
+    (:meth:`tallow._core.Model.read_rate`): on the CPU the compute threads sum a buffer, on a
+    GPU it copies one buffer to another, counting the bytes read and written."""
+    device: str
+    """The model's device (``"cpu"``, ``"cuda:0"``)."""
 
     def __str__(self) -> str:
-        text = (
+        where = "this machine" if self.device == "cpu" else self.device
+        return (
             f"{self.bytes_per_token / 2**20:.1f} MiB of weights a token, "
-            f"{self.achieved / 1e9:.2f} GB/s"
+            f"{self.achieved / 1e9:.2f} GB/s; {where} reads {self.limit / 1e9:.2f} GB/s "
+            f"({self.achieved / self.limit:.0%} of it)"
         )
-        if self.limit is not None:
-            text += (
-                f"; this machine reads {self.limit / 1e9:.2f} GB/s "
-                f"({self.achieved / self.limit:.0%} of it)"
-            )
-        return text
 
 
 def decode_reads(model: _core.Model, tokens_per_second: float) -> DecodeReads:
     """The weights ``model`` reads a decode step at ``tokens_per_second``, beside the rate at
-    which the compute threads read, again and again, a buffer of as many bytes, where the model
-    runs on the CPU: a decode step's limit on this machine (a model that fits the last-level
-    cache in part reads that part from the cache, and so does the probe)."""
+    which its device reads as many bytes: a decode step's limit there (a model that fits the
+    last-level cache in part reads that part from the cache, and so does the probe)."""
     per_token = model.decode_weight_bytes
-    limit = _core.read_bandwidth(per_token) if model.device == "cpu" else None
-    return DecodeReads(per_token, per_token * tokens_per_second, limit)
+    limit = model.read_rate(per_token)
+    return DecodeReads(per_token, per_token * tokens_per_second, limit, model.device)

@@ -60,6 +60,11 @@ impl Backend for CpuBackend {
         None
     }
 
+    /// The compute threads' read of `bytes` ([`read_bandwidth`], best of three).
+    fn read_rate(&self, bytes: usize) -> Result<f64, BackendError> {
+        Ok(read_bandwidth(bytes, 3))
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             backend: "the CPU",

@@ -48,6 +48,9 @@ pub const WEIGHT_FORMATS: [GgmlType; 13] = [
 /// Most dimensions of an attention head (the attention kernels').
 pub const MAX_HEAD_DIM: usize = 256;
 
+/// Most bytes [`Backend::read_rate`] copies: far more than a GPU's caches hold.
+const MOST_PROBE_BYTES: usize = 1 << 30;
+
 /// The backend on the device `G` drives.
 pub struct GpuBackend<G: Gpu> {
     device: Arc<Device<G>>,
@@ -187,6 +190,29 @@ impl<G: Gpu> Backend for GpuBackend<G> {
     fn memory(&self) -> Option<DeviceMemory> {
         let (in_use, peak) = self.device.usage.now();
         Some(DeviceMemory { in_use, peak })
+    }
+
+    /// The best of three copies of `bytes` (at most [`MOST_PROBE_BYTES`], and what one of the
+    /// device's buffers may hold) from one buffer to another, counting the bytes read and
+    /// those written: a GPU's copy engines and kernels move memory about as fast either way.
+    fn read_rate(&self, bytes: usize) -> Result<f64, BackendError> {
+        let most = self.device.gpu.max_part().unwrap_or(usize::MAX);
+        let bytes = bytes.clamp(4, MOST_PROBE_BYTES.min(most)) / 4 * 4;
+        let from = Buffer::zeroed(&self.device, bytes)?;
+        let to = Buffer::zeroed(&self.device, bytes)?;
+        let gpu = &self.device.gpu;
+        let mut done = [0u8; 4];
+        // Once untimed: the first touch of fresh memory may cost the device more.
+        gpu.copy(from.ptr(), to.ptr(), bytes)?;
+        gpu.read(to.ptr(), &mut done)?;
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let start = std::time::Instant::now();
+            gpu.copy(from.ptr(), to.ptr(), bytes)?;
+            gpu.read(to.ptr(), &mut done)?;
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * bytes as f64 / best)
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -154,6 +154,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// What the backend's kernels take: checked when a model loads and a KV cache is made.
     fn capabilities(&self) -> Capabilities;
 
+    /// The rate, in bytes per second, at which the device reads `bytes` of its memory,
+    /// measured on buffers made for the call: the limit of a decode step, which reads every
+    /// weight once.
+    fn read_rate(&self, bytes: usize) -> Result<f64, BackendError>;
+
     /// Uploads the matrices of `file` that `specs` describe, all at once (so that a backend
     /// can give back the file's pages as it goes).
     fn upload_matrices(

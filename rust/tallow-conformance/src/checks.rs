@@ -770,3 +770,22 @@ fn stored_heads(dtype: KvDtype, row: &[f32], head_dim: usize) -> Vec<f32> {
         .flat_map(|head| reference::stored(dtype, head))
         .collect()
 }
+
+/// The device's read rate is measured, a plausible number of bytes a second (more than a
+/// megabyte, less than a petabyte), and the probe's buffers are given back.
+pub fn read_rate_is_measured_and_leaves_no_memory_behind<S: Subject>() {
+    let backend = S::variants(Family::Products).next().expect("a variant");
+    let before = backend.memory().map(|m| m.in_use);
+    let rate = backend.read_rate(16 << 20).unwrap();
+    assert!(
+        rate > 1e6 && rate < 1e15,
+        "{}: {rate}",
+        S::describe(&backend)
+    );
+    assert_eq!(
+        backend.memory().map(|m| m.in_use),
+        before,
+        "{}",
+        S::describe(&backend)
+    );
+}

@@ -12,6 +12,7 @@
 //! | --- | --- | --- |
 //! | products, logits | f64 sums of the dequantized weights | [`Subject::products_bound`] of the magnitude `Σ|w·x|` |
 //! | formats it does not run | refused by name, in its capabilities and at upload | exact |
+//! | read rate | measured; the probe's buffers given back | 1 MB/s to 1 PB/s |
 //! | embedding | dequantized rows, scaled | 1e-6 relative |
 //! | norms, bias, add, gated activations | f64 formulas | [`ROWS_TOLERANCE`] |
 //! | RoPE | `Rope::angles` (f32, as every backend takes them), rotation in f64 | [`ROPE_TOLERANCE`] |
@@ -82,6 +83,11 @@ macro_rules! suite {
         #[test]
         fn formats_it_does_not_run_are_refused_by_name() {
             $crate::formats_it_does_not_run_are_refused_by_name::<$subject>();
+        }
+
+        #[test]
+        fn read_rate_is_measured_and_leaves_no_memory_behind() {
+            $crate::read_rate_is_measured_and_leaves_no_memory_behind::<$subject>();
         }
 
         #[test]

@@ -27,6 +27,8 @@ pub trait AnyModel: Send + Sync {
     fn device(&self) -> DeviceInfo;
     /// See [`Backend::memory`].
     fn device_memory(&self) -> Option<DeviceMemory>;
+    /// See [`Backend::read_rate`].
+    fn read_rate(&self, bytes: usize) -> Result<f64, ModelError>;
     /// See [`Model::max_context`].
     fn max_context(&self) -> usize;
     /// See [`Model::kv_layout`].
@@ -93,6 +95,10 @@ impl<B: Backend> AnyModel for Model<B> {
 
     fn device_memory(&self) -> Option<DeviceMemory> {
         self.backend().memory()
+    }
+
+    fn read_rate(&self, bytes: usize) -> Result<f64, ModelError> {
+        Ok(self.backend().read_rate(bytes)?)
     }
 
     fn max_context(&self) -> usize {

@@ -90,6 +90,15 @@ impl Model {
         self.inner.device_memory().map(|m| (m.in_use, m.peak))
     }
 
+    /// The rate, in bytes per second, at which the model's device reads `bytes` of its
+    /// memory, measured on buffers made for the call (the CPU: the compute threads sum a
+    /// buffer, as `read_bandwidth` does; a GPU: copies between two buffers, counting the
+    /// bytes read and written, up to 1 GiB): a decode step's limit.
+    fn read_rate(&self, py: Python<'_>, bytes: usize) -> PyResult<f64> {
+        let model = &self.inner;
+        py.detach(|| guard(|| model.read_rate(bytes).map_err(model_error)))
+    }
+
     /// Bytes of weights a decode step reads: every tensor but the token embedding, of which
     /// a step reads one row, unless the output layer is the embedding itself; of the experts
     /// of a mixture (`*_exps` tensors), the share a token uses.
