@@ -165,6 +165,17 @@ pub struct GpuStep<'s, G: Gpu> {
     attention_span: usize,
     /// How the step's attention is cut between kernels.
     attention_cut: AttentionCut,
+    /// The words of the draws the step knew ahead ([`StepInput::draws`]) that its device
+    /// draws, [`DRAW_WORDS`] a row.
+    draw_words: Option<DevicePtr>,
+}
+
+/// Words of a row's draw ([`Draw::words`]).
+const DRAW_WORDS: usize = 6;
+
+/// Whether `gpu`'s draw_rows takes `draws` (where not, the host draws).
+fn draws_on_device<G: Gpu>(gpu: &G, draws: &[Draw]) -> bool {
+    gpu.draws_at_temperature() || draws.iter().all(Draw::is_greedy)
 }
 
 /// The most blocks along a launch's y dimension.
@@ -205,6 +216,10 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
         ]
         .map(|values| bytes.add(values));
         let attention_cut = AttentionCut::of_step(device, input, &mut bytes);
+        let draw_words = (input
+            .draws
+            .filter(|draws| draws_on_device(&device.gpu, draws)))
+        .map(|draws| bytes.add(&draws.iter().flat_map(Draw::words).collect::<Vec<u32>>()));
         let buffer = Buffer::with_for_step(device, &bytes.0)?;
         let at = |offset: usize| buffer.ptr().offset(offset);
         Ok(GpuStep {
@@ -225,6 +240,7 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
                 .collect(),
             attention_span,
             attention_cut: attention_cut.at(buffer.ptr()),
+            draw_words: draw_words.map(at),
             _plan: buffer,
         })
     }
@@ -991,14 +1007,14 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         let limit = self.device.gpu.max_part().unwrap_or(usize::MAX);
         let per_block = (limit / (4 * m.rows).max(1)).clamp(1, x.n.max(1));
         if per_block >= x.n {
-            return self.logits_block(x, m, softcap, out);
+            return self.logits_block(x, m, softcap, out, 0);
         }
         // Blocks of rows whose logits fit a buffer: each block's rows of x copied out, and its
         // logits read back or its tokens drawn; where the host chooses, every row's logits
         // come back first.
         let n_vocab = m.rows;
         match out {
-            Output::Draw { draws, tokens } if self.draws_on_device(draws) => {
+            Output::Draw { draws, tokens } if draws_on_device(&self.device.gpu, draws) => {
                 for first in (0..x.n).step_by(per_block) {
                     let xs = self.rows_of(x, first, per_block)?;
                     let end = first + xs.n;
@@ -1006,7 +1022,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
                         draws: &draws[first..end],
                         tokens: &mut tokens[first..end],
                     };
-                    self.logits_block(&xs, m, softcap, out)?;
+                    self.logits_block(&xs, m, softcap, out, first)?;
                 }
                 Ok(())
             }
@@ -1014,7 +1030,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
                 for first in (0..x.n).step_by(per_block) {
                     let xs = self.rows_of(x, first, per_block)?;
                     let rows = &mut values[first * n_vocab..(first + xs.n) * n_vocab];
-                    self.logits_block(&xs, m, softcap, Output::Logits(rows))?;
+                    self.logits_block(&xs, m, softcap, Output::Logits(rows), first)?;
                 }
                 Ok(())
             }
@@ -1028,11 +1044,6 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
 }
 
 impl<'s, G: Gpu> GpuStep<'s, G> {
-    /// Whether the device's draw_rows takes `draws` (where not, the host draws).
-    fn draws_on_device(&self, draws: &[Draw]) -> bool {
-        self.device.gpu.draws_at_temperature() || draws.iter().all(Draw::is_greedy)
-    }
-
     /// Rows `first..first + n` of `x` (fewer past its end), copied.
     fn rows_of(&self, x: &Rows<G>, first: usize, n: usize) -> Result<Rows<G>, BackendError> {
         let n = n.min(x.n - first);
@@ -1045,13 +1056,15 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
         Ok(rows)
     }
 
-    /// [`Step::logits`] of rows whose logits fit one buffer.
+    /// [`Step::logits`] of rows whose logits fit one buffer, the step's rows of logits from
+    /// `first` on.
     fn logits_block(
         &mut self,
         x: &Rows<G>,
         m: &Matrix<G>,
         softcap: Option<f32>,
         out: Output<'_>,
+        first: usize,
     ) -> Result<(), BackendError> {
         let mut logits = self.new_rows(x.n, m.rows)?;
         self.product(x, m, &mut logits)?;
@@ -1063,7 +1076,7 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
         let on_host = match &out {
             Output::Logits(_) => false,
             Output::Selected { .. } => true,
-            Output::Draw { draws, .. } => !self.draws_on_device(draws),
+            Output::Draw { draws, .. } => !draws_on_device(&self.device.gpu, draws),
         };
         match out {
             Output::Logits(values) => self.read(&logits, values),
@@ -1071,14 +1084,25 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
                 if draws.len() != x.n {
                     return Err(mismatch("draws", draws.len(), x.n));
                 }
-                let words: Vec<u32> = draws.iter().flat_map(Draw::words).collect();
-                let params = Buffer::with_for_step(self.device, &bytes_of(&words))?;
+                // The draws sent with the plan where the step knew them, else sent now.
+                let sent = (self.input.draws)
+                    .filter(|all| all.get(first..first + draws.len()) == Some(draws))
+                    .and(self.draw_words);
+                let mut now = None;
+                let params = match sent {
+                    Some(words) => words.offset(first * DRAW_WORDS * 4),
+                    None => {
+                        let words: Vec<u32> = draws.iter().flat_map(Draw::words).collect();
+                        now.insert(Buffer::with_for_step(self.device, &bytes_of(&words))?)
+                            .ptr()
+                    }
+                };
                 // Each row's weights, for the filters' sums (written before they are read).
                 let weights = Buffer::scratch_for_step(self.device, logits.len() * 4)?;
                 let ids = Buffer::scratch_for_step(self.device, tokens.len() * 4)?;
                 let mut args = Args::new();
                 args.ptr(logits.buffer.ptr()).int(m.rows)?;
-                args.ptr(params.ptr()).ptr(weights.ptr()).ptr(ids.ptr());
+                args.ptr(params).ptr(weights.ptr()).ptr(ids.ptr());
                 self.launch("draw_rows", [x.n as u32, 1, 1], DRAW_THREADS, &args)?;
                 let mut bytes = vec![0u8; tokens.len() * 4];
                 self.device.gpu.read(ids.ptr(), &mut bytes)?;

@@ -7,6 +7,7 @@ use tallow_kv::{KvLayout, LayerGroups, PageStore, PagedKvCache};
 
 use crate::batch::Batch;
 use crate::capabilities::Capabilities;
+use crate::draw::Draw;
 use crate::error::BackendError;
 use crate::ops::{Activation, Heads, Moe, Scores};
 use crate::output::{Output, OutputRows};
@@ -119,6 +120,9 @@ pub struct StepInput<'a, B: Backend> {
     /// Positions per KV page.
     pub page_size: usize,
     pub ropes: &'a B::Ropes,
+    /// Where the step ends by drawing the tokens of its rows of logits ([`Output::Draw`]),
+    /// their draws, known ahead: a GPU backend sends them with the plan.
+    pub draws: Option<&'a [Draw]>,
 }
 
 /// A device the forward pass runs on. The forward is written once against this trait: weights

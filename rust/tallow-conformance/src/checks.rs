@@ -13,7 +13,7 @@ use tallow_quant::testing::Rng;
 
 use crate::harness::{
     assert_close, batch, expert_stacks, file_of, matrix_file, products, random, run, run_rows,
-    stack_specs, upload, widen,
+    run_rows_drawing, stack_specs, upload, widen,
 };
 use crate::{reference, Family, Subject, ROPE_TOLERANCE, ROWS_TOLERANCE};
 
@@ -415,7 +415,9 @@ pub fn greedy_tokens_are_the_argmax_of_the_logits<S: Subject>() {
         let m = upload(&backend, &file, rows, cols);
         for cap in [None, Some(0.05)] {
             let draws = vec![Draw::GREEDY; n];
-            let (logits, tokens) = logits_and_draws(&backend, (&m, rows), (&x, cols), cap, &draws);
+            let ahead = cap.is_some();
+            let (logits, tokens) =
+                logits_and_draws(&backend, (&m, rows), (&x, cols), cap, (&draws, ahead));
             let want: Vec<u32> = logits.chunks_exact(rows).map(argmax).collect();
             let what = format!("cap {cap:?}, {}", S::describe(&backend));
             assert_eq!(tokens, want, "{what}");
@@ -435,17 +437,18 @@ fn tied_logits_matrix(seed: u64, rows: usize, cols: usize) -> Arc<GgufFile> {
 }
 
 /// In one step, the logits of `x`'s rows (of `cols`) through `m` (of `rows` rows),
-/// soft-capped by `cap`, and the tokens `draws` draws from them on the device.
+/// soft-capped by `cap`, and the tokens `draws` draws from them on the device: draws the step
+/// knows ahead (`StepInput::draws`) where `ahead`, else only at its end.
 fn logits_and_draws<B: Backend>(
     backend: &B,
     (m, rows): (&B::Matrix, usize),
     (x, cols): (&[f32], usize),
     cap: Option<f32>,
-    draws: &[Draw],
+    (draws, ahead): (&[Draw], bool),
 ) -> (Vec<f32>, Vec<u32>) {
     let n = draws.len();
     let (mut logits, mut tokens) = (vec![0f32; n * rows], vec![0u32; n]);
-    run_rows(backend, n, |step| {
+    run_rows_drawing(backend, n, ahead.then_some(draws), |step| {
         let xs = step.upload(x, cols)?;
         step.logits(&xs, m, cap, Output::Logits(&mut logits))?;
         let out = Output::Draw {
@@ -493,7 +496,9 @@ pub fn drawn_tokens_are_the_host_draws<S: Subject>() {
                     ..*d
                 })
                 .collect();
-            let (logits, tokens) = logits_and_draws(&backend, (&m, rows), (&x, cols), None, &draws);
+            let ahead = round % 2 == 0;
+            let (logits, tokens) =
+                logits_and_draws(&backend, (&m, rows), (&x, cols), None, (&draws, ahead));
             let mut want = vec![0u32; n];
             draw_rows(&logits, rows, &draws, &mut want).unwrap();
             assert_eq!(tokens, want, "round {round}, {}", S::describe(&backend));
@@ -508,7 +513,8 @@ pub fn drawn_tokens_are_the_host_draws<S: Subject>() {
         let m = upload(&backend, &file_of(GgmlType::F32, 64, cols, &data), 64, cols);
         let x: Vec<f32> = random(26, 2 * cols).iter().map(|v| v.abs()).collect();
         let draws = [1.0, 0.5].map(|top_p| sampling(1e-38, 0, top_p, 0.0));
-        let (logits, tokens) = logits_and_draws(&backend, (&m, 64), (&x, cols), None, &draws);
+        let (logits, tokens) =
+            logits_and_draws(&backend, (&m, 64), (&x, cols), None, (&draws, true));
         assert!(logits
             .iter()
             .all(|&l| l < 0.0 && l / 1e-38 == f32::NEG_INFINITY));
@@ -712,6 +718,7 @@ fn attention_on<B: Backend>(
             heads,
             page_size,
             ropes: &ropes,
+            draws: None,
         };
         let mut scratch = B::Scratch::default();
         backend

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use tallow_backend::{
-    Backend, BackendError, Batch, Heads, Logits, MatrixSpec, MatrixUse, Step, StepInput, StepPlan,
+    Backend, BackendError, Batch, Draw, Heads, Logits, MatrixSpec, MatrixUse, Step, StepInput,
+    StepPlan,
 };
 use tallow_gguf::{tensors_image, GgmlType, GgufFile, TensorData};
 use tallow_kv::testing::TablesOnly;
@@ -161,6 +162,19 @@ pub(crate) fn run<B: Backend>(
     ropes: &B::Ropes,
     f: impl for<'s> FnOnce(&mut B::Step<'s>) -> Result<(), BackendError>,
 ) {
+    run_drawing(backend, batch, first_pos, ropes, None, f)
+}
+
+/// [`run`] for a step that ends by drawing tokens by `draws`, known to the step ahead
+/// (`StepInput::draws`) where given.
+fn run_drawing<B: Backend>(
+    backend: &B,
+    batch: &Batch,
+    first_pos: &[usize],
+    ropes: &B::Ropes,
+    draws: Option<&[Draw]>,
+    f: impl for<'s> FnOnce(&mut B::Step<'s>) -> Result<(), BackendError>,
+) {
     let mut scratch = B::Scratch::default();
     let plan = plan(batch, first_pos);
     let input = StepInput {
@@ -169,19 +183,30 @@ pub(crate) fn run<B: Backend>(
         heads: NO_HEADS,
         page_size: 16,
         ropes,
+        draws,
     };
     backend.run_step(&mut scratch, &input, f).unwrap();
 }
 
 /// Runs `f` as one step of `backend` over one sequence of `n` tokens from position 0, with
-/// no RoPE.
+/// no RoPE; a step that ends by drawing tokens by `draws`, known to it ahead, where given.
+pub(crate) fn run_rows_drawing<B: Backend>(
+    backend: &B,
+    n: usize,
+    draws: Option<&[Draw]>,
+    f: impl for<'s> FnOnce(&mut B::Step<'s>) -> Result<(), BackendError>,
+) {
+    let ropes = backend.upload_ropes(Vec::new()).unwrap();
+    run_drawing(backend, &batch(&vec![0; n]), &[0], &ropes, draws, f);
+}
+
+/// [`run_rows_drawing`] with no draws known ahead.
 pub(crate) fn run_rows<B: Backend>(
     backend: &B,
     n: usize,
     f: impl for<'s> FnOnce(&mut B::Step<'s>) -> Result<(), BackendError>,
 ) {
-    let ropes = backend.upload_ropes(Vec::new()).unwrap();
-    run(backend, &batch(&vec![0; n]), &[0], &ropes, f);
+    run_rows_drawing(backend, n, None, f)
 }
 
 /// `x · Wᵀ` on `backend` for `n` tokens of `x`.

@@ -115,12 +115,17 @@ impl<B: Backend> Forward<'_, B> {
         check_batch(batch, seqs)?;
         plan.build(batch, cache)?;
         let cfg = self.config;
+        let draws = match &out.head {
+            Output::Draw { draws, .. } => Some(*draws),
+            _ => None,
+        };
         let input = StepInput {
             batch,
             plan,
             heads: cfg.heads(),
             page_size: cache.layout().page_size,
             ropes: self.ropes,
+            draws,
         };
         self.backend.run_step(backend_scratch, &input, |step| {
             self.layers(step, cache, batch, out)
