@@ -5,7 +5,8 @@
 #   2. tests/test_cuda.py and tests/test_wgpu.py (less what needs the real models, which the
 #      kit does not hold);
 #   3. `tallow bench` on random-weight 1B Q4_K_M and MoE models on CUDA, with and without
-#      CUDA graphs, then on wgpu.
+#      CUDA graphs, then on wgpu; the engine's host time per decode step beside the forward's
+#      (benches/engine_overhead.py) on CUDA.
 # With `--llama`, it then builds llama.cpp for the GPU (about 6 minutes on 16 cores) and runs
 # its llama-bench on the same models. Needs root for the Vulkan loader's packages.
 #
@@ -63,6 +64,7 @@ for size in 1b moe; do
         python3 -m tallow bench -m "$m" --device cuda:0 -p 512 -n 128 --npp 0 -r 2
     step "bench_wgpu_$size" python3 -m tallow bench -m "$m" --device gpu -p 512 -n 128 --npp 0 -r 2
 done
+step engine_overhead_cuda python3 benches/engine_overhead.py -m "$models/1b.gguf" --device cuda:0
 
 if [[ $llama == --llama && -f $kit/llama.cpp.tar.xz ]]; then
     src=$(mktemp -d)
