@@ -230,6 +230,34 @@ def test_a_fifo_is_not_a_model(tmp_path: Path) -> None:
     assert_one_line_error(proc, "not a regular file")
 
 
+def test_ctrl_c_while_a_command_makes_a_class_is_an_interruption(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Python 3.11 wraps an exception raised while a class is made (Ctrl-C while a command
+    imports a module of dataclasses) in a RuntimeError: still an interruption, 130 and one
+    line; any other RuntimeError is not taken for one."""
+    from tallow import cli
+
+    class Interrupted:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise KeyboardInterrupt
+
+    def making_a_class(args: object) -> int:
+        type("Made", (), {"field": Interrupted()})
+        return 0
+
+    monkeypatch.setattr(cli, "_cmd_list", making_a_class)
+    assert cli.main(["list"]) == 130
+    assert capsys.readouterr().err == "tallow: error: interrupted\n"
+
+    def failing(args: object) -> int:
+        raise RuntimeError("not an interruption")
+
+    monkeypatch.setattr(cli, "_cmd_list", failing)
+    with pytest.raises(RuntimeError, match="not an interruption"):
+        cli.main(["list"])
+
+
 @pytest.mark.parametrize("delay", [0.08, 0.15, 0.3, 0.5])
 def test_ctrl_c_while_starting_or_loading(delay: float, smollm2_path: Path) -> None:
     """Ctrl-C at any moment once tallow's code runs: exit 130 with one line, no traceback."""

@@ -1003,6 +1003,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error("interrupted")
         return 130
+    except RuntimeError as exc:
+        # Ctrl-C while a command imports a module that makes a dataclass: Python 3.11 wraps
+        # what a class's making raises in a RuntimeError.
+        if not isinstance(exc.__cause__, KeyboardInterrupt):
+            raise
+        _error("interrupted")
+        return 130
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, and keep Python from complaining
         # again when it flushes stdout at exit.
