@@ -15,7 +15,6 @@
 //! new shape) costs no recording.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tallow_backend::BackendError;
@@ -78,14 +77,6 @@ pub struct ReplayCounts {
     pub updated: u64,
 }
 
-#[derive(Default)]
-struct Counts {
-    launched: AtomicU64,
-    recorded: AtomicU64,
-    replayed: AtomicU64,
-    updated: AtomicU64,
-}
-
 /// A graph and the launches it runs now.
 struct Kept<T> {
     launches: Vec<Launch>,
@@ -102,13 +93,13 @@ struct Recorder<T> {
     /// Why the launches kept when memory was freed did not run: told at the next call that
     /// can fail.
     failed: Option<BackendError>,
+    counts: ReplayCounts,
 }
 
 /// A device whose runs of launches are replayed as graphs (see the module's comment).
 pub struct Replayed<G: Replay> {
     /// `None` where launches go straight to the device.
     recorder: Option<Mutex<Recorder<G::Graph>>>,
-    counts: Counts,
     gpu: G,
 }
 
@@ -126,8 +117,8 @@ impl<G: Replay> Replayed<G> {
                 kept: Vec::new(),
                 seen: VecDeque::new(),
                 failed: None,
+                counts: ReplayCounts::default(),
             })),
-            counts: Counts::default(),
             gpu,
         }
     }
@@ -136,7 +127,6 @@ impl<G: Replay> Replayed<G> {
     pub fn direct(gpu: G) -> Self {
         Replayed {
             recorder: None,
-            counts: Counts::default(),
             gpu,
         }
     }
@@ -146,15 +136,12 @@ impl<G: Replay> Replayed<G> {
         &self.gpu
     }
 
-    /// What was done with the runs of launches so far.
+    /// What was done with the runs of launches so far (nothing, where launches go straight
+    /// to the device).
     pub fn counts(&self) -> ReplayCounts {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        ReplayCounts {
-            launched: get(&self.counts.launched),
-            recorded: get(&self.counts.recorded),
-            replayed: get(&self.counts.replayed),
-            updated: get(&self.counts.updated),
-        }
+        (self.recorder.as_ref())
+            .map(|r| r.lock().unwrap_or_else(|e| e.into_inner()).counts)
+            .unwrap_or_default()
     }
 
     /// Issues the launches kept so far, before the host touches device memory.
@@ -176,7 +163,6 @@ impl<G: Replay> Replayed<G> {
         if run.is_empty() {
             return Ok(());
         }
-        let count = |c: &AtomicU64, n: u64| c.fetch_add(n, Ordering::Relaxed);
         // The most recently replayed first: a model's next step is most often its last one's.
         let kept = (recorder.kept.iter())
             .rposition(|k| same_kernels(k.launches.iter().map(|l| l.name.as_str()), &run));
@@ -184,15 +170,15 @@ impl<G: Replay> Replayed<G> {
             let mut kept = recorder.kept.remove(i);
             // A graph the device can neither update nor record anew is dropped, and the run
             // launched kernel by kernel.
-            if let Ok(updated) = self.update(&mut kept, &run) {
+            if let Ok(updated) = self.update(&mut kept, &run, &mut recorder.counts) {
                 kept.launches = run;
-                count(&self.counts.updated, updated);
+                recorder.counts.updated += updated;
                 self.gpu.replay(&kept.graph)?;
-                count(&self.counts.replayed, 1);
+                recorder.counts.replayed += 1;
                 recorder.kept.push(kept);
                 return Ok(());
             }
-            return self.launch_each(&run);
+            return self.launch_each(&run, &mut recorder.counts);
         }
         let seen =
             (recorder.seen.iter()).position(|s| same_kernels(s.iter().map(String::as_str), &run));
@@ -201,9 +187,9 @@ impl<G: Replay> Replayed<G> {
                 recorder.seen.remove(i);
                 // A graph the device cannot record (out of memory, say): launched one by one.
                 let Ok(graph) = self.gpu.record(&run) else {
-                    return self.launch_each(&run);
+                    return self.launch_each(&run, &mut recorder.counts);
                 };
-                count(&self.counts.recorded, 1);
+                recorder.counts.recorded += 1;
                 self.gpu.replay(&graph)?;
                 if recorder.kept.len() == KEPT_GRAPHS {
                     recorder.kept.remove(0);
@@ -219,13 +205,13 @@ impl<G: Replay> Replayed<G> {
                     recorder.seen.pop_front();
                 }
                 (recorder.seen).push_back(run.iter().map(|l| l.name.clone()).collect());
-                self.launch_each(&run)
+                self.launch_each(&run, &mut recorder.counts)
             }
         }
     }
 
     /// Launches `run` kernel by kernel.
-    fn launch_each(&self, run: &[Launch]) -> Result<(), BackendError> {
+    fn launch_each(&self, run: &[Launch], counts: &mut ReplayCounts) -> Result<(), BackendError> {
         for Launch {
             name,
             grid,
@@ -235,19 +221,24 @@ impl<G: Replay> Replayed<G> {
         {
             self.gpu.launch(name, *grid, *block, args)?;
         }
-        self.counts.launched.fetch_add(1, Ordering::Relaxed);
+        counts.launched += 1;
         Ok(())
     }
 
     /// Sets `kept`'s launches that differ from `run`'s (the same kernels) to them, and
     /// gives how many did. Where the device refuses an update, the graph is recorded anew.
-    fn update(&self, kept: &mut Kept<G::Graph>, run: &[Launch]) -> Result<u64, BackendError> {
+    fn update(
+        &self,
+        kept: &mut Kept<G::Graph>,
+        run: &[Launch],
+        counts: &mut ReplayCounts,
+    ) -> Result<u64, BackendError> {
         let mut updated = 0;
         for (index, (now, launch)) in kept.launches.iter().zip(run).enumerate() {
             if now != launch {
                 if self.gpu.update(&mut kept.graph, index, launch).is_err() {
                     kept.graph = self.gpu.record(run)?;
-                    self.counts.recorded.fetch_add(1, Ordering::Relaxed);
+                    counts.recorded += 1;
                     return Ok(0);
                 }
                 updated += 1;

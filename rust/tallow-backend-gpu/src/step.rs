@@ -49,8 +49,8 @@ struct GroupBuffers {
 /// Tiles of a step's attention (the `attention_tiles` kernels): blocks of (token, query
 /// head) rows, each a run of one chunk's tokens by a KV head's query heads.
 struct AttentionTiles {
-    /// (first token, tokens) of each tile.
-    tiles: DevicePtr,
+    /// Where the (first token, tokens) of each tile are in the step's plan (an offset).
+    tiles: usize,
     n_tiles: usize,
     /// The kernel's most head dimensions.
     head_dims: usize,
@@ -62,9 +62,10 @@ struct AttentionTiles {
 /// drafts) a block per (token, head), split where they are few (the `attention` kernels).
 struct AttentionCut {
     tiles: Option<AttentionTiles>,
-    /// The tokens of a block per (token, head), on the host and on the device.
+    /// The tokens of a block per (token, head), on the host and where they are in the
+    /// step's plan (an offset).
     singles: Vec<u32>,
-    singles_buffer: Option<DevicePtr>,
+    singles_at: Option<usize>,
 }
 
 /// A step's arrays for its kernels as they go to the device: each at its offset in one
@@ -89,7 +90,7 @@ impl PlanBytes {
 }
 
 impl AttentionCut {
-    /// The cut of `input`'s attention, its arrays at offsets of `plan` from `base`.
+    /// The cut of `input`'s attention, its arrays added to `plan`.
     fn of_step<G: Gpu>(
         device: &Device<G>,
         input: &StepInput<GpuBackend<G>>,
@@ -118,31 +119,22 @@ impl AttentionCut {
         }
         let tiles = match tiled {
             Some((head_dims, tile)) if !tiles.is_empty() => Some(AttentionTiles {
-                tiles: DevicePtr(plan.add(&tiles) as u64),
+                tiles: plan.add(&tiles),
                 n_tiles: tiles.len() / 2,
                 head_dims,
                 tile,
             }),
             _ => None,
         };
-        let singles_buffer = match singles.is_empty() {
+        let singles_at = match singles.is_empty() {
             true => None,
-            false => Some(DevicePtr(plan.add(&singles) as u64)),
+            false => Some(plan.add(&singles)),
         };
         AttentionCut {
             tiles,
             singles,
-            singles_buffer,
+            singles_at,
         }
-    }
-
-    /// This cut with its offsets in the plan made addresses from `base`.
-    fn at(mut self, base: DevicePtr) -> AttentionCut {
-        if let Some(tiles) = &mut self.tiles {
-            tiles.tiles = base.offset(tiles.tiles.0 as usize);
-        }
-        self.singles_buffer = self.singles_buffer.map(|at| base.offset(at.0 as usize));
-        self
     }
 }
 
@@ -150,8 +142,8 @@ impl AttentionCut {
 pub struct GpuStep<'s, G: Gpu> {
     device: &'s Arc<Device<G>>,
     input: &'s StepInput<'s, GpuBackend<G>>,
-    /// Holds the arrays below (the plan's, the ropes' angles), uploaded at once.
-    _plan: Buffer<G>,
+    /// The arrays below (the plan's, the ropes' angles, the attention cut's), uploaded at once.
+    plan: Buffer<G>,
     /// The token ids.
     tokens: DevicePtr,
     positions: DevicePtr,
@@ -239,9 +231,9 @@ impl<'s, G: Gpu> GpuStep<'s, G> {
                 })
                 .collect(),
             attention_span,
-            attention_cut: attention_cut.at(buffer.ptr()),
+            attention_cut,
             draw_words: draw_words.map(at),
-            _plan: buffer,
+            plan: buffer,
         })
     }
 
@@ -831,12 +823,12 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         let cut = &self.attention_cut;
         if let Some(tiles) = &cut.tiles {
             let mut args = args.clone();
-            args.ptr(tiles.tiles);
+            args.ptr(self.plan.ptr().offset(tiles.tiles));
             let grid = [tiles.n_tiles as u32, heads.n_head_kv as u32, 1];
             let name = format!("attention_tiles_{}_{}", l.dtype.name(), tiles.head_dims);
             self.launch(&name, grid, tiles.tile.threads(), &args)?;
         }
-        let Some(singles) = &cut.singles_buffer else {
+        let Some(singles) = cut.singles_at.map(|at| self.plan.ptr().offset(at)) else {
             return Ok(());
         };
         // The most positions one of those tokens sees.
@@ -859,7 +851,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         args.int(span)?.int(splits)?;
         // Without splits the kernels write no partial results: any address will do.
         args.ptr(partials.as_ref().map_or(out.buffer.ptr(), Buffer::ptr));
-        args.ptr(*singles);
+        args.ptr(singles);
         let grid = [n_singles as u32, heads.n_head as u32, splits as u32];
         let name = format!("attention_{}", l.dtype.name());
         self.launch(&name, grid, ATTENTION_THREADS, &args)?;
@@ -869,7 +861,7 @@ impl<'s, G: Gpu> Step<GpuBackend<G>> for GpuStep<'s, G> {
         let mut args = Args::new();
         args.ptr(partials.ptr()).ptr(out.buffer.ptr());
         args.int(heads.n_head)?.int(heads.head_dim)?.int(splits)?;
-        args.ptr(sinks).i32(has_sinks).ptr(*singles);
+        args.ptr(sinks).i32(has_sinks).ptr(singles);
         let grid = [n_singles as u32, heads.n_head as u32, 1];
         self.launch("attention_merge", grid, ATTENTION_THREADS, &args)
     }
