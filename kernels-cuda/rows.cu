@@ -64,3 +64,11 @@ extern "C" __global__ void place_columns(const float* x, float* out, int n, int 
     if (i < n) out[(size_t)(i / width) * out_width + first + i % width] = x[i];
 }
 TALLOW_EXPORT(place_columns)
+
+// `n` bytes from `src` to `dst` (not overlapping): a copy kept in a run of launches, so that
+// a step's copies (a branch's positions shared with its parent) do not cut its graph.
+extern "C" __global__ void copy_bytes(const uint8_t* src, uint8_t* dst, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i];
+}
+TALLOW_EXPORT(copy_bytes)

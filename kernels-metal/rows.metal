@@ -69,3 +69,9 @@ kernel void place_columns(device const float* x [[buffer(0)]], device float* out
                           uint i [[thread_position_in_grid]]) {
     if ((int)i < n) out[(size_t)(i / width) * out_width + first + i % width] = x[i];
 }
+
+// `n` bytes from `src` to `dst` (not overlapping): a copy kept in a run of launches.
+kernel void copy_bytes(device const uint8_t* src [[buffer(0)]], device uint8_t* dst [[buffer(1)]],
+                       constant int& n [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+    if ((int)i < n) dst[i] = src[i];
+}

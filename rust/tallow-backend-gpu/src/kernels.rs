@@ -25,6 +25,7 @@ pub fn names(product: impl Fn(GgmlType, usize) -> Product, tiled_attention: bool
         "draw_rows",
         "attention_merge",
         "place_columns",
+        "copy_bytes",
     ]
     .map(String::from)
     .into();

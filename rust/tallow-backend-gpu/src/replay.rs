@@ -5,7 +5,8 @@
 //! back to back.
 //!
 //! [`Replayed`] wraps such a device. It keeps each launch instead of issuing it, until the
-//! host next touches device memory (a write, a read, a copy, a free): the launches
+//! host next touches device memory (a write, a read, a large copy, a free; a small copy is
+//! kept as a launch of the `copy_bytes` kernel): the launches
 //! kept by then are a run, and every step of a model is the same few runs (the step's
 //! forward after its plan is uploaded, the draw before its ids are read back). A run whose
 //! kernels come in the same order as a kept graph's is replayed by that graph, after its
@@ -62,6 +63,11 @@ const REMEMBERED_RUNS: usize = 32;
 /// A run of launches this long is issued without waiting for the host to touch memory: a
 /// long prompt's step should not sit on the host while the GPU idles.
 const MOST_KEPT_LAUNCHES: usize = 4096;
+
+/// The largest copy kept in a run as a launch of the `copy_bytes` kernel (a byte a thread,
+/// in blocks of [`COPY_BLOCK`]); a larger one issues the run and copies through the API.
+const MOST_LAUNCHED_COPY_BYTES: usize = 1 << 20;
+const COPY_BLOCK: u32 = 256;
 
 /// What a [`Replayed`] device did with its runs of launches.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -312,6 +318,14 @@ impl<G: Replay> Gpu for Replayed<G> {
     }
 
     fn copy(&self, src: DevicePtr, dst: DevicePtr, bytes: usize) -> Result<(), BackendError> {
+        if self.recorder.is_some() && (1..=MOST_LAUNCHED_COPY_BYTES).contains(&bytes) {
+            // Kept in the run as a kernel: a step whose branches copy their parents' positions
+            // layer by layer stays one run instead of one per layer.
+            let mut args = Args::new();
+            args.ptr(src).ptr(dst).int(bytes)?;
+            let grid = [bytes.div_ceil(COPY_BLOCK as usize) as u32, 1, 1];
+            return self.launch("copy_bytes", grid, [COPY_BLOCK, 1, 1], &args);
+        }
         self.flush()?;
         self.gpu.copy(src, dst, bytes)
     }

@@ -189,7 +189,6 @@ mod tests {
         names.extend(kernels::names(|_, _| Product::FloatTiles, false));
         names.sort();
         names.dedup();
-        names.push("copy_bytes".into());
         for name in names {
             let source = super::source(&name).unwrap_or_else(|| panic!("no source for {name}"));
             let buffers = source.matches("var<storage").count();

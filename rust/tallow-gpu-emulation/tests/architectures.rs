@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use tallow_backend::Backend;
 use tallow_backend_gpu::{GpuBackend, Replayed};
 use tallow_gpu_emulation::{Api, Emulated};
-use tallow_model::{Logits, Model, SingleSequence};
+use tallow_model::{Batch, KvBudget, Logits, Model, SingleSequence};
 
 const ARCHITECTURES: [&str; 7] = [
     "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3",
@@ -223,6 +223,71 @@ fn runs_the_device_cannot_record_are_launched_one_by_one() {
         counts.recorded == 0 && counts.replayed == 0 && counts.launched >= 7,
         "{counts:?}"
     );
+}
+
+/// Steps whose branches copy their parent's positions layer by layer (a fork taking two
+/// tokens beside its parent's one, its first position inside a page) run as one graph a step
+/// once recorded, the copies kept in it as kernels (a run cut at each copy was a run a layer),
+/// with the logits of launches one by one.
+#[test]
+fn steps_with_branches_stay_one_run() {
+    let path = arch_dir().join("llama3/llama3-q8_0.gguf");
+    let replaying = Emulated::replaying_backend(Api::Cuda);
+    let want = decode_with_branches(Emulated::backend(Api::Cuda), &path, |_| ());
+    let mut runs = Vec::new();
+    let got = decode_with_branches(replaying.clone(), &path, |()| {
+        let c = replaying.gpu().counts();
+        runs.push(c.launched + c.recorded + c.replayed);
+    });
+    assert!(want.iter().all(|v| v.is_finite()));
+    assert!(want
+        .iter()
+        .zip(&got)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    // A step is two runs: the copy-on-write copies of the page the branch shares with its
+    // parent (made before the step's plan is uploaded), then the step's forward.
+    let per_step: Vec<u64> = runs.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        per_step.iter().all(|&n| n == 2),
+        "runs per step: {per_step:?}"
+    );
+    let counts = replaying.gpu().counts();
+    assert!(counts.replayed >= 3, "{counts:?}");
+}
+
+/// A prompt of 5 tokens, then 5 steps each taking one token for the sequence and two for a
+/// branch forked from it in the step (freed after it); `after_step` is called after each
+/// step. The logits of every row.
+fn decode_with_branches<B: Backend>(
+    backend: B,
+    path: &PathBuf,
+    mut after_step: impl FnMut(()),
+) -> Vec<f32> {
+    let model = Model::load(backend, path, Default::default()).unwrap();
+    let layout = model.kv_layout();
+    assert!(layout.page_size > 7, "the branches start inside a page");
+    let mut cache = model.new_kv_cache(layout, KvBudget::Pages(64)).unwrap();
+    let seq = cache.create();
+    cache.append_slots(seq, 5).unwrap();
+    let mut prompt = Batch::new();
+    prompt.push(seq, &[1, 2, 3, 4, 5], Logits::Last);
+    let mut logits = model.forward(&mut cache, &prompt).unwrap();
+    for token in 6..11 {
+        cache.append_slots(seq, 1).unwrap();
+        let branch = cache.fork(seq).unwrap();
+        cache.append_slots(branch, 2).unwrap();
+        let mut step = Batch::new();
+        step.push(seq, &[token], Logits::Last).push_branch(
+            branch,
+            seq,
+            &[token + 10, token + 20],
+            Logits::All,
+        );
+        logits.extend(model.forward(&mut cache, &step).unwrap());
+        cache.free(branch).unwrap();
+        after_step(());
+    }
+    logits
 }
 
 /// The last logits of a prompt of 4 tokens and of each of 6 tokens after it, one a step.
