@@ -716,6 +716,10 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             quantize: Some(quantize::q8_1),
             ..none
         },
+        GgmlType::Q8_K => RawRow {
+            quantize: Some(quantize::q8_k),
+            ..none
+        },
         GgmlType::Q2_K => RawRow {
             packed: formats!(q2_k),
             ..none
@@ -763,12 +767,7 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             }),
             ..none
         },
-        GgmlType::F32
-        | GgmlType::F16
-        | GgmlType::BF16
-        | GgmlType::Q8_K
-        | GgmlType::IQ4_NL
-        | GgmlType::MXFP4 => none,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::IQ4_NL | GgmlType::MXFP4 => none,
     }
 }
 

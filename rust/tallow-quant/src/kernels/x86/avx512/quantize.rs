@@ -1,10 +1,11 @@
-//! Activation quantization to Q8_0 and Q8_1 with AVX-512: the same bytes as the scalar
-//! quantizers (`crate::reference::quantize`), 32 values per block in two vectors, sixteen
-//! blocks at a time: each block's largest magnitude and quant sum are reduced across the
+//! Activation quantization to Q8_0, Q8_1 and Q8_K with AVX-512: the same bytes as the scalar
+//! quantizers (`crate::reference::quantize`). Q8_0 and Q8_1: 32 values per block in two
+//! vectors, sixteen blocks at a time: each block's largest magnitude and quant sum are reduced across the
 //! sixteen blocks' vectors at once (three instructions a block, where one block's reduction
 //! took eight), and their scales divided and converted to f16 in one vector. A block with a
 //! value that is not finite, or whose scale is not a normal number, goes through the scalar
-//! quantizer, so every input gives exactly the reference's bytes.
+//! quantizer, so every input gives exactly the reference's bytes. Q8_K: a block of 256
+//! values is sixteen vectors, one per group of its sums, which are taken at once.
 //!
 //! # Safety
 //! Every function here needs AVX-512 F and BW; `crate::kernels::Isa::kernels` only hands them out
@@ -12,7 +13,9 @@
 
 use std::arch::x86_64::*;
 
+use crate::blocks::{as_blocks_mut, BlockQ8K};
 use crate::kernels::x86::Q8Group;
+use crate::reference::quantize as reference;
 
 /// Blocks a row quantizer takes at a time.
 const GROUP: usize = 16;
@@ -164,3 +167,60 @@ unsafe fn q8_block(x: &[f32; 32]) -> Option<(f32, [i8; 32], i32)> {
 }
 
 q8_row_quantizers!("avx512f,avx512bw,f16c");
+
+/// One Q8_K block as the scalar `q8_k` makes it (scale `-127 / max` of the value of largest
+/// magnitude, the first one where several have it; halves to even); `false` where the block
+/// takes the scalar path (a value not finite, all zeros, a scale that overflows).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q8_k_block(x: &[f32; 256], b: &mut BlockQ8K) -> bool {
+    let v: [__m512; 16] = std::array::from_fn(|i| _mm512_loadu_ps(x[16 * i..].as_ptr()));
+    // Magnitudes compared as unsigned integers order as floats do, and put infinities and
+    // NaN (all exponent bits set) above every finite value.
+    let magnitudes = v.map(|v| _mm512_castps_si512(_mm512_abs_ps(v)));
+    let largest = (magnitudes[1..].iter()).fold(magnitudes[0], |m, &a| _mm512_max_epu32(m, a));
+    let amax = _mm512_reduce_max_epu32(largest);
+    if amax == 0 || amax >= 0x7f80_0000 {
+        return false;
+    }
+    let of_amax = |m: __m512i| _mm512_cmpeq_epi32_mask(m, _mm512_set1_epi32(amax as i32));
+    let Some(at) = magnitudes.iter().position(|&m| of_amax(m) != 0) else {
+        return false;
+    };
+    let max = x[16 * at + of_amax(magnitudes[at]).trailing_zeros() as usize];
+    let iscale = -127.0 / max;
+    if !iscale.is_finite() {
+        return false;
+    }
+    let (scale, top) = (_mm512_set1_ps(iscale), _mm512_set1_epi32(127));
+    // Round to nearest, halves to even: what ggml's `nearest_int` does for |v| <= 2^22.
+    let q = v.map(|v| {
+        let r = _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(scale, v),
+        );
+        _mm512_min_epi32(r, top)
+    });
+    for (q, out) in q.iter().zip(b.qs.as_chunks_mut::<16>().0) {
+        _mm_storeu_si128(out.as_mut_ptr().cast(), _mm512_cvtsepi32_epi8(*q));
+    }
+    // Each group of 16 quants (a vector) sums into its i16 `bsums` entry.
+    let sums = _mm512_cvtepi32_epi16(across::<false>(q));
+    _mm256_storeu_si256(b.bsums.as_mut_ptr().cast(), sums);
+    b.d = (1.0 / iscale).to_le_bytes();
+    true
+}
+
+/// Q8_K blocks of the row `x` into `dst`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn q8_k(x: &[f32], dst: &mut [u8]) {
+    for (xs, b) in x
+        .as_chunks::<256>()
+        .0
+        .iter()
+        .zip(as_blocks_mut::<BlockQ8K>(dst))
+    {
+        if !q8_k_block(xs, b) {
+            reference::q8_k(xs, b);
+        }
+    }
+}
