@@ -56,11 +56,13 @@ unsafe fn f16_pair(d: f32, s: f32) -> (u16, u16) {
     (bits as u16, (bits >> 16) as u16)
 }
 
-/// The row quantizers `q8_0` and `q8_1`, compiled with `$features` (which include F16C), over
-/// the calling module's `q8_group(&[f32; 32 * GROUP]) -> Q8Group<GROUP>` (blocks `GROUP` at a
-/// time: their maxima and sums taken across blocks in vectors) and `q8_block(&[f32; 32]) ->
-/// Option<(d, quants, sum)>` (one block, for the last blocks of a row; `None`: the block takes
-/// the scalar quantizer), so that every instruction set's quantizers write blocks the same way.
+/// The row quantizers `q8_0`, `q8_1` and `q8_k`, compiled with `$features` (which include
+/// F16C), over the calling module's `q8_group(&[f32; 32 * GROUP]) -> Q8Group<GROUP>` (blocks
+/// `GROUP` at a time: their maxima and sums taken across blocks in vectors), `q8_block(&[f32;
+/// 32]) -> Option<(d, quants, sum)>` (one block, for the last blocks of a row; `None`: the
+/// block takes the scalar quantizer) and `q8_k_block(&[f32; 256], &mut BlockQ8K) -> bool` (one
+/// Q8_K block; `false`: it takes the scalar quantizer), so that every instruction set's
+/// quantizers write blocks the same way.
 macro_rules! q8_row_quantizers {
     ($features:literal) => {
         /// The blocks of `x` into `blocks`.
@@ -105,6 +107,17 @@ macro_rules! q8_row_quantizers {
                 x,
                 crate::blocks::as_blocks_mut::<crate::blocks::BlockQ8_1>(dst),
             );
+        }
+
+        /// Q8_K blocks of the row `x` into `dst`.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn q8_k(x: &[f32], dst: &mut [u8]) {
+            let blocks = crate::blocks::as_blocks_mut::<crate::blocks::BlockQ8K>(dst);
+            for (xs, b) in x.as_chunks::<256>().0.iter().zip(blocks) {
+                if !q8_k_block(xs, b) {
+                    crate::reference::quantize::q8_k(xs, b);
+                }
+            }
         }
     };
 }

@@ -11,9 +11,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::blocks::{as_blocks_mut, BlockQ8K};
+use crate::blocks::BlockQ8K;
 use crate::kernels::x86::Q8Group;
-use crate::reference::quantize as reference;
 
 /// The eight vectors of `N` values.
 #[inline]
@@ -210,46 +209,50 @@ unsafe fn q8_block(x: &[f32; 32]) -> Option<(f32, [i8; 32], i32)> {
 
 q8_row_quantizers!("avx2,fma,f16c");
 
+/// Vector `i` of a Q8_K block: its values `8i..8i + 8`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn eight(x: &[f32; 256], i: usize) -> __m256 {
+    _mm256_loadu_ps(x[8 * i..8 * i + 8].as_ptr())
+}
+
 /// One Q8_K block as the scalar `q8_k` makes it (scale `-127 / max` of the value of largest
 /// magnitude, the first one where several have it; halves to even); `false` where the block
-/// takes the scalar path.
+/// takes the scalar path. Its 32 vectors are loaded where they are used, again from the L1
+/// cache: held as an array, they went through memory by `memcpy`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn q8_k_block(x: &[f32; 256], b: &mut BlockQ8K) -> bool {
-    let v: [__m256; 32] = load(x);
-    if !all_finite(&v) {
+    let exponent = _mm256_set1_epi32(0x7f80_0000);
+    let (mut bad, mut largest) = (_mm256_setzero_si256(), _mm256_setzero_ps());
+    for i in 0..32 {
+        let v = eight(x, i);
+        let e = _mm256_and_si256(_mm256_castps_si256(v), exponent);
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, exponent));
+        largest = _mm256_max_ps(largest, abs(v));
+    }
+    if _mm256_testz_si256(bad, bad) != 1 {
         return false;
     }
-    let amax = abs_max(&v);
+    let amax = abs_max(&[largest]);
     if amax == 0.0 {
         return false;
     }
-    let first = v
-        .iter()
-        .position(|&v| {
-            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(abs(v), _mm256_set1_ps(amax))) != 0
-        })
+    let of_amax =
+        |v: __m256| _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(abs(v), _mm256_set1_ps(amax)));
+    let first = (0..32)
+        .find(|&i| of_amax(eight(x, i)) != 0)
         .expect("amax is one of the values");
-    let lane = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
-        abs(v[first]),
-        _mm256_set1_ps(amax),
-    ));
-    let max = x[first * 8 + lane.trailing_zeros() as usize];
+    let max = x[first * 8 + of_amax(eight(x, first)).trailing_zeros() as usize];
     let iscale = -127.0 / max;
     let scale = _mm256_set1_ps(iscale);
     let top = _mm256_set1_epi32(127);
-    for (g, (v, qs)) in v
-        .as_chunks::<4>()
-        .0
-        .iter()
-        .zip(b.qs.as_chunks_mut::<32>().0)
-        .enumerate()
-    {
+    for (g, qs) in b.qs.as_chunks_mut::<32>().0.iter_mut().enumerate() {
         let mut q = [_mm256_setzero_si256(); 4];
-        for (q, &v) in q.iter_mut().zip(v) {
+        for (k, q) in q.iter_mut().enumerate() {
             // Round to nearest, halves to even: what ggml's `nearest_int` does for |v| <= 2^22.
             let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                _mm256_mul_ps(scale, v),
+                _mm256_mul_ps(scale, eight(x, 4 * g + k)),
             );
             *q = _mm256_min_epi32(_mm256_cvtps_epi32(r), top);
         }
@@ -263,19 +266,4 @@ unsafe fn q8_k_block(x: &[f32; 256], b: &mut BlockQ8K) -> bool {
     }
     b.d = (1.0 / iscale).to_le_bytes();
     true
-}
-
-/// Q8_K blocks of the row `x` into `dst`.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn q8_k(x: &[f32], dst: &mut [u8]) {
-    for (xs, b) in x
-        .as_chunks::<256>()
-        .0
-        .iter()
-        .zip(as_blocks_mut::<BlockQ8K>(dst))
-    {
-        if !q8_k_block(xs, b) {
-            reference::q8_k(xs, b);
-        }
-    }
 }

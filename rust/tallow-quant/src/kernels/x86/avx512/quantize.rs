@@ -13,9 +13,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::blocks::{as_blocks_mut, BlockQ8K};
+use crate::blocks::BlockQ8K;
 use crate::kernels::x86::Q8Group;
-use crate::reference::quantize as reference;
 
 /// Blocks a row quantizer takes at a time.
 const GROUP: usize = 16;
@@ -208,19 +207,4 @@ unsafe fn q8_k_block(x: &[f32; 256], b: &mut BlockQ8K) -> bool {
     _mm256_storeu_si256(b.bsums.as_mut_ptr().cast(), sums);
     b.d = (1.0 / iscale).to_le_bytes();
     true
-}
-
-/// Q8_K blocks of the row `x` into `dst`.
-#[target_feature(enable = "avx512f,avx512bw")]
-pub(super) unsafe fn q8_k(x: &[f32], dst: &mut [u8]) {
-    for (xs, b) in x
-        .as_chunks::<256>()
-        .0
-        .iter()
-        .zip(as_blocks_mut::<BlockQ8K>(dst))
-    {
-        if !q8_k_block(xs, b) {
-            reference::q8_k(xs, b);
-        }
-    }
 }
