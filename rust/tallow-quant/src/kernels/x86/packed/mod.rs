@@ -1466,6 +1466,145 @@ impl Format<V512<Vnni>> for Iq4Xs {
     }
 }
 
+// ---- one token on AVX2 ----
+
+/// Q4_K against one token with AVX2 (a decode step's product), both halves of a block's rows
+/// in each pass and both sub-blocks of each word in it: the token's activation bytes are
+/// broadcast once for the 16 rows, and each word is loaded once for its two sub-blocks (its
+/// low and high nibbles). The loop of every tile width takes one half and one sub-block at a
+/// time, so that a pass's steps serve up to 16 tokens; with one token that left it loading
+/// each word twice and spilling its sums (a core's products of a 1024 x 1024 matrix in its L2
+/// cache: 33 GB/s that way). The integer sums and the f32 operations are the loop's, so the
+/// outputs are equal bit for bit.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_one_token_avx2(
+    groups: &[u8],
+    source: WeightsAt,
+    a: TileActs,
+    scales: &TileScales,
+    out: &mut [&mut [f32]],
+) {
+    type S = V256;
+    let ops = Operands::<BlockQ8K, [u8; 64], [u8; 35 * 64], 1>::new(groups, a, scales, out);
+    let low4 = S::splat_i32(0x0f0f0f0f);
+    for (g, blocks) in ops.each_group().enumerate() {
+        let mut acc = [S::zero_f(); 2];
+        for (b, (fields, words)) in blocks.enumerate() {
+            let act = ops.column(b).token(0);
+            let halves = [
+                <Q4K as Format<S>>::half(fields, words, 0),
+                <Q4K as Format<S>>::half(fields, words, 1),
+            ];
+            let mut isum = [S::zero(); 2];
+            // Sub-blocks 2j and 2j + 1: the low and high nibbles of words 3 + 8j...
+            for j in 0..4 {
+                if source == WeightsAt::Memory {
+                    prefetch_part::<S, Q4K>(fields, 2 * j);
+                    prefetch_part::<S, Q4K>(fields, 2 * j + 1);
+                }
+                let (y_low, y_high) = (k_y(act, 2 * j), k_y(act, 2 * j + 1));
+                // Per half, the i16 pair sums of each sub-block (within 8 * 2 * 15 * 127).
+                let mut pairs = [[S::zero(); 2]; 2];
+                for c in 0..8 {
+                    let (low_y, high_y) = (quad::<S>(y_low, c), quad::<S>(y_high, c));
+                    for (h, pairs) in pairs.iter_mut().enumerate() {
+                        let word = S::word(words, 3 + 8 * j + c, h);
+                        let low = S::and(word, low4);
+                        let high = S::and(S::shr16(word, 4), low4);
+                        pairs[0] = S::add16(pairs[0], S::maddubs(low, low_y));
+                        pairs[1] = S::add16(pairs[1], S::maddubs(high, high_y));
+                    }
+                }
+                for h in 0..2 {
+                    let scales = &halves[h].scales;
+                    isum[h] = S::madd_add(isum[h], pairs[h][0], scales[2 * j]);
+                    isum[h] = S::madd_add(isum[h], pairs[h][1], scales[2 * j + 1]);
+                }
+            }
+            let ((d, sa), pairs) = (ops.scales(b, 0), ops.pairs(b, 0));
+            for h in 0..2 {
+                acc[h] = <Q4K as Format<S>>::finish(acc[h], isum[h], &halves[h], act, d, sa, pairs);
+            }
+        }
+        for (h, acc) in acc.into_iter().enumerate() {
+            S::store(acc, &mut out[0][g * PACK_ROWS + h * S::ROWS..]);
+        }
+    }
+}
+
+/// Q6_K against one token with AVX2, as [`q4_k_one_token_avx2`]: both halves of a block's
+/// rows in each pass, and each group's three words loaded once for its four steps (the low 6
+/// bits of each, and their top 2 bits together).
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_one_token_avx2(
+    groups: &[u8],
+    source: WeightsAt,
+    a: TileActs,
+    scales: &TileScales,
+    out: &mut [&mut [f32]],
+) {
+    type S = V256;
+    let ops = Operands::<BlockQ8K, [u8; 32], [u8; 52 * 64], 1>::new(groups, a, scales, out);
+    let low6 = S::splat_i32(0x3f3f3f3f);
+    for (g, blocks) in ops.each_group().enumerate() {
+        let mut acc = [S::zero_f(); 2];
+        for (b, (fields, words)) in blocks.enumerate() {
+            let act = ops.column(b).token(0);
+            let halves = [
+                <Q6K as Format<S>>::half(fields, words, 0),
+                <Q6K as Format<S>>::half(fields, words, 1),
+            ];
+            let mut isum = [S::zero(); 2];
+            for s in 0..8 {
+                if source == WeightsAt::Memory {
+                    prefetch_part::<S, Q6K>(fields, s);
+                }
+                let y = k_y(act, s);
+                // Group 2s + k of 16 columns: steps 4k..4k + 4 of sub-block s.
+                for k in 0..2 {
+                    let quads = vectors!(4, |c| quad::<S>(y, 4 * k + c));
+                    let first = 4 + 3 * (2 * s + k);
+                    for (h, isum) in isum.iter_mut().enumerate() {
+                        let w = vectors!(3, |j| S::word(words, first + j, h));
+                        // Bits 6 and 7 of the three words' bytes to bits 0-1, 2-3 and 4-5
+                        // (as `Q6K::step`).
+                        let mut top = S::zero();
+                        for (j, &w) in w.iter().enumerate() {
+                            let bits = S::shr16(w, 6 - 2 * j as u32);
+                            top = S::or(top, S::and(bits, S::splat_i32(0x03030303 << (2 * j))));
+                        }
+                        let steps = [
+                            S::and(w[0], low6),
+                            S::and(w[1], low6),
+                            S::and(w[2], low6),
+                            top,
+                        ];
+                        // Runs of 2 steps as i16 (within 2 * 2 * 63 * 127), widened against
+                        // the group's scale.
+                        let scale = halves[h].scales[2 * s + k];
+                        for r in 0..2 {
+                            let pairs = S::add16(
+                                S::maddubs(steps[2 * r], quads[2 * r]),
+                                S::maddubs(steps[2 * r + 1], quads[2 * r + 1]),
+                            );
+                            *isum = S::madd_add(*isum, pairs, scale);
+                        }
+                    }
+                }
+            }
+            let ((d, sa), pairs) = (ops.scales(b, 0), ops.pairs(b, 0));
+            for h in 0..2 {
+                acc[h] = <Q6K as Format<S>>::finish(acc[h], isum[h], &halves[h], act, d, sa, pairs);
+            }
+        }
+        for (h, acc) in acc.into_iter().enumerate() {
+            S::store(acc, &mut out[0][g * PACK_ROWS + h * S::ROWS..]);
+        }
+    }
+}
+
 /// Calls `$loop` with a tile width of `a.len()` tokens, one of `$($t)*`.
 macro_rules! tile_width {
     ($loop:ident::<$simd:ty, $format:ident> $args:tt, $n:expr, $($t:literal)*) => {
@@ -1481,9 +1620,10 @@ macro_rules! tile_width {
 /// `whole` (1 to 16 tokens in one call: the unpacked steps of a pass serve all of them) or
 /// `by_group` (one group of tile scales, 1 to 8 tokens, at a time: where 16 tokens' sums and
 /// a pass's steps outgrow the registers, as in every format on AVX-512 and those on AVX2 whose
-/// steps take more than a few instructions to unpack or whose sums widen often).
+/// steps take more than a few instructions to unpack or whose sums widen often), and where
+/// `or` names one, the kernel of a single token.
 macro_rules! packed_entry_points {
-    ($module:ident, $loop:ident::<$simd:ty>, $features:literal: $($format:ident => $entry:ident $tiles:ident),* $(,)?) => {
+    ($module:ident, $loop:ident::<$simd:ty>, $features:literal: $($format:ident => $entry:ident $tiles:ident $(or $one:ident)?),* $(,)?) => {
         pub(super) mod $module {
             use super::*;
             $(
@@ -1495,6 +1635,9 @@ macro_rules! packed_entry_points {
                     scales: &TileScales,
                     out: &mut [&mut [f32]],
                 ) {
+                    $(if a.len() == 1 {
+                        return $one(groups, source, a, scales, out);
+                    })?
                     packed_entry_points!(@$tiles $loop::<$simd, $format>(groups, source, a, scales, out));
                 }
             )*
@@ -1519,9 +1662,9 @@ packed_entry_points!(avx2, packed_avx2::<V256>, "avx2,fma,f16c":
     Q80 => q8_0 by_group,
     Q2K => q2_k by_group,
     Q3K => q3_k whole,
-    Q4K => q4_k whole,
+    Q4K => q4_k whole or q4_k_one_token_avx2,
     Q5K => q5_k by_group,
-    Q6K => q6_k whole,
+    Q6K => q6_k whole or q6_k_one_token_avx2,
     Iq4Nl => iq4_nl by_group,
     Iq4Xs => iq4_xs by_group,
     Decoded => decoded by_group,
