@@ -37,7 +37,7 @@ mod operands;
 mod simd;
 
 use self::operands::{act_quad, Bytes, Operands, PairsAt};
-use self::simd::{Simd, V256, V512};
+use self::simd::{Prefetch, Simd, V256, V512};
 use super::{Bw, Vnni};
 use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES};
 use crate::kernels::{
@@ -134,8 +134,9 @@ macro_rules! packed_loop {
             const { assert!(F::PASS <= MAX_PASS_STEPS) };
             // A light format's one-token stream asks for the first line of each page alone
             // (`Prefetch::pages_ahead`).
+            let prefetch = S::prefetch();
             let pages_ahead = match T == 1 && F::LIGHT {
-                true => S::PREFETCH.pages_ahead,
+                true => prefetch.pages_ahead,
                 false => None,
             };
             for (g, blocks) in ops.each_group().enumerate() {
@@ -157,7 +158,7 @@ macro_rules! packed_loop {
                             if source == WeightsAt::Memory && h == 0 {
                                 match pages_ahead {
                                     Some(ahead) => prefetch_page::<S, F>(fields, p, ahead),
-                                    None => prefetch_part::<S, F>(fields, p),
+                                    None => prefetch_part::<S, F>(fields, p, prefetch),
                                 }
                             }
                             let mut steps = [F::step(words, h, s, first); MAX_PASS_STEPS];
@@ -212,7 +213,7 @@ fn part_bytes<S: Simd, F: Format<S>>(i: usize) -> (usize, usize) {
     (i * len / parts, (i + 1) * len / parts)
 }
 
-/// Asks for the cache lines [`Simd::PREFETCH`] ahead of part `i` of the block at `fields`
+/// Asks for the cache lines `how` says ahead of part `i` of the block at `fields`
 /// (one part per pass). A product of a few tokens is one stream of weights read once, and the
 /// hardware prefetcher alone does not keep a core's loads in flight while it computes: without
 /// these requests a tile of 8 tokens waited on memory as long as it computed (a 1B model's
@@ -223,14 +224,14 @@ fn part_bytes<S: Simd, F: Format<S>>(i: usize) -> (usize, usize) {
 /// the cache (a run of groups stays in the L2 from one tile to the next), where the requests
 /// only took load slots (with runs sized for the L1, smollm2-135m's pp512 lost a fifth).
 #[inline(always)]
-unsafe fn prefetch_part<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize) {
+unsafe fn prefetch_part<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize, how: Prefetch) {
     let block = (fields as *const F::Fields).cast::<i8>();
     let (start, end) = part_bytes::<S, F>(i);
     let mut line = start & !63;
     while line < end {
         // A prefetch reads nothing and never faults, past the end of the weights included.
-        let at = block.wrapping_add(S::PREFETCH.ahead + line);
-        if S::PREFETCH.into_l1 {
+        let at = block.wrapping_add(how.ahead + line);
+        if how.into_l1 {
             _mm_prefetch::<_MM_HINT_T0>(at);
         } else {
             _mm_prefetch::<_MM_HINT_T1>(at);
@@ -1500,8 +1501,8 @@ unsafe fn q4_k_one_token_avx2(
             // Sub-blocks 2j and 2j + 1: the low and high nibbles of words 3 + 8j...
             for j in 0..4 {
                 if source == WeightsAt::Memory {
-                    prefetch_part::<S, Q4K>(fields, 2 * j);
-                    prefetch_part::<S, Q4K>(fields, 2 * j + 1);
+                    prefetch_part::<S, Q4K>(fields, 2 * j, S::prefetch());
+                    prefetch_part::<S, Q4K>(fields, 2 * j + 1, S::prefetch());
                 }
                 let (y_low, y_high) = (k_y(act, 2 * j), k_y(act, 2 * j + 1));
                 // Per half, the i16 pair sums of each sub-block (within 8 * 2 * 15 * 127).
@@ -1559,7 +1560,7 @@ unsafe fn q6_k_one_token_avx2(
             let mut isum = [S::zero(); 2];
             for s in 0..8 {
                 if source == WeightsAt::Memory {
-                    prefetch_part::<S, Q6K>(fields, s);
+                    prefetch_part::<S, Q6K>(fields, s, S::prefetch());
                 }
                 let y = k_y(act, s);
                 // Group 2s + k of 16 columns: steps 4k..4k + 4 of sub-block s.

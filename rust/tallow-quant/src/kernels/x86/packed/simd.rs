@@ -15,6 +15,7 @@
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
+use std::sync::OnceLock;
 
 use super::super::DotBytes;
 
@@ -60,8 +61,8 @@ pub(super) trait Simd {
     /// products without an integer scale is cheapest taken straight into i32 lanes.
     const FUSED_DOT: bool = false;
     /// How a product asks for its weights ahead of its loads (see
-    /// `super::prefetch_part`).
-    const PREFETCH: Prefetch;
+    /// `super::prefetch_part`); taken once per kernel call.
+    fn prefetch() -> Prefetch;
     /// `acc` plus, per i32 lane, the sum of the four products of `u`'s unsigned bytes and
     /// `s`'s signed bytes.
     #[inline(always)]
@@ -116,6 +117,7 @@ fn byte_pair_pattern(lo: usize, hi: usize, signed: bool) -> i32 {
 
 /// How far ahead of the block it reads a product asks for the weights, and into
 /// which cache.
+#[derive(Clone, Copy)]
 pub(super) struct Prefetch {
     /// Bytes ahead.
     pub ahead: usize,
@@ -126,19 +128,65 @@ pub(super) struct Prefetch {
     pub pages_ahead: Option<usize>,
 }
 
+/// Every line, 2048 bytes ahead, into L1: AVX2's requests on every CPU, and AVX-512's but on
+/// AMD's. On Zen 3 (AVX2 only) the hardware prefetcher alone left a tenth to a fifth of two
+/// threads' memory bandwidth unused; requests into L1 1536 to 3072 bytes ahead read within
+/// noise of each other. On an Intel Xeon with AVX-512 VNNI (2 threads, one-token products of
+/// 300 MiB of weights, `cargo bench -p tallow-quant --bench kernels -- matvec_streamed`,
+/// GiB/s), VNNI's Q4_K read 26.4 this way against 17.2 with Zen 4's requests below, 24.2
+/// with every line 8192 bytes ahead into L2, 25.6 1024 bytes ahead into L1 and 18.5 4096
+/// ahead; Q6_K 26.7 against 17.6, Q3_K 24.5 against 14.0, Q4_0 25.1 against 24.9.
+const EVERY_LINE_INTO_L1: Prefetch = Prefetch {
+    ahead: 2048,
+    into_l1: true,
+    pages_ahead: None,
+};
+
+/// AVX-512's requests on AMD's CPUs. On Zen 4 requests into L1 cost a fifth of one thread's
+/// stream (Q4_K at 36864 x 768: 15.5-18 GiB/s with them, 18-24 without), while requests
+/// 8192 bytes ahead into L2 keep two threads' streams fuller (3B decode 14.3-15.4 to
+/// 16.8-19.9 t/s) and leave one thread's as it is. But not a light format's one-token
+/// stream, which reads fastest with the first line of each page asked for alone, 32 KiB
+/// ahead, the hardware prefetcher following the rest. Two threads over 300 MiB of weights,
+/// each way in turns after a read probe, the share of the probe's rate read, page starts /
+/// every line / nothing: VNNI's Q4_K in minutes when the probe read 55-65 GB/s 0.86 / 0.73 /
+/// 0.79, where it read 33-37 1.00 / 0.94 / 1.00; Q6_K 1.01 / 0.94, Q5_K 0.99 / 0.93, Q8_0
+/// 0.99 / 0.93, IQ4_XS 0.98 / 0.91, Q3_K 0.97-0.99 / 0.92-0.93 (equal in fast minutes). The
+/// formats with more work per byte read slower so in fast minutes (Q4_1 0.61 / 0.70, Q4_0
+/// 0.61 / 0.69, Q5_0 0.50 / 0.74, Q2_K 0.74 / 0.80), as do products of two tokens or more.
+/// A 1B Q4_K_M model's decode steps, page starts against every line in turns in one
+/// process: 48-54 against 37-42 GB/s where the probe read 62-68, 31-33 against 28-31 where
+/// it read 35.
+const ZEN_AVX512: Prefetch = Prefetch {
+    ahead: 8192,
+    into_l1: false,
+    pages_ahead: Some(32768),
+};
+
+/// AVX-512's requests on the running CPU: [`ZEN_AVX512`] on AMD's, [`EVERY_LINE_INTO_L1`]
+/// on the others (chosen once).
+fn avx512_prefetch() -> Prefetch {
+    static CHOSEN: OnceLock<Prefetch> = OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        // Leaf 0: the maker's name in EBX, EDX, ECX.
+        let id = __cpuid(0);
+        let amd = [id.ebx, id.edx, id.ecx] == [0x6874_7541, 0x6974_6e65, 0x444d_4163];
+        match amd {
+            true => ZEN_AVX512,
+            false => EVERY_LINE_INTO_L1,
+        }
+    })
+}
+
 /// AVX2: eight rows per vector.
 pub(super) struct V256;
 
 impl Simd for V256 {
     const ROWS: usize = 8;
-    // On Zen 3 (AVX2 only), the hardware prefetcher alone left a tenth to a fifth of two
-    // threads' memory bandwidth unused; requests into L1 1536 to 3072 bytes ahead read
-    // within noise of each other.
-    const PREFETCH: Prefetch = Prefetch {
-        ahead: 2048,
-        into_l1: true,
-        pages_ahead: None,
-    };
+    #[inline(always)]
+    fn prefetch() -> Prefetch {
+        EVERY_LINE_INTO_L1
+    }
     type I = __m256i;
     type F = __m256;
 
@@ -316,26 +364,10 @@ impl<D: DotBytes> Simd for V512<D> {
     type I = __m512i;
     type F = __m512;
     const FUSED_DOT: bool = D::FUSED;
-    // On Zen 4 requests into L1 cost a fifth of one thread's stream (Q4_K at 36864 x 768:
-    // 15.5-18 GiB/s with them, 18-24 without), while requests 8192 bytes ahead into L2 keep
-    // two threads' streams fuller (3B decode 14.3-15.4 to 16.8-19.9 t/s) and leave one
-    // thread's as it is. But not a light format's one-token stream, which reads fastest
-    // with the first line of each page asked for alone, 32 KiB ahead, the hardware prefetcher
-    // following the rest. Two threads over 300 MiB of weights, each way in turns after a
-    // read probe, the share of the probe's rate read, page starts / every line / nothing:
-    // VNNI's Q4_K in minutes when the probe read 55-65 GB/s 0.86 / 0.73 / 0.79, where it read
-    // 33-37 1.00 / 0.94 / 1.00; Q6_K 1.01 / 0.94, Q5_K 0.99 / 0.93, Q8_0 0.99 / 0.93, IQ4_XS
-    // 0.98 / 0.91, Q3_K 0.97-0.99 / 0.92-0.93 (equal in fast minutes). The formats with
-    // more work per byte read slower so in fast minutes (Q4_1 0.61 / 0.70, Q4_0 0.61 / 0.69,
-    // Q5_0 0.50 / 0.74, Q2_K 0.74 / 0.80), as do products of two tokens or more. A 1B Q4_K_M
-    // model's decode steps, page starts against every line in turns in one process: 48-54
-    // against 37-42 GB/s where the probe read 62-68, 31-33 against 28-31 where it read 35.
-    // AVX2 keeps its requests, which were measured on Zen 3.
-    const PREFETCH: Prefetch = Prefetch {
-        ahead: 8192,
-        into_l1: false,
-        pages_ahead: Some(32768),
-    };
+    #[inline(always)]
+    fn prefetch() -> Prefetch {
+        avx512_prefetch()
+    }
 
     #[inline(always)]
     unsafe fn dot4(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
