@@ -1469,17 +1469,28 @@ impl Format<V512<Vnni>> for Iq4Xs {
 
 // ---- one token on AVX2 ----
 
-/// Q4_K against one token with AVX2 (a decode step's product), both halves of a block's rows
-/// in each pass and both sub-blocks of each word in it: the token's activation bytes are
-/// broadcast once for the 16 rows, and each word is loaded once for its two sub-blocks (its
-/// low and high nibbles). The loop of every tile width takes one half and one sub-block at a
+/// A format whose products against one token take [`one_token_avx2`] on AVX2 (a decode step's
+/// products): both halves of a block's rows in each pass, and each packed word loaded once for
+/// every step it holds. The loop of every tile width takes one half and one sub-block at a
 /// time, so that a pass's steps serve up to 16 tokens; with one token that left it loading
-/// each word twice and spilling its sums (a core's products of a 1024 x 1024 matrix in its L2
-/// cache: 33 GB/s that way). The integer sums and the f32 operations are the loop's, so the
-/// outputs are equal bit for bit.
+/// each Q4_K word twice and spilling its sums (a core's products of a 576 x 1536 Q4_K matrix
+/// in its L2 cache: 26.0 GiB/s that way, 39.7 this way). The integer sums and the f32
+/// operations are the loop's, so the outputs are equal bit for bit.
+trait OneTokenAvx2: Format<V256, Act = BlockQ8K> {
+    /// Per half, the integer sum of the block's products with the token `act` (what the
+    /// loop's passes add up), asking for the weights ahead where they come from memory.
+    unsafe fn block_sums(
+        fields: &Self::Fields,
+        words: &Self::Words,
+        halves: &[Self::Half; 2],
+        act: &BlockQ8K,
+        source: WeightsAt,
+    ) -> [__m256i; 2];
+}
+
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_one_token_avx2(
+unsafe fn one_token_avx2<F: OneTokenAvx2>(
     groups: &[u8],
     source: WeightsAt,
     a: TileActs,
@@ -1487,45 +1498,16 @@ unsafe fn q4_k_one_token_avx2(
     out: &mut [&mut [f32]],
 ) {
     type S = V256;
-    let ops = Operands::<BlockQ8K, [u8; 64], [u8; 35 * 64], 1>::new(groups, a, scales, out);
-    let low4 = S::splat_i32(0x0f0f0f0f);
+    let ops = Operands::<F::Act, F::Fields, F::Words, 1>::new(groups, a, scales, out);
     for (g, blocks) in ops.each_group().enumerate() {
         let mut acc = [S::zero_f(); 2];
         for (b, (fields, words)) in blocks.enumerate() {
             let act = ops.column(b).token(0);
-            let halves = [
-                <Q4K as Format<S>>::half(fields, words, 0),
-                <Q4K as Format<S>>::half(fields, words, 1),
-            ];
-            let mut isum = [S::zero(); 2];
-            // Sub-blocks 2j and 2j + 1: the low and high nibbles of words 3 + 8j...
-            for j in 0..4 {
-                if source == WeightsAt::Memory {
-                    prefetch_part::<S, Q4K>(fields, 2 * j, S::prefetch());
-                    prefetch_part::<S, Q4K>(fields, 2 * j + 1, S::prefetch());
-                }
-                let (y_low, y_high) = (k_y(act, 2 * j), k_y(act, 2 * j + 1));
-                // Per half, the i16 pair sums of each sub-block (within 8 * 2 * 15 * 127).
-                let mut pairs = [[S::zero(); 2]; 2];
-                for c in 0..8 {
-                    let (low_y, high_y) = (quad::<S>(y_low, c), quad::<S>(y_high, c));
-                    for (h, pairs) in pairs.iter_mut().enumerate() {
-                        let word = S::word(words, 3 + 8 * j + c, h);
-                        let low = S::and(word, low4);
-                        let high = S::and(S::shr16(word, 4), low4);
-                        pairs[0] = S::add16(pairs[0], S::maddubs(low, low_y));
-                        pairs[1] = S::add16(pairs[1], S::maddubs(high, high_y));
-                    }
-                }
-                for h in 0..2 {
-                    let scales = &halves[h].scales;
-                    isum[h] = S::madd_add(isum[h], pairs[h][0], scales[2 * j]);
-                    isum[h] = S::madd_add(isum[h], pairs[h][1], scales[2 * j + 1]);
-                }
-            }
+            let halves = [F::half(fields, words, 0), F::half(fields, words, 1)];
+            let isum = F::block_sums(fields, words, &halves, act, source);
             let ((d, sa), pairs) = (ops.scales(b, 0), ops.pairs(b, 0));
             for h in 0..2 {
-                acc[h] = <Q4K as Format<S>>::finish(acc[h], isum[h], &halves[h], act, d, sa, pairs);
+                acc[h] = F::finish(acc[h], isum[h], &halves[h], act, d, sa, pairs);
             }
         }
         for (h, acc) in acc.into_iter().enumerate() {
@@ -1534,75 +1516,100 @@ unsafe fn q4_k_one_token_avx2(
     }
 }
 
-/// Q6_K against one token with AVX2, as [`q4_k_one_token_avx2`]: both halves of a block's
-/// rows in each pass, and each group's three words loaded once for its four steps (the low 6
-/// bits of each, and their top 2 bits together).
-#[inline(never)]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_one_token_avx2(
-    groups: &[u8],
-    source: WeightsAt,
-    a: TileActs,
-    scales: &TileScales,
-    out: &mut [&mut [f32]],
-) {
-    type S = V256;
-    let ops = Operands::<BlockQ8K, [u8; 32], [u8; 52 * 64], 1>::new(groups, a, scales, out);
-    let low6 = S::splat_i32(0x3f3f3f3f);
-    for (g, blocks) in ops.each_group().enumerate() {
-        let mut acc = [S::zero_f(); 2];
-        for (b, (fields, words)) in blocks.enumerate() {
-            let act = ops.column(b).token(0);
-            let halves = [
-                <Q6K as Format<S>>::half(fields, words, 0),
-                <Q6K as Format<S>>::half(fields, words, 1),
-            ];
-            let mut isum = [S::zero(); 2];
-            for s in 0..8 {
-                if source == WeightsAt::Memory {
-                    prefetch_part::<S, Q6K>(fields, s, S::prefetch());
+/// Each word's low and high nibbles are sub-blocks 2j and 2j + 1: both taken from one load.
+impl OneTokenAvx2 for Q4K {
+    #[inline(always)]
+    unsafe fn block_sums(
+        fields: &[u8; 64],
+        words: &[u8; 35 * 64],
+        halves: &[Self::Half; 2],
+        act: &BlockQ8K,
+        source: WeightsAt,
+    ) -> [__m256i; 2] {
+        type S = V256;
+        let low4 = S::splat_i32(0x0f0f0f0f);
+        let mut isum = [S::zero(); 2];
+        // Sub-blocks 2j and 2j + 1: the low and high nibbles of words 3 + 8j...
+        for j in 0..4 {
+            if source == WeightsAt::Memory {
+                prefetch_part::<S, Q4K>(fields, 2 * j, S::prefetch());
+                prefetch_part::<S, Q4K>(fields, 2 * j + 1, S::prefetch());
+            }
+            let (y_low, y_high) = (k_y(act, 2 * j), k_y(act, 2 * j + 1));
+            // Per half, the i16 pair sums of each sub-block (within 8 * 2 * 15 * 127).
+            let mut pairs = [[S::zero(); 2]; 2];
+            for c in 0..8 {
+                let (low_y, high_y) = (quad::<S>(y_low, c), quad::<S>(y_high, c));
+                for (h, pairs) in pairs.iter_mut().enumerate() {
+                    let word = S::word(words, 3 + 8 * j + c, h);
+                    let low = S::and(word, low4);
+                    let high = S::and(S::shr16(word, 4), low4);
+                    pairs[0] = S::add16(pairs[0], S::maddubs(low, low_y));
+                    pairs[1] = S::add16(pairs[1], S::maddubs(high, high_y));
                 }
-                let y = k_y(act, s);
-                // Group 2s + k of 16 columns: steps 4k..4k + 4 of sub-block s.
-                for k in 0..2 {
-                    let quads = vectors!(4, |c| quad::<S>(y, 4 * k + c));
-                    let first = 4 + 3 * (2 * s + k);
-                    for (h, isum) in isum.iter_mut().enumerate() {
-                        let w = vectors!(3, |j| S::word(words, first + j, h));
-                        // Bits 6 and 7 of the three words' bytes to bits 0-1, 2-3 and 4-5
-                        // (as `Q6K::step`).
-                        let mut top = S::zero();
-                        for (j, &w) in w.iter().enumerate() {
-                            let bits = S::shr16(w, 6 - 2 * j as u32);
-                            top = S::or(top, S::and(bits, S::splat_i32(0x03030303 << (2 * j))));
-                        }
-                        let steps = [
-                            S::and(w[0], low6),
-                            S::and(w[1], low6),
-                            S::and(w[2], low6),
-                            top,
-                        ];
-                        // Runs of 2 steps as i16 (within 2 * 2 * 63 * 127), widened against
-                        // the group's scale.
-                        let scale = halves[h].scales[2 * s + k];
-                        for r in 0..2 {
-                            let pairs = S::add16(
-                                S::maddubs(steps[2 * r], quads[2 * r]),
-                                S::maddubs(steps[2 * r + 1], quads[2 * r + 1]),
-                            );
-                            *isum = S::madd_add(*isum, pairs, scale);
-                        }
+            }
+            for h in 0..2 {
+                let scales = &halves[h].scales;
+                isum[h] = S::madd_add(isum[h], pairs[h][0], scales[2 * j]);
+                isum[h] = S::madd_add(isum[h], pairs[h][1], scales[2 * j + 1]);
+            }
+        }
+        isum
+    }
+}
+
+/// Each group's three words are loaded once for its four steps: the low 6 bits of each, and
+/// their top 2 bits together.
+impl OneTokenAvx2 for Q6K {
+    #[inline(always)]
+    unsafe fn block_sums(
+        fields: &[u8; 32],
+        words: &[u8; 52 * 64],
+        halves: &[Self::Half; 2],
+        act: &BlockQ8K,
+        source: WeightsAt,
+    ) -> [__m256i; 2] {
+        type S = V256;
+        let low6 = S::splat_i32(0x3f3f3f3f);
+        let mut isum = [S::zero(); 2];
+        for s in 0..8 {
+            if source == WeightsAt::Memory {
+                prefetch_part::<S, Q6K>(fields, s, S::prefetch());
+            }
+            let y = k_y(act, s);
+            // Group 2s + k of 16 columns: steps 4k..4k + 4 of sub-block s.
+            for k in 0..2 {
+                let quads = vectors!(4, |c| quad::<S>(y, 4 * k + c));
+                let first = 4 + 3 * (2 * s + k);
+                for (h, isum) in isum.iter_mut().enumerate() {
+                    let w = vectors!(3, |j| S::word(words, first + j, h));
+                    // Bits 6 and 7 of the three words' bytes to bits 0-1, 2-3 and 4-5
+                    // (as `Q6K::step`).
+                    let mut top = S::zero();
+                    for (j, &w) in w.iter().enumerate() {
+                        let bits = S::shr16(w, 6 - 2 * j as u32);
+                        top = S::or(top, S::and(bits, S::splat_i32(0x03030303 << (2 * j))));
+                    }
+                    let steps = [
+                        S::and(w[0], low6),
+                        S::and(w[1], low6),
+                        S::and(w[2], low6),
+                        top,
+                    ];
+                    // Runs of 2 steps as i16 (within 2 * 2 * 63 * 127), widened against
+                    // the group's scale.
+                    let scale = halves[h].scales[2 * s + k];
+                    for r in 0..2 {
+                        let pairs = S::add16(
+                            S::maddubs(steps[2 * r], quads[2 * r]),
+                            S::maddubs(steps[2 * r + 1], quads[2 * r + 1]),
+                        );
+                        *isum = S::madd_add(*isum, pairs, scale);
                     }
                 }
             }
-            let ((d, sa), pairs) = (ops.scales(b, 0), ops.pairs(b, 0));
-            for h in 0..2 {
-                acc[h] = <Q6K as Format<S>>::finish(acc[h], isum[h], &halves[h], act, d, sa, pairs);
-            }
         }
-        for (h, acc) in acc.into_iter().enumerate() {
-            S::store(acc, &mut out[0][g * PACK_ROWS + h * S::ROWS..]);
-        }
+        isum
     }
 }
 
@@ -1624,7 +1631,7 @@ macro_rules! tile_width {
 /// steps take more than a few instructions to unpack or whose sums widen often), and where
 /// `or` names one, the kernel of a single token.
 macro_rules! packed_entry_points {
-    ($module:ident, $loop:ident::<$simd:ty>, $features:literal: $($format:ident => $entry:ident $tiles:ident $(or $one:ident)?),* $(,)?) => {
+    ($module:ident, $loop:ident::<$simd:ty>, $features:literal: $($format:ident => $entry:ident $tiles:ident $(or $one:path)?),* $(,)?) => {
         pub(super) mod $module {
             use super::*;
             $(
@@ -1663,9 +1670,9 @@ packed_entry_points!(avx2, packed_avx2::<V256>, "avx2,fma,f16c":
     Q80 => q8_0 by_group,
     Q2K => q2_k by_group,
     Q3K => q3_k whole,
-    Q4K => q4_k whole or q4_k_one_token_avx2,
+    Q4K => q4_k whole or one_token_avx2::<Q4K>,
     Q5K => q5_k by_group,
-    Q6K => q6_k whole or q6_k_one_token_avx2,
+    Q6K => q6_k whole or one_token_avx2::<Q6K>,
     Iq4Nl => iq4_nl by_group,
     Iq4Xs => iq4_xs by_group,
     Decoded => decoded by_group,
