@@ -897,6 +897,19 @@ const fn pass_steps<S: Simd>() -> usize {
     }
 }
 
+/// Step 3 of a Q6_K group from its three words `w`: bits 6 and 7 of their bytes to bits 0-1,
+/// 2-3 and 4-5. A 16-bit shift moves the next byte's low bits into the top of a byte, which
+/// the masks clear.
+#[inline(always)]
+unsafe fn q6_top<S: Simd>(w: [S::I; 3]) -> S::I {
+    let mut step = S::zero();
+    for (j, &w) in w.iter().enumerate() {
+        let top = S::shr16(w, 6 - 2 * j as u32);
+        step = S::or(step, S::and(top, S::splat_i32(0x03030303 << (2 * j))));
+    }
+    step
+}
+
 /// Q6_K: `d * da * sum(scale * (q - 32) * y)`, with `q` (0..64) taken as unsigned bytes and
 /// the 32 subtracted through the token's group sums. Group `g` of 16 columns (steps `4g..`)
 /// is words `4 + 3g..`: step `j < 3` is word `4 + 3g + j`'s low 6 bits, and step 3 is the
@@ -923,14 +936,7 @@ impl<S: Simd> Format<S> for Q6K {
         if c % 4 < 3 {
             return S::and(S::word(words, first + c % 4, h), S::splat_i32(0x3f3f3f3f));
         }
-        // Bits 6 and 7 of the three words' bytes to bits 0-1, 2-3 and 4-5. A 16-bit shift
-        // moves the next byte's low bits into the top of a byte, which the masks clear.
-        let mut step = S::zero();
-        for j in 0..3 {
-            let top = S::shr16(S::word(words, first + j, h), 6 - 2 * j as u32);
-            step = S::or(step, S::and(top, S::splat_i32(0x03030303 << (2 * j))));
-        }
-        step
+        q6_top::<S>(vectors!(3, |j| S::word(words, first + j, h)))
     }
     #[inline(always)]
     unsafe fn pass_sum(
@@ -1579,33 +1585,18 @@ impl OneTokenAvx2 for Q6K {
             let y = k_y(act, s);
             // Group 2s + k of 16 columns: steps 4k..4k + 4 of sub-block s.
             for k in 0..2 {
-                let quads = vectors!(4, |c| quad::<S>(y, 4 * k + c));
                 let first = 4 + 3 * (2 * s + k);
                 for (h, isum) in isum.iter_mut().enumerate() {
                     let w = vectors!(3, |j| S::word(words, first + j, h));
-                    // Bits 6 and 7 of the three words' bytes to bits 0-1, 2-3 and 4-5
-                    // (as `Q6K::step`).
-                    let mut top = S::zero();
-                    for (j, &w) in w.iter().enumerate() {
-                        let bits = S::shr16(w, 6 - 2 * j as u32);
-                        top = S::or(top, S::and(bits, S::splat_i32(0x03030303 << (2 * j))));
-                    }
                     let steps = [
                         S::and(w[0], low6),
                         S::and(w[1], low6),
                         S::and(w[2], low6),
-                        top,
+                        q6_top::<S>(w),
                     ];
-                    // Runs of 2 steps as i16 (within 2 * 2 * 63 * 127), widened against
-                    // the group's scale.
+                    // Runs of 2 steps, as `Q6K::pass_sum` takes them.
                     let scale = halves[h].scales[2 * s + k];
-                    for r in 0..2 {
-                        let pairs = S::add16(
-                            S::maddubs(steps[2 * r], quads[2 * r]),
-                            S::maddubs(steps[2 * r + 1], quads[2 * r + 1]),
-                        );
-                        *isum = S::madd_add(*isum, pairs, scale);
-                    }
+                    *isum = weighted_sum::<S, 2>(*isum, &steps, y, 4 * k, scale);
                 }
             }
         }
