@@ -114,6 +114,8 @@ impl Backend for CpuBackend {
     where
         F: for<'s> FnOnce(&mut CpuStep<'s>) -> Result<(), BackendError>,
     {
+        // The calling thread computes as the pool's workers do.
+        let _flush = tallow_threads::FlushSubnormals::new();
         let Scratch { step, layer } = scratch;
         let result = CpuStep::begin(step, layer, input).and_then(|mut s| f(&mut s));
         // Resets size the arenas to hold all that this step took, for the next.

@@ -22,9 +22,11 @@
 
 mod disjoint;
 mod pool;
+mod subnormals;
 
 pub use disjoint::DisjointSlice;
 pub use pool::{Task, ThreadPool};
+pub use subnormals::FlushSubnormals;
 
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};

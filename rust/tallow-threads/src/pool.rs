@@ -8,6 +8,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use crate::FlushSubnormals;
+
 /// The body of a parallel loop: called once per task index with the index of the worker
 /// running it (0 is the calling thread, `1..threads()` the pool's own threads).
 pub type Task<'a> = dyn Fn(usize, usize) + Sync + 'a;
@@ -107,6 +109,7 @@ impl ThreadPool {
     /// threads, and returns when all calls have returned. Tasks are claimed in increasing order
     /// from a shared counter, so threads that finish early take more. No two calls running at
     /// the same time get the same `worker`, which makes it an index into per-thread scratch.
+    /// Every thread runs its tasks with subnormal floats flushed to zero ([`FlushSubnormals`]).
     ///
     /// # Panics
     /// Resumes the panic of a task, after every task has finished or been skipped.
@@ -114,6 +117,8 @@ impl ThreadPool {
         if n_tasks == 0 {
             return;
         }
+        // The caller's share of the tasks runs in the workers' floating-point mode.
+        let _flush = FlushSubnormals::new();
         if let Some(worker) = WORKER.get() {
             return (0..n_tasks).for_each(|i| task(i, worker));
         }
@@ -189,6 +194,7 @@ impl std::fmt::Debug for ThreadPool {
 impl Shared {
     fn worker_main(&self, id: usize) {
         WORKER.set(Some(id));
+        let _flush = FlushSubnormals::new();
         let mut seen = 0;
         loop {
             seen = self.wait_for_loop(seen);
