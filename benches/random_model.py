@@ -4,7 +4,10 @@ with llama.cpp's llama-quantize, it needs nothing but numpy and gguf and takes s
 machine with no llama.cpp build (a GPU host, say) can make its own.
 
 Blocks are random bytes with their f16 scales set to small finite values, so activations stay
-finite. ``q4_k_m`` lays the types out as llama-quantize's Q4_K_M does: Q4_K, with Q6_K for the
+finite, and weights centred on zero, as a trained model's are: Q4_K's sub-block minimums are set
+to cancel their scales' mean (random ones would shift every weight by about +0.2, and the
+hidden states of such a model drift into values too small for f32's normal range, which no
+trained model produces and which slow any engine's arithmetic). ``q4_k_m`` lays the types out as llama-quantize's Q4_K_M does: Q4_K, with Q6_K for the
 embedding and for attn_v and ffn_down in the layers it gives more bits.
 
 Two more shapes measure mixture of experts: ``moe`` is a Qwen 3 MoE (``qwen3moe``) of 3.5B
@@ -69,7 +72,22 @@ def random_blocks(rng: np.random.Generator, shape: tuple[int, ...], ty: Q) -> np
     scale = np.frombuffer(np.float16(SCALE[ty]).tobytes(), dtype=np.uint8)
     for offset in SCALES[ty]:
         data[..., offset : offset + 2] = scale
+    if ty == Q.Q4_K:
+        centre_q4_k(data)
     return data.reshape(*outer, -1)
+
+
+def centre_q4_k(blocks: np.ndarray) -> None:
+    """Makes every Q4_K sub-block's weights, ``d * sc * q - dmin * m`` with ``q`` uniform in
+    0..15, average zero: ``dmin = 7.5 * d`` and each sub-block's 6-bit minimum ``m`` equal to
+    its scale ``sc``. In the 12 packed scale bytes (at 4..16), sub-blocks 0-3 keep ``sc`` and
+    ``m`` in the low 6 bits of bytes 0-3 and 4-7, and 4-7 keep theirs in the nibbles of bytes
+    8-11 with the top two bits in bytes 0-3 (``sc``) and 4-7 (``m``): equal bytes 0-3 and 4-7
+    and equal nibbles in bytes 8-11 make every ``m`` its ``sc``."""
+    dmin = np.frombuffer(np.float16(7.5 * SCALE[Q.Q4_K]).tobytes(), dtype=np.uint8)
+    blocks[..., 2:4] = dmin
+    blocks[..., 8:12] = blocks[..., 4:8]
+    blocks[..., 12:16] = (blocks[..., 12:16] & 0x0F) * 0x11
 
 
 def copy_tokenizer(reader: gguf.GGUFReader, w: gguf.GGUFWriter) -> int:
