@@ -114,7 +114,8 @@ impl Backend for CpuBackend {
     where
         F: for<'s> FnOnce(&mut CpuStep<'s>) -> Result<(), BackendError>,
     {
-        // The calling thread computes as the pool's workers do.
+        // The step's arithmetic flushes subnormals, on this thread and (as its loops follow
+        // the caller) on the pool's.
         let _flush = tallow_threads::FlushSubnormals::new();
         let Scratch { step, layer } = scratch;
         let result = CpuStep::begin(step, layer, input).and_then(|mut s| f(&mut s));

@@ -8,7 +8,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::FlushSubnormals;
+use crate::subnormals;
 
 /// The body of a parallel loop: called once per task index with the index of the worker
 /// running it (0 is the calling thread, `1..threads()` the pool's own threads).
@@ -55,6 +55,8 @@ struct Shared {
     sleep: Mutex<()>,
     wake: Condvar,
     shutdown: AtomicBool,
+    /// Whether the current loop's tasks flush subnormals, as its dispatcher does.
+    flush: AtomicBool,
     /// The first panic a worker caught during the current loop.
     panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
@@ -82,6 +84,7 @@ impl ThreadPool {
             sleep: Mutex::new(()),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            flush: AtomicBool::new(false),
             panic: Mutex::new(None),
         });
         let handles = (1..threads.max(1))
@@ -109,7 +112,8 @@ impl ThreadPool {
     /// threads, and returns when all calls have returned. Tasks are claimed in increasing order
     /// from a shared counter, so threads that finish early take more. No two calls running at
     /// the same time get the same `worker`, which makes it an index into per-thread scratch.
-    /// Every thread runs its tasks with subnormal floats flushed to zero ([`FlushSubnormals`]).
+    /// Every thread runs its tasks in the calling thread's handling of subnormal floats
+    /// ([`crate::FlushSubnormals`]).
     ///
     /// # Panics
     /// Resumes the panic of a task, after every task has finished or been skipped.
@@ -117,8 +121,6 @@ impl ThreadPool {
         if n_tasks == 0 {
             return;
         }
-        // The caller's share of the tasks runs in the workers' floating-point mode.
-        let _flush = FlushSubnormals::new();
         if let Some(worker) = WORKER.get() {
             return (0..n_tasks).for_each(|i| task(i, worker));
         }
@@ -136,6 +138,9 @@ impl ThreadPool {
         shared.n_tasks.store(n_tasks, Ordering::Relaxed);
         shared.next.store(0, Ordering::Relaxed);
         shared.busy.store(self.handles.len(), Ordering::Relaxed);
+        shared
+            .flush
+            .store(subnormals::flushing(), Ordering::Relaxed);
         shared.epoch.fetch_add(1, Ordering::SeqCst);
         if shared.sleepers.load(Ordering::SeqCst) > 0 {
             let _sleep = shared.lock_sleep();
@@ -194,12 +199,17 @@ impl std::fmt::Debug for ThreadPool {
 impl Shared {
     fn worker_main(&self, id: usize) {
         WORKER.set(Some(id));
-        let _flush = FlushSubnormals::new();
         let mut seen = 0;
+        let mut flushing = false;
         loop {
             seen = self.wait_for_loop(seen);
             if self.shutdown.load(Ordering::SeqCst) {
                 return;
+            }
+            let flush = self.flush.load(Ordering::Relaxed);
+            if flush != flushing {
+                subnormals::set_flushing(flush);
+                flushing = flush;
             }
             if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(|| self.claim_tasks(id))) {
                 // Stop handing out tasks (past the last one, so that later claims, which add

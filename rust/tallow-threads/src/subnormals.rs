@@ -3,9 +3,12 @@
 //! x86 cores handle an operation whose input or result is subnormal (below f32's normal range,
 //! about 1.2e-38) in microcode, about a hundred times slower than any other: a quantized product
 //! whose activations fell that low ran 7 times slower. Such values carry nothing a model's
-//! output depends on, so every thread of the pool and every CPU step computes with the MXCSR's
-//! flush-to-zero and denormals-are-zero modes on, as oneDNN and TensorFlow run theirs. Arm
-//! cores run subnormals at full speed: nothing changes there.
+//! output depends on, so a model's steps compute with the MXCSR's flush-to-zero and
+//! denormals-are-zero modes on (a [`FlushSubnormals`] held by the thread running the step), as
+//! oneDNN and TensorFlow run theirs. A loop of the pool runs its tasks on every thread in the
+//! mode of the thread that started it, so that where a task runs never changes its result, and
+//! work that must match another program bit for bit (quantizing weights as llama-quantize does)
+//! keeps IEEE subnormals. Arm cores run subnormals at full speed: nothing changes there.
 
 /// While alive, this thread's floating-point operations read subnormal inputs as zero and
 /// write zero for subnormal results; dropping it restores the thread's previous mode (the
@@ -44,6 +47,26 @@ impl Drop for FlushSubnormals {
             x86::write_mxcsr(self.saved);
         }
     }
+}
+
+/// Whether this thread flushes subnormals (as a [`FlushSubnormals`] makes it).
+pub(crate) fn flushing() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86::read_mxcsr() & FTZ_DAZ == FTZ_DAZ;
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Makes this thread flush subnormals, or not: a pool worker taking the mode of the thread
+/// whose loop it runs.
+pub(crate) fn set_flushing(on: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let csr = x86::read_mxcsr() & !FTZ_DAZ;
+        x86::write_mxcsr(if on { csr | FTZ_DAZ } else { csr });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = on;
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -100,21 +123,34 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn every_thread_of_a_loop_flushes_and_the_caller_is_restored() {
+    fn a_loop_runs_on_every_thread_in_the_mode_of_its_caller() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let pool = crate::ThreadPool::new(3);
-        let (flushed, workers) = (AtomicUsize::new(0), AtomicUsize::new(0));
-        pool.run(64, &|_, worker| {
-            if subnormal() == 0.0 {
-                flushed.fetch_add(1, Ordering::Relaxed);
-            }
-            workers.fetch_or(1 << worker, Ordering::Relaxed);
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        });
-        assert_eq!(flushed.into_inner(), 64);
-        assert!(
-            workers.into_inner().count_ones() > 1,
-            "the loop ran on several threads"
+        // Flushed tasks and threads seen, for a loop started without and with the guard.
+        let run = || {
+            let (flushed, workers) = (AtomicUsize::new(0), AtomicUsize::new(0));
+            pool.run(64, &|_, worker| {
+                if subnormal() == 0.0 {
+                    flushed.fetch_add(1, Ordering::Relaxed);
+                }
+                workers.fetch_or(1 << worker, Ordering::Relaxed);
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            });
+            (flushed.into_inner(), workers.into_inner().count_ones())
+        };
+        let (flushed, threads) = run();
+        assert_eq!(flushed, 0);
+        assert!(threads > 1, "the loop ran on several threads");
+        {
+            let _flush = FlushSubnormals::new();
+            let (flushed, threads) = run();
+            assert_eq!(flushed, 64);
+            assert!(threads > 1);
+        }
+        let (flushed, _) = run();
+        assert_eq!(
+            flushed, 0,
+            "workers that flushed for the last loop follow the caller"
         );
         assert!(subnormal() > 0.0);
     }
