@@ -125,3 +125,63 @@ impl Backend for CpuBackend {
         result
     }
 }
+
+/// The flush is x86's (see `tallow_threads::FlushSubnormals`).
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use std::hint::black_box;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tallow_backend::{Backend, Batch, Heads, Logits, StepInput, StepPlan};
+    use tallow_kv::{KvLayout, LayerGroups, PagedKvCache, SeqId};
+
+    use super::{CpuBackend, KvStorage, Scratch};
+
+    /// Whether this thread writes zero for a subnormal result.
+    fn flushes() -> bool {
+        black_box(f32::MIN_POSITIVE) / black_box(2.0) == 0.0
+    }
+
+    #[test]
+    fn a_step_flushes_subnormals_on_every_thread_and_only_while_it_runs() {
+        let layout = KvLayout::new(1, 1, 64);
+        let groups = LayerGroups::global(1).unwrap();
+        let storage = KvStorage::grouped(layout, &groups, 1).unwrap();
+        let mut cache = PagedKvCache::over(groups, storage).unwrap();
+        let seq = cache.create();
+        cache.append_slots(seq, 4).unwrap();
+        let mut batch = Batch::new();
+        batch.push(SeqId(0), &[1, 2, 3, 4], Logits::None);
+        let mut plan = StepPlan::new();
+        plan.build(&batch, &cache).unwrap();
+        let backend = CpuBackend::default();
+        let ropes = backend.upload_ropes(Vec::new()).unwrap();
+        let input = StepInput {
+            batch: &batch,
+            plan: &plan,
+            heads: Heads {
+                n_head: 1,
+                n_head_kv: 1,
+                head_dim: 64,
+            },
+            page_size: 16,
+            ropes: &ropes,
+            draws: None,
+        };
+        let flushed = AtomicUsize::new(0);
+        assert!(!flushes());
+        backend
+            .run_step(&mut Scratch::default(), &input, |_| {
+                assert!(flushes(), "the step's thread flushes");
+                tallow_threads::global().run(32, &|_, _| {
+                    if flushes() {
+                        flushed.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(flushed.into_inner(), 32, "so does every task of its loops");
+        assert!(!flushes(), "the thread's own mode is back after the step");
+    }
+}
