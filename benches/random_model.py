@@ -7,8 +7,9 @@ Blocks are random bytes with their f16 scales set to small finite values, so act
 finite, and weights centred on zero, as a trained model's are: Q4_K's sub-block minimums are set
 to cancel their scales' mean (random ones would shift every weight by about +0.2, and the
 hidden states of such a model drift into values too small for f32's normal range, which no
-trained model produces and which slow any engine's arithmetic). ``q4_k_m`` lays the types out as llama-quantize's Q4_K_M does: Q4_K, with Q6_K for the
-embedding and for attn_v and ffn_down in the layers it gives more bits.
+trained model produces and which slow any engine's arithmetic). ``q4_k_m`` lays the types out
+as llama-quantize's Q4_K_M does: Q4_K, with Q6_K for the embedding and for attn_v and ffn_down
+in the layers it gives more bits.
 
 Two more shapes measure mixture of experts: ``moe`` is a Qwen 3 MoE (``qwen3moe``) of 3.5B
 parameters, 32 experts of width 1024 in each of 16 layers, 4 used per token (0.66B active), and

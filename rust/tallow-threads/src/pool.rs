@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::cell::{Cell, UnsafeCell};
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -55,8 +55,9 @@ struct Shared {
     sleep: Mutex<()>,
     wake: Condvar,
     shutdown: AtomicBool,
-    /// Whether the current loop's tasks flush subnormals, as its dispatcher does.
-    flush: AtomicBool,
+    /// How the current loop's tasks handle subnormals: as its dispatcher does
+    /// (`subnormals::mode`).
+    subnormals: AtomicU32,
     /// The first panic a worker caught during the current loop.
     panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
@@ -84,7 +85,7 @@ impl ThreadPool {
             sleep: Mutex::new(()),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
-            flush: AtomicBool::new(false),
+            subnormals: AtomicU32::new(0),
             panic: Mutex::new(None),
         });
         let handles = (1..threads.max(1))
@@ -139,8 +140,8 @@ impl ThreadPool {
         shared.next.store(0, Ordering::Relaxed);
         shared.busy.store(self.handles.len(), Ordering::Relaxed);
         shared
-            .flush
-            .store(subnormals::flushing(), Ordering::Relaxed);
+            .subnormals
+            .store(subnormals::mode(), Ordering::Relaxed);
         shared.epoch.fetch_add(1, Ordering::SeqCst);
         if shared.sleepers.load(Ordering::SeqCst) > 0 {
             let _sleep = shared.lock_sleep();
@@ -200,16 +201,17 @@ impl Shared {
     fn worker_main(&self, id: usize) {
         WORKER.set(Some(id));
         let mut seen = 0;
-        let mut flushing = false;
+        // A new thread's mode: IEEE subnormals.
+        let mut mode = 0;
         loop {
             seen = self.wait_for_loop(seen);
             if self.shutdown.load(Ordering::SeqCst) {
                 return;
             }
-            let flush = self.flush.load(Ordering::Relaxed);
-            if flush != flushing {
-                subnormals::set_flushing(flush);
-                flushing = flush;
+            let wanted = self.subnormals.load(Ordering::Relaxed);
+            if wanted != mode {
+                subnormals::set_mode(wanted);
+                mode = wanted;
             }
             if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(|| self.claim_tasks(id))) {
                 // Stop handing out tasks (past the last one, so that later claims, which add

@@ -15,58 +15,51 @@
 /// calling thread's mode is its owner's, Python's or an embedding program's).
 #[must_use = "the mode holds only while the guard lives"]
 pub struct FlushSubnormals {
-    #[cfg(target_arch = "x86_64")]
     saved: u32,
 }
 
-/// MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6) flags.
+/// The [`mode`] that flushes: MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6).
 #[cfg(target_arch = "x86_64")]
-const FTZ_DAZ: u32 = 0x8040;
+const FLUSH: u32 = 0x8040;
+#[cfg(not(target_arch = "x86_64"))]
+const FLUSH: u32 = 0;
 
 impl FlushSubnormals {
     /// Turns the flush on for this thread.
     #[allow(clippy::new_without_default)]
     pub fn new() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let saved = x86::read_mxcsr();
-            if saved & FTZ_DAZ != FTZ_DAZ {
-                x86::write_mxcsr(saved | FTZ_DAZ);
-            }
-            FlushSubnormals { saved }
+        let saved = mode();
+        if saved != FLUSH {
+            set_mode(FLUSH);
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        FlushSubnormals {}
+        FlushSubnormals { saved }
     }
 }
 
 impl Drop for FlushSubnormals {
     fn drop(&mut self) {
-        #[cfg(target_arch = "x86_64")]
-        if self.saved & FTZ_DAZ != FTZ_DAZ {
-            x86::write_mxcsr(self.saved);
+        if self.saved != FLUSH {
+            set_mode(self.saved);
         }
     }
 }
 
-/// Whether this thread flushes subnormals (as a [`FlushSubnormals`] makes it).
-pub(crate) fn flushing() -> bool {
+/// This thread's handling of subnormals: its MXCSR's flush-to-zero and denormals-are-zero
+/// bits (0 where there are none to set).
+pub(crate) fn mode() -> u32 {
     #[cfg(target_arch = "x86_64")]
-    return x86::read_mxcsr() & FTZ_DAZ == FTZ_DAZ;
+    return x86::read_mxcsr() & FLUSH;
     #[cfg(not(target_arch = "x86_64"))]
-    false
+    0
 }
 
-/// Makes this thread flush subnormals, or not: a pool worker taking the mode of the thread
-/// whose loop it runs.
-pub(crate) fn set_flushing(on: bool) {
+/// Sets this thread's handling of subnormals to `mode` (of [`mode`]): a pool worker taking
+/// that of the thread whose loop it runs.
+pub(crate) fn set_mode(mode: u32) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let csr = x86::read_mxcsr() & !FTZ_DAZ;
-        x86::write_mxcsr(if on { csr | FTZ_DAZ } else { csr });
-    }
+    x86::write_mxcsr((x86::read_mxcsr() & !FLUSH) | mode);
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = on;
+    let _ = mode;
 }
 
 #[cfg(target_arch = "x86_64")]
