@@ -46,9 +46,16 @@ pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
     buffer.as_slice().len() as f64 / best
 }
 
+/// How far ahead of its reads a prefetching loop of the probe asks for lines, as the one-token
+/// products ask for their weights on most CPUs. The hardware prefetcher alone leaves part of
+/// the bandwidth unused: on a 2-core Xeon the loops without requests read 29-31 GB/s, with
+/// them 33-34.
+const AHEAD: usize = 2048;
+
 /// The loops the probe reads with: [`sum_words`] with the vector loads of the instruction set
 /// the kernels use (the CPU's best, or what `TALLOW_ISA` caps it to: a capped run's kernels
-/// read with the narrower loads), with two and with four accumulators.
+/// read with the narrower loads), with two and with four accumulators, and with two
+/// accumulators asking for each line [`AHEAD`] bytes before reading it.
 fn summing_loops() -> Vec<fn(&[u8]) -> u64> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -57,15 +64,18 @@ fn summing_loops() -> Vec<fn(&[u8]) -> u64> {
         // SAFETY (each): the CPU has the loop's instruction set (`Isa::detected` checked it).
         if isa >= Isa::Avx512 {
             return vec![
-                |bytes| unsafe { x86::sum_avx512::<2>(bytes) },
-                |bytes| unsafe { x86::sum_avx512::<4>(bytes) },
-                |bytes| unsafe { x86::sum_avx2::<2>(bytes) },
+                |bytes| unsafe { x86::sum_avx512::<2, 0>(bytes) },
+                |bytes| unsafe { x86::sum_avx512::<4, 0>(bytes) },
+                |bytes| unsafe { x86::sum_avx2::<2, 0>(bytes) },
+                |bytes| unsafe { x86::sum_avx512::<2, AHEAD>(bytes) },
+                |bytes| unsafe { x86::sum_avx2::<2, AHEAD>(bytes) },
             ];
         }
         if isa >= Isa::Avx2 {
             return vec![
-                |bytes| unsafe { x86::sum_avx2::<2>(bytes) },
-                |bytes| unsafe { x86::sum_avx2::<4>(bytes) },
+                |bytes| unsafe { x86::sum_avx2::<2, 0>(bytes) },
+                |bytes| unsafe { x86::sum_avx2::<4, 0>(bytes) },
+                |bytes| unsafe { x86::sum_avx2::<2, AHEAD>(bytes) },
             ];
         }
     }
@@ -80,12 +90,14 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// The wrapping sum of `bytes`' u64 words: its length is a multiple of 256 and it starts
-    /// on a 64-byte boundary.
+    /// on a 64-byte boundary. With `AHEAD` > 0, each cache line is asked for into the L1
+    /// cache `AHEAD` bytes before it is read.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn sum_avx512<const A: usize>(bytes: &[u8]) -> u64 {
+    pub(super) unsafe fn sum_avx512<const A: usize, const AHEAD: usize>(bytes: &[u8]) -> u64 {
         assert!(bytes.len().is_multiple_of(64 * A) && bytes.as_ptr().addr().is_multiple_of(64));
         let mut acc = [_mm512_setzero_si512(); A];
         for block in bytes.chunks_exact(64 * A) {
+            prefetch_lines::<AHEAD>(block);
             for (k, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: 64 aligned bytes inside `block`.
                 let v = unsafe { _mm512_load_si512(block.as_ptr().add(64 * k).cast()) };
@@ -100,10 +112,11 @@ mod x86 {
 
     /// [`sum_avx512`] with 256-bit loads.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn sum_avx2<const A: usize>(bytes: &[u8]) -> u64 {
+    pub(super) unsafe fn sum_avx2<const A: usize, const AHEAD: usize>(bytes: &[u8]) -> u64 {
         assert!(bytes.len().is_multiple_of(32 * A) && bytes.as_ptr().addr().is_multiple_of(32));
         let mut acc = [_mm256_setzero_si256(); A];
         for block in bytes.chunks_exact(32 * A) {
+            prefetch_lines::<AHEAD>(block);
             for (k, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: 32 aligned bytes inside `block`.
                 let v = unsafe { _mm256_load_si256(block.as_ptr().add(32 * k).cast()) };
@@ -116,6 +129,22 @@ mod x86 {
         let mut words = [0u64; 4];
         _mm256_storeu_si256(words.as_mut_ptr().cast(), sum);
         words.into_iter().fold(0, u64::wrapping_add)
+    }
+
+    /// Asks for the cache lines that begin in `block`, `AHEAD` bytes on, into the L1 cache
+    /// (nothing when `AHEAD` is 0). A prefetch reads nothing and never faults, past the end
+    /// of the buffer included.
+    #[inline(always)]
+    fn prefetch_lines<const AHEAD: usize>(block: &[u8]) {
+        if AHEAD == 0 {
+            return;
+        }
+        let start = block.as_ptr();
+        let first = start.addr().next_multiple_of(64) - start.addr();
+        for line in (first..block.len()).step_by(64) {
+            // SAFETY: `_mm_prefetch` only hints the cache; `wrapping_add` never dereferences.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line + AHEAD).cast()) };
+        }
     }
 }
 
@@ -155,13 +184,15 @@ mod tests {
         {
             if is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU has AVX2.
-                assert_eq!(unsafe { x86::sum_avx2::<2>(bytes) }, expected);
-                assert_eq!(unsafe { x86::sum_avx2::<4>(bytes) }, expected);
+                assert_eq!(unsafe { x86::sum_avx2::<2, 0>(bytes) }, expected);
+                assert_eq!(unsafe { x86::sum_avx2::<4, 0>(bytes) }, expected);
+                assert_eq!(unsafe { x86::sum_avx2::<2, AHEAD>(bytes) }, expected);
             }
             if is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU has AVX-512F.
-                assert_eq!(unsafe { x86::sum_avx512::<2>(bytes) }, expected);
-                assert_eq!(unsafe { x86::sum_avx512::<4>(bytes) }, expected);
+                assert_eq!(unsafe { x86::sum_avx512::<2, 0>(bytes) }, expected);
+                assert_eq!(unsafe { x86::sum_avx512::<4, 0>(bytes) }, expected);
+                assert_eq!(unsafe { x86::sum_avx512::<2, AHEAD>(bytes) }, expected);
             }
         }
         for sum in summing_loops() {
