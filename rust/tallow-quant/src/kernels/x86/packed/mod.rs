@@ -236,6 +236,9 @@ unsafe fn prefetch_part<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize, how
         } else {
             _mm_prefetch::<_MM_HINT_T1>(at);
         }
+        if let Some(further) = how.l2_ahead {
+            _mm_prefetch::<_MM_HINT_T1>(block.wrapping_add(further + line));
+        }
         line += 64;
     }
 }

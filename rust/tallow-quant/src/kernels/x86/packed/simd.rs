@@ -126,20 +126,35 @@ pub(super) struct Prefetch {
     /// Where one-token products of the light formats (`Format::LIGHT`) ask for the first
     /// line of each 4 KiB page alone, this many bytes ahead; `None` where they ask as others do.
     pub pages_ahead: Option<usize>,
+    /// Where every line is also asked for into L2 this many bytes ahead (further than `ahead`).
+    pub l2_ahead: Option<usize>,
 }
 
-/// Every line, 2048 bytes ahead, into L1: AVX2's requests on every CPU, and AVX-512's but on
-/// AMD's. On Zen 3 (AVX2 only) the hardware prefetcher alone left a tenth to a fifth of two
-/// threads' memory bandwidth unused; requests into L1 1536 to 3072 bytes ahead read within
-/// noise of each other. On an Intel Xeon with AVX-512 VNNI (2 threads, one-token products of
-/// 300 MiB of weights, `cargo bench -p tallow-quant --bench kernels -- matvec_streamed`,
-/// GiB/s), VNNI's Q4_K read 26.4 this way against 17.2 with Zen 4's requests below, 24.2
-/// with every line 8192 bytes ahead into L2, 25.6 1024 bytes ahead into L1 and 18.5 4096
-/// ahead; Q6_K 26.7 against 17.6, Q3_K 24.5 against 14.0, Q4_0 25.1 against 24.9.
+/// Every line, 2048 bytes ahead, into L1: AVX2's requests on AMD's CPUs. On Zen 3 (AVX2
+/// only) the hardware prefetcher alone left a tenth to a fifth of two threads' memory
+/// bandwidth unused; requests into L1 1536 to 3072 bytes ahead read within noise of each
+/// other.
 const EVERY_LINE_INTO_L1: Prefetch = Prefetch {
     ahead: 2048,
     into_l1: true,
     pages_ahead: None,
+    l2_ahead: None,
+};
+
+/// [`EVERY_LINE_INTO_L1`], and every line 4096 bytes ahead into L2 as well: the requests of
+/// both instruction sets on Intel's CPUs. On a 2-core Intel Xeon with AVX-512 VNNI (2
+/// threads, one-token products of 300 MiB of weights, `cargo bench -p tallow-quant --bench
+/// kernels -- matvec_streamed`, GiB/s), VNNI's Q4_K read 26.4 with the requests into L1 alone
+/// against 17.2 with Zen 4's requests below, 24.2 with every line 8192 bytes ahead into L2
+/// alone, 25.6 1024 bytes ahead into L1 and 18.5 4096 ahead (Q6_K 26.7 against 17.6, Q3_K
+/// 24.5 against 14.0, Q4_0 25.1 against 24.9). The requests into L2 keep the stream fuller
+/// where the memory is busy: there a 1B Q4_K_M model's decode ran 30.6-31.6 t/s with them,
+/// 24.2-26.4 without, in turns (the read probe at 25-28 GB/s); where it was not, the streamed
+/// bench's Q4_K read 25.1-25.3 GiB/s with them against 22.8-23.8 without, Q6_K 23.3-23.7
+/// against 22.8-23.8.
+const INTEL_EVERY_LINE: Prefetch = Prefetch {
+    l2_ahead: Some(4096),
+    ..EVERY_LINE_INTO_L1
 };
 
 /// AVX-512's requests on AMD's CPUs. On Zen 4 requests into L1 cost a fifth of one thread's
@@ -161,21 +176,35 @@ const ZEN_AVX512: Prefetch = Prefetch {
     ahead: 8192,
     into_l1: false,
     pages_ahead: Some(32768),
+    l2_ahead: None,
 };
 
-/// AVX-512's requests on the running CPU: [`ZEN_AVX512`] on AMD's, [`EVERY_LINE_INTO_L1`]
-/// on the others (chosen once).
-fn avx512_prefetch() -> Prefetch {
-    static CHOSEN: OnceLock<Prefetch> = OnceLock::new();
-    *CHOSEN.get_or_init(|| {
+/// Whether the running CPU is AMD's (asked once).
+fn amd() -> bool {
+    static AMD: OnceLock<bool> = OnceLock::new();
+    *AMD.get_or_init(|| {
         // Leaf 0: the maker's name in EBX, EDX, ECX.
         let id = __cpuid(0);
-        let amd = [id.ebx, id.edx, id.ecx] == [0x6874_7541, 0x6974_6e65, 0x444d_4163];
-        match amd {
-            true => ZEN_AVX512,
-            false => EVERY_LINE_INTO_L1,
-        }
+        [id.ebx, id.edx, id.ecx] == [0x6874_7541, 0x6974_6e65, 0x444d_4163]
     })
+}
+
+/// AVX-512's requests on the running CPU: [`ZEN_AVX512`] on AMD's, [`INTEL_EVERY_LINE`] on
+/// the others.
+fn avx512_prefetch() -> Prefetch {
+    match amd() {
+        true => ZEN_AVX512,
+        false => INTEL_EVERY_LINE,
+    }
+}
+
+/// AVX2's requests on the running CPU: [`EVERY_LINE_INTO_L1`] on AMD's, [`INTEL_EVERY_LINE`]
+/// on the others.
+fn avx2_prefetch() -> Prefetch {
+    match amd() {
+        true => EVERY_LINE_INTO_L1,
+        false => INTEL_EVERY_LINE,
+    }
 }
 
 /// AVX2: eight rows per vector.
@@ -185,7 +214,7 @@ impl Simd for V256 {
     const ROWS: usize = 8;
     #[inline(always)]
     fn prefetch() -> Prefetch {
-        EVERY_LINE_INTO_L1
+        avx2_prefetch()
     }
     type I = __m256i;
     type F = __m256;
