@@ -49,7 +49,8 @@ pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
 /// How far ahead of its reads a prefetching loop of the probe asks for lines, as the one-token
 /// products ask for their weights on most CPUs. The hardware prefetcher alone leaves part of
 /// the bandwidth unused: on a 2-core Xeon the loops without requests read 29-31 GB/s, with
-/// them 33-34.
+/// them 32-34.
+#[cfg(target_arch = "x86_64")]
 const AHEAD: usize = 2048;
 
 /// The loops the probe reads with: [`sum_words`] with the vector loads of the instruction set
