@@ -226,8 +226,9 @@ fn part_bytes<S: Simd, F: Format<S>>(i: usize) -> (usize, usize) {
 #[inline(always)]
 unsafe fn prefetch_part<S: Simd, F: Format<S>>(fields: &F::Fields, i: usize, how: Prefetch) {
     let block = (fields as *const F::Fields).cast::<i8>();
+    // Each line of the block once: in the part where it starts.
     let (start, end) = part_bytes::<S, F>(i);
-    let mut line = start & !63;
+    let mut line = start.next_multiple_of(64);
     while line < end {
         // A prefetch reads nothing and never faults, past the end of the weights included.
         let at = block.wrapping_add(how.ahead + line);
