@@ -1488,13 +1488,14 @@ impl Format<V512<Vnni>> for Iq4Xs {
 /// operations are the loop's, so the outputs are equal bit for bit.
 trait OneTokenAvx2: Format<V256, Act = BlockQ8K> {
     /// Per half, the integer sum of the block's products with the token `act` (what the
-    /// loop's passes add up), asking for the weights ahead where they come from memory.
+    /// loop's passes add up), asking for the weights ahead as `prefetch` says where they come
+    /// from memory (`None` where they are in the cache).
     unsafe fn block_sums(
         fields: &Self::Fields,
         words: &Self::Words,
         halves: &[Self::Half; 2],
         act: &BlockQ8K,
-        source: WeightsAt,
+        prefetch: Option<Prefetch>,
     ) -> [__m256i; 2];
 }
 
@@ -1509,12 +1510,13 @@ unsafe fn one_token_avx2<F: OneTokenAvx2>(
 ) {
     type S = V256;
     let ops = Operands::<F::Act, F::Fields, F::Words, 1>::new(groups, a, scales, out);
+    let prefetch = (source == WeightsAt::Memory).then(S::prefetch);
     for (g, blocks) in ops.each_group().enumerate() {
         let mut acc = [S::zero_f(); 2];
         for (b, (fields, words)) in blocks.enumerate() {
             let act = ops.column(b).token(0);
             let halves = [F::half(fields, words, 0), F::half(fields, words, 1)];
-            let isum = F::block_sums(fields, words, &halves, act, source);
+            let isum = F::block_sums(fields, words, &halves, act, prefetch);
             let ((d, sa), pairs) = (ops.scales(b, 0), ops.pairs(b, 0));
             for h in 0..2 {
                 acc[h] = F::finish(acc[h], isum[h], &halves[h], act, d, sa, pairs);
@@ -1534,16 +1536,16 @@ impl OneTokenAvx2 for Q4K {
         words: &[u8; 35 * 64],
         halves: &[Self::Half; 2],
         act: &BlockQ8K,
-        source: WeightsAt,
+        prefetch: Option<Prefetch>,
     ) -> [__m256i; 2] {
         type S = V256;
         let low4 = S::splat_i32(0x0f0f0f0f);
         let mut isum = [S::zero(); 2];
         // Sub-blocks 2j and 2j + 1: the low and high nibbles of words 3 + 8j...
         for j in 0..4 {
-            if source == WeightsAt::Memory {
-                prefetch_part::<S, Q4K>(fields, 2 * j, S::prefetch());
-                prefetch_part::<S, Q4K>(fields, 2 * j + 1, S::prefetch());
+            if let Some(how) = prefetch {
+                prefetch_part::<S, Q4K>(fields, 2 * j, how);
+                prefetch_part::<S, Q4K>(fields, 2 * j + 1, how);
             }
             let (y_low, y_high) = (k_y(act, 2 * j), k_y(act, 2 * j + 1));
             // Per half, the i16 pair sums of each sub-block (within 8 * 2 * 15 * 127).
@@ -1577,14 +1579,14 @@ impl OneTokenAvx2 for Q6K {
         words: &[u8; 52 * 64],
         halves: &[Self::Half; 2],
         act: &BlockQ8K,
-        source: WeightsAt,
+        prefetch: Option<Prefetch>,
     ) -> [__m256i; 2] {
         type S = V256;
         let low6 = S::splat_i32(0x3f3f3f3f);
         let mut isum = [S::zero(); 2];
         for s in 0..8 {
-            if source == WeightsAt::Memory {
-                prefetch_part::<S, Q6K>(fields, s, S::prefetch());
+            if let Some(how) = prefetch {
+                prefetch_part::<S, Q6K>(fields, s, how);
             }
             let y = k_y(act, s);
             // Group 2s + k of 16 columns: steps 4k..4k + 4 of sub-block s.
