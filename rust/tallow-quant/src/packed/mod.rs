@@ -419,7 +419,7 @@ impl PackedMatrix {
     /// The outputs of the row groups `range` for every token, in tiles of up to
     /// [`PACKED_TILE`] tokens. Up to [`TILE_LANES`] tokens (one group of tile scales) run over
     /// all the groups in one call; more run a run of groups at a time (as many as
-    /// [`RUN_WEIGHT_BYTES`] hold), every tile over the whole run while its weights are in the
+    /// [`run_weight_bytes`] hold), every tile over the whole run while its weights are in the
     /// L2 cache. That holds for a single tile of 9 to 16 tokens too, which most kernels take
     /// one group of tile scales after the other: over the whole range the second group
     /// re-read it from memory (2 threads, 16384x8192 Q4_1 with VNNI, 9 tokens: 466 GFLOP/s
@@ -429,7 +429,7 @@ impl PackedMatrix {
         let step = if acts.n_tokens() <= TILE_LANES {
             range.len()
         } else {
-            (RUN_WEIGHT_BYTES / self.group_bytes).max(1)
+            (run_weight_bytes() / self.group_bytes).max(1)
         };
         for start in range.clone().step_by(step.max(1)) {
             let groups = start..range.end.min(start + step);
@@ -465,12 +465,36 @@ pub struct Product<'a> {
 }
 
 /// Weight bytes a product of several tiles takes at a time: every tile of tokens runs over
-/// these groups before the next ones. A quarter of a 1 MiB L2 cache, which keeps them from one
-/// tile to the next; each pass over the prompt's activations, which do not fit in the L2 at
-/// 1B sizes and up, then serves as many groups. (Runs of 16 KiB, for the L1 cache, streamed a
-/// 1B model's activations once per group, and its FFN products with 2048 inputs ran a fifth
-/// slower: calls of a few thousand cycles each, each waiting on its first loads.)
-const RUN_WEIGHT_BYTES: usize = 256 * 1024;
+/// these groups before the next ones. A quarter of the core's L2 cache, which keeps them from
+/// one tile to the next, and at least [`MIN_RUN_WEIGHT_BYTES`]; each pass over the prompt's
+/// activations, which do not fit in the L2 at 1B sizes and up, then serves as many groups, and
+/// AVX2's tiles copy each column of their activations once per run (2 MiB L2, 3B Q4_K_M,
+/// pp512 capped to AVX2: 62-63 t/s with 256 KiB runs, 67-68 with 512 KiB).
+fn run_weight_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| (l2_cache_bytes().unwrap_or(0) / 4).max(MIN_RUN_WEIGHT_BYTES))
+}
+
+/// The least [`run_weight_bytes`]: a quarter of a 1 MiB L2 cache, half of a 512 KiB one. (Runs
+/// of 16 KiB, for the L1 cache, streamed a 1B model's activations once per group, and its FFN
+/// products with 2048 inputs ran a fifth slower: calls of a few thousand cycles each, each
+/// waiting on its first loads.)
+const MIN_RUN_WEIGHT_BYTES: usize = 256 * 1024;
+
+/// A core's L2 cache, as the CPU reports it.
+fn l2_cache_bytes() -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        // Leaf 0x8000_0006, which AMD's and Intel's CPUs both have: the L2 cache's size in
+        // KiB in bits 16..32 of ECX.
+        if __cpuid(0x8000_0000).eax >= 0x8000_0006 {
+            let kib = (__cpuid(0x8000_0006).ecx >> 16) as usize;
+            return (kib > 0).then_some(kib << 10);
+        }
+    }
+    None
+}
 
 /// Guided self-scheduling of `total` row groups over `threads` threads: each claim takes a
 /// `threads`-th of what is left (at least one group), so the first claims are few and large

@@ -36,13 +36,13 @@ use std::arch::x86_64::*;
 mod operands;
 mod simd;
 
-use self::operands::{act_quad, Bytes, Operands, PairsAt};
+use self::operands::{act_quad, Bytes, Operands, PairsAt, Panels};
 use self::simd::{Prefetch, Simd, V256, V512};
 use super::{Bw, Vnni};
 use crate::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1, IQ4_VALUES};
 use crate::kernels::{
     each_scale_group, SubBlockPairs, TileActs, TileScales, WeightsAt, DECODED_BLOCK_BYTES,
-    PACK_ROWS,
+    PACK_ROWS, TILE_LANES,
 };
 
 /// `[f(0), .., f(n - 1)]` of integer vectors, built by a loop in the function that uses it: a
@@ -139,54 +139,101 @@ macro_rules! packed_loop {
                 true => prefetch.pages_ahead,
                 false => None,
             };
-            for (g, blocks) in ops.each_group().enumerate() {
-                // Per half, the outputs of each token.
-                let mut acc = [sums::<S::F, T>(S::zero_f()); 2];
-                for (b, (fields, words)) in blocks.enumerate() {
-                    let act = ops.column(b);
-                    // One half of the block's rows after the other (the second from the L1
-                    // cache): a half's sums of every token and a pass's steps fit in AVX2's
-                    // 16 registers, both halves' did not.
-                    for h in 0..S::HALVES {
-                        let half = F::half(fields, words, h);
-                        let mut isum = sums::<S::I, T>(S::zero());
-                        // The passes of every sub-block as one loop: nested loops over the
-                        // sub-blocks and their passes compiled to code 5-10% slower.
-                        let passes = 8 / F::PASS;
-                        for p in 0..F::SUBS * passes {
-                            let (s, first) = (p / passes, p % passes * F::PASS);
-                            if source == WeightsAt::Memory && h == 0 {
-                                match pages_ahead {
-                                    Some(ahead) => prefetch_page::<S, F>(fields, p, ahead),
-                                    None => prefetch_part::<S, F>(fields, p, prefetch),
+            // A tile of more tokens than one group of tile scales (AVX2's whole tiles) runs
+            // its groups in chunks, block by block: a block of every group of the chunk against
+            // the tile's activations of that block, copied side by side into a panel once per
+            // chunk. Read where they lie, a row of activations apart (one or more pages), the
+            // tokens' blocks cost AVX2's Q4_K and Q6_K products a tenth of their speed, even
+            // from the L1 cache. Fewer tokens run group after group, each block once, in order.
+            let tiled = T > TILE_LANES;
+            let chunk = if tiled { CHUNK_GROUPS } else { 1 };
+            let mut panels = Panels::<F::Act, T>::new();
+            // Per group of the chunk and half, the outputs of each token.
+            let mut acc = [[sums::<S::F, T>(S::zero_f()); 2]; CHUNK_GROUPS];
+            for start in (0..ops.groups()).step_by(chunk) {
+                let end = ops.groups().min(start + chunk);
+                // Where group `g`'s outputs are: one group at a time keeps them in registers.
+                let slot = |g: usize| if tiled { g - start } else { 0 };
+                for g in start..end {
+                    acc[slot(g)] = [sums::<S::F, T>(S::zero_f()); 2];
+                }
+                if tiled {
+                    panels.fill(0, ops.column(0));
+                }
+                for b in 0..ops.blocks() {
+                    let act = match tiled {
+                        true => {
+                            // The next block's panel fills while this one serves.
+                            if b + 1 < ops.blocks() {
+                                panels.fill(b + 1, ops.column(b + 1));
+                            }
+                            panels.column(b)
+                        }
+                        false => ops.column(b),
+                    };
+                    for g in start..end {
+                        let (fields, words) = ops.block(g, b);
+                        // The block a tile reads next, where that is not the next in memory.
+                        let next = match tiled {
+                            true if g + 1 < end => Some(ops.block(g + 1, b).0),
+                            true if b + 1 < ops.blocks() => Some(ops.block(start, b + 1).0),
+                            _ => None,
+                        };
+                        let acc = &mut acc[slot(g)];
+                        // One half of the block's rows after the other (the second from the L1
+                        // cache): a half's sums of every token and a pass's steps fit in AVX2's
+                        // 16 registers, both halves' did not.
+                        for h in 0..S::HALVES {
+                            let half = F::half(fields, words, h);
+                            let mut isum = sums::<S::I, T>(S::zero());
+                            // The passes of every sub-block as one loop: nested loops over the
+                            // sub-blocks and their passes compiled to code 5-10% slower.
+                            let passes = 8 / F::PASS;
+                            for p in 0..F::SUBS * passes {
+                                let (s, first) = (p / passes, p % passes * F::PASS);
+                                if source == WeightsAt::Memory && h == 0 {
+                                    match (next, pages_ahead) {
+                                        (Some(next), _) => {
+                                            prefetch_part::<S, F>(next, p, prefetch.at_next())
+                                        }
+                                        (None, Some(ahead)) => {
+                                            prefetch_page::<S, F>(fields, p, ahead)
+                                        }
+                                        (None, None) => prefetch_part::<S, F>(fields, p, prefetch),
+                                    }
+                                }
+                                let mut steps = [F::step(words, h, s, first); MAX_PASS_STEPS];
+                                for (i, step) in steps[1..F::PASS].iter_mut().enumerate() {
+                                    *step = F::step(words, h, s, first + 1 + i);
+                                }
+                                for t in 0..T {
+                                    let y = F::y(act.token(t), s);
+                                    let steps = &steps[..F::PASS];
+                                    isum[t] = F::pass_sum(isum[t], steps, y, &half, s, first);
                                 }
                             }
-                            let mut steps = [F::step(words, h, s, first); MAX_PASS_STEPS];
-                            for (i, step) in steps[1..F::PASS].iter_mut().enumerate() {
-                                *step = F::step(words, h, s, first + 1 + i);
-                            }
                             for t in 0..T {
-                                let y = F::y(act.token(t), s);
-                                let steps = &steps[..F::PASS];
-                                isum[t] = F::pass_sum(isum[t], steps, y, &half, s, first);
+                                let (d, s) = ops.scales(b, t);
+                                let (act, pairs) = (act.token(t), ops.pairs(b, t));
+                                acc[h][t] = F::finish(acc[h][t], isum[t], &half, act, d, s, pairs);
                             }
-                        }
-                        for t in 0..T {
-                            let (d, s) = ops.scales(b, t);
-                            let (act, pairs) = (act.token(t), ops.pairs(b, t));
-                            acc[h][t] = F::finish(acc[h][t], isum[t], &half, act, d, s, pairs);
                         }
                     }
                 }
-                for h in 0..S::HALVES {
-                    for (rows, acc) in out.iter_mut().zip(&acc[h]) {
-                        S::store(*acc, &mut rows[g * PACK_ROWS + h * S::ROWS..]);
+                for g in start..end {
+                    for h in 0..S::HALVES {
+                        for (rows, acc) in out.iter_mut().zip(&acc[slot(g)][h]) {
+                            S::store(*acc, &mut rows[g * PACK_ROWS + h * S::ROWS..]);
+                        }
                     }
                 }
             }
         }
     };
 }
+
+/// Groups a tile runs block by block (see `packed_loop!`).
+const CHUNK_GROUPS: usize = 16;
 
 /// `T` sums starting at `zero`. Past one group of tokens, from a zero the compiler cannot see
 /// as such: its arrays of 16 vectors set to a constant 0 were a call to `memset` per group

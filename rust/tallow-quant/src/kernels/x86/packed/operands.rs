@@ -1,6 +1,8 @@
 //! The operands of the packed kernels (the layout is described in `crate::packed`), checked
 //! and viewed as blocks, for every instruction set's kernels.
 
+use std::mem::MaybeUninit;
+
 use crate::blocks::Block;
 use crate::kernels::{SubBlockPairs, TileActs, TileScales, PACK_ROWS, TILE_LANES};
 
@@ -61,6 +63,27 @@ impl<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> Operands<'a, A, S, Q, T> 
             pairs: scales.pairs,
             layout: std::marker::PhantomData,
         }
+    }
+
+    /// Groups of rows.
+    #[inline(always)]
+    pub(super) fn groups(&self) -> usize {
+        self.groups.len() / (self.blocks * (S::LEN + Q::LEN))
+    }
+
+    /// Blocks of a row.
+    #[inline(always)]
+    pub(super) fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Block `b` of group `g`: its scale bytes and quant bytes.
+    #[inline(always)]
+    pub(super) fn block(&self, g: usize, b: usize) -> (&'a S, &'a Q) {
+        let len = S::LEN + Q::LEN;
+        let at = (g * self.blocks + b) * len;
+        let (scales, quants) = self.groups[at..at + len].split_at(S::LEN);
+        (S::view(scales), Q::view(quants))
     }
 
     /// Block `b` of every token.
@@ -125,9 +148,74 @@ impl<'a, A, const T: usize> Column<'a, A, T> {
     #[inline(always)]
     pub(super) fn token(&self, t: usize) -> &'a A {
         assert!(t < T);
-        // SAFETY: `from` starts at block `b < blocks` of `T * blocks` blocks
-        // (`Operands::column`), so it holds more than `(T - 1) * blocks`, and `t < T`.
+        // SAFETY: `from` holds more than `(T - 1) * blocks` blocks: it starts at block
+        // `b < blocks` of `T * blocks` (`Operands::column`) or holds `T` with `blocks` 1
+        // (`Panels::column`); and `t < T`.
         unsafe { self.from.get_unchecked(t * self.blocks) }
+    }
+}
+
+/// The activation blocks of two columns of a tile, each column's blocks side by side: one
+/// column is copied in while the other serves.
+pub(super) struct Panels<A, const T: usize> {
+    panels: [MaybeUninit<Panel<A, T>>; 2],
+    /// The column each panel holds, `usize::MAX` for none.
+    holds: [usize; 2],
+}
+
+/// A column's blocks of `T` tokens, one after the other.
+#[repr(C, align(64))]
+struct Panel<A, const T: usize>([A; T]);
+
+impl<A: Block, const T: usize> Panels<A, T> {
+    #[inline(always)]
+    pub(super) fn new() -> Self {
+        Panels {
+            panels: [const { MaybeUninit::uninit() }; 2],
+            holds: [usize::MAX; 2],
+        }
+    }
+
+    /// Copies column `b` (`column`) into its panel.
+    #[inline(always)]
+    pub(super) fn fill(&mut self, b: usize, column: Column<'_, A, T>) {
+        let to = self.panels[b % 2].as_mut_ptr().cast::<A>();
+        for t in 0..T {
+            // SAFETY: `to` is the first of the panel's `T` blocks, and `t < T`.
+            unsafe { copy_block(column.token(t), to.add(t)) };
+        }
+        self.holds[b % 2] = b;
+    }
+
+    /// Column `b`, from its panel. Panics unless it was the last filled there.
+    #[inline(always)]
+    pub(super) fn column(&self, b: usize) -> Column<'_, A, T> {
+        assert!(self.holds[b % 2] == b, "column {b} is not in its panel");
+        // SAFETY: filled with column `b`'s blocks (`fill`, checked above).
+        let panel = unsafe { self.panels[b % 2].assume_init_ref() };
+        Column {
+            from: &panel.0,
+            blocks: 1,
+        }
+    }
+}
+
+/// Copies a block as vector moves: a copy of more than 256 bytes in one is a call to `memcpy`
+/// (a tenth of a tile's time at 16 calls a column).
+///
+/// # Safety
+/// `to` must be valid for writing one `A`.
+#[inline(always)]
+unsafe fn copy_block<A: Block>(from: &A, to: *mut A) {
+    const HEAD: usize = 256;
+    let (from, to) = ((from as *const A).cast::<u8>(), to.cast::<u8>());
+    let len = size_of::<A>();
+    // SAFETY: both hold `len` bytes (`A` has alignment 1: any pointer to one is aligned).
+    unsafe {
+        std::ptr::copy_nonoverlapping(from, to, len.min(HEAD));
+        if len > HEAD {
+            std::ptr::copy_nonoverlapping(from.add(HEAD), to.add(HEAD), len - HEAD);
+        }
     }
 }
 

@@ -130,6 +130,18 @@ pub(super) struct Prefetch {
     pub l2_ahead: Option<usize>,
 }
 
+impl Prefetch {
+    /// The requests for a block other than the next in memory, for its lines alone (into L1
+    /// where `self` asks so).
+    pub fn at_next(self) -> Prefetch {
+        Prefetch {
+            ahead: 0,
+            l2_ahead: None,
+            ..self
+        }
+    }
+}
+
 /// Every line, 2048 bytes ahead, into L1: AVX2's requests on AMD's CPUs. On Zen 3 (AVX2
 /// only) the hardware prefetcher alone left a tenth to a fifth of two threads' memory
 /// bandwidth unused; requests into L1 1536 to 3072 bytes ahead read within noise of each
