@@ -7,7 +7,9 @@
 //! activation bytes broadcast four at a time, and need no horizontal sum. AVX2 runs a block's
 //! two halves one after the other. A sub-block goes in passes of up to eight steps (a format's
 //! [`Format::PASS`]): the pass's steps of a half are unpacked into registers, and serve every
-//! token of the tile. A block is one stream read once, in order.
+//! token of the tile. A few tokens read the groups as one stream, once, in order; a tile of
+//! more than 8 (AVX2's whole tiles) takes a chunk of groups column by column, against a copy
+//! of its activations of the column side by side ([`Panels`]).
 //!
 //! Every format runs through one loop (`packed_loop!`); a [`Format`] says how a block's steps
 //! and scales unpack and how its integer sums become floats. Products use `vpmaddubsw`
