@@ -82,8 +82,7 @@ impl<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> Operands<'a, A, S, Q, T> 
     pub(super) fn block(&self, g: usize, b: usize) -> (&'a S, &'a Q) {
         let len = S::LEN + Q::LEN;
         let at = (g * self.blocks + b) * len;
-        let (scales, quants) = self.groups[at..at + len].split_at(S::LEN);
-        (S::view(scales), Q::view(quants))
+        split_block(&self.groups[at..at + len])
     }
 
     /// Block `b` of every token.
@@ -127,13 +126,15 @@ impl<'a, A: Block, S: Bytes, Q: Bytes, const T: usize> Operands<'a, A, S, Q, T> 
     ) -> impl Iterator<Item = impl Iterator<Item = (&'a S, &'a Q)> + Clone> + 'a {
         self.groups
             .chunks_exact(self.blocks * (S::LEN + Q::LEN))
-            .map(|group| {
-                group.chunks_exact(S::LEN + Q::LEN).map(|block| {
-                    let (scales, quants) = block.split_at(S::LEN);
-                    (S::view(scales), Q::view(quants))
-                })
-            })
+            .map(|group| group.chunks_exact(S::LEN + Q::LEN).map(split_block::<S, Q>))
     }
+}
+
+/// A packed block's bytes as its scale bytes and quant bytes.
+#[inline(always)]
+fn split_block<S: Bytes, Q: Bytes>(block: &[u8]) -> (&S, &Q) {
+    let (scales, quants) = block.split_at(S::LEN);
+    (S::view(scales), Q::view(quants))
 }
 
 /// Block `b` of the tokens of a tile, found `blocks` blocks apart from `from`, token 0's.
