@@ -114,7 +114,8 @@ trait Format<S: Simd> {
 }
 
 /// Declares `$name`, the packed product of any [`Format`] at the width of `S`, for a tile of
-/// `T` tokens, compiled with `$features`: the loop is written once, and compiled per
+/// `T` tokens, holding the sums of `SLOTS` groups at a time (`chunk_slots(T)`), compiled with
+/// `$features`: the loop is written once, and compiled per
 /// instruction set so that the vector operations of `S` inline into it before the compiler
 /// unrolls it (a generic loop without the features, inlined into an entry point that has
 /// them, was left rolled over the tokens). Out of line: each tile width is a function of its
@@ -123,7 +124,7 @@ macro_rules! packed_loop {
     ($name:ident, $features:literal) => {
         #[inline(never)]
         #[target_feature(enable = $features)]
-        unsafe fn $name<S: Simd, F: Format<S>, const T: usize>(
+        unsafe fn $name<S: Simd, F: Format<S>, const T: usize, const SLOTS: usize>(
             groups: &[u8],
             source: WeightsAt,
             a: TileActs,
@@ -147,11 +148,14 @@ macro_rules! packed_loop {
             // chunk. Read where they lie, a row of activations apart (one or more pages), the
             // tokens' blocks cost AVX2's Q4_K and Q6_K products a tenth of their speed, even
             // from the L1 cache. Fewer tokens run group after group, each block once, in order.
+            const { assert!(SLOTS == chunk_slots(T)) };
             let tiled = T > TILE_LANES;
-            let chunk = if tiled { CHUNK_GROUPS } else { 1 };
+            let chunk = SLOTS;
             let mut panels = Panels::<F::Act, T>::new();
-            // Per group of the chunk and half, the outputs of each token.
-            let mut acc = [[sums::<S::F, T>(S::zero_f()); 2]; CHUNK_GROUPS];
+            // Per group of the chunk and half, the outputs of each token. (One slot where a
+            // group runs alone: zeroing a whole chunk's slots for each call cost AVX-512's
+            // 8-token calls over a 576x1536 matrix 2-4%.)
+            let mut acc = [[sums::<S::F, T>(S::zero_f()); 2]; SLOTS];
             for start in (0..ops.groups()).step_by(chunk) {
                 let end = ops.groups().min(start + chunk);
                 // Where group `g`'s outputs are: one group at a time keeps them in registers.
@@ -236,6 +240,16 @@ macro_rules! packed_loop {
 
 /// Groups a tile runs block by block (see `packed_loop!`).
 const CHUNK_GROUPS: usize = 16;
+
+/// The groups whose sums a tile of `tokens` holds at once: a chunk's where it runs them block
+/// by block, else one.
+const fn chunk_slots(tokens: usize) -> usize {
+    if tokens > TILE_LANES {
+        CHUNK_GROUPS
+    } else {
+        1
+    }
+}
 
 /// `T` sums starting at `zero`. Past one group of tokens, from a zero the compiler cannot see
 /// as such: its arrays of 16 vectors set to a constant 0 were a call to `memset` per group
@@ -1663,7 +1677,7 @@ impl OneTokenAvx2 for Q6K {
 macro_rules! tile_width {
     ($loop:ident::<$simd:ty, $format:ident> $args:tt, $n:expr, $($t:literal)*) => {
         match $n {
-            $($t => $loop::<$simd, $format, $t> $args,)*
+            $($t => $loop::<$simd, $format, $t, { chunk_slots($t) }> $args,)*
             n => panic!("no packed tile of {n} tokens"),
         }
     };
