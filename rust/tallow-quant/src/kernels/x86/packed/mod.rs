@@ -150,14 +150,13 @@ macro_rules! packed_loop {
             // from the L1 cache. Fewer tokens run group after group, each block once, in order.
             const { assert!(SLOTS == chunk_slots(T)) };
             let tiled = T > TILE_LANES;
-            let chunk = SLOTS;
             let mut panels = Panels::<F::Act, T>::new();
             // Per group of the chunk and half, the outputs of each token. (One slot where a
             // group runs alone: zeroing a whole chunk's slots for each call cost AVX-512's
             // 8-token calls over a 576x1536 matrix 2-4%.)
             let mut acc = [[sums::<S::F, T>(S::zero_f()); 2]; SLOTS];
-            for start in (0..ops.groups()).step_by(chunk) {
-                let end = ops.groups().min(start + chunk);
+            for start in (0..ops.groups()).step_by(SLOTS) {
+                let end = ops.groups().min(start + SLOTS);
                 // Where group `g`'s outputs are: one group at a time keeps them in registers.
                 let slot = |g: usize| if tiled { g - start } else { 0 };
                 for g in start..end {
