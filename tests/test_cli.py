@@ -258,6 +258,41 @@ def test_ctrl_c_while_a_command_makes_a_class_is_an_interruption(
         cli.main(["list"])
 
 
+def test_ctrl_c_that_python_would_drop_still_interrupts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C inside a callback whose exceptions Python prints and drops (the import
+    system's module locks are freed through weak references' callbacks) interrupts the
+    command all the same: 130 and one line, no "Exception ignored" with its traceback."""
+    import gc
+    import weakref
+
+    from tallow import cli
+
+    class Lock:
+        pass
+
+    def interrupted(_: object) -> None:
+        raise KeyboardInterrupt
+
+    def freeing_a_lock(args: object) -> int:
+        lock = Lock()
+        ref = weakref.ref(lock, interrupted)
+        del lock
+        gc.collect()
+        # The command would otherwise run on to its end.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pass
+        return 0 if ref() is None else 1
+
+    monkeypatch.setattr(cli, "_cmd_list", freeing_a_lock)
+    start = time.monotonic()
+    assert cli.main(["list"]) == 130
+    assert time.monotonic() - start < 5
+    assert capsys.readouterr().err == "tallow: error: interrupted\n"
+
+
 @pytest.mark.parametrize("delay", [0.08, 0.15, 0.3, 0.5])
 def test_ctrl_c_while_starting_or_loading(delay: float, smollm2_path: Path) -> None:
     """Ctrl-C at any moment once tallow's code runs: exit 130 with one line, no traceback."""

@@ -8,6 +8,7 @@ interrupted, 2 for bad usage).
 
 from __future__ import annotations
 
+import _thread
 import signal
 
 # Ctrl-C while the rest of this module loads (the core with it) is kept for main(), which
@@ -43,6 +44,10 @@ if _sigint is not None:
     signal.signal(signal.SIGINT, _sigint)
 
 __all__ = ["build_parser", "main"]
+
+# How long after a dropped Ctrl-C it is delivered again (see `_interrupts_kept`): long enough
+# for the callback that dropped it to have returned.
+_INTERRUPT_AGAIN_S = 0.01
 
 # (elements per block, bytes per block) of the GGML tensor types, for the size summary.
 _TYPE_BLOCKS: dict[str, tuple[int, int]] = {
@@ -983,6 +988,39 @@ def _error(message: str) -> None:
         pass
 
 
+def _interrupt_main_again() -> None:
+    """Ctrl-C for the main thread, as if pressed again (a signal, which also cuts short a
+    sleep or a blocking read there, where the platform can aim one at a thread)."""
+    if hasattr(signal, "pthread_kill"):
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+    else:
+        _thread.interrupt_main(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _interrupts_kept() -> Iterator[None]:
+    """Ctrl-C that lands while Python runs a callback whose exceptions it drops (a weak
+    reference's, such as the import system's module locks, or a ``__del__``) is delivered again
+    a moment later, where it interrupts the command, instead of being printed as an ignored
+    exception and lost (the command then ran on to its end)."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            # From another thread: raised in this hook, the interruption would be dropped again.
+            again = threading.Timer(_INTERRUPT_AGAIN_S, _interrupt_main_again)
+            again.daemon = True
+            again.start()
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     # Started with stdout or stderr closed (`>&-`): write such output nowhere, and refuse the
@@ -992,39 +1030,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115
-    try:
-        if _interrupted_early:
-            raise KeyboardInterrupt
-        args = build_parser().parse_args(argv)
-        if stdout_closed and args.func is not _cmd_serve:
-            raise InvalidArgumentError("standard output is closed")
-        status: int = args.func(args)
-        return status
-    except KeyboardInterrupt:
-        _error("interrupted")
-        return 130
-    except RuntimeError as exc:
-        # Ctrl-C while a command imports a module that makes a dataclass: Python 3.11 wraps
-        # what a class's making raises in a RuntimeError.
-        if not isinstance(exc.__cause__, KeyboardInterrupt):
-            raise
-        _error("interrupted")
-        return 130
-    except BrokenPipeError:
-        # The reader went away (e.g. `| head`): stop quietly, and keep Python from complaining
-        # again when it flushes stdout at exit.
+    with _interrupts_kept():
         try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-        return 1
-    except TallowError as exc:
-        _error(str(exc))
-        return 1
-    except OSError as exc:
-        if exc.strerror and exc.filename:
-            _error(f"{exc.filename}: {exc.strerror}")
-        else:
-            _error(str(exc) or type(exc).__name__)
-        return 1
+            if _interrupted_early:
+                raise KeyboardInterrupt
+            args = build_parser().parse_args(argv)
+            if stdout_closed and args.func is not _cmd_serve:
+                raise InvalidArgumentError("standard output is closed")
+            status: int = args.func(args)
+            return status
+        except KeyboardInterrupt:
+            _error("interrupted")
+            return 130
+        except RuntimeError as exc:
+            # Ctrl-C while a command imports a module that makes a dataclass: Python 3.11 wraps
+            # what a class's making raises in a RuntimeError.
+            if not isinstance(exc.__cause__, KeyboardInterrupt):
+                raise
+            _error("interrupted")
+            return 130
+        except BrokenPipeError:
+            # The reader went away (e.g. `| head`): stop quietly, and keep Python from complaining
+            # again when it flushes stdout at exit.
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+            return 1
+        except TallowError as exc:
+            _error(str(exc))
+            return 1
+        except OSError as exc:
+            if exc.strerror and exc.filename:
+                _error(f"{exc.filename}: {exc.strerror}")
+            else:
+                _error(str(exc) or type(exc).__name__)
+            return 1
