@@ -1002,14 +1002,17 @@ def _interrupts_kept() -> Iterator[None]:
     """Ctrl-C that lands while Python runs a callback whose exceptions it drops (a weak
     reference's, such as the import system's module locks, or a ``__del__``) is delivered again
     a moment later, where it interrupts the command, instead of being printed as an ignored
-    exception and lost (the command then ran on to its end)."""
+    exception and lost (the command then ran on to its end). One that has not come when the
+    command ends is not sent: the command finished regardless."""
     previous = sys.unraisablehook
+    pending: list[threading.Timer] = []
 
     def hook(unraisable: sys.UnraisableHookArgs) -> None:
         if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
             # From another thread: raised in this hook, the interruption would be dropped again.
             again = threading.Timer(_INTERRUPT_AGAIN_S, _interrupt_main_again)
             again.daemon = True
+            pending.append(again)
             again.start()
             return
         previous(unraisable)
@@ -1019,6 +1022,8 @@ def _interrupts_kept() -> Iterator[None]:
         yield
     finally:
         sys.unraisablehook = previous
+        for again in pending:
+            again.cancel()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
