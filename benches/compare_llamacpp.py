@@ -17,7 +17,10 @@ the sizes people run, where a decode step streams the whole file (``moe`` and ``
 a Qwen 3 mixture of experts and the dense model with as many active parameters). Decode's rows
 also say what each engine's tg128 reads: the bytes of weights a step reads times its rate,
 beside the rate at which this machine's compute threads read a buffer of as many bytes
-(``tallow._core.read_bandwidth``).
+(``tallow._core.read_bandwidth``), probed just before and just after each engine's decode: on a
+host whose memory reads at one rate in one minute and at another in the next, a probe taken
+minutes away from a decode says little about it. Each share is of the mean of the probes
+around that decode, and the row says so where they differ by more than a tenth.
 
     python benches/compare_llamacpp.py --llama-bin BIN [-m MODEL | --random SIZE] [-r 3]
 
@@ -44,20 +47,32 @@ from tallow import _core, bench
 from tallow.catalog import resolve_model, tallow_home
 
 
-def llama_bench(binary: Path, model: Path, threads: int) -> dict[str, float]:
-    """llama-bench's pp512 and tg128 tokens/s, one repetition."""
+def llama_bench(binary: Path, model: Path, threads: int, prompt: int, gen: int) -> float:
+    """llama-bench's tokens/s for one test, ``pp{prompt}`` or ``tg{gen}`` (the other 0), one
+    repetition."""
     out = subprocess.run(
-        [str(binary), "-m", str(model), "-p", "512", "-n", "128", "-r", "1"]
+        [str(binary), "-m", str(model), "-p", str(prompt), "-n", str(gen), "-r", "1"]
         + ["-t", str(threads), "-o", "json"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    rates = {}
-    for row in json.loads(out):
-        name = f"pp{row['n_prompt']}" if row["n_gen"] == 0 else f"tg{row['n_gen']}"
-        rates[name] = float(row["avg_ts"])
-    return rates
+    (row,) = json.loads(out)
+    return float(row["avg_ts"])
+
+
+def decode_cell(rates: list[float], probes: list[tuple[float, float]], step: int) -> str:
+    """What an engine's tg128 rounds (``rates``, tokens/s) read a second, ``step`` bytes a
+    token, with their mean share of the read probes just before and after each (``probes``)."""
+    reads = statistics.mean(rates) * step
+    pairs = zip(rates, probes, strict=True)
+    shares = [rate * step / statistics.mean(around) for rate, around in pairs]
+    every = [r for around in probes for r in around]
+    moved = any(abs(a - b) > 0.1 * max(a, b) for a, b in probes)
+    return (
+        f"{reads / 1e9:.2f} GB/s ({statistics.mean(shares):.0%} of {min(every) / 1e9:.1f}"
+        f"-{max(every) / 1e9:.1f}{'; the probes around it differ' if moved else ''})"
+    )
 
 
 def seconds(command: list[str]) -> float:
@@ -99,11 +114,21 @@ def main() -> None:
     batched_name = "pp128+tg128 x16"
     # The same requests sent concurrently to AsyncLLM, against the same llama.cpp figure.
     served_name = "pp128+tg128 x16, AsyncLLM"
+    step = model.decode_weight_bytes
+    # Per round, the read probes just before and after each engine's decode.
+    probes: dict[str, list[tuple[float, float]]] = {"ours": [], "theirs": []}
+    llama_bench_bin = args.llama_bin / "llama-bench"
     for rep in range(args.reps):
-        for name, rate in llama_bench(args.llama_bin / "llama-bench", path, args.threads).items():
-            theirs[name].append(rate)
+        theirs["pp512"].append(llama_bench(llama_bench_bin, path, args.threads, 512, 0))
         ours["pp512"].append(bench.prefill(model, 512, seed=rep))
+        # Each decode between two probes, the probe between them shared.
+        before = _core.read_bandwidth(step)
+        theirs["tg128"].append(llama_bench(llama_bench_bin, path, args.threads, 0, 128))
+        between = _core.read_bandwidth(step)
         ours["tg128"].append(bench.decode(model, 128, seed=rep))
+        after = _core.read_bandwidth(step)
+        probes["theirs"].append((before, between))
+        probes["ours"].append((between, after))
         rows = run_llama_cpp(
             args.llama_bin / "llama-batched-bench", path, 128, 128, "16", args.threads
         )
@@ -136,13 +161,11 @@ def main() -> None:
         print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
     a, b = (statistics.median(rates[first_token]) for rates in (ours, theirs))
     print(f"| {first_token}, engine, median | {a:.2f} | {b:.2f} | {b / a:.2f} |")
-    step = model.decode_weight_bytes
-    limit = _core.read_bandwidth(step)
-    a, b = (statistics.mean(rates["tg128"]) * step for rates in (ours, theirs))
+    a, b = (statistics.mean(rates["tg128"]) for rates in (ours, theirs))
     print(
-        f"| tg128 reads ({step / 2**20:.1f} MiB a token; this machine {limit / 1e9:.2f} GB/s) | "
-        f"{a / 1e9:.2f} GB/s ({a / limit:.0%}) | {b / 1e9:.2f} GB/s ({b / limit:.0%}) | "
-        f"{a / b:.2f} |"
+        f"| tg128 reads ({step / 2**20:.1f} MiB a token; share of the probes around it, GB/s) | "
+        f"{decode_cell(ours['tg128'], probes['ours'], step)} | "
+        f"{decode_cell(theirs['tg128'], probes['theirs'], step)} | {a / b:.2f} |"
     )
     for name, ours_rss in (("engine", engine_rss), ("tallow generate", cli_rss)):
         print(
