@@ -142,10 +142,10 @@ impl Prefetch {
     }
 }
 
-/// Every line, 2048 bytes ahead, into L1: AVX2's requests on AMD's CPUs up to Zen 4. On Zen 3 (AVX2
-/// only) the hardware prefetcher alone left a tenth to a fifth of two threads' memory
-/// bandwidth unused; requests into L1 1536 to 3072 bytes ahead read within noise of each
-/// other.
+/// Every line, 2048 bytes ahead, into L1: AVX2's requests on AMD's CPUs up to Zen 4. On
+/// Zen 3 (AVX2 only) the hardware prefetcher alone left a tenth to a fifth of two threads'
+/// memory bandwidth unused; requests into L1 1536 to 3072 bytes ahead read within noise of
+/// each other.
 const EVERY_LINE_INTO_L1: Prefetch = Prefetch {
     ahead: 2048,
     into_l1: true,
@@ -169,10 +169,10 @@ const INTEL_EVERY_LINE: Prefetch = Prefetch {
     ..EVERY_LINE_INTO_L1
 };
 
-/// AVX-512's requests on AMD's CPUs up to Zen 4. On Zen 4 requests into L1 cost a fifth of one thread's
-/// stream (Q4_K at 36864 x 768: 15.5-18 GiB/s with them, 18-24 without), while requests
-/// 8192 bytes ahead into L2 keep two threads' streams fuller (3B decode 14.3-15.4 to
-/// 16.8-19.9 t/s) and leave one thread's as it is. But not a light format's one-token
+/// AVX-512's requests on AMD's CPUs up to Zen 4. On Zen 4 requests into L1 cost a fifth of
+/// one thread's stream (Q4_K at 36864 x 768: 15.5-18 GiB/s with them, 18-24 without), while
+/// requests 8192 bytes ahead into L2 keep two threads' streams fuller (3B decode 14.3-15.4
+/// to 16.8-19.9 t/s) and leave one thread's as it is. But not a light format's one-token
 /// stream, which reads fastest with the first line of each page asked for alone, 32 KiB
 /// ahead, the hardware prefetcher following the rest. Two threads over 300 MiB of weights,
 /// each way in turns after a read probe, the share of the probe's rate read, page starts /
