@@ -293,9 +293,17 @@ def test_a_failed_replica_is_not_described_to_the_client(guarded: str) -> None:
         pending = pool.submit(
             httpx.post, f"{guarded}/v1/completions", json=long, headers=key, timeout=120
         )
-        time.sleep(2)  # generating
-        assert not pending.done()
-        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)  # sent
+        # The replica's first streamed token of a second request says it is generating, the
+        # first request's tokens beside it. (A fixed wait is no such sign: on a fast CPU the
+        # whole first answer took under two seconds.)
+        streamed = {**long, "stream": True}
+        url = f"{guarded}/v1/completions"
+        with httpx.stream("POST", url, json=streamed, headers=key, timeout=120) as stream:
+            assert stream.status_code == 200
+            assert next(line for line in stream.iter_lines() if line).startswith("data: {")
+            assert not pending.done()
+            os.kill(pid, signal.SIGKILL)
         answer = pending.result()
     assert answer.status_code == 503
     error = answer.json()["error"]
