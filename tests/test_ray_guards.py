@@ -289,16 +289,14 @@ def test_a_failed_replica_is_not_described_to_the_client(guarded: str) -> None:
     ]
     long = {"model": MODEL, "prompt": "Once", "max_tokens": 480, "ignore_eos": True}
     key = {"authorization": f"Bearer {KEY}"}
+    url = f"{guarded}/v1/completions"
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(
-            httpx.post, f"{guarded}/v1/completions", json=long, headers=key, timeout=120
-        )
+        pending = pool.submit(httpx.post, url, json=long, headers=key, timeout=120)
         time.sleep(0.2)  # sent
         # The replica's first streamed token of a second request says it is generating, the
         # first request's tokens beside it. (A fixed wait is no such sign: on a fast CPU the
         # whole first answer took under two seconds.)
         streamed = {**long, "stream": True}
-        url = f"{guarded}/v1/completions"
         with httpx.stream("POST", url, json=streamed, headers=key, timeout=120) as stream:
             assert stream.status_code == 200
             assert next(line for line in stream.iter_lines() if line).startswith("data: {")

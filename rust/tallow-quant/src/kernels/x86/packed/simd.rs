@@ -210,7 +210,7 @@ const ZEN5_EVERY_LINE: Prefetch = Prefetch {
 };
 
 /// Whose cores the running CPU has, as far as their prefetching goes.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Cores {
     /// AMD's, up to Zen 4 (families 0x17 and 0x19).
     ZenUpTo4,
