@@ -1,14 +1,14 @@
-"""Decode's read rate against the machine's, each round bracketed by its own probes.
+"""Decode's read rate against the machine's, the two measured in turns, token by token.
 
 On a machine whose memory is shared (a VM), the rate at which the cores can read moves from one
-minute to the next, at times by a factor of two: a decode measured in one minute beside a probe
-measured in another says little. Each round here reads the probe (``tallow._core.read_bandwidth``
-over as many bytes as a decode step reads), generates ``--tokens`` tokens one at a time as
-``tallow bench``'s tg does, and reads the probe again; a round whose two probes differ by more
-than a tenth saw the machine change under it and is left out of the summary. The summary is the
-median share of the probe's rate that decode read, over the rounds kept, grouped by the probe's
-rate (to the nearest 20 GB/s), since the share differs between the machine's slow and fast
-minutes.
+second to the next, at times by a factor of two: a decode measured over a second beside a probe
+measured before or after it says little. Here every decode step (one token, generated as
+``tallow bench``'s tg does) comes right after a read of a probe buffer as large as the weights
+a step reads (``tallow._core.ReadProbe``), so that both see the same milliseconds of the
+machine. A round of ``--tokens`` steps reports the probe's rate and decode's (bytes over the
+summed times) and their ratio, the share; the summary is the median share of the rounds,
+grouped by the probe's rate (to the nearest 20 GB/s), since the share differs between the
+machine's slow and fast minutes.
 
     python benches/decode_bandwidth.py [-m MODEL] [--rounds 12] [--tokens 64]
 
@@ -25,6 +25,21 @@ from tallow import _core, bench
 from tallow.catalog import resolve_model
 
 
+def round_times(
+    model: _core.Model, probe: _core.ReadProbe, n_tokens: int, seed: int
+) -> tuple[float, float]:
+    """Summed seconds of ``n_tokens`` probe reads and of the ``n_tokens`` decode steps that
+    each follows one."""
+    probing = 0.0
+
+    def read_probe() -> None:
+        nonlocal probing
+        probing += probe.seconds()
+
+    decoding = bench.decode_seconds(model, n_tokens, seed=seed, before_step=read_probe)
+    return probing, decoding
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", default="smollm2-135m")
@@ -33,26 +48,20 @@ def main() -> None:
     args = parser.parse_args()
     model = _core.Model(str(resolve_model(args.model)))
     per_token = model.decode_weight_bytes
+    probe = _core.ReadProbe(per_token)
     # Untimed, as `tallow bench` warms up: threads, page tables, the kernels' first touches.
     bench.prefill(model, 16)
     bench.decode(model, 2)
     shares: dict[int, list[float]] = defaultdict(list)
-    print(f"{per_token / 2**20:.1f} MiB of weights a token")
-    print("| round | probe before (GB/s) | decode reads (GB/s) | probe after (GB/s) | share |")
-    print("|--:|--:|--:|--:|--:|")
+    print(f"{per_token / 2**20:.1f} MiB of weights a token, a probe of {probe.bytes / 2**20:.0f}")
+    print("| round | probe (GB/s) | decode reads (GB/s) | share |")
+    print("|--:|--:|--:|--:|")
     for r in range(args.rounds):
-        before = _core.read_bandwidth(per_token, 1)
-        rate = bench.decode(model, args.tokens, seed=r)
-        after = _core.read_bandwidth(per_token, 1)
-        reads = per_token * rate
-        probe = (before + after) / 2
-        steady = abs(before - after) <= 0.1 * max(before, after)
-        if steady:
-            shares[round(probe / 20e9) * 20].append(reads / probe)
-        print(
-            f"| {r} | {before / 1e9:.1f} | {reads / 1e9:.1f} | {after / 1e9:.1f} "
-            f"| {reads / probe:.0%}{'' if steady else ' (probes differ: left out)'} |"
-        )
+        probing, decoding = round_times(model, probe, args.tokens, seed=r)
+        rate = probe.bytes * args.tokens / probing
+        reads = per_token * args.tokens / decoding
+        shares[round(rate / 20e9) * 20].append(reads / rate)
+        print(f"| {r} | {rate / 1e9:.1f} | {reads / 1e9:.1f} | {reads / rate:.0%} |")
     for level, values in sorted(shares.items()):
         print(
             f"probe near {level} GB/s: decode reads {statistics.median(values):.0%} of it "

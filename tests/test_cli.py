@@ -419,3 +419,20 @@ def test_served_throughput_counts_every_token_of_concurrent_requests(
     # `served` checks that every request generated all its tokens before it reports a rate.
     rate = tallow.bench.served(smollm2_path, npp=16, ntg=4, npl=3)
     assert rate > 0
+
+
+def test_a_probe_takes_turns_with_decode_steps(smollm2_path: Path) -> None:
+    """``decode_seconds`` calls its hook once before each step, outside the time it reports;
+    a ``ReadProbe`` covers whole MiB and times each read afresh."""
+    model = _core.Model(str(smollm2_path))
+    probe = _core.ReadProbe(3 * 2**20 + 1)
+    assert probe.bytes == 4 * 2**20
+    reads: list[float] = []
+    seconds = tallow.bench.decode_seconds(
+        model, 3, before_step=lambda: reads.append(probe.seconds())
+    )
+    assert len(reads) == 3 and all(r > 0 for r in reads)
+    assert seconds > 0
+    # A hook that sleeps adds nothing to the steps' time.
+    slow = tallow.bench.decode_seconds(model, 2, before_step=lambda: time.sleep(0.5))
+    assert slow < 0.5

@@ -22,6 +22,7 @@ __all__ = [
     "Model",
     "ModelError",
     "ModelNotFoundError",
+    "ReadProbe",
     "Sampler",
     "StreamDecoder",
     "TallowError",
@@ -70,6 +71,20 @@ def read_bandwidth(bytes: int = 1073741824, passes: int = 3) -> float:
     """Bytes per second at which the compute threads read ``bytes`` of memory: the best of
     ``passes`` reads of a buffer made and touched first (the limit of a decode step on the
     CPU, which reads every weight once)."""
+
+@final
+class ReadProbe:
+    """A buffer of ``bytes`` (rounded up to whole MiB), made and touched once, whose reads the
+    compute threads time one at a time: a probe to take turns with decode steps, on a machine
+    whose memory's rate moves from one second to the next."""
+
+    def __init__(self, bytes: int) -> None: ...
+    @property
+    def bytes(self) -> int:
+        """Bytes one read covers."""
+    def seconds(self) -> float:
+        """Seconds one read of the whole buffer takes, with the summing loop that read
+        fastest when the probe was made."""
 
 def devices() -> list[tuple[str, str, str, int | None]]:
     """The CPU and every GPU found: ``(device, name, backend, memory)`` where ``device`` is what

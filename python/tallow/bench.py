@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -43,6 +44,7 @@ __all__ = [
     "batched",
     "decode",
     "decode_reads",
+    "decode_seconds",
     "memory",
     "prefill",
     "served",
@@ -97,14 +99,31 @@ def decode(
 ) -> float:
     """Tokens per second of generating ``n_tokens`` tokens one at a time, greedily, after
     ``depth`` tokens of context, the KV cache in ``kv_dtype``."""
+    return n_tokens / decode_seconds(model, n_tokens, seed, depth, kv_dtype)
+
+
+def decode_seconds(
+    model: _core.Model,
+    n_tokens: int,
+    seed: int = 0,
+    depth: int = 0,
+    kv_dtype: str = "f16",
+    before_step: Callable[[], object] | None = None,
+) -> float:
+    """Seconds of generating ``n_tokens`` tokens one at a time, as :func:`decode` does, with
+    ``before_step`` called (untimed) before each step: a probe to take turns with the steps."""
     kv, seq = _warm_cache(model, depth + n_tokens, seed, kv_dtype)
     _context(model, kv, seq, depth, seed)
     token = _random_tokens(model, 1, seed)[0]
-    start = time.perf_counter()
+    seconds = 0.0
     for _ in range(n_tokens):
+        if before_step is not None:
+            before_step()
+        start = time.perf_counter()
         kv.reserve(seq, 1)
         token = int(model.forward(kv, [(seq, [token], "last")], "argmax")[0])
-    return n_tokens / (time.perf_counter() - start)
+        seconds += time.perf_counter() - start
+    return seconds
 
 
 @dataclass(frozen=True)

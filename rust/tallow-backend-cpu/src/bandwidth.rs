@@ -17,33 +17,80 @@ const CHUNK: usize = 1 << 20;
 /// its shape in ways no one shape wins on every CPU: on a 2-core Xeon, two 256-bit
 /// accumulators read 31-34 GB/s where four read 29.5 and four 512-bit ones 30.5).
 pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
-    // Laid out as packed weights are: aligned to huge pages, which the kernel is asked for.
-    // Written with nonzero bytes, so that every page is faulted in before the reads are timed
-    // and none is the kernel's shared zero page (which a zeroing the compiler turns into a
-    // zeroed allocation would leave).
-    let mut buffer = AlignedBytes::zeroed(bytes.div_ceil(CHUNK).max(1) * CHUNK);
-    buffer.as_mut_slice().fill(1);
-    let chunks: Vec<&[u8]> = buffer.as_slice().chunks(CHUNK).collect();
-    let sums: Vec<AtomicU64> = (0..global().threads())
-        .map(|_| Default::default())
-        .collect();
-    let mut best = f64::INFINITY;
-    for sum_chunk in summing_loops() {
-        for _ in 0..passes.max(1) {
-            let start = Instant::now();
-            global().run(chunks.len(), &|i, worker| {
-                let sum = sum_chunk(chunks[i]);
-                sums[worker].fetch_add(sum, Ordering::Relaxed);
-            });
-            best = best.min(start.elapsed().as_secs_f64());
+    let probe = ReadProbe::uncalibrated(bytes);
+    let best = summing_loops()
+        .into_iter()
+        .flat_map(|sum| (0..passes.max(1)).map(move |_| sum))
+        .map(|sum| probe.time(sum))
+        .fold(f64::INFINITY, f64::min);
+    probe.len() as f64 / best
+}
+
+/// A buffer of a decode step's size, made once, whose reads are timed one at a time: a probe
+/// to take turns with decode steps, token by token, on a machine whose memory's rate moves
+/// within a second (where a probe before and after a run of steps can each catch another
+/// rate than the steps saw).
+pub struct ReadProbe {
+    buffer: AlignedBytes,
+    /// Per compute thread, the sum of what it read: keeps the reads from being optimised away.
+    sums: Vec<AtomicU64>,
+    /// The summing loop of [`summing_loops`] that read fastest when the probe was made.
+    best: fn(&[u8]) -> u64,
+}
+
+impl ReadProbe {
+    /// A probe of `bytes` (rounded up to whole chunks of a MiB), laid out as packed weights
+    /// are: aligned to huge pages, which the kernel is asked for; written with nonzero bytes,
+    /// so that every page is faulted in before a read is timed and none is the kernel's
+    /// shared zero page (which a zeroing the compiler turns into a zeroed allocation would
+    /// leave). Each summing loop reads it once, and the fastest serves [`ReadProbe::seconds`].
+    pub fn new(bytes: usize) -> ReadProbe {
+        let mut probe = ReadProbe::uncalibrated(bytes);
+        let timed = summing_loops()
+            .into_iter()
+            .map(|sum| (probe.time(sum), sum));
+        probe.best = timed.min_by(|a, b| a.0.total_cmp(&b.0)).unwrap().1;
+        probe
+    }
+
+    /// The probe of [`ReadProbe::new`], its loop the first of [`summing_loops`].
+    fn uncalibrated(bytes: usize) -> ReadProbe {
+        let mut buffer = AlignedBytes::zeroed(bytes.div_ceil(CHUNK).max(1) * CHUNK);
+        buffer.as_mut_slice().fill(1);
+        ReadProbe {
+            buffer,
+            sums: (0..global().threads())
+                .map(|_| AtomicU64::default())
+                .collect(),
+            best: summing_loops()[0],
         }
     }
-    // The sums keep the reads from being optimised away.
-    let total = sums
-        .iter()
-        .fold(0u64, |s, v| s.wrapping_add(v.load(Ordering::Relaxed)));
-    std::hint::black_box(total);
-    buffer.as_slice().len() as f64 / best
+
+    /// Bytes one read covers.
+    pub fn len(&self) -> usize {
+        self.buffer.as_slice().len()
+    }
+
+    /// Whether the probe reads nothing (never: it is at least a chunk).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Seconds the compute threads take to read the whole buffer once, with the loop that
+    /// read fastest when the probe was made.
+    pub fn seconds(&self) -> f64 {
+        self.time(self.best)
+    }
+
+    /// Seconds of one read of the buffer with `sum_chunk`, the chunks spread over the pool.
+    fn time(&self, sum_chunk: fn(&[u8]) -> u64) -> f64 {
+        let chunks: Vec<&[u8]> = self.buffer.as_slice().chunks(CHUNK).collect();
+        let start = Instant::now();
+        global().run(chunks.len(), &|i, worker| {
+            self.sums[worker].fetch_add(sum_chunk(chunks[i]), Ordering::Relaxed);
+        });
+        start.elapsed().as_secs_f64()
+    }
 }
 
 /// How far ahead of its reads a prefetching loop of the probe asks for lines, as the one-token
@@ -236,6 +283,10 @@ mod tests {
     fn a_probe_reads_at_a_plausible_rate() {
         let rate = read_bandwidth(32 << 20, 2);
         // Any machine that runs models reads faster than 100 MB/s and slower than 10 TB/s.
+        assert!((1e8..1e13).contains(&rate), "{rate}");
+        let probe = ReadProbe::new(3 << 20);
+        assert_eq!(probe.len(), 3 << 20);
+        let rate = probe.len() as f64 / probe.seconds();
         assert!((1e8..1e13).contains(&rate), "{rate}");
     }
 }

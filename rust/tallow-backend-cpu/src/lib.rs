@@ -19,7 +19,7 @@ use tallow_gguf::GgufFile;
 use tallow_kv::{KvDtype, KvLayout, LayerGroups};
 use tallow_quant::GgmlType;
 
-pub use bandwidth::read_bandwidth;
+pub use bandwidth::{read_bandwidth, ReadProbe};
 pub use matrix::Matrix;
 pub use pages::{host_cache, HostPages, KvStorage};
 pub use scratch::Scratch;

@@ -50,6 +50,30 @@ fn read_bandwidth(py: Python<'_>, bytes: usize, passes: usize) -> f64 {
     py.detach(|| tallow_backend_cpu::read_bandwidth(bytes, passes))
 }
 
+/// A buffer of `bytes` made once, whose reads the compute threads time one at a time: a
+/// probe to take turns with decode steps (see tallow_backend_cpu::ReadProbe).
+#[pyclass(module = "tallow._core", frozen)]
+struct ReadProbe(tallow_backend_cpu::ReadProbe);
+
+#[pymethods]
+impl ReadProbe {
+    #[new]
+    fn new(py: Python<'_>, bytes: usize) -> Self {
+        ReadProbe(py.detach(|| tallow_backend_cpu::ReadProbe::new(bytes)))
+    }
+
+    /// Bytes one read covers (`bytes` rounded up to whole MiB).
+    #[getter]
+    fn bytes(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Seconds one read of the whole buffer takes.
+    fn seconds(&self, py: Python<'_>) -> f64 {
+        py.detach(|| self.0.seconds())
+    }
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
@@ -59,6 +83,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(model::sample_batch, m)?)?;
     m.add_function(wrap_pyfunction!(device::devices, m)?)?;
     m.add_function(wrap_pyfunction!(convert::convert_checkpoint, m)?)?;
+    m.add_class::<ReadProbe>()?;
     m.add_class::<kv::KvCache>()?;
     m.add_class::<model::Model>()?;
     m.add_class::<model::Context>()?;
