@@ -78,7 +78,7 @@ class ReadProbe:
     compute threads time one at a time: a probe to take turns with decode steps, on a machine
     whose memory's rate moves from one second to the next."""
 
-    def __init__(self, bytes: int) -> None: ...
+    def __new__(cls, bytes: int) -> Self: ...
     @property
     def bytes(self) -> int:
         """Bytes one read covers."""
