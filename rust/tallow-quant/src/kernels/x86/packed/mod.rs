@@ -807,7 +807,9 @@ const fn k_pass<S: Simd>() -> usize {
 
 /// Q4_K's and Q5_K's [`Format::pass_sum`] over a whole sub-block: with VNNI into i32 lanes,
 /// times its scale; else summed as i16 in runs of `RUN` steps (as long as the format's pair
-/// sums allow), each run widened against the scale.
+/// sums allow), each run widened against the scale. With `high_in_place` (VNNI's Q4_K steps)
+/// an odd sub-block's steps are its high nibbles where they lie, 16 times their value: the
+/// exact i32 sum (at most 32 * 240 * 127) is divided back by 16.
 #[inline(always)]
 unsafe fn k4_pass_sum<S: Simd, const RUN: usize>(
     acc: S::I,
@@ -816,11 +818,20 @@ unsafe fn k4_pass_sum<S: Simd, const RUN: usize>(
     half: &K4Half<S>,
     s: usize,
     first: usize,
+    high_in_place: bool,
 ) -> S::I {
     if S::FUSED_DOT {
         let (low, high) = sub_block_halves::<S>(steps, y, first);
-        scaled_i32::<S>(acc, S::add32(low, high), half.scales[s])
+        let mut sum = S::add32(low, high);
+        if high_in_place {
+            sum = S::sra32(sum, 4 * (s % 2) as u32);
+        }
+        scaled_i32::<S>(acc, sum, half.scales[s])
     } else {
+        debug_assert!(
+            !high_in_place,
+            "in-place nibbles are summed in i32 lanes only"
+        );
         weighted_sum::<S, RUN>(acc, steps, y, first, half.scales[s])
     }
 }
@@ -870,14 +881,8 @@ impl<S: Simd> Format<S> for Q4K {
         s: usize,
         first: usize,
     ) -> S::I {
-        if S::FUSED_DOT {
-            // Exact i32 sums (at most 32 * 240 * 127), the high nibbles' 16 divided back out.
-            let (low, high) = sub_block_halves::<S>(steps, y, first);
-            let sum = S::sra32(S::add32(low, high), 4 * (s % 2) as u32);
-            scaled_i32::<S>(acc, sum, half.scales[s])
-        } else {
-            k4_pass_sum::<S, 8>(acc, steps, y, half, s, first)
-        }
+        // The steps hold the high nibbles in place where the sums run in i32 lanes (`step`).
+        k4_pass_sum::<S, 8>(acc, steps, y, half, s, first, S::FUSED_DOT)
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
@@ -928,7 +933,7 @@ impl<S: Simd> Format<S> for Q5K {
         s: usize,
         first: usize,
     ) -> S::I {
-        k4_pass_sum::<S, 4>(acc, steps, y, half, s, first)
+        k4_pass_sum::<S, 4>(acc, steps, y, half, s, first, false)
     }
     fn y(act: &BlockQ8K, s: usize) -> &[i8; 32] {
         k_y(act, s)
