@@ -655,9 +655,9 @@ rows_entry_points!(rows_q4_1_q8_1);
 /// The AVX-512 kernels of `ty` (with VNNI's `vpdpbusd` or without it): dot products for the
 /// block formats, tiles for the legacy ones, packed kernels for the formats `crate::packed`
 /// lays out (`super::packed`), a row kernel for Q4_1, and the Q8_0/Q8_1 activation
-/// quantizers. Packed Q8_0 needs VNNI: its unsigned weight bytes reach
-/// 255, and `vpmaddubsw`'s i16 pair sums would saturate (without VNNI the AVX2 kernel, which
-/// takes the sign off the weights first, fills the gap).
+/// quantizers. Packed Q8_0, IQ4_NL and IQ4_XS need VNNI: their weights as unsigned bytes
+/// (plus 128) reach 241-255, and `vpmaddubsw`'s i16 pair sums would saturate (without VNNI
+/// the AVX2 kernels, which take the sign off the weights first, fill the gap).
 pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
     use super::packed::{avx512 as formats_bw, avx512_vnni as formats_vnni};
     /// The VNNI or the BW build of a kernel.
@@ -743,6 +743,14 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             packed: formats!(q6_k),
             ..none
         },
+        GgmlType::IQ4_NL => RawRow {
+            packed: if vnni {
+                Some(formats_vnni::iq4_nl)
+            } else {
+                None
+            },
+            ..none
+        },
         GgmlType::IQ4_XS => RawRow {
             packed: if vnni {
                 Some(formats_vnni::iq4_xs)
@@ -767,7 +775,7 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             }),
             ..none
         },
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::IQ4_NL | GgmlType::MXFP4 => none,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::MXFP4 => none,
     }
 }
 

@@ -1472,6 +1472,66 @@ impl Format<V256> for Iq4Xs {
     }
 }
 
+/// A step of IQ4_NL or IQ4_XS with VNNI: the values the nibbles `n` of `word` index, plus 128
+/// (within 1..=241: unsigned bytes for `vpdpbusd`).
+#[inline(always)]
+unsafe fn iq4_offset_step(word: __m512i, n: usize) -> __m512i {
+    let table = _mm_add_epi8(
+        _mm_loadu_si128(IQ4_VALUES.as_ptr().cast()),
+        _mm_set1_epi8(-128),
+    );
+    let nibbles = V512::<Vnni>::nibbles(word, n);
+    _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), nibbles)
+}
+
+/// IQ4_NL with VNNI: Q8_0's sums with VNNI (the 128 taken back through the token's sum) over
+/// the steps of [`iq4_offset_step`], the nibbles as Q4_0's.
+impl Format<V512<Vnni>> for Iq4Nl {
+    type Act = BlockQ8_0;
+    type Fields = [u8; 32];
+    type Words = [u8; 256];
+    const SUBS: usize = 1;
+    const LIGHT: bool = true;
+    const PASS: usize = 4;
+    type Half = __m512;
+    type Step = __m512i;
+
+    #[inline(always)]
+    unsafe fn half(fields: &[u8; 32], _: &[u8; 256], h: usize) -> __m512 {
+        V512::<Vnni>::field(fields, 0, h)
+    }
+    #[inline(always)]
+    unsafe fn step(words: &[u8; 256], h: usize, _: usize, c: usize) -> __m512i {
+        iq4_offset_step(V512::<Vnni>::word(words, c % 4, h), c / 4)
+    }
+    #[inline(always)]
+    unsafe fn pass_sum(
+        acc: __m512i,
+        steps: &[__m512i],
+        y: &[i8; 32],
+        _: &__m512,
+        _: usize,
+        first: usize,
+    ) -> __m512i {
+        unscaled_sum::<V512<Vnni>, 4>(acc, steps, y, first)
+    }
+    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
+        &act.qs
+    }
+    #[inline(always)]
+    unsafe fn finish(
+        acc: __m512,
+        isum: __m512i,
+        d: &__m512,
+        _: &BlockQ8_0,
+        da: f32,
+        sa: f32,
+        _: PairsAt<'_>,
+    ) -> __m512 {
+        offset_block::<V512<Vnni>>(acc, isum, *d, da, sa, 128.0)
+    }
+}
+
 /// The scales of an IQ4_XS block with VNNI: `d`, and per sub-block its scale (`ls - 32`) in
 /// both i16 of every lane.
 struct Iq4XsVnniHalf {
@@ -1521,12 +1581,7 @@ impl Format<V512<Vnni>> for Iq4Xs {
     }
     #[inline(always)]
     unsafe fn step(words: &Self::Words, h: usize, s: usize, c: usize) -> __m512i {
-        let offset = _mm_add_epi8(
-            _mm_loadu_si128(IQ4_VALUES.as_ptr().cast()),
-            _mm_set1_epi8(-128),
-        );
-        let nibbles = V512::<Vnni>::nibbles(V512::<Vnni>::word(words, 1 + 4 * s + c % 4, h), c / 4);
-        _mm512_shuffle_epi8(_mm512_broadcast_i32x4(offset), nibbles)
+        iq4_offset_step(V512::<Vnni>::word(words, 1 + 4 * s + c % 4, h), c / 4)
     }
     #[inline(always)]
     unsafe fn pass_sum(
@@ -1781,6 +1836,7 @@ packed_entry_points!(avx512_vnni, packed_avx512_vnni::<V512<Vnni>>, "avx512f,avx
     Q4K => q4_k by_group,
     Q5K => q5_k by_group,
     Q6K => q6_k by_group,
+    Iq4Nl => iq4_nl by_group,
     Iq4Xs => iq4_xs by_group,
     Decoded => decoded by_group,
 );
