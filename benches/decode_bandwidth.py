@@ -5,10 +5,11 @@ second to the next, at times by a factor of two: a decode measured over a second
 measured before or after it says little. Here every decode step (one token, generated as
 ``tallow bench``'s tg does) comes right after a read of a probe buffer as large as the weights
 a step reads (``tallow._core.ReadProbe``), so that both see the same milliseconds of the
-machine. A round of ``--tokens`` steps reports the probe's rate and decode's (bytes over the
-summed times) and their ratio, the share; the summary is the median share of the rounds,
-grouped by the probe's rate (to the nearest 20 GB/s), since the share differs between the
-machine's slow and fast minutes.
+machine; the probe is calibrated again before each round, so that it reads with the loop that
+reads fastest where the memory is fastest. A round of ``--tokens`` steps reports the probe's
+rate and decode's (bytes over the summed times) and their ratio, the share; the summary is the
+median share of the rounds, grouped by the probe's rate (to the nearest 20 GB/s), since the
+share differs between the machine's slow and fast minutes.
 
     python benches/decode_bandwidth.py [-m MODEL] [--rounds 12] [--tokens 64]
 
@@ -57,6 +58,8 @@ def main() -> None:
     print("| round | probe (GB/s) | decode reads (GB/s) | share |")
     print("|--:|--:|--:|--:|")
     for r in range(args.rounds):
+        # Which summing loop reads fastest can change with the memory's state.
+        probe.calibrate()
         probing, decoding = round_times(model, probe, args.tokens, seed=r)
         rate = probe.bytes * args.tokens / probing
         reads = per_token * args.tokens / decoding

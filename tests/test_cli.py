@@ -433,6 +433,8 @@ def test_a_probe_takes_turns_with_decode_steps(smollm2_path: Path) -> None:
     )
     assert len(reads) == 3 and all(r > 0 for r in reads)
     assert seconds > 0
+    probe.calibrate()
+    assert probe.seconds() > 0
     # A hook that sleeps adds nothing to the steps' time.
     slow = tallow.bench.decode_seconds(model, 2, before_step=lambda: time.sleep(0.5))
     assert slow < 0.5

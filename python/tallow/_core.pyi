@@ -83,8 +83,12 @@ class ReadProbe:
     def bytes(self) -> int:
         """Bytes one read covers."""
     def seconds(self) -> float:
-        """Seconds one read of the whole buffer takes, with the summing loop that read
-        fastest when the probe was made."""
+        """Seconds one read of the whole buffer takes, with the summing loop whose fastest
+        read (at construction or since, see :meth:`calibrate`) was the fastest."""
+    def calibrate(self) -> None:
+        """Reads the buffer once with each summing loop, keeping each loop's fastest read:
+        called from time to time, it settles the probe on the loop that reads fastest where
+        the memory is fastest."""
 
 def devices() -> list[tuple[str, str, str, int | None]]:
     """The CPU and every GPU found: ``(device, name, backend, memory)`` where ``device`` is what

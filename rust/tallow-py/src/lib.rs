@@ -52,7 +52,7 @@ fn read_bandwidth(py: Python<'_>, bytes: usize, passes: usize) -> f64 {
 
 /// A buffer of `bytes` made once, whose reads the compute threads time one at a time: a
 /// probe to take turns with decode steps (see tallow_backend_cpu::ReadProbe).
-#[pyclass(module = "tallow._core", frozen)]
+#[pyclass(module = "tallow._core")]
 struct ReadProbe(tallow_backend_cpu::ReadProbe);
 
 #[pymethods]
@@ -71,6 +71,11 @@ impl ReadProbe {
     /// Seconds one read of the whole buffer takes.
     fn seconds(&self, py: Python<'_>) -> f64 {
         py.detach(|| self.0.seconds())
+    }
+
+    /// Reads the buffer with each summing loop and keeps the one with the fastest read so far.
+    fn calibrate(&mut self, py: Python<'_>) {
+        py.detach(|| self.0.calibrate())
     }
 }
 
