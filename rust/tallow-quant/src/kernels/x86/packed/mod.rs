@@ -465,36 +465,38 @@ unsafe fn offset_block<S: Simd>(
     scaled::<S>(acc, d, da, sums)
 }
 
-/// The methods of Q4_0 and Q5_0, whose sums need no scale and whose offset (`$offset`, 8 or
-/// 16) comes back through the token's block sum; their i16 pair sums add up over `$run` steps
-/// (8 for Q4_0's 4-bit quants, within 8 * 2 * 15 * 127; 4 for Q5_0's 5-bit ones).
+/// The methods of a format whose sums need no scale and whose offset (`$offset`) comes back
+/// through the token's block sum, at the width of `$s`: Q4_0 and Q5_0 (offsets 8 and 16), and
+/// with VNNI Q8_0 and IQ4_NL (their values plus 128). The i16 pair sums add up over `$run`
+/// steps where they are not summed straight into i32 lanes (8 for Q4_0's 4-bit quants,
+/// within 8 * 2 * 15 * 127; 4 for Q5_0's 5-bit ones).
 macro_rules! offset_q8_0_sums {
-    ($offset:expr, $run:expr) => {
+    ($s:ty, $offset:expr, $run:expr) => {
         #[inline(always)]
         unsafe fn pass_sum(
-            acc: S::I,
-            steps: &[S::I],
+            acc: <$s as Simd>::I,
+            steps: &[<$s as Simd>::I],
             y: &[i8; 32],
-            _: &S::F,
+            _: &<$s as Simd>::F,
             _: usize,
             first: usize,
-        ) -> S::I {
-            unscaled_sum::<S, $run>(acc, steps, y, first)
+        ) -> <$s as Simd>::I {
+            unscaled_sum::<$s, $run>(acc, steps, y, first)
         }
         fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
             &act.qs
         }
         #[inline(always)]
         unsafe fn finish(
-            acc: S::F,
-            isum: S::I,
-            d: &S::F,
+            acc: <$s as Simd>::F,
+            isum: <$s as Simd>::I,
+            d: &<$s as Simd>::F,
             _: &BlockQ8_0,
             da: f32,
             sa: f32,
             _: PairsAt<'_>,
-        ) -> S::F {
-            offset_block::<S>(acc, isum, *d, da, sa, $offset)
+        ) -> <$s as Simd>::F {
+            offset_block::<$s>(acc, isum, *d, da, sa, $offset)
         }
     };
 }
@@ -518,7 +520,7 @@ impl<S: Simd> Format<S> for Q40 {
     unsafe fn step(words: &[u8; 256], h: usize, _: usize, c: usize) -> S::I {
         S::nibbles(S::word(words, c % 4, h), c / 4)
     }
-    offset_q8_0_sums!(8.0, 8);
+    offset_q8_0_sums!(S, 8.0, 8);
 }
 
 /// Q4_1: `d * da * sum(q * y) + m * sa`.
@@ -593,7 +595,7 @@ impl<S: Simd> Format<S> for Q50 {
         let low = S::nibbles(S::word(words, c % 4, h), c / 4);
         S::or(low, S::bits_to_4(S::word(words, 4, h), c, 0x10))
     }
-    offset_q8_0_sums!(16.0, 4);
+    offset_q8_0_sums!(S, 16.0, 4);
 }
 
 /// `acc` plus, per row, the dot products of signed steps (values, magnitudes; from step
@@ -692,32 +694,7 @@ impl Format<V512<Vnni>> for Q80 {
     unsafe fn step(words: &[u8; 512], h: usize, _: usize, c: usize) -> __m512i {
         V512::<Vnni>::word(words, c, h)
     }
-    #[inline(always)]
-    unsafe fn pass_sum(
-        acc: __m512i,
-        steps: &[__m512i],
-        y: &[i8; 32],
-        _: &__m512,
-        _: usize,
-        first: usize,
-    ) -> __m512i {
-        unscaled_sum::<V512<Vnni>, 4>(acc, steps, y, first)
-    }
-    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
-        &act.qs
-    }
-    #[inline(always)]
-    unsafe fn finish(
-        acc: __m512,
-        isum: __m512i,
-        d: &__m512,
-        _: &BlockQ8_0,
-        da: f32,
-        sa: f32,
-        _: PairsAt<'_>,
-    ) -> __m512 {
-        offset_block::<V512<Vnni>>(acc, isum, *d, da, sa, 128.0)
-    }
+    offset_q8_0_sums!(V512<Vnni>, 128.0, 4);
 }
 
 // ---- K-quants: 256 columns, 8 sub-blocks ----
@@ -1504,32 +1481,7 @@ impl Format<V512<Vnni>> for Iq4Nl {
     unsafe fn step(words: &[u8; 256], h: usize, _: usize, c: usize) -> __m512i {
         iq4_offset_step(V512::<Vnni>::word(words, c % 4, h), c / 4)
     }
-    #[inline(always)]
-    unsafe fn pass_sum(
-        acc: __m512i,
-        steps: &[__m512i],
-        y: &[i8; 32],
-        _: &__m512,
-        _: usize,
-        first: usize,
-    ) -> __m512i {
-        unscaled_sum::<V512<Vnni>, 4>(acc, steps, y, first)
-    }
-    fn y(act: &BlockQ8_0, _: usize) -> &[i8; 32] {
-        &act.qs
-    }
-    #[inline(always)]
-    unsafe fn finish(
-        acc: __m512,
-        isum: __m512i,
-        d: &__m512,
-        _: &BlockQ8_0,
-        da: f32,
-        sa: f32,
-        _: PairsAt<'_>,
-    ) -> __m512 {
-        offset_block::<V512<Vnni>>(acc, isum, *d, da, sa, 128.0)
-    }
+    offset_q8_0_sums!(V512<Vnni>, 128.0, 4);
 }
 
 /// The scales of an IQ4_XS block with VNNI: `d`, and per sub-block its scale (`ls - 32`) in
