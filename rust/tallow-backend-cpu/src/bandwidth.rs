@@ -21,7 +21,7 @@ pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
     for _ in 0..passes.max(1) {
         probe.calibrate();
     }
-    probe.len() as f64 / probe.fastest[probe.best]
+    probe.len() as f64 / probe.fastest[probe.best()]
 }
 
 /// A buffer of a decode step's size, made once, whose reads are timed one at a time: a probe
@@ -35,8 +35,6 @@ pub struct ReadProbe {
     /// The summing loops of [`summing_loops`], and the fastest read of each so far.
     loops: Vec<fn(&[u8]) -> u64>,
     fastest: Vec<f64>,
-    /// The loop whose fastest read is the fastest: the one [`ReadProbe::seconds`] reads with.
-    best: usize,
 }
 
 impl ReadProbe {
@@ -63,12 +61,11 @@ impl ReadProbe {
                 .collect(),
             fastest: vec![f64::INFINITY; loops.len()],
             loops,
-            best: 0,
         }
     }
 
-    /// Reads the buffer once with each summing loop and keeps, for [`ReadProbe::seconds`], the
-    /// loop with the fastest read so far. Which loop reads fastest can depend on how busy the
+    /// Reads the buffer once with each summing loop, keeping each loop's fastest read so far
+    /// ([`ReadProbe::seconds`] reads with the loop whose fastest is the fastest). Which loop reads fastest can depend on how busy the
     /// memory is (on a 2-core Zen 5, loops that ask for lines ahead read as fast as plain ones
     /// where the memory gave 40-50 GB/s, 5-15% slower where it gave 80): calibrated again
     /// from time to time, the probe settles on the loop that reads fastest where the memory
@@ -77,8 +74,12 @@ impl ReadProbe {
         for (i, &sum) in self.loops.iter().enumerate() {
             self.fastest[i] = self.fastest[i].min(self.time(sum));
         }
+    }
+
+    /// The loop whose fastest read is the fastest (the first before any read is timed).
+    fn best(&self) -> usize {
         let times = self.fastest.iter().enumerate();
-        self.best = times.min_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+        times.min_by(|a, b| a.1.total_cmp(b.1)).unwrap().0
     }
 
     /// Bytes one read covers.
@@ -91,10 +92,10 @@ impl ReadProbe {
         self.len() == 0
     }
 
-    /// Seconds the compute threads take to read the whole buffer once, with the loop
-    /// [`ReadProbe::calibrate`] chose.
+    /// Seconds the compute threads take to read the whole buffer once, with the loop whose
+    /// fastest read ([`ReadProbe::calibrate`]) is the fastest.
     pub fn seconds(&self) -> f64 {
-        self.time(self.loops[self.best])
+        self.time(self.loops[self.best()])
     }
 
     /// Seconds of one read of the buffer with `sum_chunk`, the chunks spread over the pool.
@@ -314,6 +315,6 @@ mod tests {
         assert!(probe
             .fastest
             .iter()
-            .all(|&t| probe.fastest[probe.best] <= t));
+            .all(|&t| probe.fastest[probe.best()] <= t));
     }
 }
