@@ -681,6 +681,12 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             pick!(formats_bw::$k, formats_vnni::$k)
         };
     }
+    /// A packed kernel VNNI has and BW has not (see above).
+    macro_rules! vnni_formats {
+        ($k:ident) => {
+            vnni.then_some(formats_vnni::$k as _)
+        };
+    }
     let none = RawRow::default();
     match ty {
         GgmlType::Q4_0 => RawRow {
@@ -708,7 +714,7 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
         GgmlType::Q8_0 => RawRow {
             vec_dot: dot!(q8_0_q8_0),
             tile: tile!(tile_q8_0_q8_0),
-            packed: if vnni { Some(formats_vnni::q8_0) } else { None },
+            packed: vnni_formats!(q8_0),
             quantize: Some(quantize::q8_0),
             ..none
         },
@@ -744,19 +750,11 @@ pub(crate) fn row(ty: GgmlType, vnni: bool) -> RawRow {
             ..none
         },
         GgmlType::IQ4_NL => RawRow {
-            packed: if vnni {
-                Some(formats_vnni::iq4_nl)
-            } else {
-                None
-            },
+            packed: vnni_formats!(iq4_nl),
             ..none
         },
         GgmlType::IQ4_XS => RawRow {
-            packed: if vnni {
-                Some(formats_vnni::iq4_xs)
-            } else {
-                None
-            },
+            packed: vnni_formats!(iq4_xs),
             ..none
         },
         // The codebook formats' kernels are AVX2's, but for the products of their decoded rows.
