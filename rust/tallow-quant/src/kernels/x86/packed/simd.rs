@@ -62,9 +62,9 @@ pub(super) trait Simd {
     /// Whether [`Simd::dot4`] is one instruction (VNNI's `vpdpbusd`): then a sum of byte
     /// products without an integer scale is cheapest taken straight into i32 lanes.
     const FUSED_DOT: bool = false;
-    /// How a product asks for its weights ahead of its loads (see
-    /// `super::prefetch_part`); taken once per kernel call.
-    fn prefetch() -> Prefetch;
+    /// How a product asks for its weights ahead of its loads on each kind of core (see
+    /// `super::prefetch_part`), by [`Cores`] as an index.
+    const PREFETCH: [Prefetch; CORES];
     /// `acc` plus, per i32 lane, the sum of the four products of `u`'s unsigned bytes and
     /// `s`'s signed bytes.
     #[inline(always)]
@@ -213,17 +213,40 @@ const ZEN5_EVERY_LINE: Prefetch = Prefetch {
 
 /// Whose cores the running CPU has, as far as their prefetching goes.
 #[derive(Clone, Copy)]
-enum Cores {
+pub(super) enum Cores {
     /// AMD's, up to Zen 4 (families 0x17 and 0x19).
-    ZenUpTo4,
+    ZenUpTo4 = 0,
     /// AMD's, Zen 5 (family 0x1A) and later.
-    Zen5On,
+    Zen5On = 1,
     /// Intel's, and any other maker's.
-    Other,
+    Other = 2,
+}
+
+/// Kinds of [`Cores`].
+const CORES: usize = 3;
+
+/// What a kernel compiled for `CORES` (a [`Cores`] as an index, or [`ANY_CORES`]) asks for.
+pub(super) const ANY_CORES: usize = CORES;
+
+/// `S`'s requests on the cores a kernel is compiled for: `CORES` names them, or is
+/// [`ANY_CORES`], where they are the running CPU's, looked up as the kernel runs. A one-token
+/// product, the stream of weights with the least work per byte, is compiled for each kind of
+/// core, so that its requests are constants and nothing else is done for them: asking which
+/// requests to make as it ran (a branch or two per part of a block) cost VNNI's Q8_0 products
+/// of a 1B model's decode steps a tenth of their rate (two threads on a Zen 5, processes of
+/// each build in turns: 90% of a read probe's rate against 97% where the probe read about 40
+/// GB/s, 75% against 87% where it read 80). AVX2's own one-token kernels of Q4_K and Q6_K read
+/// faster looking theirs up (`super::one_token_avx2`).
+#[inline(always)]
+pub(super) fn requests<S: Simd, const CORES: usize>() -> Prefetch {
+    match CORES {
+        ANY_CORES => S::PREFETCH[cores() as usize],
+        cores => S::PREFETCH[cores],
+    }
 }
 
 /// The running CPU's cores (asked once).
-fn cores() -> Cores {
+pub(super) fn cores() -> Cores {
     static CORES: OnceLock<Cores> = OnceLock::new();
     *CORES.get_or_init(|| {
         // Leaf 0: the maker's name in EBX, EDX, ECX.
@@ -245,33 +268,12 @@ fn cores() -> Cores {
     })
 }
 
-/// AVX-512's requests on the running CPU.
-fn avx512_prefetch() -> Prefetch {
-    match cores() {
-        Cores::ZenUpTo4 => ZEN4_AVX512,
-        Cores::Zen5On => ZEN5_EVERY_LINE,
-        Cores::Other => INTEL_EVERY_LINE,
-    }
-}
-
-/// AVX2's requests on the running CPU.
-fn avx2_prefetch() -> Prefetch {
-    match cores() {
-        Cores::ZenUpTo4 => EVERY_LINE_INTO_L1,
-        Cores::Zen5On => ZEN5_EVERY_LINE,
-        Cores::Other => INTEL_EVERY_LINE,
-    }
-}
-
 /// AVX2: eight rows per vector.
 pub(super) struct V256;
 
 impl Simd for V256 {
     const ROWS: usize = 8;
-    #[inline(always)]
-    fn prefetch() -> Prefetch {
-        avx2_prefetch()
-    }
+    const PREFETCH: [Prefetch; CORES] = [EVERY_LINE_INTO_L1, ZEN5_EVERY_LINE, INTEL_EVERY_LINE];
     type I = __m256i;
     type F = __m256;
 
@@ -454,10 +456,7 @@ impl<D: DotBytes> Simd for V512<D> {
     type I = __m512i;
     type F = __m512;
     const FUSED_DOT: bool = D::FUSED;
-    #[inline(always)]
-    fn prefetch() -> Prefetch {
-        avx512_prefetch()
-    }
+    const PREFETCH: [Prefetch; CORES] = [ZEN4_AVX512, ZEN5_EVERY_LINE, INTEL_EVERY_LINE];
 
     #[inline(always)]
     unsafe fn dot4(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
