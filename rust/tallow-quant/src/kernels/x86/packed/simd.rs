@@ -64,7 +64,7 @@ pub(super) trait Simd {
     const FUSED_DOT: bool = false;
     /// How a product asks for its weights ahead of its loads on each kind of core (see
     /// `super::prefetch_part`), by [`Cores`] as an index.
-    const PREFETCH: [Prefetch; CORES];
+    const PREFETCH: [Prefetch; CORE_KINDS];
     /// [`Simd::PREFETCH`] of the running CPU's cores. (A `match` of constants: the array
     /// indexed by the cores as a number cost VNNI's prefill products of Q8_0 a fifth of their
     /// rate, laundered through `black_box` as well.)
@@ -234,10 +234,10 @@ pub(super) enum Cores {
 }
 
 /// Kinds of [`Cores`].
-const CORES: usize = 3;
+const CORE_KINDS: usize = 3;
 
 /// What a kernel compiled for `CORES` (a [`Cores`] as an index, or [`ANY_CORES`]) asks for.
-pub(super) const ANY_CORES: usize = CORES;
+pub(super) const ANY_CORES: usize = CORE_KINDS;
 
 /// `S`'s requests on the cores a kernel is compiled for: `CORES` names them, or is
 /// [`ANY_CORES`], where they are the running CPU's, looked up as the kernel runs. A one-token
@@ -252,7 +252,7 @@ pub(super) const ANY_CORES: usize = CORES;
 pub(super) fn requests<S: Simd, const CORES: usize>() -> Prefetch {
     match CORES {
         ANY_CORES => S::running_prefetch(),
-        cores => S::PREFETCH[cores],
+        kind => S::PREFETCH[kind],
     }
 }
 
@@ -284,7 +284,8 @@ pub(super) struct V256;
 
 impl Simd for V256 {
     const ROWS: usize = 8;
-    const PREFETCH: [Prefetch; CORES] = [EVERY_LINE_INTO_L1, ZEN5_EVERY_LINE, INTEL_EVERY_LINE];
+    const PREFETCH: [Prefetch; CORE_KINDS] =
+        [EVERY_LINE_INTO_L1, ZEN5_EVERY_LINE, INTEL_EVERY_LINE];
     type I = __m256i;
     type F = __m256;
 
@@ -467,7 +468,7 @@ impl<D: DotBytes> Simd for V512<D> {
     type I = __m512i;
     type F = __m512;
     const FUSED_DOT: bool = D::FUSED;
-    const PREFETCH: [Prefetch; CORES] = [ZEN4_AVX512, ZEN5_EVERY_LINE, INTEL_EVERY_LINE];
+    const PREFETCH: [Prefetch; CORE_KINDS] = [ZEN4_AVX512, ZEN5_EVERY_LINE, INTEL_EVERY_LINE];
 
     #[inline(always)]
     unsafe fn dot4(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
