@@ -65,11 +65,11 @@ impl ReadProbe {
     }
 
     /// Reads the buffer once with each summing loop, keeping each loop's fastest read so far
-    /// ([`ReadProbe::seconds`] reads with the loop whose fastest is the fastest). Which loop reads fastest can depend on how busy the
-    /// memory is (on a 2-core Zen 5, loops that ask for lines ahead read as fast as plain ones
-    /// where the memory gave 40-50 GB/s, 5-15% slower where it gave 80): calibrated again
-    /// from time to time, the probe settles on the loop that reads fastest where the memory
-    /// is fastest, and reads with it in every minute.
+    /// ([`ReadProbe::seconds`] reads with the loop whose fastest is the fastest). Which loop
+    /// reads fastest can depend on how busy the memory is (on a 2-core Zen 5, loops that ask
+    /// for lines ahead read as fast as plain ones where the memory gave 40-50 GB/s, 5-15%
+    /// slower where it gave 80): calibrated again from time to time, the probe settles on the
+    /// loop that reads fastest where the memory is fastest, and reads with it in every minute.
     pub fn calibrate(&mut self) {
         for (i, &sum) in self.loops.iter().enumerate() {
             self.fastest[i] = self.fastest[i].min(self.time(sum));

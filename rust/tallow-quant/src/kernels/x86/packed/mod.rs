@@ -1615,9 +1615,9 @@ unsafe fn one_token_avx2<F: OneTokenAvx2>(
 ) {
     type S = V256;
     let ops = Operands::<F::Act, F::Fields, F::Words, 1>::new(groups, a, scales, out);
-    // The running CPU's requests, looked up as it runs: compiled for each kind of core (as the
-    // loop's one-token products are), AVX2's Q4_K read 91% of a read probe's rate in a 1B
-    // model's decode steps on a Zen 5, against 98% this way (two threads, in turns).
+    // The running CPU's requests, looked up as it runs, unlike the loop's one-token products:
+    // compiled for each kind of core as those are, AVX2's Q4_K read 91% of a read probe's rate
+    // in a 1B model's decode steps on a Zen 5, against 98% this way (two threads, in turns).
     let prefetch = (source == WeightsAt::Memory).then(requests::<S, ANY_CORES>);
     for (g, blocks) in ops.each_group().enumerate() {
         let mut acc = [S::zero_f(); 2];

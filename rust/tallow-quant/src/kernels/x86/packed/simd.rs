@@ -233,8 +233,8 @@ pub(super) enum Cores {
     Other = 2,
 }
 
-/// Kinds of [`Cores`].
-const CORE_KINDS: usize = 3;
+/// Kinds of [`Cores`] (the last one's discriminant and one).
+const CORE_KINDS: usize = Cores::Other as usize + 1;
 
 /// What a kernel compiled for `CORES` (a [`Cores`] as an index, or [`ANY_CORES`]) asks for.
 pub(super) const ANY_CORES: usize = CORE_KINDS;
