@@ -17,14 +17,15 @@
 //! the token's activation bytes broadcast four at a time, and reuses the unpacked block for
 //! up to 8 tokens.
 
+mod chunks;
 mod layout;
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tallow_threads::DisjointSlice;
 
+pub(crate) use chunks::StealingRanges;
 pub(crate) use layout::{Layout, MAX_BLOCK_BYTES};
 
 use crate::aligned::AlignedBytes;
@@ -407,9 +408,9 @@ impl PackedMatrix {
             run(0..total);
             return Ok(());
         }
-        let chunks = GuidedChunks::new(total, threads);
-        pool.run(threads, &|_, _| {
-            while let Some(range) = chunks.claim() {
+        let chunks = StealingRanges::new(total, threads);
+        pool.run(threads, &|_, worker| {
+            while let Some(range) = chunks.claim(worker) {
                 run(range);
             }
         });
@@ -494,35 +495,4 @@ fn l2_cache_bytes() -> Option<usize> {
         }
     }
     None
-}
-
-/// Guided self-scheduling of `total` row groups over `threads` threads: each claim takes a
-/// `threads`-th of what is left (at least one group), so the first claims are few and large
-/// and the threads finish within about one group of each other. Few claims matter: each one
-/// starts a new stream of weights, whose first lines wait on memory before the hardware
-/// prefetcher runs ahead (claims of a `2 * threads`-th measured about 5% slower decode).
-pub(crate) struct GuidedChunks {
-    total: usize,
-    threads: usize,
-    next: AtomicUsize,
-}
-
-impl GuidedChunks {
-    pub(crate) fn new(total: usize, threads: usize) -> Self {
-        GuidedChunks {
-            total,
-            threads: threads.max(1),
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    /// The next chunk, or `None` once every group is taken.
-    pub(crate) fn claim(&self) -> Option<Range<usize>> {
-        // Another thread may claim between the load and the add: the size is then a little
-        // large for what is left, which only matters near the end, where it is 1.
-        let left = self.total.saturating_sub(self.next.load(Ordering::Relaxed));
-        let size = left.div_ceil(self.threads).max(1);
-        let start = self.next.fetch_add(size, Ordering::Relaxed);
-        (start < self.total).then(|| start..self.total.min(start + size))
-    }
 }

@@ -456,28 +456,85 @@ fn bad_operands_are_errors() {
     assert!(out.iter().all(|&v| v == 0.0), "zero weights give zeros");
 }
 
+/// Every group of `ranges` exactly once, in any order.
+fn assert_each_group_once(mut ranges: Vec<std::ops::Range<usize>>, total: usize, what: &str) {
+    ranges.sort_by_key(|r| r.start);
+    let mut next = 0;
+    for r in &ranges {
+        assert_eq!(r.start, next, "{what}");
+        assert!(r.end > r.start, "{what}");
+        next = r.end;
+    }
+    assert_eq!(next, total, "{what}");
+}
+
 #[test]
-fn guided_chunks_cover_the_groups_in_shrinking_chunks() {
-    use crate::packed::GuidedChunks;
+fn stealing_ranges_give_each_thread_its_range_in_order_then_the_rest() {
+    use crate::packed::StealingRanges;
     for threads in [1, 2, 3, 8, 64] {
         for total in [0, 1, 2, 5, 36, 60, 96, 3072, 100_000] {
-            let chunks = GuidedChunks::new(total, threads);
-            let ranges: Vec<_> = std::iter::from_fn(|| chunks.claim()).collect();
-            let mut next = 0;
-            for r in &ranges {
-                assert_eq!(r.start, next, "{total} groups, {threads} threads");
-                assert!(r.end > r.start);
+            let what = format!("{total} groups, {threads} threads");
+            // Thread 1 (of more than one) claims alone: its own range from its front in
+            // halves of what is left, then the others' from their backs.
+            let worker = 1 % threads;
+            let chunks = StealingRanges::new(total, threads);
+            let ranges: Vec<_> = std::iter::from_fn(|| chunks.claim(worker)).collect();
+            let (start, end) = (total * worker / threads, total * (worker + 1) / threads);
+            let own = ranges
+                .iter()
+                .take_while(|r| r.start >= start && r.end <= end);
+            let mut next = start;
+            for r in own.clone() {
+                assert_eq!(r.start, next, "{what}: its own range in order");
+                assert_eq!(
+                    r.len(),
+                    (end - next).div_ceil(2),
+                    "{what}: half of what is left"
+                );
                 next = r.end;
             }
-            assert_eq!(next, total);
-            assert!(ranges.windows(2).all(|w| w[0].len() >= w[1].len()));
-            if total > 0 {
-                assert_eq!(ranges[0].len(), total.div_ceil(threads));
+            assert_eq!(next, end, "{what}: its own range first");
+            assert_each_group_once(ranges, total, &what);
+            assert_eq!(chunks.claim(0), None);
+            // Every thread claims in turn: where each has a range, each gets its front first.
+            if total >= threads {
+                let chunks = StealingRanges::new(total, threads);
+                for w in 0..threads {
+                    let first = chunks.claim(w).expect("a range of its own");
+                    assert_eq!(first.start, total * w / threads, "{what}: thread {w}");
+                }
             }
-            if total > 0 && threads > 1 {
-                assert_eq!(ranges.last().unwrap().len(), 1);
+        }
+    }
+}
+
+#[test]
+fn stealing_ranges_hand_out_each_group_once_to_racing_threads() {
+    use crate::packed::StealingRanges;
+    for threads in [2, 3, 8] {
+        for total in [1, 7, 96, 5000] {
+            for _ in 0..20 {
+                let chunks = StealingRanges::new(total, threads);
+                let ranges: Vec<_> = std::thread::scope(|scope| {
+                    let handles: Vec<_> = (0..threads)
+                        .map(|w| {
+                            let chunks = &chunks;
+                            scope.spawn(move || {
+                                std::iter::from_fn(|| chunks.claim(w)).collect::<Vec<_>>()
+                            })
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .flat_map(|h| h.join().unwrap())
+                        .collect()
+                });
+                assert_each_group_once(
+                    ranges,
+                    total,
+                    &format!("{total} groups, {threads} threads"),
+                );
             }
-            assert_eq!(chunks.claim(), None);
         }
     }
 }

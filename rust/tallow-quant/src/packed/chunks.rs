@@ -1,0 +1,101 @@
+//! How a product's row groups are shared among the threads of the pool.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The row groups `0..total` of a product, split into one contiguous range per thread, which
+/// its owner claims from the front in shrinking chunks and others, once theirs is done, take
+/// from the back in halves of what is left.
+///
+/// A one-token product is a stream of weights from memory, and a thread reads its own range
+/// as one stream: its chunks follow one another in memory, so that the requests a kernel makes
+/// ahead of its reads (`crate::kernels`) are already on their way for the next chunk. The
+/// threads still finish together where one reads slower than another: the others take the rest
+/// of its range from its far end. (Guided self-scheduling, each claim a `threads`-th of what
+/// is left from one shared front, gives the first thread half of the groups in one chunk, and
+/// where that thread reads slower the other waits for it: up to 6% of a product's time.
+/// Processes of each build in turns on a 2-core Zen 5, the share of a read probe's rate that a
+/// 1B and a 3B Q4_K_M model's decode steps read, guided against these ranges: 96.8 / 97.3%
+/// against 97.3 / 98.3% where the probe read about 40 GB/s, 85.4 / 86.8% against 86.1 / 87.6%
+/// where it read 80; capped to AVX2, the 1B 85.8% against 89.7% at 80.)
+pub(crate) struct StealingRanges {
+    /// Per thread, the front and the back of what is left of its range, packed as
+    /// `front << 32 | back`, each on a cache line of its own.
+    ranges: Vec<PaddedRange>,
+}
+
+#[repr(align(64))]
+struct PaddedRange(AtomicU64);
+
+fn pack(front: usize, back: usize) -> u64 {
+    ((front as u64) << 32) | back as u64
+}
+
+fn unpack(range: u64) -> (usize, usize) {
+    (
+        (range >> 32) as usize,
+        (range & u64::from(u32::MAX)) as usize,
+    )
+}
+
+impl StealingRanges {
+    /// The groups `0..total` (fewer than 2^32: a group is 16 rows) split evenly over
+    /// `threads` threads.
+    pub(crate) fn new(total: usize, threads: usize) -> Self {
+        assert!(u32::try_from(total).is_ok(), "{total} row groups");
+        let threads = threads.max(1);
+        let ranges = (0..threads)
+            .map(|i| {
+                let range = pack(total * i / threads, total * (i + 1) / threads);
+                PaddedRange(AtomicU64::new(range))
+            })
+            .collect();
+        StealingRanges { ranges }
+    }
+
+    /// The next chunk for thread `worker` (taken modulo the thread count): half of what is left
+    /// of its own range, from the front, else half of what is left of the range with the most
+    /// left, from the back; `None` once every group is taken.
+    pub(crate) fn claim(&self, worker: usize) -> Option<Range<usize>> {
+        let own = &self.ranges[worker % self.ranges.len()].0;
+        let mut range = own.load(Ordering::Acquire);
+        loop {
+            let (front, back) = unpack(range);
+            if front >= back {
+                break;
+            }
+            let end = front + (back - front).div_ceil(2);
+            match own.compare_exchange_weak(
+                range,
+                pack(end, back),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(front..end),
+                Err(now) => range = now,
+            }
+        }
+        loop {
+            let (victim, range) = self
+                .ranges
+                .iter()
+                .map(|r| (&r.0, r.0.load(Ordering::Acquire)))
+                .max_by_key(|&(_, range)| {
+                    let (front, back) = unpack(range);
+                    back.saturating_sub(front)
+                })?;
+            let (front, back) = unpack(range);
+            if front >= back {
+                return None;
+            }
+            let start = back - (back - front).div_ceil(2);
+            let taken = pack(front, start);
+            if victim
+                .compare_exchange_weak(range, taken, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Some(start..back);
+            }
+        }
+    }
+}
