@@ -19,10 +19,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// against 97.3 / 98.3% where the probe read about 40 GB/s, 85.4 / 86.8% against 86.1 / 87.6%
 /// where it read 80; capped to AVX2, the 1B 85.8% against 89.7% at 80.)
 pub(crate) struct StealingRanges {
-    /// Per thread, the front and the back of what is left of its range, packed as
-    /// `front << 32 | back`, each on a cache line of its own.
-    ranges: Vec<PaddedRange>,
+    /// Per range, the front and the back of what is left of it, packed as `front << 32 |
+    /// back`, each on a cache line of its own; the first `count` are used. On the stack: a
+    /// decode step allocates nothing.
+    ranges: [PaddedRange; MAX_RANGES],
+    count: usize,
 }
+
+/// Ranges a product is split into at most: past as many threads, threads share them (thread
+/// `w` the range `w % MAX_RANGES`), each claim still a half of what is left of one.
+pub(crate) const MAX_RANGES: usize = 32;
 
 #[repr(align(64))]
 struct PaddedRange(AtomicU64);
@@ -40,24 +46,26 @@ fn unpack(range: u64) -> (usize, usize) {
 
 impl StealingRanges {
     /// The groups `0..total` (fewer than 2^32: a group is 16 rows) split evenly over
-    /// `threads` threads.
+    /// `threads` threads (at most [`MAX_RANGES`] ranges).
     pub(crate) fn new(total: usize, threads: usize) -> Self {
         assert!(u32::try_from(total).is_ok(), "{total} row groups");
-        let threads = threads.max(1);
-        let ranges = (0..threads)
-            .map(|i| {
-                let range = pack(total * i / threads, total * (i + 1) / threads);
-                PaddedRange(AtomicU64::new(range))
-            })
-            .collect();
-        StealingRanges { ranges }
+        let count = threads.clamp(1, MAX_RANGES);
+        let ranges = std::array::from_fn(|i| {
+            let range = match i < count {
+                true => pack(total * i / count, total * (i + 1) / count),
+                false => 0,
+            };
+            PaddedRange(AtomicU64::new(range))
+        });
+        StealingRanges { ranges, count }
     }
 
-    /// The next chunk for thread `worker` (taken modulo the thread count): half of what is left
+    /// The next chunk for thread `worker` (taken modulo the ranges' count): half of what is left
     /// of its own range, from the front, else half of what is left of the range with the most
     /// left, from the back; `None` once every group is taken.
     pub(crate) fn claim(&self, worker: usize) -> Option<Range<usize>> {
-        let own = &self.ranges[worker % self.ranges.len()].0;
+        let ranges = &self.ranges[..self.count];
+        let own = &ranges[worker % self.count].0;
         let mut range = own.load(Ordering::Acquire);
         loop {
             let (front, back) = unpack(range);
@@ -76,8 +84,7 @@ impl StealingRanges {
             }
         }
         loop {
-            let (victim, range) = self
-                .ranges
+            let (victim, range) = ranges
                 .iter()
                 .map(|r| (&r.0, r.0.load(Ordering::Acquire)))
                 .max_by_key(|&(_, range)| {

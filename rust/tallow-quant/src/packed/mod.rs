@@ -17,7 +17,7 @@
 //! the token's activation bytes broadcast four at a time, and reuses the unpacked block for
 //! up to 8 tokens.
 
-mod chunks;
+pub(crate) mod chunks;
 mod layout;
 
 use std::ops::Range;
@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use tallow_threads::DisjointSlice;
 
-pub(crate) use chunks::StealingRanges;
 pub(crate) use layout::{Layout, MAX_BLOCK_BYTES};
 
+use self::chunks::StealingRanges;
 use crate::aligned::AlignedBytes;
 use crate::kernels::{Packed, WeightsAt, PACKED_TILE, PACK_ROWS, TILE_LANES};
 use crate::{reference, sizes, GgmlType, Isa, QuantError, QuantizedActs};

@@ -470,8 +470,10 @@ fn assert_each_group_once(mut ranges: Vec<std::ops::Range<usize>>, total: usize,
 
 #[test]
 fn stealing_ranges_give_each_thread_its_range_in_order_then_the_rest() {
-    use crate::packed::StealingRanges;
+    use crate::packed::chunks::{StealingRanges, MAX_RANGES};
     for threads in [1, 2, 3, 8, 64] {
+        // Past `MAX_RANGES` threads, threads share ranges.
+        let count = threads.min(MAX_RANGES);
         for total in [0, 1, 2, 5, 36, 60, 96, 3072, 100_000] {
             let what = format!("{total} groups, {threads} threads");
             // Thread 1 (of more than one) claims alone: its own range from its front in
@@ -479,7 +481,7 @@ fn stealing_ranges_give_each_thread_its_range_in_order_then_the_rest() {
             let worker = 1 % threads;
             let chunks = StealingRanges::new(total, threads);
             let ranges: Vec<_> = std::iter::from_fn(|| chunks.claim(worker)).collect();
-            let (start, end) = (total * worker / threads, total * (worker + 1) / threads);
+            let (start, end) = (total * worker / count, total * (worker + 1) / count);
             let own = ranges
                 .iter()
                 .take_while(|r| r.start >= start && r.end <= end);
@@ -496,12 +498,13 @@ fn stealing_ranges_give_each_thread_its_range_in_order_then_the_rest() {
             assert_eq!(next, end, "{what}: its own range first");
             assert_each_group_once(ranges, total, &what);
             assert_eq!(chunks.claim(0), None);
-            // Every thread claims in turn: where each has a range, each gets its front first.
-            if total >= threads {
+            // Every range's first thread claims in turn: where each range has groups, each
+            // gets its front first.
+            if total >= count {
                 let chunks = StealingRanges::new(total, threads);
-                for w in 0..threads {
+                for w in 0..count {
                     let first = chunks.claim(w).expect("a range of its own");
-                    assert_eq!(first.start, total * w / threads, "{what}: thread {w}");
+                    assert_eq!(first.start, total * w / count, "{what}: thread {w}");
                 }
             }
         }
@@ -510,8 +513,8 @@ fn stealing_ranges_give_each_thread_its_range_in_order_then_the_rest() {
 
 #[test]
 fn stealing_ranges_hand_out_each_group_once_to_racing_threads() {
-    use crate::packed::StealingRanges;
-    for threads in [2, 3, 8] {
+    use crate::packed::chunks::StealingRanges;
+    for threads in [2, 3, 8, 40] {
         for total in [1, 7, 96, 5000] {
             for _ in 0..20 {
                 let chunks = StealingRanges::new(total, threads);
