@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// of its range from its far end. (Guided self-scheduling, each claim a `threads`-th of what
 /// is left from one shared front, gives the first thread half of the groups in one chunk, and
 /// where that thread reads slower the other waits for it: up to 6% of a product's time.
-/// Processes of each build in turns on a 2-core Zen 5, the share of a read probe's rate that a
-/// 1B and a 3B Q4_K_M model's decode steps read, guided against these ranges: 96.8 / 97.3%
-/// against 97.3 / 98.3% where the probe read about 40 GB/s, 85.4 / 86.8% against 86.1 / 87.6%
-/// where it read 80; capped to AVX2, the 1B 85.8% against 89.7% at 80.)
+/// Processes of each build in turns on a 2-core Zen 5, three runs of 8-11 processes each, the
+/// share of a read probe's rate that a 1B and a 3B Q4_K_M model's decode steps read where the
+/// probe read about 80 GB/s: 85.1-85.4% and 86.1-86.9% with guided chunks, 84.8-86.8% and
+/// 86.8-88.4% with these ranges; capped to AVX2, the 1B 85.8% against 89.7%.)
 pub(crate) struct StealingRanges {
     /// Per range, the front and the back of what is left of it, packed as `front << 32 |
     /// back`, each on a cache line of its own; the first `count` are used. On the stack: a
