@@ -11,13 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// as one stream: its chunks follow one another in memory, so that the requests a kernel makes
 /// ahead of its reads (`crate::kernels`) are already on their way for the next chunk. The
 /// threads still finish together where one reads slower than another: the others take the rest
-/// of its range from its far end. (Guided self-scheduling, each claim a `threads`-th of what
-/// is left from one shared front, gives the first thread half of the groups in one chunk, and
-/// where that thread reads slower the other waits for it: up to 6% of a product's time.
-/// Processes of each build in turns on a 2-core Zen 5, three runs of 8-11 processes each, the
-/// share of a read probe's rate that a 1B and a 3B Q4_K_M model's decode steps read where the
-/// probe read about 80 GB/s: 85.1-85.4% and 86.1-86.9% with guided chunks, 84.8-86.8% and
-/// 86.8-88.4% with these ranges; capped to AVX2, the 1B 85.8% against 89.7%.)
+/// of its range from its far end. (One shared front, each claim a share of what is left, gives
+/// the first claimant a large chunk, and where that thread reads slower the others wait for it.)
 pub(crate) struct StealingRanges {
     /// Per range, the front and the back of what is left of it, packed as `front << 32 |
     /// back`, each on a cache line of its own; the first `count` are used. On the stack: a

@@ -486,7 +486,7 @@ fn stealing_ranges_give_each_thread_its_range_in_order_then_the_rest() {
                 .iter()
                 .take_while(|r| r.start >= start && r.end <= end);
             let mut next = start;
-            for r in own.clone() {
+            for r in own {
                 assert_eq!(r.start, next, "{what}: its own range in order");
                 assert_eq!(
                     r.len(),
