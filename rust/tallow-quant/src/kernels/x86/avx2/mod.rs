@@ -506,22 +506,22 @@ unsafe fn iq1_s_q8_k(w: &[u8], a: &[u8]) -> f32 {
         .iter()
         .zip(as_blocks::<BlockQ8K>(a))
     {
-        let y = a.qs.as_chunks::<32>().0;
         // Chunk c's u16 of `qh` holds its scale `2s + 1` in bits 12..15 and its shift's sign in
         // bit 15: here i16 c of `scales` and of `negative` (0 or -1).
         let qh = _mm_loadu_si128(w.qh.as_ptr().cast());
         let s = _mm_and_si128(_mm_srli_epi16::<12>(qh), _mm_set1_epi16(7));
         let scales = _mm_or_si128(_mm_slli_epi16::<1>(s), _mm_set1_epi16(1));
         let negative = _mm_srai_epi16::<15>(qh);
-        let both_lanes = _mm256_broadcastsi128_si256(scales);
+        // As `scale_bytes` lays them out: group g's (chunk g / 2's) in byte g of both lanes.
+        let bytes = _mm_packus_epi16(scales, scales);
+        let group_bytes = _mm256_broadcastsi128_si256(_mm_unpacklo_epi8(bytes, bytes));
         let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-        for c in 0..8 {
+        for (c, y) in a.qs.as_chunks::<32>().0.iter().enumerate() {
             let (entries, _) = w.shifted_entries(c).expect("IQ1_S's entries are shifted");
             let [e0, e1, e2, e3] = entries.map(|e| e as i64);
             let grid = _mm256_set_epi64x(e3, e2, e1, e0);
-            let pairs = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(load_i8(&y[c]), grid));
-            let scale = _mm256_shuffle_epi8(both_lanes, load_u8(&I16_PICKS[c]));
-            let sum = _mm256_madd_epi16(pairs, scale);
+            let pairs = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(load_i8(y), grid));
+            let sum = _mm256_madd_epi16(pairs, chunk_scale(w, group_bytes, c));
             if c % 2 == 0 {
                 even = _mm256_add_epi32(even, sum);
             } else {
@@ -543,22 +543,6 @@ unsafe fn iq1_s_q8_k(w: &[u8], a: &[u8]) -> f32 {
     }
     acc
 }
-
-/// Per i16 lane k of a 128-bit lane, the `vpshufb` pattern that puts it in every i16 of both.
-static I16_PICKS: [[u8; 32]; 8] = {
-    let mut picks = [[0u8; 32]; 8];
-    let mut k = 0;
-    while k < 8 {
-        let mut i = 0;
-        while i < 16 {
-            picks[k][2 * i] = 2 * k as u8;
-            picks[k][2 * i + 1] = 2 * k as u8 + 1;
-            i += 1;
-        }
-        k += 1;
-    }
-    picks
-};
 
 /// A block's 16 group scales (each within 1..=31) as bytes, byte g of both 128-bit lanes.
 #[inline]
