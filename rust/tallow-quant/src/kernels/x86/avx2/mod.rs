@@ -506,8 +506,8 @@ unsafe fn iq1_s_q8_k(w: &[u8], a: &[u8]) -> f32 {
         .iter()
         .zip(as_blocks::<BlockQ8K>(a))
     {
-        // Chunk c's u16 of `qh` holds its scale `2s + 1` in bits 12..15 and its shift's sign in
-        // bit 15: here i16 c of `scales` and of `negative` (0 or -1).
+        // Chunk c's u16 of `qh` holds the `s` of its scale `2s + 1` in bits 12..15 and its
+        // shift's sign in bit 15: here i16 c of `scales` and of `negative` (0 or -1).
         let qh = _mm_loadu_si128(w.qh.as_ptr().cast());
         let s = _mm_and_si128(_mm_srli_epi16::<12>(qh), _mm_set1_epi16(7));
         let scales = _mm_or_si128(_mm_slli_epi16::<1>(s), _mm_set1_epi16(1));
