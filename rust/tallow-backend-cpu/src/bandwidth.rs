@@ -300,12 +300,15 @@ mod tests {
     #[test]
     fn a_probe_reads_at_a_plausible_rate() {
         let rate = read_bandwidth(32 << 20, 2);
-        // Any machine that runs models reads faster than 100 MB/s and slower than 10 TB/s.
-        assert!((1e8..1e13).contains(&rate), "{rate}");
+        // Any machine reads faster than 1 MB/s and slower than 10 TB/s; the floor is that low
+        // because these tests also run under an instruction-set emulator (qemu reads at tens of
+        // MB/s on a busy host).
+        let plausible = 1e6..1e13;
+        assert!(plausible.contains(&rate), "{rate}");
         let mut probe = ReadProbe::new(3 << 20);
         assert_eq!(probe.len(), 3 << 20);
         let rate = probe.len() as f64 / probe.seconds();
-        assert!((1e8..1e13).contains(&rate), "{rate}");
+        assert!(plausible.contains(&rate), "{rate}");
         // Calibrating again keeps each loop's fastest read, and reads with the fastest loop.
         let before = probe.fastest.clone();
         probe.calibrate();
