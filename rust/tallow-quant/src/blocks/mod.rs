@@ -57,7 +57,7 @@ mod grids;
 pub(crate) use grid::*;
 // The one codebook a kernel reads itself (IQ2_XS's, four chunks at a time).
 #[cfg(target_arch = "x86_64")]
-pub(crate) use grids::IQ2XS_GRID;
+pub(crate) use grids::{IQ1S_GRID, IQ2XS_GRID};
 
 block! {
     /// 32 weights `d * (q - 8)`, q in 0..16. Byte j holds element j (low nibble) and j+16.

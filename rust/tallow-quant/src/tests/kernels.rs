@@ -60,6 +60,15 @@ fn simd_kernels() -> Vec<(&'static str, GgmlType, RawVecDot)> {
     let mut kernels: Vec<(&'static str, GgmlType, RawVecDot)> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
+        // Both of IQ1_M's AVX2 products: the table holds the one this CPU runs faster.
+        if Isa::Avx2.is_available() {
+            let without = crate::kernels::iq1_m_vec_dot(false);
+            kernels.push(("avx2 without pdep", GgmlType::IQ1_M, without));
+            if is_x86_feature_detected!("bmi2") {
+                let with = crate::kernels::iq1_m_vec_dot(true);
+                kernels.push(("avx2 with pdep", GgmlType::IQ1_M, with));
+            }
+        }
         for ty in GgmlType::WEIGHTS {
             if Isa::Avx2.is_available() {
                 kernels.extend(Isa::Avx2.own_row(ty).vec_dot.map(|k| ("avx2", ty, k)));

@@ -138,6 +138,7 @@ macro_rules! compiled_with {
 mod attention;
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+mod cpu;
 mod packed;
 
 /// Products of unsigned and signed bytes, summed in fours into i32 lanes.

@@ -14,6 +14,7 @@ use std::arch::x86_64::*;
 
 pub(super) mod decoded;
 mod dequantize;
+mod iq1_m;
 mod iq2_xs;
 mod quantize;
 mod ternary;
@@ -134,7 +135,7 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
         ),
         GgmlType::IQ1_S => (Some(iq1_s_q8_k), Some(tile_iq1_s), None, None),
         GgmlType::IQ1_M => (
-            Some(signed_grid_q8_k::<BlockIq1M>),
+            Some(iq1_m_vec_dot(super::cpu::fast_pdep())),
             Some(tile_iq1_m),
             None,
             None,
@@ -542,6 +543,16 @@ unsafe fn iq1_s_q8_k(w: &[u8], a: &[u8]) -> f32 {
         );
     }
     acc
+}
+
+/// IQ1_M's one-token product: [`iq1_m::iq1_m_q8_k`] where BMI2's `pdep` is fast (it puts a
+/// chunk's four grid indices together in two instructions; without it that kernel reads
+/// 1.3 times slower, as slow as the generic one), [`signed_grid_q8_k`] elsewhere.
+pub(crate) fn iq1_m_vec_dot(fast_pdep: bool) -> RawVecDot {
+    match fast_pdep {
+        true => iq1_m::iq1_m_q8_k,
+        false => signed_grid_q8_k::<BlockIq1M>,
+    }
 }
 
 /// A block's 16 group scales (each within 1..=31) as bytes, byte g of both 128-bit lanes.

@@ -15,7 +15,6 @@
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
-use std::sync::OnceLock;
 
 use super::super::DotBytes;
 
@@ -256,27 +255,13 @@ pub(super) fn requests<S: Simd, const CORES: usize>() -> Prefetch {
     }
 }
 
-/// The running CPU's cores (asked once).
+/// The running CPU's cores.
 pub(super) fn cores() -> Cores {
-    static CORES: OnceLock<Cores> = OnceLock::new();
-    *CORES.get_or_init(|| {
-        // Leaf 0: the maker's name in EBX, EDX, ECX.
-        let id = __cpuid(0);
-        if [id.ebx, id.edx, id.ecx] != [0x6874_7541, 0x6974_6e65, 0x444d_4163] {
-            return Cores::Other;
-        }
-        // Leaf 1, EAX: the family in bits 8-11, plus the extended family in bits 20-27
-        // where those read 0xF.
-        let eax = __cpuid(1).eax;
-        let family = match (eax >> 8) & 0xF {
-            0xF => 0xF + ((eax >> 20) & 0xFF),
-            base => base,
-        };
-        match family >= 0x1A {
-            true => Cores::Zen5On,
-            false => Cores::ZenUpTo4,
-        }
-    })
+    match super::super::cpu::amd_family() {
+        None => Cores::Other,
+        Some(family) if family >= 0x1A => Cores::Zen5On,
+        Some(_) => Cores::ZenUpTo4,
+    }
 }
 
 /// AVX2: eight rows per vector.
