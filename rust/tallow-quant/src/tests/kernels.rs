@@ -60,13 +60,17 @@ fn simd_kernels() -> Vec<(&'static str, GgmlType, RawVecDot)> {
     let mut kernels: Vec<(&'static str, GgmlType, RawVecDot)> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
-        // Both of IQ1_M's AVX2 products: the table holds the one this CPU runs faster.
+        // Both AVX2 products of each IQ1 format: the table holds the one this CPU runs faster.
         if Isa::Avx2.is_available() {
-            let without = crate::kernels::iq1_m_vec_dot(false);
-            kernels.push(("avx2 without pdep", GgmlType::IQ1_M, without));
-            if is_x86_feature_detected!("bmi2") {
-                let with = crate::kernels::iq1_m_vec_dot(true);
-                kernels.push(("avx2 with pdep", GgmlType::IQ1_M, with));
+            for ty in [GgmlType::IQ1_S, GgmlType::IQ1_M] {
+                kernels.extend(
+                    crate::kernels::iq1_vec_dot(ty, false).map(|k| ("avx2, no pdep", ty, k)),
+                );
+                if is_x86_feature_detected!("bmi2") {
+                    kernels.extend(
+                        crate::kernels::iq1_vec_dot(ty, true).map(|k| ("avx2, pdep", ty, k)),
+                    );
+                }
             }
         }
         for ty in GgmlType::WEIGHTS {

@@ -14,12 +14,15 @@ use std::arch::x86_64::*;
 
 pub(super) mod decoded;
 mod dequantize;
-mod iq1_m;
+mod iq1;
 mod iq2_xs;
 mod quantize;
 mod ternary;
 
+#[cfg(test)]
+pub(crate) use self::iq1::vec_dot as iq1_vec_dot;
 use self::ternary::{ternary_q8_k, tile_ternary_q8_k};
+use super::cpu::fast_pdep;
 use super::tile_operands;
 use crate::blocks::{
     as_blocks, k4_scales_mins, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4K,
@@ -133,13 +136,8 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
             None,
             None,
         ),
-        GgmlType::IQ1_S => (Some(iq1_s_q8_k), Some(tile_iq1_s), None, None),
-        GgmlType::IQ1_M => (
-            Some(iq1_m_vec_dot(super::cpu::fast_pdep())),
-            Some(tile_iq1_m),
-            None,
-            None,
-        ),
+        GgmlType::IQ1_S => (iq1::vec_dot(ty, fast_pdep()), Some(tile_iq1_s), None, None),
+        GgmlType::IQ1_M => (iq1::vec_dot(ty, fast_pdep()), Some(tile_iq1_m), None, None),
         GgmlType::TQ1_0 => (
             Some(ternary_q8_k::<BlockTq1_0>),
             Some(tile_tq1_0),
@@ -491,68 +489,6 @@ unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
         acc = grid_block_sum(acc, grid_d(w) * a.d(), sumi);
     }
     acc
-}
-
-/// IQ1_S against Q8_K, one token. A value is `8 * grid ± 1` (grid bytes -1, 0 or 1), the sign
-/// of the 1 shared by a chunk of 32: a chunk's sum is 8 times its grid entries' against the
-/// activations (the entries moved onto them with `vpsignb`, each pair of bytes summed by
-/// `vpmaddubsw` against ones) plus or minus the sum of its activations, which the Q8_K block
-/// holds (`bsums`), taken for the whole block at once. The integer sums of
-/// [`signed_grid_q8_k`], which adds the ± 1 to each value, in fewer operations.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq1_s_q8_k(w: &[u8], a: &[u8]) -> f32 {
-    let ones = _mm256_set1_epi8(1);
-    let mut acc = 0.0;
-    for (w, a) in as_blocks::<BlockIq1S>(w)
-        .iter()
-        .zip(as_blocks::<BlockQ8K>(a))
-    {
-        // Chunk c's u16 of `qh` holds the `s` of its scale `2s + 1` in bits 12..15 and its
-        // shift's sign in bit 15: here i16 c of `scales` and of `negative` (0 or -1).
-        let qh = _mm_loadu_si128(w.qh.as_ptr().cast());
-        let s = _mm_and_si128(_mm_srli_epi16::<12>(qh), _mm_set1_epi16(7));
-        let scales = _mm_or_si128(_mm_slli_epi16::<1>(s), _mm_set1_epi16(1));
-        let negative = _mm_srai_epi16::<15>(qh);
-        // As `scale_bytes` lays them out: group g's (chunk g / 2's) in byte g of both lanes.
-        let bytes = _mm_packus_epi16(scales, scales);
-        let group_bytes = _mm256_broadcastsi128_si256(_mm_unpacklo_epi8(bytes, bytes));
-        let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-        for (c, y) in a.qs.as_chunks::<32>().0.iter().enumerate() {
-            let (entries, _) = w.shifted_entries(c).expect("IQ1_S's entries are shifted");
-            let [e0, e1, e2, e3] = entries.map(|e| e as i64);
-            let grid = _mm256_set_epi64x(e3, e2, e1, e0);
-            let pairs = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(load_i8(y), grid));
-            let sum = _mm256_madd_epi16(pairs, chunk_scale(w, group_bytes, c));
-            if c % 2 == 0 {
-                even = _mm256_add_epi32(even, sum);
-            } else {
-                odd = _mm256_add_epi32(odd, sum);
-            }
-        }
-        let grid_sums = _mm256_slli_epi32::<3>(_mm256_add_epi32(even, odd));
-        // Each chunk's scale with its shift's sign, in both i16 of i32 lane c (groups 2c and
-        // 2c + 1), against the sums of the groups' activations.
-        let signed = _mm_sub_epi16(_mm_xor_si128(scales, negative), negative);
-        let signed = _mm256_cvtepu16_epi32(signed);
-        let signed = _mm256_or_si256(signed, _mm256_slli_epi32::<16>(signed));
-        let shift_sums = _mm256_madd_epi16(signed, load_u8(&a.bsums));
-        acc = grid_block_sum(
-            acc,
-            grid_d(w) * a.d(),
-            _mm256_add_epi32(grid_sums, shift_sums),
-        );
-    }
-    acc
-}
-
-/// IQ1_M's one-token product: [`iq1_m::iq1_m_q8_k`] where BMI2's `pdep` is fast (it puts a
-/// chunk's four grid indices together in two instructions; without it that kernel reads
-/// 1.3 times slower, as slow as the generic one), [`signed_grid_q8_k`] elsewhere.
-pub(crate) fn iq1_m_vec_dot(fast_pdep: bool) -> RawVecDot {
-    match fast_pdep {
-        true => iq1_m::iq1_m_q8_k,
-        false => signed_grid_q8_k::<BlockIq1M>,
-    }
 }
 
 /// A block's 16 group scales (each within 1..=31) as bytes, byte g of both 128-bit lanes.
