@@ -69,6 +69,16 @@ pub(crate) trait SignedGridBlock: GridBlock {
     fn quads(&self, _c: usize) -> Option<[u32; 8]> {
         None
     }
+    /// [`SignedGridBlock::quads`], their indices put together with BMI2's `pdep` where the
+    /// format's are split between bytes (IQ3_S).
+    ///
+    /// # Safety
+    /// The CPU has BMI2.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn quads_pdep(&self, c: usize) -> Option<[u32; 8]> {
+        self.quads(c)
+    }
     /// Values 32c..32c+32's signs, bit e for value 32c + e, for the formats that store them
     /// bit by bit (IQ2_S, IQ3_S): SIMD kernels spread them over bytes in vector registers,
     /// where [`SignedGridBlock::piece_ones`] looks each byte's eight up. `None` for the
@@ -413,6 +423,24 @@ impl SignedGridBlock for BlockIq3S {
         for (i, quad) in quads.iter_mut().enumerate() {
             let index = ((low >> (8 * i)) & 0xff) | (((high >> i) & 1) << 8);
             *quad = IQ3S_GRID[index as usize];
+        }
+        Some(quads)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn quads_pdep(&self, c: usize) -> Option<[u32; 8]> {
+        use std::arch::x86_64::_pdep_u64;
+        // Indices 4h..4h + 4 in the u16s of `halves[h]`: four low bytes, four ninth bits.
+        let (low, high) = (u64_at(&self.qs, c), u64::from(self.qh[c]));
+        let bytes = 0x00ff_00ff_00ff_00ff;
+        let ninths = 0x0100_0100_0100_0100;
+        let halves = [
+            _pdep_u64(low, bytes) | _pdep_u64(high, ninths),
+            _pdep_u64(low >> 32, bytes) | _pdep_u64(high >> 4, ninths),
+        ];
+        let mut quads = [0; 8];
+        for (i, quad) in quads.iter_mut().enumerate() {
+            *quad = IQ3S_GRID[((halves[i / 4] >> (16 * (i % 4))) & 0x1ff) as usize];
         }
         Some(quads)
     }

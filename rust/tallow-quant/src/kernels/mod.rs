@@ -26,7 +26,7 @@ use std::sync::OnceLock;
 
 pub(crate) use table::{RawFloatRow, RawRow};
 #[cfg(all(test, target_arch = "x86_64"))]
-pub(crate) use x86::avx2::iq1_vec_dot;
+pub(crate) use x86::avx2::pdep_vec_dot;
 
 use table::{RawDequantize, RawQuantize};
 

@@ -60,16 +60,15 @@ fn simd_kernels() -> Vec<(&'static str, GgmlType, RawVecDot)> {
     let mut kernels: Vec<(&'static str, GgmlType, RawVecDot)> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
-        // Both AVX2 products of each IQ1 format: the table holds the one this CPU runs faster.
+        // Both AVX2 products of the formats with a `pdep` one: the table holds the one this
+        // CPU runs faster.
         if Isa::Avx2.is_available() {
-            for ty in [GgmlType::IQ1_S, GgmlType::IQ1_M] {
-                kernels.extend(
-                    crate::kernels::iq1_vec_dot(ty, false).map(|k| ("avx2, no pdep", ty, k)),
-                );
+            for ty in [GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::IQ3_S] {
+                let without = crate::kernels::pdep_vec_dot(ty, false);
+                kernels.extend(without.map(|k| ("avx2, no pdep", ty, k)));
                 if is_x86_feature_detected!("bmi2") {
-                    kernels.extend(
-                        crate::kernels::iq1_vec_dot(ty, true).map(|k| ("avx2, pdep", ty, k)),
-                    );
+                    let with = crate::kernels::pdep_vec_dot(ty, true);
+                    kernels.extend(with.map(|k| ("avx2, pdep", ty, k)));
                 }
             }
         }
