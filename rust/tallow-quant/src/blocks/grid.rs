@@ -79,6 +79,17 @@ pub(crate) trait SignedGridBlock: GridBlock {
     unsafe fn quads_pdep(&self, c: usize) -> Option<[u32; 8]> {
         self.quads(c)
     }
+    /// Values 32c..32c+32's magnitudes as four codebook entries of eight values, their indices
+    /// put together with BMI2's `pdep` where the format's are split between bytes (IQ2_S);
+    /// `None` for the other formats.
+    ///
+    /// # Safety
+    /// The CPU has BMI2.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn entries_pdep(&self, _c: usize) -> Option<[u64; 4]> {
+        None
+    }
     /// Values 32c..32c+32's signs, bit e for value 32c + e, for the formats that store them
     /// bit by bit (IQ2_S, IQ3_S): SIMD kernels spread them over bytes in vector registers,
     /// where [`SignedGridBlock::piece_ones`] looks each byte's eight up. `None` for the
@@ -349,6 +360,21 @@ impl SignedGridBlock for BlockIq2S {
     #[inline(always)]
     fn sign_bits(&self, c: usize) -> Option<u32> {
         Some(u32_at(&self.signs, c))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn entries_pdep(&self, c: usize) -> Option<[u64; 4]> {
+        use std::arch::x86_64::_pdep_u64;
+        // Index l in u16 l: byte l of the chunk's u32 of `qs` below bits 2l..2l + 2 of its
+        // byte of `qh`.
+        let low = u64::from(u32_at(&self.qs, c));
+        let indices = _pdep_u64(low, 0x00ff_00ff_00ff_00ff)
+            | _pdep_u64(u64::from(self.qh[c]), 0x0300_0300_0300_0300);
+        let mut entries = [0; 4];
+        for (l, entry) in entries.iter_mut().enumerate() {
+            *entry = IQ2S_GRID[((indices >> (16 * l)) & 0x3ff) as usize];
+        }
+        Some(entries)
     }
 }
 

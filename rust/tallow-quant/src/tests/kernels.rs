@@ -63,7 +63,12 @@ fn simd_kernels() -> Vec<(&'static str, GgmlType, RawVecDot)> {
         // Both AVX2 products of the formats with a `pdep` one: the table holds the one this
         // CPU runs faster.
         if Isa::Avx2.is_available() {
-            for ty in [GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::IQ3_S] {
+            for ty in [
+                GgmlType::IQ1_S,
+                GgmlType::IQ1_M,
+                GgmlType::IQ2_S,
+                GgmlType::IQ3_S,
+            ] {
                 let without = crate::kernels::pdep_vec_dot(ty, false);
                 kernels.extend(without.map(|k| ("avx2, no pdep", ty, k)));
                 if is_x86_feature_detected!("bmi2") {

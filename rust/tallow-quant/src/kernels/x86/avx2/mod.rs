@@ -116,12 +116,7 @@ pub(crate) fn row(ty: GgmlType) -> RawRow {
             None,
         ),
         GgmlType::IQ2_XS => (Some(iq2_xs::iq2_xs_q8_k), Some(tile_iq2_xs), None, None),
-        GgmlType::IQ2_S => (
-            Some(signed_grid_q8_k::<BlockIq2S>),
-            Some(tile_iq2_s),
-            None,
-            None,
-        ),
+        GgmlType::IQ2_S => (pdep_vec_dot(ty, fast_pdep()), Some(tile_iq2_s), None, None),
         GgmlType::IQ3_XXS => (
             Some(signed_grid_q8_k::<BlockIq3Xxs>),
             Some(tile_iq3_xxs),
@@ -462,7 +457,7 @@ unsafe fn signed_grid_q8_k<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
 }
 
 /// [`signed_grid_q8_k`] with the indices that BMI2's `pdep` puts together
-/// ([`SignedGridBlock::quads_pdep`]).
+/// ([`SignedGridBlock::quads_pdep`], [`SignedGridBlock::entries_pdep`]).
 #[target_feature(enable = "avx2,fma,f16c,bmi2")]
 unsafe fn signed_grid_q8_k_pdep<B: SignedGridBlock>(w: &[u8], a: &[u8]) -> f32 {
     signed_grid_sums::<B, true>(w, a)
@@ -504,6 +499,8 @@ unsafe fn signed_grid_sums<B: SignedGridBlock, const PDEP: bool>(w: &[u8], a: &[
 pub(crate) fn pdep_vec_dot(ty: GgmlType, fast_pdep: bool) -> Option<RawVecDot> {
     match (ty, fast_pdep) {
         (GgmlType::IQ1_S | GgmlType::IQ1_M, _) => iq1::vec_dot(ty, fast_pdep),
+        (GgmlType::IQ2_S, true) => Some(signed_grid_q8_k_pdep::<BlockIq2S>),
+        (GgmlType::IQ2_S, false) => Some(signed_grid_q8_k::<BlockIq2S>),
         (GgmlType::IQ3_S, true) => Some(signed_grid_q8_k_pdep::<BlockIq3S>),
         (GgmlType::IQ3_S, false) => Some(signed_grid_q8_k::<BlockIq3S>),
         _ => None,
@@ -566,8 +563,8 @@ unsafe fn grid_block_sum(acc: f32, d: f32, sumi: __m256i) -> f32 {
 }
 
 /// Values 32c..32c+32 of a signed grid block as [`grid_sums`] takes them: their magnitudes,
-/// and +-1 bytes with their signs (the quads' indices put together with `pdep` where `PDEP`:
-/// then only for a caller with BMI2).
+/// and +-1 bytes with their signs (indices split between bytes put together with `pdep` where
+/// `PDEP`: then only for a caller with BMI2).
 // Always inlined, without target features of its own (which would forbid that): IQ3_S's
 // chunk, left a call, returned its vectors through the stack.
 #[inline(always)]
@@ -585,13 +582,13 @@ unsafe fn signed_chunk<B: SignedGridBlock, const PDEP: bool>(
     let (m1, s1) = w.piece_ones(4 * c + 1);
     let (m2, s2) = w.piece_ones(4 * c + 2);
     let (m3, s3) = w.piece_ones(4 * c + 3);
-    let quads = match PDEP {
-        true => w.quads_pdep(c),
-        false => w.quads(c),
+    let (quads, entries) = match PDEP {
+        true => (w.quads_pdep(c), w.entries_pdep(c)),
+        false => (w.quads(c), None),
     };
-    let magnitudes = match quads {
+    let magnitudes = match (quads, entries) {
         // The pieces' magnitudes are then not used, and not computed.
-        Some(q) => _mm256_setr_epi32(
+        (Some(q), _) => _mm256_setr_epi32(
             q[0] as i32,
             q[1] as i32,
             q[2] as i32,
@@ -601,7 +598,10 @@ unsafe fn signed_chunk<B: SignedGridBlock, const PDEP: bool>(
             q[6] as i32,
             q[7] as i32,
         ),
-        None => _mm256_set_epi64x(m3 as i64, m2 as i64, m1 as i64, m0 as i64),
+        (None, Some([e0, e1, e2, e3])) => {
+            _mm256_set_epi64x(e3 as i64, e2 as i64, e1 as i64, e0 as i64)
+        }
+        (None, None) => _mm256_set_epi64x(m3 as i64, m2 as i64, m1 as i64, m0 as i64),
     };
     let signs = match w.sign_bits(c) {
         Some(bits) => sign_ones(bits),
