@@ -495,7 +495,9 @@ unsafe fn signed_grid_sums<B: SignedGridBlock, const PDEP: bool>(w: &[u8], a: &[
 /// chunk's grid indices in a few instructions where shifts and masks take many: that one where
 /// `pdep` is fast ([`super::cpu::fast_pdep`]), the other elsewhere; `None` for other formats.
 /// With it, on Zen 5: IQ1_S 1.22 ns per 32 values against 1.60, IQ1_M 1.66 against 1.90,
-/// IQ3_S 1.95 against 3.06 (`examples/row_products.rs`, one thread).
+/// IQ2_S 1.43 against 1.60, IQ3_S 1.95 against 3.06 (`examples/row_products.rs`, one
+/// thread). Where the indices are whole bytes (IQ2_XXS's), `pdep` spreading the 7-bit sign
+/// indices read slower (1.92 against 1.80).
 pub(crate) fn pdep_vec_dot(ty: GgmlType, fast_pdep: bool) -> Option<RawVecDot> {
     match (ty, fast_pdep) {
         (GgmlType::IQ1_S | GgmlType::IQ1_M, _) => iq1::vec_dot(ty, fast_pdep),
