@@ -17,10 +17,12 @@
 
 #ifdef __METAL_VERSION__
 // Metal: functions are inline, pointers name their address space (GLOBAL: device memory,
-// PRIVATE: the thread's own), and the math functions are overloaded by type.
+// PRIVATE: the thread's own, TABLE: a table of the program's constants), and the math
+// functions are overloaded by type.
 #define GPU_FN inline
 #define GLOBAL device
 #define PRIVATE thread
+#define TABLE constant
 #define float_from_bits(u) as_type<float>((uint32_t)(u))
 #define fmaxf fmax
 #define fabsf fabs
@@ -30,6 +32,9 @@
 #define GPU_FN __device__ __forceinline__
 #define GLOBAL
 #define PRIVATE
+// In global memory, not __constant__: a warp's lanes look up different entries, which the
+// constant cache would serve one after the other.
+#define TABLE __device__ const
 #define float_from_bits(u) __uint_as_float(u)
 #endif
 
@@ -464,6 +469,107 @@ struct Q6_K {
     }
 };
 
+// The 16 values of IQ4_NL's and IQ4_XS's quants (ggml's kvalues_iq4nl), and of MXFP4's, times
+// 2 (its E2M1 values; kvalues_mxfp4).
+TABLE int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                               1,    13,   25,  38,  53,  69,  89,  113};
+TABLE int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+struct Iq4Values {
+    static GPU_FN int at(uint32_t n) { return IQ4_VALUES[n]; }
+};
+struct Mxfp4Values {
+    static GPU_FN int at(uint32_t n) { return MXFP4_VALUES[n]; }
+};
+
+// The values of the nibbles at bits 0, 8, 16 and 24 of `v`, as signed bytes of a word.
+template <class Values>
+GPU_FN int looked_up(uint32_t v) {
+    uint32_t word = 0;
+    for (int i = 0; i < 4; ++i) word |= (uint32_t)(Values::at(v >> 8 * i & 0xf) & 0xff) << 8 * i;
+    return (int)word;
+}
+
+// Runs of 32 values `scale * Values[q]` whose 16 bytes of nibbles (as Q4_0's) start at `qs`,
+// an address aligned to ALIGN bytes: the values, and as integers (one scale for both halves).
+template <class Values>
+GPU_FN void looked_up_run(GLOBAL const uint8_t* qs, float d, PRIVATE float* out) {
+    for (int j = 0; j < 16; ++j) {
+        out[j] = d * (float)Values::at(qs[j] & 0xf);
+        out[j + 16] = d * (float)Values::at(qs[j] >> 4);
+    }
+}
+template <class Values, int ALIGN>
+GPU_FN void looked_up_ints(GLOBAL const uint8_t* qs, float d, PRIVATE int* q,
+                           PRIVATE float* scale, PRIVATE float* offset) {
+    for (int k = 0; k < 4; ++k) {
+        GLOBAL const uint8_t* p = qs + 4 * k;
+        uint32_t v = ALIGN == 4 ? (uint32_t)word_at(p) : ALIGN == 2 ? (uint32_t)word_at2(p) : u32_at(p);
+        q[k] = looked_up<Values>(v);
+        q[k + 4] = looked_up<Values>(v >> 4);
+    }
+    scale[0] = scale[1] = d;
+    offset[0] = offset[1] = 0.0f;
+}
+
+// d, 16 bytes of nibbles as Q4_0; d * IQ4_VALUES[q].
+struct IQ4_NL {
+    enum : int { RUN_BYTES = 18 };
+    enum : int { ZERO = 0 };
+    enum : int { HALVES = 1 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        looked_up_run<Iq4Values>(b + 2, f16_at(b), out);
+    }
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        looked_up_ints<Iq4Values, 2>(b + 2, f16_at(b), q, scale, offset);
+    }
+};
+
+// Super-blocks of 256 values, 8 runs each: d, 2 bytes of the scales' top 2 bits (bits 2j..2j+2:
+// run j's), 4 bytes of their low 4 (byte j / 2, the low nibble for even j), and each run's 16
+// bytes of nibbles as Q4_0's; (d * (scale - 32)) * IQ4_VALUES[q].
+struct IQ4_XS {
+    enum : int { BLOCK_BYTES = 136 };
+    enum : int { ZERO = 0 };
+    enum : int { HALVES = 1 };
+    static GPU_FN float run_scale(GLOBAL const uint8_t* b, int j) {
+        int low = b[4 + j / 2] >> 4 * (j % 2) & 0xf, high = (int)(u16_at(b + 2) >> 2 * j & 3);
+        return f16_at(b) * (float)((low | high << 4) - 32);
+    }
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        looked_up_run<Iq4Values>(b + 8 + 16 * (r % 8), run_scale(b, r % 8), out);
+    }
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + (r / 8) * BLOCK_BYTES;
+        looked_up_ints<Iq4Values, 4>(b + 8 + 16 * (r % 8), run_scale(b, r % 8), q, scale, offset);
+    }
+};
+
+// 2^(e - 128) for an E8M0 exponent e: half of MXFP4's scale, as its doubled values want it
+// (exact; the two smallest as subnormals).
+GPU_FN float e8m0_half(uint32_t e) {
+    return float_from_bits(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+// An E8M0 exponent e, 16 bytes of nibbles as Q4_0; e8m0_half(e) * MXFP4_VALUES[q]. Runs are
+// 17 bytes: their words lie at any address, read a byte at a time.
+struct MXFP4 {
+    enum : int { RUN_BYTES = 17 };
+    enum : int { ZERO = 0 };
+    enum : int { HALVES = 1 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        looked_up_run<Mxfp4Values>(b + 1, e8m0_half(b[0]), out);
+    }
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + r * RUN_BYTES;
+        looked_up_ints<Mxfp4Values, 1>(b + 1, e8m0_half(b[0]), q, scale, offset);
+    }
+};
+
 // The activations of the integer products (CUDA's matvec.cu, tiles.cu): each run of 32 values of a
 // row as signed bytes q (x ≈ d * q), and beside the bytes, the run's d and the sums of q over
 // its two halves of 16 (the quantize_q8 kernel).
@@ -525,7 +631,10 @@ struct KvQ8_0 {
     X(q3_k, Q3_K)                    \
     X(q4_k, Q4_K)                    \
     X(q5_k, Q5_K)                    \
-    X(q6_k, Q6_K)
+    X(q6_k, Q6_K)                    \
+    X(iq4_nl, IQ4_NL)                \
+    X(iq4_xs, IQ4_XS)                \
+    X(mxfp4, MXFP4)
 
 // Every format, for kernels instantiated once per format: X(name, Format).
 #define FOR_EACH_FORMAT(X) \

@@ -62,6 +62,34 @@ def check_mixture_on_a_gpu(
     assert float(np.median(np.abs(on_gpu - on_cpu).max(axis=1))) <= cpu_bound
 
 
+# The formats whose quants index a table of 16 values.
+LOOKUP_FORMATS = ["IQ4_NL", "IQ4_XS", "MXFP4"]
+
+
+def check_lookup_format_on_a_gpu(
+    arch_dir: Path, tmp_path: Path, prompt: list[int], ty: str, device: str
+) -> None:
+    """Weights of ``ty`` (one of ``LOOKUP_FORMATS``) on ``device`` and on the CPU: llama3
+    converted to that file type (llama-quantize's choice of formats for each matrix), or for
+    MXFP4 gpt-oss as released (its experts in MXFP4). The two give the same logits within what
+    the CPU's activations, quantized to 8 bits, round (at most positions for gpt-oss, whose
+    router may send a token elsewhere across a near tie)."""
+    from test_checkpoints import released_gpt_oss
+
+    if ty == "MXFP4":
+        folder, _, _ = released_gpt_oss(arch_dir, tmp_path)
+        path = tmp_path / "gpt-oss-mxfp4.gguf"
+        _core.convert_checkpoint(folder, path)
+    else:
+        path = tmp_path / f"llama3-{ty}.gguf"
+        _core.convert_checkpoint(arch_dir / "llama3" / "hf", path, quantize=ty)
+    assert ty in {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    on_gpu = all_logits(_core.Model(str(path), device=device), prompt, "f16")
+    on_cpu = all_logits(_core.Model(str(path)), prompt, "f16")
+    per_position = np.abs(on_gpu - on_cpu).max(axis=1)
+    assert float(np.median(per_position) if ty == "MXFP4" else per_position.max()) <= 0.3
+
+
 def _greedy(model: _core.Model, ids: list[int], n: int) -> list[int]:
     kv = f32_pool(model)
     seq = kv.create()

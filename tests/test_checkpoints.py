@@ -272,13 +272,13 @@ def from_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return values.reshape(*values.shape[:-2], -1)
 
 
-def test_gpt_oss_as_released_has_its_mxfp4_experts_repacked(
-    arch_dir: Path, tmp_path: Path, prompt: list[int]
-) -> None:
-    """gpt-oss as released: the experts' matrices in MXFP4 blocks and scales (``[experts,
-    out, in]``, gate and up rows interleaved), repacked into GGML's MXFP4 with the values
-    transformers reads from them (against the ``gguf`` package's dequantization); every other
-    tensor as the F32 folder converts."""
+def released_gpt_oss(
+    arch_dir: Path, tmp_path: Path
+) -> tuple[Path, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A folder of the tiny gpt-oss as gpt-oss is released: the experts' matrices in MXFP4
+    blocks and scales (``[experts, out, in]``, gate and up rows interleaved). Returns the
+    folder, its tensors, and the values transformers reads from each expert matrix, by the
+    name of the GGUF tensor that holds them."""
     folder = copy_of(arch_dir, tmp_path, "gpt-oss")
     tensors = read_safetensors(folder / "model.safetensors")
     expected = {}
@@ -292,6 +292,16 @@ def test_gpt_oss_as_released_has_its_mxfp4_experts_repacked(
         else:
             expected[f"blk.{layer}.ffn_down_exps.weight"] = values
     write_safetensors(folder / "model.safetensors", tensors, "F32")
+    return folder, tensors, expected
+
+
+def test_gpt_oss_as_released_has_its_mxfp4_experts_repacked(
+    arch_dir: Path, tmp_path: Path, prompt: list[int]
+) -> None:
+    """gpt-oss as released, its experts repacked into GGML's MXFP4 with the values
+    transformers reads from them (against the ``gguf`` package's dequantization); every other
+    tensor as the F32 folder converts."""
+    folder, tensors, expected = released_gpt_oss(arch_dir, tmp_path)
     out = tmp_path / "gpt-oss-mxfp4.gguf"
     _core.convert_checkpoint(folder, out)
     converted = {t.name: t for t in gguf.GGUFReader(out).tensors}

@@ -11,7 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import all_logits
-from test_architectures import ARCHITECTURES, MOE, check_mixture_on_a_gpu
+from test_architectures import (
+    ARCHITECTURES,
+    LOOKUP_FORMATS,
+    MOE,
+    check_lookup_format_on_a_gpu,
+    check_mixture_on_a_gpu,
+)
 
 import tallow
 from tallow import _core, _nvrtc
@@ -72,6 +78,18 @@ def test_mixtures_of_experts_on_a_gpu_match_transformers_and_the_cpu(
             _core.Model(str(arch_dir / arch / f"{arch}-{file_type}.gguf"), device="cuda:0")
         return
     check_mixture_on_a_gpu(arch_dir, prompt, arch, file_type, "cuda:0")
+
+
+@pytest.mark.parametrize("ty", LOOKUP_FORMATS)
+def test_lookup_formats_on_a_gpu_give_the_cpus_logits(
+    arch_dir: Path, tmp_path: Path, prompt: list[int], ty: str
+) -> None:
+    """IQ4_NL, IQ4_XS and MXFP4 weights in CUDA's integer and float products."""
+    if not cuda_devices():
+        with pytest.raises(tallow.UnsupportedError, match=r"NVIDIA GPU and its driver"):
+            _core.Model(str(arch_dir / "llama3" / "llama3-f32.gguf"), device="cuda:0")
+        return
+    check_lookup_format_on_a_gpu(arch_dir, tmp_path, prompt, ty, "cuda:0")
 
 
 def test_a_cuda_device_number_must_exist_or_be_a_number(smollm2_path: Path) -> None:

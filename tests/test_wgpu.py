@@ -20,7 +20,13 @@ import gguf
 import numpy as np
 import pytest
 from conftest import all_logits, run_cli
-from test_architectures import ARCHITECTURES, MOE, check_mixture_on_a_gpu
+from test_architectures import (
+    ARCHITECTURES,
+    LOOKUP_FORMATS,
+    MOE,
+    check_lookup_format_on_a_gpu,
+    check_mixture_on_a_gpu,
+)
 
 import tallow
 from tallow import _core
@@ -83,6 +89,14 @@ def test_mixtures_of_experts_match_transformers_and_the_cpu(
 ) -> None:
     """Each token's experts chosen, grouped and multiplied on the GPU."""
     check_mixture_on_a_gpu(arch_dir, prompt, arch, file_type, "gpu")
+
+
+@pytest.mark.parametrize("ty", LOOKUP_FORMATS)
+def test_lookup_formats_give_the_cpus_logits(
+    arch_dir: Path, tmp_path: Path, prompt: list[int], ty: str
+) -> None:
+    """IQ4_NL, IQ4_XS and MXFP4 weights decoded on the GPU."""
+    check_lookup_format_on_a_gpu(arch_dir, tmp_path, prompt, ty, "gpu")
 
 
 @pytest.mark.parametrize("arch", ["llama3", "qwen3", "phi3", "gemma3", "qwen3moe", "gpt-oss"])

@@ -29,7 +29,7 @@ pub use step::GpuStep;
 use gpu::{bytes_of, Buffer, Device};
 
 /// The weight formats the kernels read (formats.h).
-pub const WEIGHT_FORMATS: [GgmlType; 13] = [
+pub const WEIGHT_FORMATS: [GgmlType; 16] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -43,6 +43,9 @@ pub const WEIGHT_FORMATS: [GgmlType; 13] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::MXFP4,
 ];
 
 /// Most dimensions of an attention head (the attention kernels').

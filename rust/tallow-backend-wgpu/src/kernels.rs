@@ -66,6 +66,9 @@ fn format(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_K => wgsl!("formats/q4_k.wgsl"),
         GgmlType::Q5_K => wgsl!("formats/q5_k.wgsl"),
         GgmlType::Q6_K => wgsl!("formats/q6_k.wgsl"),
+        GgmlType::IQ4_NL => wgsl!("formats/iq4_nl.wgsl"),
+        GgmlType::IQ4_XS => wgsl!("formats/iq4_xs.wgsl"),
+        GgmlType::MXFP4 => wgsl!("formats/mxfp4.wgsl"),
         _ => return None,
     })
 }
