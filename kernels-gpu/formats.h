@@ -1,7 +1,6 @@
 // GGUF's weight formats and the KV page formats, as the GPU kernels of every API read them:
 // included by CUDA's kernels (kernels-cuda/, after tallow.cuh) and Metal's (kernels-metal/,
-// after tallow.h), and by the emulation's C++ builds of both. The few spellings that differ
-// between the dialects are the macros below.
+// after tallow.h), and by the emulation's C++ builds of both, in the spellings of dialect.h.
 //
 // Each weight format decodes the 32 values of one run of a row (a block, or a 32-value part
 // of a K-quant super-block) with the float operations, in the order, of ggml's
@@ -15,28 +14,8 @@
 // same.
 #pragma once
 
-#ifdef __METAL_VERSION__
-// Metal: functions are inline, pointers name their address space (GLOBAL: device memory,
-// PRIVATE: the thread's own, TABLE: a table of the program's constants), and the math
-// functions are overloaded by type.
-#define GPU_FN inline
-#define GLOBAL device
-#define PRIVATE thread
-#define TABLE constant
-#define float_from_bits(u) as_type<float>((uint32_t)(u))
-#define fmaxf fmax
-#define fabsf fabs
-#define roundf round
-#define ldexpf ldexp
-#else
-#define GPU_FN __device__ __forceinline__
-#define GLOBAL
-#define PRIVATE
-// In global memory, not __constant__: a warp's lanes look up different entries, which the
-// constant cache would serve one after the other.
-#define TABLE __device__ const
-#define float_from_bits(u) __uint_as_float(u)
-#endif
+#include "dialect.h"
+#include "grids.h"
 
 // A float's bits.
 GPU_FN uint32_t as_bits(float f) {
@@ -570,6 +549,251 @@ struct MXFP4 {
     }
 };
 
+// The IQ1, IQ2, IQ3 and ternary formats: super-blocks of 256 values, small integers (codebook
+// entries with signs; 8 * entry ± 1 for IQ1; -1, 0 or 1 for the ternary ones) times an
+// integer scale per group of 16, times d * UNIT. Each format F gives BLOCK_BYTES, unit(),
+// d(b) and chunk(b, c, q, scales): the 32 integers of run c of the block at b as signed bytes
+// of 8 words, and its two groups' scales. The values are exact in f32 (at most 22 significant
+// bits), so they are ggml's whatever the order of the multiplies.
+template <class F>
+struct GridFormat {
+    enum : int { ZERO = 0 };
+    enum : int { HALVES = 2 };
+    static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
+        GLOBAL const uint8_t* b = row + (r / 8) * F::BLOCK_BYTES;
+        int q[8], s[2];
+        F::chunk(b, r % 8, q, s);
+        float unit = F::d(b) * F::unit();
+        for (int i = 0; i < 32; ++i) {
+            float dl = unit * (float)s[i / 16];
+            out[i] = dl * (float)(int8_t)(q[i / 4] >> 8 * (i % 4));
+        }
+    }
+    static GPU_FN void ints(GLOBAL const uint8_t* row, int r, PRIVATE int* q, PRIVATE float* scale, PRIVATE float* offset) {
+        GLOBAL const uint8_t* b = row + (r / 8) * F::BLOCK_BYTES;
+        int s[2];
+        F::chunk(b, r % 8, q, s);
+        float unit = F::d(b) * F::unit();
+        for (int h = 0; h < 2; ++h) {
+            scale[h] = unit * (float)s[h];
+            offset[h] = 0.0f;
+        }
+    }
+};
+
+// The four bytes of `magnitudes` (each at least 1), negated where bit j of `signs` is set.
+GPU_FN int signed_bytes(uint32_t magnitudes, uint32_t signs) {
+    // Bit j to bit 8j, then 0xff in those bytes: (v ^ 0xff) + 1 is -v, with no carry out.
+    uint32_t mask = ((signs & 0xf) * 0x00204081u & 0x01010101u) * 0xffu;
+    return (int)((magnitudes ^ mask) + (mask & 0x01010101u));
+}
+
+// The 8 signs of 7-bit sign index i of the IQ2 and IQ3 formats (ggml's ksigns_iq2xs): the
+// seven bits and an eighth that makes their count even.
+GPU_FN uint32_t ksigns(uint32_t i) {
+    uint32_t parity = i ^ i >> 4;
+    parity ^= parity >> 2;
+    parity ^= parity >> 1;
+    return i | (parity & 1) << 7;
+}
+
+// Values 8k..8k + 8 of a run: entry `e` of an 8-value codebook with 8 sign bits, as q[2k] and
+// q[2k + 1].
+#define SIGNED_ENTRY(q, k, grid, e, signs)                        \
+    do {                                                          \
+        q[2 * (k)] = signed_bytes(grid[2 * (e)], (signs));        \
+        q[2 * (k) + 1] = signed_bytes(grid[2 * (e) + 1], (signs) >> 4); \
+    } while (0)
+
+// The odd scale 2s + 1 of a 4-bit s.
+GPU_FN int odd_scale(uint32_t s) { return 2 * (int)(s & 0xf) + 1; }
+
+// d, and per run of 32 a u64: four indices of IQ2XXS_GRID (bytes 0..4), then four 7-bit sign
+// indices and the run's scale s in the top 4 bits; (d * (2s + 1) / 8) * grid * sign.
+struct IQ2_XXS : GridFormat<IQ2_XXS> {
+    enum : int { BLOCK_BYTES = 66 };
+    static GPU_FN float unit() { return 0.125f; }
+    static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b); }
+    static GPU_FN void chunk(GLOBAL const uint8_t* b, int c, PRIVATE int* q, PRIVATE int* scales) {
+        GLOBAL const uint8_t* g = b + 2 + 8 * c;
+        uint32_t indices = (uint32_t)word_at2(g), aux = (uint32_t)word_at2(g + 4);
+        for (int l = 0; l < 4; ++l) {
+            SIGNED_ENTRY(q, l, IQ2XXS_GRID, indices >> 8 * l & 0xff, ksigns(aux >> 7 * l & 127));
+        }
+        scales[0] = scales[1] = odd_scale(aux >> 28);
+    }
+};
+
+// d, 32 u16 of a 9-bit index of IQ2XS_GRID and a 7-bit sign index each (8 values), and a
+// 4-bit scale s per group of 16 (nibbles, low first); (d * (2s + 1) / 8) * grid * sign.
+struct IQ2_XS : GridFormat<IQ2_XS> {
+    enum : int { BLOCK_BYTES = 74 };
+    static GPU_FN float unit() { return 0.125f; }
+    static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b); }
+    static GPU_FN void chunk(GLOBAL const uint8_t* b, int c, PRIVATE int* q, PRIVATE int* scales) {
+        for (int l = 0; l < 4; ++l) {
+            uint32_t v = half_at(b + 2 + 2 * (4 * c + l));
+            SIGNED_ENTRY(q, l, IQ2XS_GRID, v & 511, ksigns(v >> 9));
+        }
+        scales[0] = odd_scale(b[66 + c]);
+        scales[1] = odd_scale(b[66 + c] >> 4);
+    }
+};
+
+// d, 32 low bytes of 10-bit indices of IQ2S_GRID (8 values), 32 bytes of signs (bit j: value
+// j's), 8 bytes of the indices' top 2 bits (bits 2l..2l + 2 of byte k / 4: index k's), and
+// scales as IQ2_XS's.
+struct IQ2_S : GridFormat<IQ2_S> {
+    enum : int { BLOCK_BYTES = 82 };
+    static GPU_FN float unit() { return 0.125f; }
+    static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b); }
+    static GPU_FN void chunk(GLOBAL const uint8_t* b, int c, PRIVATE int* q, PRIVATE int* scales) {
+        for (int l = 0; l < 4; ++l) {
+            int k = 4 * c + l;
+            uint32_t index = b[2 + k] | (uint32_t)(b[66 + c] >> 2 * l & 3) << 8;
+            SIGNED_ENTRY(q, l, IQ2S_GRID, index, (uint32_t)b[34 + k]);
+        }
+        scales[0] = odd_scale(b[74 + c]);
+        scales[1] = odd_scale(b[74 + c] >> 4);
+    }
+};
+
+// d, 64 indices of IQ3XXS_GRID (4 values each), and per run of 32 a u32 of four 7-bit sign
+// indices (one per 8 values) and the run's scale s in the top 4 bits;
+// (d * (2s + 1) / 4) * grid * sign.
+struct IQ3_XXS : GridFormat<IQ3_XXS> {
+    enum : int { BLOCK_BYTES = 98 };
+    static GPU_FN float unit() { return 0.25f; }
+    static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b); }
+    static GPU_FN void chunk(GLOBAL const uint8_t* b, int c, PRIVATE int* q, PRIVATE int* scales) {
+        uint32_t aux = (uint32_t)word_at2(b + 66 + 4 * c);
+        for (int k = 0; k < 8; ++k) {
+            uint32_t signs = ksigns(aux >> 7 * (k / 2) & 127) >> 4 * (k % 2);
+            q[k] = signed_bytes(IQ3XXS_GRID[b[2 + 8 * c + k]], signs);
+        }
+        scales[0] = scales[1] = odd_scale(aux >> 28);
+    }
+};
+
+// d, 64 low bytes of 9-bit indices of IQ3S_GRID (4 values), 8 bytes of their ninth bits (bit
+// j % 8 of byte j / 8: index j's), 32 bytes of signs (bit e % 8 of byte e / 8: value e's), and
+// a 4-bit scale s per run (nibbles, low first); (d * (2s + 1)) * grid * sign.
+struct IQ3_S : GridFormat<IQ3_S> {
+    enum : int { BLOCK_BYTES = 110 };
+    static GPU_FN float unit() { return 1.0f; }
+    static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b); }
+    static GPU_FN void chunk(GLOBAL const uint8_t* b, int c, PRIVATE int* q, PRIVATE int* scales) {
+        for (int k = 0; k < 8; ++k) {
+            uint32_t index = b[2 + 8 * c + k] | (uint32_t)(b[66 + c] >> k & 1) << 8;
+            q[k] = signed_bytes(IQ3S_GRID[index], (uint32_t)b[74 + 4 * c + k / 2] >> 4 * (k % 2));
+        }
+        scales[0] = scales[1] = odd_scale(b[106 + c / 2] >> 4 * (c % 2));
+    }
+};
+
+// The IQ1 formats' runs: entry l (8 values) of IQ1S_GRID is byte l of the run's u32 of
+// indices' low bytes with bits STRIDE * l..STRIDE * l + 3 of its u16 `high` above them; each
+// value is 8 * grid ± 1, negative where bit 4l + 3 of `negative` is set.
+template <int STRIDE>
+GPU_FN void iq1_chunk(uint32_t low, uint32_t high, uint32_t negative, PRIVATE int* q) {
+    for (int l = 0; l < 4; ++l) {
+        uint32_t index = (low >> 8 * l & 0xff) | (high >> STRIDE * l & 7) << 8;
+        int shift = negative >> (4 * l + 3) & 1 ? -1 : 1;
+        for (int w = 0; w < 2; ++w) {
+            uint32_t grid = IQ1S_GRID[2 * index + w], word = 0;
+            for (int i = 0; i < 4; ++i) {
+                int v = 8 * (int)(int8_t)(grid >> 8 * i) + shift;
+                word |= (uint32_t)(v & 0xff) << 8 * i;
+            }
+            q[2 * l + w] = (int)word;
+        }
+    }
+}
+
+// d, 32 low bytes of 11-bit indices of IQ1S_GRID, and per run of 32 a u16: the four indices'
+// top 3 bits (bits 3l..3l + 3), the run's scale s (bits 12..15) and the sign of its shift
+// (bit 15); (d * (2s + 1) / 8) * (8 * grid ± 1).
+struct IQ1_S : GridFormat<IQ1_S> {
+    enum : int { BLOCK_BYTES = 50 };
+    static GPU_FN float unit() { return 0.125f; }
+    static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b); }
+    static GPU_FN void chunk(GLOBAL const uint8_t* b, int c, PRIVATE int* q, PRIVATE int* scales) {
+        uint32_t high = half_at(b + 34 + 2 * c);
+        iq1_chunk<3>((uint32_t)word_at2(b + 2 + 4 * c), high, high & 0x8000 ? 0x8888 : 0, q);
+        scales[0] = scales[1] = 2 * (int)(high >> 12 & 7) + 1;
+    }
+};
+
+// 32 low bytes of 11-bit indices of IQ1S_GRID, 16 bytes of a nibble per index (its top 3 bits,
+// and in bit 3 the sign of its shift), and four u16 of 3-bit group scales s (bits 0..12) whose
+// top nibbles hold the block's f16 d; (d * (2s + 1) / 8) * (8 * grid ± 1).
+struct IQ1_M : GridFormat<IQ1_M> {
+    enum : int { BLOCK_BYTES = 56 };
+    static GPU_FN float unit() { return 0.125f; }
+    static GPU_FN float d(GLOBAL const uint8_t* b) {
+        uint32_t s0 = half_at(b + 48), s1 = half_at(b + 50), s2 = half_at(b + 52);
+        uint32_t s3 = half_at(b + 54);
+        uint32_t bits = s0 >> 12 | (s1 >> 8 & 0x00f0) | (s2 >> 4 & 0x0f00) | (s3 & 0xf000);
+        return f16_to_f32((uint16_t)bits);
+    }
+    static GPU_FN void chunk(GLOBAL const uint8_t* b, int c, PRIVATE int* q, PRIVATE int* scales) {
+        uint32_t high = half_at(b + 32 + 2 * c);
+        iq1_chunk<4>((uint32_t)word_at(b + 4 * c), high, high, q);
+        uint32_t sc = half_at(b + 48 + 2 * (c / 2));
+        for (int h = 0; h < 2; ++h) {
+            int g = 2 * c + h;
+            scales[h] = 2 * (int)(sc >> 3 * (g % 4) & 7) + 1;
+        }
+    }
+};
+
+// 48 bytes of five base-3 digits each and 4 of four, then d: value e is a digit t of a byte, as
+// the fixed-point fraction of 3^5 it is (digit n of byte x: (x * 3^n mod 256) * 3 >> 8), and
+// d * (t - 1). Bytes 0..32 hold values n * 32 + m (digit n of byte m), bytes 32..48 values
+// 160 + 16n + m, the last 4 values 240 + 4n + m.
+struct TQ1_0 : GridFormat<TQ1_0> {
+    enum : int { BLOCK_BYTES = 54 };
+    static GPU_FN float unit() { return 1.0f; }
+    static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b + 52); }
+    static GPU_FN void chunk(GLOBAL const uint8_t* b, int c, PRIVATE int* q, PRIVATE int* scales) {
+        for (int k = 0; k < 8; ++k) {
+            uint32_t word = 0;
+            for (int i = 0; i < 4; ++i) {
+                int e = 32 * c + 4 * k + i, byte, n;
+                if (e < 160) {
+                    byte = e % 32, n = e / 32;
+                } else if (e < 240) {
+                    byte = 32 + (e - 160) % 16, n = (e - 160) / 16;
+                } else {
+                    byte = 48 + (e - 240) % 4, n = (e - 240) / 4;
+                }
+                uint32_t power = n == 0 ? 1 : n == 1 ? 3 : n == 2 ? 9 : n == 3 ? 27 : 81;
+                int t = (int)(((b[byte] * power & 0xff) * 3) >> 8);
+                word |= (uint32_t)((t - 1) & 0xff) << 8 * i;
+            }
+            q[k] = (int)word;
+        }
+        scales[0] = scales[1] = 1;
+    }
+};
+
+// 64 bytes of 2-bit digits t, then d: byte 32h + m holds value 128h + 32l + m at bits
+// 2l..2l + 2; d * (t - 1).
+struct TQ2_0 : GridFormat<TQ2_0> {
+    enum : int { BLOCK_BYTES = 66 };
+    static GPU_FN float unit() { return 1.0f; }
+    static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b + 64); }
+    static GPU_FN void chunk(GLOBAL const uint8_t* b, int c, PRIVATE int* q, PRIVATE int* scales) {
+        GLOBAL const uint8_t* qs = b + 32 * (c / 4);
+        for (int k = 0; k < 8; ++k) {
+            uint32_t digits = (uint32_t)word_at2(qs + 4 * k) >> 2 * (c % 4) & 0x03030303u;
+            // One less in every byte: each with its top bit set first, so that no byte borrows.
+            q[k] = (int)(((digits | 0x80808080u) - 0x01010101u) ^ 0x80808080u);
+        }
+        scales[0] = scales[1] = 1;
+    }
+};
+
 // The activations of the integer products (CUDA's matvec.cu, tiles.cu): each run of 32 values of a
 // row as signed bytes q (x ≈ d * q), and beside the bytes, the run's d and the sums of q over
 // its two halves of 16 (the quantize_q8 kernel).
@@ -634,7 +858,16 @@ struct KvQ8_0 {
     X(q6_k, Q6_K)                    \
     X(iq4_nl, IQ4_NL)                \
     X(iq4_xs, IQ4_XS)                \
-    X(mxfp4, MXFP4)
+    X(mxfp4, MXFP4)                  \
+    X(iq2_xxs, IQ2_XXS)              \
+    X(iq2_xs, IQ2_XS)                \
+    X(iq2_s, IQ2_S)                  \
+    X(iq3_xxs, IQ3_XXS)              \
+    X(iq3_s, IQ3_S)                  \
+    X(iq1_s, IQ1_S)                  \
+    X(iq1_m, IQ1_M)                  \
+    X(tq1_0, TQ1_0)                  \
+    X(tq2_0, TQ2_0)
 
 // Every format, for kernels instantiated once per format: X(name, Format).
 #define FOR_EACH_FORMAT(X) \

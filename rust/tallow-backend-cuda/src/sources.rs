@@ -1,13 +1,15 @@
 //! The kernels' sources.
 
-/// Every source of `kernels-cuda/` and the header it shares with Metal's kernels
-/// (`kernels-gpu/formats.h`), as (name, text): what NVRTC compiles for a device, headers
-/// included.
-pub const SOURCES: [(&str, &str); 12] = [
+/// Every source of `kernels-cuda/` and the headers it shares with Metal's kernels
+/// (`kernels-gpu/`: the weight formats, their codebooks, the dialects' spellings), as (name,
+/// text): what NVRTC compiles for a device, headers included.
+pub const SOURCES: [(&str, &str); 14] = [
     (
         "tallow.cuh",
         include_str!("../../../kernels-cuda/tallow.cuh"),
     ),
+    ("dialect.h", include_str!("../../../kernels-gpu/dialect.h")),
+    ("grids.h", include_str!("../../../kernels-gpu/grids.h")),
     ("formats.h", include_str!("../../../kernels-gpu/formats.h")),
     (
         "attention.cu",

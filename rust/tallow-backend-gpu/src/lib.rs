@@ -28,8 +28,9 @@ pub use step::GpuStep;
 
 use gpu::{bytes_of, Buffer, Device};
 
-/// The weight formats the kernels read (formats.h).
-pub const WEIGHT_FORMATS: [GgmlType; 16] = [
+/// The weight formats formats.h decodes (CUDA's and Metal's kernels; an API whose kernels
+/// decode fewer says so in [`Gpu::weight_formats`]).
+pub const WEIGHT_FORMATS: [GgmlType; 25] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -46,6 +47,15 @@ pub const WEIGHT_FORMATS: [GgmlType; 16] = [
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
     GgmlType::MXFP4,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
 ];
 
 /// Most dimensions of an attention head (the attention kernels').
@@ -221,7 +231,7 @@ impl<G: Gpu> Backend for GpuBackend<G> {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             backend: self.device.gpu.api(),
-            weight_formats: WEIGHT_FORMATS.to_vec(),
+            weight_formats: self.device.gpu.weight_formats().to_vec(),
             kv_dtypes: vec![KvDtype::F16, KvDtype::Q8_0],
             max_head_dim: MAX_HEAD_DIM,
             head_dim_multiple: 1,
@@ -305,7 +315,8 @@ impl<G: Gpu> GpuBackend<G> {
         let first = &specs[0];
         let ty = first.tensor.ty;
         // The kernels take rows a run of 32 values at a time.
-        if !WEIGHT_FORMATS.contains(&ty) || !first.cols.is_multiple_of(ty.block_len().max(32)) {
+        let formats = self.device.gpu.weight_formats();
+        if !formats.contains(&ty) || !first.cols.is_multiple_of(ty.block_len().max(32)) {
             return Err(BackendError::Unsupported(format!(
                 "{} ({} weights, rows of {}) on {}",
                 first.tensor.name,

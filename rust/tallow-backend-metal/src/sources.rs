@@ -1,9 +1,11 @@
 //! The kernels' sources, and the one library text the device compiles from them.
 
-/// Every source of `kernels-metal/` and the header it shares with CUDA's kernels
-/// (`kernels-gpu/formats.h`), as (name, text), headers first in the order they include
-/// each other.
-pub const SOURCES: [(&str, &str); 11] = [
+/// Every source of `kernels-metal/` and the headers it shares with CUDA's kernels
+/// (`kernels-gpu/`: the weight formats, their codebooks, the dialects' spellings), as (name,
+/// text), headers first in the order they include each other.
+pub const SOURCES: [(&str, &str); 13] = [
+    ("dialect.h", include_str!("../../../kernels-gpu/dialect.h")),
+    ("grids.h", include_str!("../../../kernels-gpu/grids.h")),
     ("formats.h", include_str!("../../../kernels-gpu/formats.h")),
     ("tallow.h", include_str!("../../../kernels-metal/tallow.h")),
     (

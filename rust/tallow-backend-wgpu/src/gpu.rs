@@ -198,6 +198,10 @@ impl Gpu for Wgpu {
     /// f32 products over the decoded weights for every format and step: a weight row a warp
     /// on a GPU, whole rows an invocation in tiles on a software adapter (products.wgsl,
     /// products_tiles.wgsl).
+    fn weight_formats(&self) -> &'static [GgmlType] {
+        &crate::kernels::WGSL_FORMATS
+    }
+
     fn product(&self, _ty: GgmlType, _n_tokens: usize) -> Product {
         match self.software {
             true => Product::FloatTiles,

@@ -3,7 +3,6 @@
 //! KV page format it reads where it has one; compiled into a pipeline on first use, for each
 //! block size it is launched with.
 
-use tallow_backend_gpu::WEIGHT_FORMATS;
 use tallow_quant::GgmlType;
 
 macro_rules! wgsl {
@@ -48,6 +47,27 @@ const BY_FORMAT: [(&str, &[&str]); 5] = [
     ("matmul_experts_", &[PRODUCTS, wgsl!("matmul_experts.wgsl")]),
     ("matmul_", &[PRODUCTS, wgsl!("matmul.wgsl")]),
     ("embed_", &[wgsl!("embed.wgsl")]),
+];
+
+/// The weight formats the kernels read: those of [`format`]. (The codebook formats, IQ1 to
+/// IQ3 and TQ, are CUDA's and Metal's alone.)
+pub(crate) const WGSL_FORMATS: [GgmlType; 16] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::MXFP4,
 ];
 
 /// Each weight format's `dequant32`.
@@ -99,7 +119,7 @@ pub(crate) fn source(name: &str) -> Option<String> {
         let Some(format_name) = name.strip_prefix(prefix) else {
             continue;
         };
-        let ty = WEIGHT_FORMATS
+        let ty = WGSL_FORMATS
             .into_iter()
             .find(|ty| ty.name().eq_ignore_ascii_case(format_name))?;
         return Some(module(&[&[BYTES, format(ty)?], bodies].concat()));
@@ -188,8 +208,12 @@ mod tests {
         let backend = crate::open(0).expect("a wgpu adapter (install mesa-vulkan-drivers)");
         let gpu = backend.gpu();
         // The products of GPUs and of software adapters, whichever this one is.
-        let mut names = kernels::names(|_, _| Product::Float, false);
-        names.extend(kernels::names(|_, _| Product::FloatTiles, false));
+        let mut names = kernels::names(|_, _| Product::Float, &super::WGSL_FORMATS, false);
+        names.extend(kernels::names(
+            |_, _| Product::FloatTiles,
+            &super::WGSL_FORMATS,
+            false,
+        ));
         names.sort();
         names.dedup();
         for name in names {

@@ -69,7 +69,7 @@ fn rms_norm_of(api: Api) {
 #[test]
 fn every_api_defines_every_kernel_the_backend_launches() {
     for api in [Api::Cuda, Api::Metal] {
-        let names = kernels::names(|ty, n| api.product(ty, n), true);
+        let names = kernels::names(|ty, n| api.product(ty, n), &WEIGHT_FORMATS, true);
         for name in &names {
             // SAFETY: no arguments, so no kernel runs: the launch fails on their count.
             let error = unsafe { launch(api, name, [1, 1, 1], [32, 1, 1], &Args::new()) };
@@ -234,5 +234,34 @@ fn bytemuck_copy(bytes: &[u8], words: &mut [u32]) {
         let mut b = [0u8; 4];
         b[..chunk.len()].copy_from_slice(chunk);
         *word = u32::from_le_bytes(b);
+    }
+}
+
+/// The GPU kernels' codebooks (kernels-gpu/grids.h, written by `scripts/iq_grids.py --gpu`)
+/// are the CPU's, entry for entry: an entry of 8 values two words, low first.
+#[test]
+fn the_gpu_codebooks_are_the_cpus() {
+    let header = include_str!("../../../kernels-gpu/grids.h");
+    for (name, values, entries) in tallow_quant::testing::codebooks() {
+        let start = header
+            .find(&format!("TABLE uint32_t {name}["))
+            .unwrap_or_else(|| panic!("grids.h has no {name}"));
+        let body = &header[start..];
+        let body = &body[body.find('{').unwrap() + 1..body.find("};").unwrap()];
+        let words: Vec<u32> = body
+            .split(',')
+            .map(str::trim)
+            .filter(|w| !w.is_empty())
+            .map(|w| u32::from_str_radix(w.trim_start_matches("0x"), 16).unwrap())
+            .collect();
+        let want: Vec<u32> = if values == 8 {
+            entries
+                .iter()
+                .flat_map(|&e| [e as u32, (e >> 32) as u32])
+                .collect()
+        } else {
+            entries.iter().map(|&e| e as u32).collect()
+        };
+        assert_eq!(words, want, "{name}");
     }
 }

@@ -52,7 +52,7 @@ macro_rules! block {
 }
 
 mod grid;
-mod grids;
+pub(crate) mod grids;
 
 pub(crate) use grid::*;
 // The one codebook a kernel reads itself (IQ2_XS's, four chunks at a time).
