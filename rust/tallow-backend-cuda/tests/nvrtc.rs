@@ -5,12 +5,12 @@
 //! `cargo run -p tallow-backend-cuda --features driver --example kernel_usage` prints it).
 
 use tallow_backend_cuda::{cubins, kernel_usage, product, SOURCES};
-use tallow_backend_gpu::{kernels, WEIGHT_FORMATS};
+use tallow_backend_gpu::kernels;
 
 /// Every kernel the backend launches on CUDA, by name: the cubins must export each
 /// (`extern "C"`).
 fn kernel_names() -> Vec<String> {
-    kernels::names(product, &WEIGHT_FORMATS, true)
+    kernels::names(product, true)
 }
 
 #[test]

@@ -116,12 +116,6 @@ pub trait Gpu: Send + Sync + 'static {
     /// API's choice (each API's crate says it in a function of the same name).
     fn product(&self, ty: GgmlType, n_tokens: usize) -> Product;
 
-    /// The weight formats its kernels read: formats.h's ([`crate::WEIGHT_FORMATS`]) unless its
-    /// API's kernels decode fewer.
-    fn weight_formats(&self) -> &'static [GgmlType] {
-        &crate::WEIGHT_FORMATS
-    }
-
     /// How its tiled attention kernel for heads of at most `head_dims` dimensions (one of
     /// [`crate::kernels::ATTENTION_TILE_HEAD_DIMS`]) cuts a step: its API's choice (each API's
     /// crate says it in a function of the same name); `None` where its kernels have no tiled

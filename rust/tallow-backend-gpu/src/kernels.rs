@@ -3,15 +3,12 @@
 
 use tallow_quant::GgmlType;
 
+use crate::WEIGHT_FORMATS;
+
 /// Every kernel the backend may launch, by name, on a device whose products are `product`'s
-/// (`Gpu::product`), which reads weights of `formats` (`Gpu::weight_formats`) and has tiled
-/// attention kernels where `tiled_attention` (`Gpu::attention_tile`): what an API's kernels
-/// must define.
-pub fn names(
-    product: impl Fn(GgmlType, usize) -> Product,
-    formats: &[GgmlType],
-    tiled_attention: bool,
-) -> Vec<String> {
+/// (`Gpu::product`) and which has tiled attention kernels where `tiled_attention`
+/// (`Gpu::attention_tile`): what an API's kernels must define.
+pub fn names(product: impl Fn(GgmlType, usize) -> Product, tiled_attention: bool) -> Vec<String> {
     let mut names: Vec<String> = [
         "rms_norm",
         "add",
@@ -41,7 +38,7 @@ pub fn names(
             names.push(format!("attention_tiles_{kv}_{head_dims}"));
         }
     }
-    for &ty in formats {
+    for ty in WEIGHT_FORMATS {
         let name = ty.name().to_lowercase();
         // The f32 products of every format, which a mixture falls back on.
         let mut kernels = vec!["matmul", "matmul_experts", "embed"];
@@ -55,7 +52,7 @@ pub fn names(
             .iter()
             .any(|&n| product(ty, n).is_integer())
     };
-    if formats.iter().copied().any(integer) {
+    if WEIGHT_FORMATS.into_iter().any(integer) {
         names.push("quantize_q8".into());
     }
     names.sort();

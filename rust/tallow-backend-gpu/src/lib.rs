@@ -28,8 +28,8 @@ pub use step::GpuStep;
 
 use gpu::{bytes_of, Buffer, Device};
 
-/// The weight formats formats.h decodes (CUDA's and Metal's kernels; an API whose kernels
-/// decode fewer says so in [`Gpu::weight_formats`]).
+/// The weight formats the kernels read (formats.h; kernels-wgsl/formats/): every format the
+/// CPU runs.
 pub const WEIGHT_FORMATS: [GgmlType; 25] = [
     GgmlType::F32,
     GgmlType::F16,
@@ -231,7 +231,7 @@ impl<G: Gpu> Backend for GpuBackend<G> {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             backend: self.device.gpu.api(),
-            weight_formats: self.device.gpu.weight_formats().to_vec(),
+            weight_formats: WEIGHT_FORMATS.to_vec(),
             kv_dtypes: vec![KvDtype::F16, KvDtype::Q8_0],
             max_head_dim: MAX_HEAD_DIM,
             head_dim_multiple: 1,
@@ -315,8 +315,7 @@ impl<G: Gpu> GpuBackend<G> {
         let first = &specs[0];
         let ty = first.tensor.ty;
         // The kernels take rows a run of 32 values at a time.
-        let formats = self.device.gpu.weight_formats();
-        if !formats.contains(&ty) || !first.cols.is_multiple_of(ty.block_len().max(32)) {
+        if !WEIGHT_FORMATS.contains(&ty) || !first.cols.is_multiple_of(ty.block_len().max(32)) {
             return Err(BackendError::Unsupported(format!(
                 "{} ({} weights, rows of {}) on {}",
                 first.tensor.name,

@@ -267,10 +267,6 @@ impl<G: Replay> Gpu for Replayed<G> {
         self.gpu.product(ty, n_tokens)
     }
 
-    fn weight_formats(&self) -> &'static [GgmlType] {
-        self.gpu.weight_formats()
-    }
-
     fn attention_tile(&self, head_dims: usize) -> Option<AttentionTile> {
         self.gpu.attention_tile(head_dims)
     }

@@ -10,12 +10,13 @@
 //! - Errors wgpu reports (validation, out of memory) become [`BackendError`]s, never panics.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tallow_backend::BackendError;
 use tallow_backend_gpu::{Arg, Args, AttentionTile, DevicePtr, Gpu, Product};
 use tallow_quant::GgmlType;
 
+use crate::codebooks::Codebooks;
 use crate::kernels::{self, Pipeline};
 
 /// Where a buffer's number starts in an address: a buffer holds at most 1 TiB.
@@ -48,6 +49,8 @@ pub struct Wgpu {
     uncaptured: Arc<Mutex<Vec<String>>>,
     state: Mutex<State>,
     pipelines: Mutex<HashMap<(String, u32), Arc<Pipeline>>>,
+    /// The codebooks of the IQ formats, made when a kernel first takes them.
+    codebooks: OnceLock<Codebooks>,
 }
 
 /// The buffers and the work recorded but not submitted.
@@ -106,6 +109,7 @@ impl Wgpu {
             uncaptured,
             state: Mutex::default(),
             pipelines: Mutex::default(),
+            codebooks: OnceLock::new(),
         }
     }
 
@@ -163,12 +167,25 @@ impl Wgpu {
         }
         let source = kernels::source(name)
             .ok_or_else(|| BackendError::Unsupported(format!("no kernel {name} on wgpu")))?;
+        let codebooks = match kernels::takes_codebooks(&source) {
+            true => Some(&self.codebooks()?.layout),
+            false => None,
+        };
         let pipeline = self
-            .checked(|device| Pipeline::new(device, name, source, block, buffers))
+            .checked(|device| Pipeline::new(device, name, source, block, buffers, codebooks))
             .map_err(|e| BackendError::Device(format!("kernel {name}: {e}")))?;
         let pipeline = Arc::new(pipeline);
         pipelines.insert(key, Arc::clone(&pipeline));
         Ok(pipeline)
+    }
+
+    /// The codebooks' bind group, made on first use.
+    fn codebooks(&self) -> Result<&Codebooks, BackendError> {
+        if let Some(codebooks) = self.codebooks.get() {
+            return Ok(codebooks);
+        }
+        let made = self.checked(Codebooks::new)??;
+        Ok(self.codebooks.get_or_init(|| made))
     }
 
     /// A copy no buffer copy can make: between places that are not whole words, or within one
@@ -198,10 +215,6 @@ impl Gpu for Wgpu {
     /// f32 products over the decoded weights for every format and step: a weight row a warp
     /// on a GPU, whole rows an invocation in tiles on a software adapter (products.wgsl,
     /// products_tiles.wgsl).
-    fn weight_formats(&self) -> &'static [GgmlType] {
-        &crate::kernels::WGSL_FORMATS
-    }
-
     fn product(&self, _ty: GgmlType, _n_tokens: usize) -> Product {
         match self.software {
             true => Product::FloatTiles,
@@ -353,6 +366,10 @@ impl Gpu for Wgpu {
     ) -> Result<(), BackendError> {
         let n_buffers = args.each().filter(|a| matches!(a, Arg::Pointer(_))).count();
         let pipeline = self.pipeline(name, block[0], n_buffers)?;
+        let codebooks = match pipeline.takes_codebooks {
+            true => Some(&self.codebooks()?.group),
+            false => None,
+        };
         let mut state = self.state();
         let mut buffers = Vec::with_capacity(n_buffers);
         let mut params: Vec<u8> = Vec::new();
@@ -410,6 +427,9 @@ impl Gpu for Wgpu {
                 .begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             pass.set_pipeline(&pipeline.pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
+            if let Some(codebooks) = codebooks {
+                pass.set_bind_group(1, codebooks, &[]);
+            }
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
         state.passes += 1;

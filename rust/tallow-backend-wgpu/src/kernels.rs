@@ -3,6 +3,9 @@
 //! KV page format it reads where it has one; compiled into a pipeline on first use, for each
 //! block size it is launched with.
 
+use tallow_backend_gpu::WEIGHT_FORMATS;
+
+use crate::codebooks;
 use tallow_quant::GgmlType;
 
 macro_rules! wgsl {
@@ -15,6 +18,7 @@ const PRELUDE: &str = wgsl!("tallow.wgsl");
 const BYTES: &str = wgsl!("bytes.wgsl");
 const PRODUCTS: &str = wgsl!("products.wgsl");
 const TILES: &str = wgsl!("products_tiles.wgsl");
+const CODEBOOKS: &str = wgsl!("codebooks.wgsl");
 
 /// The kernels that read no format, by name.
 const PLAIN: [(&str, &str); 16] = [
@@ -49,27 +53,6 @@ const BY_FORMAT: [(&str, &[&str]); 5] = [
     ("embed_", &[wgsl!("embed.wgsl")]),
 ];
 
-/// The weight formats the kernels read: those of [`format`]. (The codebook formats, IQ1 to
-/// IQ3 and TQ, are CUDA's and Metal's alone.)
-pub(crate) const WGSL_FORMATS: [GgmlType; 16] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-    GgmlType::MXFP4,
-];
-
 /// Each weight format's `dequant32`.
 fn format(ty: GgmlType) -> Option<&'static str> {
     Some(match ty {
@@ -89,6 +72,15 @@ fn format(ty: GgmlType) -> Option<&'static str> {
         GgmlType::IQ4_NL => wgsl!("formats/iq4_nl.wgsl"),
         GgmlType::IQ4_XS => wgsl!("formats/iq4_xs.wgsl"),
         GgmlType::MXFP4 => wgsl!("formats/mxfp4.wgsl"),
+        GgmlType::IQ2_XXS => wgsl!("formats/iq2_xxs.wgsl"),
+        GgmlType::IQ2_XS => wgsl!("formats/iq2_xs.wgsl"),
+        GgmlType::IQ2_S => wgsl!("formats/iq2_s.wgsl"),
+        GgmlType::IQ3_XXS => wgsl!("formats/iq3_xxs.wgsl"),
+        GgmlType::IQ3_S => wgsl!("formats/iq3_s.wgsl"),
+        GgmlType::IQ1_S => wgsl!("formats/iq1_s.wgsl"),
+        GgmlType::IQ1_M => wgsl!("formats/iq1_m.wgsl"),
+        GgmlType::TQ1_0 => wgsl!("formats/tq1_0.wgsl"),
+        GgmlType::TQ2_0 => wgsl!("formats/tq2_0.wgsl"),
         _ => return None,
     })
 }
@@ -119,10 +111,20 @@ pub(crate) fn source(name: &str) -> Option<String> {
         let Some(format_name) = name.strip_prefix(prefix) else {
             continue;
         };
-        let ty = WGSL_FORMATS
+        let ty = WEIGHT_FORMATS
             .into_iter()
             .find(|ty| ty.name().eq_ignore_ascii_case(format_name))?;
-        return Some(module(&[&[BYTES, format(ty)?], bodies].concat()));
+        let declarations;
+        let codebooks: &[&str] = match reads_codebooks(ty) {
+            true => {
+                declarations = codebooks::declarations();
+                &[&declarations, CODEBOOKS]
+            }
+            false => &[],
+        };
+        return Some(module(
+            &[&[BYTES], codebooks, &[format(ty)?], bodies].concat(),
+        ));
     }
     if let Some(kv) = name.strip_prefix("kv_write_") {
         let [read, write] = kv_format(kv)?;
@@ -133,21 +135,39 @@ pub(crate) fn source(name: &str) -> Option<String> {
     Some(module(&[read, wgsl!("attention.wgsl")]))
 }
 
-/// A compiled kernel: its pipeline and the layout of its bind group.
+/// Whether the kernels of weights of `ty` read the codebooks of the IQ formats.
+fn reads_codebooks(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M
+    )
+}
+
+/// Whether a kernel's module reads the codebooks of the IQ formats (bind group 1).
+pub(crate) fn takes_codebooks(source: &str) -> bool {
+    source.contains("var<storage, read> codebooks")
+}
+
+/// A compiled kernel: its pipeline, the layout of its bind group, and whether it takes the
+/// codebooks as bind group 1.
 pub(crate) struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
+    pub takes_codebooks: bool,
 }
 
 impl Pipeline {
     /// Kernel `name` (its WGSL `source`) for blocks of `block` invocations, taking `buffers`
-    /// buffers then its uniform parameters.
+    /// buffers then its uniform parameters, and where it reads them, the codebooks of the
+    /// layout `codebooks`.
     pub(crate) fn new(
         device: &wgpu::Device,
         name: &str,
         source: String,
         block: u32,
         buffers: usize,
+        codebooks: Option<&wgpu::BindGroupLayout>,
     ) -> Pipeline {
         let storage = |binding| wgpu::BindGroupLayoutEntry {
             binding,
@@ -172,9 +192,10 @@ impl Pipeline {
             label: Some(name),
             entries: &entries,
         });
+        let groups = [Some(&layout), codebooks];
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(name),
-            bind_group_layouts: &[Some(&layout)],
+            bind_group_layouts: &groups[..1 + usize::from(codebooks.is_some())],
             immediate_size: 0,
         });
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -193,7 +214,11 @@ impl Pipeline {
             },
             cache: None,
         });
-        Pipeline { pipeline, layout }
+        Pipeline {
+            pipeline,
+            layout,
+            takes_codebooks: codebooks.is_some(),
+        }
     }
 }
 
@@ -208,17 +233,15 @@ mod tests {
         let backend = crate::open(0).expect("a wgpu adapter (install mesa-vulkan-drivers)");
         let gpu = backend.gpu();
         // The products of GPUs and of software adapters, whichever this one is.
-        let mut names = kernels::names(|_, _| Product::Float, &super::WGSL_FORMATS, false);
-        names.extend(kernels::names(
-            |_, _| Product::FloatTiles,
-            &super::WGSL_FORMATS,
-            false,
-        ));
+        let mut names = kernels::names(|_, _| Product::Float, false);
+        names.extend(kernels::names(|_, _| Product::FloatTiles, false));
         names.sort();
         names.dedup();
         for name in names {
             let source = super::source(&name).unwrap_or_else(|| panic!("no source for {name}"));
-            let buffers = source.matches("var<storage").count();
+            // Bind group 0's storage buffers (the codebooks are group 1's).
+            let buffers = source.matches("var<storage").count()
+                - usize::from(super::takes_codebooks(&source));
             if let Err(e) = gpu.pipeline(&name, 128, buffers) {
                 panic!("{name}: {e}");
             }

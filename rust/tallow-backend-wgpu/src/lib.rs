@@ -4,6 +4,7 @@
 //! formats, KV pages and every step's operations as on CUDA and Metal, each operation a WGSL
 //! kernel (the repository's `kernels-wgsl/`) taking the same arguments as theirs.
 
+mod codebooks;
 mod device;
 mod gpu;
 mod kernels;

@@ -69,7 +69,7 @@ fn rms_norm_of(api: Api) {
 #[test]
 fn every_api_defines_every_kernel_the_backend_launches() {
     for api in [Api::Cuda, Api::Metal] {
-        let names = kernels::names(|ty, n| api.product(ty, n), &WEIGHT_FORMATS, true);
+        let names = kernels::names(|ty, n| api.product(ty, n), true);
         for name in &names {
             // SAFETY: no arguments, so no kernel runs: the launch fails on their count.
             let error = unsafe { launch(api, name, [1, 1, 1], [32, 1, 1], &Args::new()) };
@@ -238,11 +238,11 @@ fn bytemuck_copy(bytes: &[u8], words: &mut [u32]) {
 }
 
 /// The GPU kernels' codebooks (kernels-gpu/grids.h, written by `scripts/iq_grids.py --gpu`)
-/// are the CPU's, entry for entry: an entry of 8 values two words, low first.
+/// are the CPU's, word for word.
 #[test]
 fn the_gpu_codebooks_are_the_cpus() {
     let header = include_str!("../../../kernels-gpu/grids.h");
-    for (name, values, entries) in tallow_quant::testing::codebooks() {
+    for (name, want) in tallow_quant::codebook_words() {
         let start = header
             .find(&format!("TABLE uint32_t {name}["))
             .unwrap_or_else(|| panic!("grids.h has no {name}"));
@@ -254,14 +254,6 @@ fn the_gpu_codebooks_are_the_cpus() {
             .filter(|w| !w.is_empty())
             .map(|w| u32::from_str_radix(w.trim_start_matches("0x"), 16).unwrap())
             .collect();
-        let want: Vec<u32> = if values == 8 {
-            entries
-                .iter()
-                .flat_map(|&e| [e as u32, (e >> 32) as u32])
-                .collect()
-        } else {
-            entries.iter().map(|&e| e as u32).collect()
-        };
         assert_eq!(words, want, "{name}");
     }
 }

@@ -30,6 +30,7 @@ mod tests;
 
 pub use acts::{ActsBuffer, ActsLen, QuantizedActs};
 pub use aligned::AlignedBytes;
+pub use blocks::codebook_words;
 pub use error::QuantError;
 pub use kernels::activations::ActivationKernels;
 pub use kernels::attention::{

@@ -109,6 +109,24 @@ pub(crate) trait SignedGridBlock: GridBlock {
     }
 }
 
+/// The codebooks of the IQ1, IQ2 and IQ3 formats (ggml's `iq*_grid`, by those names upper
+/// case) as 32-bit words, as GPU kernels read them: each entry's values are its bytes, first
+/// value lowest, and an entry of 8 values is two words, low first.
+pub fn codebook_words() -> [(&'static str, Vec<u32>); 6] {
+    let eights = |grid: &[u64]| {
+        let words = grid.iter().flat_map(|&e| [e as u32, (e >> 32) as u32]);
+        words.collect()
+    };
+    [
+        ("IQ2XXS_GRID", eights(&IQ2XXS_GRID)),
+        ("IQ2XS_GRID", eights(&IQ2XS_GRID)),
+        ("IQ2S_GRID", eights(&IQ2S_GRID)),
+        ("IQ3XXS_GRID", IQ3XXS_GRID.to_vec()),
+        ("IQ3S_GRID", IQ3S_GRID.to_vec()),
+        ("IQ1S_GRID", eights(&IQ1S_GRID)),
+    ]
+}
+
 /// 1 in every byte.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const ONES: u64 = 0x0101_0101_0101_0101;

@@ -52,8 +52,9 @@ macro_rules! block {
 }
 
 mod grid;
-pub(crate) mod grids;
+mod grids;
 
+pub use grid::codebook_words;
 pub(crate) use grid::*;
 // The one codebook a kernel reads itself (IQ2_XS's, four chunks at a time).
 #[cfg(target_arch = "x86_64")]
