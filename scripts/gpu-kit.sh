@@ -6,7 +6,8 @@
 #   bin/           the conformance suites' test binaries, CUDA's and wgpu's, stripped (the
 #                  kernels' sources are compiled into them)
 #   python/tallow  the Python package with its extension module
-#   shared/        the reference models of every architecture and their oracles (no checkpoints)
+#   shared/        the reference models of every architecture and their oracles (two
+#                  checkpoints: llama3's and gpt-oss's)
 #   vocab.gguf     a tokenizer, which benches/random_model.py's random-weight models take
 #   wheels/        the Python packages tallow and its tests need beyond pytest and numpy
 #                  (CPython 3.12)
@@ -42,8 +43,10 @@ maturin develop --release -m rust/tallow-py/Cargo.toml >&2
 cp -r python/tallow "$kit/python/"
 find "$kit/python" -name __pycache__ -prune -exec rm -rf {} +
 
-# The reference models without the checkpoints they were converted from.
+# The reference models without the checkpoints they were converted from, but for the two the
+# lookup formats' test converts (llama3 to IQ4_NL and IQ4_XS, gpt-oss with MXFP4 experts).
 (cd "$shared/reference" && tar cf - --exclude=hf arch) | tar xf - -C "$kit/shared/reference"
+(cd "$shared/reference" && tar cf - arch/llama3/hf arch/gpt-oss/hf) | tar xf - -C "$kit/shared/reference"
 python3 - "$kit/vocab.gguf" <<'EOF'
 import sys
 sys.path.insert(0, "benches")
@@ -64,7 +67,7 @@ for n in 2_17 2_24 2_27 2_28 2_31 2_34 2_35; do platforms+=(--platform "manylinu
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${platforms[@]}" --platform manylinux2014_x86_64 --platform any -d "$kit/wheels" \
     starlette uvicorn httpx2 httpcore2 truststore gguf openai pydantic pydantic-core \
-    annotated-types typing-inspection jiter distro sniffio >&2
+    annotated-types typing-inspection jiter distro sniffio tokenizers >&2
 
 # The Vulkan loader (a machine with NVIDIA's driver has the driver's Vulkan part only).
 lists=$(mktemp -d)
