@@ -40,3 +40,25 @@ fn k4_scale_min(s: u32, j: u32) -> vec2<f32> {
     let m = (byte_at(s + j + 4u) >> 4u) | ((byte_at(s + j) >> 6u) << 4u);
     return vec2<f32>(f32(sc), f32(m));
 }
+
+// The 16 values of IQ4_NL's and IQ4_XS's quants (ggml's kvalues_iq4nl), and of MXFP4's,
+// doubled (its E2M1 values: kvalues_mxfp4).
+const IQ4_VALUES = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
+                                  1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
+const MXFP4_VALUES = array<f32, 16>(0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0,
+                                    0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0);
+
+// The 32 values d * values[q] of the nibbles of the 16 bytes at `qs` (Q4_0's layout: byte j
+// holds value j in its low nibble and value j + 16 in its high one).
+fn looked_up32(qs: u32, d: f32, values: array<f32, 16>) -> array<f32, 32> {
+    var out: array<f32, 32>;
+    for (var w = 0u; w < 4u; w++) {
+        let q = word_at(qs + 4u * w);
+        for (var i = 0u; i < 4u; i++) {
+            let byte = (q >> (8u * i)) & 0xffu;
+            out[4u * w + i] = d * values[byte & 0xfu];
+            out[4u * w + i + 16u] = d * values[byte >> 4u];
+        }
+    }
+    return out;
+}
