@@ -551,12 +551,13 @@ struct MXFP4 {
 
 // The IQ1, IQ2, IQ3 and ternary formats: super-blocks of 256 values, small integers (codebook
 // entries with signs; 8 * entry ± 1 for IQ1; -1, 0 or 1 for the ternary ones) times an
-// integer scale per group of 16, times d * UNIT. Each format F gives BLOCK_BYTES, unit(),
-// d(b) and chunk(b, c, q, scales): the 32 integers of run c of the block at b as signed bytes
-// of 8 words, and its two groups' scales. The values are exact in f32 (at most 22 significant
-// bits), so they are ggml's whatever the order of the multiplies.
+// integer scale per group of 16, times d * unit. Grid<F> is format F's run and ints, where F
+// gives BLOCK_BYTES, unit(), d(b) and chunk(b, c, q, scales): the 32 integers of run c of the
+// block at b as signed bytes of 8 words, and its two groups' scales. (A template around each
+// format rather than a base class: Metal has no derived classes.) The values are exact in f32
+// (at most 22 significant bits), so they are ggml's whatever the order of the multiplies.
 template <class F>
-struct GridFormat {
+struct Grid {
     enum : int { ZERO = 0 };
     enum : int { HALVES = 2 };
     static GPU_FN void run(GLOBAL const uint8_t* row, int r, PRIVATE float* out) {
@@ -610,7 +611,7 @@ GPU_FN int odd_scale(uint32_t s) { return 2 * (int)(s & 0xf) + 1; }
 
 // d, and per run of 32 a u64: four indices of IQ2XXS_GRID (bytes 0..4), then four 7-bit sign
 // indices and the run's scale s in the top 4 bits; (d * (2s + 1) / 8) * grid * sign.
-struct IQ2_XXS : GridFormat<IQ2_XXS> {
+struct Iq2Xxs {
     enum : int { BLOCK_BYTES = 66 };
     static GPU_FN float unit() { return 0.125f; }
     static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b); }
@@ -626,7 +627,7 @@ struct IQ2_XXS : GridFormat<IQ2_XXS> {
 
 // d, 32 u16 of a 9-bit index of IQ2XS_GRID and a 7-bit sign index each (8 values), and a
 // 4-bit scale s per group of 16 (nibbles, low first); (d * (2s + 1) / 8) * grid * sign.
-struct IQ2_XS : GridFormat<IQ2_XS> {
+struct Iq2Xs {
     enum : int { BLOCK_BYTES = 74 };
     static GPU_FN float unit() { return 0.125f; }
     static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b); }
@@ -643,7 +644,7 @@ struct IQ2_XS : GridFormat<IQ2_XS> {
 // d, 32 low bytes of 10-bit indices of IQ2S_GRID (8 values), 32 bytes of signs (bit j: value
 // j's), 8 bytes of the indices' top 2 bits (bits 2l..2l + 2 of byte k / 4: index k's), and
 // scales as IQ2_XS's.
-struct IQ2_S : GridFormat<IQ2_S> {
+struct Iq2S {
     enum : int { BLOCK_BYTES = 82 };
     static GPU_FN float unit() { return 0.125f; }
     static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b); }
@@ -661,7 +662,7 @@ struct IQ2_S : GridFormat<IQ2_S> {
 // d, 64 indices of IQ3XXS_GRID (4 values each), and per run of 32 a u32 of four 7-bit sign
 // indices (one per 8 values) and the run's scale s in the top 4 bits;
 // (d * (2s + 1) / 4) * grid * sign.
-struct IQ3_XXS : GridFormat<IQ3_XXS> {
+struct Iq3Xxs {
     enum : int { BLOCK_BYTES = 98 };
     static GPU_FN float unit() { return 0.25f; }
     static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b); }
@@ -678,7 +679,7 @@ struct IQ3_XXS : GridFormat<IQ3_XXS> {
 // d, 64 low bytes of 9-bit indices of IQ3S_GRID (4 values), 8 bytes of their ninth bits (bit
 // j % 8 of byte j / 8: index j's), 32 bytes of signs (bit e % 8 of byte e / 8: value e's), and
 // a 4-bit scale s per run (nibbles, low first); (d * (2s + 1)) * grid * sign.
-struct IQ3_S : GridFormat<IQ3_S> {
+struct Iq3S {
     enum : int { BLOCK_BYTES = 110 };
     static GPU_FN float unit() { return 1.0f; }
     static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b); }
@@ -713,7 +714,7 @@ GPU_FN void iq1_chunk(uint32_t low, uint32_t high, uint32_t negative, PRIVATE in
 // d, 32 low bytes of 11-bit indices of IQ1S_GRID, and per run of 32 a u16: the four indices'
 // top 3 bits (bits 3l..3l + 3), the run's scale s (bits 12..15) and the sign of its shift
 // (bit 15); (d * (2s + 1) / 8) * (8 * grid ± 1).
-struct IQ1_S : GridFormat<IQ1_S> {
+struct Iq1S {
     enum : int { BLOCK_BYTES = 50 };
     static GPU_FN float unit() { return 0.125f; }
     static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b); }
@@ -727,7 +728,7 @@ struct IQ1_S : GridFormat<IQ1_S> {
 // 32 low bytes of 11-bit indices of IQ1S_GRID, 16 bytes of a nibble per index (its top 3 bits,
 // and in bit 3 the sign of its shift), and four u16 of 3-bit group scales s (bits 0..12) whose
 // top nibbles hold the block's f16 d; (d * (2s + 1) / 8) * (8 * grid ± 1).
-struct IQ1_M : GridFormat<IQ1_M> {
+struct Iq1M {
     enum : int { BLOCK_BYTES = 56 };
     static GPU_FN float unit() { return 0.125f; }
     static GPU_FN float d(GLOBAL const uint8_t* b) {
@@ -751,7 +752,7 @@ struct IQ1_M : GridFormat<IQ1_M> {
 // the fixed-point fraction of 3^5 it is (digit n of byte x: (x * 3^n mod 256) * 3 >> 8), and
 // d * (t - 1). Bytes 0..32 hold values n * 32 + m (digit n of byte m), bytes 32..48 values
 // 160 + 16n + m, the last 4 values 240 + 4n + m.
-struct TQ1_0 : GridFormat<TQ1_0> {
+struct Tq1_0 {
     enum : int { BLOCK_BYTES = 54 };
     static GPU_FN float unit() { return 1.0f; }
     static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b + 52); }
@@ -779,7 +780,7 @@ struct TQ1_0 : GridFormat<TQ1_0> {
 
 // 64 bytes of 2-bit digits t, then d: byte 32h + m holds value 128h + 32l + m at bits
 // 2l..2l + 2; d * (t - 1).
-struct TQ2_0 : GridFormat<TQ2_0> {
+struct Tq2_0 {
     enum : int { BLOCK_BYTES = 66 };
     static GPU_FN float unit() { return 1.0f; }
     static GPU_FN float d(GLOBAL const uint8_t* b) { return f16_at(b + 64); }
@@ -859,15 +860,15 @@ struct KvQ8_0 {
     X(iq4_nl, IQ4_NL)                \
     X(iq4_xs, IQ4_XS)                \
     X(mxfp4, MXFP4)                  \
-    X(iq2_xxs, IQ2_XXS)              \
-    X(iq2_xs, IQ2_XS)                \
-    X(iq2_s, IQ2_S)                  \
-    X(iq3_xxs, IQ3_XXS)              \
-    X(iq3_s, IQ3_S)                  \
-    X(iq1_s, IQ1_S)                  \
-    X(iq1_m, IQ1_M)                  \
-    X(tq1_0, TQ1_0)                  \
-    X(tq2_0, TQ2_0)
+    X(iq2_xxs, Grid<Iq2Xxs>)         \
+    X(iq2_xs, Grid<Iq2Xs>)           \
+    X(iq2_s, Grid<Iq2S>)             \
+    X(iq3_xxs, Grid<Iq3Xxs>)         \
+    X(iq3_s, Grid<Iq3S>)             \
+    X(iq1_s, Grid<Iq1S>)             \
+    X(iq1_m, Grid<Iq1M>)             \
+    X(tq1_0, Grid<Tq1_0>)            \
+    X(tq2_0, Grid<Tq2_0>)
 
 // Every format, for kernels instantiated once per format: X(name, Format).
 #define FOR_EACH_FORMAT(X) \

@@ -101,4 +101,31 @@ mod tests {
             at += text[at..].find(&marker).unwrap_or_else(|| panic!("{name}")) + marker.len();
         }
     }
+
+    /// What the emulation's C++ build accepts and Metal does not (the Metal Shading Language
+    /// specification's list of C++ features it leaves out): no struct derives from another,
+    /// and no lambda, `goto`, virtual function, `new` or `delete`.
+    #[test]
+    fn the_library_uses_no_cpp_feature_that_metal_lacks() {
+        let text = library_source();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            let words: Vec<&str> = code
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .collect();
+            let derives = (code.trim_start().starts_with("struct ")
+                || code.trim_start().starts_with("class "))
+                && code.contains(" : ")
+                && !code.contains("enum");
+            let lambda = code.contains("[](") || code.contains("[&]") || code.contains("[=]");
+            let keyword = ["goto", "virtual", "new", "delete"]
+                .iter()
+                .find(|k| words.contains(k));
+            assert!(
+                !derives && !lambda && keyword.is_none(),
+                "line {}: {line}",
+                n + 1
+            );
+        }
+    }
 }
