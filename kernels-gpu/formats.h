@@ -469,8 +469,8 @@ GPU_FN int looked_up(uint32_t v) {
     return (int)word;
 }
 
-// Runs of 32 values `scale * Values[q]` whose 16 bytes of nibbles (as Q4_0's) start at `qs`,
-// an address aligned to ALIGN bytes: the values, and as integers (one scale for both halves).
+// Runs of 32 values `scale * Values[q]` whose 16 bytes of nibbles (as Q4_0's) start at `qs`:
+// the values, and as integers (one scale for both halves; `qs` aligned to ALIGN bytes).
 template <class Values>
 GPU_FN void looked_up_run(GLOBAL const uint8_t* qs, float d, PRIVATE float* out) {
     for (int j = 0; j < 16; ++j) {
@@ -600,9 +600,9 @@ GPU_FN uint32_t ksigns(uint32_t i) {
 
 // Values 8k..8k + 8 of a run: entry `e` of an 8-value codebook with 8 sign bits, as q[2k] and
 // q[2k + 1].
-#define SIGNED_ENTRY(q, k, grid, e, signs)                        \
-    do {                                                          \
-        q[2 * (k)] = signed_bytes(grid[2 * (e)], (signs));        \
+#define SIGNED_ENTRY(q, k, grid, e, signs)                              \
+    do {                                                                \
+        q[2 * (k)] = signed_bytes(grid[2 * (e)], (signs));              \
         q[2 * (k) + 1] = signed_bytes(grid[2 * (e) + 1], (signs) >> 4); \
     } while (0)
 
