@@ -199,18 +199,30 @@ pub fn row_operations_match_the_reference<S: Subject>() {
 /// 9 tokens over 12 experts, 2 a token, so that tokens choose different experts, some experts
 /// several tokens and some none, against each token's experts run one after the other in
 /// f64; then the sigmoid gate of a shared expert. Experts in F32 (the products' rounding
-/// aside) and in Q8_0 (within the bound of three products of rounded activations), stacked
-/// in 3-D tensors as files hold them; also with buffers capped to a few experts, where the
-/// backend cuts what it uploads, and to less than one expert, which it refuses by name.
-/// Only where the backend runs experts (elsewhere a model with experts is refused at load).
+/// aside), and in Q8_0, MXFP4 (gpt-oss's experts) and IQ2_XXS (those of 2-bit files of large
+/// mixtures) within the bound of three products of rounded activations, stacked in 3-D
+/// tensors as files hold them; also with buffers capped to a few experts, where the backend
+/// cuts what it uploads, and to less than one expert, which it refuses by name. Only where
+/// the backend runs experts (elsewhere a model with experts is refused at load).
 pub fn experts_match_the_reference<S: Subject>() {
-    for ty in [GgmlType::F32, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::F32,
+        GgmlType::Q8_0,
+        GgmlType::MXFP4,
+        GgmlType::IQ2_XXS,
+    ] {
         experts_of_type_match_the_reference::<S>(ty);
     }
 }
 
 fn experts_of_type_match_the_reference<S: Subject>(ty: GgmlType) {
-    let (n, d, ff, count, top_k) = (9, 64, 96, 12, 2);
+    // Rows of whole blocks: super-blocks of 256 take wider experts.
+    let (d, ff) = if ty.block_len() == 256 {
+        (256, 256)
+    } else {
+        (64, 96)
+    };
+    let (n, count, top_k) = (9, 12, 2);
     let x = random(40, n * d);
     let router: Vec<f32> = random(41, n * count).iter().map(|v| 4.0 * v).collect();
     let chosen: std::collections::BTreeSet<usize> = router
