@@ -721,7 +721,7 @@ struct Iq1S {
     static GPU_FN void chunk(GLOBAL const uint8_t* b, int c, PRIVATE int* q, PRIVATE int* scales) {
         uint32_t high = half_at(b + 34 + 2 * c);
         iq1_chunk<3>((uint32_t)word_at2(b + 2 + 4 * c), high, high & 0x8000 ? 0x8888 : 0, q);
-        scales[0] = scales[1] = 2 * (int)(high >> 12 & 7) + 1;
+        scales[0] = scales[1] = odd_scale(high >> 12 & 7);
     }
 };
 
@@ -743,7 +743,7 @@ struct Iq1M {
         uint32_t sc = half_at(b + 48 + 2 * (c / 2));
         for (int h = 0; h < 2; ++h) {
             int g = 2 * c + h;
-            scales[h] = 2 * (int)(sc >> 3 * (g % 4) & 7) + 1;
+            scales[h] = odd_scale(sc >> 3 * (g % 4) & 7);
         }
     }
 };

@@ -74,6 +74,7 @@ def check_lookup_format_on_a_gpu(
     MXFP4 gpt-oss as released (its experts in MXFP4). The two give the same logits within what
     the CPU's activations, quantized to 8 bits, round (at most positions for gpt-oss, whose
     router may send a token elsewhere across a near tie)."""
+    # Imported here: test_checkpoints imports this module.
     from test_checkpoints import released_gpt_oss
 
     if ty == "MXFP4":

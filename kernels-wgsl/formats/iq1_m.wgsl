@@ -21,7 +21,7 @@ fn dequant32(row: u32, chunk: u32) -> array<f32, 32> {
         let e = ((low >> (8u * l)) & 0xffu) | (((high >> (4u * l)) & 7u) << 8u);
         let shift = select(1, -1, ((high >> (4u * l + 3u)) & 1u) != 0u);
         let g = 2u * c + i / 16u;
-        let dl = unit * f32(2u * ((scales >> (3u * (g % 4u))) & 7u) + 1u);
+        let dl = unit * odd_scale((scales >> (3u * (g % 4u))) & 7u);
         out[i] = dl * f32(8 * grid8(IQ1S_GRID, e, i % 8u) + shift);
     }
     return out;

@@ -9,7 +9,7 @@ fn dequant32(row: u32, chunk: u32) -> array<f32, 32> {
     let c = chunk % 8u;
     let low = word_at(b + 2u + 4u * c);
     let high = word_at(b + 34u + 2u * c) & 0xffffu;
-    let dl = f16_at(b) * 0.125 * f32(2u * ((high >> 12u) & 7u) + 1u);
+    let dl = f16_at(b) * 0.125 * odd_scale((high >> 12u) & 7u);
     let shift = select(1, -1, (high & 0x8000u) != 0u);
     for (var i = 0u; i < 32u; i++) {
         let l = i / 8u;

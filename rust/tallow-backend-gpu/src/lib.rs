@@ -30,33 +30,7 @@ use gpu::{bytes_of, Buffer, Device};
 
 /// The weight formats the kernels read (formats.h; kernels-wgsl/formats/): every format the
 /// CPU runs.
-pub const WEIGHT_FORMATS: [GgmlType; 25] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-    GgmlType::MXFP4,
-    GgmlType::IQ2_XXS,
-    GgmlType::IQ2_XS,
-    GgmlType::IQ2_S,
-    GgmlType::IQ3_XXS,
-    GgmlType::IQ3_S,
-    GgmlType::IQ1_S,
-    GgmlType::IQ1_M,
-    GgmlType::TQ1_0,
-    GgmlType::TQ2_0,
-];
+pub const WEIGHT_FORMATS: [GgmlType; 25] = GgmlType::WEIGHTS;
 
 /// Most dimensions of an attention head (the attention kernels').
 pub const MAX_HEAD_DIM: usize = 256;

@@ -4,9 +4,9 @@
 //! block size it is launched with.
 
 use tallow_backend_gpu::WEIGHT_FORMATS;
+use tallow_quant::GgmlType;
 
 use crate::codebooks;
-use tallow_quant::GgmlType;
 
 macro_rules! wgsl {
     ($path:literal) => {
